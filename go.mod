@@ -1,0 +1,3 @@
+module github.com/ecxfer/ecxfer
+
+go 1.26.0

@@ -1,0 +1,109 @@
+package wire
+
+import (
+	"strings"
+	"testing"
+)
+
+// The shapes measured against msgspec in issue 2: a typical request, a
+// typical OK ack (8 block ids, 200-byte agent metadata, the 256-block mem
+// descriptor), a NACK, the descriptor alone and the compat hash.
+var (
+	benchReq = XferReq{
+		MMHash:            strings.Repeat("3d", 32),
+		CompatibilityHash: strings.Repeat("16", 32),
+		SessionID:         "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d",
+	}
+	benchDesc = AppendBlockDescs(nil, 0x7f3a1c000000, 7168, 256, 0)
+	benchAck  = XferAck{
+		MMHash:          benchReq.MMHash,
+		Status:          OK,
+		SessionID:       benchReq.SessionID,
+		SrcBlockIndices: Ints(nil, []int{10, 11, 12, 13, 14, 15, 16, 17}),
+		AgentMetadata:   []byte(strings.Repeat("m", 200)),
+		MemDescriptor:   benchDesc,
+	}
+	benchNack = XferAck{MMHash: benchReq.MMHash, Status: NackNotReady}
+)
+
+func BenchmarkReqEncode(b *testing.B) {
+	buf := make([]byte, 0, 512)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendReq(buf[:0], &benchReq)
+	}
+}
+
+func BenchmarkReqDecode(b *testing.B) {
+	in := AppendReq(nil, &benchReq)
+	var r XferReq
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeReq(in, &r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAckOKEncode(b *testing.B) {
+	buf := make([]byte, 0, 8192)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendAck(buf[:0], &benchAck)
+	}
+}
+
+func BenchmarkAckOKDecode(b *testing.B) {
+	in := AppendAck(nil, &benchAck)
+	var a XferAck
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeAck(in, &a); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkNackEncode(b *testing.B) {
+	buf := make([]byte, 0, 256)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendAck(buf[:0], &benchNack)
+	}
+}
+
+func BenchmarkNackDecode(b *testing.B) {
+	in := AppendAck(nil, &benchNack)
+	var a XferAck
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeAck(in, &a); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkMemDesc256Encode(b *testing.B) {
+	descs := BlockDescs(0x7f3a1c000000, 7168, 256, 0)
+	buf := make([]byte, 0, 8192)
+	b.ReportAllocs()
+	for b.Loop() {
+		buf = AppendMemDescs(buf[:0], descs)
+	}
+}
+
+func BenchmarkMemDesc256Decode(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeMemDescs(benchDesc); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkCompatHash(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		CompatHash("0.11.0", "Qwen/Qwen2.5-VL-7B-Instruct", "torch.bfloat16", 7168)
+	}
+}

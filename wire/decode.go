@@ -1,0 +1,300 @@
+package wire
+
+import "strings"
+
+// structHeader reads the top-level map header of a message.
+func (r *reader) structHeader() (uint64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isMap(c) {
+		return 0, invalid("Expected `object`, got `%s`", typeName(c, false))
+	}
+	return r.containerLen(c)
+}
+
+// key reads a map key of a message, which must be a str. Its bytes are not
+// checked for UTF-8: a corrupted name is just an unknown key.
+func (r *reader) key() ([]byte, error) {
+	c, err := r.peek()
+	if err != nil {
+		return nil, err
+	}
+	if !isStr(c) {
+		return nil, invalid("Expected `str`, got `%s` - at `key` in `$`", typeName(c, true))
+	}
+	s, err := r.strBody(c)
+	if err != nil {
+		return nil, err
+	}
+	return r.b[s.lo:s.hi], nil
+}
+
+// tag checks one occurrence of the "type" key's value.
+func (r *reader) tag(want string) error {
+	c, err := r.peek()
+	if err != nil {
+		return err
+	}
+	if !isStr(c) {
+		return invalid("Expected `str`, got `%s` - at `$.type`", typeName(c, true))
+	}
+	s, err := r.strBody(c)
+	if err != nil {
+		return err
+	}
+	v := r.b[s.lo:s.hi]
+	if err := checkUTF8(v, "$.type"); err != nil {
+		return err
+	}
+	if string(v) != want {
+		return invalid("Invalid value '%s' - at `$.type`", v)
+	}
+	return nil
+}
+
+func missing(field string) error {
+	return invalid("Object missing required field `%s`", field)
+}
+
+// strs turns spans of b into strings backed by one allocation.
+func strs[T [2]string | [3]string](b []byte, spans ...span) (out T) {
+	total := 0
+	for _, s := range spans {
+		total += s.hi - s.lo
+	}
+	if total == 0 {
+		return out
+	}
+	var sb strings.Builder
+	sb.Grow(total)
+	for _, s := range spans {
+		sb.Write(b[s.lo:s.hi])
+	}
+	all := sb.String()
+	off := 0
+	for i, s := range spans {
+		n := s.hi - s.lo
+		out[i] = all[off : off+n]
+		off += n
+	}
+	return out
+}
+
+// DecodeReq decodes an XferReq as msgspec's Decoder(XferReq) does: the tag is
+// optional and may stand anywhere, unknown keys are skipped, a repeated key
+// is checked each time and the last one wins, any integer or length form is
+// accepted. On error r is left unchanged. The strings it sets share one
+// allocation and never alias data.
+func DecodeReq(data []byte, r *XferReq) error {
+	d := reader{b: data}
+	n, err := d.structHeader()
+	if err != nil {
+		return err
+	}
+	var mm, compat, sess span
+	var haveMM, haveCompat, haveVersion bool
+	var version Int
+	for ; n > 0; n-- {
+		k, err := d.key()
+		if err != nil {
+			return err
+		}
+		switch string(k) {
+		case "type":
+			err = d.tag("req")
+		case "mm_hash":
+			mm, err = d.readStr("$.mm_hash")
+			haveMM = true
+		case "compatibility_hash":
+			compat, err = d.readStr("$.compatibility_hash")
+			haveCompat = true
+		case "session_id":
+			sess, err = d.readStr("$.session_id")
+		case "connector_version":
+			version, err = d.readInt(pathVersion)
+			haveVersion = true
+		default:
+			err = d.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !haveMM {
+		return missing("mm_hash")
+	}
+	if !haveCompat {
+		return missing("compatibility_hash")
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	s := strs[[3]string](data, mm, compat, sess)
+	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2]}
+	if haveVersion && version != IntOf(ConnectorVersion) {
+		v := version
+		r.ConnectorVersion = &v
+	}
+	return nil
+}
+
+func pathVersion() string { return "$.connector_version" }
+
+// DecodeAck decodes an XferAck as msgspec's Decoder(XferAck) does (see
+// [DecodeReq]). The slices it sets are freshly allocated: a has no alias of
+// data and owns them.
+func DecodeAck(data []byte, a *XferAck) error {
+	d := reader{b: data}
+	n, err := d.structHeader()
+	if err != nil {
+		return err
+	}
+	var mm, sess, meta, desc span
+	var haveMM, haveStatus bool
+	var status Int
+	blocksAt, nBlocks := -1, 0
+	for ; n > 0; n-- {
+		k, err := d.key()
+		if err != nil {
+			return err
+		}
+		switch string(k) {
+		case "type":
+			err = d.tag("ack")
+		case "mm_hash":
+			mm, err = d.readStr("$.mm_hash")
+			haveMM = true
+		case "status":
+			status, err = d.readInt(pathStatus)
+			if err == nil {
+				if u, ok := status.Uint64(); !ok || u > uint64(maxStatus) {
+					err = invalid("Invalid enum value %s - at `$.status`", status)
+				}
+			}
+			haveStatus = true
+		case "session_id":
+			sess, err = d.readStr("$.session_id")
+		case "src_block_indices":
+			blocksAt = d.i
+			nBlocks, err = d.intArray(nil)
+		case "agent_metadata":
+			meta, err = d.readBin("$.agent_metadata")
+		case "mem_descriptor":
+			desc, err = d.readBin("$.mem_descriptor")
+		default:
+			err = d.skip()
+		}
+		if err != nil {
+			return err
+		}
+	}
+	if !haveMM {
+		return missing("mm_hash")
+	}
+	if !haveStatus {
+		return missing("status")
+	}
+	if err := d.end(); err != nil {
+		return err
+	}
+	s := strs[[2]string](data, mm, sess)
+	*a = XferAck{MMHash: s[0], Status: Status(status.u), SessionID: s[1]}
+	if nBlocks > 0 {
+		a.SrcBlockIndices = make([]Int, nBlocks)
+		d.i = blocksAt
+		d.intArray(a.SrcBlockIndices) // checked above: cannot fail
+	}
+	if lm, ld := meta.hi-meta.lo, desc.hi-desc.lo; lm+ld > 0 {
+		buf := make([]byte, lm+ld)
+		copy(buf, data[meta.lo:meta.hi])
+		copy(buf[lm:], data[desc.lo:desc.hi])
+		if lm > 0 {
+			a.AgentMetadata = buf[:lm:lm]
+		}
+		if ld > 0 {
+			a.MemDescriptor = buf[lm:]
+		}
+	}
+	return nil
+}
+
+func pathStatus() string { return "$.status" }
+
+// intArray reads src_block_indices: an array of integers. With out nil it
+// only checks them; otherwise it stores them into out, which must be long
+// enough.
+func (r *reader) intArray(out []Int) (int, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isArray(c) {
+		return 0, expected("array", c, "$.src_block_indices")
+	}
+	n, err := r.containerLen(c)
+	if err != nil {
+		return 0, err
+	}
+	for i := uint64(0); i < n; i++ {
+		v, err := r.readInt(func() string { return "$.src_block_indices[" + itoa(i) + "]" })
+		if err != nil {
+			return 0, err
+		}
+		if out != nil {
+			out[i] = v
+		}
+	}
+	return int(n), nil
+}
+
+func itoa(i uint64) string { return UintOf(i).String() }
+
+// DecodeMemDescs decodes a mem descriptor: an array of [addr, size,
+// device_id] arrays of integers, as msgspec's
+// Decoder(list[tuple[int, int, int]]) does.
+func DecodeMemDescs(data []byte) ([]MemDesc, error) {
+	d := reader{b: data}
+	c, err := d.peek()
+	if err != nil {
+		return nil, err
+	}
+	if !isArray(c) {
+		return nil, expected("array", c, "")
+	}
+	n, err := d.containerLen(c)
+	if err != nil {
+		return nil, err
+	}
+	// A triple takes 4 bytes at least: never trust the declared count.
+	descs := make([]MemDesc, 0, min(n, uint64(len(data)-d.i)/4))
+	for i := uint64(0); i < n; i++ {
+		c, err := d.peek()
+		if err != nil {
+			return nil, err
+		}
+		if !isArray(c) {
+			return nil, expected("array", c, "$["+itoa(i)+"]")
+		}
+		m, err := d.containerLen(c)
+		if err != nil {
+			return nil, err
+		}
+		if m != 3 {
+			return nil, invalid("Expected `array` of length 3, got %d - at `$[%d]`", m, i)
+		}
+		var t [3]Int
+		for j := range t {
+			t[j], err = d.readInt(func() string { return "$[" + itoa(i) + "][" + itoa(uint64(j)) + "]" })
+			if err != nil {
+				return nil, err
+			}
+		}
+		descs = append(descs, MemDesc{t[0], t[1], t[2]})
+	}
+	if err := d.end(); err != nil {
+		return nil, err
+	}
+	return descs, nil
+}

@@ -1,0 +1,201 @@
+package wire
+
+import "encoding/binary"
+
+// Keys and tags as msgspec writes them: fixstr headers included.
+const (
+	keyType    = "\xa4type"
+	tagReq     = "\xa3req"
+	tagAck     = "\xa3ack"
+	keyMMHash  = "\xa7mm_hash"
+	keyCompat  = "\xb2compatibility_hash"
+	keySession = "\xaasession_id"
+	keyVersion = "\xb1connector_version"
+	keyStatus  = "\xa6status"
+	keyBlocks  = "\xb1src_block_indices"
+	keyMeta    = "\xaeagent_metadata"
+	keyMemDesc = "\xaemem_descriptor"
+)
+
+// AppendReq appends the msgpack encoding of r to dst, byte for byte as
+// msgspec writes it: a map with the tag first, fields in declaration order,
+// fields equal to their default left out.
+func AppendReq(dst []byte, r *XferReq) []byte {
+	n := 3
+	if r.SessionID != "" {
+		n++
+	}
+	writeVersion := r.ConnectorVersion != nil && *r.ConnectorVersion != IntOf(ConnectorVersion)
+	if writeVersion {
+		n++
+	}
+	dst = append(dst, 0x80|byte(n))
+	dst = append(dst, keyType+tagReq+keyMMHash...)
+	dst = appendStr(dst, r.MMHash)
+	dst = append(dst, keyCompat...)
+	dst = appendStr(dst, r.CompatibilityHash)
+	if r.SessionID != "" {
+		dst = append(dst, keySession...)
+		dst = appendStr(dst, r.SessionID)
+	}
+	if writeVersion {
+		dst = append(dst, keyVersion...)
+		dst = appendInt(dst, *r.ConnectorVersion)
+	}
+	return dst
+}
+
+// AppendAck appends the msgpack encoding of a to dst, byte for byte as
+// msgspec writes it.
+func AppendAck(dst []byte, a *XferAck) []byte {
+	n := 3
+	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0} {
+		if set {
+			n++
+		}
+	}
+	dst = append(dst, 0x80|byte(n))
+	dst = append(dst, keyType+tagAck+keyMMHash...)
+	dst = appendStr(dst, a.MMHash)
+	dst = append(dst, keyStatus...)
+	dst = appendUint(dst, uint64(a.Status))
+	if a.SessionID != "" {
+		dst = append(dst, keySession...)
+		dst = appendStr(dst, a.SessionID)
+	}
+	if len(a.SrcBlockIndices) > 0 {
+		dst = append(dst, keyBlocks...)
+		dst = appendArrayHeader(dst, len(a.SrcBlockIndices))
+		for _, v := range a.SrcBlockIndices {
+			dst = appendInt(dst, v)
+		}
+	}
+	if len(a.AgentMetadata) > 0 {
+		dst = append(dst, keyMeta...)
+		dst = appendBin(dst, a.AgentMetadata)
+	}
+	if len(a.MemDescriptor) > 0 {
+		dst = append(dst, keyMemDesc...)
+		dst = appendBin(dst, a.MemDescriptor)
+	}
+	return dst
+}
+
+// AppendMemDescs appends the msgpack encoding of descs (an array of
+// [addr, size, device_id] arrays) to dst.
+func AppendMemDescs(dst []byte, descs []MemDesc) []byte {
+	dst = appendArrayHeader(dst, len(descs))
+	for i := range descs {
+		dst = append(dst, 0x93)
+		dst = appendInt(dst, descs[i].Addr)
+		dst = appendInt(dst, descs[i].Size)
+		dst = appendInt(dst, descs[i].Device)
+	}
+	return dst
+}
+
+// AppendBlockDescs appends the encoding of the per-block descriptor list of a
+// region: count blocks of blockSize bytes from base, block i at
+// base + i*blockSize, all on device. It equals AppendMemDescs of
+// [BlockDescs] without building the slice.
+func AppendBlockDescs(dst []byte, base, blockSize uint64, count int, device int64) []byte {
+	dst = appendArrayHeader(dst, count)
+	dev := IntOf(device)
+	for i := range count {
+		dst = append(dst, 0x93)
+		dst = appendUint(dst, base+uint64(i)*blockSize)
+		dst = appendUint(dst, blockSize)
+		dst = appendInt(dst, dev)
+	}
+	return dst
+}
+
+// BlockDescs returns the per-block descriptor list of a region (see
+// [AppendBlockDescs]).
+func BlockDescs(base, blockSize uint64, count int, device int64) []MemDesc {
+	descs := make([]MemDesc, count)
+	for i := range descs {
+		descs[i] = MemDesc{Addr: UintOf(base + uint64(i)*blockSize), Size: UintOf(blockSize), Device: IntOf(device)}
+	}
+	return descs
+}
+
+func appendStr(dst []byte, s string) []byte {
+	switch n := len(s); {
+	case n < 32:
+		dst = append(dst, 0xa0|byte(n))
+	case n < 1<<8:
+		dst = append(dst, 0xd9, byte(n))
+	case n < 1<<16:
+		dst = append(dst, 0xda, byte(n>>8), byte(n))
+	default:
+		dst = append(dst, 0xdb)
+		dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+	}
+	return append(dst, s...)
+}
+
+func appendBin(dst []byte, b []byte) []byte {
+	switch n := len(b); {
+	case n < 1<<8:
+		dst = append(dst, 0xc4, byte(n))
+	case n < 1<<16:
+		dst = append(dst, 0xc5, byte(n>>8), byte(n))
+	default:
+		dst = append(dst, 0xc6)
+		dst = binary.BigEndian.AppendUint32(dst, uint32(n))
+	}
+	return append(dst, b...)
+}
+
+func appendArrayHeader(dst []byte, n int) []byte {
+	switch {
+	case n < 16:
+		return append(dst, 0x90|byte(n))
+	case n < 1<<16:
+		return append(dst, 0xdc, byte(n>>8), byte(n))
+	default:
+		dst = append(dst, 0xdd)
+		return binary.BigEndian.AppendUint32(dst, uint32(n))
+	}
+}
+
+// appendInt writes v in the smallest form; non-negative values always take
+// the unsigned forms, as msgspec does.
+func appendInt(dst []byte, v Int) []byte {
+	if !v.neg {
+		return appendUint(dst, v.u)
+	}
+	s := int64(v.u)
+	switch {
+	case s >= -32:
+		return append(dst, byte(s))
+	case s >= -1<<7:
+		return append(dst, 0xd0, byte(s))
+	case s >= -1<<15:
+		return append(dst, 0xd1, byte(s>>8), byte(s))
+	case s >= -1<<31:
+		dst = append(dst, 0xd2)
+		return binary.BigEndian.AppendUint32(dst, uint32(s))
+	default:
+		dst = append(dst, 0xd3)
+		return binary.BigEndian.AppendUint64(dst, uint64(s))
+	}
+}
+
+func appendUint(dst []byte, u uint64) []byte {
+	switch {
+	case u < 1<<7:
+		return append(dst, byte(u))
+	case u < 1<<8:
+		return append(dst, 0xcc, byte(u))
+	case u < 1<<16:
+		return append(dst, 0xcd, byte(u>>8), byte(u))
+	case u < 1<<32:
+		dst = append(dst, 0xce)
+		return binary.BigEndian.AppendUint32(dst, uint32(u))
+	default:
+		dst = append(dst, 0xcf)
+		return binary.BigEndian.AppendUint64(dst, u)
+	}
+}

@@ -1,0 +1,63 @@
+package wire
+
+import (
+	"math"
+	"strconv"
+)
+
+// Int is an integer as msgspec carries a Python int over msgpack: any value in
+// [-2^63, 2^64-1]. The zero value is 0.
+//
+// The protocol's integer fields (block indices, the connector version, mem
+// descriptor triples) are decoded into Int so that every value msgspec accepts
+// survives a decode and re-encode unchanged. Callers convert with [Int.Int],
+// [Int.Int64] or [Int.Uint64], which say when a value does not fit.
+type Int struct {
+	u   uint64 // the value; two's complement when neg
+	neg bool
+}
+
+// IntOf returns v as an Int.
+func IntOf(v int64) Int { return Int{u: uint64(v), neg: v < 0} }
+
+// UintOf returns v as an Int.
+func UintOf(v uint64) Int { return Int{u: v} }
+
+// Ints converts a slice of ints, appending to dst.
+func Ints(dst []Int, vs []int) []Int {
+	for _, v := range vs {
+		dst = append(dst, IntOf(int64(v)))
+	}
+	return dst
+}
+
+// Int64 returns the value and whether it fits in an int64.
+func (i Int) Int64() (int64, bool) {
+	if !i.neg && i.u > math.MaxInt64 {
+		return 0, false
+	}
+	return int64(i.u), true
+}
+
+// Uint64 returns the value and whether it fits in a uint64 (is not negative).
+func (i Int) Uint64() (uint64, bool) { return i.u, !i.neg }
+
+// Int returns the value and whether it fits in an int.
+func (i Int) Int() (int, bool) {
+	v, ok := i.Int64()
+	if !ok || int64(int(v)) != v {
+		return 0, false
+	}
+	return int(v), true
+}
+
+// Negative reports whether the value is below zero.
+func (i Int) Negative() bool { return i.neg }
+
+// String returns the value in decimal.
+func (i Int) String() string {
+	if i.neg {
+		return strconv.FormatInt(int64(i.u), 10)
+	}
+	return strconv.FormatUint(i.u, 10)
+}

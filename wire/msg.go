@@ -1,0 +1,39 @@
+package wire
+
+// XferReq asks a producer for one entry (tag "req"), consumer to producer.
+type XferReq struct {
+	MMHash            string
+	CompatibilityHash string
+	SessionID         string // "" is the default and is not put on the wire
+	// ConnectorVersion is the sender's version. Nil means the field is absent,
+	// which msgspec reads as the receiver's own default: use [XferReq.Version]
+	// for the effective value. A non-nil value equal to [ConnectorVersion] is
+	// left off the wire, as msgspec does, so it decodes back as nil.
+	ConnectorVersion *Int
+}
+
+// Version returns the effective connector version: [ConnectorVersion] when the
+// field is absent.
+func (r *XferReq) Version() Int {
+	if r.ConnectorVersion == nil {
+		return IntOf(ConnectorVersion)
+	}
+	return *r.ConnectorVersion
+}
+
+// XferAck answers an [XferReq] (tag "ack"), producer to consumer. A NACK
+// carries only MMHash and Status.
+type XferAck struct {
+	MMHash          string
+	Status          Status
+	SessionID       string // echo of the request's session id
+	SrcBlockIndices []Int  // the entry's blocks in the producer's region
+	AgentMetadata   []byte // opaque data-plane agent blob
+	MemDescriptor   []byte // encoded []MemDesc of the producer's region, or empty
+}
+
+// MemDesc addresses one block of a region: one [addr, size, device_id] triple
+// of a mem descriptor.
+type MemDesc struct {
+	Addr, Size, Device Int
+}

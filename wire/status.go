@@ -1,0 +1,44 @@
+package wire
+
+import "strconv"
+
+// ConnectorVersion is the protocol version this library speaks. A peer whose
+// request carries another version is refused with [NackVersion].
+const ConnectorVersion = 2
+
+// Status is the outcome an [XferAck] reports.
+type Status uint8
+
+// The status values; their numbers are on the wire.
+const (
+	OK           Status = 0 // granted: the ack carries blocks, metadata, descriptor
+	NackMissing  Status = 1 // the producer does not hold the entry
+	NackIncompat Status = 2 // compatibility hashes differ
+	NackVersion  Status = 3 // connector versions differ
+	NackInternal Status = 4 // producer error, or a request without a session id
+	NackNotReady Status = 5 // announced, but its save has not landed yet
+)
+
+// maxStatus is the largest value the enum accepts.
+const maxStatus = NackNotReady
+
+var statusNames = [...]string{"OK", "NACK_MISSING", "NACK_INCOMPAT", "NACK_VERSION", "NACK_INTERNAL", "NACK_NOT_READY"}
+
+// String returns the reference's name for s, e.g. "NACK_NOT_READY".
+func (s Status) String() string {
+	if int(s) < len(statusNames) {
+		return statusNames[s]
+	}
+	return "Status(" + strconv.Itoa(int(s)) + ")"
+}
+
+// Valid reports whether s is one of the six statuses.
+func (s Status) Valid() bool { return s <= maxStatus }
+
+// Retryable reports whether another attempt for the same entry may succeed:
+// only [NackNotReady]. Every other NACK is terminal for that mm_hash.
+func (s Status) Retryable() bool { return s == NackNotReady }
+
+// Expected reports whether a NACK is part of normal operation (logged at info
+// rather than warning): [NackNotReady] and [NackMissing].
+func (s Status) Expected() bool { return s == NackNotReady || s == NackMissing }

@@ -1,0 +1,175 @@
+package wire
+
+import (
+	"errors"
+	"math"
+	"runtime"
+	"strings"
+	"testing"
+)
+
+func TestStatus(t *testing.T) {
+	tests := []struct {
+		s                          Status
+		name                       string
+		valid, retryable, expected bool
+	}{
+		{OK, "OK", true, false, false},
+		{NackMissing, "NACK_MISSING", true, false, true},
+		{NackIncompat, "NACK_INCOMPAT", true, false, false},
+		{NackVersion, "NACK_VERSION", true, false, false},
+		{NackInternal, "NACK_INTERNAL", true, false, false},
+		{NackNotReady, "NACK_NOT_READY", true, true, true},
+		{6, "Status(6)", false, false, false},
+	}
+	for i, tt := range tests {
+		if i < 6 && int(tt.s) != i {
+			t.Errorf("%s = %d, want %d", tt.name, tt.s, i)
+		}
+		if tt.s.String() != tt.name || tt.s.Valid() != tt.valid || tt.s.Retryable() != tt.retryable || tt.s.Expected() != tt.expected {
+			t.Errorf("%d: got %s valid=%v retryable=%v expected=%v", tt.s, tt.s, tt.s.Valid(), tt.s.Retryable(), tt.s.Expected())
+		}
+	}
+}
+
+func TestInt(t *testing.T) {
+	tests := []struct {
+		v     Int
+		str   string
+		i64   bool
+		u64   bool
+		asInt bool
+		neg   bool
+	}{
+		{IntOf(0), "0", true, true, true, false},
+		{IntOf(-1), "-1", true, false, true, true},
+		{IntOf(math.MinInt64), "-9223372036854775808", true, false, true, true},
+		{UintOf(math.MaxInt64), "9223372036854775807", true, true, true, false},
+		{UintOf(1 << 63), "9223372036854775808", false, true, false, false},
+		{UintOf(math.MaxUint64), "18446744073709551615", false, true, false, false},
+	}
+	for _, tt := range tests {
+		_, i64 := tt.v.Int64()
+		_, u64 := tt.v.Uint64()
+		_, asInt := tt.v.Int()
+		if tt.v.String() != tt.str || i64 != tt.i64 || u64 != tt.u64 || asInt != tt.asInt || tt.v.Negative() != tt.neg {
+			t.Errorf("%s: int64=%v uint64=%v int=%v neg=%v", tt.v, i64, u64, asInt, tt.v.Negative())
+		}
+	}
+	if got := Ints(nil, []int{3, -4}); len(got) != 2 || got[0] != IntOf(3) || got[1] != IntOf(-4) {
+		t.Errorf("Ints: %v", got)
+	}
+}
+
+// The version field: absent means the receiver's default, and the default is
+// left off the wire whatever way it was given.
+func TestReqVersion(t *testing.T) {
+	two, one := IntOf(ConnectorVersion), IntOf(1)
+	for _, tt := range []struct {
+		v       *Int
+		onWire  bool
+		decoded Int
+	}{{nil, false, two}, {&two, false, two}, {&one, true, one}} {
+		r := XferReq{MMHash: "h", CompatibilityHash: "c", ConnectorVersion: tt.v}
+		enc := AppendReq(nil, &r)
+		if got := strings.Contains(string(enc), "connector_version"); got != tt.onWire {
+			t.Errorf("version %v on wire = %v", tt.v, got)
+		}
+		var back XferReq
+		if err := DecodeReq(enc, &back); err != nil {
+			t.Fatal(err)
+		}
+		if back.Version() != tt.decoded || (back.ConnectorVersion == nil) == tt.onWire {
+			t.Errorf("version %v decoded as %v (pointer %v)", tt.v, back.Version(), back.ConnectorVersion)
+		}
+	}
+}
+
+// Decoded values never alias the input buffer.
+func TestDecodeDoesNotAlias(t *testing.T) {
+	ack := XferAck{MMHash: "h", SessionID: "s", SrcBlockIndices: []Int{IntOf(1)}, AgentMetadata: []byte("meta"), MemDescriptor: []byte("desc")}
+	buf := AppendAck(nil, &ack)
+	var got XferAck
+	if err := DecodeAck(buf, &got); err != nil {
+		t.Fatal(err)
+	}
+	for i := range buf {
+		buf[i] = 0
+	}
+	if got.MMHash != "h" || got.SessionID != "s" || string(got.AgentMetadata) != "meta" || string(got.MemDescriptor) != "desc" {
+		t.Fatalf("decoded values changed with the input: %+v", got)
+	}
+	// Appending to one bytes field must not write into the other.
+	_ = append(got.AgentMetadata, 'X')
+	if string(got.MemDescriptor) != "desc" {
+		t.Fatalf("AgentMetadata and MemDescriptor overlap")
+	}
+}
+
+// A declared length far beyond the input is refused without allocating it.
+func TestHugeDeclaredLengthsDoNotAllocate(t *testing.T) {
+	inputs := map[string]string{
+		"req str32":        "\x82\xa7mm_hash\xdb\x7f\xff\xff\xff",
+		"ack array32":      "\x83\xa7mm_hash\xa1h\xa6status\x00\xb1src_block_indices\xdd\xff\xff\xff\xff\x01",
+		"ack bin32":        "\x83\xa7mm_hash\xa1h\xa6status\x00\xaeagent_metadata\xc6\xff\xff\xff\xff",
+		"unknown map32":    "\x81\xa1x\xdf\xff\xff\xff\xff",
+		"memdesc array32":  "\xdd\xff\xff\xff\xff\x93\x01\x02\x03",
+		"top map32":        "\xdf\xff\xff\xff\xff\xa4type\xa3req",
+		"unknown ext32":    "\x81\xa1x\xc9\xff\xff\xff\xff\x01",
+		"deep unknown arr": "\x81\xa1x" + strings.Repeat("\x91", 100000),
+	}
+	for name, in := range inputs {
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		for range 100 {
+			var r XferReq
+			var a XferAck
+			e1 := DecodeReq([]byte(in), &r)
+			e2 := DecodeAck([]byte(in), &a)
+			_, e3 := DecodeMemDescs([]byte(in))
+			if !errors.Is(e1, ErrMalformed) && !errors.Is(e2, ErrMalformed) && !errors.Is(e3, ErrMalformed) {
+				t.Errorf("%s: no decoder called it malformed: %v / %v / %v", name, e1, e2, e3)
+			}
+		}
+		runtime.ReadMemStats(&after)
+		// Each round copies the input three times; anything near a declared
+		// length (GiBs) would show.
+		if got, limit := after.TotalAlloc-before.TotalAlloc, uint64(100*(8*len(in)+16<<10)); got > limit {
+			t.Errorf("%s: allocated %d bytes over 100 rounds, limit %d", name, got, limit)
+		}
+	}
+}
+
+func TestDeepNestingLimit(t *testing.T) {
+	nest := func(depth int) []byte {
+		b := []byte("\x83\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xa1x")
+		b = append(b, strings.Repeat("\x91", depth-1)...)
+		return append(b, 0x90)
+	}
+	var r XferReq
+	if err := DecodeReq(nest(100), &r); err != nil {
+		t.Fatalf("100 levels: %v", err)
+	}
+	if err := DecodeReq(nest(maxDepth-1), &r); err != nil {
+		t.Fatalf("%d levels: %v", maxDepth-1, err)
+	}
+	if err := DecodeReq(nest(maxDepth), &r); !errors.Is(err, ErrMalformed) {
+		t.Fatalf("%d levels: %v", maxDepth, err)
+	}
+}
+
+func TestMemDescsRoundTrip(t *testing.T) {
+	descs := BlockDescs(0x7f3a1c000000, 7168, 300, 0)
+	enc := AppendMemDescs(nil, descs)
+	if got := AppendBlockDescs(nil, 0x7f3a1c000000, 7168, 300, 0); string(got) != string(enc) {
+		t.Fatal("AppendBlockDescs differs from AppendMemDescs(BlockDescs)")
+	}
+	back, err := DecodeMemDescs(enc)
+	if err != nil || len(back) != 300 || back[299] != descs[299] {
+		t.Fatalf("round trip: %v, %d descs", err, len(back))
+	}
+	if _, err := DecodeMemDescs([]byte{0x91, 0x92, 0x01, 0x02}); !errors.Is(err, ErrInvalid) {
+		t.Fatalf("pair accepted: %v", err)
+	}
+}
