@@ -1,0 +1,290 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+)
+
+// Errors of EmbeddingCache. Each is a misuse the reference asserts on, except
+// ErrNoSpace, which is the normal answer of a full cache.
+var (
+	ErrNoSpace      = errors.New("cache: not enough free or evictable blocks")
+	ErrTooLarge     = errors.New("cache: more blocks than the capacity")
+	ErrDuplicate    = errors.New("cache: duplicate alloc")
+	ErrNotFound     = errors.New("cache: no such entry")
+	ErrNotReady     = errors.New("cache: entry is not ready")
+	ErrAlreadyReady = errors.New("cache: entry is already ready")
+	ErrNotPinned    = errors.New("cache: entry is not pinned")
+	ErrReady        = errors.New("cache: entry is ready and cannot be discarded")
+)
+
+// Entry is a snapshot of one cache entry. Blocks is shared with the cache and
+// must not be modified.
+type Entry struct {
+	Key    string
+	Blocks []int // ascending
+	Ready  bool
+	Pins   int
+}
+
+// PinResult tells the three answers of PinIfReady apart.
+type PinResult uint8
+
+const (
+	Absent   PinResult = iota // no entry for the key
+	NotReady                  // the entry exists, its save has not landed; not pinned
+	Pinned                    // the entry is ready and now pinned once more
+)
+
+func (r PinResult) String() string {
+	switch r {
+	case Absent:
+		return "absent"
+	case NotReady:
+		return "not-ready"
+	case Pinned:
+		return "pinned"
+	}
+	return fmt.Sprintf("PinResult(%d)", r)
+}
+
+// Stats counts what the cache holds and has done.
+type Stats struct {
+	Capacity       int    // blocks in all
+	Free           int    // blocks owned by no entry
+	Entries        int    // entries held
+	NotReady       int    // entries whose save has not landed
+	Pinned         int    // ready entries with at least one pin
+	Evictable      int    // ready, unpinned entries
+	EvictableBlock int    // blocks those entries hold
+	Evictions      uint64 // entries evicted by Alloc so far
+}
+
+type entry struct {
+	key        string
+	blocks     []int
+	ready      bool
+	pins       int
+	prev, next *entry // in the evictable list while ready and unpinned
+}
+
+// EmbeddingCache owns the blocks of a fixed-size pool: which entry holds
+// which blocks, whether its data has landed (ready), and how many readers
+// have it pinned. Ready, unpinned entries are evicted oldest first, "oldest"
+// meaning the one that became evictable first (marked ready, or last unpinned).
+//
+// It is safe for concurrent use. Every operation is O(1) except Alloc, which
+// also pays for the blocks it hands out and the entries it evicts.
+type EmbeddingCache struct {
+	mu        sync.Mutex
+	capacity  int
+	free      []int // free block ids; popped from the end
+	entries   map[string]*entry
+	lru       entry // sentinel of the evictable list: lru.next is the oldest
+	evictable int   // blocks held by entries on the evictable list
+	nEvict    int   // entries on the evictable list
+	notReady  int
+	pinned    int
+	evictions uint64
+}
+
+// NewEmbeddingCache returns a cache of numBlocks blocks, ids 0..numBlocks-1.
+func NewEmbeddingCache(numBlocks int) *EmbeddingCache {
+	if numBlocks < 0 {
+		numBlocks = 0
+	}
+	c := &EmbeddingCache{capacity: numBlocks, free: make([]int, numBlocks), entries: make(map[string]*entry)}
+	for i := range c.free {
+		c.free[i] = numBlocks - 1 - i // lowest ids first
+	}
+	c.lru.prev, c.lru.next = &c.lru, &c.lru
+	return c
+}
+
+// Capacity returns the number of blocks in the pool.
+func (c *EmbeddingCache) Capacity() int { return c.capacity }
+
+// Alloc creates a not-ready entry of n blocks for key, evicting ready,
+// unpinned entries oldest first if the free blocks do not suffice. If even
+// eviction cannot make room it returns ErrNoSpace and evicts nothing. The
+// block ids are ascending.
+func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if _, ok := c.entries[key]; ok {
+		return Entry{}, fmt.Errorf("%w: %q", ErrDuplicate, key)
+	}
+	if n < 0 || n > c.capacity {
+		return Entry{}, fmt.Errorf("%w: %d blocks asked, capacity %d", ErrTooLarge, n, c.capacity)
+	}
+	if len(c.free)+c.evictable < n {
+		return Entry{}, ErrNoSpace
+	}
+	for len(c.free) < n {
+		c.evictLocked(c.lru.next)
+	}
+	blocks := make([]int, n)
+	copy(blocks, c.free[len(c.free)-n:])
+	c.free = c.free[:len(c.free)-n]
+	slices.Sort(blocks)
+	e := &entry{key: key, blocks: blocks}
+	c.entries[key] = e
+	c.notReady++
+	return e.snapshot(), nil
+}
+
+func (c *EmbeddingCache) evictLocked(e *entry) {
+	c.unlinkLocked(e)
+	delete(c.entries, e.key)
+	c.free = append(c.free, e.blocks...)
+	c.evictions++
+}
+
+func (c *EmbeddingCache) linkLocked(e *entry) {
+	e.prev, e.next = c.lru.prev, &c.lru
+	c.lru.prev.next = e
+	c.lru.prev = e
+	c.evictable += len(e.blocks)
+	c.nEvict++
+}
+
+func (c *EmbeddingCache) unlinkLocked(e *entry) {
+	e.prev.next, e.next.prev = e.next, e.prev
+	e.prev, e.next = nil, nil
+	c.evictable -= len(e.blocks)
+	c.nEvict--
+}
+
+func (e *entry) snapshot() Entry {
+	return Entry{Key: e.key, Blocks: e.blocks, Ready: e.ready, Pins: e.pins}
+}
+
+// MarkReady records that key's data has landed: it becomes evictable.
+func (c *EmbeddingCache) MarkReady(key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	}
+	if e.ready {
+		return fmt.Errorf("%w: %q", ErrAlreadyReady, key)
+	}
+	e.ready = true
+	c.notReady--
+	c.linkLocked(e)
+	return nil
+}
+
+// Pin takes one more pin on a ready entry; a pinned entry is never evicted.
+func (c *EmbeddingCache) Pin(key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	}
+	if !e.ready {
+		return fmt.Errorf("%w: %q", ErrNotReady, key)
+	}
+	c.pinLocked(e)
+	return nil
+}
+
+func (c *EmbeddingCache) pinLocked(e *entry) {
+	if e.pins == 0 {
+		c.unlinkLocked(e)
+		c.pinned++
+	}
+	e.pins++
+}
+
+// PinIfReady pins key if it is present and ready. It returns the entry with
+// Absent (zero Entry), NotReady (not pinned) or Pinned.
+func (c *EmbeddingCache) PinIfReady(key string) (Entry, PinResult) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return Entry{}, Absent
+	}
+	if !e.ready {
+		return e.snapshot(), NotReady
+	}
+	c.pinLocked(e)
+	return e.snapshot(), Pinned
+}
+
+// Unpin drops one pin; the last one makes the entry evictable again, at the
+// back of the eviction order.
+func (c *EmbeddingCache) Unpin(key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	}
+	if e.pins == 0 {
+		return fmt.Errorf("%w: %q", ErrNotPinned, key)
+	}
+	e.pins--
+	if e.pins == 0 {
+		c.pinned--
+		c.linkLocked(e)
+	}
+	return nil
+}
+
+// Discard removes a not-ready entry (a save that will not land) and frees its
+// blocks.
+func (c *EmbeddingCache) Discard(key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	}
+	if e.ready {
+		return fmt.Errorf("%w: %q", ErrReady, key)
+	}
+	delete(c.entries, key)
+	c.notReady--
+	c.free = append(c.free, e.blocks...)
+	return nil
+}
+
+// Get returns key's entry, ready or not.
+func (c *EmbeddingCache) Get(key string) (Entry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.entries[key]
+	if !ok {
+		return Entry{}, false
+	}
+	return e.snapshot(), true
+}
+
+// HasHeldEntries reports whether any entry is not ready or pinned.
+func (c *EmbeddingCache) HasHeldEntries() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.notReady > 0 || c.pinned > 0
+}
+
+// Stats returns the current counts.
+func (c *EmbeddingCache) Stats() Stats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return Stats{
+		Capacity:       c.capacity,
+		Free:           len(c.free),
+		Entries:        len(c.entries),
+		NotReady:       c.notReady,
+		Pinned:         c.pinned,
+		Evictable:      c.nEvict,
+		EvictableBlock: c.evictable,
+		Evictions:      c.evictions,
+	}
+}

@@ -1,0 +1,322 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"sync"
+	"testing"
+)
+
+func mustAlloc(t *testing.T, c *EmbeddingCache, key string, n int) Entry {
+	t.Helper()
+	e, err := c.Alloc(key, n)
+	if err != nil {
+		t.Fatalf("Alloc(%q, %d): %v", key, n, err)
+	}
+	return e
+}
+
+func mustReady(t *testing.T, c *EmbeddingCache, keys ...string) {
+	t.Helper()
+	for _, k := range keys {
+		if err := c.MarkReady(k); err != nil {
+			t.Fatalf("MarkReady(%q): %v", k, err)
+		}
+	}
+}
+
+func has(c *EmbeddingCache, key string) bool { _, ok := c.Get(key); return ok }
+
+// B70, B74, B75, B76
+func TestAllocAscendingUniqueIDs(t *testing.T) {
+	c := NewEmbeddingCache(8)
+	e := mustAlloc(t, c, "a", 3)
+	if len(e.Blocks) != 3 || !slices.IsSorted(e.Blocks) {
+		t.Fatalf("blocks %v: want 3 ascending", e.Blocks)
+	}
+	seen := map[int]bool{}
+	for _, b := range e.Blocks {
+		if b < 0 || b >= 8 || seen[b] {
+			t.Fatalf("blocks %v: out of range or repeated", e.Blocks)
+		}
+		seen[b] = true
+	}
+	if e.Ready || e.Pins != 0 {
+		t.Fatalf("fresh entry %+v: want not ready, unpinned", e)
+	}
+	if st := c.Stats(); st.Evictable != 0 || st.NotReady != 1 || st.Free != 5 {
+		t.Fatalf("stats %+v", st)
+	}
+	got, ok := c.Get("a")
+	if !ok || !slices.Equal(got.Blocks, e.Blocks) || got.Ready {
+		t.Fatalf("Get = %+v, %v", got, ok)
+	}
+	if _, ok := c.Get("zz"); ok {
+		t.Fatal("Get of an absent key found something")
+	}
+	z := mustAlloc(t, c, "zero", 0)
+	if len(z.Blocks) != 0 {
+		t.Fatalf("zero-block alloc gave %v", z.Blocks)
+	}
+	// Ids come out ascending even after frees scramble the free list.
+	mustAlloc(t, c, "b", 5)
+	if err := c.Discard("a"); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Discard("b"); err != nil {
+		t.Fatal(err)
+	}
+	e = mustAlloc(t, c, "c", 8)
+	if !slices.Equal(e.Blocks, []int{0, 1, 2, 3, 4, 5, 6, 7}) {
+		t.Fatalf("blocks %v", e.Blocks)
+	}
+}
+
+// B71, B72, B73, B84, B85: misuse is a typed error; a full cache ErrNoSpace.
+func TestAllocErrors(t *testing.T) {
+	c := NewEmbeddingCache(4)
+	mustAlloc(t, c, "a", 2)
+	if _, err := c.Alloc("a", 1); !errors.Is(err, ErrDuplicate) {
+		t.Fatalf("duplicate alloc: %v", err)
+	}
+	if _, err := c.Alloc("big", 5); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("over capacity: %v", err)
+	}
+	if _, err := c.Alloc("neg", -1); !errors.Is(err, ErrTooLarge) {
+		t.Fatalf("negative: %v", err)
+	}
+	mustAlloc(t, c, "b", 2)
+	mustReady(t, c, "b")
+	if err := c.Pin("b"); err != nil {
+		t.Fatal(err)
+	}
+	// Everything pinned or not ready: nothing evicted.
+	if _, err := c.Alloc("c", 1); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("full cache: %v", err)
+	}
+	if !has(c, "a") || !has(c, "b") {
+		t.Fatal("a failed alloc evicted something")
+	}
+	// Fail fast: one evictable block is not enough for two; nothing evicted.
+	c2 := NewEmbeddingCache(3)
+	mustAlloc(t, c2, "x", 1)
+	mustAlloc(t, c2, "y", 1)
+	mustReady(t, c2, "y")
+	mustAlloc(t, c2, "w", 1)
+	if _, err := c2.Alloc("z", 2); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("want ErrNoSpace, got %v", err)
+	}
+	if !has(c2, "y") || c2.Stats().Evictions != 0 {
+		t.Fatal("failed alloc evicted y")
+	}
+}
+
+// B77, B78, B79, B90 and the not-found paths.
+func TestReadyPinUnpinDiscard(t *testing.T) {
+	c := NewEmbeddingCache(4)
+	mustAlloc(t, c, "a", 1)
+	if err := c.Pin("a"); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("pin not ready: %v", err)
+	}
+	mustReady(t, c, "a")
+	if err := c.MarkReady("a"); !errors.Is(err, ErrAlreadyReady) {
+		t.Fatalf("double ready: %v", err)
+	}
+	for _, err := range []error{c.MarkReady("x"), c.Pin("x"), c.Unpin("x"), c.Discard("x")} {
+		if !errors.Is(err, ErrNotFound) {
+			t.Fatalf("absent key: %v", err)
+		}
+	}
+	if st := c.Stats(); st.Evictable != 1 {
+		t.Fatalf("ready entry not evictable: %+v", st)
+	}
+	for range 2 {
+		if err := c.Pin("a"); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.Unpin("a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Evictable != 0 || st.Pinned != 1 {
+		t.Fatalf("one pin left, yet %+v", st)
+	}
+	if err := c.Unpin("a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Evictable != 1 || st.Pinned != 0 {
+		t.Fatalf("all pins gone, yet %+v", st)
+	}
+	if err := c.Unpin("a"); !errors.Is(err, ErrNotPinned) {
+		t.Fatalf("unpin unpinned: %v", err)
+	}
+	if err := c.Discard("a"); !errors.Is(err, ErrReady) {
+		t.Fatalf("discard ready: %v", err)
+	}
+	mustAlloc(t, c, "b", 3)
+	if err := c.Discard("b"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Free != 3 || st.Entries != 1 || st.NotReady != 0 {
+		t.Fatalf("after discard %+v", st)
+	}
+}
+
+// B89 (the newest generation's answer) and B80.
+func TestPinIfReadyAndHeld(t *testing.T) {
+	c := NewEmbeddingCache(4)
+	if c.HasHeldEntries() {
+		t.Fatal("empty cache holds entries")
+	}
+	if _, r := c.PinIfReady("a"); r != Absent {
+		t.Fatalf("absent: %v", r)
+	}
+	mustAlloc(t, c, "a", 2)
+	if !c.HasHeldEntries() {
+		t.Fatal("not-ready entry is not held")
+	}
+	if e, r := c.PinIfReady("a"); r != NotReady || e.Pins != 0 || len(e.Blocks) != 2 {
+		t.Fatalf("not ready: %v %+v", r, e)
+	}
+	mustReady(t, c, "a")
+	if c.HasHeldEntries() {
+		t.Fatal("ready unpinned entry is held")
+	}
+	e, r := c.PinIfReady("a")
+	if r != Pinned || e.Pins != 1 || !e.Ready {
+		t.Fatalf("ready: %v %+v", r, e)
+	}
+	if !c.HasHeldEntries() {
+		t.Fatal("pinned entry is not held")
+	}
+	if err := c.Unpin("a"); err != nil {
+		t.Fatal(err)
+	}
+	if c.HasHeldEntries() {
+		t.Fatal("held after the last unpin")
+	}
+	for _, r := range []PinResult{Absent, NotReady, Pinned, 9} {
+		if r.String() == "" {
+			t.Fatal("empty name")
+		}
+	}
+}
+
+// B81, B82, B83, B86, B88: eviction order.
+func TestEvictionOrder(t *testing.T) {
+	tests := []struct {
+		name      string
+		size      int
+		setup     func(t *testing.T, c *EmbeddingCache)
+		alloc     int
+		evicted   []string
+		survivors []string
+	}{
+		{"oldest first", 2, func(t *testing.T, c *EmbeddingCache) {
+			mustAlloc(t, c, "A", 1)
+			mustAlloc(t, c, "B", 1)
+			mustReady(t, c, "A", "B")
+		}, 1, []string{"A"}, []string{"B"}},
+		{"pinned survives", 2, func(t *testing.T, c *EmbeddingCache) {
+			mustAlloc(t, c, "A", 1)
+			mustAlloc(t, c, "B", 1)
+			mustReady(t, c, "A", "B")
+			c.Pin("A")
+		}, 1, []string{"B"}, []string{"A"}},
+		{"not ready survives", 2, func(t *testing.T, c *EmbeddingCache) {
+			mustAlloc(t, c, "A", 1)
+			mustAlloc(t, c, "B", 1)
+			mustReady(t, c, "B")
+		}, 1, []string{"B"}, []string{"A"}},
+		{"two oldest for four blocks", 6, func(t *testing.T, c *EmbeddingCache) {
+			for _, k := range []string{"A", "B", "D"} {
+				mustAlloc(t, c, k, 2)
+				mustReady(t, c, k)
+			}
+		}, 4, []string{"A", "B"}, []string{"D"}},
+		{"order is when evictable, not insertion", 2, func(t *testing.T, c *EmbeddingCache) {
+			mustAlloc(t, c, "A", 1)
+			mustAlloc(t, c, "B", 1)
+			mustReady(t, c, "A", "B")
+			c.Pin("A")
+			c.Unpin("A") // A moves behind B
+		}, 1, []string{"B"}, []string{"A"}},
+		{"ready order, not alloc order", 2, func(t *testing.T, c *EmbeddingCache) {
+			mustAlloc(t, c, "A", 1)
+			mustAlloc(t, c, "B", 1)
+			mustReady(t, c, "B", "A")
+		}, 1, []string{"B"}, []string{"A"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := NewEmbeddingCache(tt.size)
+			tt.setup(t, c)
+			mustAlloc(t, c, "C", tt.alloc)
+			for _, k := range tt.evicted {
+				if has(c, k) {
+					t.Errorf("%s not evicted", k)
+				}
+			}
+			for _, k := range tt.survivors {
+				if !has(c, k) {
+					t.Errorf("%s evicted", k)
+				}
+			}
+			if st := c.Stats(); st.Evictions != uint64(len(tt.evicted)) {
+				t.Errorf("evictions %d, want %d", st.Evictions, len(tt.evicted))
+			}
+		})
+	}
+}
+
+// B87: concurrent pins on one entry, then concurrent allocs.
+func TestConcurrentUse(t *testing.T) {
+	c := NewEmbeddingCache(4)
+	mustAlloc(t, c, "hot", 1)
+	mustReady(t, c, "hot")
+	var wg sync.WaitGroup
+	errs := make(chan error, 100)
+	for range 8 {
+		wg.Go(func() {
+			for range 500 {
+				if err := c.Pin("hot"); err != nil {
+					errs <- err
+					return
+				}
+				if err := c.Unpin("hot"); err != nil {
+					errs <- err
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+	if e, ok := c.Get("hot"); !ok || e.Pins != 0 || c.Stats().Evictable != 1 {
+		t.Fatalf("hot ended as %+v", e)
+	}
+	for g := range 4 {
+		wg.Go(func() {
+			for i := range 200 {
+				k := fmt.Sprintf("k%d-%d", g, i)
+				if _, err := c.Alloc(k, 1+i%2); err != nil {
+					if !errors.Is(err, ErrNoSpace) {
+						errs <- err
+					}
+					continue
+				}
+				if err := c.MarkReady(k); err != nil {
+					errs <- err
+				}
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Error(err)
+	}
+	if st := c.Stats(); st.Free+st.EvictableBlock != 4 || st.NotReady != 0 || st.Pinned != 0 {
+		t.Fatalf("blocks do not add up: %+v", st)
+	}
+}

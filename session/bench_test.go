@@ -1,0 +1,103 @@
+package session
+
+import (
+	"fmt"
+	"strings"
+	"testing"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// benchData is a data plane that costs nothing: READs stay in progress and
+// notifications are whatever the benchmark queues.
+type benchData struct {
+	meta, desc []byte
+	next       xfer.Handle
+	notifs     []xfer.Notif
+}
+
+func (d *benchData) AgentMetadata() []byte { return d.meta }
+func (d *benchData) MemDescriptor() []byte { return d.desc }
+func (d *benchData) AddRemotePeer(m, _ []byte) (xfer.Peer, error) {
+	return xfer.Peer{Agent: "p", Blocks: 1 << 20}, nil
+}
+func (d *benchData) RemoveRemotePeer(string) error { return nil }
+func (d *benchData) PostRead(_ []int, _ string, _ []int, _ []byte) (xfer.Handle, error) {
+	d.next++
+	return d.next, nil
+}
+func (d *benchData) Check(xfer.Handle) (xfer.Progress, error) { return xfer.InProgress, nil }
+func (d *benchData) Release(xfer.Handle) error                { return nil }
+func (d *benchData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
+	dst = append(dst, d.notifs...)
+	d.notifs = d.notifs[:0]
+	return dst, nil
+}
+func (d *benchData) Close() error { return nil }
+
+type nopSender struct{}
+
+func (nopSender) Send([]byte) error       { return nil }
+func (nopSender) Reply(_, _ []byte) error { return nil }
+
+// Consumer Poll with n READs in flight and no messages: the per-step cost of
+// following transfers.
+func BenchmarkConsumerPoll(b *testing.B) {
+	for _, n := range []int{1, 100, 1000, 10000} {
+		b.Run(fmt.Sprintf("inflight=%d", n), func(b *testing.B) {
+			data := &benchData{meta: []byte("m")}
+			c, err := NewConsumerSession(ConsumerConfig{Logger: quiet}, nopSender{}, data, compat)
+			if err != nil {
+				b.Fatal(err)
+			}
+			var acks [][]byte
+			for i := range n {
+				h := fmt.Sprintf("%064x", i)
+				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(1<<40)); err != nil {
+					b.Fatal(err)
+				}
+				acks = append(acks, ackOK(h, c.ID(), data.meta, int64(2*i), int64(2*i+1)))
+			}
+			c.Poll(acks, at(0))
+			if c.InFlight() != n || len(c.active) != n {
+				b.Fatalf("%d in flight", c.InFlight())
+			}
+			now := at(1)
+			b.ReportAllocs()
+			for b.Loop() {
+				c.Poll(nil, now)
+			}
+		})
+	}
+}
+
+// Producer grants through Poll: decode the request, pin, encode and reply
+// the ack, then the completion notification unpins. One grant per op.
+func BenchmarkProducerGrant(b *testing.B) {
+	for _, blocks := range []int{512, 100000} {
+		b.Run(fmt.Sprintf("region=%d", blocks), func(b *testing.B) {
+			data := &benchData{meta: []byte(strings.Repeat("m", 200)), desc: wire.AppendBlockDescs(nil, 0x7f0000000000, 7168, blocks, 0)}
+			c := cache.NewEmbeddingCache(blocks)
+			h := strings.Repeat("ab", 32)
+			if _, err := c.Alloc(h, 8); err != nil {
+				b.Fatal(err)
+			}
+			c.MarkReady(h)
+			p := NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat)
+			sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
+			msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
+			notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
+			now := at(0)
+			b.ReportAllocs()
+			for b.Loop() {
+				p.Poll(msgs, now, nopSender{})
+				data.notifs = append(data.notifs, notif...)
+			}
+			if p.Stats().Grants == 0 || p.Stats().Completions == 0 {
+				b.Fatal("no grants")
+			}
+		})
+	}
+}

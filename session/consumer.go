@@ -1,0 +1,393 @@
+package session
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"time"
+
+	"github.com/google/uuid"
+
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// Sender queues a payload for the session's producer. It must not block and
+// must not keep payload after it returns.
+type Sender interface {
+	Send(payload []byte) error
+}
+
+// Errors of the sessions.
+var (
+	ErrClosed   = errors.New("session: closed")
+	ErrInFlight = errors.New("session: a transfer for this mm_hash is in flight")
+)
+
+// ConsumerConfig configures a ConsumerSession. The zero value is usable.
+type ConsumerConfig struct {
+	Xfer   xfer.Config
+	Logger *slog.Logger // nil: slog.Default()
+	// Rand is the source of the session id (a UUID4); nil: crypto/rand.
+	// Simulations set it to replay a run.
+	Rand io.Reader
+}
+
+// ConsumerStats counts what a ConsumerSession has seen.
+type ConsumerStats struct {
+	Started, Completed, Tombstoned, Quarantined, Retryable, Settled uint64
+	ForcedSettles                                                   uint64 // settled at the quarantine deadline, unconfirmed
+	LateCompletions                                                 uint64 // READs done after the producer's lease could have run out
+	BadAcks                                                         uint64 // OK acks whose block list did not fit
+	Nacks                                                           [6]uint64
+	Malformed                                                       uint64 // payloads that did not decode as an XferAck
+	ForeignAcks                                                     uint64 // acks echoing another session's id
+	StrayAcks                                                       uint64 // acks for no transfer waiting for one
+	Registrations                                                   uint64 // producer agents registered
+}
+
+// ConsumerSession is the consumer's side of one producer: it sends requests,
+// matches acks to transfers, posts READs and follows them until their blocks
+// may be reused. It is sans-I/O: payloads and the time come in through
+// StartXfer, Poll and PeerDown; requests go out through a Sender; outcomes
+// come out of TakeResults. It is not safe for concurrent use.
+type ConsumerSession struct {
+	id     string
+	compat string
+	peer   Sender
+	data   xfer.DataTransport
+	xcfg   xfer.Config
+	log    *slog.Logger
+
+	registered bool
+	agent      xfer.Peer
+	agentMeta  []byte
+
+	byHash      map[string]*cxfer // active and quarantined
+	active      []*cxfer          // in start order
+	quarantined []*cxfer
+	spare       []*cxfer // ended, for reuse
+
+	results Results
+	stats   ConsumerStats
+	buf     []byte
+	ack     wire.XferAck
+	closed  bool
+}
+
+// NewConsumerSession returns a session with a fresh UUID4 id that sends to
+// peer and reads through data. compatHash is wire.CompatHash of this side.
+func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
+	r := cfg.Rand
+	if r == nil {
+		r = randReader
+	}
+	u, err := uuid.NewRandomFromReader(r)
+	if err != nil {
+		return nil, fmt.Errorf("session: session id: %w", err)
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	return &ConsumerSession{
+		id: u.String(), compat: compatHash, peer: peer, data: data,
+		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{},
+	}, nil
+}
+
+// ID returns the session id: a UUID4 string, stable for the session's life.
+func (c *ConsumerSession) ID() string { return c.id }
+
+// Stats returns the counters.
+func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
+
+// StartXfer asks the producer for mmHash, to be read into blocks, and waits
+// for its ack until ackDeadline. A send error is returned and nothing is
+// recorded. A transfer for mmHash still in flight (waiting, reading or in
+// quarantine) is refused with ErrInFlight. The session keeps blocks (it is
+// handed back in the outcome): do not modify it until then.
+func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline time.Time) error {
+	if c.closed {
+		return ErrClosed
+	}
+	if _, ok := c.byHash[mmHash]; ok {
+		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
+	}
+	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id}
+	c.buf = wire.AppendReq(c.buf[:0], &req)
+	if err := c.peer.Send(c.buf); err != nil {
+		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
+	}
+	var x *cxfer
+	if n := len(c.spare); n > 0 {
+		x, c.spare = c.spare[n-1], c.spare[:n-1]
+	} else {
+		x = new(cxfer)
+	}
+	x.Reset(mmHash, blocks, c.id, ackDeadline, c.data, &c.xcfg)
+	x.ended = false
+	c.byHash[mmHash] = x
+	c.active = append(c.active, x)
+	c.stats.Started++
+	return nil
+}
+
+// Poll decodes the payloads received from the producer since the last call,
+// dispatches the acks, and advances every transfer to now. It never fails:
+// what a peer sends wrong is counted and logged.
+func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
+	if c.closed {
+		return
+	}
+	for _, raw := range msgs {
+		if err := wire.DecodeAck(raw, &c.ack); err != nil {
+			c.stats.Malformed++
+			c.log.Warn("ec consumer: dropped malformed XferAck", "session", c.id, "err", err)
+			continue
+		}
+		c.dispatch(&c.ack, now)
+	}
+	c.advance(now)
+}
+
+// cxfer is a transfer as the session holds it.
+type cxfer struct {
+	xfer.ConsumerXfer
+	ended bool // its outcome is recorded; advance drops it
+}
+
+func (c *ConsumerSession) dispatch(ack *wire.XferAck, now time.Time) {
+	if ack.SessionID != "" && ack.SessionID != c.id {
+		c.stats.ForeignAcks++
+		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", ack.SessionID, "mm_hash", ack.MMHash)
+		return
+	}
+	x, ok := c.byHash[ack.MMHash]
+	if !ok || x.State() != xfer.WaitingAck {
+		c.stats.StrayAcks++ // unknown mm_hash, or a second ack
+		return
+	}
+	if ack.Status != wire.OK {
+		c.stats.Nacks[ack.Status]++
+		level := slog.LevelWarn
+		if ack.Status.Expected() {
+			level = slog.LevelInfo
+		}
+		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", ack.Status.String(), "mm_hash", ack.MMHash, "session", c.id)
+		if ack.Status.Retryable() {
+			c.end(x, &c.results.Retryable, xfer.Nacked, ack.Status)
+		} else {
+			c.end(x, &c.results.Tombstoned, xfer.Nacked, ack.Status)
+		}
+		return
+	}
+	peer, err := c.register(ack.AgentMetadata, ack.MemDescriptor)
+	if err != nil {
+		c.log.Warn("ec consumer: cannot register producer", "mm_hash", ack.MMHash, "err", err)
+		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
+		return
+	}
+	if err := x.HandleAck(ack, peer, now); err != nil {
+		if errors.Is(err, xfer.ErrBadAck) {
+			c.stats.BadAcks++
+		}
+		c.log.Warn("ec consumer: READ not posted", "mm_hash", ack.MMHash, "err", err)
+		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
+	}
+}
+
+// register makes sure the producer's agent is known to the data plane, once
+// per metadata blob: a different blob means the producer restarted, so the
+// old agent is removed first. The descriptor is ignored while the blob is
+// unchanged, as the reference does.
+func (c *ConsumerSession) register(meta, desc []byte) (xfer.Peer, error) {
+	if c.registered && bytes.Equal(meta, c.agentMeta) {
+		return c.agent, nil
+	}
+	if c.registered {
+		c.log.Info("ec consumer: producer restarted; registering again", "agent", c.agent.Agent)
+		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {
+			c.log.Warn("ec consumer: remove old producer agent", "agent", c.agent.Agent, "err", err)
+		}
+		c.registered = false
+	}
+	peer, err := c.data.AddRemotePeer(meta, desc)
+	if err != nil {
+		return xfer.Peer{}, err
+	}
+	c.registered, c.agent = true, peer
+	c.agentMeta = append(c.agentMeta[:0], meta...)
+	c.stats.Registrations++
+	return peer, nil
+}
+
+// advance polls every transfer, moving ended ones to the results.
+func (c *ConsumerSession) advance(now time.Time) {
+	kept := c.active[:0]
+	for _, x := range c.active {
+		if x.ended {
+			c.spare = append(c.spare, x)
+			continue
+		}
+		switch x.Poll(now) {
+		case xfer.WaitingAck, xfer.Reading:
+			kept = append(kept, x)
+		case xfer.Done:
+			c.end(x, &c.results.Completed, xfer.NoReason, wire.OK)
+			c.spare = append(c.spare, x)
+		case xfer.AckTimeout:
+			c.log.Warn("ec consumer: no XferAck in time; may retry", "mm_hash", x.MMHash, "session", c.id)
+			c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
+			c.spare = append(c.spare, x)
+		case xfer.ReadFailed:
+			c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
+			c.spare = append(c.spare, x)
+		case xfer.Quarantined:
+			c.enterQuarantine(x)
+		}
+	}
+	clear(c.active[len(kept):])
+	c.active = kept
+	c.drainQuarantine(now)
+}
+
+func (c *ConsumerSession) enterQuarantine(x *cxfer) {
+	c.log.Warn("ec consumer: READ quarantined; blocks held", "mm_hash", x.MMHash, "reason", x.Reason().String())
+	c.quarantined = append(c.quarantined, x)
+	c.results.Quarantined = append(c.results.Quarantined, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason()})
+	c.stats.Quarantined++
+}
+
+func (c *ConsumerSession) drainQuarantine(now time.Time) {
+	kept := c.quarantined[:0]
+	for _, x := range c.quarantined {
+		if x.Poll(now) != xfer.Settled {
+			kept = append(kept, x)
+			continue
+		}
+		if x.Forced() {
+			c.stats.ForcedSettles++
+			c.log.Warn("ec consumer: quarantine deadline passed; READ not confirmed ended", "mm_hash", x.MMHash)
+		}
+		c.results.Settled = append(c.results.Settled, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), Forced: x.Forced()})
+		c.stats.Settled++
+		delete(c.byHash, x.MMHash)
+		c.spare = append(c.spare, x)
+	}
+	clear(c.quarantined[len(kept):])
+	c.quarantined = kept
+}
+
+// end records the outcome of an active transfer and forgets its mm_hash. The
+// transfer leaves c.active in the next pass of advance.
+func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, status wire.Status) {
+	*to = append(*to, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status})
+	switch to {
+	case &c.results.Completed:
+		c.stats.Completed++
+	case &c.results.Tombstoned:
+		c.stats.Tombstoned++
+	case &c.results.Retryable:
+		c.stats.Retryable++
+	}
+	if reason == xfer.LateCompletion {
+		c.stats.LateCompletions++
+	}
+	delete(c.byHash, x.MMHash)
+	x.ended = true
+}
+
+// PeerDown handles the producer's death: transfers waiting for an ack become
+// Retryable (reason PeerDown); READs in progress are quarantined, since the
+// data plane may still write into their blocks. Quarantined transfers keep
+// being followed by Poll until they settle.
+func (c *ConsumerSession) PeerDown(now time.Time) {
+	if c.closed {
+		return
+	}
+	for _, x := range c.active {
+		if x.ended {
+			c.spare = append(c.spare, x)
+			continue
+		}
+		switch x.PeerDown(now) {
+		case xfer.AckTimeout:
+			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
+			c.spare = append(c.spare, x)
+		case xfer.Quarantined:
+			c.enterQuarantine(x)
+		}
+	}
+	clear(c.active)
+	c.active = c.active[:0]
+}
+
+// TakeResults appends the outcomes since the last call to r and forgets
+// them. r's slices are the caller's; reuse r across steps (r.Reset) to
+// allocate nothing in steady state.
+func (c *ConsumerSession) TakeResults(r *Results) {
+	c.results.appendTo(r)
+	c.results.Reset()
+}
+
+// HasInFlight reports whether any transfer is waiting, reading or in
+// quarantine.
+func (c *ConsumerSession) HasInFlight() bool { return len(c.byHash) > 0 }
+
+// InFlight returns how many transfers are waiting, reading or quarantined.
+func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
+
+// CloseReport says what Close did with the transfers still in flight.
+type CloseReport struct {
+	// Pending are the outcomes not yet taken with TakeResults.
+	Pending Results
+	// Freed transfers ended with Close and their blocks may be reused:
+	// they were waiting for an ack, or their READ was stopped.
+	Freed []Outcome
+	// Unsafe transfers had a READ the data plane could not stop: their
+	// blocks may still be written and must not be reused.
+	Unsafe []Outcome
+}
+
+// Close ends the session: every READ handle is released, the producer's
+// agent is removed from the data plane. Nothing is dropped silently: the
+// report says which blocks may be reused and which may still be written.
+// Close is idempotent; the second call reports nothing.
+func (c *ConsumerSession) Close() CloseReport {
+	var rep CloseReport
+	if c.closed {
+		return rep
+	}
+	c.closed = true
+	c.TakeResults(&rep.Pending)
+	closeOne := func(x *cxfer) {
+		o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: xfer.Closed}
+		if err := x.Release(); err != nil {
+			c.log.Warn("ec consumer: READ could not be stopped at close; blocks unsafe", "mm_hash", x.MMHash, "err", err)
+			rep.Unsafe = append(rep.Unsafe, o)
+			return
+		}
+		rep.Freed = append(rep.Freed, o)
+	}
+	for _, x := range c.active {
+		if !x.ended {
+			closeOne(x)
+		}
+	}
+	for _, x := range c.quarantined {
+		closeOne(x)
+	}
+	c.active, c.quarantined, c.spare = nil, nil, nil
+	clear(c.byHash)
+	if c.registered {
+		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {
+			c.log.Warn("ec consumer: remove producer agent", "agent", c.agent.Agent, "err", err)
+		}
+		c.registered = false
+	}
+	return rep
+}

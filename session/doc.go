@@ -1,0 +1,53 @@
+// Package session holds the two ends of the EC transfer protocol as
+// deterministic state machines: [ConsumerSession], one per producer a
+// consumer talks to, and [ProducerSession], one per producer. They are
+// sans-I/O: bytes and the caller's now go in, bytes and results come out.
+// No goroutines, no clock reads, no sleeps: the engine's step loop drives
+// them, and tests drive them with a fake clock.
+//
+// # The protocol in one screen
+//
+// The consumer allocates local blocks and calls StartXfer, which sends an
+// XferReq. The producer's Poll checks the request (version, compatibility
+// hash, session id), pins the entry if it is ready and answers an OK XferAck
+// with the entry's block ids, its data plane's agent metadata and its mem
+// descriptor, or a NACK. The consumer's Poll registers the producer's agent
+// (once per metadata blob), posts a one-sided READ of those blocks into its
+// own with the notification "<session_id>:<mm_hash>", and follows the READ
+// until the data plane says it ended. The producer unpins the entry when that
+// notification arrives, or when the pin lease runs out.
+//
+// Results tell the consumer's block allocator what to do: Completed (promote
+// the blocks), Tombstoned (free them, do not retry now), Retryable (free
+// them, retry allowed), Quarantined (a READ may still write: keep them) and
+// Settled (a quarantined READ ended: free them now).
+//
+// # Where this package deliberately differs from the reference
+//
+//  1. An OK ack is checked before the READ is posted: as many source blocks
+//     as local ones, each unique and inside the producer's region. A failed
+//     check or a refused post tombstones that transfer only; nothing escapes
+//     Poll (the reference lets the post's exception escape the engine loop).
+//  2. An ack echoing a session id that is not empty and not ours is ignored
+//     and counted (ForeignAcks).
+//  3. StartXfer for an mm_hash already in flight (waiting, reading or in
+//     quarantine) returns ErrInFlight instead of overwriting a live
+//     transfer whose READ would then never be followed.
+//  4. Blocks are reported free only when the data plane confirms the READ
+//     ended. A failed state check quarantines the transfer instead of
+//     failing it. The quarantine deadline still forces a transfer out, but
+//     the Settled outcome says Forced when nothing confirmed the READ
+//     stopped, and it is counted and logged.
+//  5. A READ first seen complete after ack time + pin lease is tombstoned
+//     (LateCompletion), not promoted: the producer may have reused the
+//     blocks.
+//  6. Close reports what it abandons: the pending results, the transfers
+//     whose blocks may be reused, and those whose READ could not be stopped.
+//
+// Also: every deadline comes from the caller's now (the reference mixes in
+// its own monotonic clock); peer death quarantines READs with a real
+// quarantine deadline (in the reference they never settle); a reply the
+// control plane refuses releases the grant's pin at once instead of holding
+// it for a whole lease; results are slices in event order, reusable across
+// steps, and carry the blocks and the reason.
+package session

@@ -1,0 +1,264 @@
+package session
+
+import (
+	"context"
+	"log/slog"
+	"time"
+	"unicode/utf8"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// Message is one request as the control plane received it.
+type Message struct {
+	Identity []byte // the consumer's ZeroMQ identity
+	Payload  []byte
+}
+
+// Replier sends a reply to the consumer with the given identity. It must not
+// block and must not keep payload after it returns.
+type Replier interface {
+	Reply(identity, payload []byte) error
+}
+
+// ProducerConfig configures a ProducerSession. The zero value is usable.
+type ProducerConfig struct {
+	// PinLease is how long a grant keeps its entry pinned without a
+	// completion notification. Default 30 s.
+	PinLease time.Duration
+	Logger   *slog.Logger // nil: slog.Default()
+}
+
+// ProducerStats counts what a ProducerSession has done.
+type ProducerStats struct {
+	Requests      uint64 // decoded requests
+	Grants        uint64 // OK acks sent
+	Nacks         [6]uint64
+	Malformed     uint64 // payloads that did not decode as an XferReq
+	ReRequests    uint64 // grants replaced by the same session asking again
+	Completions   uint64 // grants ended by their notification
+	UnknownNotifs uint64 // notifications matching no grant (late, foreign)
+	BadNotifs     uint64 // notifications that are not UTF-8
+	Expired       uint64 // grants ended by the lease
+	ReplyErrors   uint64 // replies the control plane refused
+	DrainErrors   uint64 // failed notification drains
+}
+
+// grant is one live ProducerXfer, on the lease list in deadline order.
+type grant struct {
+	xfer.ProducerXfer
+	key        string // "<session_id>:<mm_hash>", the notification's text
+	prev, next *grant
+}
+
+// ProducerSession grants consumers' requests out of an EmbeddingCache: it
+// pins the entry, answers with its blocks and the data plane's metadata,
+// and unpins on the completion notification or when the lease runs out. It
+// is sans-I/O: requests and the time come in through Poll, replies go out
+// through a Replier. It is not safe for concurrent use.
+type ProducerSession struct {
+	data   xfer.DataTransport
+	cache  *cache.EmbeddingCache
+	compat string
+	lease  time.Duration
+	log    *slog.Logger
+
+	grants map[string]*grant
+	lru    grant // sentinel of the lease list: lru.next expires first
+	spare  []*grant
+
+	req    wire.XferReq
+	ack    wire.XferAck
+	ids    []wire.Int
+	buf    []byte
+	notifs []xfer.Notif
+	stats  ProducerStats
+	closed bool
+}
+
+// NewProducerSession returns a session serving entries of c through data.
+// compatHash is wire.CompatHash of this side.
+func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) *ProducerSession {
+	if cfg.PinLease <= 0 {
+		cfg.PinLease = xfer.DefaultConfig().PinLease
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log, grants: map[string]*grant{}}
+	p.lru.prev, p.lru.next = &p.lru, &p.lru
+	return p
+}
+
+// Stats returns the counters.
+func (p *ProducerSession) Stats() ProducerStats { return p.stats }
+
+// Grants returns the number of live grants.
+func (p *ProducerSession) Grants() int { return len(p.grants) }
+
+// Poll answers every request in msgs, in order, through out; then drains the
+// data plane's completion notifications and ends the grants whose lease ran
+// out by now. It never fails: malformed requests are counted, logged and
+// not answered.
+func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
+	if p.closed {
+		return
+	}
+	for i := range msgs {
+		p.handle(&msgs[i], now, out)
+	}
+	p.drainNotifs()
+	p.sweep(now)
+}
+
+func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
+	if err := wire.DecodeReq(m.Payload, &p.req); err != nil {
+		p.stats.Malformed++
+		p.log.Warn("ec producer: dropped malformed XferReq", "err", err)
+		return
+	}
+	p.stats.Requests++
+	g := p.grantOrNack(&p.req, now)
+	p.buf = wire.AppendAck(p.buf[:0], &p.ack)
+	if err := out.Reply(m.Identity, p.buf); err != nil {
+		p.stats.ReplyErrors++
+		p.log.Warn("ec producer: reply not sent", "mm_hash", p.req.MMHash, "err", err)
+		if g != nil {
+			// The consumer will never READ under this grant: do not hold
+			// the pin for a whole lease.
+			p.endGrant(g)
+		}
+	}
+}
+
+// grantOrNack applies the reference's rules in order and fills p.ack.
+func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
+	p.ack = wire.XferAck{MMHash: req.MMHash}
+	nack := func(s wire.Status, msg string) *grant {
+		p.ack.Status = s
+		p.stats.Nacks[s]++
+		level := slog.LevelWarn
+		if s.Expected() {
+			level = slog.LevelInfo
+		}
+		p.log.Log(context.Background(), level, msg, "mm_hash", req.MMHash, "status", s.String())
+		return nil
+	}
+	if req.Version() != wire.IntOf(wire.ConnectorVersion) {
+		return nack(wire.NackVersion, "ec producer: incompatible connector version")
+	}
+	if req.CompatibilityHash != p.compat {
+		return nack(wire.NackIncompat, "ec producer: incompatible compatibility hash")
+	}
+	if req.SessionID == "" {
+		// Grants are keyed by session: an empty id would alias other peers'.
+		return nack(wire.NackInternal, "ec producer: XferReq without session_id")
+	}
+	entry, res := p.cache.PinIfReady(req.MMHash)
+	switch res {
+	case cache.Absent:
+		return nack(wire.NackMissing, "ec producer: entry not held; NACK")
+	case cache.NotReady:
+		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
+	}
+	key := req.SessionID + ":" + req.MMHash
+	if old, ok := p.grants[key]; ok {
+		// The consumer timed out and asked again: its old pin goes.
+		p.stats.ReRequests++
+		p.endGrant(old)
+	}
+	g := p.newGrant()
+	g.ProducerXfer = xfer.ProducerXfer{MMHash: req.MMHash, SessionID: req.SessionID, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
+	g.key = key
+	p.grants[key] = g
+	p.link(g)
+	p.stats.Grants++
+	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
+	p.ack = wire.XferAck{
+		MMHash: req.MMHash, Status: wire.OK, SessionID: req.SessionID, SrcBlockIndices: p.ids,
+		AgentMetadata: p.data.AgentMetadata(), MemDescriptor: p.data.MemDescriptor(),
+	}
+	return g
+}
+
+func (p *ProducerSession) newGrant() *grant {
+	if n := len(p.spare); n > 0 {
+		g := p.spare[n-1]
+		p.spare = p.spare[:n-1]
+		return g
+	}
+	return new(grant)
+}
+
+func (p *ProducerSession) link(g *grant) {
+	g.prev, g.next = p.lru.prev, &p.lru
+	p.lru.prev.next = g
+	p.lru.prev = g
+}
+
+// endGrant drops a grant and its pin.
+func (p *ProducerSession) endGrant(g *grant) {
+	g.prev.next, g.next.prev = g.next, g.prev
+	delete(p.grants, g.key)
+	if err := p.cache.Unpin(g.MMHash); err != nil {
+		// Cannot happen while this session is the only one pinning for
+		// its grants; say so loudly if it does.
+		p.log.Error("ec producer: unpin failed", "mm_hash", g.MMHash, "err", err)
+	}
+	*g = grant{}
+	p.spare = append(p.spare, g)
+}
+
+func (p *ProducerSession) drainNotifs() {
+	var err error
+	p.notifs, err = p.data.DrainNotifs(p.notifs[:0])
+	if err != nil {
+		p.stats.DrainErrors++
+		p.log.Warn("ec producer: draining notifications failed", "err", err)
+	}
+	for i := range p.notifs {
+		msg := p.notifs[i].Msg
+		if !utf8.Valid(msg) {
+			p.stats.BadNotifs++
+			p.log.Warn("ec producer: dropped malformed notification", "agent", p.notifs[i].Agent)
+			continue
+		}
+		g, ok := p.grants[string(msg)]
+		if !ok {
+			p.stats.UnknownNotifs++
+			continue
+		}
+		p.stats.Completions++
+		p.endGrant(g)
+	}
+	clear(p.notifs) // drop references to the messages
+}
+
+// sweep ends the grants whose lease ran out. The lease list is in deadline
+// order as long as the caller's clock does not go back; if it does, a grant
+// behind a later one expires late, never early.
+func (p *ProducerSession) sweep(now time.Time) {
+	for g := p.lru.next; g != &p.lru && g.Expired(now); g = p.lru.next {
+		p.stats.Expired++
+		p.log.Warn("ec producer: consumer did not complete its READ within the pin lease; unpinning",
+			"mm_hash", g.MMHash, "session", g.SessionID)
+		p.endGrant(g)
+	}
+}
+
+// Close ends every grant, releasing its pin, and returns how many there
+// were. The data plane is not closed: it belongs to the caller.
+func (p *ProducerSession) Close() int {
+	if p.closed {
+		return 0
+	}
+	p.closed = true
+	n := len(p.grants)
+	for g := p.lru.next; g != &p.lru; g = p.lru.next {
+		p.endGrant(g)
+	}
+	return n
+}

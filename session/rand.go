@@ -1,0 +1,5 @@
+package session
+
+import "crypto/rand"
+
+var randReader = rand.Reader

@@ -1,0 +1,265 @@
+package xfer
+
+import (
+	"errors"
+	"fmt"
+	"slices"
+	"time"
+
+	"github.com/ecxfer/ecxfer/wire"
+)
+
+// Config holds the consumer's and producer's timeouts. Zero fields take the
+// reference's values (see DefaultConfig).
+type Config struct {
+	// ReadTimeout bounds a READ, from the ack that started it. A READ still
+	// in progress after it is quarantined. Default 20 s.
+	ReadTimeout time.Duration
+	// QuarantineTimeout bounds quarantine. A READ still not confirmed ended
+	// after it is forced out (released, counted, reported as forced).
+	// Default 60 s.
+	QuarantineTimeout time.Duration
+	// PinLease is how long a producer holds a grant's pin. The consumer does
+	// not trust a READ first seen complete later than ack time + PinLease:
+	// the producer may have reused the blocks. Default 30 s.
+	PinLease time.Duration
+}
+
+// DefaultConfig returns the reference's timeouts.
+func DefaultConfig() Config {
+	return Config{ReadTimeout: 20 * time.Second, QuarantineTimeout: 60 * time.Second, PinLease: 30 * time.Second}
+}
+
+// WithDefaults returns c with every zero field set to its default.
+func (c Config) WithDefaults() Config {
+	d := DefaultConfig()
+	if c.ReadTimeout <= 0 {
+		c.ReadTimeout = d.ReadTimeout
+	}
+	if c.QuarantineTimeout <= 0 {
+		c.QuarantineTimeout = d.QuarantineTimeout
+	}
+	if c.PinLease <= 0 {
+		c.PinLease = d.PinLease
+	}
+	return c
+}
+
+// Errors of ConsumerXfer.
+var (
+	// ErrBadAck: an OK ack whose block list does not fit the request.
+	ErrBadAck = errors.New("xfer: OK ack does not fit the request")
+	// ErrNotWaiting: the operation needs a transfer still waiting for its ack.
+	ErrNotWaiting = errors.New("xfer: transfer is not waiting for an ack")
+)
+
+// ConsumerXfer is the state machine of one fetch on the consumer side: from
+// the request, through the READ, to the moment its blocks may be reused.
+//
+// It frees blocks only on a positive answer from the data plane. A READ
+// whose state cannot be told is quarantined, not failed; a READ still
+// running at the quarantine deadline is forced out and says so (Forced).
+type ConsumerXfer struct {
+	MMHash string
+	Blocks []int // local destination blocks
+
+	notif    []byte // "<session_id>:<mm_hash>", what the producer matches
+	data     DataTransport
+	cfg      *Config
+	state    State
+	reason   Reason
+	forced   bool
+	deadline time.Time // ack, read or quarantine deadline, by state
+	ackAt    time.Time
+	handle   Handle
+	remote   []int // scratch: the ack's source blocks
+	sorted   []int // scratch: for the uniqueness check
+}
+
+// NewConsumerXfer returns a transfer waiting for its ack until ackDeadline.
+// cfg must already carry its defaults (Config.WithDefaults).
+func NewConsumerXfer(mmHash string, blocks []int, sessionID string, ackDeadline time.Time, data DataTransport, cfg *Config) *ConsumerXfer {
+	x := &ConsumerXfer{}
+	x.Reset(mmHash, blocks, sessionID, ackDeadline, data, cfg)
+	return x
+}
+
+// Reset reuses x for a new transfer, keeping its scratch buffers.
+func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, ackDeadline time.Time, data DataTransport, cfg *Config) {
+	notif := append(x.notif[:0], sessionID...)
+	notif = append(notif, ':')
+	notif = append(notif, mmHash...)
+	*x = ConsumerXfer{
+		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
+		state: WaitingAck, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
+	}
+}
+
+// State returns the current state.
+func (x *ConsumerXfer) State() State { return x.state }
+
+// Reason says why the transfer left the happy path (NoReason if it did not).
+func (x *ConsumerXfer) Reason() Reason { return x.reason }
+
+// Forced reports whether a quarantined READ was settled by its deadline
+// rather than by the data plane confirming it ended: its blocks may still be
+// written.
+func (x *ConsumerXfer) Forced() bool { return x.forced }
+
+// Deadline returns the deadline of the current state.
+func (x *ConsumerXfer) Deadline() time.Time { return x.deadline }
+
+// HasHandle reports whether a READ handle is held.
+func (x *ConsumerXfer) HasHandle() bool { return x.handle != 0 }
+
+// Notif returns the notification the READ carries to the producer.
+func (x *ConsumerXfer) Notif() []byte { return x.notif }
+
+// HandleAck posts the READ for an OK ack from peer. The ack is checked
+// first: as many source blocks as local ones, each unique and inside the
+// peer's region. A failed check or a refused post ends the transfer as
+// ReadFailed (BadAck or PostFailed) and returns the error; no READ runs.
+func (x *ConsumerXfer) HandleAck(ack *wire.XferAck, peer Peer, now time.Time) error {
+	if x.state != WaitingAck {
+		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
+	}
+	if err := x.checkAck(ack, peer); err != nil {
+		x.state, x.reason = ReadFailed, BadAck
+		return err
+	}
+	h, err := x.data.PostRead(x.Blocks, peer.Agent, x.remote, x.notif)
+	if err != nil {
+		x.state, x.reason = ReadFailed, PostFailed
+		return fmt.Errorf("xfer: post READ of %s: %w", x.MMHash, err)
+	}
+	x.handle, x.state = h, Reading
+	x.ackAt, x.deadline = now, now.Add(x.cfg.ReadTimeout)
+	return nil
+}
+
+func (x *ConsumerXfer) checkAck(ack *wire.XferAck, peer Peer) error {
+	if ack.Status != wire.OK {
+		return fmt.Errorf("%w: status %s", ErrBadAck, ack.Status)
+	}
+	if len(ack.SrcBlockIndices) != len(x.Blocks) {
+		return fmt.Errorf("%w: %d source blocks for %d local", ErrBadAck, len(ack.SrcBlockIndices), len(x.Blocks))
+	}
+	x.remote = x.remote[:0]
+	for _, v := range ack.SrcBlockIndices {
+		id, ok := v.Int()
+		if !ok || id < 0 || id >= peer.Blocks {
+			return fmt.Errorf("%w: source block %s outside the producer's %d", ErrBadAck, v, peer.Blocks)
+		}
+		x.remote = append(x.remote, id)
+	}
+	x.sorted = append(x.sorted[:0], x.remote...)
+	slices.Sort(x.sorted)
+	for i := 1; i < len(x.sorted); i++ {
+		if x.sorted[i] == x.sorted[i-1] {
+			return fmt.Errorf("%w: source block %d repeated", ErrBadAck, x.sorted[i])
+		}
+	}
+	return nil
+}
+
+// Poll advances the transfer to now and returns its state.
+func (x *ConsumerXfer) Poll(now time.Time) State {
+	switch x.state {
+	case WaitingAck:
+		if now.After(x.deadline) {
+			x.state, x.reason = AckTimeout, AckTimedOut
+		}
+	case Reading:
+		x.pollReading(now)
+	case Quarantined:
+		x.pollQuarantined(now)
+	}
+	return x.state
+}
+
+func (x *ConsumerXfer) pollReading(now time.Time) {
+	p, err := x.data.Check(x.handle)
+	switch {
+	case err != nil:
+		// Unknown is not failed: the DMA may still be running.
+		x.quarantine(now, CheckFailed)
+	case p == Complete:
+		x.releaseEnded()
+		if now.After(x.ackAt.Add(x.cfg.PinLease)) {
+			x.state, x.reason = ReadFailed, LateCompletion
+		} else {
+			x.state = Done
+		}
+	case p == Failed:
+		x.releaseEnded()
+		x.state, x.reason = ReadFailed, ReadError
+	case now.After(x.deadline):
+		x.quarantine(now, ReadTimedOut)
+	}
+}
+
+func (x *ConsumerXfer) pollQuarantined(now time.Time) {
+	p, err := x.data.Check(x.handle)
+	if err == nil && p != InProgress {
+		x.releaseEnded()
+		x.state = Settled
+		return
+	}
+	if now.After(x.deadline) {
+		// Assume the data plane is stuck. The blocks are handed back, but
+		// flagged: nothing confirmed the DMA stopped.
+		x.forced = x.data.Release(x.handle) != nil
+		x.handle = 0
+		x.state, x.reason = Settled, QuarantineTimedOut
+	}
+}
+
+// quarantine keeps a READ that may still write: its blocks stay held until
+// it settles or the quarantine deadline passes.
+func (x *ConsumerXfer) quarantine(now time.Time, why Reason) {
+	x.state, x.reason = Quarantined, why
+	x.deadline = now.Add(x.cfg.QuarantineTimeout)
+}
+
+// releaseEnded frees the handle of a READ the data plane said has ended.
+func (x *ConsumerXfer) releaseEnded() {
+	_ = x.data.Release(x.handle) // ended: nothing can still write
+	x.handle = 0
+}
+
+// PeerDown handles the death of the producer: a transfer waiting for its ack
+// ends as AckTimeout (reason PeerDown: retry allowed); a READ in progress is
+// quarantined, since the data plane may still write. It returns the new state.
+func (x *ConsumerXfer) PeerDown(now time.Time) State {
+	switch x.state {
+	case WaitingAck:
+		x.state, x.reason = AckTimeout, PeerDown
+	case Reading:
+		x.quarantine(now, PeerDown)
+	}
+	return x.state
+}
+
+// Cancel ends a transfer still waiting for its ack (no DMA can be running).
+func (x *ConsumerXfer) Cancel() error {
+	if x.state != WaitingAck {
+		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
+	}
+	x.state, x.reason = AckTimeout, Closed
+	return nil
+}
+
+// Release frees the READ handle, if one is held, for shutdown. It returns
+// ErrMayStillWrite if the data plane could not stop a READ in progress: the
+// blocks must then not be reused.
+func (x *ConsumerXfer) Release() error {
+	if x.handle == 0 {
+		return nil
+	}
+	err := x.data.Release(x.handle)
+	x.handle = 0
+	if err != nil {
+		return fmt.Errorf("%w: %s: %v", ErrMayStillWrite, x.MMHash, err)
+	}
+	return nil
+}

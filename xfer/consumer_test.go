@@ -1,0 +1,348 @@
+package xfer_test
+
+import (
+	"errors"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+var t0 = time.Unix(1_700_000_000, 0)
+
+type rig struct {
+	cfg   xfer.Config
+	cons  *xfertest.Fake
+	prod  *xfertest.Fake
+	peer  xfer.Peer
+	x     *xfer.ConsumerXfer
+	ackAt time.Time
+}
+
+// newRig returns a transfer of mm_hash "H" into local blocks 10 and 11,
+// waiting for its ack until t0+2s, from a producer of 64 blocks.
+func newRig(t *testing.T) *rig {
+	t.Helper()
+	fab := xfertest.NewFabric()
+	r := &rig{cfg: xfer.Config{}.WithDefaults(), cons: fab.New("consumer", 32, 8), prod: fab.New("producer", 64, 8)}
+	var err error
+	r.peer, err = r.cons.AddRemotePeer(r.prod.AgentMetadata(), r.prod.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.x = xfer.NewConsumerXfer("H", []int{10, 11}, "S", t0.Add(2*time.Second), r.cons, &r.cfg)
+	return r
+}
+
+func okAck(ids ...int64) *wire.XferAck {
+	a := &wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: "S"}
+	for _, id := range ids {
+		a.SrcBlockIndices = append(a.SrcBlockIndices, wire.IntOf(id))
+	}
+	return a
+}
+
+// read posts the READ with the given scripted outcome at t0+1s.
+func (r *rig) read(t *testing.T, o xfertest.Outcome) xfer.Handle {
+	t.Helper()
+	r.cons.QueueOutcomes(o)
+	r.ackAt = t0.Add(time.Second)
+	if err := r.x.HandleAck(okAck(5, 6), r.peer, r.ackAt); err != nil {
+		t.Fatal(err)
+	}
+	return r.cons.Posts()[0].Handle
+}
+
+func (r *rig) expect(t *testing.T, now time.Time, want xfer.State) {
+	t.Helper()
+	if got := r.x.Poll(now); got != want {
+		t.Fatalf("Poll(t0+%v) = %s (reason %s), want %s", now.Sub(t0), got, r.x.Reason(), want)
+	}
+}
+
+func TestStateNames(t *testing.T) { // B22
+	want := []string{"waiting_ack", "reading", "done", "ack_timeout", "read_failed", "quarantined", "settled"}
+	for i, w := range want {
+		if s := xfer.State(i); s.String() != w {
+			t.Errorf("State(%d) = %q, want %q", i, s, w)
+		}
+	}
+	if xfer.State(99).String() == "" || xfer.Reason(99).String() == "" || xfer.Progress(9).String() == "" {
+		t.Error("unnamed values print empty")
+	}
+}
+
+func TestWaitingAck(t *testing.T) { // B15, B16
+	r := newRig(t)
+	r.expect(t, t0, xfer.WaitingAck)
+	r.expect(t, t0.Add(2*time.Second), xfer.WaitingAck) // strictly after
+	r.expect(t, t0.Add(2*time.Second+1), xfer.AckTimeout)
+	if r.x.Reason() != xfer.AckTimedOut || r.x.HasHandle() {
+		t.Fatalf("reason %s, handle %v", r.x.Reason(), r.x.HasHandle())
+	}
+}
+
+func TestHandleAckPostsRead(t *testing.T) { // B9, B10, B11, B12
+	r := newRig(t)
+	if err := r.x.HandleAck(okAck(5, 6), r.peer, t0.Add(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	posts := r.cons.Posts()
+	if len(posts) != 1 {
+		t.Fatalf("%d posts", len(posts))
+	}
+	p := posts[0]
+	if !slices.Equal(p.Local, []int{10, 11}) || !slices.Equal(p.Remote, []int{5, 6}) || p.Agent != "producer" || p.Notif != "S:H" {
+		t.Fatalf("post %+v", p)
+	}
+	if r.x.State() != xfer.Reading || !r.x.HasHandle() {
+		t.Fatalf("state %s", r.x.State())
+	}
+	if want := t0.Add(time.Second + r.cfg.ReadTimeout); !r.x.Deadline().Equal(want) {
+		t.Fatalf("deadline %v, want %v", r.x.Deadline(), want)
+	}
+	// A second ack is refused: the READ is already posted.
+	if err := r.x.HandleAck(okAck(5, 6), r.peer, t0); !errors.Is(err, xfer.ErrNotWaiting) {
+		t.Fatalf("second ack: %v", err)
+	}
+}
+
+// Improvement 1: the ack is checked before any READ is posted.
+func TestHandleAckRefusesBadAcks(t *testing.T) {
+	tests := []struct {
+		name string
+		ack  *wire.XferAck
+	}{
+		{"nack", &wire.XferAck{MMHash: "H", Status: wire.NackMissing}}, // B13
+		{"too few source blocks", okAck(5)},
+		{"too many source blocks", okAck(5, 6, 7)},
+		{"no source blocks", okAck()},
+		{"negative id", okAck(5, -1)},
+		{"id past the region", okAck(5, 64)},
+		{"repeated id", okAck(7, 7)},
+		{"id above int64", &wire.XferAck{MMHash: "H", SrcBlockIndices: []wire.Int{wire.IntOf(1), wire.UintOf(1 << 63)}}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			err := r.x.HandleAck(tt.ack, r.peer, t0)
+			if !errors.Is(err, xfer.ErrBadAck) {
+				t.Fatalf("err %v, want ErrBadAck", err)
+			}
+			if len(r.cons.Posts()) != 0 || r.x.HasHandle() {
+				t.Fatal("a READ was posted")
+			}
+			if r.x.State() != xfer.ReadFailed || r.x.Reason() != xfer.BadAck {
+				t.Fatalf("state %s reason %s", r.x.State(), r.x.Reason())
+			}
+		})
+	}
+	t.Run("post fails", func(t *testing.T) {
+		r := newRig(t)
+		r.cons.SetPostError(xfertest.ErrInjected)
+		if err := r.x.HandleAck(okAck(5, 6), r.peer, t0); !errors.Is(err, xfertest.ErrInjected) {
+			t.Fatalf("err %v", err)
+		}
+		if r.x.State() != xfer.ReadFailed || r.x.Reason() != xfer.PostFailed || r.x.HasHandle() {
+			t.Fatalf("state %s reason %s", r.x.State(), r.x.Reason())
+		}
+	})
+}
+
+func TestReading(t *testing.T) {
+	sec := func(s float64) time.Time { return t0.Add(time.Duration(s * float64(time.Second))) }
+	tests := []struct {
+		name     string
+		out      xfertest.Outcome
+		polls    []time.Time // the last one gives the final state
+		want     xfer.State
+		reason   xfer.Reason
+		released int // release calls at the end
+		handle   bool
+	}{
+		{"in progress before deadline (B17)", xfertest.Outcome{Kind: xfertest.Stuck}, []time.Time{sec(2), sec(20)}, xfer.Reading, 0, 0, true},
+		{"complete (B18)", xfertest.Outcome{After: 1}, []time.Time{sec(2), sec(3)}, xfer.Done, 0, 1, false},
+		{"complete after the read deadline, unseen late (B18)", xfertest.Outcome{}, []time.Time{sec(25)}, xfer.Done, 0, 1, false},
+		{"failed (B19)", xfertest.Outcome{Kind: xfertest.FailAfter}, []time.Time{sec(2)}, xfer.ReadFailed, xfer.ReadError, 1, false},
+		{"check fails: quarantine, not freed (improvement 4)", xfertest.Outcome{Kind: xfertest.CheckError}, []time.Time{sec(2)}, xfer.Quarantined, xfer.CheckFailed, 0, true},
+		{"in progress past the deadline (B21)", xfertest.Outcome{Kind: xfertest.Stuck}, []time.Time{sec(21.5)}, xfer.Quarantined, xfer.ReadTimedOut, 0, true},
+		{"done after the lease (improvement 5)", xfertest.Outcome{}, []time.Time{sec(31.5)}, xfer.ReadFailed, xfer.LateCompletion, 1, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := newRig(t)
+			h := r.read(t, tt.out)
+			var got xfer.State
+			for _, now := range tt.polls {
+				got = r.x.Poll(now)
+			}
+			if got != tt.want || r.x.Reason() != tt.reason {
+				t.Fatalf("state %s reason %s, want %s %s", got, r.x.Reason(), tt.want, tt.reason)
+			}
+			if n := r.cons.Releases(h); n != tt.released {
+				t.Fatalf("released %d times, want %d", n, tt.released)
+			}
+			if r.x.HasHandle() != tt.handle {
+				t.Fatalf("handle held: %v", r.x.HasHandle())
+			}
+			if got == xfer.Quarantined {
+				if want := tt.polls[len(tt.polls)-1].Add(r.cfg.QuarantineTimeout); !r.x.Deadline().Equal(want) {
+					t.Fatalf("quarantine deadline %v, want %v", r.x.Deadline(), want)
+				}
+			}
+		})
+	}
+}
+
+func TestQuarantine(t *testing.T) {
+	// Quarantined at t0+22s by the read timeout; its deadline is t0+82s.
+	quarantined := func(t *testing.T, o xfertest.Outcome) (*rig, xfer.Handle) {
+		r := newRig(t)
+		h := r.read(t, o)
+		r.expect(t, t0.Add(22*time.Second), xfer.Quarantined)
+		return r, h
+	}
+	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
+
+	t.Run("still running within the deadline (B23)", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		r.expect(t, at(82), xfer.Quarantined)
+		if r.cons.Releases(h) != 0 || !r.x.HasHandle() {
+			t.Fatal("released while running")
+		}
+	})
+	t.Run("ends: settled, released once (B24)", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		r.cons.Finish(h)
+		r.expect(t, at(30), xfer.Settled)
+		if r.cons.Releases(h) != 1 || r.x.HasHandle() || r.x.Forced() {
+			t.Fatalf("releases %d forced %v", r.cons.Releases(h), r.x.Forced())
+		}
+		r.expect(t, at(31), xfer.Settled) // terminal
+		if r.cons.Releases(h) != 1 {
+			t.Fatal("released twice")
+		}
+	})
+	t.Run("fails: settled (B24)", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		r.cons.FailRead(h)
+		r.expect(t, at(30), xfer.Settled)
+	})
+	t.Run("check fails: stays quarantined (improvement 4, B25 differs)", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.CheckError, After: 1})
+		r.expect(t, at(50), xfer.Quarantined)
+		if r.cons.Releases(h) != 0 {
+			t.Fatal("released while unknown")
+		}
+		r.cons.Finish(h)
+		r.expect(t, at(51), xfer.Settled)
+	})
+	t.Run("ends after the deadline: settled by the data plane, not forced", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		r.cons.Finish(h)
+		r.expect(t, at(100), xfer.Settled)
+		if r.x.Forced() || r.x.Reason() != xfer.ReadTimedOut {
+			t.Fatalf("forced %v reason %s", r.x.Forced(), r.x.Reason())
+		}
+	})
+	t.Run("deadline passes, release stops it (B26)", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		r.expect(t, at(83), xfer.Settled)
+		if r.cons.Releases(h) != 1 || r.x.Forced() || r.x.Reason() != xfer.QuarantineTimedOut {
+			t.Fatalf("releases %d forced %v reason %s", r.cons.Releases(h), r.x.Forced(), r.x.Reason())
+		}
+	})
+	t.Run("deadline passes, release cannot stop it: forced (improvement 4)", func(t *testing.T) {
+		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
+		r.expect(t, at(83), xfer.Settled)
+		if r.cons.Releases(h) != 1 || !r.x.Forced() {
+			t.Fatalf("releases %d forced %v", r.cons.Releases(h), r.x.Forced())
+		}
+		if !r.cons.MayWrite(10) {
+			t.Fatal("the fake forgot the unstoppable READ")
+		}
+	})
+}
+
+func TestCancelReleasePeerDown(t *testing.T) {
+	t.Run("cancel waiting (B28)", func(t *testing.T) {
+		r := newRig(t)
+		if err := r.x.Cancel(); err != nil || r.x.State() != xfer.AckTimeout || r.x.Reason() != xfer.Closed {
+			t.Fatalf("err %v state %s", err, r.x.State())
+		}
+	})
+	t.Run("cancel reading refused (B29)", func(t *testing.T) {
+		r := newRig(t)
+		r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		if err := r.x.Cancel(); !errors.Is(err, xfer.ErrNotWaiting) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("release reading (B30)", func(t *testing.T) {
+		r := newRig(t)
+		h := r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		if err := r.x.Release(); err != nil || r.cons.Releases(h) != 1 || r.x.HasHandle() {
+			t.Fatalf("err %v releases %d", err, r.cons.Releases(h))
+		}
+		if err := r.x.Release(); err != nil || r.cons.Releases(h) != 1 { // B31
+			t.Fatalf("second release: %v, %d", err, r.cons.Releases(h))
+		}
+	})
+	t.Run("release unstoppable", func(t *testing.T) {
+		r := newRig(t)
+		r.read(t, xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
+		if err := r.x.Release(); !errors.Is(err, xfer.ErrMayStillWrite) {
+			t.Fatalf("err %v", err)
+		}
+	})
+	t.Run("release without handle (B31)", func(t *testing.T) {
+		r := newRig(t)
+		if err := r.x.Release(); err != nil {
+			t.Fatal(err)
+		}
+	})
+	t.Run("peer down waiting", func(t *testing.T) {
+		r := newRig(t)
+		if s := r.x.PeerDown(t0); s != xfer.AckTimeout || r.x.Reason() != xfer.PeerDown {
+			t.Fatalf("state %s reason %s", s, r.x.Reason())
+		}
+	})
+	t.Run("peer down reading", func(t *testing.T) {
+		r := newRig(t)
+		h := r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
+		if s := r.x.PeerDown(t0.Add(5 * time.Second)); s != xfer.Quarantined || r.x.Reason() != xfer.PeerDown {
+			t.Fatalf("state %s reason %s", s, r.x.Reason())
+		}
+		if !r.x.Deadline().Equal(t0.Add(65*time.Second)) || r.cons.Releases(h) != 0 {
+			t.Fatalf("deadline %v", r.x.Deadline())
+		}
+	})
+}
+
+func TestReset(t *testing.T) {
+	r := newRig(t)
+	r.read(t, xfertest.Outcome{})
+	r.expect(t, t0.Add(2*time.Second), xfer.Done)
+	r.x.Reset("G", []int{1}, "S2", t0.Add(time.Second), r.cons, &r.cfg)
+	if r.x.State() != xfer.WaitingAck || string(r.x.Notif()) != "S2:G" || r.x.Reason() != xfer.NoReason || r.x.HasHandle() {
+		t.Fatalf("after reset: %s %q %s", r.x.State(), r.x.Notif(), r.x.Reason())
+	}
+}
+
+func TestProducerXferExpired(t *testing.T) { // B7, B8
+	p := xfer.ProducerXfer{Deadline: t0}
+	if p.Expired(t0.Add(-time.Second)) || p.Expired(t0) || !p.Expired(t0.Add(1)) {
+		t.Fatal("expiry is not strictly after the deadline")
+	}
+}
+
+func TestConfigDefaults(t *testing.T) {
+	c := xfer.Config{ReadTimeout: time.Second}.WithDefaults()
+	d := xfer.DefaultConfig()
+	if c.ReadTimeout != time.Second || c.QuarantineTimeout != d.QuarantineTimeout || c.PinLease != 30*time.Second || d.ReadTimeout != 20*time.Second || d.QuarantineTimeout != 60*time.Second {
+		t.Fatalf("%+v / %+v", c, d)
+	}
+}

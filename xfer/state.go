@@ -1,0 +1,60 @@
+package xfer
+
+import "fmt"
+
+// State is where a ConsumerXfer stands.
+type State uint8
+
+const (
+	WaitingAck  State = iota // XferReq sent, no ack yet
+	Reading                  // READ posted
+	Done                     // READ complete: promote the blocks
+	AckTimeout               // no ack in time: free the blocks, may retry
+	ReadFailed               // the READ failed or was refused: free the blocks
+	Quarantined              // the READ may still write: keep the blocks
+	Settled                  // a quarantined READ has ended: blocks may be freed
+)
+
+var stateNames = [...]string{"waiting_ack", "reading", "done", "ack_timeout", "read_failed", "quarantined", "settled"}
+
+// String returns the reference's name for s, e.g. "waiting_ack".
+func (s State) String() string {
+	if int(s) < len(stateNames) {
+		return stateNames[s]
+	}
+	return fmt.Sprintf("State(%d)", s)
+}
+
+// Terminal reports whether no further transition can happen.
+func (s State) Terminal() bool {
+	return s == Done || s == AckTimeout || s == ReadFailed || s == Settled
+}
+
+// Reason says why a transfer ended the way it did.
+type Reason uint8
+
+const (
+	NoReason           Reason = iota
+	Nacked                    // the producer refused it (see the NACK status)
+	AckTimedOut               // no ack before the ack deadline
+	PeerDown                  // the producer was declared dead
+	BadAck                    // the OK ack did not fit the request (counts, ids)
+	RegisterFailed            // the producer's agent could not be registered
+	PostFailed                // the data plane refused the READ
+	ReadError                 // the data plane reported the READ failed
+	ReadTimedOut              // the READ outlived the read timeout
+	CheckFailed               // the data plane could not tell the READ's state
+	LateCompletion            // done only after the producer's pin lease could have run out
+	QuarantineTimedOut        // forced out of quarantine at its deadline
+	Closed                    // the session was closed
+)
+
+var reasonNames = [...]string{"", "nacked", "ack-timeout", "peer-down", "bad-ack", "register-failed",
+	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed"}
+
+func (r Reason) String() string {
+	if int(r) < len(reasonNames) {
+		return reasonNames[r]
+	}
+	return fmt.Sprintf("Reason(%d)", r)
+}

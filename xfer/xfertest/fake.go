@@ -1,0 +1,417 @@
+// Package xfertest provides a scriptable, in-memory xfer.DataTransport for
+// tests: this library's and its users'. Fakes on one Fabric reach each other:
+// a READ copies the producer's bytes into the consumer's blocks and delivers
+// its notification to the producer, exactly once, when it completes.
+package xfertest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// Kind says how a READ ends.
+type Kind uint8
+
+const (
+	// CompleteAfter: Check reports InProgress After times, then Complete.
+	CompleteAfter Kind = iota
+	// FailAfter: Check reports InProgress After times, then Failed.
+	FailAfter
+	// Stuck: InProgress until Finish or FailRead is called.
+	Stuck
+	// CheckError: Check reports InProgress After times, then returns an
+	// error on every later call; the READ completes when Finish is called.
+	CheckError
+)
+
+// Outcome scripts one READ.
+type Outcome struct {
+	Kind  Kind
+	After int // checks that see InProgress first
+	// Unstoppable makes Release of this READ while in progress fail with
+	// xfer.ErrMayStillWrite; it keeps "writing" until Finish or FailRead.
+	Unstoppable bool
+}
+
+// ErrInjected is what scripted failures return unless told otherwise.
+var ErrInjected = errors.New("xfertest: injected failure")
+
+// Post records one PostRead call that succeeded.
+type Post struct {
+	Handle xfer.Handle
+	Local  []int
+	Agent  string
+	Remote []int
+	Notif  string
+}
+
+// Fabric connects fakes: each is reachable by its agent name.
+type Fabric struct {
+	state  sync.Mutex // guards every fake's state: a READ touches two fakes
+	mu     sync.Mutex // guards agents
+	agents map[string]*Fake
+}
+
+// NewFabric returns an empty fabric.
+func NewFabric() *Fabric { return &Fabric{agents: map[string]*Fake{}} }
+
+// New returns a fake agent on a fabric of its own.
+func New(name string, blocks, blockSize int) *Fake { return NewFabric().New(name, blocks, blockSize) }
+
+// New returns a fake agent named name with a region of blocks blocks of
+// blockSize bytes, reachable from the fabric's other agents. A name already
+// on the fabric is replaced (a restarted producer), with new metadata.
+func (fab *Fabric) New(name string, blocks, blockSize int) *Fake {
+	fab.mu.Lock()
+	defer fab.mu.Unlock()
+	gen := 0
+	if old, ok := fab.agents[name]; ok {
+		gen = old.gen + 1
+	}
+	f := &Fake{
+		mu: &fab.state, fab: fab, name: name, gen: gen, blocks: blocks, blockSize: blockSize,
+		mem:      make([]byte, blocks*blockSize),
+		peers:    map[string]int{},
+		xfers:    map[xfer.Handle]*read{},
+		releases: map[xfer.Handle]int{},
+	}
+	f.meta = []byte(fmt.Sprintf("fake:%s:%d:%d", name, gen, blocks))
+	f.desc = wire.AppendBlockDescs(nil, 0x10000, uint64(blockSize), blocks, 0)
+	fab.agents[name] = f
+	return f
+}
+
+func (fab *Fabric) lookup(name string) *Fake {
+	fab.mu.Lock()
+	defer fab.mu.Unlock()
+	return fab.agents[name]
+}
+
+type read struct {
+	post     Post
+	out      Outcome
+	checks   int
+	progress xfer.Progress
+	released bool // handle released while unstoppable: still "writing"
+	target   *Fake
+}
+
+// Fake is a scriptable xfer.DataTransport. Its zero value is not usable; see
+// New and Fabric.New.
+type Fake struct {
+	fab       *Fabric
+	name      string
+	gen       int
+	blocks    int
+	blockSize int
+	meta      []byte
+	desc      []byte
+
+	mu         *sync.Mutex // the fabric's state lock
+	mem        []byte
+	peers      map[string]int // agent -> registrations held
+	xfers      map[xfer.Handle]*read
+	releases   map[xfer.Handle]int
+	zombies    []*read // released while unstoppable, not ended yet
+	next       xfer.Handle
+	posts      []Post
+	notifs     []xfer.Notif
+	outcome    Outcome
+	queue      []Outcome
+	addPeerErr error
+	postErr    error
+	drainErr   error
+	closed     bool
+}
+
+var _ xfer.DataTransport = (*Fake)(nil)
+
+// Name returns the agent name.
+func (f *Fake) Name() string { return f.name }
+
+// Block returns block i of the fake's region, for filling and verifying.
+func (f *Fake) Block(i int) []byte {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.mem[i*f.blockSize : (i+1)*f.blockSize]
+}
+
+// SetOutcome sets how READs posted from now on end, after the queued ones.
+func (f *Fake) SetOutcome(o Outcome) { f.mu.Lock(); f.outcome = o; f.mu.Unlock() }
+
+// QueueOutcomes scripts the next READs, one outcome each, in order.
+func (f *Fake) QueueOutcomes(os ...Outcome) {
+	f.mu.Lock()
+	f.queue = append(f.queue, os...)
+	f.mu.Unlock()
+}
+
+// SetAddPeerError makes AddRemotePeer fail with err (nil: succeed).
+func (f *Fake) SetAddPeerError(err error) { f.mu.Lock(); f.addPeerErr = err; f.mu.Unlock() }
+
+// SetPostError makes PostRead fail with err (nil: succeed).
+func (f *Fake) SetPostError(err error) { f.mu.Lock(); f.postErr = err; f.mu.Unlock() }
+
+// SetDrainError makes DrainNotifs fail with err (nil: succeed).
+func (f *Fake) SetDrainError(err error) { f.mu.Lock(); f.drainErr = err; f.mu.Unlock() }
+
+// InjectNotif queues a notification as if agent had sent it.
+func (f *Fake) InjectNotif(agent string, msg []byte) {
+	f.mu.Lock()
+	f.notifs = append(f.notifs, xfer.Notif{Agent: agent, Msg: bytes.Clone(msg)})
+	f.mu.Unlock()
+}
+
+// Posts returns the READs posted so far.
+func (f *Fake) Posts() []Post {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return slices.Clone(f.posts)
+}
+
+// Releases returns how many times h was released.
+func (f *Fake) Releases(h xfer.Handle) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.releases[h]
+}
+
+// AgentMetadata implements xfer.DataTransport.
+func (f *Fake) AgentMetadata() []byte { return f.meta }
+
+// MemDescriptor implements xfer.DataTransport.
+func (f *Fake) MemDescriptor() []byte { return f.desc }
+
+// AddRemotePeer implements xfer.DataTransport. The metadata names an agent on
+// the same fabric.
+func (f *Fake) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return xfer.Peer{}, xfer.ErrClosed
+	}
+	if f.addPeerErr != nil {
+		return xfer.Peer{}, f.addPeerErr
+	}
+	parts := strings.Split(string(metadata), ":")
+	if len(parts) != 4 || parts[0] != "fake" {
+		return xfer.Peer{}, fmt.Errorf("xfertest: bad metadata %q", metadata)
+	}
+	n, err := strconv.Atoi(parts[3])
+	if err != nil {
+		return xfer.Peer{}, fmt.Errorf("xfertest: bad metadata %q", metadata)
+	}
+	f.peers[parts[1]]++
+	return xfer.Peer{Agent: parts[1], Blocks: n}, nil
+}
+
+// RemoveRemotePeer implements xfer.DataTransport.
+func (f *Fake) RemoveRemotePeer(agent string) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.peers[agent] == 0 {
+		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	if f.peers[agent]--; f.peers[agent] == 0 {
+		delete(f.peers, agent)
+	}
+	return nil
+}
+
+// PostRead implements xfer.DataTransport.
+func (f *Fake) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.closed:
+		return 0, xfer.ErrClosed
+	case f.postErr != nil:
+		return 0, f.postErr
+	case len(local) != len(remote):
+		return 0, xfer.ErrLengthMismatch
+	case f.peers[agent] == 0:
+		return 0, fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	for _, b := range local {
+		if b < 0 || b >= f.blocks {
+			return 0, fmt.Errorf("xfertest: local block %d outside %d", b, f.blocks)
+		}
+	}
+	out := f.outcome
+	if len(f.queue) > 0 {
+		out, f.queue = f.queue[0], f.queue[1:]
+	}
+	f.next++
+	p := Post{Handle: f.next, Local: slices.Clone(local), Agent: agent, Remote: slices.Clone(remote), Notif: string(notif)}
+	f.posts = append(f.posts, p)
+	f.xfers[p.Handle] = &read{post: p, out: out, target: f.fab.lookup(agent)}
+	return p.Handle, nil
+}
+
+// Check implements xfer.DataTransport.
+func (f *Fake) Check(h xfer.Handle) (xfer.Progress, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.xfers[h]
+	if !ok {
+		return 0, fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
+	}
+	if r.progress != xfer.InProgress {
+		return r.progress, nil
+	}
+	r.checks++
+	if r.checks <= r.out.After || r.out.Kind == Stuck {
+		return xfer.InProgress, nil
+	}
+	switch r.out.Kind {
+	case CompleteAfter:
+		f.endLocked(r, xfer.Complete)
+	case FailAfter:
+		f.endLocked(r, xfer.Failed)
+	case CheckError:
+		return 0, fmt.Errorf("%w: state of %d", ErrInjected, h)
+	}
+	return r.progress, nil
+}
+
+// endLocked ends a READ: on success the bytes are copied and the
+// notification delivered to the producer.
+func (f *Fake) endLocked(r *read, p xfer.Progress) {
+	r.progress = p
+	if p != xfer.Complete {
+		return
+	}
+	if t := r.target; t != nil && t != f {
+		for i, rb := range r.post.Remote {
+			if rb >= 0 && rb < t.blocks && t.blockSize == f.blockSize {
+				copy(f.mem[r.post.Local[i]*f.blockSize:], t.mem[rb*t.blockSize:(rb+1)*t.blockSize])
+			}
+		}
+		t.notifs = append(t.notifs, xfer.Notif{Agent: f.name, Msg: []byte(r.post.Notif)})
+	}
+}
+
+// Finish completes a READ still in progress (a Stuck or CheckError one, or
+// one released while unstoppable).
+func (f *Fake) Finish(h xfer.Handle) { f.end(h, xfer.Complete) }
+
+// FailRead fails a READ still in progress.
+func (f *Fake) FailRead(h xfer.Handle) { f.end(h, xfer.Failed) }
+
+func (f *Fake) end(h xfer.Handle, p xfer.Progress) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if r, ok := f.xfers[h]; ok && r.progress == xfer.InProgress {
+		f.endLocked(r, p)
+		r.out.Kind = CompleteAfter // Check reports the end from now on
+		return
+	}
+	for i, r := range f.zombies {
+		if r.post.Handle == h {
+			f.endLocked(r, p)
+			f.zombies = slices.Delete(f.zombies, i, i+1)
+			return
+		}
+	}
+}
+
+// Release implements xfer.DataTransport.
+func (f *Fake) Release(h xfer.Handle) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.xfers[h]
+	if !ok {
+		return fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
+	}
+	f.releases[h]++
+	delete(f.xfers, h)
+	if r.progress == xfer.InProgress && r.out.Unstoppable {
+		f.zombies = append(f.zombies, r)
+		return xfer.ErrMayStillWrite
+	}
+	return nil
+}
+
+// DrainNotifs implements xfer.DataTransport.
+func (f *Fake) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.drainErr != nil {
+		return dst, f.drainErr
+	}
+	dst = append(dst, f.notifs...)
+	f.notifs = f.notifs[:0]
+	return dst, nil
+}
+
+// Close implements xfer.DataTransport: it releases every handle and peer.
+func (f *Fake) Close() error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	clear(f.xfers)
+	clear(f.peers)
+	return nil
+}
+
+// MayWrite reports whether some READ that has not ended, released or not,
+// targets local block b.
+func (f *Fake) MayWrite(b int) bool {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, r := range f.xfers {
+		if r.progress == xfer.InProgress && slices.Contains(r.post.Local, b) {
+			return true
+		}
+	}
+	for _, r := range f.zombies {
+		if slices.Contains(r.post.Local, b) {
+			return true
+		}
+	}
+	return false
+}
+
+// Leaks lists what is still held: handles not released and peers not removed.
+type Leaks struct {
+	Handles []xfer.Handle
+	Peers   []string
+}
+
+// Leaks returns what is held now.
+func (f *Fake) Leaks() Leaks {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var l Leaks
+	for h := range f.xfers {
+		l.Handles = append(l.Handles, h)
+	}
+	slices.Sort(l.Handles)
+	for p := range f.peers {
+		l.Peers = append(l.Peers, p)
+	}
+	slices.Sort(l.Peers)
+	return l
+}
+
+// TB is the part of testing.TB that CheckNoLeaks uses.
+type TB interface {
+	Helper()
+	Errorf(format string, args ...any)
+}
+
+// CheckNoLeaks fails t if any handle or peer registration is still held.
+func (f *Fake) CheckNoLeaks(t TB) {
+	t.Helper()
+	if l := f.Leaks(); len(l.Handles) > 0 || len(l.Peers) > 0 {
+		t.Errorf("xfertest %s: leaked handles %v, peers %v", f.name, l.Handles, l.Peers)
+	}
+}
