@@ -3,6 +3,8 @@ package session
 import (
 	"context"
 	"log/slog"
+	"slices"
+	"sync"
 	"time"
 	"unicode/utf8"
 
@@ -65,6 +67,7 @@ type ProducerSession struct {
 	lease  time.Duration
 	log    *slog.Logger
 
+	authMu sync.RWMutex // guards grants against Authorize
 	grants map[string]*grant
 	lru    grant // sentinel of the lease list: lru.next expires first
 	spare  []*grant
@@ -173,7 +176,9 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 	g := p.newGrant()
 	g.ProducerXfer = xfer.ProducerXfer{MMHash: req.MMHash, SessionID: req.SessionID, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
 	g.key = key
+	p.authMu.Lock()
 	p.grants[key] = g
+	p.authMu.Unlock()
 	p.link(g)
 	p.stats.Grants++
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
@@ -202,14 +207,37 @@ func (p *ProducerSession) link(g *grant) {
 // endGrant drops a grant and its pin.
 func (p *ProducerSession) endGrant(g *grant) {
 	g.prev.next, g.next.prev = g.next, g.prev
+	mmHash := g.MMHash
+	p.authMu.Lock()
 	delete(p.grants, g.key)
-	if err := p.cache.Unpin(g.MMHash); err != nil {
+	*g = grant{} // Authorize may have held it until now
+	p.authMu.Unlock()
+	if err := p.cache.Unpin(mmHash); err != nil {
 		// Cannot happen while this session is the only one pinning for
 		// its grants; say so loudly if it does.
-		p.log.Error("ec producer: unpin failed", "mm_hash", g.MMHash, "err", err)
+		p.log.Error("ec producer: unpin failed", "mm_hash", mmHash, "err", err)
 	}
-	*g = grant{}
 	p.spare = append(p.spare, g)
+}
+
+// Authorize reports whether a live grant covers a READ: notif names the
+// grant ("<session_id>:<mm_hash>") and every block must be one of its
+// entry's. A data plane calls it before serving a READ, so that a peer can
+// read only what it was granted. It is safe for concurrent use, unlike the
+// rest of ProducerSession.
+func (p *ProducerSession) Authorize(notif []byte, blocks []int) bool {
+	p.authMu.RLock()
+	defer p.authMu.RUnlock()
+	g, ok := p.grants[string(notif)]
+	if !ok {
+		return false
+	}
+	for _, b := range blocks {
+		if !slices.Contains(g.Blocks, b) {
+			return false
+		}
+	}
+	return true
 }
 
 func (p *ProducerSession) drainNotifs() {

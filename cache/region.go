@@ -1,0 +1,154 @@
+package cache
+
+import (
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"unsafe"
+
+	"golang.org/x/sys/unix"
+)
+
+// RegionConfig describes a block region.
+type RegionConfig struct {
+	Blocks    int // number of blocks
+	BlockSize int // bytes per block
+	// Name, if set, backs the region with the file /dev/shm/<Name> so that
+	// another process (an engine's worker) can map the same blocks. The
+	// file is created if absent and must have the region's size if present.
+	// Empty: anonymous memory.
+	Name string
+	// NoLock skips mlock. By default the region is locked in RAM; a refusal
+	// (RLIMIT_MEMLOCK) is reported by LockErr, not fatal.
+	NoLock bool
+}
+
+// Region is a fixed pool of equal-sized blocks in memory mapped outside the
+// Go heap, page-aligned and contiguous: block i starts at Base()+i*BlockSize.
+// Only region memory is ever handed to a data plane, so a DMA engine or a
+// peer can read and write it while the Go runtime moves and frees its own
+// objects.
+type Region struct {
+	mem       []byte
+	blocks    int
+	blockSize int
+	path      string
+	lockErr   error
+}
+
+// ErrRegionSize is returned for a region whose size is not positive or does
+// not match an existing file.
+var ErrRegionSize = errors.New("cache: bad region size")
+
+// NewRegion maps a region.
+func NewRegion(cfg RegionConfig) (*Region, error) {
+	if cfg.Blocks <= 0 || cfg.BlockSize <= 0 || cfg.Blocks > (1<<62)/cfg.BlockSize {
+		return nil, fmt.Errorf("%w: %d blocks of %d bytes", ErrRegionSize, cfg.Blocks, cfg.BlockSize)
+	}
+	size := cfg.Blocks * cfg.BlockSize
+	page := os.Getpagesize()
+	mapped := (size + page - 1) / page * page
+	r := &Region{blocks: cfg.Blocks, blockSize: cfg.BlockSize}
+	var err error
+	if cfg.Name == "" {
+		r.mem, err = unix.Mmap(-1, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		if err != nil {
+			return nil, fmt.Errorf("cache: mmap %d bytes: %w", mapped, err)
+		}
+	} else {
+		if cfg.Name != filepath.Base(cfg.Name) || cfg.Name == "." || cfg.Name == ".." {
+			return nil, fmt.Errorf("cache: region name %q is not a plain file name", cfg.Name)
+		}
+		r.path = filepath.Join("/dev/shm", cfg.Name)
+		if r.mem, err = mapFile(r.path, mapped); err != nil {
+			return nil, err
+		}
+	}
+	r.mem = r.mem[:size:size]
+	if !cfg.NoLock {
+		if err := unix.Mlock(r.mem); err != nil {
+			r.lockErr = fmt.Errorf("cache: mlock %d bytes: %w", size, err)
+		}
+	} else {
+		r.lockErr = errors.New("cache: mlock not asked for")
+	}
+	return r, nil
+}
+
+func mapFile(path string, size int) ([]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, fmt.Errorf("cache: open region file: %w", err)
+	}
+	defer f.Close() // the mapping outlives the descriptor
+	st, err := f.Stat()
+	if err != nil {
+		return nil, fmt.Errorf("cache: stat region file: %w", err)
+	}
+	switch st.Size() {
+	case 0:
+		if err := f.Truncate(int64(size)); err != nil {
+			return nil, fmt.Errorf("cache: size region file: %w", err)
+		}
+	case int64(size):
+	default:
+		return nil, fmt.Errorf("%w: %s has %d bytes, want %d", ErrRegionSize, path, st.Size(), size)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+	if err != nil {
+		return nil, fmt.Errorf("cache: mmap region file: %w", err)
+	}
+	return mem, nil
+}
+
+// Blocks returns the number of blocks.
+func (r *Region) Blocks() int { return r.blocks }
+
+// BlockSize returns the size of one block in bytes.
+func (r *Region) BlockSize() int { return r.blockSize }
+
+// Base returns the address of block 0.
+func (r *Region) Base() uintptr { return uintptr(unsafe.Pointer(unsafe.SliceData(r.mem))) }
+
+// Bytes returns the whole region.
+func (r *Region) Bytes() []byte { return r.mem }
+
+// Block returns block i. It panics if i is out of range, like a slice index.
+func (r *Region) Block(i int) []byte {
+	off := i * r.blockSize
+	return r.mem[off : off+r.blockSize : off+r.blockSize]
+}
+
+// Span returns n consecutive blocks from block i as one slice.
+func (r *Region) Span(i, n int) []byte {
+	off := i * r.blockSize
+	end := off + n*r.blockSize
+	return r.mem[off:end:end]
+}
+
+// LockErr returns why the region is not locked in RAM, or nil if it is.
+func (r *Region) LockErr() error { return r.lockErr }
+
+// Path returns the backing file, or "" for anonymous memory.
+func (r *Region) Path() string { return r.path }
+
+// Close unmaps the region. The backing file, if any, stays: see Unlink.
+// The region must not be used after Close, by this process or a data plane.
+func (r *Region) Close() error {
+	if r.mem == nil {
+		return nil
+	}
+	page := os.Getpagesize()
+	full := unsafe.Slice(unsafe.SliceData(r.mem), (len(r.mem)+page-1)/page*page)
+	r.mem = nil
+	return unix.Munmap(full)
+}
+
+// Unlink removes the backing file; mappings stay valid until closed.
+func (r *Region) Unlink() error {
+	if r.path == "" {
+		return nil
+	}
+	return os.Remove(r.path)
+}

@@ -1,0 +1,775 @@
+package transport
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/google/uuid"
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// Authorizer decides whether a READ may be served: notif is the READ's
+// notification ("<session_id>:<mm_hash>"), blocks the producer blocks it
+// asks for. It is called from the data plane's goroutines.
+type Authorizer func(notif []byte, blocks []int) bool
+
+// TCPConfig configures a TCPData. Zero fields take defaults.
+type TCPConfig struct {
+	// Name is the agent name peers see; default "ecxfer-" + a random id.
+	Name string
+	// Listen is the address to serve READs on, e.g. "127.0.0.1:0". Empty:
+	// do not serve (a consumer only).
+	Listen string
+	// Advertise is the address put in the agent metadata; default the
+	// listener's address. Set it when listening on 0.0.0.0.
+	Advertise string
+	// Authorize gates every READ served. Nil refuses every READ until
+	// SetAuthorizer is called (a ProducerSession provides one).
+	Authorize Authorizer
+	// IOTimeout bounds each read or write once a frame or a response is
+	// under way, and the wait for a response to a READ. Default 10 s.
+	IOTimeout time.Duration
+	// IdleTimeout closes a served connection with no traffic. Default 5 min.
+	IdleTimeout time.Duration
+	// DialTimeout bounds connecting to a producer. Default 8 s.
+	DialTimeout time.Duration
+	// MaxQueued bounds READs posted to one peer and not yet answered.
+	// Default 4096.
+	MaxQueued int
+	Logger    *slog.Logger
+}
+
+func (c TCPConfig) withDefaults() TCPConfig {
+	if c.IOTimeout <= 0 {
+		c.IOTimeout = 10 * time.Second
+	}
+	if c.IdleTimeout <= 0 {
+		c.IdleTimeout = 5 * time.Minute
+	}
+	if c.DialTimeout <= 0 {
+		c.DialTimeout = 8 * time.Second
+	}
+	if c.MaxQueued <= 0 {
+		c.MaxQueued = 4096
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// agentMeta is the TCP data plane's agent metadata, msgpack-encoded into
+// XferAck.agent_metadata:
+//
+//	{"v": 1, "name": agent name, "addr": "host:port" of its READ service,
+//	 "inc": incarnation id (new on every start), "bs": block size,
+//	 "n": block count}
+//
+// A consumer registers a producer once per blob; a new incarnation means the
+// producer restarted and its blocks hold other data.
+type agentMeta struct {
+	Version     int    `msgpack:"v"`
+	Name        string `msgpack:"name"`
+	Addr        string `msgpack:"addr"`
+	Incarnation string `msgpack:"inc"`
+	BlockSize   int    `msgpack:"bs"`
+	Blocks      int    `msgpack:"n"`
+}
+
+const metaVersion = 1
+
+// Errors of TCPData.
+var (
+	ErrBusy       = errors.New("transport: too many READs queued to this peer")
+	ErrBadMeta    = errors.New("transport: bad agent metadata")
+	ErrBlockRange = errors.New("transport: block id out of range")
+)
+
+// TCPData is the pure-Go data plane: an xfer.DataTransport over TCP. As a
+// producer it serves one-sided READs of its region's blocks, only for blocks
+// its Authorizer grants; as a consumer it posts READs that land straight in
+// its region's blocks. Any number of READs may be in flight to one peer over
+// one reused connection.
+type TCPData struct {
+	cfg    TCPConfig
+	region *cache.Region
+	meta   []byte
+	desc   []byte
+	name   string
+	log    *slog.Logger
+	auth   atomic.Pointer[Authorizer]
+	ln     net.Listener
+	wg     sync.WaitGroup
+
+	mu      sync.Mutex
+	closed  bool
+	peers   map[string]*peer
+	handles map[xfer.Handle]*readOp
+	next    xfer.Handle
+	notifs  []xfer.Notif
+	served  map[net.Conn]struct{}
+}
+
+var _ xfer.DataTransport = (*TCPData)(nil)
+
+// NewTCPData returns a data plane over region, serving READs if cfg.Listen is
+// set.
+func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
+	cfg = cfg.withDefaults()
+	inc := uuid.NewString()
+	d := &TCPData{
+		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
+		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[net.Conn]struct{}{},
+	}
+	if d.name == "" {
+		d.name = "ecxfer-" + inc[:8]
+	}
+	if len(d.name) > maxNameLen {
+		return nil, fmt.Errorf("transport: agent name longer than %d bytes", maxNameLen)
+	}
+	if cfg.Authorize != nil {
+		d.SetAuthorizer(cfg.Authorize)
+	}
+	addr := cfg.Advertise
+	if cfg.Listen != "" {
+		ln, err := net.Listen("tcp", cfg.Listen)
+		if err != nil {
+			return nil, fmt.Errorf("transport: data plane listen: %w", err)
+		}
+		d.ln = ln
+		if addr == "" {
+			addr = ln.Addr().String()
+		}
+		d.wg.Add(1)
+		go d.accept()
+	}
+	var err error
+	d.meta, err = encodeMeta(agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
+		BlockSize: region.BlockSize(), Blocks: region.Blocks()})
+	if err != nil {
+		d.Close()
+		return nil, err
+	}
+	d.desc = wire.AppendBlockDescs(nil, uint64(region.Base()), uint64(region.BlockSize()), region.Blocks(), 0)
+	return d, nil
+}
+
+func encodeMeta(m agentMeta) ([]byte, error) { return msgpack.Marshal(&m) }
+
+// SetAuthorizer installs the gate for READs served (see Authorizer).
+func (d *TCPData) SetAuthorizer(a Authorizer) { d.auth.Store(&a) }
+
+// Name returns the agent name.
+func (d *TCPData) Name() string { return d.name }
+
+// Addr returns the address READs are served on, or nil.
+func (d *TCPData) Addr() net.Addr {
+	if d.ln == nil {
+		return nil
+	}
+	return d.ln.Addr()
+}
+
+// AgentMetadata implements xfer.DataTransport.
+func (d *TCPData) AgentMetadata() []byte { return d.meta }
+
+// MemDescriptor implements xfer.DataTransport: the reference's per-block
+// list. This data plane does not need it (the metadata carries the block
+// count), but vLLM's consumers expect it in OK acks.
+func (d *TCPData) MemDescriptor() []byte { return d.desc }
+
+// AddRemotePeer implements xfer.DataTransport. The descriptor is not used:
+// the metadata says how many blocks the producer has.
+func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
+	var m agentMeta
+	if err := msgpack.Unmarshal(metadata, &m); err != nil {
+		return xfer.Peer{}, fmt.Errorf("%w: %v", ErrBadMeta, err)
+	}
+	switch {
+	case m.Version != metaVersion:
+		return xfer.Peer{}, fmt.Errorf("%w: version %d", ErrBadMeta, m.Version)
+	case m.Name == "" || len(m.Name) > maxNameLen || m.Addr == "" || len(m.Addr) > 512:
+		return xfer.Peer{}, fmt.Errorf("%w: name %q addr %q", ErrBadMeta, m.Name, m.Addr)
+	case m.BlockSize != d.region.BlockSize():
+		return xfer.Peer{}, fmt.Errorf("%w: block size %d, ours %d", ErrBadMeta, m.BlockSize, d.region.BlockSize())
+	case m.Blocks <= 0 || m.Blocks > 1<<31:
+		return xfer.Peer{}, fmt.Errorf("%w: %d blocks", ErrBadMeta, m.Blocks)
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return xfer.Peer{}, xfer.ErrClosed
+	}
+	p := d.peers[m.Name]
+	refs := 0
+	if p != nil && p.inc != m.Incarnation {
+		refs = p.refs // the producer restarted: its old connection is useless
+		p.shutdown(fmt.Errorf("transport: peer %s restarted", m.Name))
+		p = nil
+	}
+	if p == nil {
+		p = newPeer(d, m, refs)
+		d.peers[m.Name] = p
+	}
+	p.refs++
+	return xfer.Peer{Agent: m.Name, Blocks: m.Blocks}, nil
+}
+
+// RemoveRemotePeer implements xfer.DataTransport. The last removal closes
+// the peer's connection; READs still in flight to it fail.
+func (d *TCPData) RemoveRemotePeer(agent string) error {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	p := d.peers[agent]
+	if p == nil {
+		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	if p.refs--; p.refs == 0 {
+		delete(d.peers, agent)
+		p.shutdown(fmt.Errorf("transport: peer %s removed", agent))
+	}
+	return nil
+}
+
+// PostRead implements xfer.DataTransport.
+func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
+	if len(local) != len(remote) {
+		return 0, xfer.ErrLengthMismatch
+	}
+	if len(notif) > maxNotifLen {
+		return 0, fmt.Errorf("transport: notification longer than %d bytes", maxNotifLen)
+	}
+	for _, b := range local {
+		if b < 0 || b >= d.region.Blocks() {
+			return 0, fmt.Errorf("%w: local %d of %d", ErrBlockRange, b, d.region.Blocks())
+		}
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed {
+		return 0, xfer.ErrClosed
+	}
+	p := d.peers[agent]
+	if p == nil {
+		return 0, fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	for _, b := range remote {
+		if b < 0 || b >= p.blocks {
+			return 0, fmt.Errorf("%w: remote %d of %d", ErrBlockRange, b, p.blocks)
+		}
+	}
+	d.next++
+	op := &readOp{h: d.next, id: uint64(d.next), local: slices.Clone(local), remote: slices.Clone(remote), notif: bytes.Clone(notif)}
+	select {
+	case p.ops <- op:
+	default:
+		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
+	}
+	d.handles[op.h] = op
+	return op.h, nil
+}
+
+// Check implements xfer.DataTransport.
+func (d *TCPData) Check(h xfer.Handle) (xfer.Progress, error) {
+	d.mu.Lock()
+	op := d.handles[h]
+	d.mu.Unlock()
+	if op == nil {
+		return 0, fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
+	}
+	switch op.state.Load() {
+	case opComplete:
+		return xfer.Complete, nil
+	case opFailed:
+		return xfer.Failed, nil
+	}
+	return xfer.InProgress, nil
+}
+
+// Release implements xfer.DataTransport. A READ whose bytes have not started
+// arriving is cancelled (its bytes, if they come, are discarded); one whose
+// bytes are landing cannot be stopped: ErrMayStillWrite.
+func (d *TCPData) Release(h xfer.Handle) error {
+	d.mu.Lock()
+	op := d.handles[h]
+	delete(d.handles, h)
+	d.mu.Unlock()
+	if op == nil {
+		return fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
+	}
+	if op.state.CompareAndSwap(opPending, opCanceled) || op.state.Load() != opWriting {
+		return nil
+	}
+	return xfer.ErrMayStillWrite
+}
+
+// DrainNotifs implements xfer.DataTransport.
+func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	dst = append(dst, d.notifs...)
+	clear(d.notifs)
+	d.notifs = d.notifs[:0]
+	return dst, nil
+}
+
+// Close implements xfer.DataTransport: it stops serving, closes every
+// connection, fails the READs in flight and waits for its goroutines.
+func (d *TCPData) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	d.closed = true
+	for _, p := range d.peers {
+		p.shutdown(xfer.ErrClosed)
+	}
+	clear(d.peers)
+	for c := range d.served {
+		c.Close()
+	}
+	clear(d.handles)
+	d.mu.Unlock()
+	if d.ln != nil {
+		d.ln.Close()
+	}
+	d.wg.Wait()
+	return nil
+}
+
+// ---- consumer side ----
+
+const (
+	opPending  int32 = iota // posted, no byte landed yet
+	opCanceled              // released before its bytes came: discard them
+	opWriting               // bytes are landing in the local blocks
+	opComplete
+	opFailed
+)
+
+type readOp struct {
+	h      xfer.Handle
+	id     uint64
+	local  []int
+	remote []int
+	notif  []byte
+	state  atomic.Int32
+}
+
+// fail ends an op that has not completed.
+func (op *readOp) fail() {
+	for {
+		s := op.state.Load()
+		if s == opComplete || s == opFailed || op.state.CompareAndSwap(s, opFailed) {
+			return
+		}
+	}
+}
+
+// peer is a producer this agent reads from: one connection, one writer
+// goroutine sending READs, one reader goroutine taking the answers in order.
+type peer struct {
+	d      *TCPData
+	name   string
+	addr   string
+	inc    string
+	blocks int
+	refs   int
+	ops    chan *readOp
+	stop   chan struct{}
+	once   sync.Once
+
+	mu      sync.Mutex // guards conn and pending; never held across I/O
+	wmu     sync.Mutex // serialises writes to conn
+	conn    net.Conn
+	pending []*readOp // sent, answer not read yet, in order
+}
+
+func newPeer(d *TCPData, m agentMeta, refs int) *peer {
+	p := &peer{d: d, name: m.Name, addr: m.Addr, inc: m.Incarnation, blocks: m.Blocks, refs: refs,
+		ops: make(chan *readOp, d.cfg.MaxQueued), stop: make(chan struct{})}
+	d.wg.Add(1)
+	go p.writer()
+	return p
+}
+
+// shutdown stops the peer's goroutines and fails its READs. Called with d.mu.
+func (p *peer) shutdown(err error) {
+	p.once.Do(func() {
+		close(p.stop)
+		p.mu.Lock()
+		p.breakConnLocked(err)
+		p.mu.Unlock()
+	})
+}
+
+// breakConnLocked closes the connection and fails every READ sent on it.
+func (p *peer) breakConnLocked(err error) {
+	if p.conn != nil {
+		p.conn.Close()
+		p.conn = nil
+		p.d.log.Debug("ec data: connection to producer closed", "peer", p.name, "err", err)
+	}
+	for _, op := range p.pending {
+		op.fail()
+	}
+	clear(p.pending)
+	p.pending = p.pending[:0]
+}
+
+func (p *peer) writer() {
+	defer p.d.wg.Done()
+	var buf []byte
+	for {
+		var op *readOp
+		select {
+		case <-p.stop:
+			for {
+				select {
+				case op := <-p.ops:
+					op.fail()
+				default:
+					return
+				}
+			}
+		case op = <-p.ops:
+		}
+		if op.state.Load() == opCanceled {
+			op.fail()
+			continue
+		}
+		conn, err := p.connect()
+		if err != nil {
+			p.d.log.Warn("ec data: cannot reach producer", "peer", p.name, "addr", p.addr, "err", err)
+			op.fail()
+			continue
+		}
+		buf = appendRead(buf[:0], op.id, op.notif, op.remote)
+		p.mu.Lock()
+		if p.conn != conn { // broken meanwhile
+			p.mu.Unlock()
+			op.fail()
+			continue
+		}
+		p.pending = append(p.pending, op)
+		p.mu.Unlock()
+		if err := p.write(conn, buf); err != nil {
+			p.mu.Lock()
+			if p.conn == conn {
+				p.breakConnLocked(err)
+			}
+			p.mu.Unlock()
+		}
+	}
+}
+
+// write sends one frame on conn within the I/O timeout.
+func (p *peer) write(conn net.Conn, frame []byte) error {
+	p.wmu.Lock()
+	defer p.wmu.Unlock()
+	conn.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
+	_, err := conn.Write(frame)
+	return err
+}
+
+// connect returns the live connection, dialing one if there is none.
+func (p *peer) connect() (net.Conn, error) {
+	p.mu.Lock()
+	c := p.conn
+	p.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	c, err := net.DialTimeout("tcp", p.addr, p.d.cfg.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	c.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
+	if _, err := c.Write(appendHello(nil, p.d.name)); err != nil {
+		c.Close()
+		return nil, err
+	}
+	p.mu.Lock()
+	select {
+	case <-p.stop:
+		p.mu.Unlock()
+		c.Close()
+		return nil, xfer.ErrClosed
+	default:
+	}
+	p.conn = c
+	p.mu.Unlock()
+	p.d.wg.Add(1)
+	go p.reader(c)
+	return c, nil
+}
+
+// reader takes the producer's answers in order, landing each READ's bytes
+// straight in the local blocks.
+func (p *peer) reader(c net.Conn) {
+	defer p.d.wg.Done()
+	var hdr [headLen + 17]byte
+	var runs [][2]int
+	var done []byte
+	bs := p.d.region.BlockSize()
+	fail := func(err error) {
+		p.mu.Lock()
+		if p.conn == c {
+			p.breakConnLocked(err)
+		} else {
+			c.Close()
+		}
+		p.mu.Unlock()
+	}
+	for {
+		// Wait for an answer; an idle connection may wait forever, one
+		// with READs outstanding only for IOTimeout.
+		c.SetReadDeadline(time.Now().Add(p.d.cfg.IOTimeout))
+		n, err := io.ReadFull(c, hdr[:])
+		if err != nil {
+			var ne net.Error
+			if n == 0 && errors.As(err, &ne) && ne.Timeout() {
+				p.mu.Lock()
+				idle := len(p.pending) == 0 && p.conn == c
+				p.mu.Unlock()
+				if idle {
+					continue
+				}
+			}
+			fail(err)
+			return
+		}
+		if string(hdr[:4]) != frameMagic || hdr[4] != frameData {
+			fail(errProtocol)
+			return
+		}
+		id := binary.BigEndian.Uint64(hdr[5:])
+		status := hdr[13]
+		size := binary.BigEndian.Uint64(hdr[14:])
+		p.mu.Lock()
+		var op *readOp
+		if len(p.pending) > 0 && p.pending[0].id == id {
+			op = p.pending[0]
+			p.pending[0] = nil
+			p.pending = p.pending[1:]
+		}
+		p.mu.Unlock()
+		if op == nil {
+			fail(fmt.Errorf("%w: answer %d out of order", errProtocol, id))
+			return
+		}
+		if status != dataOK {
+			op.fail()
+			if size != 0 {
+				fail(errProtocol)
+				return
+			}
+			continue
+		}
+		if size != uint64(len(op.local))*uint64(bs) {
+			op.fail()
+			fail(fmt.Errorf("%w: %d bytes for %d blocks", errProtocol, size, len(op.local)))
+			return
+		}
+		if op.state.CompareAndSwap(opPending, opWriting) {
+			runs = spans(runs[:0], op.local)
+			for _, r := range runs {
+				if err := readFullDeadline(c, p.d.region.Span(r[0], r[1]), p.d.cfg.IOTimeout); err != nil {
+					op.fail()
+					fail(err)
+					return
+				}
+			}
+			op.state.Store(opComplete)
+		} else if err := discard(c, int64(size), p.d.cfg.IOTimeout); err != nil {
+			fail(err)
+			return
+		}
+		done = appendDone(done[:0], id)
+		if err := p.write(c, done); err != nil {
+			fail(err)
+			return
+		}
+	}
+}
+
+// readFullDeadline fills b, allowing timeout without progress.
+func readFullDeadline(c net.Conn, b []byte, timeout time.Duration) error {
+	for len(b) > 0 {
+		c.SetReadDeadline(time.Now().Add(timeout))
+		n, err := c.Read(b)
+		b = b[n:]
+		if err != nil && len(b) > 0 {
+			return err
+		}
+	}
+	return nil
+}
+
+func discard(c net.Conn, n int64, timeout time.Duration) error {
+	var buf [32 << 10]byte
+	for n > 0 {
+		m := min(n, int64(len(buf)))
+		if err := readFullDeadline(c, buf[:m], timeout); err != nil {
+			return err
+		}
+		n -= m
+	}
+	return nil
+}
+
+// ---- producer side ----
+
+func (d *TCPData) accept() {
+	defer d.wg.Done()
+	backoff := time.Millisecond
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(backoff) // EMFILE and friends: do not spin
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			c.Close()
+			return
+		}
+		d.served[c] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go d.serve(c)
+	}
+}
+
+// serve answers one consumer's READs in order. Anything malformed closes
+// this connection only.
+func (d *TCPData) serve(c net.Conn) {
+	defer d.wg.Done()
+	defer func() {
+		d.mu.Lock()
+		delete(d.served, c)
+		d.mu.Unlock()
+		c.Close()
+	}()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	var buf [headLen + 14]byte
+	c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
+	typ, err := readHead(c, buf[:])
+	if err != nil || typ != frameHello {
+		return
+	}
+	if _, err := io.ReadFull(c, buf[:2]); err != nil {
+		return
+	}
+	nameLen := int(binary.BigEndian.Uint16(buf[:2]))
+	if nameLen > maxNameLen {
+		return
+	}
+	nameBuf := make([]byte, nameLen)
+	if _, err := io.ReadFull(c, nameBuf); err != nil {
+		return
+	}
+	agent := string(nameBuf)
+	awaiting := map[uint64][]byte{} // served READs whose done has not come
+	var ids []int
+	var runs [][2]int
+	var out net.Buffers
+	var head []byte
+	notif := make([]byte, maxNotifLen)
+	maxBlocks := d.region.Blocks()
+	for {
+		c.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
+		if _, err := io.ReadFull(c, buf[:1]); err != nil {
+			return
+		}
+		c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
+		if _, err := io.ReadFull(c, buf[1:headLen]); err != nil || string(buf[:4]) != frameMagic {
+			return
+		}
+		switch buf[4] {
+		case frameDone:
+			if _, err := io.ReadFull(c, buf[:8]); err != nil {
+				return
+			}
+			id := binary.BigEndian.Uint64(buf[:8])
+			if msg, ok := awaiting[id]; ok {
+				delete(awaiting, id)
+				d.mu.Lock()
+				d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: msg})
+				d.mu.Unlock()
+			}
+		case frameRead:
+			if _, err := io.ReadFull(c, buf[:14]); err != nil {
+				return
+			}
+			id := binary.BigEndian.Uint64(buf[:8])
+			nl := int(binary.BigEndian.Uint16(buf[8:]))
+			nb := int(binary.BigEndian.Uint32(buf[10:]))
+			if nl > maxNotifLen || nb > maxBlocks || len(awaiting) >= d.cfg.MaxQueued {
+				return
+			}
+			if _, err := io.ReadFull(c, notif[:nl]); err != nil {
+				return
+			}
+			ids = ids[:0]
+			for range nb {
+				if _, err := io.ReadFull(c, buf[:4]); err != nil {
+					return
+				}
+				b := int(binary.BigEndian.Uint32(buf[:4]))
+				if b >= maxBlocks {
+					return
+				}
+				ids = append(ids, b)
+			}
+			status := byte(dataRefused)
+			if a := d.auth.Load(); a != nil && (*a)(notif[:nl], ids) {
+				status = dataOK
+			}
+			size := uint64(0)
+			if status == dataOK {
+				size = uint64(nb) * uint64(d.region.BlockSize())
+			}
+			head = appendDataHead(head[:0], id, status, size)
+			out = append(out[:0], head)
+			if status == dataOK {
+				runs = spans(runs[:0], ids)
+				for _, r := range runs {
+					out = append(out, d.region.Span(r[0], r[1]))
+				}
+				awaiting[id] = bytes.Clone(notif[:nl])
+			}
+			c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
+			if _, err := out.WriteTo(c); err != nil {
+				return
+			}
+		default:
+			return
+		}
+	}
+}

@@ -1,0 +1,231 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+var quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func newRegion(t testing.TB, blocks, size int) *cache.Region {
+	t.Helper()
+	r, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: size, NoLock: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+func newTCP(t testing.TB, region *cache.Region, cfg TCPConfig) *TCPData {
+	t.Helper()
+	cfg.Logger = quiet
+	d, err := NewTCPData(cfg, region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { d.Close() })
+	return d
+}
+
+func allowAll([]byte, []int) bool { return true }
+
+func TestTCPConformance(t *testing.T) {
+	xfertest.Conformance(t, func(t *testing.T) xfertest.Pair {
+		cr, pr := newRegion(t, 128, 4096), newRegion(t, 128, 4096)
+		c := newTCP(t, cr, TCPConfig{Name: "consumer"})
+		p := newTCP(t, pr, TCPConfig{Name: "producer", Listen: "127.0.0.1:0", Authorize: allowAll})
+		return xfertest.Pair{Consumer: c, Producer: p, ConsumerBlock: cr.Block, ProducerBlock: pr.Block, Blocks: 128}
+	})
+}
+
+func waitEnd(t *testing.T, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Microsecond) {
+		p, err := d.Check(h)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p != xfer.InProgress {
+			return p
+		}
+	}
+	t.Fatal("READ did not end")
+	return 0
+}
+
+// The producer serves only what its authorizer grants; a refusal is a
+// failed READ on the consumer and no notification on the producer.
+func TestTCPAuthorize(t *testing.T) {
+	cr, pr := newRegion(t, 8, 64), newRegion(t, 8, 64)
+	var asked []string
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: func(n []byte, b []int) bool {
+		asked = append(asked, string(n))
+		return string(n) == "s:ok" && len(b) == 1 && b[0] == 2
+	}})
+	c := newTCP(t, cr, TCPConfig{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	copy(pr.Block(2), "granted")
+	copy(pr.Block(3), "secret")
+	bad, _ := c.PostRead([]int{0}, peer.Agent, []int{3}, []byte("s:ok"))
+	good, _ := c.PostRead([]int{1}, peer.Agent, []int{2}, []byte("s:ok"))
+	other, _ := c.PostRead([]int{2}, peer.Agent, []int{2}, []byte("s:other"))
+	if waitEnd(t, c, bad) != xfer.Failed || waitEnd(t, c, other) != xfer.Failed || waitEnd(t, c, good) != xfer.Complete {
+		t.Fatal("the authorizer was not obeyed")
+	}
+	if bytes.Contains(cr.Bytes(), []byte("secret")) || !bytes.HasPrefix(cr.Block(1), []byte("granted")) {
+		t.Fatal("bytes")
+	}
+	var n []xfer.Notif
+	for end := time.Now().Add(5 * time.Second); len(n) == 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		n, _ = p.DrainNotifs(n)
+	}
+	time.Sleep(20 * time.Millisecond)
+	n, _ = p.DrainNotifs(n)
+	if len(n) != 1 || string(n[0].Msg) != "s:ok" {
+		t.Fatalf("notifs %+v", n)
+	}
+	// Without an authorizer nothing is served.
+	p2 := newTCP(t, newRegion(t, 8, 64), TCPConfig{Listen: "127.0.0.1:0"})
+	peer2, _ := c.AddRemotePeer(p2.AgentMetadata(), nil)
+	h, _ := c.PostRead([]int{4}, peer2.Agent, []int{0}, []byte("s:ok"))
+	if waitEnd(t, c, h) != xfer.Failed {
+		t.Fatal("served without an authorizer")
+	}
+}
+
+func TestTCPMetadata(t *testing.T) {
+	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{})
+	p := newTCP(t, newRegion(t, 8, 128), TCPConfig{Listen: "127.0.0.1:0"})
+	if _, err := c.AddRemotePeer(p.AgentMetadata(), nil); !errors.Is(err, ErrBadMeta) {
+		t.Fatalf("block size mismatch: %v", err)
+	}
+	p2 := newTCP(t, newRegion(t, 8, 128), TCPConfig{Listen: "127.0.0.1:0"})
+	if bytes.Equal(p.AgentMetadata(), p2.AgentMetadata()) {
+		t.Fatal("two incarnations share metadata")
+	}
+	for _, m := range [][]byte{nil, {0xc1}, {0x80}, []byte("\x81\xa1v\x02")} {
+		if _, err := c.AddRemotePeer(m, nil); !errors.Is(err, ErrBadMeta) {
+			t.Fatalf("%x: %v", m, err)
+		}
+	}
+}
+
+// A restarted producer (new incarnation, same name) replaces the old
+// registration; READs go to the new one.
+func TestTCPProducerRestart(t *testing.T) {
+	cr := newRegion(t, 8, 64)
+	c := newTCP(t, cr, TCPConfig{})
+	pr := newRegion(t, 8, 64)
+	p1 := newTCP(t, pr, TCPConfig{Name: "prod", Listen: "127.0.0.1:0", Authorize: allowAll})
+	if _, err := c.AddRemotePeer(p1.AgentMetadata(), nil); err != nil {
+		t.Fatal(err)
+	}
+	p1.Close()
+	p2 := newTCP(t, pr, TCPConfig{Name: "prod", Listen: "127.0.0.1:0", Authorize: allowAll})
+	copy(pr.Block(1), "second life")
+	peer, err := c.AddRemotePeer(p2.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := c.PostRead([]int{0}, peer.Agent, []int{1}, []byte("a:b"))
+	if waitEnd(t, c, h) != xfer.Complete || !bytes.HasPrefix(cr.Block(0), []byte("second life")) {
+		t.Fatal("READ did not reach the restarted producer")
+	}
+}
+
+// Hostile input on the data port closes that connection only.
+func TestTCPHostileDataPort(t *testing.T) {
+	pr := newRegion(t, 8, 64)
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll, IOTimeout: 200 * time.Millisecond})
+	addr := p.Addr().String()
+	hello := appendHello(nil, "evil")
+	cases := map[string][]byte{
+		"wrong magic":        []byte("HTTP/1.1 GET /\r\n\r\n"),
+		"read before hello":  appendRead(nil, 1, nil, []int{0}),
+		"oversize name":      append(appendHead(nil, frameHello), 0xff, 0xff),
+		"oversize notif":     append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0, 0, 0, 1)...),
+		"too many blocks":    append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff)...),
+		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), []int{8})...),
+		"unknown frame":      append(hello, appendHead(nil, 99)...),
+		"stall mid-frame":    append(hello, frameMagic[:2]...),
+		"stall in the hello": appendHead(nil, frameHello),
+	}
+	for name, in := range cases {
+		t.Run(name, func(t *testing.T) {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.Write(in)
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			buf := make([]byte, 64)
+			n, err := c.Read(buf)
+			if err == nil {
+				t.Fatalf("connection still open; read %q", buf[:n])
+			}
+			var ne net.Error
+			if errors.As(err, &ne) && ne.Timeout() {
+				t.Fatal("connection not closed within 5 s")
+			}
+		})
+	}
+	// The producer still serves an honest consumer.
+	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{})
+	peer, _ := c.AddRemotePeer(p.AgentMetadata(), nil)
+	h, _ := c.PostRead([]int{0}, peer.Agent, []int{7}, []byte("a:b"))
+	if waitEnd(t, c, h) != xfer.Complete {
+		t.Fatal("honest consumer not served")
+	}
+}
+
+// A producer that stops answering fails the READs in flight within the I/O
+// timeout; it does not hold them forever.
+func TestTCPStalledProducer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // accept, read nothing, answer nothing
+		}
+	}()
+	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{IOTimeout: 100 * time.Millisecond})
+	m := agentMetaBytes(t, "stalled", ln.Addr().String(), 64, 8)
+	peer, err := c.AddRemotePeer(m, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := c.PostRead([]int{0}, peer.Agent, []int{1}, []byte("a:b"))
+	if waitEnd(t, c, h) != xfer.Failed {
+		t.Fatal("READ from a stalled producer did not fail")
+	}
+}
+
+func agentMetaBytes(t *testing.T, name, addr string, bs, n int) []byte {
+	t.Helper()
+	b, err := encodeMeta(agentMeta{Version: metaVersion, Name: name, Addr: addr, Incarnation: "x", BlockSize: bs, Blocks: n})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}

@@ -1,0 +1,94 @@
+package transport
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+)
+
+// The TCP data plane's frames. Every frame starts with the 4-byte magic and
+// a type byte; integers are big-endian.
+//
+//	hello  consumer→producer  name len u16, name            (first frame)
+//	read   consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
+//	done   consumer→producer  id u64                        (all bytes of id landed)
+//	data   producer→consumer  id u64, status u8, len u64, len bytes
+//
+// A producer answers reads in order. It queues a read's notification only
+// when the consumer's done for it arrives, so a notification means every
+// byte was delivered.
+const (
+	frameMagic = "ECX1"
+
+	frameHello = 1
+	frameRead  = 2
+	frameDone  = 3
+	frameData  = 4
+
+	dataOK      = 0
+	dataRefused = 1 // no live grant covers the blocks
+
+	maxNameLen  = 256
+	maxNotifLen = 1024
+	headLen     = 5 // magic + type
+)
+
+var errProtocol = errors.New("transport: data plane protocol error")
+
+func appendHead(b []byte, typ byte) []byte { return append(append(b, frameMagic...), typ) }
+
+func appendHello(b []byte, name string) []byte {
+	b = appendHead(b, frameHello)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
+	return append(b, name...)
+}
+
+func appendRead(b []byte, id uint64, notif []byte, remote []int) []byte {
+	b = appendHead(b, frameRead)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(remote)))
+	b = append(b, notif...)
+	for _, r := range remote {
+		b = binary.BigEndian.AppendUint32(b, uint32(r))
+	}
+	return b
+}
+
+func appendDone(b []byte, id uint64) []byte {
+	b = appendHead(b, frameDone)
+	return binary.BigEndian.AppendUint64(b, id)
+}
+
+func appendDataHead(b []byte, id uint64, status byte, n uint64) []byte {
+	b = appendHead(b, frameData)
+	b = binary.BigEndian.AppendUint64(b, id)
+	b = append(b, status)
+	return binary.BigEndian.AppendUint64(b, n)
+}
+
+// readHead reads a frame's magic and type.
+func readHead(r io.Reader, buf []byte) (byte, error) {
+	if _, err := io.ReadFull(r, buf[:headLen]); err != nil {
+		return 0, err
+	}
+	if string(buf[:4]) != frameMagic {
+		return 0, fmt.Errorf("%w: bad magic %q", errProtocol, buf[:4])
+	}
+	return buf[4], nil
+}
+
+// spans groups block ids into runs of consecutive ids: [start, count) pairs
+// appended to dst, so that contiguous blocks move in one read or write.
+func spans(dst [][2]int, ids []int) [][2]int {
+	for i := 0; i < len(ids); {
+		j := i + 1
+		for j < len(ids) && ids[j] == ids[j-1]+1 {
+			j++
+		}
+		dst = append(dst, [2]int{ids[i], j - i})
+		i = j
+	}
+	return dst
+}

@@ -1,0 +1,237 @@
+package xfertest
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// Pair is a consumer and a producer data plane for Conformance. The
+// producer must serve every READ (authorize all).
+type Pair struct {
+	Consumer, Producer           xfer.DataTransport
+	ConsumerBlock, ProducerBlock func(i int) []byte
+	Blocks                       int // blocks on each side, at least 64
+}
+
+// Conformance runs the contract every xfer.DataTransport must keep against
+// pairs made by newPair (a fresh pair per subtest; the suite closes them).
+// Data planes that move bytes in the background are waited for, within
+// bounded time.
+func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
+	t.Run("read", func(t *testing.T) {
+		p, peer := setup(t, newPair)
+		fill(p.ProducerBlock(3), 3)
+		fill(p.ProducerBlock(4), 4)
+		h, err := p.Consumer.PostRead([]int{1, 2}, peer.Agent, []int{3, 4}, []byte("sid:hash"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitEnd(t, p.Consumer, h); got != xfer.Complete {
+			t.Fatalf("READ ended %s", got)
+		}
+		if !bytes.Equal(p.ConsumerBlock(1), p.ProducerBlock(3)) || !bytes.Equal(p.ConsumerBlock(2), p.ProducerBlock(4)) {
+			t.Fatal("bytes differ")
+		}
+		n := waitNotifs(t, p.Producer, 1)
+		if n[0].Agent == "" || string(n[0].Msg) != "sid:hash" {
+			t.Fatalf("notif %+v", n[0])
+		}
+		if err := p.Consumer.Release(h); err != nil {
+			t.Fatalf("release: %v", err)
+		}
+		if _, err := p.Consumer.Check(h); !errors.Is(err, xfer.ErrUnknownHandle) {
+			t.Fatalf("check after release: %v", err)
+		}
+		if err := p.Consumer.Release(h); !errors.Is(err, xfer.ErrUnknownHandle) {
+			t.Fatalf("second release: %v", err)
+		}
+		if more := drainFor(p.Producer, 50*time.Millisecond); len(more) != 0 {
+			t.Fatalf("notification delivered again: %+v", more)
+		}
+	})
+	t.Run("many in flight", func(t *testing.T) {
+		p, peer := setup(t, newPair)
+		const n = 32
+		hs := make([]xfer.Handle, n)
+		for i := range n {
+			fill(p.ProducerBlock(i), byte(i+1))
+			var err error
+			hs[i], err = p.Consumer.PostRead([]int{n + i}, peer.Agent, []int{i}, fmt.Appendf(nil, "s:%d", i))
+			if err != nil {
+				t.Fatal(err)
+			}
+		}
+		for i, h := range hs {
+			if got := waitEnd(t, p.Consumer, h); got != xfer.Complete {
+				t.Fatalf("READ %d ended %s", i, got)
+			}
+			if !bytes.Equal(p.ConsumerBlock(n+i), p.ProducerBlock(i)) {
+				t.Fatalf("READ %d: bytes differ", i)
+			}
+			p.Consumer.Release(h)
+		}
+		seen := map[string]int{}
+		for _, nt := range waitNotifs(t, p.Producer, n) {
+			seen[string(nt.Msg)]++
+		}
+		for i := range n {
+			if seen[fmt.Sprintf("s:%d", i)] != 1 {
+				t.Fatalf("notification %d seen %d times", i, seen[fmt.Sprintf("s:%d", i)])
+			}
+		}
+	})
+	t.Run("refused posts", func(t *testing.T) {
+		p, peer := setup(t, newPair)
+		if _, err := p.Consumer.PostRead([]int{1}, peer.Agent, []int{1, 2}, nil); !errors.Is(err, xfer.ErrLengthMismatch) {
+			t.Fatalf("length mismatch: %v", err)
+		}
+		if _, err := p.Consumer.PostRead([]int{1}, "nobody", []int{1}, nil); err == nil {
+			t.Fatal("READ from an unknown agent posted")
+		}
+		if _, err := p.Consumer.AddRemotePeer([]byte("not metadata"), nil); err == nil {
+			t.Fatal("garbage metadata registered")
+		}
+		if _, err := p.Consumer.Check(xfer.Handle(1 << 60)); !errors.Is(err, xfer.ErrUnknownHandle) {
+			t.Fatalf("unknown handle: %v", err)
+		}
+	})
+	t.Run("remove peer", func(t *testing.T) {
+		p, peer := setup(t, newPair)
+		if err := p.Consumer.RemoveRemotePeer(peer.Agent); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := p.Consumer.PostRead([]int{1}, peer.Agent, []int{1}, nil); err == nil {
+			t.Fatal("READ posted to a removed peer")
+		}
+		if err := p.Consumer.RemoveRemotePeer(peer.Agent); err == nil {
+			t.Fatal("second removal succeeded")
+		}
+		// Registered twice, removed once: still usable.
+		a, _ := p.Consumer.AddRemotePeer(p.Producer.AgentMetadata(), p.Producer.MemDescriptor())
+		p.Consumer.AddRemotePeer(p.Producer.AgentMetadata(), p.Producer.MemDescriptor())
+		p.Consumer.RemoveRemotePeer(a.Agent)
+		h, err := p.Consumer.PostRead([]int{1}, a.Agent, []int{1}, []byte("x:y"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitEnd(t, p.Consumer, h); got != xfer.Complete {
+			t.Fatalf("READ ended %s", got)
+		}
+	})
+	t.Run("release in flight", func(t *testing.T) {
+		p, peer := setup(t, newPair)
+		h, err := p.Consumer.PostRead([]int{5, 6, 7}, peer.Agent, []int{1, 2, 3}, []byte("s:r"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := p.Consumer.Release(h); err != nil && !errors.Is(err, xfer.ErrMayStillWrite) {
+			t.Fatalf("release: %v", err)
+		}
+		if _, err := p.Consumer.Check(h); !errors.Is(err, xfer.ErrUnknownHandle) {
+			t.Fatalf("check after release: %v", err)
+		}
+	})
+	t.Run("close with reads in flight", func(t *testing.T) {
+		p, peer := setup(t, newPair)
+		var hs []xfer.Handle
+		for i := range 16 {
+			h, err := p.Consumer.PostRead([]int{i}, peer.Agent, []int{i}, []byte("s:c"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs = append(hs, h)
+		}
+		if err := p.Consumer.Close(); err != nil {
+			t.Fatal(err)
+		}
+		for _, h := range hs {
+			if pr, err := p.Consumer.Check(h); err == nil && pr == xfer.InProgress {
+				t.Fatalf("handle %d in progress after close", h)
+			}
+		}
+		if _, err := p.Consumer.PostRead([]int{1}, peer.Agent, []int{1}, nil); err == nil {
+			t.Fatal("READ posted after close")
+		}
+		if err := p.Consumer.Close(); err != nil {
+			t.Fatalf("second close: %v", err)
+		}
+	})
+}
+
+func setup(t *testing.T, newPair func(t *testing.T) Pair) (Pair, xfer.Peer) {
+	t.Helper()
+	p := newPair(t)
+	t.Cleanup(func() {
+		p.Consumer.Close()
+		p.Producer.Close()
+	})
+	peer, err := p.Consumer.AddRemotePeer(p.Producer.AgentMetadata(), p.Producer.MemDescriptor())
+	if err != nil {
+		t.Fatalf("add peer: %v", err)
+	}
+	if peer.Agent == "" || peer.Blocks < 64 {
+		t.Fatalf("peer %+v", peer)
+	}
+	return p, peer
+}
+
+func fill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = seed ^ byte(i*7)
+	}
+}
+
+const waitLimit = 10 * time.Second
+
+// waitEnd checks h until it leaves InProgress, for at most waitLimit.
+func waitEnd(t *testing.T, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
+	t.Helper()
+	deadline := time.Now().Add(waitLimit)
+	for {
+		p, err := d.Check(h)
+		if err != nil {
+			t.Fatalf("check %d: %v", h, err)
+		}
+		if p != xfer.InProgress {
+			return p
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("READ %d still in progress after %v", h, waitLimit)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+}
+
+// waitNotifs drains d until n notifications came, for at most waitLimit.
+func waitNotifs(t *testing.T, d xfer.DataTransport, n int) []xfer.Notif {
+	t.Helper()
+	var got []xfer.Notif
+	deadline := time.Now().Add(waitLimit)
+	for len(got) < n {
+		var err error
+		if got, err = d.DrainNotifs(got); err != nil {
+			t.Fatal(err)
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d notifications after %v", len(got), n, waitLimit)
+		}
+		time.Sleep(100 * time.Microsecond)
+	}
+	if len(got) > n {
+		t.Fatalf("%d notifications, want %d: %+v", len(got), n, got)
+	}
+	return got
+}
+
+func drainFor(d xfer.DataTransport, dur time.Duration) []xfer.Notif {
+	var got []xfer.Notif
+	for end := time.Now().Add(dur); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		got, _ = d.DrainNotifs(got)
+	}
+	return got
+}
