@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bufio"
 	"bytes"
 	"encoding/binary"
 	"errors"
@@ -679,11 +680,12 @@ func (d *TCPData) serve(c net.Conn) {
 	}
 	var buf [headLen + 14]byte
 	c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
-	typ, err := readHead(c, buf[:])
+	r := bufio.NewReaderSize(c, 4096) // frames from a consumer are small
+	typ, err := readHead(r, buf[:])
 	if err != nil || typ != frameHello {
 		return
 	}
-	if _, err := io.ReadFull(c, buf[:2]); err != nil {
+	if _, err := io.ReadFull(r, buf[:2]); err != nil {
 		return
 	}
 	nameLen := int(binary.BigEndian.Uint16(buf[:2]))
@@ -691,7 +693,7 @@ func (d *TCPData) serve(c net.Conn) {
 		return
 	}
 	nameBuf := make([]byte, nameLen)
-	if _, err := io.ReadFull(c, nameBuf); err != nil {
+	if _, err := io.ReadFull(r, nameBuf); err != nil {
 		return
 	}
 	agent := string(nameBuf)
@@ -704,16 +706,16 @@ func (d *TCPData) serve(c net.Conn) {
 	maxBlocks := d.region.Blocks()
 	for {
 		c.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
-		if _, err := io.ReadFull(c, buf[:1]); err != nil {
+		if _, err := io.ReadFull(r, buf[:1]); err != nil {
 			return
 		}
 		c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
-		if _, err := io.ReadFull(c, buf[1:headLen]); err != nil || string(buf[:4]) != frameMagic {
+		if _, err := io.ReadFull(r, buf[1:headLen]); err != nil || string(buf[:4]) != frameMagic {
 			return
 		}
 		switch buf[4] {
 		case frameDone:
-			if _, err := io.ReadFull(c, buf[:8]); err != nil {
+			if _, err := io.ReadFull(r, buf[:8]); err != nil {
 				return
 			}
 			id := binary.BigEndian.Uint64(buf[:8])
@@ -724,7 +726,7 @@ func (d *TCPData) serve(c net.Conn) {
 				d.mu.Unlock()
 			}
 		case frameRead:
-			if _, err := io.ReadFull(c, buf[:14]); err != nil {
+			if _, err := io.ReadFull(r, buf[:14]); err != nil {
 				return
 			}
 			id := binary.BigEndian.Uint64(buf[:8])
@@ -733,12 +735,12 @@ func (d *TCPData) serve(c net.Conn) {
 			if nl > maxNotifLen || nb > maxBlocks || len(awaiting) >= d.cfg.MaxQueued {
 				return
 			}
-			if _, err := io.ReadFull(c, notif[:nl]); err != nil {
+			if _, err := io.ReadFull(r, notif[:nl]); err != nil {
 				return
 			}
 			ids = ids[:0]
 			for range nb {
-				if _, err := io.ReadFull(c, buf[:4]); err != nil {
+				if _, err := io.ReadFull(r, buf[:4]); err != nil {
 					return
 				}
 				b := int(binary.BigEndian.Uint32(buf[:4]))
