@@ -1,0 +1,511 @@
+package transport
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"log/slog"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/google/uuid"
+
+	"github.com/ecxfer/ecxfer/session"
+)
+
+// Errors of the control plane.
+var (
+	ErrQueueFull  = errors.New("transport: send queue full")
+	ErrPeerDown   = errors.New("transport: peer is down")
+	ErrNotAllowed = errors.New("transport: producer address not allowed")
+	ErrClosed     = errors.New("transport: closed")
+)
+
+// Heartbeat and liveness defaults: the reference's ZMTP options.
+const (
+	DefaultPingInterval = 2 * time.Second
+	DefaultPeerTimeout  = 8 * time.Second // the reference's HEARTBEAT_TTL
+)
+
+// hostPort accepts "tcp://host:port" or "host:port".
+func hostPort(addr string) (string, error) {
+	hp := strings.TrimPrefix(addr, "tcp://")
+	if _, _, err := net.SplitHostPort(hp); err != nil {
+		return "", fmt.Errorf("transport: address %q: %w", addr, err)
+	}
+	return hp, nil
+}
+
+var discardLog = log.New(io.Discard, "", 0)
+
+// ControlStats counts what a control-plane endpoint dropped and did.
+type ControlStats struct {
+	Received  uint64 // messages handed to the application
+	Sent      uint64
+	Malformed uint64 // messages with the wrong envelope, dropped
+	Dropped   uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
+	SendFails uint64
+}
+
+type controlCounters struct {
+	received, sent, malformed, dropped, sendFails atomic.Uint64
+}
+
+func (c *controlCounters) snapshot() ControlStats {
+	return ControlStats{c.received.Load(), c.sent.Load(), c.malformed.Load(), c.dropped.Load(), c.sendFails.Load()}
+}
+
+// ---- server ----
+
+// ServerConfig configures a Server. Zero fields take defaults.
+type ServerConfig struct {
+	MaxFrame         int           // largest frame accepted; default 64 KiB
+	WriteTimeout     time.Duration // a consumer not reading for this long is cut off; default 1 s
+	PingInterval     time.Duration // default 2 s
+	PeerTimeout      time.Duration // silence that closes a connection; default 8 s
+	HandshakeTimeout time.Duration // default 5 s
+	MaxPending       int           // handshakes in progress at once; default 256
+	MaxQueued        int           // requests and replies queued; default 4096
+	Logger           *slog.Logger
+}
+
+// Server is the producer's control plane: a ZeroMQ ROUTER that consumers'
+// DEALERs (Go or libzmq) connect to. Drain and Reply never block.
+type Server struct {
+	sock   zmq4.Socket
+	forget func()
+	log    *slog.Logger
+	in     chan session.Message
+	out    chan session.Message
+	done   chan struct{}
+	wg     sync.WaitGroup
+	stats  controlCounters
+	once   sync.Once
+}
+
+// Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
+// picks one).
+func Listen(addr string, cfg ServerConfig) (*Server, error) {
+	hp, err := hostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = 64 << 10
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = time.Second
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = 4096
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	s := &Server{log: cfg.Logger, in: make(chan session.Message, cfg.MaxQueued),
+		out: make(chan session.Message, cfg.MaxQueued), done: make(chan struct{})}
+	gcfg := newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
+		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
+	ep, forget, err := guardEndpoint(gcfg, hp)
+	if err != nil {
+		return nil, err
+	}
+	s.forget = forget
+	s.sock = zmq4.NewRouter(context.Background(), zmq4.WithLogger(discardLog), zmq4.WithTimeout(cfg.WriteTimeout))
+	if err := s.sock.Listen(ep); err != nil {
+		forget()
+		s.sock.Close()
+		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
+	}
+	s.wg.Add(2)
+	go s.recvLoop()
+	go s.sendLoop()
+	return s, nil
+}
+
+func newGuardConfig(maxFrame uint64, write, ping, peer, handshake, connect time.Duration, pending int, st *controlCounters) *guardConfig {
+	g := &guardConfig{maxFrame: maxFrame, maxFrames: 8, pingInterval: ping, peerTimeout: peer,
+		writeTimeout: write, handshakeTimeout: handshake, connectTimeout: connect, maxPending: pending,
+		onDrop: func(string) { st.dropped.Add(1) }}
+	if g.pingInterval <= 0 {
+		g.pingInterval = DefaultPingInterval
+	}
+	if g.peerTimeout <= 0 {
+		g.peerTimeout = DefaultPeerTimeout
+	}
+	if g.handshakeTimeout <= 0 {
+		g.handshakeTimeout = 5 * time.Second
+	}
+	if g.connectTimeout <= 0 {
+		g.connectTimeout = 8 * time.Second
+	}
+	if g.maxPending <= 0 {
+		g.maxPending = 256
+	}
+	return g
+}
+
+// Addr returns the bound address.
+func (s *Server) Addr() net.Addr { return s.sock.Addr() }
+
+// Endpoint returns "tcp://host:port" of the bound address.
+func (s *Server) Endpoint() string { return "tcp://" + s.Addr().String() }
+
+// Stats returns the counters.
+func (s *Server) Stats() ControlStats { return s.stats.snapshot() }
+
+func (s *Server) recvLoop() {
+	defer s.wg.Done()
+	for {
+		msg, err := s.sock.Recv()
+		if err != nil {
+			select {
+			case <-s.done:
+				return
+			default:
+			}
+			continue // zmq4 reports only socket-wide errors here
+		}
+		if msg.Type != zmq4.UsrMsg || len(msg.Frames) != 3 || len(msg.Frames[1]) != 0 {
+			s.stats.malformed.Add(1)
+			continue
+		}
+		select {
+		case s.in <- session.Message{Identity: msg.Frames[0], Payload: msg.Frames[2]}:
+		case <-s.done:
+			return
+		}
+	}
+}
+
+func (s *Server) sendLoop() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.done:
+			return
+		case m := <-s.out:
+			// One stalled consumer delays this loop by at most the write
+			// deadline, after which the guard closes its connection.
+			if err := s.sock.SendMulti(zmq4.NewMsgFrom(m.Identity, nil, m.Payload)); err != nil {
+				s.stats.sendFails.Add(1)
+				continue
+			}
+			s.stats.sent.Add(1)
+		}
+	}
+}
+
+// Drain appends the requests received since the last call to dst, without
+// blocking.
+func (s *Server) Drain(dst []session.Message) []session.Message {
+	for {
+		select {
+		case m := <-s.in:
+			s.stats.received.Add(1)
+			dst = append(dst, m)
+		default:
+			return dst
+		}
+	}
+}
+
+// Reply queues payload for the consumer with the given identity, without
+// blocking; it copies both. It implements session.Replier.
+func (s *Server) Reply(identity, payload []byte) error {
+	msg := make([]byte, len(identity)+len(payload))
+	copy(msg, identity)
+	copy(msg[len(identity):], payload)
+	select {
+	case <-s.done:
+		return ErrClosed
+	default:
+	}
+	select {
+	case s.out <- session.Message{Identity: msg[:len(identity):len(identity)], Payload: msg[len(identity):]}:
+		return nil
+	default:
+		return ErrQueueFull
+	}
+}
+
+// Close stops the server and waits for its goroutines.
+func (s *Server) Close() error {
+	var err error
+	s.once.Do(func() {
+		close(s.done)
+		err = s.sock.Close()
+		s.wg.Wait()
+		s.forget()
+	})
+	return err
+}
+
+// ---- client ----
+
+// ClientConfig configures a Client. Zero fields take defaults.
+type ClientConfig struct {
+	MaxFrame         int           // largest frame accepted; default 64 MiB
+	ConnectTimeout   time.Duration // default 8 s
+	HandshakeTimeout time.Duration // default 8 s
+	WriteTimeout     time.Duration // default 5 s
+	PingInterval     time.Duration // default 2 s
+	PeerTimeout      time.Duration // default 8 s
+	MaxQueued        int           // requests queued per producer; default 1024
+	// Allow decides which producer addresses ("host:port") may be dialed.
+	// Nil allows every address. Engines that take producer addresses from
+	// requests should set it, so that a request cannot make them open
+	// sockets to arbitrary hosts.
+	Allow  func(hostport string) bool
+	Logger *slog.Logger
+}
+
+// Inbound is one payload a producer sent.
+type Inbound struct {
+	Addr    string // the address as given to Send
+	Payload []byte
+}
+
+// Client is the consumer's control plane: one DEALER per producer address,
+// built on first use with a fresh identity, dropped when the producer is
+// declared dead (the next Send builds a new one). Send, Drain and Dead
+// never block.
+type Client struct {
+	cfg   ClientConfig
+	gcfg  *guardConfig
+	log   *slog.Logger
+	in    chan Inbound
+	stats controlCounters
+	wg    sync.WaitGroup
+
+	mu     sync.Mutex
+	peers  map[string]*dealer
+	dead   []string
+	closed bool
+}
+
+// NewClient returns a client.
+func NewClient(cfg ClientConfig) *Client {
+	if cfg.MaxFrame <= 0 {
+		cfg.MaxFrame = 64 << 20
+	}
+	if cfg.WriteTimeout <= 0 {
+		cfg.WriteTimeout = 5 * time.Second
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = 8 * time.Second
+	}
+	if cfg.MaxQueued <= 0 {
+		cfg.MaxQueued = 1024
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan Inbound, 4096), peers: map[string]*dealer{}}
+	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
+		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
+	return c
+}
+
+// Stats returns the counters.
+func (c *Client) Stats() ControlStats { return c.stats.snapshot() }
+
+type dealer struct {
+	c     *Client
+	addr  string
+	hp    string
+	q     chan []byte
+	stop  chan struct{}
+	dead  atomic.Bool
+	once  sync.Once
+	sockM sync.Mutex
+	sock  zmq4.Socket
+}
+
+// Send queues payload (copied) for the producer at addr, connecting first
+// if there is no live DEALER for it. It fails with ErrQueueFull when the
+// queue is full, ErrPeerDown when the producer was declared dead and Dead
+// has not reported it yet, ErrNotAllowed for an address Allow refuses.
+func (c *Client) Send(addr string, payload []byte) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.closed {
+		return ErrClosed
+	}
+	d := c.peers[addr]
+	if d == nil {
+		hp, err := hostPort(addr)
+		if err != nil {
+			return err
+		}
+		if c.cfg.Allow != nil && !c.cfg.Allow(hp) {
+			return fmt.Errorf("%w: %s", ErrNotAllowed, addr)
+		}
+		d = &dealer{c: c, addr: addr, hp: hp, q: make(chan []byte, c.cfg.MaxQueued), stop: make(chan struct{})}
+		c.peers[addr] = d
+		c.wg.Add(1)
+		go d.run()
+	}
+	if d.dead.Load() {
+		return fmt.Errorf("%w: %s", ErrPeerDown, addr)
+	}
+	select {
+	case d.q <- append([]byte(nil), payload...):
+		return nil
+	default:
+		return fmt.Errorf("%w: %s", ErrQueueFull, addr)
+	}
+}
+
+// Drain appends the payloads received since the last call to dst, without
+// blocking.
+func (c *Client) Drain(dst []Inbound) []Inbound {
+	for {
+		select {
+		case m := <-c.in:
+			c.stats.received.Add(1)
+			dst = append(dst, m)
+		default:
+			return dst
+		}
+	}
+}
+
+// Dead appends the producer addresses declared dead since the last call to
+// dst. Their DEALERs are gone: the next Send to one builds a new one.
+func (c *Client) Dead(dst []string) []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, a := range c.dead {
+		if d := c.peers[a]; d != nil && d.dead.Load() {
+			delete(c.peers, a)
+		}
+	}
+	dst = append(dst, c.dead...)
+	c.dead = c.dead[:0]
+	return dst
+}
+
+// Remove drops the DEALER for addr, if any, without reporting it dead.
+func (c *Client) Remove(addr string) {
+	c.mu.Lock()
+	d := c.peers[addr]
+	delete(c.peers, addr)
+	c.mu.Unlock()
+	if d != nil {
+		d.shutdown()
+	}
+}
+
+// Close drops every DEALER and waits for their goroutines.
+func (c *Client) Close() error {
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return nil
+	}
+	c.closed = true
+	peers := c.peers
+	c.peers = map[string]*dealer{}
+	c.mu.Unlock()
+	for _, d := range peers {
+		d.shutdown()
+	}
+	c.wg.Wait()
+	return nil
+}
+
+func (d *dealer) shutdown() {
+	d.once.Do(func() { close(d.stop) })
+	d.sockM.Lock()
+	if d.sock != nil {
+		d.sock.Close()
+	}
+	d.sockM.Unlock()
+}
+
+// die declares the producer dead, once, and reports it.
+func (d *dealer) die(err error) {
+	if !d.dead.CompareAndSwap(false, true) {
+		return
+	}
+	select {
+	case <-d.stop: // removed or closed on purpose: not a death
+		return
+	default:
+	}
+	d.c.log.Warn("ec control: producer declared dead", "addr", d.addr, "err", err)
+	d.c.mu.Lock()
+	if d.c.peers[d.addr] == d {
+		d.c.dead = append(d.c.dead, d.addr)
+	}
+	d.c.mu.Unlock()
+	d.shutdown()
+}
+
+func (d *dealer) run() {
+	defer d.c.wg.Done()
+	ep, forget, err := guardEndpoint(d.c.gcfg, d.hp)
+	if err != nil {
+		d.die(err)
+		return
+	}
+	defer forget()
+	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(uuid.NewString())),
+		zmq4.WithLogger(discardLog), zmq4.WithTimeout(d.c.cfg.WriteTimeout), zmq4.WithDialerMaxRetries(0))
+	d.sockM.Lock()
+	select {
+	case <-d.stop:
+		d.sockM.Unlock()
+		sock.Close()
+		return
+	default:
+	}
+	d.sock = sock
+	d.sockM.Unlock()
+	if err := sock.Dial(ep); err != nil {
+		d.die(err)
+		return
+	}
+	d.c.wg.Add(1)
+	go d.recv(sock)
+	for {
+		select {
+		case <-d.stop:
+			return
+		case p := <-d.q:
+			if err := sock.SendMulti(zmq4.NewMsgFrom(nil, p)); err != nil {
+				d.c.stats.sendFails.Add(1)
+				d.die(err)
+				return
+			}
+			d.c.stats.sent.Add(1)
+		}
+	}
+}
+
+func (d *dealer) recv(sock zmq4.Socket) {
+	defer d.c.wg.Done()
+	for {
+		msg, err := sock.Recv()
+		if err != nil {
+			d.die(err)
+			return
+		}
+		if msg.Type != zmq4.UsrMsg || len(msg.Frames) != 2 || len(msg.Frames[0]) != 0 {
+			d.c.stats.malformed.Add(1)
+			continue
+		}
+		select {
+		case d.c.in <- Inbound{Addr: d.addr, Payload: msg.Frames[1]}:
+		case <-d.stop:
+			return
+		}
+	}
+}

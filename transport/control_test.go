@@ -1,0 +1,157 @@
+package transport
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/session"
+)
+
+// echo answers every request with "re:" + payload until stop is closed.
+func echo(t testing.TB, s *Server, stop chan struct{}) chan struct{} {
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var msgs []session.Message
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			msgs = s.Drain(msgs[:0])
+			for _, m := range msgs {
+				s.Reply(m.Identity, append([]byte("re:"), m.Payload...))
+			}
+			if len(msgs) == 0 {
+				time.Sleep(50 * time.Microsecond)
+			}
+		}
+	}()
+	return done
+}
+
+func newServer(t testing.TB, cfg ServerConfig) *Server {
+	t.Helper()
+	cfg.Logger = quiet
+	s, err := Listen("tcp://127.0.0.1:0", cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	return s
+}
+
+func newClient(t testing.TB, cfg ClientConfig) *Client {
+	t.Helper()
+	cfg.Logger = quiet
+	c := NewClient(cfg)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// waitInbound drains c until n payloads came or the limit passes.
+func waitInbound(t testing.TB, c *Client, n int, limit time.Duration) []Inbound {
+	t.Helper()
+	var got []Inbound
+	for end := time.Now().Add(limit); len(got) < n; time.Sleep(100 * time.Microsecond) {
+		got = c.Drain(got)
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d replies after %v", len(got), n, limit)
+		}
+	}
+	return got
+}
+
+func waitDead(t testing.TB, c *Client, limit time.Duration) (string, time.Duration) {
+	t.Helper()
+	start := time.Now()
+	for end := start.Add(limit); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		if d := c.Dead(nil); len(d) > 0 {
+			return d[0], time.Since(start)
+		}
+	}
+	t.Fatalf("no peer reported dead within %v", limit)
+	return "", 0
+}
+
+func TestControlRoundTrip(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer func() { close(stop) }()
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{})
+	for i := range 100 {
+		if err := c.Send(s.Endpoint(), fmt.Appendf(nil, "m%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := waitInbound(t, c, 100, 10*time.Second)
+	for i, m := range got {
+		if m.Addr != s.Endpoint() || string(m.Payload) != fmt.Sprintf("re:m%d", i) {
+			t.Fatalf("reply %d: %+v", i, m)
+		}
+	}
+	if st := s.Stats(); st.Received != 100 || st.Sent != 100 || st.Malformed != 0 {
+		t.Fatalf("server stats %+v", st)
+	}
+}
+
+func TestClientAllowList(t *testing.T) {
+	c := newClient(t, ClientConfig{Allow: func(hp string) bool { return hp == "127.0.0.1:1" }})
+	if err := c.Send("tcp://10.1.2.3:5555", []byte("x")); !errors.Is(err, ErrNotAllowed) {
+		t.Fatalf("disallowed address: %v", err)
+	}
+	if err := c.Send("not an address", []byte("x")); err == nil {
+		t.Fatal("bad address accepted")
+	}
+}
+
+// Nothing listens: the connect fails and the peer is reported dead; the
+// next send builds a new DEALER.
+func TestClientUnreachable(t *testing.T) {
+	c := newClient(t, ClientConfig{ConnectTimeout: 500 * time.Millisecond})
+	addr := "tcp://127.0.0.1:1"
+	if err := c.Send(addr, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	if a, _ := waitDead(t, c, 5*time.Second); a != addr {
+		t.Fatalf("dead %q", a)
+	}
+	if err := c.Send(addr, []byte("x")); err != nil {
+		t.Fatalf("send after the report: %v", err)
+	}
+	waitDead(t, c, 5*time.Second)
+}
+
+func TestServerRestart(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{})
+	ep := s.Endpoint()
+	c.Send(ep, []byte("a"))
+	waitInbound(t, c, 1, 5*time.Second)
+	close(stop)
+	s.Close()
+	if a, d := waitDead(t, c, 5*time.Second); a != ep || d > time.Second {
+		t.Fatalf("dead %q after %v", a, d)
+	}
+	s2, err := Listen(ep, ServerConfig{Logger: quiet})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s2.Close()
+	stop2 := make(chan struct{})
+	defer close(stop2)
+	echo(t, s2, stop2)
+	if err := c.Send(ep, []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitInbound(t, c, 1, 5*time.Second); !bytes.Equal(got[0].Payload, []byte("re:b")) {
+		t.Fatalf("%q", got[0].Payload)
+	}
+}

@@ -1,0 +1,665 @@
+package transport
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	zmtransport "github.com/go-zeromq/zmq4/transport"
+)
+
+// The guard sits between zmq4 and the TCP socket: zmq4 does all its I/O
+// through the net.Conn a registered transport returns, so the guard sees
+// every byte and fixes what zmq4 v0.17.0 gets wrong on the byte stream:
+//
+//   - frame and message size caps, checked before zmq4 reads a size, so a
+//     declared 2^62-byte frame closes one connection instead of the process;
+//   - ZMTP heartbeats: every PING is answered with a PONG and no command
+//     reaches the application; the guard sends its own PINGs and closes a
+//     connection whose peer stays silent;
+//   - a write deadline, so one stalled peer cannot hold a writer forever;
+//   - on the server side, the handshake runs off zmq4's serial accept loop,
+//     with a deadline and a cap on pending handshakes.
+//
+// It also coalesces each outgoing message into one write.
+
+// guardConfig holds the limits of one control-plane socket.
+type guardConfig struct {
+	maxFrame         uint64 // largest data frame accepted
+	maxFrames        int    // frames per message
+	pingInterval     time.Duration
+	peerTimeout      time.Duration // silence after which the peer is dead
+	writeTimeout     time.Duration
+	handshakeTimeout time.Duration
+	connectTimeout   time.Duration
+	maxPending       int // server: handshakes in progress at once
+	onDrop           func(reason string)
+}
+
+const (
+	greetingLen = 64
+	maxCommand  = 16 << 10 // READY with metadata is a few hundred bytes
+	coalesceMax = 64 << 10 // larger messages are written through
+	flagMore    = 0x01
+	flagLong    = 0x02
+	flagCommand = 0x04
+)
+
+var errGuard = errors.New("transport: ZMTP peer broke the rules")
+
+// zmtpGreeting is the greeting zmq4 v0.17.0 sends (ZMTP 3.0, NULL, as
+// client). The server-side guard sends it on zmq4's behalf and swallows
+// zmq4's own copy.
+var zmtpGreeting = func() []byte {
+	g := make([]byte, greetingLen)
+	g[0], g[9], g[10], g[11] = 0xff, 0x7f, 3, 0
+	copy(g[12:], "NULL")
+	return g
+}()
+
+// validGreeting checks a peer's greeting: signature, version 3 or later,
+// NULL security.
+func validGreeting(g []byte) bool {
+	return g[0] == 0xff && g[9] == 0x7f && g[10] >= 3 && string(bytes.TrimRight(g[12:32], "\x00")) == "NULL"
+}
+
+// guardConn wraps one TCP connection.
+type guardConn struct {
+	net.Conn
+	cfg *guardConfig
+
+	// inbound, used by zmq4's reader goroutine
+	rmu       sync.Mutex
+	pre       []byte // bytes read ahead during the server handshake
+	greetLeft int    // greeting bytes still to pass through
+	pass      []byte // bytes to hand to zmq4 before reading more
+	bodyLeft  uint64 // bytes of a data frame still to pass through
+	msgFrames int    // frames of the current inbound message
+	msgBytes  uint64
+	hdr       [9]byte
+	cmd       []byte
+	readyIn   atomic.Bool
+	lastRecv  atomic.Int64 // unix nanos of the last byte received
+
+	// outbound
+	wmu      sync.Mutex
+	swallow  int    // bytes of zmq4's greeting not to send (server)
+	out      []byte // message being coalesced
+	outParse frameParser
+	pongs    []byte // PONGs waiting for a message boundary
+	readyOut atomic.Bool
+	broken   error
+
+	closeOnce sync.Once
+	done      chan struct{}
+	started   atomic.Bool
+}
+
+func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
+	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{})}
+	g.outParse.greetLeft = greetingLen
+	if server {
+		g.swallow = greetingLen // already sent by the listener
+		g.outParse.greetLeft = 0
+	}
+	g.lastRecv.Store(time.Now().UnixNano())
+	if !server {
+		// zmq4 runs the client handshake itself: bound it.
+		c.SetDeadline(time.Now().Add(cfg.handshakeTimeout))
+	}
+	return g
+}
+
+// Close closes the connection once and stops the pinger.
+func (g *guardConn) Close() error {
+	var err error
+	g.closeOnce.Do(func() {
+		close(g.done)
+		err = g.Conn.Close()
+	})
+	return err
+}
+
+// fail closes the connection because of what the peer did (or did not do).
+func (g *guardConn) fail(reason string) error {
+	if g.cfg.onDrop != nil {
+		g.cfg.onDrop(reason)
+	}
+	g.Close()
+	return fmt.Errorf("%w: %s", errGuard, reason)
+}
+
+// src reads from the read-ahead buffer first, then the network.
+func (g *guardConn) src(p []byte) (int, error) {
+	if len(g.pre) > 0 {
+		n := copy(p, g.pre)
+		g.pre = g.pre[n:]
+		return n, nil
+	}
+	n, err := g.Conn.Read(p)
+	if n > 0 {
+		g.lastRecv.Store(time.Now().UnixNano())
+	}
+	return n, err
+}
+
+func (g *guardConn) srcFull(p []byte) error {
+	for len(p) > 0 {
+		n, err := g.src(p)
+		p = p[n:]
+		if err != nil && len(p) > 0 {
+			return err
+		}
+	}
+	return nil
+}
+
+// Read hands zmq4 the inbound stream with heartbeats removed, refusing
+// frames over the caps before zmq4 sees their size.
+func (g *guardConn) Read(p []byte) (int, error) {
+	g.rmu.Lock()
+	defer g.rmu.Unlock()
+	for {
+		if len(g.pass) > 0 {
+			n := copy(p, g.pass)
+			g.pass = g.pass[n:]
+			return n, nil
+		}
+		if g.bodyLeft > 0 {
+			n, err := g.src(p[:min(uint64(len(p)), g.bodyLeft)])
+			g.bodyLeft -= uint64(n)
+			return n, err
+		}
+		if g.greetLeft > 0 {
+			buf := make([]byte, greetingLen)
+			if err := g.srcFull(buf); err != nil {
+				return 0, err
+			}
+			if !validGreeting(buf) {
+				return 0, g.fail("bad greeting")
+			}
+			g.greetLeft = 0
+			g.pass = buf
+			continue
+		}
+		if err := g.nextFrame(); err != nil {
+			return 0, err
+		}
+	}
+}
+
+// nextFrame reads one frame header (and a command's body) and decides what
+// zmq4 gets to see.
+func (g *guardConn) nextFrame() error {
+	if err := g.srcFull(g.hdr[:2]); err != nil {
+		return err
+	}
+	flags := g.hdr[0]
+	if flags&^(flagMore|flagLong|flagCommand) != 0 {
+		return g.fail("bad frame flags")
+	}
+	hl := 2
+	size := uint64(g.hdr[1])
+	if flags&flagLong != 0 {
+		if err := g.srcFull(g.hdr[2:9]); err != nil {
+			return err
+		}
+		hl = 9
+		size = binary.BigEndian.Uint64(g.hdr[1:9])
+	}
+	if flags&flagCommand != 0 {
+		if flags&flagMore != 0 || size > maxCommand || g.msgFrames > 0 {
+			return g.fail("bad command frame")
+		}
+		g.cmd = append(g.cmd[:0], make([]byte, size)...)
+		if err := g.srcFull(g.cmd); err != nil {
+			return err
+		}
+		name, body, ok := parseCommand(g.cmd)
+		if !ok {
+			return g.fail("bad command")
+		}
+		switch name {
+		case "PING":
+			if len(body) < 2 {
+				return g.fail("bad PING")
+			}
+			ctx := body[2:]
+			if len(ctx) > 16 {
+				ctx = ctx[:16]
+			}
+			g.queuePong(ctx)
+			return nil
+		case "PONG":
+			return nil
+		case "READY":
+			if g.readyIn.Swap(true) {
+				return g.fail("second READY")
+			}
+			g.pass = append(append([]byte(nil), g.hdr[:hl]...), g.cmd...)
+			g.handshakeStep()
+			return nil
+		case "ERROR":
+			return g.fail("peer sent ERROR")
+		default: // nothing else concerns DEALER/ROUTER: keep it from zmq4
+			return nil
+		}
+	}
+	if !g.readyIn.Load() {
+		return g.fail("message before READY")
+	}
+	g.msgFrames++
+	g.msgBytes += size
+	if size > g.cfg.maxFrame || g.msgBytes > g.cfg.maxFrame+4096 || g.msgFrames > g.cfg.maxFrames {
+		return g.fail(fmt.Sprintf("frame of %d bytes over the cap", size))
+	}
+	if flags&flagMore == 0 {
+		g.msgFrames, g.msgBytes = 0, 0
+	}
+	g.pass = append(g.pass[:0], g.hdr[:hl]...)
+	g.bodyLeft = size
+	return nil
+}
+
+// parseCommand splits a command body into its name and data.
+func parseCommand(c []byte) (string, []byte, bool) {
+	if len(c) < 1 || int(c[0]) > len(c)-1 {
+		return "", nil, false
+	}
+	return string(c[1 : 1+c[0]]), c[1+c[0]:], true
+}
+
+// queuePong answers a PING now if the outbound stream is between messages,
+// else right after the message being written.
+func (g *guardConn) queuePong(ctx []byte) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	g.pongs = appendCommand(g.pongs, "PONG", ctx)
+	if len(g.out) == 0 && g.outParse.atBoundary() {
+		g.flushLocked(nil)
+	}
+}
+
+func appendCommand(b []byte, name string, data []byte) []byte {
+	n := 1 + len(name) + len(data)
+	b = append(b, flagCommand, byte(n), byte(len(name)))
+	b = append(b, name...)
+	return append(b, data...)
+}
+
+// Write takes zmq4's output, coalescing each message into one write and
+// slipping queued PONGs in between messages.
+func (g *guardConn) Write(p []byte) (int, error) {
+	g.wmu.Lock()
+	defer g.wmu.Unlock()
+	if g.broken != nil {
+		return 0, g.broken
+	}
+	n := len(p)
+	if g.swallow > 0 {
+		k := min(g.swallow, len(p))
+		g.swallow -= k
+		p = p[k:]
+	}
+	if len(p) == 0 {
+		return n, nil
+	}
+	if g.outParse.feed(p) {
+		g.readyOut.Store(true)
+		g.handshakeStep()
+	}
+	if len(g.out)+len(p) > coalesceMax {
+		if err := g.flushLocked(p); err != nil {
+			return 0, err
+		}
+		return n, nil
+	}
+	g.out = append(g.out, p...)
+	if g.outParse.atBoundary() {
+		if err := g.flushLocked(nil); err != nil {
+			return 0, err
+		}
+	}
+	return n, nil
+}
+
+// flushLocked writes the coalesced bytes, then extra, then queued PONGs if
+// that ends at a message boundary, within the write deadline. A timeout
+// closes the connection: a peer that does not read is treated as gone.
+func (g *guardConn) flushLocked(extra []byte) error {
+	bufs := net.Buffers{g.out, extra}
+	if g.outParse.atBoundary() && len(g.pongs) > 0 {
+		bufs = append(bufs, g.pongs)
+	}
+	g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
+	_, err := bufs.WriteTo(g.Conn)
+	g.out = g.out[:0]
+	if g.outParse.atBoundary() {
+		g.pongs = g.pongs[:0]
+	}
+	if err != nil {
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			g.fail("write deadline passed")
+		} else {
+			g.Close()
+		}
+		// zmq4 drops a connection only on errors that are not timeouts.
+		g.broken = fmt.Errorf("%w: %v", net.ErrClosed, err)
+		return g.broken
+	}
+	return nil
+}
+
+// handshakeStep starts heartbeats once READY went both ways.
+func (g *guardConn) handshakeStep() {
+	if g.readyIn.Load() && g.readyOut.Load() && g.started.CompareAndSwap(false, true) {
+		g.Conn.SetDeadline(time.Time{})
+		g.lastRecv.Store(time.Now().UnixNano())
+		go g.heartbeat()
+	}
+}
+
+// heartbeat sends PINGs and closes the connection when the peer has been
+// silent for longer than the peer timeout.
+func (g *guardConn) heartbeat() {
+	t := time.NewTicker(g.cfg.pingInterval)
+	defer t.Stop()
+	ttl := uint16(min(g.cfg.peerTimeout/(100*time.Millisecond), 0xffff))
+	ping := appendCommand(nil, "PING", []byte{byte(ttl >> 8), byte(ttl)})
+	for {
+		select {
+		case <-g.done:
+			return
+		case now := <-t.C:
+			if now.Sub(time.Unix(0, g.lastRecv.Load())) > g.cfg.peerTimeout {
+				g.fail("peer silent")
+				return
+			}
+			g.wmu.Lock()
+			if g.broken == nil && len(g.out) == 0 && g.outParse.atBoundary() {
+				g.pongs = append(g.pongs, ping...)
+				g.flushLocked(nil)
+			}
+			g.wmu.Unlock()
+		}
+	}
+}
+
+// frameParser follows zmq4's outbound stream to know where messages end.
+type frameParser struct {
+	greetLeft int
+	hdr       [9]byte
+	hdrHave   int
+	bodyLeft  uint64
+	more      bool // inside a multipart message
+	cmdReady  bool // the command being parsed is READY
+	cmdHead   []byte
+}
+
+// atBoundary reports whether the stream is between messages.
+func (f *frameParser) atBoundary() bool {
+	return f.greetLeft == 0 && f.hdrHave == 0 && f.bodyLeft == 0 && !f.more
+}
+
+// feed follows p; it returns true when a READY command was completed.
+func (f *frameParser) feed(p []byte) (ready bool) {
+	for len(p) > 0 {
+		switch {
+		case f.greetLeft > 0:
+			k := min(f.greetLeft, len(p))
+			f.greetLeft -= k
+			p = p[k:]
+		case f.bodyLeft > 0:
+			k := min(f.bodyLeft, uint64(len(p)))
+			if f.cmdHead != nil && len(f.cmdHead) < 6 {
+				f.cmdHead = append(f.cmdHead, p[:min(int(k), 6-len(f.cmdHead))]...)
+			}
+			f.bodyLeft -= k
+			p = p[k:]
+			if f.bodyLeft == 0 && f.cmdHead != nil {
+				if string(f.cmdHead) == "\x05READY" {
+					ready = true
+				}
+				f.cmdHead = nil
+			}
+		default:
+			f.hdr[f.hdrHave] = p[0]
+			f.hdrHave++
+			p = p[1:]
+			flags := f.hdr[0]
+			need := 2
+			if flags&flagLong != 0 {
+				need = 9
+			}
+			if f.hdrHave < need {
+				continue
+			}
+			size := uint64(f.hdr[1])
+			if need == 9 {
+				size = binary.BigEndian.Uint64(f.hdr[1:9])
+			}
+			f.hdrHave = 0
+			f.bodyLeft = size
+			if flags&flagCommand != 0 {
+				f.cmdHead = []byte{}
+			} else {
+				f.more = flags&flagMore != 0
+			}
+			if size == 0 && f.cmdHead != nil {
+				f.cmdHead = nil
+			}
+		}
+	}
+	return ready
+}
+
+// ---- the registered transport ----
+
+// guardScheme is the zmq4 transport name; addresses are
+// "ecxfer-guard://<config key>@host:port".
+const guardScheme = "ecxfer-guard"
+
+var (
+	guardConfigs sync.Map // key -> *guardConfig
+	guardKeys    atomic.Uint64
+	registerOnce sync.Once
+	registerErr  error
+)
+
+type guardTransport struct{}
+
+func registerGuard() error {
+	registerOnce.Do(func() {
+		registerErr = zmq4RegisterTransport(guardScheme, guardTransport{})
+	})
+	return registerErr
+}
+
+// guardEndpoint registers cfg and returns the zmq4 endpoint for addr, and a
+// function that forgets cfg.
+func guardEndpoint(cfg *guardConfig, addr string) (string, func(), error) {
+	if err := registerGuard(); err != nil {
+		return "", nil, err
+	}
+	key := fmt.Sprint(guardKeys.Add(1))
+	guardConfigs.Store(key, cfg)
+	return guardScheme + "://" + key + "@" + addr, func() { guardConfigs.Delete(key) }, nil
+}
+
+func lookupGuard(addr string) (*guardConfig, string, error) {
+	key, hostport, ok := strings.Cut(addr, "@")
+	if !ok {
+		return nil, "", fmt.Errorf("transport: bad guard address %q", addr)
+	}
+	v, ok := guardConfigs.Load(key)
+	if !ok {
+		return nil, "", fmt.Errorf("transport: no guard config %q", key)
+	}
+	return v.(*guardConfig), hostport, nil
+}
+
+func (guardTransport) Addr(ep string) (string, error) {
+	if _, _, err := lookupGuard(ep); err != nil {
+		return "", err
+	}
+	return ep, nil
+}
+
+func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr string) (net.Conn, error) {
+	cfg, hostport, err := lookupGuard(addr)
+	if err != nil {
+		return nil, err
+	}
+	d := net.Dialer{Timeout: cfg.connectTimeout}
+	c, err := d.DialContext(ctx, "tcp", hostport)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	return newGuardConn(c, cfg, nil, false), nil
+}
+
+func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, error) {
+	cfg, hostport, err := lookupGuard(addr)
+	if err != nil {
+		return nil, err
+	}
+	ln, err := net.Listen("tcp", hostport)
+	if err != nil {
+		return nil, err
+	}
+	gl := &guardListener{Listener: ln, cfg: cfg, ready: make(chan net.Conn), done: make(chan struct{}),
+		slots: make(chan struct{}, cfg.maxPending)}
+	go gl.acceptLoop()
+	return gl, nil
+}
+
+// guardListener accepts connections and runs each handshake in its own
+// goroutine with a deadline; zmq4's Accept gets only connections whose peer
+// greeting and READY have arrived, so its serial Open never waits on the
+// network.
+type guardListener struct {
+	net.Listener
+	cfg       *guardConfig
+	ready     chan net.Conn
+	done      chan struct{}
+	closeOnce sync.Once
+	slots     chan struct{} // pending handshakes
+	wg        sync.WaitGroup
+}
+
+func (l *guardListener) Accept() (net.Conn, error) {
+	select {
+	case c := <-l.ready:
+		return c, nil
+	case <-l.done:
+		return nil, net.ErrClosed
+	}
+}
+
+func (l *guardListener) Close() error {
+	var err error
+	l.closeOnce.Do(func() {
+		close(l.done)
+		err = l.Listener.Close()
+	})
+	return err
+}
+
+func (l *guardListener) acceptLoop() {
+	backoff := time.Millisecond
+	for {
+		c, err := l.Listener.Accept()
+		if err != nil {
+			select {
+			case <-l.done:
+				return
+			default:
+			}
+			time.Sleep(backoff) // EMFILE and friends: do not spin
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		select {
+		case l.slots <- struct{}{}:
+			go l.handshake(c)
+		default:
+			if l.cfg.onDrop != nil {
+				l.cfg.onDrop("too many pending handshakes")
+			}
+			c.Close()
+		}
+	}
+}
+
+func (l *guardListener) handshake(c net.Conn) {
+	defer func() { <-l.slots }()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetNoDelay(true)
+	}
+	c.SetDeadline(time.Now().Add(l.cfg.handshakeTimeout))
+	pre, err := serverHello(c)
+	if err != nil {
+		if l.cfg.onDrop != nil {
+			l.cfg.onDrop("handshake: " + err.Error())
+		}
+		c.Close()
+		return
+	}
+	c.SetDeadline(time.Time{})
+	g := newGuardConn(c, l.cfg, pre, true)
+	select {
+	case l.ready <- g:
+	case <-l.done:
+		c.Close()
+	}
+}
+
+// serverHello sends our greeting and reads the peer's greeting and READY.
+func serverHello(c net.Conn) ([]byte, error) {
+	if _, err := c.Write(zmtpGreeting); err != nil {
+		return nil, err
+	}
+	pre := make([]byte, greetingLen, greetingLen+64)
+	if _, err := io.ReadFull(c, pre); err != nil {
+		return nil, err
+	}
+	if !validGreeting(pre) {
+		return nil, errors.New("bad greeting")
+	}
+	var hdr [9]byte
+	if _, err := io.ReadFull(c, hdr[:2]); err != nil {
+		return nil, err
+	}
+	hl, size := 2, uint64(hdr[1])
+	if hdr[0]&flagLong != 0 {
+		if _, err := io.ReadFull(c, hdr[2:]); err != nil {
+			return nil, err
+		}
+		hl, size = 9, binary.BigEndian.Uint64(hdr[1:])
+	}
+	if hdr[0]&^flagLong != flagCommand || size > maxCommand {
+		return nil, errors.New("first frame is not a command")
+	}
+	body := make([]byte, size)
+	if _, err := io.ReadFull(c, body); err != nil {
+		return nil, err
+	}
+	if name, _, ok := parseCommand(body); !ok || name != "READY" {
+		return nil, errors.New("first command is not READY")
+	}
+	pre = append(pre, hdr[:hl]...)
+	return append(pre, body...), nil
+}

@@ -1,0 +1,150 @@
+package transport
+
+import (
+	"bufio"
+	"encoding/json"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+const python = "/usr/bin/python3"
+
+// requirePyzmq skips when the real libzmq (Debian's python3-zmq) is missing,
+// except in CI, where it must be there.
+func requirePyzmq(t testing.TB) {
+	t.Helper()
+	if err := exec.Command(python, "-c", "import zmq").Run(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI needs %s with python3-zmq: %v", python, err)
+		}
+		t.Skipf("interop test skipped: %s with python3-zmq not available (apt-get install python3-zmq): %v", python, err)
+	}
+}
+
+func pyScript(name string) string { return filepath.Join("testdata", name) }
+
+func freePort(t testing.TB) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	return ln.Addr().String()
+}
+
+// startPyRouter runs the pyzmq ROUTER echo on addr and waits until it is
+// bound.
+func startPyRouter(t testing.TB, addr string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(python, pyScript("py_router_echo.py"), "tcp://"+addr)
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		cmd.Process.Signal(syscall.SIGCONT)
+		cmd.Process.Kill()
+		cmd.Wait()
+	})
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil || strings.TrimSpace(line) != "ready" {
+		t.Fatalf("pyzmq ROUTER did not start: %q %v", line, err)
+	}
+	return cmd
+}
+
+// (1) A pyzmq DEALER with the reference's heartbeat options, scaled down
+// (interval 250 ms, timeout 500 ms, TTL 1 s), talks to our server, idles for
+// four heartbeat timeouts and sees no disconnect.
+func TestInteropPyDealerHeartbeat(t *testing.T) {
+	requirePyzmq(t)
+	// Our own PINGs would also keep libzmq content: make them rare, so that
+	// only the PONGs to its PINGs can.
+	s := newServer(t, ServerConfig{PingInterval: time.Minute, PeerTimeout: 2 * time.Minute})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	out, err := exec.Command(python, pyScript("py_dealer_heartbeat.py"), s.Endpoint(), "250", "500", "1000", "2.2").Output()
+	if err != nil {
+		t.Fatalf("pyzmq DEALER: %v", err)
+	}
+	var res struct {
+		Disconnects int        `json:"disconnects"`
+		Replies     [][]string `json:"replies"`
+	}
+	if err := json.Unmarshal(out, &res); err != nil {
+		t.Fatalf("%s: %v", out, err)
+	}
+	if res.Disconnects != 0 {
+		t.Fatalf("%d disconnect events while idle", res.Disconnects)
+	}
+	want := [][]string{{"", "re:one"}, {"", "re:two"}}
+	if fmt.Sprint(res.Replies) != fmt.Sprint(want) {
+		t.Fatalf("replies %q, want %q", res.Replies, want)
+	}
+	if st := s.Stats(); st.Malformed != 0 || st.Received != 2 {
+		t.Fatalf("a heartbeat reached the application: %+v", st)
+	}
+}
+
+// (2) Our client talks to a pyzmq ROUTER; killed, it is reported dead;
+// restarted on the same port, a new request succeeds.
+func TestInteropPyRouterKillRestart(t *testing.T) {
+	requirePyzmq(t)
+	addr := freePort(t)
+	ep := "tcp://" + addr
+	py := startPyRouter(t, addr)
+	c := newClient(t, ClientConfig{})
+	if err := c.Send(ep, []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitInbound(t, c, 1, 5*time.Second); string(got[0].Payload) != "re:a" {
+		t.Fatalf("%q", got[0].Payload)
+	}
+	py.Process.Kill()
+	py.Wait()
+	if a, d := waitDead(t, c, 5*time.Second); a != ep || d > time.Second {
+		t.Fatalf("dead %q after %v", a, d)
+	}
+	startPyRouter(t, addr)
+	if err := c.Send(ep, []byte("b")); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitInbound(t, c, 1, 5*time.Second); string(got[0].Payload) != "re:b" {
+		t.Fatalf("%q", got[0].Payload)
+	}
+}
+
+// (3) A SIGSTOPped pyzmq ROUTER is reported dead within the silence
+// timeout.
+func TestInteropPyRouterStopped(t *testing.T) {
+	requirePyzmq(t)
+	addr := freePort(t)
+	ep := "tcp://" + addr
+	py := startPyRouter(t, addr)
+	const silence = time.Second
+	c := newClient(t, ClientConfig{PingInterval: 200 * time.Millisecond, PeerTimeout: silence})
+	c.Send(ep, []byte("a"))
+	waitInbound(t, c, 1, 5*time.Second)
+	// Live but idle for three silence timeouts: not dead (PONGs count).
+	time.Sleep(3 * silence)
+	if d := c.Dead(nil); len(d) != 0 {
+		t.Fatalf("idle live peer reported dead: %v", d)
+	}
+	py.Process.Signal(syscall.SIGSTOP)
+	if a, d := waitDead(t, c, 5*silence); a != ep || d > silence+500*time.Millisecond {
+		t.Fatalf("dead %q after %v", a, d)
+	}
+}
