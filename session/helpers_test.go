@@ -9,10 +9,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
-	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
@@ -61,55 +58,6 @@ func (s seeded) Read(p []byte) (int, error) { return s.r.Read(p) }
 
 func newSeeded(seed byte) io.Reader { return seeded{rand.NewChaCha8([32]byte{seed})} }
 
-type pair struct {
-	fab   *xfertest.Fabric
-	cdata *xfertest.Fake
-	pdata *xfertest.Fake
-	cache *cache.EmbeddingCache
-	toP   *queue // consumer -> producer
-	toC   *queue // producer -> consumer
-	cons  *ConsumerSession
-	prod  *ProducerSession
-}
-
-// newPair returns a consumer and a producer on one fabric, the producer's
-// cache holding ready entries of the given sizes named by their keys.
-func newPair(t *testing.T, entries map[string]int) *pair {
-	t.Helper()
-	fab := xfertest.NewFabric()
-	p := &pair{fab: fab, cdata: fab.New("cons", 64, 16), pdata: fab.New("prod", 64, 16),
-		cache: cache.NewEmbeddingCache(64), toP: &queue{}, toC: &queue{}}
-	for k, n := range entries {
-		if _, err := p.cache.Alloc(k, n); err != nil {
-			t.Fatal(err)
-		}
-		if err := p.cache.MarkReady(k); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var err error
-	p.cons, err = NewConsumerSession(ConsumerConfig{Logger: quiet, Rand: newSeeded(1)}, p.toP, p.cdata, compat)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p.prod = NewProducerSession(ProducerConfig{Logger: quiet}, p.pdata, p.cache, compat)
-	return p
-}
-
-// exchange delivers the consumer's requests to the producer and the replies
-// back, polling both at now; it returns the consumer's results.
-func (p *pair) exchange(now time.Time) Results {
-	var in []Message
-	for _, m := range p.toP.take() {
-		in = append(in, Message{Identity: []byte("cons-id"), Payload: m})
-	}
-	p.prod.Poll(in, now, p.toC)
-	p.cons.Poll(p.toC.take(), now)
-	var r Results
-	p.cons.TakeResults(&r)
-	return r
-}
-
 func mustStart(t *testing.T, c *ConsumerSession, h string, blocks []int, deadline time.Time) {
 	t.Helper()
 	if err := c.StartXfer(h, blocks, deadline); err != nil {
@@ -136,5 +84,3 @@ func ackOK(h, sid string, meta []byte, ids ...int64) []byte {
 }
 
 var errSend = errors.New("send refused")
-
-var _ = xfer.Done

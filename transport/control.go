@@ -87,6 +87,9 @@ type Server struct {
 	wg     sync.WaitGroup
 	stats  controlCounters
 	once   sync.Once
+
+	heldMu sync.Mutex
+	held   []session.Message // taken by Wait, handed out by the next Drain
 }
 
 // Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
@@ -205,6 +208,12 @@ func (s *Server) sendLoop() {
 // Drain appends the requests received since the last call to dst, without
 // blocking.
 func (s *Server) Drain(dst []session.Message) []session.Message {
+	s.heldMu.Lock()
+	dst = append(dst, s.held...)
+	s.stats.received.Add(uint64(len(s.held)))
+	clear(s.held)
+	s.held = s.held[:0]
+	s.heldMu.Unlock()
 	for {
 		select {
 		case m := <-s.in:
@@ -213,6 +222,28 @@ func (s *Server) Drain(dst []session.Message) []session.Message {
 		default:
 			return dst
 		}
+	}
+}
+
+// Wait blocks until a request is waiting for Drain or ctx ends, and
+// reports which. It is for loops that do not step while idle.
+func (s *Server) Wait(ctx context.Context) bool {
+	s.heldMu.Lock()
+	n := len(s.held)
+	s.heldMu.Unlock()
+	if n > 0 {
+		return true
+	}
+	select {
+	case m := <-s.in:
+		s.heldMu.Lock()
+		s.held = append(s.held, m)
+		s.heldMu.Unlock()
+		return true
+	case <-ctx.Done():
+		return false
+	case <-s.done:
+		return false
 	}
 }
 
@@ -288,6 +319,8 @@ type Client struct {
 	peers  map[string]*dealer
 	dead   []string
 	closed bool
+	held   []Inbound // taken by Wait, handed out by the next Drain
+	wake   chan struct{}
 }
 
 // NewClient returns a client.
@@ -307,7 +340,8 @@ func NewClient(cfg ClientConfig) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan Inbound, 4096), peers: map[string]*dealer{}}
+	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan Inbound, 4096), peers: map[string]*dealer{},
+		wake: make(chan struct{}, 1)}
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
 	return c
@@ -339,6 +373,9 @@ func (c *Client) Send(addr string, payload []byte) error {
 		return ErrClosed
 	}
 	d := c.peers[addr]
+	if d != nil && d.dead.Load() {
+		return fmt.Errorf("%w: %s", ErrPeerDown, addr)
+	}
 	if d == nil {
 		hp, err := hostPort(addr)
 		if err != nil {
@@ -352,9 +389,6 @@ func (c *Client) Send(addr string, payload []byte) error {
 		c.wg.Add(1)
 		go d.run()
 	}
-	if d.dead.Load() {
-		return fmt.Errorf("%w: %s", ErrPeerDown, addr)
-	}
 	select {
 	case d.q <- append([]byte(nil), payload...):
 		return nil
@@ -366,6 +400,12 @@ func (c *Client) Send(addr string, payload []byte) error {
 // Drain appends the payloads received since the last call to dst, without
 // blocking.
 func (c *Client) Drain(dst []Inbound) []Inbound {
+	c.mu.Lock()
+	dst = append(dst, c.held...)
+	c.stats.received.Add(uint64(len(c.held)))
+	clear(c.held)
+	c.held = c.held[:0]
+	c.mu.Unlock()
 	for {
 		select {
 		case m := <-c.in:
@@ -374,6 +414,28 @@ func (c *Client) Drain(dst []Inbound) []Inbound {
 		default:
 			return dst
 		}
+	}
+}
+
+// Wait blocks until a payload or a death is waiting, or ctx ends, and
+// reports which. It is for loops that do not step while idle.
+func (c *Client) Wait(ctx context.Context) bool {
+	c.mu.Lock()
+	n := len(c.held) + len(c.dead)
+	c.mu.Unlock()
+	if n > 0 {
+		return true
+	}
+	select {
+	case m := <-c.in:
+		c.mu.Lock()
+		c.held = append(c.held, m)
+		c.mu.Unlock()
+		return true
+	case <-c.wake:
+		return true
+	case <-ctx.Done():
+		return false
 	}
 }
 
@@ -446,6 +508,10 @@ func (d *dealer) die(err error) {
 		d.c.dead = append(d.c.dead, d.addr)
 	}
 	d.c.mu.Unlock()
+	select {
+	case d.c.wake <- struct{}{}:
+	default:
+	}
 	d.shutdown()
 }
 

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"container/list"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -401,7 +402,6 @@ type frameParser struct {
 	hdrHave   int
 	bodyLeft  uint64
 	more      bool // inside a multipart message
-	cmdReady  bool // the command being parsed is READY
 	cmdHead   []byte
 }
 
@@ -540,7 +540,7 @@ func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, erro
 		return nil, err
 	}
 	gl := &guardListener{Listener: ln, cfg: cfg, ready: make(chan net.Conn), done: make(chan struct{}),
-		slots: make(chan struct{}, cfg.maxPending)}
+		pending: map[net.Conn]*list.Element{}}
 	go gl.acceptLoop()
 	return gl, nil
 }
@@ -555,8 +555,10 @@ type guardListener struct {
 	ready     chan net.Conn
 	done      chan struct{}
 	closeOnce sync.Once
-	slots     chan struct{} // pending handshakes
-	wg        sync.WaitGroup
+
+	mu      sync.Mutex
+	pending map[net.Conn]*list.Element // handshakes in progress, oldest first
+	order   list.List
 }
 
 func (l *guardListener) Accept() (net.Conn, error) {
@@ -573,6 +575,11 @@ func (l *guardListener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
 		err = l.Listener.Close()
+		l.mu.Lock()
+		for c := range l.pending {
+			c.Close()
+		}
+		l.mu.Unlock()
 	})
 	return err
 }
@@ -592,27 +599,38 @@ func (l *guardListener) acceptLoop() {
 			continue
 		}
 		backoff = time.Millisecond
-		select {
-		case l.slots <- struct{}{}:
-			go l.handshake(c)
-		default:
+		l.mu.Lock()
+		if l.order.Len() >= l.cfg.maxPending {
+			// Full: the oldest pending handshake goes, so that a flood of
+			// silent connections cannot lock out a real client.
+			old := l.order.Remove(l.order.Front()).(net.Conn)
+			delete(l.pending, old)
+			old.Close()
 			if l.cfg.onDrop != nil {
-				l.cfg.onDrop("too many pending handshakes")
+				l.cfg.onDrop("pending handshake evicted")
 			}
-			c.Close()
 		}
+		l.pending[c] = l.order.PushBack(c)
+		l.mu.Unlock()
+		go l.handshake(c)
 	}
 }
 
 func (l *guardListener) handshake(c net.Conn) {
-	defer func() { <-l.slots }()
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	c.SetDeadline(time.Now().Add(l.cfg.handshakeTimeout))
 	pre, err := serverHello(c)
-	if err != nil {
-		if l.cfg.onDrop != nil {
+	l.mu.Lock()
+	e, live := l.pending[c]
+	if live {
+		l.order.Remove(e)
+		delete(l.pending, c)
+	}
+	l.mu.Unlock()
+	if err != nil || !live {
+		if err != nil && l.cfg.onDrop != nil {
 			l.cfg.onDrop("handshake: " + err.Error())
 		}
 		c.Close()

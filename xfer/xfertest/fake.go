@@ -100,7 +100,6 @@ type read struct {
 	out      Outcome
 	checks   int
 	progress xfer.Progress
-	released bool // handle released while unstoppable: still "writing"
 	target   *Fake
 }
 

@@ -1,0 +1,289 @@
+package transport
+
+import (
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"os"
+	"runtime"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/session"
+)
+
+// readyCommand is a DEALER's READY command frame.
+func readyCommand() []byte {
+	var body []byte
+	body = append(body, 5)
+	body = append(body, "READY"...)
+	body = append(body, 11)
+	body = append(body, "Socket-Type"...)
+	body = binary.BigEndian.AppendUint32(body, 6)
+	body = append(body, "DEALER"...)
+	return append([]byte{flagCommand, byte(len(body))}, body...)
+}
+
+// rawHandshake connects to addr and completes the ZMTP handshake as a
+// DEALER, byte by byte, so the test can then misbehave.
+func rawHandshake(t testing.TB, addr string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.SetDeadline(time.Now().Add(5 * time.Second))
+	c.Write(zmtpGreeting)
+	var g [greetingLen]byte
+	if _, err := io.ReadFull(c, g[:]); err != nil {
+		t.Fatalf("greeting: %v", err)
+	}
+	c.Write(readyCommand())
+	var hdr [2]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		t.Fatalf("READY: %v", err)
+	}
+	if _, err := io.ReadFull(c, make([]byte, hdr[1])); err != nil {
+		t.Fatalf("READY body: %v", err)
+	}
+	c.SetDeadline(time.Time{})
+	return c
+}
+
+// expectClosed waits for the server to close c.
+func expectClosed(t testing.TB, c net.Conn, within time.Duration) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(within))
+	for {
+		_, err := c.Read(make([]byte, 256))
+		if err == nil {
+			continue // PINGs and the like
+		}
+		var ne net.Error
+		if errors.As(err, &ne) && ne.Timeout() {
+			t.Fatalf("connection still open after %v", within)
+		}
+		return
+	}
+}
+
+// served checks that a real client still gets a reply, within limit.
+func served(t testing.TB, s *Server, limit time.Duration) time.Duration {
+	t.Helper()
+	c := newClient(t, ClientConfig{})
+	start := time.Now()
+	c.Send(s.Endpoint(), []byte("ping"))
+	waitInbound(t, c, 1, limit)
+	c.Close()
+	return time.Since(start)
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapInuse
+}
+
+func TestHostileFrameSizes(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	addr := s.Addr().String()
+	before := heapInUse()
+	long := func(flags byte, size uint64) []byte {
+		return binary.BigEndian.AppendUint64([]byte{flags | flagLong}, size)
+	}
+	for _, size := range []uint64{1 << 40, 1 << 62} {
+		// Before the handshake: a command frame in place of READY.
+		c, err := net.Dial("tcp", addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(zmtpGreeting)
+		c.Write(long(flagCommand, size))
+		expectClosed(t, c, 5*time.Second)
+		c.Close()
+		// After the handshake: a data frame.
+		c = rawHandshake(t, addr)
+		c.Write(long(0, size))
+		expectClosed(t, c, 5*time.Second)
+		c.Close()
+		// Just over the 64 KiB cap.
+		c = rawHandshake(t, addr)
+		c.Write(long(0, 64<<10+1))
+		expectClosed(t, c, 5*time.Second)
+		c.Close()
+	}
+	if grew := int64(heapInUse()) - int64(before); grew > 16<<20 {
+		t.Fatalf("heap grew by %d bytes", grew)
+	}
+	served(t, s, 5*time.Second)
+}
+
+func TestHostileGarbageGreeting(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	c, err := net.Dial("tcp", s.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.Write([]byte("GET / HTTP/1.1\r\nHost: x\r\n\r\n" + string(make([]byte, 64))))
+	start := time.Now()
+	expectClosed(t, c, 5*time.Second)
+	if d := time.Since(start); d > time.Second {
+		t.Fatalf("closed only after %v", d)
+	}
+}
+
+// 2,000 connections that never handshake: a real client is still served
+// within 100 ms.
+func TestHostileSilentConnections(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	served(t, s, 5*time.Second) // warm up
+	var idle []net.Conn
+	defer func() {
+		for _, c := range idle {
+			c.Close()
+		}
+	}()
+	for range 2000 {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatalf("after %d connections: %v", len(idle), err)
+		}
+		idle = append(idle, c)
+	}
+	time.Sleep(50 * time.Millisecond) // let the listener take them all
+	if d := served(t, s, 100*time.Millisecond); d > 100*time.Millisecond {
+		t.Fatalf("served after %v", d)
+	}
+}
+
+func openFDs(t testing.TB) int {
+	ents, err := os.ReadDir("/proc/self/fd")
+	if err != nil {
+		t.Skip("no /proc/self/fd")
+	}
+	return len(ents)
+}
+
+// 10,000 connect/close cycles, raw and with full handshakes: descriptors and
+// goroutines come back to the baseline.
+func TestHostileConnectChurn(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	addr := s.Addr().String()
+	fds0, gr0 := openFDs(t), runtime.NumGoroutine()
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; i < 10000 && time.Now().Before(deadline); i++ {
+		if i%2 == 0 {
+			c, err := net.Dial("tcp", addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			c.Close()
+		} else {
+			rawHandshake(t, addr).Close()
+		}
+	}
+	var fds, gr int
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(50 * time.Millisecond) {
+		fds, gr = openFDs(t), runtime.NumGoroutine()
+		if fds <= fds0+5 && gr <= gr0+5 {
+			return
+		}
+	}
+	t.Fatalf("after churn: %d fds (baseline %d), %d goroutines (baseline %d)", fds, fds0, gr, gr0)
+}
+
+// A consumer that sends requests but never reads delays replies to others
+// by at most the write deadline, then loses its connection.
+func TestHostileStalledConsumer(t *testing.T) {
+	s := newServer(t, ServerConfig{WriteTimeout: 300 * time.Millisecond})
+	stop := make(chan struct{})
+	// Large replies fill the stalled consumer's socket buffers quickly.
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		var msgs []session.Message
+		big := make([]byte, 60<<10)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			msgs = s.Drain(msgs[:0])
+			for _, m := range msgs {
+				if string(m.Payload) == "stall" {
+					s.Reply(m.Identity, big)
+				} else {
+					s.Reply(m.Identity, []byte("re:"+string(m.Payload)))
+				}
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+	}()
+	staller := rawHandshake(t, s.Addr().String())
+	defer staller.Close()
+	msg := []byte{flagMore, 0, 0, 5}
+	msg = append(msg, "stall"...)
+	for range 200 {
+		staller.Write(msg)
+	}
+	c := newClient(t, ClientConfig{})
+	var worst time.Duration
+	for range 20 {
+		start := time.Now()
+		c.Send(s.Endpoint(), []byte("x"))
+		waitInbound(t, c, 1, 5*time.Second)
+		worst = max(worst, time.Since(start))
+	}
+	if worst > time.Second {
+		t.Fatalf("a reply took %v behind the stalled consumer", worst)
+	}
+	expectClosed(t, staller, 5*time.Second)
+	close(stop)
+	<-done
+}
+
+// A hostile producer declaring a 2^62-byte frame to our client: that
+// connection closes and the producer is reported dead; the process lives.
+func TestHostileServerToClient(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write(zmtpGreeting)
+		io.ReadFull(c, make([]byte, greetingLen))
+		ready := readyCommand()
+		copy(ready[len(ready)-6:], "ROUTER")
+		c.Write(ready)
+		var hdr [2]byte
+		io.ReadFull(c, hdr[:])
+		io.ReadFull(c, make([]byte, hdr[1]))
+		c.Write(binary.BigEndian.AppendUint64([]byte{flagLong}, 1<<62))
+		io.Copy(io.Discard, c)
+	}()
+	c := newClient(t, ClientConfig{})
+	ep := "tcp://" + ln.Addr().String()
+	c.Send(ep, []byte("x"))
+	if a, _ := waitDead(t, c, 5*time.Second); a != ep {
+		t.Fatalf("dead %q", a)
+	}
+	if st := c.Stats(); st.Dropped == 0 {
+		t.Fatalf("the guard did not count the drop: %+v", st)
+	}
+}
