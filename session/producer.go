@@ -1,6 +1,7 @@
 package session
 
 import (
+	"bytes"
 	"context"
 	"log/slog"
 	"slices"
@@ -30,7 +31,14 @@ type ProducerConfig struct {
 	// PinLease is how long a grant keeps its entry pinned without a
 	// completion notification. Default 30 s.
 	PinLease time.Duration
-	Logger   *slog.Logger // nil: slog.Default()
+	// MaxGrantsPerSession bounds the live grants of one consumer session,
+	// MaxGrants those of all together. A request over either is refused
+	// with NACK_INTERNAL, which consumers treat as terminal (they fall back
+	// to encoding locally) instead of retrying. Defaults 4096 and 65536:
+	// far above what a well-behaved consumer holds.
+	MaxGrantsPerSession int
+	MaxGrants           int
+	Logger              *slog.Logger // nil: slog.Default()
 }
 
 // ProducerStats counts what a ProducerSession has done.
@@ -46,6 +54,14 @@ type ProducerStats struct {
 	Expired       uint64 // grants ended by the lease
 	ReplyErrors   uint64 // replies the control plane refused
 	DrainErrors   uint64 // failed notification drains
+	OverBound     uint64 // requests refused by the grant bounds
+	BadSessionIDs uint64 // requests whose session id is not a canonical UUID
+	DescsSent     uint64 // OK acks that carried the mem descriptor
+}
+
+type consumerState struct {
+	grants    int
+	confirmed bool
 }
 
 // grant is one live ProducerXfer, on the lease list in deadline order.
@@ -72,6 +88,14 @@ type ProducerSession struct {
 	lru    grant // sentinel of the lease list: lru.next expires first
 	spare  []*grant
 
+	// Per consumer session: its live grants, and whether it has completed
+	// a READ since our agent metadata last changed (then it has registered
+	// our agent, and acks can leave the mem descriptor out).
+	consumers map[string]*consumerState
+	lastMeta  []byte
+	perSess   int
+	maxGrants int
+
 	req    wire.XferReq
 	ack    wire.XferAck
 	ids    []wire.Int
@@ -91,7 +115,15 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	if log == nil {
 		log = slog.Default()
 	}
-	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log, grants: map[string]*grant{}}
+	if cfg.MaxGrantsPerSession <= 0 {
+		cfg.MaxGrantsPerSession = 4096
+	}
+	if cfg.MaxGrants <= 0 {
+		cfg.MaxGrants = 65536
+	}
+	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log,
+		grants: map[string]*grant{}, consumers: map[string]*consumerState{},
+		perSess: cfg.MaxGrantsPerSession, maxGrants: cfg.MaxGrants}
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	return p
 }
@@ -109,6 +141,13 @@ func (p *ProducerSession) Grants() int { return len(p.grants) }
 func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	if p.closed {
 		return
+	}
+	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
+		// A new incarnation of our agent: every consumer registers anew.
+		p.lastMeta = append(p.lastMeta[:0], meta...)
+		for _, c := range p.consumers {
+			c.confirmed = false
+		}
 	}
 	for i := range msgs {
 		p.handle(&msgs[i], now, out)
@@ -160,6 +199,19 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 		// Grants are keyed by session: an empty id would alias other peers'.
 		return nack(wire.NackInternal, "ec producer: XferReq without session_id")
 	}
+	if !canonicalUUID(req.SessionID) {
+		// Keys are "<session_id>:<mm_hash>": an id with a ':' could alias
+		// another consumer's key.
+		p.stats.BadSessionIDs++
+		return nack(wire.NackInternal, "ec producer: session_id is not a canonical UUID")
+	}
+	key := req.SessionID + ":" + req.MMHash
+	old := p.grants[key]
+	cs := p.consumers[req.SessionID]
+	if old == nil && (len(p.grants) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess)) {
+		p.stats.OverBound++
+		return nack(wire.NackInternal, "ec producer: grant bound reached; NACK")
+	}
 	entry, res := p.cache.PinIfReady(req.MMHash)
 	switch res {
 	case cache.Absent:
@@ -167,12 +219,17 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 	case cache.NotReady:
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
-	key := req.SessionID + ":" + req.MMHash
-	if old, ok := p.grants[key]; ok {
+	if old != nil {
 		// The consumer timed out and asked again: its old pin goes.
 		p.stats.ReRequests++
 		p.endGrant(old)
 	}
+	if cs = p.consumers[req.SessionID]; cs == nil {
+		p.pruneConsumers()
+		cs = &consumerState{}
+		p.consumers[req.SessionID] = cs
+	}
+	cs.grants++
 	g := p.newGrant()
 	g.ProducerXfer = xfer.ProducerXfer{MMHash: req.MMHash, SessionID: req.SessionID, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
 	g.key = key
@@ -184,9 +241,48 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
 	p.ack = wire.XferAck{
 		MMHash: req.MMHash, Status: wire.OK, SessionID: req.SessionID, SrcBlockIndices: p.ids,
-		AgentMetadata: p.data.AgentMetadata(), MemDescriptor: p.data.MemDescriptor(),
+		AgentMetadata: p.lastMeta,
+	}
+	if !cs.confirmed {
+		p.ack.MemDescriptor = p.data.MemDescriptor()
+		p.stats.DescsSent++
 	}
 	return g
+}
+
+// pruneConsumers forgets consumer sessions without grants once there are
+// many: forgetting only costs the descriptor in its next ack.
+func (p *ProducerSession) pruneConsumers() {
+	if len(p.consumers) < 4*p.maxGrants/p.perSess+1024 {
+		return
+	}
+	for id, c := range p.consumers {
+		if c.grants == 0 {
+			delete(p.consumers, id)
+		}
+	}
+}
+
+// canonicalUUID reports whether s is a UUID in canonical form: 36 lowercase
+// hex digits and hyphens, 8-4-4-4-12.
+func canonicalUUID(s string) bool {
+	if len(s) != 36 {
+		return false
+	}
+	for i := 0; i < 36; i++ {
+		c := s[i]
+		switch i {
+		case 8, 13, 18, 23:
+			if c != '-' {
+				return false
+			}
+		default:
+			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func (p *ProducerSession) newGrant() *grant {
@@ -208,6 +304,9 @@ func (p *ProducerSession) link(g *grant) {
 func (p *ProducerSession) endGrant(g *grant) {
 	g.prev.next, g.next.prev = g.next, g.prev
 	mmHash := g.MMHash
+	if cs := p.consumers[g.SessionID]; cs != nil {
+		cs.grants--
+	}
 	p.authMu.Lock()
 	delete(p.grants, g.key)
 	*g = grant{} // Authorize may have held it until now
@@ -260,6 +359,9 @@ func (p *ProducerSession) drainNotifs() {
 			continue
 		}
 		p.stats.Completions++
+		if cs := p.consumers[g.SessionID]; cs != nil {
+			cs.confirmed = true // it READ from us: it has our agent registered
+		}
 		p.endGrant(g)
 	}
 	clear(p.notifs) // drop references to the messages

@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -68,7 +69,7 @@ func (po *producerOnly) pins(key string) int {
 
 func TestGrant(t *testing.T) { // B50, B59
 	po := newProducer(t)
-	acks := po.poll(t, t0, req("R", "s1"))
+	acks := po.poll(t, t0, req("R", sid("s1")))
 	if len(acks) != 1 {
 		t.Fatalf("%d replies", len(acks))
 	}
@@ -79,7 +80,7 @@ func TestGrant(t *testing.T) { // B50, B59
 		id, _ := v.Int()
 		ids = append(ids, id)
 	}
-	if a.Status != wire.OK || a.SessionID != "s1" || !slices.Equal(ids, e.Blocks) ||
+	if a.Status != wire.OK || a.SessionID != sid("s1") || !slices.Equal(ids, e.Blocks) ||
 		!bytes.Equal(a.AgentMetadata, po.data.AgentMetadata()) || !bytes.Equal(a.MemDescriptor, po.data.MemDescriptor()) {
 		t.Fatalf("ack %+v", a)
 	}
@@ -95,11 +96,11 @@ func TestNackRules(t *testing.T) { // B51-B56, B59
 		req  wire.XferReq
 		want wire.Status
 	}{
-		{"absent", wire.XferReq{MMHash: "X", CompatibilityHash: compat, SessionID: "s"}, wire.NackMissing},
-		{"not ready", wire.XferReq{MMHash: "N", CompatibilityHash: compat, SessionID: "s"}, wire.NackNotReady},
-		{"old version", wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: "s", ConnectorVersion: &v1}, wire.NackVersion},
+		{"absent", wire.XferReq{MMHash: "X", CompatibilityHash: compat, SessionID: sid("s")}, wire.NackMissing},
+		{"not ready", wire.XferReq{MMHash: "N", CompatibilityHash: compat, SessionID: sid("s")}, wire.NackNotReady},
+		{"old version", wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("s"), ConnectorVersion: &v1}, wire.NackVersion},
 		{"version first", wire.XferReq{MMHash: "R", CompatibilityHash: "other", ConnectorVersion: &v3}, wire.NackVersion},
-		{"compat", wire.XferReq{MMHash: "R", CompatibilityHash: "other", SessionID: "s"}, wire.NackIncompat},
+		{"compat", wire.XferReq{MMHash: "R", CompatibilityHash: "other", SessionID: sid("s")}, wire.NackIncompat},
 		{"compat before session", wire.XferReq{MMHash: "R", CompatibilityHash: "other"}, wire.NackIncompat},
 		{"empty session", wire.XferReq{MMHash: "R", CompatibilityHash: compat}, wire.NackInternal},
 		{"empty session before lookup", wire.XferReq{MMHash: "X", CompatibilityHash: compat}, wire.NackInternal},
@@ -125,12 +126,12 @@ func sameAck(a, b wire.XferAck) bool {
 
 func TestTwoSessionsAndReRequest(t *testing.T) { // B57, B58
 	po := newProducer(t)
-	po.poll(t, t0, req("R", "c1"), req("R", "c2"))
+	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
 	if po.pins("R") != 2 || po.p.Grants() != 2 {
 		t.Fatalf("pins %d grants %d", po.pins("R"), po.p.Grants())
 	}
 	// c1 asks again 20 s later: its old pin goes, its lease is renewed.
-	po.poll(t, at(20*time.Second), req("R", "c1"))
+	po.poll(t, at(20*time.Second), req("R", sid("c1")))
 	if po.pins("R") != 2 || po.p.Grants() != 2 || po.p.Stats().ReRequests != 1 {
 		t.Fatalf("pins %d grants %d", po.pins("R"), po.p.Grants())
 	}
@@ -146,8 +147,8 @@ func TestTwoSessionsAndReRequest(t *testing.T) { // B57, B58
 
 func TestNotifications(t *testing.T) { // B60, B61, B62, B65
 	po := newProducer(t)
-	po.poll(t, t0, req("R", "c1"), req("R", "c2"))
-	po.data.InjectNotif("cons", []byte("c1:R"))
+	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
+	po.data.InjectNotif("cons", []byte(sid("c1") + ":R"))
 	po.data.InjectNotif("cons", []byte("ghost:unknown"))
 	po.data.InjectNotif("cons", []byte{0xff, ':', 'R'})
 	po.poll(t, at(time.Second))
@@ -156,7 +157,7 @@ func TestNotifications(t *testing.T) { // B60, B61, B62, B65
 		t.Fatalf("pins %d stats %+v", po.pins("R"), st)
 	}
 	// A repeated notification finds no grant: no second unpin.
-	po.data.InjectNotif("cons", []byte("c1:R"))
+	po.data.InjectNotif("cons", []byte(sid("c1") + ":R"))
 	po.poll(t, at(2*time.Second))
 	if po.pins("R") != 1 {
 		t.Fatal("second unpin")
@@ -170,7 +171,7 @@ func TestNotifications(t *testing.T) { // B60, B61, B62, B65
 
 func TestDrainErrorStillSweeps(t *testing.T) { // B64
 	po := newProducer(t)
-	po.poll(t, t0, req("R", "c1"))
+	po.poll(t, t0, req("R", sid("c1")))
 	po.data.SetDrainError(xfertest.ErrInjected)
 	po.poll(t, at(31*time.Second))
 	if po.pins("R") != 0 || po.p.Stats().DrainErrors != 1 {
@@ -181,7 +182,7 @@ func TestDrainErrorStillSweeps(t *testing.T) { // B64
 func TestMalformedAndOrder(t *testing.T) { // B66, B67
 	po := newProducer(t)
 	var msgs []Message
-	for i, p := range [][]byte{req("R", "a"), {0x93, 1, 2, 3}, req("X", "b"), wire.AppendAck(nil, &wire.XferAck{MMHash: "R"}), req("N", "c")} {
+	for i, p := range [][]byte{req("R", sid("a")), {0x93, 1, 2, 3}, req("X", sid("b")), wire.AppendAck(nil, &wire.XferAck{MMHash: "R"}), req("N", sid("c"))} {
 		msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: p})
 	}
 	po.p.Poll(msgs, t0, po.out)
@@ -196,7 +197,7 @@ func TestMalformedAndOrder(t *testing.T) { // B66, B67
 func TestReplyErrorReleasesPin(t *testing.T) {
 	po := newProducer(t)
 	po.out.err = errSend
-	po.poll(t, t0, req("R", "c1"))
+	po.poll(t, t0, req("R", sid("c1")))
 	if po.pins("R") != 0 || po.p.Grants() != 0 || po.p.Stats().ReplyErrors != 1 {
 		t.Fatalf("pins %d grants %d", po.pins("R"), po.p.Grants())
 	}
@@ -204,15 +205,24 @@ func TestReplyErrorReleasesPin(t *testing.T) {
 
 func TestProducerClose(t *testing.T) { // B68
 	po := newProducer(t)
-	po.poll(t, t0, req("R", "c1"), req("R", "c2"))
+	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
 	if n := po.p.Close(); n != 2 || po.pins("R") != 0 || po.cache.HasHeldEntries() != true {
 		t.Fatalf("closed %d, pins %d", n, po.pins("R"))
 	}
 	if po.p.Close() != 0 {
 		t.Fatal("second close")
 	}
-	po.poll(t, t0, req("R", "c3"))
+	po.poll(t, t0, req("R", sid("c3")))
 	if po.pins("R") != 0 {
 		t.Fatal("closed session granted")
 	}
+}
+
+// sid returns a canonical UUID named after name.
+func sid(name string) string {
+	var h uint64
+	for _, c := range name {
+		h = h*31 + uint64(c)
+	}
+	return fmt.Sprintf("00000000-0000-4000-8000-%012x", h&0xffffffffffff)
 }

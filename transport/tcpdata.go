@@ -25,7 +25,7 @@ import (
 // Authorizer decides whether a READ may be served: notif is the READ's
 // notification ("<session_id>:<mm_hash>"), blocks the producer blocks it
 // asks for. It is called from the data plane's goroutines.
-type Authorizer func(notif []byte, blocks []int) bool
+type Authorizer = func(notif []byte, blocks []int) bool
 
 // TCPConfig configures a TCPData. Zero fields take defaults.
 type TCPConfig struct {
@@ -500,7 +500,7 @@ func (p *peer) connect() (net.Conn, error) {
 		return nil, err
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
+		tuneConn(tc)
 	}
 	c.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
 	if _, err := c.Write(appendHello(nil, p.d.name)); err != nil {
@@ -676,7 +676,7 @@ func (d *TCPData) serve(c net.Conn) {
 		c.Close()
 	}()
 	if tc, ok := c.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
+		tuneConn(tc)
 	}
 	var buf [headLen + 14]byte
 	c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
@@ -774,4 +774,12 @@ func (d *TCPData) serve(c net.Conn) {
 			return
 		}
 	}
+}
+
+// tuneConn sets a data connection's options: no Nagle delay for the small
+// frames, and socket buffers large enough to keep a READ's bytes moving.
+func tuneConn(tc *net.TCPConn) {
+	tc.SetNoDelay(true)
+	tc.SetReadBuffer(4 << 20)
+	tc.SetWriteBuffer(4 << 20)
 }

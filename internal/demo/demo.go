@@ -1,0 +1,260 @@
+// Package demo is the workload the examples run: a producer holding
+// deterministic embeddings and a consumer that fetches and verifies every
+// byte of them.
+package demo
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/binary"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"slices"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
+)
+
+// Config is the workload's shape; both sides must agree on it.
+type Config struct {
+	Items         int // embeddings
+	BlocksPerItem int
+	BlockSize     int
+	Concurrency   int // fetches in flight
+}
+
+// CompatHash is the compatibility hash both sides compute for cfg.
+func (c Config) CompatHash() string {
+	return wire.CompatHash("ecxfer-demo", "demo/model", "torch.bfloat16", c.BlockSize)
+}
+
+// Hash is item i's mm_hash.
+func Hash(i int) string {
+	s := sha256.Sum256(fmt.Appendf(nil, "ecxfer demo item %d", i))
+	return hex.EncodeToString(s[:])
+}
+
+// Fill writes the content of block j of item i into b.
+func Fill(b []byte, item, j int) {
+	var seed [8]byte
+	binary.LittleEndian.PutUint64(seed[:], uint64(item)<<20|uint64(j))
+	x := binary.LittleEndian.Uint64(seed[:])*0x9e3779b97f4a7c15 + 1
+	for k := 0; k+8 <= len(b); k += 8 {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+		binary.LittleEndian.PutUint64(b[k:], x)
+	}
+}
+
+// Producer is a running demo producer.
+type Producer struct {
+	Control string // "tcp://host:port" consumers connect to
+	Data    string // the data plane's address
+	srv     *transport.Server
+	data    *transport.TCPData
+	region  *cache.Region
+	prod    *connector.Producer
+	cancel  context.CancelFunc
+	done    chan struct{}
+}
+
+// StartProducer fills a region with cfg.Items entries and serves them on
+// controlAddr and dataAddr ("host:port"; port 0 picks one).
+func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (*Producer, error) {
+	blocks := cfg.Items * cfg.BlocksPerItem
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: cfg.BlockSize})
+	if err != nil {
+		return nil, err
+	}
+	c := cache.NewEmbeddingCache(blocks)
+	for i := range cfg.Items {
+		e, err := c.Alloc(Hash(i), cfg.BlocksPerItem)
+		if err != nil {
+			region.Close()
+			return nil, err
+		}
+		for j, b := range e.Blocks {
+			Fill(region.Block(b), i, j)
+		}
+		c.MarkReady(Hash(i))
+	}
+	data, err := transport.NewTCPData(transport.TCPConfig{Name: "demo-producer", Listen: dataAddr, Logger: log}, region)
+	if err != nil {
+		region.Close()
+		return nil, err
+	}
+	srv, err := transport.Listen(controlAddr, transport.ServerConfig{Logger: log})
+	if err != nil {
+		data.Close()
+		region.Close()
+		return nil, err
+	}
+	p := &Producer{Control: srv.Endpoint(), Data: data.Addr().String(), srv: srv, data: data, region: region, done: make(chan struct{})}
+	p.prod = connector.NewProducer(connector.ProducerConfig{CompatHash: cfg.CompatHash(), Logger: log}, srv, data, c)
+	ctx, cancel := context.WithCancel(context.Background())
+	p.cancel = cancel
+	go func() {
+		defer close(p.done)
+		p.prod.Serve(ctx, nil)
+	}()
+	return p, nil
+}
+
+// Stats returns the producer session's counters.
+func (p *Producer) Stats() string {
+	s := p.prod.Stats()
+	return fmt.Sprintf("requests %d, grants %d, completions %d, NACKs %v, lease expiries %d, malformed %d",
+		s.Requests, s.Grants, s.Completions, s.Nacks, s.Expired, s.Malformed)
+}
+
+// Close stops serving and frees everything.
+func (p *Producer) Close() {
+	p.cancel()
+	<-p.done
+	p.prod.Close()
+	p.srv.Close()
+	p.data.Close()
+	p.region.Close()
+}
+
+// Summary is what a consumer run measured.
+type Summary struct {
+	Verified  int
+	Failed    int
+	Elapsed   time.Duration
+	Bytes     uint64
+	P50, P99  time.Duration
+	Stats     connector.PoolStats
+	FailedWhy map[string]int
+}
+
+// Print writes the summary for a person.
+func (s Summary) Print(w io.Writer) {
+	secs := s.Elapsed.Seconds()
+	fmt.Fprintf(w, "verified %d transfers (%d failed) in %.2fs\n", s.Verified, s.Failed, secs)
+	fmt.Fprintf(w, "  %.0f transfers/s, %.2f GB/s\n", float64(s.Verified)/secs, float64(s.Bytes)/secs/1e9)
+	fmt.Fprintf(w, "  request-to-completed latency p50 %v, p99 %v\n", s.P50.Round(time.Microsecond), s.P99.Round(time.Microsecond))
+	var nacks []string
+	for st, n := range s.Stats.Nacks {
+		if n > 0 {
+			nacks = append(nacks, fmt.Sprintf("%s=%d", wire.Status(st), n))
+		}
+	}
+	fmt.Fprintf(w, "  NACKs: %v; retries %d; ack timeouts %d; quarantines %d; peer deaths %d\n",
+		orNone(nacks), s.Stats.Retries, s.Stats.AckTimeouts, s.Stats.Quarantines, s.Stats.PeerDeaths)
+	if len(s.FailedWhy) > 0 {
+		fmt.Fprintf(w, "  failures by reason: %v\n", s.FailedWhy)
+	}
+}
+
+func orNone(s []string) any {
+	if len(s) == 0 {
+		return "none"
+	}
+	return s
+}
+
+// RunConsumer fetches every item from the producer at control and verifies
+// every byte, printing progress to progress (nil: none).
+func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Writer, log *slog.Logger) (Summary, error) {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: cfg.Concurrency * cfg.BlocksPerItem, BlockSize: cfg.BlockSize})
+	if err != nil {
+		return Summary{}, err
+	}
+	defer region.Close()
+	data, err := transport.NewTCPData(transport.TCPConfig{Name: "demo-consumer", Logger: log}, region)
+	if err != nil {
+		return Summary{}, err
+	}
+	defer data.Close()
+	ctl := transport.NewClient(transport.ClientConfig{Logger: log})
+	defer ctl.Close()
+	pool := connector.NewPool(connector.PoolConfig{CompatHash: cfg.CompatHash(), BlockSize: cfg.BlockSize, Logger: log}, ctl, data)
+
+	free := make([]int, region.Blocks())
+	for i := range free {
+		free[i] = len(free) - 1 - i
+	}
+	item := map[string]int{} // mm_hash -> item in flight
+	sum := Summary{FailedWhy: map[string]int{}}
+	var lat []time.Duration
+	next, ended := 0, 0
+	start := time.Now()
+	lastReport := start
+	for ended < cfg.Items {
+		if err := ctx.Err(); err != nil {
+			pool.Close()
+			return sum, err
+		}
+		now := time.Now()
+		for next < cfg.Items && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
+			blocks := slices.Clone(free[len(free)-cfg.BlocksPerItem:])
+			slices.Sort(blocks)
+			h := Hash(next)
+			if err := pool.Fetch(control, h, blocks, now.Add(30*time.Second), now); err != nil {
+				return sum, fmt.Errorf("fetch item %d: %w", next, err)
+			}
+			free = free[:len(free)-cfg.BlocksPerItem]
+			item[h] = next
+			next++
+		}
+		r := pool.Step(now)
+		for _, d := range r.Completed {
+			i := item[d.MMHash]
+			delete(item, d.MMHash)
+			want := make([]byte, cfg.BlockSize)
+			for j, b := range d.Blocks {
+				Fill(want, i, j)
+				if string(region.Block(b)) != string(want) {
+					pool.Close()
+					return sum, fmt.Errorf("item %d block %d: bytes differ", i, j)
+				}
+			}
+			sum.Verified++
+			lat = append(lat, d.Latency)
+			free = append(free, d.Blocks...)
+			ended++
+		}
+		for _, f := range r.Failed {
+			delete(item, f.MMHash)
+			sum.Failed++
+			sum.FailedWhy[f.Reason.String()]++
+			if !f.BlocksHeld {
+				free = append(free, f.Blocks...)
+			}
+			ended++
+		}
+		for _, rel := range r.Released {
+			free = append(free, rel.Blocks...)
+		}
+		if progress != nil && now.Sub(lastReport) >= 500*time.Millisecond {
+			lastReport = now
+			fmt.Fprintf(progress, "  %d/%d verified, %d in flight\n", sum.Verified, cfg.Items, len(item))
+		}
+		if len(item) > 0 { // let the network move before the next step
+			wctx, cancel := context.WithTimeout(ctx, 200*time.Microsecond)
+			ctl.Wait(wctx)
+			cancel()
+		}
+	}
+	sum.Elapsed = time.Since(start)
+	sum.Stats = pool.Stats()
+	sum.Bytes = sum.Stats.BytesMoved
+	if len(lat) > 0 {
+		slices.Sort(lat)
+		sum.P50 = lat[len(lat)/2]
+		sum.P99 = lat[min(len(lat)-1, len(lat)*99/100)]
+	}
+	pool.Close()
+	if sum.Failed > 0 {
+		return sum, errors.New("some fetches failed")
+	}
+	return sum, nil
+}

@@ -1,0 +1,535 @@
+package connector
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"time"
+
+	"github.com/ecxfer/ecxfer/internal/hist"
+	"github.com/ecxfer/ecxfer/internal/logx"
+	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// ControlClient is what a Pool needs of the consumer's control plane;
+// *transport.Client implements it.
+type ControlClient interface {
+	Send(addr string, payload []byte) error
+	Drain(dst []transport.Inbound) []transport.Inbound
+	Dead(dst []string) []string
+	Remove(addr string)
+}
+
+// RetryConfig bounds the attempts at one fetch.
+type RetryConfig struct {
+	MaxAttempts int           // attempts in all; default 5
+	MaxElapsed  time.Duration // from the first attempt; default 10 s
+	BaseBackoff time.Duration // before the second attempt; default 20 ms
+	MaxBackoff  time.Duration // default 1 s
+	Jitter      float64       // ± this fraction of each backoff; default 0.2
+}
+
+// PoolConfig configures a Pool. Zero fields take defaults.
+type PoolConfig struct {
+	CompatHash string      // wire.CompatHash of this consumer; required
+	Xfer       xfer.Config // read, quarantine and lease timeouts
+	// AckTimeout bounds the wait for each attempt's ack. Default 2 s, the
+	// reference's consumer_ack_timeout_s.
+	AckTimeout time.Duration
+	Retry      RetryConfig
+	// BlockSize is the size of a local block, for the bytes-moved count.
+	BlockSize int
+	// Seed makes session ids and backoff jitter reproducible (simulation);
+	// zero draws them from crypto/rand.
+	Seed   uint64
+	Logger *slog.Logger // nil: slog.Default(); peer-caused warnings are rate limited
+}
+
+func (c PoolConfig) withDefaults() PoolConfig {
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = 2 * time.Second
+	}
+	r := &c.Retry
+	if r.MaxAttempts <= 0 {
+		r.MaxAttempts = 5
+	}
+	if r.MaxElapsed <= 0 {
+		r.MaxElapsed = 10 * time.Second
+	}
+	if r.BaseBackoff <= 0 {
+		r.BaseBackoff = 20 * time.Millisecond
+	}
+	if r.MaxBackoff <= 0 {
+		r.MaxBackoff = time.Second
+	}
+	if r.Jitter <= 0 {
+		r.Jitter = 0.2
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	c.Logger = slog.New(logx.RateLimited(c.Logger.Handler(), 5, 10*time.Second))
+	return c
+}
+
+// Done is a fetch whose blocks now hold the entry.
+type Done struct {
+	MMHash  string
+	Addr    string
+	Blocks  []int
+	Latency time.Duration // from Fetch to completion
+}
+
+// Failure is a fetch that ended without the entry: the caller falls back
+// to encoding locally.
+type Failure struct {
+	MMHash string
+	Addr   string
+	Blocks []int
+	Reason xfer.Reason
+	Status wire.Status // the NACK, when Reason is xfer.Nacked
+	Err    error       // the send error, if the control plane refused
+	// BlocksHeld says a READ may still write into Blocks: do not reuse
+	// them until they come back in Results.Released.
+	BlocksHeld bool
+}
+
+// Released hands back the blocks of a failed fetch whose READ has ended.
+type Released struct {
+	MMHash string
+	Blocks []int
+	// Forced: given up at the quarantine deadline without the data plane
+	// confirming the READ stopped.
+	Forced bool
+}
+
+// Results are what a Step produced. Every fetch ends once, in Completed or
+// Failed; a failure with BlocksHeld is followed later by one Released.
+type Results struct {
+	Completed []Done
+	Failed    []Failure
+	Released  []Released
+}
+
+func (r *Results) reset() {
+	clear(r.Completed)
+	clear(r.Failed)
+	clear(r.Released)
+	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
+}
+
+// PoolStats counts what a Pool did.
+type PoolStats struct {
+	Fetches, Joined, Completed, Failed, Retries uint64
+	Nacks                                       [6]uint64
+	AckTimeouts, Quarantines, ForcedEvictions   uint64
+	Settled, Released, PeerDeaths               uint64
+	BytesMoved                                  uint64
+	Malformed                                   uint64 // undecodable acks
+	FailedBy                                    map[xfer.Reason]uint64
+	Latency                                     hist.Histogram // Fetch to completion
+}
+
+// fetch is one mm_hash being fetched, across attempts.
+type fetch struct {
+	mmHash   string
+	addr     string
+	blocks   []int
+	started  time.Time
+	deadline time.Time // the caller's
+	attempts int
+	retryAt  time.Time // zero while an attempt is in flight
+	lastWhy  xfer.Reason
+	lastSt   wire.Status
+	pe       *peer // the session of the current attempt
+}
+
+// peer is one consumer session and the address it talks to.
+type peer struct {
+	addr string
+	s    *session.ConsumerSession
+	msgs [][]byte
+}
+
+// Pool fetches entries from producers: it owns one ConsumerSession per
+// producer address over a shared control-plane client and data plane,
+// retries what may succeed later, and keeps sessions whose READs are in
+// quarantine alive until they settle, so no block is ever leaked. It is
+// driven by Step and not safe for concurrent use.
+type Pool struct {
+	cfg   PoolConfig
+	ctl   ControlClient
+	data  xfer.DataTransport
+	log   *slog.Logger
+	rng   *rand.Rand
+	ids   io.Reader
+	peers map[string]*peer
+	order []*peer // the live sessions, in creation order: steps are deterministic
+	// draining holds sessions of dead producers with READs in quarantine.
+	draining []*peer
+	fetches  map[string]*fetch
+	retrying []*fetch
+
+	res     Results
+	inbound []transport.Inbound
+	dead    []string
+	sres    session.Results
+	stats   PoolStats
+	closed  bool
+}
+
+// ErrJoined is returned by Fetch when the mm_hash is being fetched already:
+// the result will come once, for the first fetch; the caller's blocks were
+// not taken.
+var ErrJoined = errors.New("connector: fetch joined one in flight")
+
+// NewPool returns a pool over a control-plane client and a data plane.
+func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) *Pool {
+	cfg = cfg.withDefaults()
+	p := &Pool{cfg: cfg, ctl: ctl, data: data, log: cfg.Logger, peers: map[string]*peer{}, fetches: map[string]*fetch{}}
+	seed := cfg.Seed
+	if seed == 0 {
+		seed = rand.Uint64()
+		p.ids = nil // crypto/rand
+	} else {
+		p.ids = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24), byte(seed >> 32)})
+	}
+	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	p.stats.FailedBy = map[xfer.Reason]uint64{}
+	return p
+}
+
+// Stats returns a snapshot of the counters.
+func (p *Pool) Stats() PoolStats {
+	s := p.stats
+	s.FailedBy = make(map[xfer.Reason]uint64, len(p.stats.FailedBy))
+	for k, v := range p.stats.FailedBy {
+		s.FailedBy[k] = v
+	}
+	for _, pe := range p.allPeers() {
+		st := pe.s.Stats()
+		s.Malformed += st.Malformed
+	}
+	return s
+}
+
+func (p *Pool) allPeers() []*peer {
+	out := make([]*peer, 0, len(p.order)+len(p.draining))
+	out = append(out, p.order...)
+	return append(out, p.draining...)
+}
+
+// InFlight returns how many fetches have not ended.
+func (p *Pool) InFlight() int { return len(p.fetches) }
+
+// Fetch starts fetching mmHash from the producer at addr into blocks, to end
+// by deadline. A fetch of an mm_hash already in flight is joined (ErrJoined):
+// it does not start again and does not take blocks. Any other error means
+// nothing started and blocks are the caller's again.
+func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) error {
+	if p.closed {
+		return session.ErrClosed
+	}
+	if _, ok := p.fetches[mmHash]; ok {
+		p.stats.Joined++
+		return ErrJoined
+	}
+	f := &fetch{mmHash: mmHash, addr: addr, blocks: blocks, started: now, deadline: deadline}
+	if err := p.attempt(f, now); err != nil {
+		return err
+	}
+	p.fetches[mmHash] = f
+	p.stats.Fetches++
+	return nil
+}
+
+// attempt sends one request for f.
+func (p *Pool) attempt(f *fetch, now time.Time) error {
+	pe, err := p.peer(f.addr)
+	if err != nil {
+		return err
+	}
+	ackBy := now.Add(p.cfg.AckTimeout)
+	if f.deadline.Before(ackBy) {
+		ackBy = f.deadline
+	}
+	if err := pe.s.StartXfer(f.mmHash, f.blocks, ackBy); err != nil {
+		return err
+	}
+	f.attempts++
+	f.retryAt = time.Time{}
+	f.pe = pe
+	return nil
+}
+
+func (p *Pool) peer(addr string) (*peer, error) {
+	if pe := p.peers[addr]; pe != nil {
+		return pe, nil
+	}
+	s, err := session.NewConsumerSession(session.ConsumerConfig{Xfer: p.cfg.Xfer, Logger: p.log, Rand: p.ids},
+		sender{p.ctl, addr}, p.data, p.cfg.CompatHash)
+	if err != nil {
+		return nil, err
+	}
+	pe := &peer{addr: addr, s: s}
+	p.peers[addr] = pe
+	p.order = append(p.order, pe)
+	return pe, nil
+}
+
+type sender struct {
+	ctl  ControlClient
+	addr string
+}
+
+func (s sender) Send(b []byte) error { return s.ctl.Send(s.addr, b) }
+
+// Step runs one engine step at now: it takes the producers' replies and
+// deaths from the control plane, advances every session, retries what is
+// due, and returns the outcomes. The Results are the pool's, valid until the
+// next Step.
+func (p *Pool) Step(now time.Time) *Results {
+	p.res.reset()
+	if p.closed {
+		return &p.res
+	}
+	p.inbound = p.ctl.Drain(p.inbound[:0])
+	for _, in := range p.inbound {
+		if pe := p.peers[in.Addr]; pe != nil {
+			pe.msgs = append(pe.msgs, in.Payload)
+		}
+	}
+	clear(p.inbound)
+	p.dead = p.ctl.Dead(p.dead[:0])
+	for _, addr := range p.dead {
+		p.peerDown(addr, now)
+	}
+	for _, pe := range p.order {
+		pe.s.Poll(pe.msgs, now)
+		clear(pe.msgs)
+		pe.msgs = pe.msgs[:0]
+		p.collect(pe, now)
+	}
+	kept := p.draining[:0]
+	for _, pe := range p.draining {
+		pe.s.Poll(nil, now)
+		p.collect(pe, now)
+		if pe.s.HasInFlight() {
+			kept = append(kept, pe)
+			continue
+		}
+		p.closeSession(pe)
+	}
+	clear(p.draining[len(kept):])
+	p.draining = kept
+	p.retryDue(now)
+	return &p.res
+}
+
+// peerDown moves the producer's session out of the pool: waiting transfers
+// become retryable, READs go to quarantine and are followed until they
+// settle; the next fetch to addr starts a new session on a new socket.
+func (p *Pool) peerDown(addr string, now time.Time) {
+	pe := p.peers[addr]
+	if pe == nil {
+		return
+	}
+	p.stats.PeerDeaths++
+	delete(p.peers, addr)
+	for i, o := range p.order {
+		if o == pe {
+			p.order = append(p.order[:i], p.order[i+1:]...)
+			break
+		}
+	}
+	pe.s.PeerDown(now)
+	p.collect(pe, now)
+	if pe.s.HasInFlight() {
+		p.draining = append(p.draining, pe)
+	} else {
+		p.closeSession(pe)
+	}
+}
+
+func (p *Pool) closeSession(pe *peer) {
+	rep := pe.s.Close()
+	// Nothing should be left; whatever is, is reported, never dropped.
+	p.apply(pe, &rep.Pending, time.Time{})
+	p.abandon(pe, rep.Freed, false)
+	p.abandon(pe, rep.Unsafe, true)
+}
+
+// abandon reports transfers a closed session gave up: a fetch still on
+// that session fails; blocks already reported held come back as Released.
+func (p *Pool) abandon(pe *peer, os []session.Outcome, unsafe bool) {
+	for _, o := range os {
+		if f := p.fetches[o.MMHash]; f != nil && f.pe == pe {
+			p.fail(o.MMHash, xfer.Closed, wire.OK, nil, unsafe)
+		} else if !unsafe {
+			p.release(o, false)
+		}
+		if unsafe {
+			p.release(o, true)
+		}
+	}
+}
+
+func (p *Pool) release(o session.Outcome, forced bool) {
+	p.stats.Released++
+	if forced {
+		p.stats.ForcedEvictions++
+	}
+	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced})
+}
+
+// current returns the fetch an outcome of pe's belongs to, or nil if the
+// fetch has moved on (a stale session's outcome).
+func (p *Pool) current(pe *peer, mmHash string) *fetch {
+	if f := p.fetches[mmHash]; f != nil && f.pe == pe {
+		return f
+	}
+	return nil
+}
+
+// collect takes a session's outcomes and turns them into fetch results.
+func (p *Pool) collect(pe *peer, now time.Time) {
+	p.sres.Reset()
+	pe.s.TakeResults(&p.sres)
+	p.apply(pe, &p.sres, now)
+}
+
+func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
+	for _, o := range r.Completed {
+		f := p.current(pe, o.MMHash)
+		if f == nil {
+			continue
+		}
+		delete(p.fetches, o.MMHash)
+		lat := now.Sub(f.started)
+		p.stats.Completed++
+		p.stats.Latency.Add(lat)
+		p.stats.BytesMoved += uint64(len(f.blocks) * p.cfg.BlockSize)
+		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat})
+	}
+	for _, o := range r.Tombstoned {
+		p.countNack(o)
+		if p.current(pe, o.MMHash) != nil {
+			p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+		}
+	}
+	for _, o := range r.Retryable {
+		p.countNack(o)
+		if o.Reason == xfer.AckTimedOut {
+			p.stats.AckTimeouts++
+		}
+		f := p.current(pe, o.MMHash)
+		if f == nil {
+			continue
+		}
+		f.lastWhy, f.lastSt = o.Reason, o.Status
+		if now.IsZero() || !p.scheduleRetry(f, now) {
+			p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+		}
+	}
+	for _, o := range r.Quarantined {
+		p.stats.Quarantines++
+		if p.current(pe, o.MMHash) != nil {
+			p.fail(o.MMHash, o.Reason, wire.OK, nil, true)
+		}
+	}
+	for _, o := range r.Settled {
+		p.stats.Settled++
+		p.release(o, o.Forced)
+	}
+}
+
+func (p *Pool) countNack(o session.Outcome) {
+	if o.Reason == xfer.Nacked && o.Status.Valid() {
+		p.stats.Nacks[o.Status]++
+	}
+}
+
+// fail ends a fetch without the entry.
+func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, held bool) {
+	f := p.fetches[mmHash]
+	if f == nil {
+		return
+	}
+	delete(p.fetches, mmHash)
+	p.stats.Failed++
+	p.stats.FailedBy[why]++
+	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st, Err: err, BlocksHeld: held})
+}
+
+// scheduleRetry plans the next attempt of f, if the budget allows one.
+func (p *Pool) scheduleRetry(f *fetch, now time.Time) bool {
+	r := p.cfg.Retry
+	if f.attempts >= r.MaxAttempts || now.Sub(f.started) >= r.MaxElapsed {
+		return false
+	}
+	back := r.BaseBackoff << min(f.attempts-1, 30)
+	if back > r.MaxBackoff || back <= 0 {
+		back = r.MaxBackoff
+	}
+	back += time.Duration((p.rng.Float64()*2 - 1) * r.Jitter * float64(back))
+	at := now.Add(back)
+	if !at.Before(f.deadline) || at.Sub(f.started) >= r.MaxElapsed {
+		return false
+	}
+	f.retryAt = at
+	p.retrying = append(p.retrying, f)
+	p.stats.Retries++
+	return true
+}
+
+// retryDue starts the retries whose backoff has passed.
+func (p *Pool) retryDue(now time.Time) {
+	kept := p.retrying[:0]
+	for _, f := range p.retrying {
+		if p.fetches[f.mmHash] != f { // ended meanwhile (Close)
+			continue
+		}
+		if now.Before(f.retryAt) {
+			kept = append(kept, f)
+			continue
+		}
+		if err := p.attempt(f, now); err != nil {
+			if errors.Is(err, session.ErrInFlight) || errors.Is(err, transport.ErrPeerDown) || errors.Is(err, transport.ErrQueueFull) {
+				if p.scheduleRetry(f, now) {
+					continue
+				}
+			}
+			p.fail(f.mmHash, f.lastWhy, f.lastSt, fmt.Errorf("connector: retry of %s: %w", f.mmHash, err), false)
+		}
+	}
+	clear(p.retrying[len(kept):])
+	p.retrying = kept
+}
+
+// Close ends every session. Fetches in flight fail; blocks of READs that
+// could not be stopped come back as forced Released, after the Failure.
+func (p *Pool) Close() *Results {
+	p.res.reset()
+	if p.closed {
+		return &p.res
+	}
+	p.closed = true
+	for _, pe := range p.order {
+		p.ctl.Remove(pe.addr)
+	}
+	for _, pe := range p.allPeers() {
+		p.closeSession(pe)
+	}
+	for _, h := range slices.Sorted(maps.Keys(p.fetches)) {
+		p.fail(h, xfer.Closed, wire.OK, nil, false)
+	}
+	p.peers, p.order, p.draining, p.retrying = nil, nil, nil, nil
+	return &p.res
+}
