@@ -96,8 +96,9 @@ type ProducerSession struct {
 	perSess   int
 	maxGrants int
 
-	req    wire.XferReq
+	req    wire.ReqView
 	ack    wire.XferAck
+	keyBuf []byte
 	ids    []wire.Int
 	buf    []byte
 	notifs []xfer.Notif
@@ -157,7 +158,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 }
 
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
-	if err := wire.DecodeReq(m.Payload, &p.req); err != nil {
+	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
 		p.log.Warn("ec producer: dropped malformed XferReq", "err", err)
 		return
@@ -167,7 +168,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 	p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 	if err := out.Reply(m.Identity, p.buf); err != nil {
 		p.stats.ReplyErrors++
-		p.log.Warn("ec producer: reply not sent", "mm_hash", p.req.MMHash, "err", err)
+		p.log.Warn("ec producer: reply not sent", "mm_hash", string(p.req.MMHash), "err", err)
 		if g != nil {
 			// The consumer will never READ under this grant: do not hold
 			// the pin for a whole lease.
@@ -176,26 +177,28 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 	}
 }
 
-// grantOrNack applies the reference's rules in order and fills p.ack.
-func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
-	p.ack = wire.XferAck{MMHash: req.MMHash}
+// grantOrNack applies the reference's rules in order and fills p.ack. Its
+// strings alias the request until a grant copies them (one allocation: the
+// grant key, of which session id and mm_hash are substrings).
+func (p *ProducerSession) grantOrNack(req *wire.ReqView, now time.Time) *grant {
+	p.ack = wire.XferAck{}
 	nack := func(s wire.Status, msg string) *grant {
-		p.ack.Status = s
+		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s}
 		p.stats.Nacks[s]++
 		level := slog.LevelWarn
 		if s.Expected() {
 			level = slog.LevelInfo
 		}
-		p.log.Log(context.Background(), level, msg, "mm_hash", req.MMHash, "status", s.String())
+		p.log.Log(context.Background(), level, msg, "mm_hash", p.ack.MMHash, "status", s.String())
 		return nil
 	}
-	if req.Version() != wire.IntOf(wire.ConnectorVersion) {
+	if req.EffectiveVersion() != wire.IntOf(wire.ConnectorVersion) {
 		return nack(wire.NackVersion, "ec producer: incompatible connector version")
 	}
-	if req.CompatibilityHash != p.compat {
+	if string(req.CompatibilityHash) != p.compat {
 		return nack(wire.NackIncompat, "ec producer: incompatible compatibility hash")
 	}
-	if req.SessionID == "" {
+	if len(req.SessionID) == 0 {
 		// Grants are keyed by session: an empty id would alias other peers'.
 		return nack(wire.NackInternal, "ec producer: XferReq without session_id")
 	}
@@ -205,14 +208,16 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 		p.stats.BadSessionIDs++
 		return nack(wire.NackInternal, "ec producer: session_id is not a canonical UUID")
 	}
-	key := req.SessionID + ":" + req.MMHash
-	old := p.grants[key]
-	cs := p.consumers[req.SessionID]
+	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
+	old := p.grants[string(p.keyBuf)]
+	cs := p.consumers[string(req.SessionID)]
 	if old == nil && (len(p.grants) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess)) {
 		p.stats.OverBound++
 		return nack(wire.NackInternal, "ec producer: grant bound reached; NACK")
 	}
-	entry, res := p.cache.PinIfReady(req.MMHash)
+	key := string(p.keyBuf)
+	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
+	entry, res := p.cache.PinIfReady(mmHash)
 	switch res {
 	case cache.Absent:
 		return nack(wire.NackMissing, "ec producer: entry not held; NACK")
@@ -224,14 +229,14 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 		p.stats.ReRequests++
 		p.endGrant(old)
 	}
-	if cs = p.consumers[req.SessionID]; cs == nil {
+	if cs = p.consumers[sid]; cs == nil {
 		p.pruneConsumers()
 		cs = &consumerState{}
-		p.consumers[req.SessionID] = cs
+		p.consumers[sid] = cs
 	}
 	cs.grants++
 	g := p.newGrant()
-	g.ProducerXfer = xfer.ProducerXfer{MMHash: req.MMHash, SessionID: req.SessionID, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
+	g.ProducerXfer = xfer.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
 	g.key = key
 	p.authMu.Lock()
 	p.grants[key] = g
@@ -240,7 +245,7 @@ func (p *ProducerSession) grantOrNack(req *wire.XferReq, now time.Time) *grant {
 	p.stats.Grants++
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
 	p.ack = wire.XferAck{
-		MMHash: req.MMHash, Status: wire.OK, SessionID: req.SessionID, SrcBlockIndices: p.ids,
+		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta,
 	}
 	if !cs.confirmed {
@@ -265,25 +270,24 @@ func (p *ProducerSession) pruneConsumers() {
 
 // canonicalUUID reports whether s is a UUID in canonical form: 36 lowercase
 // hex digits and hyphens, 8-4-4-4-12.
-func canonicalUUID(s string) bool {
-	if len(s) != 36 {
+func canonicalUUID(s []byte) bool {
+	if len(s) != 36 || s[8] != '-' || s[13] != '-' || s[18] != '-' || s[23] != '-' {
 		return false
 	}
-	for i := 0; i < 36; i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
-				return false
-			}
+	for i, c := range s {
+		if !lowerHex[c] && i != 8 && i != 13 && i != 18 && i != 23 {
+			return false
 		}
 	}
 	return true
 }
+
+var lowerHex = func() (t [256]bool) {
+	for _, c := range "0123456789abcdef" {
+		t[c] = true
+	}
+	return t
+}()
 
 func (p *ProducerSession) newGrant() *grant {
 	if n := len(p.spare); n > 0 {

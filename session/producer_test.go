@@ -148,7 +148,7 @@ func TestTwoSessionsAndReRequest(t *testing.T) { // B57, B58
 func TestNotifications(t *testing.T) { // B60, B61, B62, B65
 	po := newProducer(t)
 	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
-	po.data.InjectNotif("cons", []byte(sid("c1") + ":R"))
+	po.data.InjectNotif("cons", []byte(sid("c1")+":R"))
 	po.data.InjectNotif("cons", []byte("ghost:unknown"))
 	po.data.InjectNotif("cons", []byte{0xff, ':', 'R'})
 	po.poll(t, at(time.Second))
@@ -157,7 +157,7 @@ func TestNotifications(t *testing.T) { // B60, B61, B62, B65
 		t.Fatalf("pins %d stats %+v", po.pins("R"), st)
 	}
 	// A repeated notification finds no grant: no second unpin.
-	po.data.InjectNotif("cons", []byte(sid("c1") + ":R"))
+	po.data.InjectNotif("cons", []byte(sid("c1")+":R"))
 	po.poll(t, at(2*time.Second))
 	if po.pins("R") != 1 {
 		t.Fatal("second unpin")

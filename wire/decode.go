@@ -58,36 +58,50 @@ func missing(field string) error {
 	return invalid("Object missing required field `%s`", field)
 }
 
-// strs turns spans of b into strings backed by one allocation.
-func strs[T [2]string | [3]string](b []byte, spans ...span) (out T) {
+// strs copies byte slices into strings backed by one allocation.
+func strs[T [2]string | [3]string](parts ...[]byte) (out T) {
 	total := 0
-	for _, s := range spans {
-		total += s.hi - s.lo
+	for _, p := range parts {
+		total += len(p)
 	}
 	if total == 0 {
 		return out
 	}
 	var sb strings.Builder
 	sb.Grow(total)
-	for _, s := range spans {
-		sb.Write(b[s.lo:s.hi])
+	for _, p := range parts {
+		sb.Write(p)
 	}
 	all := sb.String()
 	off := 0
-	for i, s := range spans {
-		n := s.hi - s.lo
-		out[i] = all[off : off+n]
-		off += n
+	for i, p := range parts {
+		out[i] = all[off : off+len(p)]
+		off += len(p)
 	}
 	return out
 }
 
-// DecodeReq decodes an XferReq as msgspec's Decoder(XferReq) does: the tag is
-// optional and may stand anywhere, unknown keys are skipped, a repeated key
-// is checked each time and the last one wins, any integer or length form is
-// accepted. On error r is left unchanged. The strings it sets share one
-// allocation and never alias data.
-func DecodeReq(data []byte, r *XferReq) error {
+// ReqView is a decoded XferReq whose strings alias the input buffer: valid
+// only while that buffer is, and checked as DecodeReq checks them (UTF-8
+// included). It lets a producer handle a request without allocating.
+type ReqView struct {
+	MMHash, CompatibilityHash, SessionID []byte
+	// Version is the connector version; HasVersion says it was on the
+	// wire (absent means the receiver's own default).
+	Version    Int
+	HasVersion bool
+}
+
+// EffectiveVersion returns the version, ConnectorVersion when absent.
+func (r *ReqView) EffectiveVersion() Int {
+	if !r.HasVersion {
+		return IntOf(ConnectorVersion)
+	}
+	return r.Version
+}
+
+// DecodeReqView decodes like DecodeReq without copying: see ReqView.
+func DecodeReqView(data []byte, r *ReqView) error {
 	d := reader{b: data}
 	n, err := d.structHeader()
 	if err != nil {
@@ -131,11 +145,26 @@ func DecodeReq(data []byte, r *XferReq) error {
 	if err := d.end(); err != nil {
 		return err
 	}
-	s := strs[[3]string](data, mm, compat, sess)
+	*r = ReqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
+		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion}
+	return nil
+}
+
+// DecodeReq decodes an XferReq as msgspec's Decoder(XferReq) does: the tag is
+// optional and may stand anywhere, unknown keys are skipped, a repeated key
+// is checked each time and the last one wins, any integer or length form is
+// accepted. On error r is left unchanged. The strings it sets share one
+// allocation and never alias data.
+func DecodeReq(data []byte, r *XferReq) error {
+	var v ReqView
+	if err := DecodeReqView(data, &v); err != nil {
+		return err
+	}
+	s := strs[[3]string](v.MMHash, v.CompatibilityHash, v.SessionID)
 	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2]}
-	if haveVersion && version != IntOf(ConnectorVersion) {
-		v := version
-		r.ConnectorVersion = &v
+	if v.HasVersion && v.Version != IntOf(ConnectorVersion) {
+		ver := v.Version
+		r.ConnectorVersion = &ver
 	}
 	return nil
 }
@@ -199,7 +228,7 @@ func DecodeAck(data []byte, a *XferAck) error {
 	if err := d.end(); err != nil {
 		return err
 	}
-	s := strs[[2]string](data, mm, sess)
+	s := strs[[2]string](data[mm.lo:mm.hi], data[sess.lo:sess.hi])
 	*a = XferAck{MMHash: s[0], Status: Status(status.u), SessionID: s[1]}
 	if nBlocks > 0 {
 		a.SrcBlockIndices = make([]Int, nBlocks)

@@ -30,10 +30,20 @@ type authorizing interface {
 type ProducerConfig struct {
 	CompatHash string        // wire.CompatHash of this producer; required
 	PinLease   time.Duration // default 30 s
-	// MaxRequestsPerStep bounds the requests handled in one step; the rest
-	// wait for the next. Default 1024.
+	// MaxGrantsPerSession and MaxGrants bound live grants (see
+	// session.ProducerConfig).
+	MaxGrantsPerSession, MaxGrants int
+	// MaxRequestsPerStep bounds the requests handled in one step, and
+	// MaxPerPeerPerStep those of one consumer connection, so that a
+	// flooding consumer cannot starve the others: the rest wait for later
+	// steps, in order. Defaults 1024 and 64.
 	MaxRequestsPerStep int
-	Logger             *slog.Logger // nil: slog.Default(); peer-caused warnings are rate limited
+	MaxPerPeerPerStep  int
+	// MaxBacklog bounds the requests waiting; beyond it new ones are
+	// dropped (not answered: the consumer's ack timeout covers them).
+	// Default 16384.
+	MaxBacklog int
+	Logger     *slog.Logger // nil: slog.Default(); peer-caused warnings are rate limited
 }
 
 // Producer serves a cache's entries: it drains the control plane, runs the
@@ -41,11 +51,15 @@ type ProducerConfig struct {
 // Serve in a goroutine for an engine that does not step while idle; both may
 // be used, and stopped, at any time.
 type Producer struct {
-	mu   sync.Mutex // Step and Serve take turns
-	ctl  ControlServer
-	sess *session.ProducerSession
-	msgs []session.Message
-	max  int
+	mu      sync.Mutex // Step and Serve take turns
+	ctl     ControlServer
+	sess    *session.ProducerSession
+	cfg     ProducerConfig
+	backlog []session.Message // waiting, in arrival order
+	batch   []session.Message
+	rest    []session.Message
+	perPeer map[string]int
+	dropped uint64
 }
 
 // NewProducer returns a producer serving c through ctl and data. If data can
@@ -60,11 +74,18 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if cfg.MaxRequestsPerStep <= 0 {
 		cfg.MaxRequestsPerStep = 1024
 	}
-	s := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log}, data, c, cfg.CompatHash)
+	if cfg.MaxPerPeerPerStep <= 0 {
+		cfg.MaxPerPeerPerStep = 64
+	}
+	if cfg.MaxBacklog <= 0 {
+		cfg.MaxBacklog = 16384
+	}
+	s := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
+		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants}, data, c, cfg.CompatHash)
 	if a, ok := data.(authorizing); ok {
 		a.SetAuthorizer(s.Authorize)
 	}
-	return &Producer{ctl: ctl, sess: s, max: cfg.MaxRequestsPerStep}
+	return &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}}
 }
 
 // Session returns the producer session, for its stats.
@@ -82,13 +103,41 @@ func (p *Producer) Stats() session.ProducerStats {
 func (p *Producer) Step(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	p.msgs = p.ctl.Drain(p.msgs[:0])
-	p.sess.Poll(p.msgs, now, p.ctl)
-	clear(p.msgs)
+	n := len(p.backlog)
+	p.backlog = p.ctl.Drain(p.backlog)
+	if over := len(p.backlog) - p.cfg.MaxBacklog; over > 0 {
+		p.dropped += uint64(over)
+		clear(p.backlog[max(n, p.cfg.MaxBacklog):])
+		p.backlog = p.backlog[:max(n, p.cfg.MaxBacklog)]
+	}
+	// Take up to the bounds, each consumer's requests in order; the rest
+	// stay for later steps.
+	clear(p.perPeer)
+	p.batch, p.rest = p.batch[:0], p.rest[:0]
+	for _, m := range p.backlog {
+		if len(p.batch) < p.cfg.MaxRequestsPerStep && p.perPeer[string(m.Identity)] < p.cfg.MaxPerPeerPerStep {
+			p.perPeer[string(m.Identity)]++
+			p.batch = append(p.batch, m)
+		} else {
+			p.rest = append(p.rest, m)
+		}
+	}
+	p.sess.Poll(p.batch, now, p.ctl)
+	clear(p.batch)
+	clear(p.backlog)
+	p.backlog, p.rest = p.rest, p.backlog[:0]
 }
 
-// Serve steps until ctx ends: at once when a request arrives, and every
-// 5 ms while grants are outstanding (for completion notifications and the
+// Backlog returns how many requests wait for a later step, and how many
+// were dropped because the backlog was full.
+func (p *Producer) Backlog() (waiting int, dropped uint64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return len(p.backlog), p.dropped
+}
+
+// Serve steps until ctx ends: at once when a request arrives or is waiting,
+// every 5 ms while grants are outstanding (for completion notifications and the
 // lease sweep), every second otherwise — the reference's cadence. now is
 // the clock; nil means time.Now.
 func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
@@ -96,13 +145,16 @@ func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 		now = time.Now
 	}
 	for {
-		wait := time.Second
-		if p.grants() > 0 {
-			wait = 5 * time.Millisecond
+		grants, backlog := p.load()
+		if backlog == 0 {
+			wait := time.Second
+			if grants > 0 {
+				wait = 5 * time.Millisecond
+			}
+			wctx, cancel := context.WithTimeout(ctx, wait)
+			p.ctl.Wait(wctx)
+			cancel()
 		}
-		wctx, cancel := context.WithTimeout(ctx, wait)
-		p.ctl.Wait(wctx)
-		cancel()
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}
@@ -110,10 +162,11 @@ func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 	}
 }
 
-func (p *Producer) grants() int {
+// load returns the live grants and the requests waiting.
+func (p *Producer) load() (grants, backlog int) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.sess.Grants()
+	return p.sess.Grants(), len(p.backlog)
 }
 
 // Close releases every grant's pin. The control plane and data plane are the

@@ -1,0 +1,91 @@
+// Package examples_test runs the example programs as a user would.
+package examples_test
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func build(t *testing.T, dir, pkg string) string {
+	t.Helper()
+	bin := filepath.Join(dir, filepath.Base(pkg))
+	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+	}
+	return bin
+}
+
+// The producer and consumer programs as two processes: the consumer
+// verifies every item.
+func TestProducerConsumerPrograms(t *testing.T) {
+	if testing.Short() {
+		t.Skip("builds and runs two programs")
+	}
+	dir := t.TempDir()
+	prodBin := build(t, dir, "github.com/ecxfer/ecxfer/examples/producer")
+	consBin := build(t, dir, "github.com/ecxfer/ecxfer/examples/consumer")
+	sizes := []string{"-items", "300", "-blocks-per-item", "4", "-block-size", "4096"}
+	prod := exec.Command(prodBin, append([]string{"-control", "127.0.0.1:0", "-data", "127.0.0.1:0"}, sizes...)...)
+	out, err := prod.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod.Stderr = os.Stderr
+	if err := prod.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() {
+		prod.Process.Signal(syscall.SIGTERM)
+		done := make(chan error, 1)
+		go func() { done <- prod.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("producer exit: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			prod.Process.Kill()
+			t.Error("producer did not stop on SIGTERM")
+		}
+	}()
+	line, err := bufio.NewReader(out).ReadString('\n')
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(line)
+	if len(f) != 3 || f[0] != "ready" {
+		t.Fatalf("producer said %q", line)
+	}
+	cons := exec.Command(consBin, append([]string{"-producer", f[1], "-concurrency", "16"}, sizes...)...)
+	res, err := cons.Output()
+	if err != nil {
+		t.Fatalf("consumer: %v\n%s", err, res)
+	}
+	m := regexp.MustCompile(`verified (\d+) transfers \((\d+) failed\)`).FindSubmatch(res)
+	if m == nil || string(m[1]) != "300" || string(m[2]) != "0" {
+		t.Fatalf("consumer output:\n%s", res)
+	}
+}
+
+// The main job with defaults exits 0 after verifying every byte.
+func TestLoopbackDefaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the main job")
+	}
+	bin := build(t, t.TempDir(), "github.com/ecxfer/ecxfer/examples/loopback")
+	out, err := exec.Command(bin).Output()
+	if err != nil {
+		t.Fatalf("loopback: %v\n%s", err, out)
+	}
+	if !strings.Contains(string(out), "verified 1000 transfers (0 failed)") || !strings.Contains(string(out), "GB/s") {
+		t.Fatalf("loopback output:\n%s", out)
+	}
+}

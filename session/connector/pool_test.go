@@ -1,0 +1,280 @@
+package connector
+
+import (
+	"bytes"
+	"errors"
+	"io"
+	"log/slog"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+var (
+	quiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+	t0    = time.Unix(1_700_000_000, 0)
+)
+
+const compat = "compat"
+
+// memCtl is an in-memory control plane between a Pool and producers.
+type memCtl struct {
+	out     map[string][][]byte // addr -> requests not yet delivered
+	in      []transport.Inbound
+	dead    []string
+	removed []string
+	sendErr error
+}
+
+func (m *memCtl) Send(addr string, p []byte) error {
+	if m.sendErr != nil {
+		return m.sendErr
+	}
+	m.out[addr] = append(m.out[addr], bytes.Clone(p))
+	return nil
+}
+func (m *memCtl) Drain(dst []transport.Inbound) []transport.Inbound {
+	dst = append(dst, m.in...)
+	m.in = nil
+	return dst
+}
+func (m *memCtl) Dead(dst []string) []string {
+	dst = append(dst, m.dead...)
+	m.dead = nil
+	return dst
+}
+func (m *memCtl) Remove(addr string) { m.removed = append(m.removed, addr) }
+
+type replier struct {
+	m    *memCtl
+	addr string
+}
+
+func (r replier) Reply(_, p []byte) error {
+	r.m.in = append(r.m.in, transport.Inbound{Addr: r.addr, Payload: bytes.Clone(p)})
+	return nil
+}
+
+type world struct {
+	ctl   *memCtl
+	fab   *xfertest.Fabric
+	cdata *xfertest.Fake
+	pdata *xfertest.Fake
+	cache *cache.EmbeddingCache
+	prod  *session.ProducerSession
+	pool  *Pool
+	now   time.Time
+}
+
+const addr = "tcp://producer:1"
+
+func newWorld(t *testing.T, cfg PoolConfig) *world {
+	t.Helper()
+	w := &world{ctl: &memCtl{out: map[string][][]byte{}}, fab: xfertest.NewFabric(), cache: cache.NewEmbeddingCache(64), now: t0}
+	w.cdata, w.pdata = w.fab.New("cons", 64, 8), w.fab.New("prod", 64, 8)
+	w.prod = session.NewProducerSession(session.ProducerConfig{Logger: quiet}, w.pdata, w.cache, compat)
+	cfg.CompatHash, cfg.Logger, cfg.Seed, cfg.BlockSize = compat, quiet, 1, 8
+	w.pool = NewPool(cfg, w.ctl, w.cdata)
+	return w
+}
+
+func (w *world) entry(t *testing.T, h string, n int, ready bool) {
+	t.Helper()
+	if _, err := w.cache.Alloc(h, n); err != nil {
+		t.Fatal(err)
+	}
+	if ready {
+		w.cache.MarkReady(h)
+	}
+}
+
+// step advances the clock by d, runs the producer on what was sent, then the
+// pool, and returns a copy of the pool's results.
+func (w *world) step(d time.Duration) Results {
+	w.now = w.now.Add(d)
+	var msgs []session.Message
+	for _, p := range w.ctl.out[addr] {
+		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: p})
+	}
+	delete(w.ctl.out, addr)
+	w.prod.Poll(msgs, w.now, replier{w.ctl, addr})
+	r := w.pool.Step(w.now)
+	return Results{slices.Clone(r.Completed), slices.Clone(r.Failed), slices.Clone(r.Released)}
+}
+
+func (w *world) until(t *testing.T, d time.Duration, n int, done func(Results) bool) Results {
+	t.Helper()
+	var all Results
+	for range n {
+		r := w.step(d)
+		all.Completed = append(all.Completed, r.Completed...)
+		all.Failed = append(all.Failed, r.Failed...)
+		all.Released = append(all.Released, r.Released...)
+		if done(all) {
+			return all
+		}
+	}
+	t.Fatalf("not done after %d steps: %+v", n, all)
+	return all
+}
+
+func TestPoolFetch(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 2, true)
+	if err := w.pool.Fetch(addr, "H", []int{5, 6}, w.now.Add(time.Minute), w.now); err != nil {
+		t.Fatal(err)
+	}
+	if err := w.pool.Fetch(addr, "H", []int{7, 8}, w.now.Add(time.Minute), w.now); !errors.Is(err, ErrJoined) {
+		t.Fatalf("second fetch: %v", err)
+	}
+	r := w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Completed) > 0 })
+	if len(r.Completed) != 1 || !slices.Equal(r.Completed[0].Blocks, []int{5, 6}) || r.Completed[0].Latency <= 0 {
+		t.Fatalf("%+v", r)
+	}
+	st := w.pool.Stats()
+	if st.Fetches != 1 || st.Joined != 1 || st.Completed != 1 || st.BytesMoved != 16 || st.Latency.N != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	if w.pool.InFlight() != 0 {
+		t.Fatal("in flight")
+	}
+}
+
+// NOT_READY is retried with backoff until the save lands.
+func TestPoolRetryNotReady(t *testing.T) {
+	w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: 100 * time.Millisecond}})
+	w.entry(t, "H", 1, false)
+	w.pool.Fetch(addr, "H", []int{1}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond) // the NACK lands: a retry is planned for ~100 ms later
+	if st := w.pool.Stats(); st.Retries != 1 || st.Nacks[wire.NackNotReady] != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+	w.step(50 * time.Millisecond)
+	if len(w.ctl.out[addr]) != 0 {
+		t.Fatal("retried before the backoff")
+	}
+	w.cache.MarkReady("H")
+	r := w.until(t, 20*time.Millisecond, 50, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
+	if len(r.Completed) != 1 {
+		t.Fatalf("%+v", r)
+	}
+}
+
+// A save that never lands: the budget runs out and the fetch fails, so the
+// caller falls back instead of deferring forever.
+func TestPoolRetryBudget(t *testing.T) {
+	w := newWorld(t, PoolConfig{Retry: RetryConfig{MaxAttempts: 3, BaseBackoff: 10 * time.Millisecond}})
+	w.entry(t, "H", 1, false)
+	w.pool.Fetch(addr, "H", []int{1}, w.now.Add(time.Minute), w.now)
+	r := w.until(t, 10*time.Millisecond, 100, func(r Results) bool { return len(r.Failed) > 0 })
+	f := r.Failed[0]
+	if f.Reason != xfer.Nacked || f.Status != wire.NackNotReady || f.BlocksHeld || w.pool.Stats().Retries != 2 {
+		t.Fatalf("%+v, retries %d", f, w.pool.Stats().Retries)
+	}
+	if w.prod.Stats().Requests != 3 {
+		t.Fatalf("%d requests, want 3", w.prod.Stats().Requests)
+	}
+}
+
+func TestPoolTerminalNack(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.pool.Fetch(addr, "absent", []int{1}, w.now.Add(time.Minute), w.now)
+	r := w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Failed) > 0 })
+	if r.Failed[0].Status != wire.NackMissing || w.pool.Stats().Retries != 0 {
+		t.Fatalf("%+v", r.Failed[0])
+	}
+}
+
+// A producer that dies while a READ is running: the fetch fails with its
+// blocks held; the dead producer's session lives on until the READ ends,
+// then the blocks come back. A new fetch meanwhile uses a new session.
+func TestPoolPeerDeathDuringRead(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 1, true)
+	w.entry(t, "G", 1, true)
+	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck})
+	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond) // READ posted, stuck
+	w.ctl.dead = append(w.ctl.dead, addr)
+	r := w.step(time.Millisecond)
+	if len(r.Failed) != 1 || !r.Failed[0].BlocksHeld || r.Failed[0].Reason != xfer.PeerDown {
+		t.Fatalf("%+v", r)
+	}
+	// A fetch to the same address starts on a fresh session.
+	w.pool.Fetch(addr, "G", []int{4}, w.now.Add(time.Minute), w.now)
+	r = w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Completed) > 0 })
+	if r.Completed[0].MMHash != "G" {
+		t.Fatalf("%+v", r)
+	}
+	w.cdata.Finish(w.cdata.Posts()[0].Handle)
+	r = w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Released) > 0 })
+	if !slices.Equal(r.Released[0].Blocks, []int{3}) || r.Released[0].Forced {
+		t.Fatalf("%+v", r.Released)
+	}
+	if len(w.pool.draining) != 0 {
+		t.Fatal("the settled session was not closed")
+	}
+	if st := w.pool.Stats(); st.PeerDeaths != 1 || st.Quarantines != 1 || st.Released != 1 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A producer that dies before acking: the fetch is retried on a new
+// session and completes.
+func TestPoolPeerDeathBeforeAck(t *testing.T) {
+	w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: time.Millisecond}})
+	w.entry(t, "H", 1, true)
+	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
+	delete(w.ctl.out, addr) // the request is lost with the producer
+	w.ctl.dead = append(w.ctl.dead, addr)
+	r := w.until(t, 5*time.Millisecond, 20, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
+	if len(r.Completed) != 1 || w.pool.Stats().Retries != 1 {
+		t.Fatalf("%+v", r)
+	}
+}
+
+func TestPoolSendRefused(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.ctl.sendErr = transport.ErrNotAllowed
+	if err := w.pool.Fetch("tcp://10.0.0.1:5555", "H", []int{1}, w.now.Add(time.Minute), w.now); !errors.Is(err, transport.ErrNotAllowed) {
+		t.Fatalf("err %v", err)
+	}
+	if w.pool.InFlight() != 0 {
+		t.Fatal("a refused fetch is in flight")
+	}
+}
+
+func TestPoolClose(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 1, true)
+	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
+	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
+	w.pool.Fetch(addr, "W", []int{4}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond)
+	r := w.pool.Close()
+	var held []string
+	for _, f := range r.Failed {
+		if f.BlocksHeld {
+			held = append(held, f.MMHash)
+		}
+	}
+	if !slices.Equal(held, []string{"H"}) || len(r.Released) != 1 || !r.Released[0].Forced {
+		t.Fatalf("%+v", r)
+	}
+	if !slices.Equal(w.ctl.removed, []string{addr}) {
+		t.Fatalf("removed %v", w.ctl.removed)
+	}
+	if err := w.pool.Fetch(addr, "X", nil, w.now, w.now); err == nil {
+		t.Fatal("fetch after close")
+	}
+}

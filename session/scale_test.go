@@ -1,0 +1,138 @@
+package session
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// metaData is a fake data plane whose agent metadata can change, as on a
+// producer restart.
+type metaData struct {
+	*xfertest.Fake
+	meta []byte
+}
+
+func (m *metaData) AgentMetadata() []byte { return m.meta }
+
+// The descriptor goes out only until the consumer session has completed a
+// READ, and again after our agent metadata changed.
+func TestDescriptorOncePerSession(t *testing.T) {
+	po := newProducer(t)
+	data := &metaData{Fake: po.data, meta: po.data.AgentMetadata()}
+	po.p = NewProducerSession(ProducerConfig{Logger: quiet}, data, po.cache, compat)
+	s1, s2 := sid("one"), sid("two")
+	acks := po.poll(t, t0, req("R", s1), req("R", s2))
+	if len(acks) != 2 || len(acks[0].MemDescriptor) == 0 || len(acks[1].MemDescriptor) == 0 {
+		t.Fatalf("first acks: %+v", acks)
+	}
+	// Until s1 completes a READ, it still gets the descriptor.
+	acks = po.poll(t, at(time.Second), req("R", s1))
+	if len(acks[0].MemDescriptor) == 0 {
+		t.Fatal("descriptor left out before any completion")
+	}
+	po.data.InjectNotif("cons", []byte(s1+":R"))
+	po.poll(t, at(2*time.Second))
+	acks = po.poll(t, at(3*time.Second), req("R", s1), req("R", s2))
+	if len(acks[0].MemDescriptor) != 0 || len(acks[1].MemDescriptor) == 0 {
+		t.Fatalf("after s1's completion: s1 desc %d bytes, s2 desc %d bytes", len(acks[0].MemDescriptor), len(acks[1].MemDescriptor))
+	}
+	if len(acks[0].AgentMetadata) == 0 {
+		t.Fatal("metadata left out")
+	}
+	// The agent restarts: everyone gets the descriptor again.
+	data.meta = []byte("fake:prod:7:16")
+	acks = po.poll(t, at(4*time.Second), req("R", s1))
+	if len(acks[0].MemDescriptor) == 0 || string(acks[0].AgentMetadata) != "fake:prod:7:16" {
+		t.Fatalf("after a restart: %+v", acks[0])
+	}
+}
+
+// Our consumer, like the reference's, registers a producer once per
+// metadata blob and needs the descriptor only then: descriptor-less acks
+// after the first completion still complete.
+func TestConsumerWithDescriptorLessAcks(t *testing.T) {
+	fab := xfertest.NewFabric()
+	cdata, pdata := fab.New("cons", 64, 16), fab.New("prod", 64, 16)
+	pc := cache.NewEmbeddingCache(64)
+	for _, h := range []string{"a", "b", "c"} {
+		pc.Alloc(h, 2)
+		pc.MarkReady(h)
+	}
+	toP, toC := &queue{}, &queue{}
+	cons, _ := NewConsumerSession(ConsumerConfig{Logger: quiet}, toP, cdata, compat)
+	prod := NewProducerSession(ProducerConfig{Logger: quiet}, pdata, pc, compat)
+	var r Results
+	for i, h := range []string{"a", "b", "c"} {
+		mustStart(t, cons, h, []int{2 * i, 2*i + 1}, at(time.Hour))
+		for range 3 {
+			var in []Message
+			for _, m := range toP.take() {
+				in = append(in, Message{Identity: []byte("c"), Payload: m})
+			}
+			prod.Poll(in, at(time.Duration(i)*time.Second), toC)
+			cons.Poll(toC.take(), at(time.Duration(i)*time.Second))
+		}
+		cons.TakeResults(&r)
+	}
+	if len(r.Completed) != 3 || prod.Stats().DescsSent != 1 || cons.Stats().Registrations != 1 {
+		t.Fatalf("completed %d, descriptors sent %d, registrations %d", len(r.Completed), prod.Stats().DescsSent, cons.Stats().Registrations)
+	}
+}
+
+func TestGrantBounds(t *testing.T) {
+	po := newProducer(t)
+	po.p = NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 2, MaxGrants: 3}, po.data, po.cache, compat)
+	po.cache.Alloc("S", 1)
+	po.cache.MarkReady("S")
+	po.cache.Alloc("T", 1)
+	po.cache.MarkReady("T")
+	a := sid("a")
+	acks := po.poll(t, t0, req("R", a), req("S", a), req("T", a), req("R", a))
+	want := []wire.Status{wire.OK, wire.OK, wire.NackInternal, wire.OK} // a re-request is not a new grant
+	for i, ack := range acks {
+		if ack.Status != want[i] {
+			t.Fatalf("ack %d: %s, want %s", i, ack.Status, want[i])
+		}
+	}
+	acks = po.poll(t, t0, req("T", sid("b")), req("S", sid("c")))
+	if acks[0].Status != wire.OK || acks[1].Status != wire.NackInternal || po.p.Stats().OverBound != 2 || po.p.Grants() != 3 {
+		t.Fatalf("%s %s, refused %d, grants %d", acks[0].Status, acks[1].Status, po.p.Stats().OverBound, po.p.Grants())
+	}
+}
+
+func TestMalformedSessionIDs(t *testing.T) {
+	for _, id := range []string{"s", "3F2B8C1E-9A4D-4E7B-8C2F-1D5E6A7B8C9D", "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9", "3f2b8c1e:9a4d-4e7b-8c2f-1d5e6a7b8c9d",
+		"3f2b8c1e9a4d4e7b8c2f1d5e6a7b8c9d0000", "{3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9}", "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9g"} {
+		po := newProducer(t)
+		acks := po.poll(t, t0, req("R", id))
+		if acks[0].Status != wire.NackInternal || po.pins("R") != 0 || po.p.Stats().BadSessionIDs != 1 {
+			t.Errorf("%q: %s", id, acks[0].Status)
+		}
+	}
+	po := newProducer(t)
+	if acks := po.poll(t, t0, req("R", "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d")); acks[0].Status != wire.OK {
+		t.Fatalf("canonical id refused: %s", acks[0].Status)
+	}
+}
+
+func TestAuthorize(t *testing.T) {
+	po := newProducer(t)
+	po.poll(t, t0, req("R", sid("a")))
+	e, _ := po.cache.Get("R")
+	key := []byte(sid("a") + ":R")
+	if !po.p.Authorize(key, e.Blocks) || !po.p.Authorize(key, e.Blocks[:1]) {
+		t.Fatal("granted blocks refused")
+	}
+	if po.p.Authorize(key, []int{e.Blocks[0], 15}) || po.p.Authorize([]byte(sid("b")+":R"), e.Blocks) {
+		t.Fatal("ungranted READ authorized")
+	}
+	po.data.InjectNotif("cons", key)
+	po.poll(t, at(time.Second))
+	if po.p.Authorize(key, e.Blocks) {
+		t.Fatal("authorized after completion")
+	}
+}
