@@ -1,0 +1,41 @@
+// Package connector is what an engine embeds: [Pool] on the consumer side
+// and [Producer] on the producer side, over the ZeroMQ control plane and a
+// data plane (the pure-Go TCP one, or NIXL).
+//
+// # The protocol in a screen
+//
+// A producer (an encoder instance) keeps embeddings, keyed by the content
+// hash mm_hash, in a fixed pool of equal-sized blocks of host memory. A
+// consumer (a prefill instance) that needs one allocates blocks of its own
+// and asks:
+//
+//	consumer (DEALER)                          producer (ROUTER)
+//	  XferReq{mm_hash, compat hash, session id} ──▶
+//	                                             check version, compat hash,
+//	                                             session id; pin the entry
+//	  ◀── XferAck{OK, block ids, agent metadata, mem descriptor}
+//	  register the producer's agent (once per metadata blob)
+//	  READ remote blocks → local blocks, notification "<session id>:<mm_hash>"
+//	  ═════════ one-sided READ on the data plane ═════════
+//	                                             notification → unpin
+//	                                             (or the 30 s pin lease runs out)
+//	  READ done → the blocks hold the embedding
+//
+// A NACK says why not: MISSING and INCOMPAT, VERSION and INTERNAL are final;
+// NOT_READY (the save has not landed) is worth retrying, and the Pool does,
+// with backoff, within a budget. Both sides run in the engine's step loop:
+// [Pool.Step] and [Producer.Step] never block; [Producer.Serve] is there for
+// engines that do not step while idle.
+//
+// The consumer frees a fetch's blocks only when the data plane says its READ
+// ended: a READ that outlives its timeout is quarantined, and its blocks come
+// back ([Released]) only once it settles, even when its producer died.
+//
+// # Mapping onto vLLM
+//
+// The messages, their msgpack bytes, the ZeroMQ framing and the
+// notification text are vLLM's EC connector's (protocol version 2), so a Go
+// producer serves vLLM consumers and a Go consumer fetches from vLLM
+// producers, given the same data plane: NIXL between vLLM and Go (build tag
+// nixl), or the TCP data plane between Go peers.
+package connector
