@@ -1,0 +1,78 @@
+/*
+ * cnixl: ecxfer's own thin C ABI between Go and NIXL. Built over NIXL's C++
+ * agent API with the `nixl` tag (cnixl_nixl.cpp), or over an in-process fake
+ * with the `nixlfake` tag (cnixl_fake.c). Status values are NIXL's
+ * nixl_status_t numbers: 1 in progress, 0 success, negative errors.
+ *
+ * Memory: every buffer a cnixl function returns through an out pointer is
+ * malloc'd and freed by the caller with cnixl_free. No function keeps a
+ * pointer it was passed after returning, except the region registered by
+ * cnixl_register, which must stay mapped until cnixl_agent_destroy.
+ */
+#ifndef ECXFER_CNIXL_H
+#define ECXFER_CNIXL_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define CNIXL_IN_PROG 1
+#define CNIXL_SUCCESS 0
+#define CNIXL_ERR_NOT_POSTED -1
+#define CNIXL_ERR_INVALID_PARAM -2
+#define CNIXL_ERR_BACKEND -3
+#define CNIXL_ERR_NOT_FOUND -4
+#define CNIXL_ERR_MISMATCH -5
+#define CNIXL_ERR_NOT_ALLOWED -6
+#define CNIXL_ERR_REPOST_ACTIVE -7
+#define CNIXL_ERR_UNKNOWN -8
+#define CNIXL_ERR_NOT_SUPPORTED -9
+#define CNIXL_ERR_REMOTE_DISCONNECT -10
+#define CNIXL_ERR_CANCELED -11
+#define CNIXL_ERR_NO_TELEMETRY -12
+
+typedef struct cnixl_agent cnixl_agent;
+typedef uint64_t cnixl_handle;
+
+/* Creates an agent with one backend (e.g. "UCX") and its parameters. */
+int cnixl_agent_new(const char *name, const char *backend, const char *const *keys, const char *const *vals,
+                    int nparams, int progress_thread, cnixl_agent **out);
+/* Deregisters everything and frees the agent. */
+void cnixl_agent_destroy(cnixl_agent *a);
+
+/* Registers the region [base, base+nblocks*block_size) as DRAM and prepares
+ * the local descriptor list, one descriptor per block. */
+int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_size, uint64_t nblocks);
+
+/* This agent's metadata blob. */
+int cnixl_local_md(cnixl_agent *a, void **md, size_t *len);
+
+/* Loads a remote agent from its metadata and prepares its descriptor list
+ * from ndescs (addr, len, dev) triples; returns its name. */
+int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs, size_t ndescs,
+                      char **name);
+/* Forgets a remote agent. */
+int cnixl_remove_remote(cnixl_agent *a, const char *name);
+
+/* Posts a READ of remote blocks into local blocks (n each) carrying notif. */
+int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n, const char *agent,
+                    const void *notif, size_t notiflen, cnixl_handle *out);
+/* A posted READ's status. */
+int cnixl_check(cnixl_agent *a, cnixl_handle h);
+/* Releases a READ; one in progress is aborted if NIXL can. */
+int cnixl_release(cnixl_agent *a, cnixl_handle h);
+
+/* Notifications received since the last call, as a buffer of records:
+ * u32 name length, name, u32 message length, message (host byte order). */
+int cnixl_get_notifs(cnixl_agent *a, void **buf, size_t *len);
+
+void cnixl_free(void *p);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

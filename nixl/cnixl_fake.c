@@ -1,0 +1,387 @@
+//go:build nixlfake
+
+/*
+ * An in-process fake of the cnixl ABI, written for ecxfer's tests: agents
+ * live in one process and find each other by name; a READ is a memcpy on a
+ * thread of its own after a configurable delay, and delivers its
+ * notification to the target agent. Failures can be injected per operation.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cnixl_fake.h"
+
+struct xfer {
+	cnixl_handle h;
+	int status;   /* guarded by g_mu */
+	int canceled; /* guarded by g_mu */
+	int refs;     /* the agent's table and the thread */
+	char *initiator;
+	char *target;
+	uintptr_t local_base;
+	uint64_t block_size;
+	int n;
+	int32_t *local;
+	int32_t *remote;
+	void *notif;
+	size_t notiflen;
+};
+
+struct remote {
+	char *name;
+	size_t ndescs;
+};
+
+struct cnixl_agent {
+	char *name;
+	uintptr_t base;
+	uint64_t block_size, nblocks;
+	int registered;
+	struct remote *remotes;
+	int nremotes;
+	struct xfer **xfers;
+	int nxfers, capxfers;
+	cnixl_handle next;
+	unsigned char *notifs;
+	size_t notiflen, notifcap;
+};
+
+static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
+static cnixl_agent *g_agents[256];
+static int g_nagents;
+static long g_delay_us;
+static int g_fail_op, g_fail_status, g_fail_count;
+
+static char *dupstr(const char *s) {
+	size_t n = strlen(s) + 1;
+	char *d = malloc(n);
+	memcpy(d, s, n);
+	return d;
+}
+
+/* injected returns the status to fail op with, or 0. Called with g_mu. */
+static int injected(int op) {
+	if (g_fail_count > 0 && g_fail_op == op) {
+		g_fail_count--;
+		return g_fail_status;
+	}
+	return 0;
+}
+
+void cnixl_fake_set_delay_us(long us) {
+	pthread_mutex_lock(&g_mu);
+	g_delay_us = us;
+	pthread_mutex_unlock(&g_mu);
+}
+
+void cnixl_fake_fail(int op, int status, int count) {
+	pthread_mutex_lock(&g_mu);
+	g_fail_op = op;
+	g_fail_status = status;
+	g_fail_count = count;
+	pthread_mutex_unlock(&g_mu);
+}
+
+int cnixl_fake_live_handles(cnixl_agent *a) {
+	pthread_mutex_lock(&g_mu);
+	int n = a->nxfers;
+	pthread_mutex_unlock(&g_mu);
+	return n;
+}
+
+int cnixl_fake_live_remotes(cnixl_agent *a) {
+	pthread_mutex_lock(&g_mu);
+	int n = a->nremotes;
+	pthread_mutex_unlock(&g_mu);
+	return n;
+}
+
+static cnixl_agent *find_agent(const char *name) {
+	for (int i = 0; i < g_nagents; i++)
+		if (strcmp(g_agents[i]->name, name) == 0)
+			return g_agents[i];
+	return NULL;
+}
+
+int cnixl_agent_new(const char *name, const char *backend, const char *const *keys, const char *const *vals,
+                    int nparams, int progress_thread, cnixl_agent **out) {
+	(void)keys;
+	(void)vals;
+	(void)nparams;
+	(void)progress_thread;
+	if (strcmp(backend, "UCX") != 0)
+		return CNIXL_ERR_NOT_FOUND;
+	pthread_mutex_lock(&g_mu);
+	if (find_agent(name) != NULL || g_nagents == (int)(sizeof g_agents / sizeof g_agents[0])) {
+		pthread_mutex_unlock(&g_mu);
+		return CNIXL_ERR_NOT_ALLOWED;
+	}
+	cnixl_agent *a = calloc(1, sizeof *a);
+	a->name = dupstr(name);
+	g_agents[g_nagents++] = a;
+	pthread_mutex_unlock(&g_mu);
+	*out = a;
+	return CNIXL_SUCCESS;
+}
+
+static void xfer_unref(struct xfer *x) {
+	if (--x->refs > 0)
+		return;
+	free(x->initiator);
+	free(x->target);
+	free(x->local);
+	free(x->remote);
+	free(x->notif);
+	free(x);
+}
+
+void cnixl_agent_destroy(cnixl_agent *a) {
+	pthread_mutex_lock(&g_mu);
+	for (int i = 0; i < g_nagents; i++) {
+		if (g_agents[i] == a) {
+			g_agents[i] = g_agents[--g_nagents];
+			break;
+		}
+	}
+	/* Nothing may write into the region once this returns. */
+	for (int i = 0; i < a->nxfers; i++) {
+		a->xfers[i]->canceled = 1;
+		xfer_unref(a->xfers[i]);
+	}
+	for (int i = 0; i < a->nremotes; i++)
+		free(a->remotes[i].name);
+	pthread_mutex_unlock(&g_mu);
+	free(a->remotes);
+	free(a->xfers);
+	free(a->notifs);
+	free(a->name);
+	free(a);
+}
+
+int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_size, uint64_t nblocks) {
+	pthread_mutex_lock(&g_mu);
+	a->base = base;
+	a->block_size = block_size;
+	a->nblocks = nblocks;
+	a->registered = 1;
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_SUCCESS;
+}
+
+int cnixl_local_md(cnixl_agent *a, void **md, size_t *len) {
+	static const char prefix[] = "fakenixl:";
+	size_t n = strlen(prefix) + strlen(a->name);
+	char *b = malloc(n + 1);
+	strcpy(b, prefix);
+	strcat(b, a->name);
+	*md = b;
+	*len = n;
+	return CNIXL_SUCCESS;
+}
+
+int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs, size_t ndescs,
+                      char **name) {
+	(void)descs;
+	static const char prefix[] = "fakenixl:";
+	size_t pl = strlen(prefix);
+	if (mdlen <= pl || memcmp(md, prefix, pl) != 0)
+		return CNIXL_ERR_INVALID_PARAM;
+	pthread_mutex_lock(&g_mu);
+	int st = injected(CNIXL_FAKE_OP_LOAD);
+	if (st != 0) {
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
+	char *n = malloc(mdlen - pl + 1);
+	memcpy(n, (const char *)md + pl, mdlen - pl);
+	n[mdlen - pl] = 0;
+	for (int i = 0; i < a->nremotes; i++) {
+		if (strcmp(a->remotes[i].name, n) == 0) {
+			pthread_mutex_unlock(&g_mu);
+			free(n);
+			return CNIXL_ERR_NOT_ALLOWED; /* loaded already */
+		}
+	}
+	a->remotes = realloc(a->remotes, (a->nremotes + 1) * sizeof *a->remotes);
+	a->remotes[a->nremotes].name = n;
+	a->remotes[a->nremotes].ndescs = ndescs;
+	a->nremotes++;
+	pthread_mutex_unlock(&g_mu);
+	*name = dupstr(n);
+	return CNIXL_SUCCESS;
+}
+
+int cnixl_remove_remote(cnixl_agent *a, const char *name) {
+	pthread_mutex_lock(&g_mu);
+	for (int i = 0; i < a->nremotes; i++) {
+		if (strcmp(a->remotes[i].name, name) == 0) {
+			free(a->remotes[i].name);
+			a->remotes[i] = a->remotes[--a->nremotes];
+			pthread_mutex_unlock(&g_mu);
+			return CNIXL_SUCCESS;
+		}
+	}
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_ERR_NOT_FOUND;
+}
+
+static void *run_read(void *arg) {
+	struct xfer *x = arg;
+	pthread_mutex_lock(&g_mu);
+	long delay = g_delay_us;
+	pthread_mutex_unlock(&g_mu);
+	if (delay > 0) {
+		struct timespec ts = {delay / 1000000, (delay % 1000000) * 1000};
+		while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+		}
+	}
+	pthread_mutex_lock(&g_mu);
+	if (x->canceled) {
+		x->status = CNIXL_ERR_CANCELED;
+	} else {
+		cnixl_agent *t = find_agent(x->target);
+		if (t == NULL || !t->registered) {
+			x->status = CNIXL_ERR_REMOTE_DISCONNECT;
+		} else if (t->block_size != x->block_size) {
+			x->status = CNIXL_ERR_MISMATCH;
+		} else {
+			int ok = 1;
+			for (int i = 0; i < x->n; i++)
+				if (x->remote[i] < 0 || (uint64_t)x->remote[i] >= t->nblocks)
+					ok = 0;
+			if (!ok) {
+				x->status = CNIXL_ERR_INVALID_PARAM;
+			} else {
+				for (int i = 0; i < x->n; i++)
+					memcpy((void *)(x->local_base + (uint64_t)x->local[i] * x->block_size),
+					       (const void *)(t->base + (uint64_t)x->remote[i] * t->block_size), x->block_size);
+				/* Deliver the notification: u32 name len, name, u32 msg len, msg. */
+				uint32_t nl = strlen(x->initiator), ml = x->notiflen;
+				size_t need = t->notiflen + 8 + nl + ml;
+				if (need > t->notifcap) {
+					t->notifcap = need * 2;
+					t->notifs = realloc(t->notifs, t->notifcap);
+				}
+				unsigned char *p = t->notifs + t->notiflen;
+				memcpy(p, &nl, 4);
+				memcpy(p + 4, x->initiator, nl);
+				memcpy(p + 4 + nl, &ml, 4);
+				memcpy(p + 8 + nl, x->notif, ml);
+				t->notiflen = need;
+				x->status = CNIXL_SUCCESS;
+			}
+		}
+	}
+	xfer_unref(x);
+	pthread_mutex_unlock(&g_mu);
+	return NULL;
+}
+
+int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n, const char *agent,
+                    const void *notif, size_t notiflen, cnixl_handle *out) {
+	pthread_mutex_lock(&g_mu);
+	int st = injected(CNIXL_FAKE_OP_POST);
+	int known = 0;
+	for (int i = 0; i < a->nremotes; i++)
+		if (strcmp(a->remotes[i].name, agent) == 0)
+			known = 1;
+	if (st == 0 && !known)
+		st = CNIXL_ERR_NOT_FOUND;
+	for (int i = 0; st == 0 && i < n; i++)
+		if (local[i] < 0 || (uint64_t)local[i] >= a->nblocks)
+			st = CNIXL_ERR_INVALID_PARAM;
+	if (st != 0) {
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
+	struct xfer *x = calloc(1, sizeof *x);
+	x->h = ++a->next;
+	x->status = CNIXL_IN_PROG;
+	x->refs = 2;
+	x->initiator = dupstr(a->name);
+	x->target = dupstr(agent);
+	x->local_base = a->base;
+	x->block_size = a->block_size;
+	x->n = n;
+	x->local = malloc(n * sizeof(int32_t) + 1);
+	x->remote = malloc(n * sizeof(int32_t) + 1);
+	memcpy(x->local, local, n * sizeof(int32_t));
+	memcpy(x->remote, remote, n * sizeof(int32_t));
+	x->notif = malloc(notiflen + 1);
+	memcpy(x->notif, notif, notiflen);
+	x->notiflen = notiflen;
+	if (a->nxfers == a->capxfers) {
+		a->capxfers = a->capxfers ? 2 * a->capxfers : 16;
+		a->xfers = realloc(a->xfers, a->capxfers * sizeof *a->xfers);
+	}
+	a->xfers[a->nxfers++] = x;
+	pthread_t t;
+	pthread_attr_t attr;
+	pthread_attr_init(&attr);
+	pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+	if (pthread_create(&t, &attr, run_read, x) != 0) {
+		x->status = CNIXL_ERR_BACKEND;
+		x->refs--;
+	}
+	pthread_attr_destroy(&attr);
+	*out = x->h;
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_SUCCESS;
+}
+
+static int find_xfer(cnixl_agent *a, cnixl_handle h) {
+	for (int i = 0; i < a->nxfers; i++)
+		if (a->xfers[i]->h == h)
+			return i;
+	return -1;
+}
+
+int cnixl_check(cnixl_agent *a, cnixl_handle h) {
+	pthread_mutex_lock(&g_mu);
+	int st = injected(CNIXL_FAKE_OP_CHECK);
+	if (st == 0) {
+		int i = find_xfer(a, h);
+		st = i < 0 ? CNIXL_ERR_NOT_FOUND : a->xfers[i]->status;
+	}
+	pthread_mutex_unlock(&g_mu);
+	return st;
+}
+
+int cnixl_release(cnixl_agent *a, cnixl_handle h) {
+	pthread_mutex_lock(&g_mu);
+	int i = find_xfer(a, h);
+	if (i < 0) {
+		pthread_mutex_unlock(&g_mu);
+		return CNIXL_ERR_NOT_FOUND;
+	}
+	struct xfer *x = a->xfers[i];
+	int st = injected(CNIXL_FAKE_OP_RELEASE);
+	if (st != 0 && x->status == CNIXL_IN_PROG) {
+		/* Could not abort: the READ goes on, the handle stays. */
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
+	x->canceled = 1; /* the copy happens under g_mu: none will follow */
+	a->xfers[i] = a->xfers[--a->nxfers];
+	xfer_unref(x);
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_SUCCESS;
+}
+
+int cnixl_get_notifs(cnixl_agent *a, void **buf, size_t *len) {
+	pthread_mutex_lock(&g_mu);
+	*len = a->notiflen;
+	*buf = NULL;
+	if (a->notiflen > 0) {
+		*buf = malloc(a->notiflen);
+		memcpy(*buf, a->notifs, a->notiflen);
+		a->notiflen = 0;
+	}
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_SUCCESS;
+}
+
+void cnixl_free(void *p) { free(p); }

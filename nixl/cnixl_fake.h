@@ -1,0 +1,20 @@
+/* Controls of the fake cnixl (nixlfake builds only). */
+#ifndef ECXFER_CNIXL_FAKE_H
+#define ECXFER_CNIXL_FAKE_H
+
+#include "cnixl.h"
+
+#define CNIXL_FAKE_OP_POST 1
+#define CNIXL_FAKE_OP_CHECK 2
+#define CNIXL_FAKE_OP_LOAD 3
+#define CNIXL_FAKE_OP_RELEASE 4
+
+/* Each READ completes after this many microseconds, on its own thread. */
+void cnixl_fake_set_delay_us(long us);
+/* The next count calls of op fail with status. */
+void cnixl_fake_fail(int op, int status, int count);
+/* What the agent still holds: READ handles not released, remote agents not removed. */
+int cnixl_fake_live_handles(cnixl_agent *a);
+int cnixl_fake_live_remotes(cnixl_agent *a);
+
+#endif

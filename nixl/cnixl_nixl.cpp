@@ -1,0 +1,260 @@
+//go:build nixl
+
+// cnixl over NIXL's C++ agent API (nixl.h). Written against NIXL's public
+// headers; compiled only with the nixl build tag, against an installed NIXL.
+// No C++ exception crosses into Go: every entry point catches them.
+
+#include "cnixl.h"
+
+#if __has_include(<nixl.h>)
+
+#include <nixl.h>
+
+#include <cstdlib>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+struct cnixl_agent {
+    std::unique_ptr<nixlAgent> agent;
+    nixlBackendH *backend = nullptr;
+    nixl_reg_dlist_t reg{DRAM_SEG};
+    bool registered = false;
+    nixlDlistH *local = nullptr;
+    std::map<std::string, nixlDlistH *> remotes;
+    std::map<cnixl_handle, nixlXferReqH *> reqs;
+    cnixl_handle next = 0;
+    std::mutex mu;
+
+    nixl_opt_args_t opts() const {
+        nixl_opt_args_t o;
+        o.backends.push_back(backend);
+        return o;
+    }
+};
+
+template <class F> static int guarded(F f) {
+    try {
+        return f();
+    } catch (...) {
+        return CNIXL_ERR_UNKNOWN;
+    }
+}
+
+static void *copy_out(const std::string &s) {
+    void *p = std::malloc(s.size() + 1);
+    if (p != nullptr) {
+        std::memcpy(p, s.data(), s.size());
+        static_cast<char *>(p)[s.size()] = 0;
+    }
+    return p;
+}
+
+extern "C" int cnixl_agent_new(const char *name, const char *backend, const char *const *keys,
+                               const char *const *vals, int nparams, int progress_thread, cnixl_agent **out) {
+    return guarded([&] {
+        auto a = std::make_unique<cnixl_agent>();
+        nixlAgentConfig cfg(progress_thread != 0);
+        a->agent = std::make_unique<nixlAgent>(name, cfg);
+        nixl_b_params_t params;
+        for (int i = 0; i < nparams; i++)
+            params[keys[i]] = vals[i];
+        nixl_status_t st = a->agent->createBackend(backend, params, a->backend);
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        *out = a.release();
+        return CNIXL_SUCCESS;
+    });
+}
+
+extern "C" void cnixl_agent_destroy(cnixl_agent *a) {
+    guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        for (auto &r : a->reqs)
+            a->agent->releaseXferReq(r.second);
+        for (auto &r : a->remotes) {
+            a->agent->releasedDlistH(r.second);
+            a->agent->invalidateRemoteMD(r.first);
+        }
+        if (a->local != nullptr)
+            a->agent->releasedDlistH(a->local);
+        if (a->registered) {
+            nixl_opt_args_t o = a->opts();
+            a->agent->deregisterMem(a->reg, &o);
+        }
+        return 0;
+    });
+    delete a;
+}
+
+extern "C" int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_size, uint64_t nblocks) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        nixl_opt_args_t o = a->opts();
+        a->reg.addDesc(nixlBlobDesc(base, block_size * nblocks, 0, ""));
+        nixl_status_t st = a->agent->registerMem(a->reg, &o);
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        a->registered = true;
+        // One descriptor per block: block i is descriptor i.
+        nixl_xfer_dlist_t blocks(DRAM_SEG);
+        for (uint64_t i = 0; i < nblocks; i++)
+            blocks.addDesc(nixlBasicDesc(base + i * block_size, block_size, 0));
+        return static_cast<int>(a->agent->prepXferDlist(NIXL_INIT_AGENT, blocks, a->local, &o));
+    });
+}
+
+extern "C" int cnixl_local_md(cnixl_agent *a, void **md, size_t *len) {
+    return guarded([&] {
+        nixl_blob_t blob;
+        nixl_status_t st = a->agent->getLocalMD(blob);
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        *md = copy_out(blob);
+        *len = blob.size();
+        return CNIXL_SUCCESS;
+    });
+}
+
+extern "C" int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs,
+                                 size_t ndescs, char **name) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        std::string agent;
+        nixl_status_t st = a->agent->loadRemoteMD(nixl_blob_t(static_cast<const char *>(md), mdlen), agent);
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        nixl_xfer_dlist_t blocks(DRAM_SEG);
+        for (size_t i = 0; i < ndescs; i++)
+            blocks.addDesc(nixlBasicDesc(descs[3 * i], descs[3 * i + 1], descs[3 * i + 2]));
+        nixl_opt_args_t o = a->opts();
+        nixlDlistH *h = nullptr;
+        st = a->agent->prepXferDlist(agent, blocks, h, &o);
+        if (st != NIXL_SUCCESS) {
+            a->agent->invalidateRemoteMD(agent);
+            return static_cast<int>(st);
+        }
+        auto old = a->remotes.find(agent);
+        if (old != a->remotes.end())
+            a->agent->releasedDlistH(old->second);
+        a->remotes[agent] = h;
+        *name = static_cast<char *>(copy_out(agent));
+        return CNIXL_SUCCESS;
+    });
+}
+
+extern "C" int cnixl_remove_remote(cnixl_agent *a, const char *name) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        auto it = a->remotes.find(name);
+        if (it == a->remotes.end())
+            return CNIXL_ERR_NOT_FOUND;
+        a->agent->releasedDlistH(it->second);
+        a->remotes.erase(it);
+        return static_cast<int>(a->agent->invalidateRemoteMD(name));
+    });
+}
+
+extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n,
+                               const char *agent, const void *notif, size_t notiflen, cnixl_handle *out) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        auto it = a->remotes.find(agent);
+        if (it == a->remotes.end())
+            return CNIXL_ERR_NOT_FOUND;
+        std::vector<int> li(local, local + n), ri(remote, remote + n);
+        nixl_opt_args_t o = a->opts();
+        if (notiflen > 0) {
+            o.notifMsg.assign(static_cast<const char *>(notif), notiflen);
+            o.hasNotif = true;
+        }
+        nixlXferReqH *req = nullptr;
+        nixl_status_t st = a->agent->makeXferReq(NIXL_READ, a->local, li, it->second, ri, req, &o);
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        st = a->agent->postXferReq(req);
+        if (st < 0) {
+            a->agent->releaseXferReq(req);
+            return static_cast<int>(st);
+        }
+        *out = ++a->next;
+        a->reqs[*out] = req;
+        return CNIXL_SUCCESS;
+    });
+}
+
+extern "C" int cnixl_check(cnixl_agent *a, cnixl_handle h) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        auto it = a->reqs.find(h);
+        if (it == a->reqs.end())
+            return CNIXL_ERR_NOT_FOUND;
+        return static_cast<int>(a->agent->getXferStatus(it->second));
+    });
+}
+
+extern "C" int cnixl_release(cnixl_agent *a, cnixl_handle h) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        auto it = a->reqs.find(h);
+        if (it == a->reqs.end())
+            return CNIXL_ERR_NOT_FOUND;
+        nixl_status_t st = a->agent->releaseXferReq(it->second);
+        if (st == NIXL_SUCCESS)
+            a->reqs.erase(it);
+        return static_cast<int>(st);
+    });
+}
+
+extern "C" int cnixl_get_notifs(cnixl_agent *a, void **buf, size_t *len) {
+    return guarded([&] {
+        nixl_notifs_t notifs;
+        nixl_status_t st = a->agent->getNotifs(notifs);
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        std::string out;
+        for (auto &kv : notifs) {
+            for (auto &msg : kv.second) {
+                uint32_t nl = kv.first.size(), ml = msg.size();
+                out.append(reinterpret_cast<const char *>(&nl), 4);
+                out.append(kv.first);
+                out.append(reinterpret_cast<const char *>(&ml), 4);
+                out.append(msg);
+            }
+        }
+        *len = out.size();
+        *buf = out.empty() ? nullptr : copy_out(out);
+        return CNIXL_SUCCESS;
+    });
+}
+
+extern "C" void cnixl_free(void *p) { std::free(p); }
+
+#else // no NIXL headers: every call says so (go vet -tags nixl still works)
+
+#include <cstdlib>
+
+extern "C" int cnixl_agent_new(const char *, const char *, const char *const *, const char *const *, int, int,
+                               cnixl_agent **) {
+    return CNIXL_ERR_NOT_SUPPORTED;
+}
+extern "C" void cnixl_agent_destroy(cnixl_agent *) {}
+extern "C" int cnixl_register(cnixl_agent *, uintptr_t, uint64_t, uint64_t) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_local_md(cnixl_agent *, void **, size_t *) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_load_remote(cnixl_agent *, const void *, size_t, const uint64_t *, size_t, char **) {
+    return CNIXL_ERR_NOT_SUPPORTED;
+}
+extern "C" int cnixl_remove_remote(cnixl_agent *, const char *) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_post_read(cnixl_agent *, const int32_t *, const int32_t *, int, const char *, const void *,
+                               size_t, cnixl_handle *) {
+    return CNIXL_ERR_NOT_SUPPORTED;
+}
+extern "C" int cnixl_check(cnixl_agent *, cnixl_handle) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_release(cnixl_agent *, cnixl_handle) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_get_notifs(cnixl_agent *, void **, size_t *) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" void cnixl_free(void *p) { std::free(p); }
+
+#endif

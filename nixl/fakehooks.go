@@ -1,0 +1,36 @@
+//go:build nixlfake
+
+package nixl
+
+/*
+#include "cnixl_fake.h"
+*/
+import "C"
+
+import "time"
+
+// Test hooks of the nixlfake build: they drive the C fake.
+
+// FakeSetDelay makes every READ take d on its own thread.
+func FakeSetDelay(d time.Duration) { C.cnixl_fake_set_delay_us(C.long(d / time.Microsecond)) }
+
+// Fake operations to fail.
+const (
+	FakePost    = C.CNIXL_FAKE_OP_POST
+	FakeCheck   = C.CNIXL_FAKE_OP_CHECK
+	FakeLoad    = C.CNIXL_FAKE_OP_LOAD
+	FakeRelease = C.CNIXL_FAKE_OP_RELEASE
+)
+
+// FakeFail makes the next count calls of op fail with NIXL status st.
+func FakeFail(op, st, count int) { C.cnixl_fake_fail(C.int(op), C.int(st), C.int(count)) }
+
+// FakeLeaks returns the requests and remote agents a still holds in C.
+func (a *Agent) FakeLeaks() (handles, remotes int) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.c == nil {
+		return 0, 0
+	}
+	return int(C.cnixl_fake_live_handles(a.c)), int(C.cnixl_fake_live_remotes(a.c))
+}
