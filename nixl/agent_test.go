@@ -164,7 +164,7 @@ func TestSessionsOverFakeNIXL(t *testing.T) {
 	var r session.Results
 	now := time.Unix(0, 0)
 	for i := range 100 {
-		if err := cons.StartXfer(fmt.Sprint(i), []int{(2 * i) % 64, (2*i + 1) % 64}, now.Add(time.Minute)); err != nil {
+		if err := cons.StartXfer(fmt.Sprint(i), []int{(2 * i) % 64, (2*i + 1) % 64}, now, now.Add(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		for step := 0; cons.HasInFlight(); step++ {

@@ -55,7 +55,7 @@ func BenchmarkConsumerPoll(b *testing.B) {
 			var acks [][]byte
 			for i := range n {
 				h := fmt.Sprintf("%064x", i)
-				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(1<<40)); err != nil {
+				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(0), at(1<<40)); err != nil {
 					b.Fatal(err)
 				}
 				acks = append(acks, ackOK(h, c.ID(), data.meta, int64(2*i), int64(2*i+1)))

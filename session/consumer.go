@@ -105,12 +105,12 @@ func (c *ConsumerSession) ID() string { return c.id }
 // Stats returns the counters.
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
-// StartXfer asks the producer for mmHash, to be read into blocks, and waits
-// for its ack until ackDeadline. A send error is returned and nothing is
+// StartXfer asks the producer for mmHash at now, to be read into blocks,
+// and waits for its ack until ackDeadline. A send error is returned and nothing is
 // recorded. A transfer for mmHash still in flight (waiting, reading or in
 // quarantine) is refused with ErrInFlight. The session keeps blocks (it is
 // handed back in the outcome): do not modify it until then.
-func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline time.Time) error {
+func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadline time.Time) error {
 	if c.closed {
 		return ErrClosed
 	}
@@ -128,7 +128,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline tim
 	} else {
 		x = new(cxfer)
 	}
-	x.Reset(mmHash, blocks, c.id, ackDeadline, c.data, &c.xcfg)
+	x.Reset(mmHash, blocks, c.id, now, ackDeadline, c.data, &c.xcfg)
 	x.ended = false
 	c.byHash[mmHash] = x
 	c.active = append(c.active, x)

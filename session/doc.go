@@ -38,9 +38,10 @@
 //     failing it. The quarantine deadline still forces a transfer out, but
 //     the Settled outcome says Forced when nothing confirmed the READ
 //     stopped, and it is counted and logged.
-//  5. A READ first seen complete after ack time + pin lease is tombstoned
-//     (LateCompletion), not promoted: the producer may have reused the
-//     blocks.
+//  5. A READ first seen complete after request time + pin lease is
+//     tombstoned (LateCompletion), not promoted: the producer may have
+//     reused the blocks. (Request time, not ack time: the producer's lease
+//     started when it granted, between the two.)
 //  6. Close reports what it abandons: the pending results, the transfers
 //     whose blocks may be reused, and those whose READ could not be stopped.
 //

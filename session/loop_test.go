@@ -77,7 +77,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 				break
 			}
 			blocks := slices.Clone(free[len(free)-n:])
-			if err := cons.StartXfer(k, blocks, now.Add(2*time.Second)); err != nil {
+			if err := cons.StartXfer(k, blocks, now, now.Add(2*time.Second)); err != nil {
 				continue // in flight: try later
 			}
 			free = free[:len(free)-n]

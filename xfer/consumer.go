@@ -20,8 +20,8 @@ type Config struct {
 	// Default 60 s.
 	QuarantineTimeout time.Duration
 	// PinLease is how long a producer holds a grant's pin. The consumer does
-	// not trust a READ first seen complete later than ack time + PinLease:
-	// the producer may have reused the blocks. Default 30 s.
+	// not trust a READ first seen complete later than request time +
+	// PinLease: the producer may have reused the blocks. Default 30 s.
 	PinLease time.Duration
 }
 
@@ -70,28 +70,29 @@ type ConsumerXfer struct {
 	reason   Reason
 	forced   bool
 	deadline time.Time // ack, read or quarantine deadline, by state
-	ackAt    time.Time
+	sentAt   time.Time // when the request went out
 	handle   Handle
 	remote   []int // scratch: the ack's source blocks
 	sorted   []int // scratch: for the uniqueness check
 }
 
-// NewConsumerXfer returns a transfer waiting for its ack until ackDeadline.
+// NewConsumerXfer returns a transfer whose request was sent at sentAt,
+// waiting for its ack until ackDeadline.
 // cfg must already carry its defaults (Config.WithDefaults).
-func NewConsumerXfer(mmHash string, blocks []int, sessionID string, ackDeadline time.Time, data DataTransport, cfg *Config) *ConsumerXfer {
+func NewConsumerXfer(mmHash string, blocks []int, sessionID string, sentAt, ackDeadline time.Time, data DataTransport, cfg *Config) *ConsumerXfer {
 	x := &ConsumerXfer{}
-	x.Reset(mmHash, blocks, sessionID, ackDeadline, data, cfg)
+	x.Reset(mmHash, blocks, sessionID, sentAt, ackDeadline, data, cfg)
 	return x
 }
 
 // Reset reuses x for a new transfer, keeping its scratch buffers.
-func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, ackDeadline time.Time, data DataTransport, cfg *Config) {
+func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sentAt, ackDeadline time.Time, data DataTransport, cfg *Config) {
 	notif := append(x.notif[:0], sessionID...)
 	notif = append(notif, ':')
 	notif = append(notif, mmHash...)
 	*x = ConsumerXfer{
 		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
-		state: WaitingAck, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
+		state: WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
 	}
 }
 
@@ -133,7 +134,7 @@ func (x *ConsumerXfer) HandleAck(ack *wire.XferAck, peer Peer, now time.Time) er
 		return fmt.Errorf("xfer: post READ of %s: %w", x.MMHash, err)
 	}
 	x.handle, x.state = h, Reading
-	x.ackAt, x.deadline = now, now.Add(x.cfg.ReadTimeout)
+	x.deadline = now.Add(x.cfg.ReadTimeout)
 	return nil
 }
 
@@ -185,7 +186,10 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 		x.quarantine(now, CheckFailed)
 	case p == Complete:
 		x.releaseEnded()
-		if now.After(x.ackAt.Add(x.cfg.PinLease)) {
+		// The producer granted after we sent, so its lease ended no
+		// earlier than sentAt + PinLease: past that, its blocks may hold
+		// something else.
+		if now.After(x.sentAt.Add(x.cfg.PinLease)) {
 			x.state, x.reason = ReadFailed, LateCompletion
 		} else {
 			x.state = Done

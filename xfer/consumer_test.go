@@ -33,7 +33,7 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.x = xfer.NewConsumerXfer("H", []int{10, 11}, "S", t0.Add(2*time.Second), r.cons, &r.cfg)
+	r.x = xfer.NewConsumerXfer("H", []int{10, 11}, "S", t0, t0.Add(2*time.Second), r.cons, &r.cfg)
 	return r
 }
 
@@ -326,7 +326,7 @@ func TestReset(t *testing.T) {
 	r := newRig(t)
 	r.read(t, xfertest.Outcome{})
 	r.expect(t, t0.Add(2*time.Second), xfer.Done)
-	r.x.Reset("G", []int{1}, "S2", t0.Add(time.Second), r.cons, &r.cfg)
+	r.x.Reset("G", []int{1}, "S2", t0, t0.Add(time.Second), r.cons, &r.cfg)
 	if r.x.State() != xfer.WaitingAck || string(r.x.Notif()) != "S2:G" || r.x.Reason() != xfer.NoReason || r.x.HasHandle() {
 		t.Fatalf("after reset: %s %q %s", r.x.State(), r.x.Notif(), r.x.Reason())
 	}
@@ -344,5 +344,21 @@ func TestConfigDefaults(t *testing.T) {
 	d := xfer.DefaultConfig()
 	if c.ReadTimeout != time.Second || c.QuarantineTimeout != d.QuarantineTimeout || c.PinLease != 30*time.Second || d.ReadTimeout != 20*time.Second || d.QuarantineTimeout != 60*time.Second {
 		t.Fatalf("%+v / %+v", c, d)
+	}
+}
+
+// The producer's lease started when it granted, between our request and its
+// ack: a READ first seen done after request time + lease is not trusted,
+// even when ack time + lease has not passed yet.
+func TestLateCompletionCountsFromTheRequest(t *testing.T) {
+	r := newRig(t) // request sent at t0
+	r.cons.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck})
+	if err := r.x.HandleAck(okAck(5, 6), r.peer, t0.Add(1500*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	r.cons.Finish(r.cons.Posts()[0].Handle)
+	r.expect(t, t0.Add(31*time.Second), xfer.ReadFailed) // < ack + 30 s, > request + 30 s
+	if r.x.Reason() != xfer.LateCompletion {
+		t.Fatalf("reason %s", r.x.Reason())
 	}
 }

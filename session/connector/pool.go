@@ -260,7 +260,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	if f.deadline.Before(ackBy) {
 		ackBy = f.deadline
 	}
-	if err := pe.s.StartXfer(f.mmHash, f.blocks, ackBy); err != nil {
+	if err := pe.s.StartXfer(f.mmHash, f.blocks, now, ackBy); err != nil {
 		return err
 	}
 	f.attempts++
