@@ -323,6 +323,14 @@ func (p *ProducerSession) endGrant(g *grant) {
 	p.spare = append(p.spare, g)
 }
 
+// GrantCounts adds the live grants per mm_hash to dst: each must equal the
+// entry's pins taken by this session. For invariant checks.
+func (p *ProducerSession) GrantCounts(dst map[string]int) {
+	for g := p.lru.next; g != &p.lru; g = g.next {
+		dst[g.MMHash]++
+	}
+}
+
 // Authorize reports whether a live grant covers a READ: notif names the
 // grant ("<session_id>:<mm_hash>") and every block must be one of its
 // entry's. A data plane calls it before serving a READ, so that a peer can

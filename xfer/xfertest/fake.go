@@ -124,6 +124,7 @@ type Fake struct {
 	posts      []Post
 	notifs     []xfer.Notif
 	outcome    Outcome
+	outcomeFn  func(Post) Outcome
 	queue      []Outcome
 	addPeerErr error
 	postErr    error
@@ -145,6 +146,11 @@ func (f *Fake) Block(i int) []byte {
 
 // SetOutcome sets how READs posted from now on end, after the queued ones.
 func (f *Fake) SetOutcome(o Outcome) { f.mu.Lock(); f.outcome = o; f.mu.Unlock() }
+
+// SetOutcomeFunc makes fn decide how each READ posted from now on ends,
+// after the queued ones; nil goes back to SetOutcome's. A simulation draws
+// outcomes from its own seeded generator this way.
+func (f *Fake) SetOutcomeFunc(fn func(Post) Outcome) { f.mu.Lock(); f.outcomeFn = fn; f.mu.Unlock() }
 
 // QueueOutcomes scripts the next READs, one outcome each, in order.
 func (f *Fake) QueueOutcomes(os ...Outcome) {
@@ -244,12 +250,15 @@ func (f *Fake) PostRead(local []int, agent string, remote []int, notif []byte) (
 			return 0, fmt.Errorf("xfertest: local block %d outside %d", b, f.blocks)
 		}
 	}
-	out := f.outcome
-	if len(f.queue) > 0 {
-		out, f.queue = f.queue[0], f.queue[1:]
-	}
 	f.next++
 	p := Post{Handle: f.next, Local: slices.Clone(local), Agent: agent, Remote: slices.Clone(remote), Notif: string(notif)}
+	out := f.outcome
+	switch {
+	case len(f.queue) > 0:
+		out, f.queue = f.queue[0], f.queue[1:]
+	case f.outcomeFn != nil:
+		out = f.outcomeFn(p)
+	}
 	f.posts = append(f.posts, p)
 	f.xfers[p.Handle] = &read{post: p, out: out, target: f.fab.lookup(agent)}
 	return p.Handle, nil

@@ -1,0 +1,685 @@
+// Package sim is a deterministic simulation of producers and consumers
+// under faults: one seeded generator decides everything, a fake clock moves
+// in steps, the control plane is an in-memory channel that drops,
+// duplicates, reorders and delays, and the data plane is xfertest's fake
+// with READs that stall, fail, finish late or cannot be stopped. After every
+// step the invariants are checked; a violation carries the seed and the
+// events that led to it, and Run with that seed replays it exactly.
+package sim
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// Faults are per-event probabilities.
+type Faults struct {
+	Drop, Dup, Delay float64 // per control message
+	MaxDelay         int     // steps a delayed message waits at most
+	ReadStall        float64 // READ stuck until the simulator ends it
+	ReadFail         float64
+	ReadSlow         float64 // READ takes many checks
+	CheckFail        float64 // state checks fail until it ends
+	Unstoppable      float64 // a stuck READ cannot be released
+	ProducerRestart  float64 // per producer per step
+	ConsumerRestart  float64 // per consumer per step
+	SpuriousDown     float64 // per consumer per step: a live producer reported dead
+	ClockJump        float64 // per step: the clock leaps 0.5-10 s
+	LateSave         float64 // an entry's save lands late
+}
+
+// DefaultFaults are the rates CI runs with.
+func DefaultFaults() Faults {
+	return Faults{Drop: 0.03, Dup: 0.03, Delay: 0.1, MaxDelay: 20, ReadStall: 0.05, ReadFail: 0.05, ReadSlow: 0.1,
+		CheckFail: 0.03, Unstoppable: 0.3, ProducerRestart: 0.001, ConsumerRestart: 0.0005, SpuriousDown: 0.001,
+		ClockJump: 0.002, LateSave: 0.2}
+}
+
+// Config shapes one run.
+type Config struct {
+	Seed      uint64
+	Steps     int // steps with faults
+	Quiet     int // steps without faults after them; every fetch must end
+	Producers int
+	Consumers int
+	Entries   int // per producer
+	Blocks    int // per consumer
+	Faults    Faults
+	Trace     int // events kept for a violation report
+}
+
+// DefaultConfig is the shape CI runs, for seed.
+func DefaultConfig(seed uint64) Config {
+	return Config{Seed: seed, Steps: 2000, Quiet: 1500, Producers: 2, Consumers: 3, Entries: 24, Blocks: 24,
+		Faults: DefaultFaults(), Trace: 40}
+}
+
+// The simulated timeouts keep the reference's order (ack < read < lease <
+// read + quarantine) at a scale a few thousand 10 ms steps cover.
+const (
+	stepLen    = 10 * time.Millisecond
+	ackTimeout = 200 * time.Millisecond
+	blockSize  = 16
+)
+
+var xcfg = xfer.Config{ReadTimeout: time.Second, QuarantineTimeout: 3 * time.Second, PinLease: 1500 * time.Millisecond}
+
+// Violation is a broken invariant.
+type Violation struct {
+	Seed  uint64
+	Step  int
+	What  string
+	Trace []string
+}
+
+func (v *Violation) Error() string {
+	return fmt.Sprintf("seed %d, step %d: %s\nlast events:\n  %s", v.Seed, v.Step, v.What, strings.Join(v.Trace, "\n  "))
+}
+
+// Stats counts what a run did.
+type Stats struct {
+	Fetches, Completed, Failed, Released, Forced int
+	Messages, Dropped, Duplicated                int
+	ProducerRestarts, ConsumerRestarts, Jumps    int
+	Stalls                                       int
+}
+
+func (s *Stats) add(o Stats) {
+	s.Fetches += o.Fetches
+	s.Completed += o.Completed
+	s.Failed += o.Failed
+	s.Released += o.Released
+	s.Forced += o.Forced
+	s.Messages += o.Messages
+	s.Dropped += o.Dropped
+	s.Duplicated += o.Duplicated
+	s.ProducerRestarts += o.ProducerRestarts
+	s.ConsumerRestarts += o.ConsumerRestarts
+	s.Jumps += o.Jumps
+	s.Stalls += o.Stalls
+}
+
+type msg struct {
+	due     int
+	toProd  bool
+	addr    string // the producer
+	cons    int    // the consumer
+	conn    int    // the consumer's connection generation to addr
+	payload []byte
+}
+
+type producer struct {
+	addr    string
+	name    string
+	gen     int
+	data    *xfertest.Fake
+	cache   *cache.EmbeddingCache
+	prod    *connector.Producer
+	srv     *simServer
+	pending []string // saves not landed yet
+}
+
+type fetch struct {
+	hash    string
+	addr    string
+	blocks  []int
+	start   int
+	mustEnd int // step by which it must have completed (0: no promise)
+}
+
+type consumer struct {
+	id       int
+	data     *xfertest.Fake
+	pool     *connector.Pool
+	ctl      *simClient
+	free     []int
+	held     map[string][]int // failed with blocks held, by mm_hash
+	poisoned []int            // forced out while a READ may write: kept out of use
+	inflight map[string]*fetch
+	stuck    map[xfer.Handle]int // READs the simulator ends later: step
+}
+
+type sim struct {
+	cfg   Config
+	rng   *rand.Rand
+	step  int
+	now   time.Time
+	fab   *xfertest.Fabric
+	prods []*producer
+	cons  []*consumer
+	net   []msg
+	trace []string
+	stats Stats
+	log   *slog.Logger
+	err   *Violation
+}
+
+// Run simulates cfg and returns its stats, or the first violation.
+func Run(cfg Config) (Stats, error) {
+	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed*0x9e3779b97f4a7c15+1)),
+		now: time.Unix(1_700_000_000, 0), fab: xfertest.NewFabric(),
+		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+	for i := range cfg.Producers {
+		p := &producer{addr: fmt.Sprintf("tcp://producer-%d:5555", i), name: fmt.Sprintf("p%d", i)}
+		s.prods = append(s.prods, p)
+		s.startProducer(p)
+	}
+	for i := range cfg.Consumers {
+		c := &consumer{id: i, data: s.fab.New(fmt.Sprintf("c%d", i), cfg.Blocks, blockSize),
+			held: map[string][]int{}, inflight: map[string]*fetch{}, stuck: map[xfer.Handle]int{}}
+		for b := range cfg.Blocks {
+			c.free = append(c.free, b)
+		}
+		c.data.SetOutcomeFunc(func(p xfertest.Post) xfertest.Outcome { return s.readOutcome(c, p) })
+		s.cons = append(s.cons, c)
+		s.startPool(c)
+	}
+	total := cfg.Steps + cfg.Quiet
+	for s.step = 0; s.step < total && s.err == nil; s.step++ {
+		s.tick()
+	}
+	if s.err == nil {
+		s.finish()
+	}
+	if s.err != nil {
+		return s.stats, s.err
+	}
+	return s.stats, nil
+}
+
+func (s *sim) faulty() bool { return s.step < s.cfg.Steps }
+
+func (s *sim) chance(p float64) bool { return s.faulty() && s.rng.Float64() < p }
+
+func (s *sim) event(format string, args ...any) {
+	if s.cfg.Trace == 0 {
+		return
+	}
+	if len(s.trace) == s.cfg.Trace {
+		s.trace = s.trace[1:]
+	}
+	s.trace = append(s.trace, fmt.Sprintf("%5d ", s.step)+fmt.Sprintf(format, args...))
+}
+
+func (s *sim) fail(format string, args ...any) {
+	if s.err == nil {
+		s.err = &Violation{Seed: s.cfg.Seed, Step: s.step, What: fmt.Sprintf(format, args...), Trace: slices.Clone(s.trace)}
+	}
+}
+
+// entry sizes and contents are fixed functions of the producer and index,
+// so a restarted producer saves the same bytes again.
+func entryName(p *producer, i int) string { return fmt.Sprintf("%s-e%02d", p.name, i) }
+func entrySize(i int) int                 { return 1 + i%3 }
+func fill(b []byte, hash string, j int) {
+	for k := range b {
+		b[k] = byte(len(hash)*7 + int(hash[len(hash)-1])*13 + int(hash[len(hash)-2])*31 + j*5 + k)
+	}
+}
+
+func (s *sim) startProducer(p *producer) {
+	blocks := 0
+	for i := range s.cfg.Entries {
+		blocks += entrySize(i)
+	}
+	p.data = s.fab.New(p.name, blocks, blockSize) // same name: a restart gets new metadata
+	p.cache = cache.NewEmbeddingCache(blocks)
+	p.srv = &simServer{s: s, p: p}
+	p.prod = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
+		MaxPerPeerPerStep: 16}, p.srv, p.data, p.cache)
+	p.pending = p.pending[:0]
+	for i := range s.cfg.Entries {
+		h := entryName(p, i)
+		e, err := p.cache.Alloc(h, entrySize(i))
+		if err != nil {
+			s.fail("producer alloc: %v", err)
+			return
+		}
+		for j, b := range e.Blocks {
+			fill(p.data.Block(b), h, j)
+		}
+		if s.chance(s.cfg.Faults.LateSave) {
+			p.pending = append(p.pending, h)
+		} else {
+			p.cache.MarkReady(h)
+		}
+	}
+}
+
+func (s *sim) startPool(c *consumer) {
+	c.ctl = &simClient{s: s, c: c, conn: map[string]int{}, down: map[string]bool{}}
+	c.pool = connector.NewPool(connector.PoolConfig{CompatHash: "sim", Xfer: xcfg, AckTimeout: ackTimeout,
+		Retry:     connector.RetryConfig{MaxAttempts: 4, MaxElapsed: 2 * time.Second, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
+		BlockSize: blockSize, Seed: s.rng.Uint64() | 1, Logger: s.log}, c.ctl, c.data)
+}
+
+// readOutcome draws how a READ ends.
+func (s *sim) readOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
+	f := s.cfg.Faults
+	switch r := s.rng.Float64(); {
+	case !s.faulty():
+		return xfertest.Outcome{After: s.rng.IntN(3)}
+	case r < f.ReadStall:
+		s.stats.Stalls++
+		c.stuck[p.Handle] = s.step + 1 + s.rng.IntN(600)
+		s.event("c%d READ %d %s stalls", c.id, p.Handle, p.Notif[37:])
+		return xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: s.rng.Float64() < f.Unstoppable}
+	case r < f.ReadStall+f.ReadFail:
+		return xfertest.Outcome{Kind: xfertest.FailAfter, After: s.rng.IntN(5)}
+	case r < f.ReadStall+f.ReadFail+f.CheckFail:
+		c.stuck[p.Handle] = s.step + 1 + s.rng.IntN(300)
+		return xfertest.Outcome{Kind: xfertest.CheckError, After: s.rng.IntN(3), Unstoppable: s.rng.Float64() < f.Unstoppable}
+	case r < f.ReadStall+f.ReadFail+f.CheckFail+f.ReadSlow:
+		return xfertest.Outcome{After: 5 + s.rng.IntN(200)}
+	default:
+		return xfertest.Outcome{After: s.rng.IntN(3)}
+	}
+}
+
+func (s *sim) tick() {
+	s.now = s.now.Add(stepLen)
+	if s.chance(s.cfg.Faults.ClockJump) {
+		j := 500*time.Millisecond + time.Duration(s.rng.Int64N(int64(10*time.Second)))
+		s.now = s.now.Add(j)
+		s.stats.Jumps++
+		s.event("clock jumps %v", j)
+	}
+	for _, p := range s.prods {
+		if s.chance(s.cfg.Faults.ProducerRestart) {
+			s.restartProducer(p)
+		}
+	}
+	for _, c := range s.cons {
+		if s.chance(s.cfg.Faults.ConsumerRestart) {
+			s.restartConsumer(c)
+		}
+		if s.chance(s.cfg.Faults.SpuriousDown) {
+			p := s.prods[s.rng.IntN(len(s.prods))]
+			s.event("c%d told %s died (it did not)", c.id, p.name)
+			c.ctl.peerDown(p.addr)
+		}
+		s.endStuck(c)
+	}
+	s.deliver()
+	for _, p := range s.prods {
+		p.prod.Step(s.now)
+		// Saves land over time.
+		kept := p.pending[:0]
+		for _, h := range p.pending {
+			if s.rng.IntN(100) == 0 || !s.faulty() {
+				p.cache.MarkReady(h)
+				continue
+			}
+			kept = append(kept, h)
+		}
+		p.pending = kept
+	}
+	for _, c := range s.cons {
+		s.startFetches(c)
+		s.collect(c, c.pool.Step(s.now))
+	}
+	s.check()
+}
+
+// endStuck finishes or fails READs whose time has come; with faults over,
+// every one ends at once.
+func (s *sim) endStuck(c *consumer) {
+	for _, h := range slices.Sorted(maps.Keys(c.stuck)) {
+		if at := c.stuck[h]; at <= s.step || !s.faulty() {
+			delete(c.stuck, h)
+			if s.rng.IntN(3) == 0 {
+				c.data.FailRead(h)
+			} else {
+				c.data.Finish(h)
+			}
+		}
+	}
+}
+
+func (s *sim) restartProducer(p *producer) {
+	p.gen++
+	s.stats.ProducerRestarts++
+	s.event("%s restarts (gen %d)", p.name, p.gen)
+	p.prod.Close()
+	// Its connections break: in-flight messages are lost, consumers see
+	// the death.
+	s.net = slices.DeleteFunc(s.net, func(m msg) bool { return m.addr == p.addr })
+	for _, c := range s.cons {
+		c.ctl.peerDown(p.addr)
+	}
+	s.startProducer(p)
+}
+
+func (s *sim) restartConsumer(c *consumer) {
+	s.stats.ConsumerRestarts++
+	s.event("c%d restarts", c.id)
+	s.collect(c, c.pool.Close())
+	if len(c.inflight) > 0 {
+		s.fail("c%d: %d fetches without an outcome after Close", c.id, len(c.inflight))
+	}
+	s.net = slices.DeleteFunc(s.net, func(m msg) bool { return m.cons == c.id })
+	s.startPool(c)
+}
+
+// startFetches asks for entries while there are blocks; during the quiet
+// phase a fetch of a ready entry must complete.
+func (s *sim) startFetches(c *consumer) {
+	if s.step >= s.cfg.Steps+s.cfg.Quiet-400 {
+		return // the tail drains
+	}
+	for range 2 {
+		p := s.prods[s.rng.IntN(len(s.prods))]
+		i := s.rng.IntN(s.cfg.Entries + 2) // some are absent: NACK_MISSING
+		h := entryName(p, i)
+		n := entrySize(i)
+		if _, busy := c.inflight[h]; busy || len(c.free) < n {
+			continue
+		}
+		if _, held := c.held[h]; held {
+			continue // the pool would refuse it: a READ for it may still run
+		}
+		blocks := slices.Clone(c.free[len(c.free)-n:])
+		err := c.pool.Fetch(p.addr, h, blocks, s.now.Add(5*time.Second), s.now)
+		if errors.Is(err, connector.ErrJoined) || err != nil {
+			continue
+		}
+		c.free = c.free[:len(c.free)-n]
+		f := &fetch{hash: h, addr: p.addr, blocks: blocks, start: s.step}
+		if e, ok := p.cache.Get(h); ok && e.Ready && s.step > s.cfg.Steps+200 {
+			f.mustEnd = s.step + 150
+		}
+		c.inflight[h] = f
+		s.stats.Fetches++
+		s.event("c%d fetch %s blocks %v", c.id, h, blocks)
+	}
+}
+
+// collect applies a pool's results to the consumer's block allocator,
+// checking that nothing is freed while a READ may still write into it.
+func (s *sim) collect(c *consumer, r *connector.Results) {
+	for _, d := range r.Completed {
+		f := c.inflight[d.MMHash]
+		if f == nil {
+			s.fail("c%d: completion of %s, not in flight", c.id, d.MMHash)
+			return
+		}
+		delete(c.inflight, d.MMHash)
+		s.stats.Completed++
+		s.event("c%d completed %s", c.id, d.MMHash)
+		want := make([]byte, blockSize)
+		for j, b := range d.Blocks {
+			fill(want, d.MMHash, j)
+			if !bytes.Equal(c.data.Block(b), want) {
+				s.fail("c%d: %s block %d holds the wrong bytes", c.id, d.MMHash, j)
+			}
+		}
+		s.free(c, d.Blocks, "completed "+d.MMHash)
+	}
+	for _, f := range r.Failed {
+		if c.inflight[f.MMHash] == nil {
+			s.fail("c%d: failure of %s, not in flight", c.id, f.MMHash)
+			return
+		}
+		fe := c.inflight[f.MMHash]
+		delete(c.inflight, f.MMHash)
+		s.stats.Failed++
+		s.event("c%d failed %s: %s %s held=%v", c.id, f.MMHash, f.Reason, f.Status, f.BlocksHeld)
+		if fe.mustEnd != 0 {
+			s.fail("c%d: fetch of ready %s failed without faults: %s %s", c.id, f.MMHash, f.Reason, f.Status)
+		}
+		if f.BlocksHeld {
+			c.held[f.MMHash] = f.Blocks
+		} else {
+			s.free(c, f.Blocks, "failed "+f.MMHash)
+		}
+	}
+	for _, rel := range r.Released {
+		blocks, ok := c.held[rel.MMHash]
+		if !ok || !slices.Equal(blocks, rel.Blocks) {
+			s.fail("c%d: release of %s %v, held %v", c.id, rel.MMHash, rel.Blocks, blocks)
+			return
+		}
+		delete(c.held, rel.MMHash)
+		s.stats.Released++
+		s.event("c%d released %s forced=%v", c.id, rel.MMHash, rel.Forced)
+		if rel.Forced {
+			s.stats.Forced++
+			c.poisoned = append(c.poisoned, rel.Blocks...)
+		} else {
+			s.free(c, rel.Blocks, "released "+rel.MMHash)
+		}
+	}
+}
+
+func (s *sim) free(c *consumer, blocks []int, why string) {
+	for _, b := range blocks {
+		if c.data.MayWrite(b) {
+			s.fail("c%d: block %d freed (%s) while a READ may still write into it", c.id, b, why)
+		}
+	}
+	c.free = append(c.free, blocks...)
+}
+
+// check verifies the invariants that hold after every step.
+func (s *sim) check() {
+	counts := map[string]int{}
+	for _, p := range s.prods {
+		clear(counts)
+		p.prod.Session().GrantCounts(counts)
+		for i := range s.cfg.Entries {
+			h := entryName(p, i)
+			e, _ := p.cache.Get(h)
+			if e.Pins != counts[h] {
+				s.fail("%s: %s has %d pins for %d live grants", p.name, h, e.Pins, counts[h])
+			}
+		}
+		if g := p.prod.Session().Grants(); g > 4*s.cfg.Consumers*s.cfg.Entries {
+			s.fail("%s: %d grants", p.name, g)
+		}
+	}
+	for _, c := range s.cons {
+		if c.pool.InFlight() != len(c.inflight) {
+			s.fail("c%d: pool has %d fetches in flight, the simulator %d", c.id, c.pool.InFlight(), len(c.inflight))
+		}
+		for _, f := range c.inflight {
+			if f.mustEnd != 0 && s.step > f.mustEnd {
+				s.fail("c%d: fetch of ready %s (step %d) has not completed", c.id, f.hash, f.start)
+			}
+		}
+		held := 0
+		for _, b := range c.held {
+			held += len(b)
+		}
+		inflight := 0
+		for _, f := range c.inflight {
+			inflight += len(f.blocks)
+		}
+		if n := len(c.free) + held + len(c.poisoned) + inflight; n != s.cfg.Blocks {
+			s.fail("c%d: blocks add up to %d of %d", c.id, n, s.cfg.Blocks)
+		}
+		// Poisoned blocks come back once nothing can write into them.
+		c.poisoned = slices.DeleteFunc(c.poisoned, func(b int) bool {
+			if !c.data.MayWrite(b) {
+				c.free = append(c.free, b)
+				return true
+			}
+			return false
+		})
+	}
+	if len(s.net) > 100000 {
+		s.fail("%d control messages in flight", len(s.net))
+	}
+}
+
+// finish checks the end state: every fetch ended, every held block came
+// back, and once the pools close no handle or peer registration remains.
+func (s *sim) finish() {
+	// Let leases run out so every grant ends.
+	for range 3 {
+		s.now = s.now.Add(xcfg.PinLease)
+		for _, p := range s.prods {
+			p.prod.Step(s.now)
+		}
+	}
+	s.check()
+	for _, c := range s.cons {
+		if len(c.inflight) > 0 {
+			for h := range c.inflight {
+				s.fail("c%d: fetch of %s never ended", c.id, h)
+				return
+			}
+		}
+		if len(c.held) > 0 {
+			s.fail("c%d: blocks of %d failed fetches never came back", c.id, len(c.held))
+			return
+		}
+		s.collect(c, c.pool.Close())
+		if l := c.data.Leaks(); len(l.Handles) > 0 || len(l.Peers) > 0 {
+			s.fail("c%d leaks handles %v, peers %v", c.id, l.Handles, l.Peers)
+		}
+		if len(c.free)+len(c.poisoned) != s.cfg.Blocks {
+			s.fail("c%d: %d of %d blocks back", c.id, len(c.free)+len(c.poisoned), s.cfg.Blocks)
+		}
+	}
+	for _, p := range s.prods {
+		if p.cache.Stats().Pinned != 0 {
+			s.fail("%s: %d entries still pinned", p.name, p.cache.Stats().Pinned)
+		}
+	}
+}
+
+// ---- the in-memory control plane ----
+
+// send puts a message on the network, with faults.
+func (s *sim) send(m msg) {
+	s.stats.Messages++
+	if s.chance(s.cfg.Faults.Drop) {
+		s.stats.Dropped++
+		return
+	}
+	m.due = s.step + 1
+	if s.chance(s.cfg.Faults.Delay) {
+		m.due += s.rng.IntN(s.cfg.Faults.MaxDelay + 1)
+	}
+	s.net = append(s.net, m)
+	if s.chance(s.cfg.Faults.Dup) {
+		s.stats.Duplicated++
+		d := m
+		d.due += s.rng.IntN(5)
+		s.net = append(s.net, d)
+	}
+}
+
+// deliver hands out the messages due, in a random order (reordering).
+func (s *sim) deliver() {
+	var due []msg
+	s.net = slices.DeleteFunc(s.net, func(m msg) bool {
+		if m.due <= s.step {
+			due = append(due, m)
+			return true
+		}
+		return false
+	})
+	if s.faulty() {
+		s.rng.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+	}
+	for _, m := range due {
+		if m.toProd {
+			for _, p := range s.prods {
+				if p.addr == m.addr {
+					p.srv.in = append(p.srv.in, session.Message{Identity: fmt.Appendf(nil, "c%d/%d", m.cons, m.conn), Payload: m.payload})
+				}
+			}
+			continue
+		}
+		c := s.cons[m.cons]
+		if c.ctl.conn[m.addr] == m.conn && !c.ctl.down[m.addr] {
+			c.ctl.in = append(c.ctl.in, transport.Inbound{Addr: m.addr, Payload: m.payload})
+		}
+	}
+}
+
+type simServer struct {
+	s  *sim
+	p  *producer
+	in []session.Message
+}
+
+func (v *simServer) Drain(dst []session.Message) []session.Message {
+	dst = append(dst, v.in...)
+	v.in = v.in[:0]
+	return dst
+}
+
+func (v *simServer) Reply(identity, payload []byte) error {
+	var cons, conn int
+	if _, err := fmt.Sscanf(string(identity), "c%d/%d", &cons, &conn); err != nil {
+		return err
+	}
+	v.s.send(msg{addr: v.p.addr, cons: cons, conn: conn, payload: bytes.Clone(payload)})
+	return nil
+}
+
+func (v *simServer) Wait(context.Context) bool { return false }
+
+type simClient struct {
+	s    *sim
+	c    *consumer
+	in   []transport.Inbound
+	dead []string
+	conn map[string]int  // connection generation per producer
+	down map[string]bool // reported dead, not yet taken by Dead
+}
+
+func (v *simClient) Send(addr string, payload []byte) error {
+	if v.down[addr] {
+		return transport.ErrPeerDown
+	}
+	v.s.send(msg{toProd: true, addr: addr, cons: v.c.id, conn: v.conn[addr], payload: bytes.Clone(payload)})
+	return nil
+}
+
+func (v *simClient) Drain(dst []transport.Inbound) []transport.Inbound {
+	dst = append(dst, v.in...)
+	v.in = v.in[:0]
+	return dst
+}
+
+// peerDown breaks the connection to addr: what was in flight on it is
+// lost; the next Dead reports it and the next Send reconnects.
+func (v *simClient) peerDown(addr string) {
+	if v.down[addr] {
+		return
+	}
+	v.down[addr] = true
+	v.dead = append(v.dead, addr)
+	v.in = slices.DeleteFunc(v.in, func(m transport.Inbound) bool { return m.Addr == addr })
+}
+
+func (v *simClient) Dead(dst []string) []string {
+	for _, a := range v.dead {
+		delete(v.down, a)
+		v.conn[a]++
+	}
+	dst = append(dst, v.dead...)
+	v.dead = v.dead[:0]
+	return dst
+}
+
+func (v *simClient) Remove(string) {}

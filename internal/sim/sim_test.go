@@ -1,0 +1,62 @@
+package sim
+
+import (
+	"flag"
+	"fmt"
+	"testing"
+)
+
+var raceEnabled bool
+
+var (
+	seed  = flag.Uint64("sim.seed", 0, "replay one seed")
+	seeds = flag.Int("sim.seeds", 200, "seeds to run")
+	first = flag.Uint64("sim.first", 1, "first seed")
+)
+
+// TestSimulation runs a fixed set of seeds (flags: -sim.seeds, -sim.first;
+// -sim.seed replays one, with its trace on failure).
+func TestSimulation(t *testing.T) {
+	if *seed != 0 {
+		st, err := Run(DefaultConfig(*seed))
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Logf("seed %d: %+v", *seed, st)
+		return
+	}
+	n := *seeds
+	if testing.Short() || raceEnabled {
+		// The race detector makes a seed ten times slower; CI runs the
+		// full set without it as well.
+		n = min(n, 20)
+	}
+	const workers = 4
+	for w := range workers {
+		t.Run(fmt.Sprint(w), func(t *testing.T) {
+			t.Parallel()
+			var total Stats
+			for i := w; i < n; i += workers {
+				s := *first + uint64(i)
+				st, err := Run(DefaultConfig(s))
+				if err != nil {
+					t.Fatalf("%v\nreplay: go test ./internal/sim -run TestSimulation -sim.seed %d", err, s)
+				}
+				total.add(st)
+			}
+			t.Logf("worker %d: %+v", w, total)
+		})
+	}
+}
+
+// The same seed gives the same run.
+func TestDeterministic(t *testing.T) {
+	a, errA := Run(DefaultConfig(42))
+	b, errB := Run(DefaultConfig(42))
+	if (errA == nil) != (errB == nil) || a != b {
+		t.Fatalf("two runs of seed 42 differ:\n%+v %v\n%+v %v", a, errA, b, errB)
+	}
+	if a.Fetches == 0 || a.Completed == 0 || a.Failed == 0 {
+		t.Fatalf("the run did nothing interesting: %+v", a)
+	}
+}

@@ -1,0 +1,122 @@
+package session
+
+import (
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// split cuts fuzz input into messages: each starts with a length byte.
+func split(data []byte) [][]byte {
+	var msgs [][]byte
+	for len(data) > 0 {
+		n := min(int(data[0]), len(data)-1)
+		msgs = append(msgs, data[1:1+n])
+		data = data[1+n:]
+	}
+	return msgs
+}
+
+func frame(msgs ...[]byte) []byte {
+	var out []byte
+	for _, m := range msgs {
+		out = append(out, byte(len(m)))
+		out = append(out, m...)
+	}
+	return out
+}
+
+// Random bytes from a producer never panic the consumer, and every
+// transfer still ends exactly once, with no handle or peer left after Close.
+func FuzzConsumerPoll(f *testing.F) {
+	sid := "00000000-0000-4000-8000-000000000001"
+	f.Add(frame(ackOK("A", sid, []byte("fake:prod:0:64"), 1), ackOK("B", "", []byte("fake:prod:0:64"), 2, 3)))
+	f.Add(frame(encAck(wire.XferAck{MMHash: "A", Status: wire.NackNotReady}), []byte{0xc1}))
+	f.Add(frame(ackOK("A", sid, []byte("fake:prod:0:64"), 1, 1), ackOK("B", sid, []byte("fake:prod:1:64"), 99)))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fab := xfertest.NewFabric()
+		cdata := fab.New("cons", 64, 8)
+		fab.New("prod", 64, 8)
+		c, _ := NewConsumerSession(ConsumerConfig{Logger: quiet, Rand: newSeeded(1)}, &queue{}, cdata, compat)
+		started := map[string]bool{"A": true, "B": true, "C": true}
+		mustStart(t, c, "A", []int{1}, at(time.Second))
+		mustStart(t, c, "B", []int{2, 3}, at(time.Second))
+		mustStart(t, c, "C", []int{4}, at(time.Hour))
+		ended := map[string]int{}
+		var r Results
+		take := func() {
+			r.Reset()
+			c.TakeResults(&r)
+			for _, set := range [][]Outcome{r.Completed, r.Tombstoned, r.Retryable} {
+				for _, o := range set {
+					ended[o.MMHash]++
+				}
+			}
+		}
+		c.Poll(split(data), at(0))
+		take()
+		c.Poll(split(data), at(500*time.Millisecond)) // the same bytes again
+		take()
+		rep := c.Close()
+		for _, o := range append(rep.Freed, rep.Unsafe...) {
+			ended[o.MMHash]++
+		}
+		for _, set := range [][]Outcome{rep.Pending.Completed, rep.Pending.Tombstoned, rep.Pending.Retryable} {
+			for _, o := range set {
+				ended[o.MMHash]++
+			}
+		}
+		for h := range started {
+			if ended[h] != 1 {
+				t.Fatalf("%s ended %d times", h, ended[h])
+			}
+		}
+		cdata.CheckNoLeaks(t)
+	})
+}
+
+// Random bytes from consumers never panic the producer, and every entry's
+// pins equal its live grants; Close releases them all.
+func FuzzProducerPoll(f *testing.F) {
+	sid := "00000000-0000-4000-8000-000000000001"
+	f.Add(frame(req("R", sid), req("R", sid), req("N", sid), req("X", "")))
+	f.Add(frame([]byte{0x80}, []byte{0xc1}, req("R", "not-a-uuid")))
+	f.Add(frame(req("R", sid), wire.AppendReq(nil, &wire.XferReq{MMHash: "R", CompatibilityHash: "other", SessionID: sid})))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		data2 := append([]byte(nil), data...)
+		pdata := xfertest.New("prod", 16, 8)
+		c := cache.NewEmbeddingCache(16)
+		c.Alloc("R", 2)
+		c.MarkReady("R")
+		c.Alloc("N", 1)
+		p := NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 3, MaxGrants: 5}, pdata, c, compat)
+		var msgs []Message
+		for i, m := range split(data) {
+			msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: m})
+		}
+		check := func() {
+			counts := map[string]int{}
+			p.GrantCounts(counts)
+			for _, h := range []string{"R", "N"} {
+				if e, _ := c.Get(h); e.Pins != counts[h] {
+					t.Fatalf("%s: %d pins, %d grants", h, e.Pins, counts[h])
+				}
+			}
+			if p.Grants() > 5 {
+				t.Fatalf("%d grants over the bound", p.Grants())
+			}
+		}
+		p.Poll(msgs, at(0), &queue{})
+		check()
+		pdata.InjectNotif("c", data2) // the bytes as a notification too
+		p.Poll(msgs, at(time.Second), &queue{})
+		check()
+		p.Close()
+		if e, _ := c.Get("R"); e.Pins != 0 {
+			t.Fatalf("%d pins after Close", e.Pins)
+		}
+	})
+}
