@@ -74,7 +74,8 @@ type ConsumerSession struct {
 	results Results
 	stats   ConsumerStats
 	buf     []byte
-	ack     wire.XferAck
+	ack     wire.AckView
+	src     []wire.Int
 	closed  bool
 }
 
@@ -144,7 +145,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 		return
 	}
 	for _, raw := range msgs {
-		if err := wire.DecodeAck(raw, &c.ack); err != nil {
+		if err := wire.DecodeAckView(raw, &c.ack); err != nil {
 			c.stats.Malformed++
 			c.log.Warn("ec consumer: dropped malformed XferAck", "session", c.id, "err", err)
 			continue
@@ -160,13 +161,15 @@ type cxfer struct {
 	ended bool // its outcome is recorded; advance drops it
 }
 
-func (c *ConsumerSession) dispatch(ack *wire.XferAck, now time.Time) {
-	if ack.SessionID != "" && ack.SessionID != c.id {
+// dispatch handles one ack. Its fields alias the payload: nothing of it is
+// kept without a copy.
+func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
+	if len(ack.SessionID) != 0 && string(ack.SessionID) != c.id {
 		c.stats.ForeignAcks++
-		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", ack.SessionID, "mm_hash", ack.MMHash)
+		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
 		return
 	}
-	x, ok := c.byHash[ack.MMHash]
+	x, ok := c.byHash[string(ack.MMHash)]
 	if !ok || x.State() != xfer.WaitingAck {
 		c.stats.StrayAcks++ // unknown mm_hash, or a second ack
 		return
@@ -177,7 +180,7 @@ func (c *ConsumerSession) dispatch(ack *wire.XferAck, now time.Time) {
 		if ack.Status.Expected() {
 			level = slog.LevelInfo
 		}
-		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", ack.Status.String(), "mm_hash", ack.MMHash, "session", c.id)
+		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", ack.Status.String(), "mm_hash", x.MMHash, "session", c.id)
 		if ack.Status.Retryable() {
 			c.end(x, &c.results.Retryable, xfer.Nacked, ack.Status)
 		} else {
@@ -187,15 +190,16 @@ func (c *ConsumerSession) dispatch(ack *wire.XferAck, now time.Time) {
 	}
 	peer, err := c.register(ack.AgentMetadata, ack.MemDescriptor)
 	if err != nil {
-		c.log.Warn("ec consumer: cannot register producer", "mm_hash", ack.MMHash, "err", err)
+		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
 		return
 	}
-	if err := x.HandleAck(ack, peer, now); err != nil {
+	c.src = ack.AppendBlocks(c.src[:0])
+	if err := x.HandleAck(c.src, peer, now); err != nil {
 		if errors.Is(err, xfer.ErrBadAck) {
 			c.stats.BadAcks++
 		}
-		c.log.Warn("ec consumer: READ not posted", "mm_hash", ack.MMHash, "err", err)
+		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
 	}
 }

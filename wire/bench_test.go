@@ -107,3 +107,38 @@ func BenchmarkCompatHash(b *testing.B) {
 		CompatHash("0.11.0", "Qwen/Qwen2.5-VL-7B-Instruct", "torch.bfloat16", 7168)
 	}
 }
+
+func BenchmarkReqDecodeView(b *testing.B) {
+	in := AppendReq(nil, &benchReq)
+	var r ReqView
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeReqView(in, &r); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkAckOKDecodeView(b *testing.B) {
+	in := AppendAck(nil, &benchAck)
+	var a AckView
+	var ids []Int
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeAckView(in, &a); err != nil {
+			b.Fatal(err)
+		}
+		ids = a.AppendBlocks(ids[:0])
+	}
+}
+
+func BenchmarkNackDecodeView(b *testing.B) {
+	in := AppendAck(nil, &benchNack)
+	var a AckView
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeAckView(in, &a); err != nil {
+			b.Fatal(err)
+		}
+	}
+}

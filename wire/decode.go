@@ -171,19 +171,43 @@ func DecodeReq(data []byte, r *XferReq) error {
 
 func pathVersion() string { return "$.connector_version" }
 
-// DecodeAck decodes an XferAck as msgspec's Decoder(XferAck) does (see
-// [DecodeReq]). The slices it sets are freshly allocated: a has no alias of
-// data and owns them.
-func DecodeAck(data []byte, a *XferAck) error {
+// AckView is a decoded XferAck whose strings and bytes alias the input
+// buffer: valid only while that buffer is, and checked as DecodeAck checks
+// them. It lets a consumer handle an ack without allocating.
+type AckView struct {
+	MMHash, SessionID            []byte
+	Status                       Status
+	AgentMetadata, MemDescriptor []byte
+	blocks                       []byte // src_block_indices as encoded, checked
+	nBlocks                      int
+}
+
+// NumBlocks returns the number of source block indices.
+func (a *AckView) NumBlocks() int { return a.nBlocks }
+
+// AppendBlocks appends the source block indices to dst.
+func (a *AckView) AppendBlocks(dst []Int) []Int {
+	if a.nBlocks == 0 {
+		return dst
+	}
+	n := len(dst)
+	dst = append(dst, make([]Int, a.nBlocks)...)
+	d := reader{b: a.blocks}
+	d.intArray(dst[n:]) // checked when decoded: cannot fail
+	return dst
+}
+
+// DecodeAckView decodes like DecodeAck without copying: see AckView.
+func DecodeAckView(data []byte, a *AckView) error {
 	d := reader{b: data}
 	n, err := d.structHeader()
 	if err != nil {
 		return err
 	}
-	var mm, sess, meta, desc span
+	var mm, sess, meta, desc, blocks span
 	var haveMM, haveStatus bool
 	var status Int
-	blocksAt, nBlocks := -1, 0
+	nBlocks := 0
 	for ; n > 0; n-- {
 		k, err := d.key()
 		if err != nil {
@@ -206,8 +230,9 @@ func DecodeAck(data []byte, a *XferAck) error {
 		case "session_id":
 			sess, err = d.readStr("$.session_id")
 		case "src_block_indices":
-			blocksAt = d.i
+			blocks.lo = d.i
 			nBlocks, err = d.intArray(nil)
+			blocks.hi = d.i
 		case "agent_metadata":
 			meta, err = d.readBin("$.agent_metadata")
 		case "mem_descriptor":
@@ -228,17 +253,29 @@ func DecodeAck(data []byte, a *XferAck) error {
 	if err := d.end(); err != nil {
 		return err
 	}
-	s := strs[[2]string](data[mm.lo:mm.hi], data[sess.lo:sess.hi])
-	*a = XferAck{MMHash: s[0], Status: Status(status.u), SessionID: s[1]}
-	if nBlocks > 0 {
-		a.SrcBlockIndices = make([]Int, nBlocks)
-		d.i = blocksAt
-		d.intArray(a.SrcBlockIndices) // checked above: cannot fail
+	*a = AckView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
+		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
+		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks}
+	return nil
+}
+
+// DecodeAck decodes an XferAck as msgspec's Decoder(XferAck) does (see
+// [DecodeReq]). The slices it sets are freshly allocated: a has no alias of
+// data and owns them.
+func DecodeAck(data []byte, a *XferAck) error {
+	var v AckView
+	if err := DecodeAckView(data, &v); err != nil {
+		return err
 	}
-	if lm, ld := meta.hi-meta.lo, desc.hi-desc.lo; lm+ld > 0 {
+	s := strs[[2]string](v.MMHash, v.SessionID)
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1]}
+	if v.nBlocks > 0 {
+		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
+	}
+	if lm, ld := len(v.AgentMetadata), len(v.MemDescriptor); lm+ld > 0 {
 		buf := make([]byte, lm+ld)
-		copy(buf, data[meta.lo:meta.hi])
-		copy(buf[lm:], data[desc.lo:desc.hi])
+		copy(buf, v.AgentMetadata)
+		copy(buf[lm:], v.MemDescriptor)
 		if lm > 0 {
 			a.AgentMetadata = buf[:lm:lm]
 		}
@@ -267,7 +304,10 @@ func (r *reader) intArray(out []Int) (int, error) {
 		return 0, err
 	}
 	for i := uint64(0); i < n; i++ {
-		v, err := r.readInt(func() string { return "$.src_block_indices[" + itoa(i) + "]" })
+		v, c, err := r.int()
+		if err == errNotInt {
+			return 0, expected("int", c, "$.src_block_indices["+itoa(i)+"]")
+		}
 		if err != nil {
 			return 0, err
 		}
@@ -315,7 +355,11 @@ func DecodeMemDescs(data []byte) ([]MemDesc, error) {
 		}
 		var t [3]Int
 		for j := range t {
-			t[j], err = d.readInt(func() string { return "$[" + itoa(i) + "][" + itoa(uint64(j)) + "]" })
+			var c byte
+			t[j], c, err = d.int()
+			if err == errNotInt {
+				return nil, expected("int", c, "$["+itoa(i)+"]["+itoa(uint64(j))+"]")
+			}
 			if err != nil {
 				return nil, err
 			}

@@ -235,14 +235,28 @@ func (r *reader) intBody(c byte) (Int, error) {
 
 // readInt reads an integer value, refusing every other type.
 func (r *reader) readInt(path func() string) (Int, error) {
-	c, err := r.peek()
-	if err != nil {
-		return Int{}, err
-	}
-	if !isInt(c) {
+	v, c, err := r.int()
+	if err == errNotInt {
 		return Int{}, expected("int", c, path())
 	}
-	return r.intBody(c)
+	return v, err
+}
+
+// errNotInt is int's answer for another type; the caller names the place.
+var errNotInt = errors.New("not an int")
+
+// int reads an integer value; for another type it returns errNotInt and
+// the type byte, so that hot loops build an error path only on failure.
+func (r *reader) int() (Int, byte, error) {
+	c, err := r.peek()
+	if err != nil {
+		return Int{}, 0, err
+	}
+	if !isInt(c) {
+		return Int{}, c, errNotInt
+	}
+	v, err := r.intBody(c)
+	return v, c, err
 }
 
 // readStr reads a str value that must be valid UTF-8.

@@ -173,3 +173,30 @@ func TestMemDescsRoundTrip(t *testing.T) {
 		t.Fatalf("pair accepted: %v", err)
 	}
 }
+
+// The views decode without allocating, and agree with the owning decoders.
+func TestViewsDoNotAllocate(t *testing.T) {
+	reqBytes := AppendReq(nil, &benchReq)
+	ackBytes := AppendAck(nil, &benchAck)
+	var rv ReqView
+	var av AckView
+	if n := testing.AllocsPerRun(100, func() { DecodeReqView(reqBytes, &rv) }); n != 0 {
+		t.Fatalf("DecodeReqView: %v allocs", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { DecodeAckView(ackBytes, &av) }); n != 0 {
+		t.Fatalf("DecodeAckView: %v allocs", n)
+	}
+	var a XferAck
+	DecodeAck(ackBytes, &a)
+	if string(av.MMHash) != a.MMHash || string(av.SessionID) != a.SessionID || av.Status != a.Status ||
+		string(av.AgentMetadata) != string(a.AgentMetadata) || string(av.MemDescriptor) != string(a.MemDescriptor) ||
+		av.NumBlocks() != len(a.SrcBlockIndices) {
+		t.Fatal("view and owned decode disagree")
+	}
+	if got := av.AppendBlocks([]Int{IntOf(-1)}); len(got) != 9 || got[1] != a.SrcBlockIndices[0] || got[8] != a.SrcBlockIndices[7] {
+		t.Fatalf("AppendBlocks: %v", got)
+	}
+	if string(rv.MMHash) != benchReq.MMHash || rv.HasVersion || rv.EffectiveVersion() != IntOf(ConnectorVersion) {
+		t.Fatalf("req view %+v", rv)
+	}
+}

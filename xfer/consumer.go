@@ -116,15 +116,16 @@ func (x *ConsumerXfer) HasHandle() bool { return x.handle != 0 }
 // Notif returns the notification the READ carries to the producer.
 func (x *ConsumerXfer) Notif() []byte { return x.notif }
 
-// HandleAck posts the READ for an OK ack from peer. The ack is checked
-// first: as many source blocks as local ones, each unique and inside the
-// peer's region. A failed check or a refused post ends the transfer as
-// ReadFailed (BadAck or PostFailed) and returns the error; no READ runs.
-func (x *ConsumerXfer) HandleAck(ack *wire.XferAck, peer Peer, now time.Time) error {
+// HandleAck posts the READ for an OK ack from peer whose source blocks are
+// src. They are checked first: as many as the local blocks, each unique and
+// inside the peer's region. A failed check or a refused post ends the
+// transfer as ReadFailed (BadAck or PostFailed) and returns the error; no
+// READ runs.
+func (x *ConsumerXfer) HandleAck(src []wire.Int, peer Peer, now time.Time) error {
 	if x.state != WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
-	if err := x.checkAck(ack, peer); err != nil {
+	if err := x.checkAck(src, peer); err != nil {
 		x.state, x.reason = ReadFailed, BadAck
 		return err
 	}
@@ -138,15 +139,12 @@ func (x *ConsumerXfer) HandleAck(ack *wire.XferAck, peer Peer, now time.Time) er
 	return nil
 }
 
-func (x *ConsumerXfer) checkAck(ack *wire.XferAck, peer Peer) error {
-	if ack.Status != wire.OK {
-		return fmt.Errorf("%w: status %s", ErrBadAck, ack.Status)
-	}
-	if len(ack.SrcBlockIndices) != len(x.Blocks) {
-		return fmt.Errorf("%w: %d source blocks for %d local", ErrBadAck, len(ack.SrcBlockIndices), len(x.Blocks))
+func (x *ConsumerXfer) checkAck(src []wire.Int, peer Peer) error {
+	if len(src) != len(x.Blocks) {
+		return fmt.Errorf("%w: %d source blocks for %d local", ErrBadAck, len(src), len(x.Blocks))
 	}
 	x.remote = x.remote[:0]
-	for _, v := range ack.SrcBlockIndices {
+	for _, v := range src {
 		id, ok := v.Int()
 		if !ok || id < 0 || id >= peer.Blocks {
 			return fmt.Errorf("%w: source block %s outside the producer's %d", ErrBadAck, v, peer.Blocks)

@@ -37,12 +37,13 @@ func newRig(t *testing.T) *rig {
 	return r
 }
 
-func okAck(ids ...int64) *wire.XferAck {
-	a := &wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: "S"}
+// okAck returns the source blocks of an OK ack.
+func okAck(ids ...int64) []wire.Int {
+	var src []wire.Int
 	for _, id := range ids {
-		a.SrcBlockIndices = append(a.SrcBlockIndices, wire.IntOf(id))
+		src = append(src, wire.IntOf(id))
 	}
-	return a
+	return src
 }
 
 // read posts the READ with the given scripted outcome at t0+1s.
@@ -114,16 +115,15 @@ func TestHandleAckPostsRead(t *testing.T) { // B9, B10, B11, B12
 func TestHandleAckRefusesBadAcks(t *testing.T) {
 	tests := []struct {
 		name string
-		ack  *wire.XferAck
+		ack  []wire.Int
 	}{
-		{"nack", &wire.XferAck{MMHash: "H", Status: wire.NackMissing}}, // B13
 		{"too few source blocks", okAck(5)},
 		{"too many source blocks", okAck(5, 6, 7)},
 		{"no source blocks", okAck()},
 		{"negative id", okAck(5, -1)},
 		{"id past the region", okAck(5, 64)},
 		{"repeated id", okAck(7, 7)},
-		{"id above int64", &wire.XferAck{MMHash: "H", SrcBlockIndices: []wire.Int{wire.IntOf(1), wire.UintOf(1 << 63)}}},
+		{"id above int64", []wire.Int{wire.IntOf(1), wire.UintOf(1 << 63)}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
