@@ -157,6 +157,13 @@ func (c *EmbeddingCache) unlinkLocked(e *entry) {
 	c.nEvict--
 }
 
+func (c *EmbeddingCache) lookupLocked(key string) (*entry, error) {
+	if e, ok := c.entries[key]; ok {
+		return e, nil
+	}
+	return nil, fmt.Errorf("%w: %q", ErrNotFound, key)
+}
+
 func (e *entry) snapshot() Entry {
 	return Entry{Key: e.key, Blocks: e.blocks, Ready: e.ready, Pins: e.pins}
 }
@@ -165,9 +172,9 @@ func (e *entry) snapshot() Entry {
 func (c *EmbeddingCache) MarkReady(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[key]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return err
 	}
 	if e.ready {
 		return fmt.Errorf("%w: %q", ErrAlreadyReady, key)
@@ -182,9 +189,9 @@ func (c *EmbeddingCache) MarkReady(key string) error {
 func (c *EmbeddingCache) Pin(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[key]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return err
 	}
 	if !e.ready {
 		return fmt.Errorf("%w: %q", ErrNotReady, key)
@@ -222,9 +229,9 @@ func (c *EmbeddingCache) PinIfReady(key string) (Entry, PinResult) {
 func (c *EmbeddingCache) Unpin(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[key]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return err
 	}
 	if e.pins == 0 {
 		return fmt.Errorf("%w: %q", ErrNotPinned, key)
@@ -242,9 +249,9 @@ func (c *EmbeddingCache) Unpin(key string) error {
 func (c *EmbeddingCache) Discard(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, ok := c.entries[key]
-	if !ok {
-		return fmt.Errorf("%w: %q", ErrNotFound, key)
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return err
 	}
 	if e.ready {
 		return fmt.Errorf("%w: %q", ErrReady, key)

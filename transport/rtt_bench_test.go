@@ -25,15 +25,7 @@ func BenchmarkControlRTT(b *testing.B) {
 		s := newServer(b, ServerConfig{})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() {
-			var msgs []session.Message
-			for s.Wait(ctx) {
-				msgs = s.Drain(msgs[:0])
-				for _, m := range msgs {
-					s.Reply(m.Identity, m.Payload)
-				}
-			}
-		}()
+		go serveEcho(ctx, s)
 		c := newClient(b, ClientConfig{})
 		var in []Inbound
 		rtt(b, func() {
@@ -95,15 +87,7 @@ func BenchmarkControlRTT(b *testing.B) {
 		s := newServer(b, ServerConfig{})
 		ctx, cancel := context.WithCancel(context.Background())
 		defer cancel()
-		go func() {
-			var msgs []session.Message
-			for s.Wait(ctx) {
-				msgs = s.Drain(msgs[:0])
-				for _, m := range msgs {
-					s.Reply(m.Identity, m.Payload)
-				}
-			}
-		}()
+		go serveEcho(ctx, s)
 		pyRTT(b, s.Endpoint())
 	})
 	b.Run("pyzmq-to-pyzmq", func(b *testing.B) {
@@ -149,4 +133,16 @@ func pyRTT(b *testing.B, args ...string) {
 	}
 	b.ReportMetric(r.RTT, "rtt/s")
 	b.ReportMetric(r.P50, "p50-µs")
+}
+
+// serveEcho answers every request with its own payload until ctx ends,
+// waking only when requests arrive.
+func serveEcho(ctx context.Context, s *Server) {
+	var msgs []session.Message
+	for s.Wait(ctx) {
+		msgs = s.Drain(msgs[:0])
+		for _, m := range msgs {
+			s.Reply(m.Identity, m.Payload)
+		}
+	}
 }
