@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"net"
 	"testing"
 	"time"
 
@@ -153,5 +154,36 @@ func TestServerRestart(t *testing.T) {
 	}
 	if got := waitInbound(t, c, 1, 5*time.Second); !bytes.Equal(got[0].Payload, []byte("re:b")) {
 		t.Fatalf("%q", got[0].Payload)
+	}
+}
+
+// A producer address where something accepts but never answers: the
+// handshake times out and the producer is reported dead.
+func TestClientSilentServer(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		var held []net.Conn // accepted, never answered
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	c := newClient(t, ClientConfig{HandshakeTimeout: 300 * time.Millisecond})
+	ep := "tcp://" + ln.Addr().String()
+	c.Send(ep, []byte("x"))
+	if a, d := waitDead(t, c, 5*time.Second); a != ep || d > 2*time.Second {
+		t.Fatalf("dead %q after %v", a, d)
 	}
 }
