@@ -242,6 +242,9 @@ func (g *guardConn) nextFrame() error {
 		case "PONG":
 			return nil
 		case "READY":
+			if !validMetadata(body) {
+				return g.fail("bad READY metadata")
+			}
 			if g.readyIn.Swap(true) {
 				return g.fail("second READY")
 			}
@@ -276,6 +279,25 @@ func parseCommand(c []byte) (string, []byte, bool) {
 		return "", nil, false
 	}
 	return string(c[1 : 1+c[0]]), c[1+c[0]:], true
+}
+
+// validMetadata checks READY's properties (name length byte, name, value
+// length u32, value; to the end) before zmq4 parses them: zmq4 v0.17.0
+// indexes past the end of malformed ones and panics.
+func validMetadata(md []byte) bool {
+	for len(md) > 0 {
+		kl := int(md[0])
+		if kl == 0 || len(md) < 1+kl+4 {
+			return false
+		}
+		vl := binary.BigEndian.Uint32(md[1+kl:])
+		md = md[1+kl+4:]
+		if uint64(vl) > uint64(len(md)) {
+			return false
+		}
+		md = md[vl:]
+	}
+	return true
 }
 
 // queuePong answers a PING now if the outbound stream is between messages,
@@ -675,8 +697,8 @@ func serverHello(c net.Conn) ([]byte, error) {
 	if _, err := io.ReadFull(c, body); err != nil {
 		return nil, err
 	}
-	if name, _, ok := parseCommand(body); !ok || name != "READY" {
-		return nil, errors.New("first command is not READY")
+	if name, md, ok := parseCommand(body); !ok || name != "READY" || !validMetadata(md) {
+		return nil, errors.New("first command is not a valid READY")
 	}
 	pre = append(pre, hdr[:hl]...)
 	return append(pre, body...), nil

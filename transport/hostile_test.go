@@ -287,3 +287,32 @@ func TestHostileServerToClient(t *testing.T) {
 		t.Fatalf("the guard did not count the drop: %+v", st)
 	}
 }
+
+// READY metadata that would make zmq4 index past its end (it panics on
+// these) closes the connection, before and after our own handshake.
+func TestHostileReadyMetadata(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	for _, md := range [][]byte{
+		{0x01},                          // a name length and nothing else
+		{0x0b, 'S', 'o', 'c', 'k'},      // a name cut short
+		[]byte("\x01X\x00\x00"),         // a value length cut short
+		[]byte("\x01X\xff\xff\xff\xff"), // a value longer than the rest
+	} {
+		body := append([]byte("\x05READY"), md...)
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.Write(zmtpGreeting)
+		c.Write(append([]byte{flagCommand, byte(len(body))}, body...))
+		expectClosed(t, c, 5*time.Second)
+		c.Close()
+	}
+	served(t, s, 5*time.Second)
+	if !validMetadata(readyCommand()[8:]) {
+		t.Fatal("a DEALER's READY refused")
+	}
+}
