@@ -90,7 +90,10 @@ type agentMeta struct {
 	Blocks      int    `msgpack:"n"`
 }
 
-const metaVersion = 1
+const (
+	metaVersion = 1
+	maxMetaLen  = 4096
+)
 
 // Errors of TCPData.
 var (
@@ -195,6 +198,10 @@ func (d *TCPData) MemDescriptor() []byte { return d.desc }
 // AddRemotePeer implements xfer.DataTransport. The descriptor is not used:
 // the metadata says how many blocks the producer has.
 func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
+	if len(metadata) > maxMetaLen {
+		// Ours is a few hundred bytes; a large blob could only nest deep.
+		return xfer.Peer{}, fmt.Errorf("%w: %d bytes", ErrBadMeta, len(metadata))
+	}
 	var m agentMeta
 	if err := msgpack.Unmarshal(metadata, &m); err != nil {
 		return xfer.Peer{}, fmt.Errorf("%w: %v", ErrBadMeta, err)

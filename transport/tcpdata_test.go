@@ -229,3 +229,26 @@ func agentMetaBytes(t *testing.T, name, addr string, bs, n int) []byte {
 	}
 	return b
 }
+
+// Whatever a producer puts in its agent metadata, registering it fails
+// cleanly or yields a usable peer; it never panics.
+func FuzzTCPAddRemotePeer(f *testing.F) {
+	good, _ := encodeMeta(agentMeta{Version: 1, Name: "p", Addr: "127.0.0.1:1", Incarnation: "x", BlockSize: 64, Blocks: 8})
+	f.Add(good)
+	f.Add([]byte{0x91, 0x91, 0x91, 0x91})
+	f.Add(bytes.Repeat([]byte{0x91}, 4000))
+	r := newRegion(f, 8, 64)
+	d := newTCP(f, r, TCPConfig{})
+	f.Fuzz(func(t *testing.T, meta []byte) {
+		p, err := d.AddRemotePeer(meta, nil)
+		if err != nil {
+			return
+		}
+		if p.Agent == "" || p.Blocks <= 0 {
+			t.Fatalf("bad peer %+v", p)
+		}
+		if err := d.RemoveRemotePeer(p.Agent); err != nil {
+			t.Fatal(err)
+		}
+	})
+}
