@@ -159,7 +159,13 @@ func TestHostileSilentConnections(t *testing.T) {
 		}
 		idle = append(idle, c)
 	}
-	time.Sleep(50 * time.Millisecond) // let the listener take them all
+	// Wait until the listener has taken them all: all but the newest 256
+	// (the pending-handshake cap) have been evicted.
+	for end := time.Now().Add(10 * time.Second); s.Stats().Dropped < 2000-256; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("listener took only %d connections", s.Stats().Dropped)
+		}
+	}
 	if d := served(t, s, 100*time.Millisecond); d > 100*time.Millisecond {
 		t.Fatalf("served after %v", d)
 	}
