@@ -51,14 +51,15 @@ type ControlStats struct {
 	Malformed uint64 // messages with the wrong envelope, dropped
 	Dropped   uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
 	SendFails uint64
+	Accepted  uint64 // connections a server accepted
 }
 
 type controlCounters struct {
-	received, sent, malformed, dropped, sendFails atomic.Uint64
+	received, sent, malformed, dropped, sendFails, accepted atomic.Uint64
 }
 
 func (c *controlCounters) snapshot() ControlStats {
-	return ControlStats{c.received.Load(), c.sent.Load(), c.malformed.Load(), c.dropped.Load(), c.sendFails.Load()}
+	return ControlStats{c.received.Load(), c.sent.Load(), c.malformed.Load(), c.dropped.Load(), c.sendFails.Load(), c.accepted.Load()}
 }
 
 // ---- server ----
@@ -135,7 +136,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 func newGuardConfig(maxFrame uint64, write, ping, peer, handshake, connect time.Duration, pending int, st *controlCounters) *guardConfig {
 	g := &guardConfig{maxFrame: maxFrame, maxFrames: 8, pingInterval: ping, peerTimeout: peer,
 		writeTimeout: write, handshakeTimeout: handshake, connectTimeout: connect, maxPending: pending,
-		onDrop: func(string) { st.dropped.Add(1) }}
+		onDrop: func(string) { st.dropped.Add(1) }, onAccept: func() { st.accepted.Add(1) }}
 	if g.pingInterval <= 0 {
 		g.pingInterval = DefaultPingInterval
 	}

@@ -43,6 +43,7 @@ type guardConfig struct {
 	connectTimeout   time.Duration
 	maxPending       int // server: handshakes in progress at once
 	onDrop           func(reason string)
+	onAccept         func()
 }
 
 const (
@@ -621,6 +622,9 @@ func (l *guardListener) acceptLoop() {
 			continue
 		}
 		backoff = time.Millisecond
+		if l.cfg.onAccept != nil {
+			l.cfg.onAccept()
+		}
 		l.mu.Lock()
 		if l.order.Len() >= l.cfg.maxPending {
 			// Full: the oldest pending handshake goes, so that a flood of
