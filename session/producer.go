@@ -229,7 +229,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, now time.Time) *grant {
 		p.stats.ReRequests++
 		p.endGrant(old)
 	}
-	if cs = p.consumers[sid]; cs == nil {
+	if cs == nil {
 		p.pruneConsumers()
 		cs = &consumerState{}
 		p.consumers[sid] = cs
@@ -360,14 +360,15 @@ func (p *ProducerSession) drainNotifs() {
 	}
 	for i := range p.notifs {
 		msg := p.notifs[i].Msg
-		if !utf8.Valid(msg) {
-			p.stats.BadNotifs++
-			p.log.Warn("ec producer: dropped malformed notification", "agent", p.notifs[i].Agent)
-			continue
-		}
 		g, ok := p.grants[string(msg)]
 		if !ok {
-			p.stats.UnknownNotifs++
+			// Keys are valid UTF-8: only a miss needs the check.
+			if !utf8.Valid(msg) {
+				p.stats.BadNotifs++
+				p.log.Warn("ec producer: dropped malformed notification", "agent", p.notifs[i].Agent)
+			} else {
+				p.stats.UnknownNotifs++
+			}
 			continue
 		}
 		p.stats.Completions++
