@@ -13,6 +13,12 @@ import (
 
 // echo answers every request with "re:" + payload until stop is closed.
 func echo(t testing.TB, s *Server, stop chan struct{}) chan struct{} {
+	return serve(s, stop, func(p []byte) []byte { return append([]byte("re:"), p...) })
+}
+
+// serve answers every request with reply(payload) until stop is closed; the
+// returned channel closes when it has stopped.
+func serve(s *Server, stop chan struct{}, reply func([]byte) []byte) chan struct{} {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
@@ -25,7 +31,7 @@ func echo(t testing.TB, s *Server, stop chan struct{}) chan struct{} {
 			}
 			msgs = s.Drain(msgs[:0])
 			for _, m := range msgs {
-				s.Reply(m.Identity, append([]byte("re:"), m.Payload...))
+				s.Reply(m.Identity, reply(m.Payload))
 			}
 			if len(msgs) == 0 {
 				time.Sleep(50 * time.Microsecond)

@@ -9,8 +9,6 @@ import (
 	"runtime"
 	"testing"
 	"time"
-
-	"github.com/ecxfer/ecxfer/session"
 )
 
 // readyCommand is a DEALER's READY command frame.
@@ -222,28 +220,13 @@ func TestHostileStalledConsumer(t *testing.T) {
 	s := newServer(t, ServerConfig{WriteTimeout: 300 * time.Millisecond})
 	stop := make(chan struct{})
 	// Large replies fill the stalled consumer's socket buffers quickly.
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		var msgs []session.Message
-		big := make([]byte, 60<<10)
-		for {
-			select {
-			case <-stop:
-				return
-			default:
-			}
-			msgs = s.Drain(msgs[:0])
-			for _, m := range msgs {
-				if string(m.Payload) == "stall" {
-					s.Reply(m.Identity, big)
-				} else {
-					s.Reply(m.Identity, []byte("re:"+string(m.Payload)))
-				}
-			}
-			time.Sleep(50 * time.Microsecond)
+	big := make([]byte, 60<<10)
+	done := serve(s, stop, func(p []byte) []byte {
+		if string(p) == "stall" {
+			return big
 		}
-	}()
+		return append([]byte("re:"), p...)
+	})
 	staller := rawHandshake(t, s.Addr().String())
 	defer staller.Close()
 	msg := []byte{flagMore, 0, 0, 5}
