@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/google/uuid"
@@ -23,8 +24,9 @@ type Sender interface {
 
 // Errors of the sessions.
 var (
-	ErrClosed   = errors.New("session: closed")
-	ErrInFlight = errors.New("session: a transfer for this mm_hash is in flight")
+	ErrClosed    = errors.New("session: closed")
+	ErrInFlight  = errors.New("session: a transfer for this mm_hash is in flight")
+	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 )
 
 // ConsumerConfig configures a ConsumerSession. The zero value is usable.
@@ -76,6 +78,7 @@ type ConsumerSession struct {
 	buf     []byte
 	ack     wire.AckView
 	src     []wire.Int
+	sorted  []int
 	closed  bool
 }
 
@@ -117,6 +120,13 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	}
 	if _, ok := c.byHash[mmHash]; ok {
 		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
+	}
+	c.sorted = append(c.sorted[:0], blocks...)
+	slices.Sort(c.sorted)
+	for i, b := range c.sorted {
+		if b < 0 || (i > 0 && b == c.sorted[i-1]) {
+			return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
+		}
 	}
 	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id}
 	c.buf = wire.AppendReq(c.buf[:0], &req)

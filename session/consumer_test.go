@@ -87,6 +87,18 @@ func TestStartXferSendFails(t *testing.T) { // B34
 	mustStart(t, co.c, "H", []int{1}, at(time.Second))
 }
 
+func TestStartXferBadBlocks(t *testing.T) {
+	co := newConsumer(t)
+	for _, blocks := range [][]int{{1, 1}, {3, -1}, {2, 5, 2}} {
+		if err := co.c.StartXfer("H", blocks, t0, at(time.Second)); !errors.Is(err, ErrBadBlocks) {
+			t.Fatalf("%v: %v", blocks, err)
+		}
+	}
+	if len(co.out.msgs) != 0 || co.c.HasInFlight() {
+		t.Fatal("a refused start sent a request")
+	}
+}
+
 func TestStartXferInFlight(t *testing.T) { // improvement 3
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
