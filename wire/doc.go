@@ -27,7 +27,9 @@
 // # Decoding and allocation
 //
 // A decoded message owns its memory: its strings share one allocation, its
-// byte fields another, its block indices a third, and none aliases the input.
+// byte fields another, its block indices a third, and none aliases the
+// input. [ReqView] and [AckView] decode the same way without allocating:
+// their fields alias the input, for the sessions' hot paths.
 // Errors are [*DecodeError] values wrapping [ErrMalformed] (what msgspec calls
 // DecodeError) or [ErrInvalid] (ValidationError). Two inputs make msgspec
 // raise exceptions vLLM does not catch, and are refused here: invalid UTF-8 in

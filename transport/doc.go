@@ -1,0 +1,47 @@
+// Package transport holds the two networks the protocol runs over: the
+// ZeroMQ control plane (Server: the producer's ROUTER; Client: one DEALER
+// per producer) and the pure-Go TCP data plane (TCPData). The control plane
+// moves bytes and never decodes a message.
+//
+// # Control plane
+//
+// It is built on github.com/go-zeromq/zmq4 v0.17.0 behind a guard: a zmq4
+// transport of our own whose net.Conn sees every byte. Users still write
+// tcp://host:port. The guard fixes what zmq4 gets wrong on the byte stream:
+// frame and message sizes are capped before zmq4 reads a size (a declared
+// 2^62-byte frame closes one connection instead of the process); READY
+// metadata is checked before zmq4 parses it (zmq4 panics on malformed
+// properties); every PING is answered with a PONG, no command reaches the
+// application, and the guard sends its own PINGs and closes a connection
+// whose peer stays silent; a write deadline cuts off a consumer that stops
+// reading; server handshakes run off zmq4's serial accept loop with a
+// deadline, and a full table of pending handshakes evicts its oldest entry.
+//
+// Send, Reply, Drain and Dead never block: queues are bounded and refuse
+// with ErrQueueFull. A producer is reported dead when its connection
+// closes, when it stays silent for the peer timeout (hung, SIGSTOPped, cut
+// off), or when the connect or the handshake times out (nothing answers);
+// its DEALER is dropped and the next Send builds a new one with a fresh
+// identity, so a libzmq ROUTER never black-holes the reconnection.
+//
+// What the guard cannot change in zmq4: a ROUTER delivers a reply to every
+// connection presenting the same identity, and drops replies to identities
+// it does not know (a consumer that reconnected gets a new identity).
+//
+// # Data plane
+//
+// TCPData moves a READ's bytes from the producer's region with writev and
+// lands them straight in the consumer's blocks. The producer serves a READ
+// only when its Authorizer (ProducerSession.Authorize) finds a live grant
+// for the READ's notification covering every block asked for; NIXL lets any
+// peer read any registered block. The notification reaches the producer
+// only after the consumer confirms every byte landed. Malformed frames,
+// oversized lengths, out-of-range blocks and stalls close that connection
+// only. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
+// "inc" (a new incarnation id on every start), "bs" (block size), "n"
+// (block count)}.
+//
+// Differences from the reference's transports: bounded queues instead of
+// unlimited high-water marks; dead-peer detection for hung and
+// never-reachable producers; a maximum frame size; READs gated by grants.
+package transport
