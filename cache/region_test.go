@@ -80,3 +80,25 @@ func TestRegionShared(t *testing.T) {
 		t.Fatalf("size mismatch: %v", err)
 	}
 }
+
+// A large anonymous region starts on a 2 MiB boundary, so that it can be
+// backed by huge pages; with NoHugePages, only page alignment is promised.
+func TestRegionHugeAlignment(t *testing.T) {
+	r, err := NewRegion(RegionConfig{Blocks: 3, BlockSize: 1 << 20, NoLock: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if r.Base()%hugePage != 0 {
+		t.Fatalf("base %#x not 2 MiB-aligned", r.Base())
+	}
+	r.Block(2)[1<<20-1] = 1 // the last byte is inside the mapping
+	small, err := NewRegion(RegionConfig{Blocks: 1, BlockSize: 100, NoHugePages: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer small.Close()
+	if small.Base()%uintptr(os.Getpagesize()) != 0 {
+		t.Fatal("small region not page-aligned")
+	}
+}
