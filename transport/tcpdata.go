@@ -24,7 +24,7 @@ import (
 
 // Authorizer decides whether a READ may be served: notif is the READ's
 // notification ("<session_id>:<mm_hash>"), blocks the producer blocks it
-// asks for. It is called from the data plane's goroutines.
+// asks for. It is called from the data plane's goroutines, concurrently.
 type Authorizer = func(notif []byte, blocks []int) bool
 
 // TCPConfig configures a TCPData. Zero fields take defaults.
@@ -50,7 +50,10 @@ type TCPConfig struct {
 	// MaxQueued bounds READs posted to one peer and not yet answered.
 	// Default 4096.
 	MaxQueued int
-	Logger    *slog.Logger
+	// Conns is the number of connections to each producer; READs spread
+	// over them. Default 2.
+	Conns  int
+	Logger *slog.Logger
 }
 
 func (c TCPConfig) withDefaults() TCPConfig {
@@ -65,6 +68,9 @@ func (c TCPConfig) withDefaults() TCPConfig {
 	}
 	if c.MaxQueued <= 0 {
 		c.MaxQueued = 4096
+	}
+	if c.Conns <= 0 {
+		c.Conns = 2
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -388,8 +394,10 @@ func (op *readOp) fail() {
 	}
 }
 
-// peer is a producer this agent reads from: one connection, one writer
-// goroutine sending READs, one reader goroutine taking the answers in order.
+// peer is a producer this agent reads from: a few connections, each with a
+// writer goroutine taking READs from the peer's queue and a reader goroutine
+// taking the answers in order. Several connections let the producer's
+// writes and our reads of different READs run on different cores.
 type peer struct {
 	d      *TCPData
 	name   string
@@ -400,7 +408,12 @@ type peer struct {
 	ops    chan *readOp
 	stop   chan struct{}
 	once   sync.Once
+	links  []*link
+}
 
+// link is one connection to a peer.
+type link struct {
+	p       *peer
 	mu      sync.Mutex // guards conn and pending; never held across I/O
 	wmu     sync.Mutex // serialises writes to conn
 	conn    net.Conn
@@ -410,8 +423,12 @@ type peer struct {
 func newPeer(d *TCPData, m agentMeta, refs int) *peer {
 	p := &peer{d: d, name: m.Name, addr: m.Addr, inc: m.Incarnation, blocks: m.Blocks, refs: refs,
 		ops: make(chan *readOp, d.cfg.MaxQueued), stop: make(chan struct{})}
-	d.wg.Add(1)
-	go p.writer()
+	for range d.cfg.Conns {
+		l := &link{p: p}
+		p.links = append(p.links, l)
+		d.wg.Add(1)
+		go l.writer()
+	}
 	return p
 }
 
@@ -419,144 +436,146 @@ func newPeer(d *TCPData, m agentMeta, refs int) *peer {
 func (p *peer) shutdown(err error) {
 	p.once.Do(func() {
 		close(p.stop)
-		p.mu.Lock()
-		p.breakConnLocked(err)
-		p.mu.Unlock()
+		for _, l := range p.links {
+			l.mu.Lock()
+			l.breakConnLocked(err)
+			l.mu.Unlock()
+		}
 	})
 }
 
 // breakConnLocked closes the connection and fails every READ sent on it.
-func (p *peer) breakConnLocked(err error) {
-	if p.conn != nil {
-		p.conn.Close()
-		p.conn = nil
-		p.d.log.Debug("ec data: connection to producer closed", "peer", p.name, "err", err)
+func (l *link) breakConnLocked(err error) {
+	if l.conn != nil {
+		l.conn.Close()
+		l.conn = nil
+		l.p.d.log.Debug("ec data: connection to producer closed", "peer", l.p.name, "err", err)
 	}
-	for _, op := range p.pending {
+	for _, op := range l.pending {
 		op.fail()
 	}
-	clear(p.pending)
-	p.pending = p.pending[:0]
+	clear(l.pending)
+	l.pending = l.pending[:0]
 }
 
-func (p *peer) writer() {
-	defer p.d.wg.Done()
+func (l *link) writer() {
+	defer l.p.d.wg.Done()
 	var buf []byte
 	for {
 		var op *readOp
 		select {
-		case <-p.stop:
+		case <-l.p.stop:
 			for {
 				select {
-				case op := <-p.ops:
+				case op := <-l.p.ops:
 					op.fail()
 				default:
 					return
 				}
 			}
-		case op = <-p.ops:
+		case op = <-l.p.ops:
 		}
 		if op.state.Load() == opCanceled {
 			op.fail()
 			continue
 		}
-		conn, err := p.connect()
+		conn, err := l.connect()
 		if err != nil {
-			p.d.log.Warn("ec data: cannot reach producer", "peer", p.name, "addr", p.addr, "err", err)
+			l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
 			op.fail()
 			continue
 		}
 		buf = appendRead(buf[:0], op.id, op.notif, op.remote)
-		p.mu.Lock()
-		if p.conn != conn { // broken meanwhile
-			p.mu.Unlock()
+		l.mu.Lock()
+		if l.conn != conn { // broken meanwhile
+			l.mu.Unlock()
 			op.fail()
 			continue
 		}
-		p.pending = append(p.pending, op)
-		p.mu.Unlock()
-		if err := p.write(conn, buf); err != nil {
-			p.mu.Lock()
-			if p.conn == conn {
-				p.breakConnLocked(err)
+		l.pending = append(l.pending, op)
+		l.mu.Unlock()
+		if err := l.write(conn, buf); err != nil {
+			l.mu.Lock()
+			if l.conn == conn {
+				l.breakConnLocked(err)
 			}
-			p.mu.Unlock()
+			l.mu.Unlock()
 		}
 	}
 }
 
 // write sends one frame on conn within the I/O timeout.
-func (p *peer) write(conn net.Conn, frame []byte) error {
-	p.wmu.Lock()
-	defer p.wmu.Unlock()
-	conn.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
+func (l *link) write(conn net.Conn, frame []byte) error {
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	conn.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
 	_, err := conn.Write(frame)
 	return err
 }
 
 // connect returns the live connection, dialing one if there is none.
-func (p *peer) connect() (net.Conn, error) {
-	p.mu.Lock()
-	c := p.conn
-	p.mu.Unlock()
+func (l *link) connect() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.conn
+	l.mu.Unlock()
 	if c != nil {
 		return c, nil
 	}
-	c, err := net.DialTimeout("tcp", p.addr, p.d.cfg.DialTimeout)
+	c, err := net.DialTimeout("tcp", l.p.addr, l.p.d.cfg.DialTimeout)
 	if err != nil {
 		return nil, err
 	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		tuneConn(tc)
 	}
-	c.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
-	if _, err := c.Write(appendHello(nil, p.d.name)); err != nil {
+	c.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
+	if _, err := c.Write(appendHello(nil, l.p.d.name)); err != nil {
 		c.Close()
 		return nil, err
 	}
-	p.mu.Lock()
+	l.mu.Lock()
 	select {
-	case <-p.stop:
-		p.mu.Unlock()
+	case <-l.p.stop:
+		l.mu.Unlock()
 		c.Close()
 		return nil, xfer.ErrClosed
 	default:
 	}
-	p.conn = c
-	p.mu.Unlock()
-	p.d.wg.Add(1)
-	go p.reader(c)
+	l.conn = c
+	l.mu.Unlock()
+	l.p.d.wg.Add(1)
+	go l.reader(c)
 	return c, nil
 }
 
 // reader takes the producer's answers in order, landing each READ's bytes
 // straight in the local blocks.
-func (p *peer) reader(c net.Conn) {
-	defer p.d.wg.Done()
+func (l *link) reader(c net.Conn) {
+	defer l.p.d.wg.Done()
 	var hdr [headLen + 17]byte
 	var runs [][2]int
 	var done []byte
-	bs := p.d.region.BlockSize()
+	bs := l.p.d.region.BlockSize()
 	fail := func(err error) {
-		p.mu.Lock()
-		if p.conn == c {
-			p.breakConnLocked(err)
+		l.mu.Lock()
+		if l.conn == c {
+			l.breakConnLocked(err)
 		} else {
 			c.Close()
 		}
-		p.mu.Unlock()
+		l.mu.Unlock()
 	}
 	for {
 		// Wait for an answer; an idle connection may wait forever, one
 		// with READs outstanding only for IOTimeout.
-		c.SetReadDeadline(time.Now().Add(p.d.cfg.IOTimeout))
+		c.SetReadDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
 		n, err := io.ReadFull(c, hdr[:])
 		if err != nil {
 			var ne net.Error
 			if n == 0 && errors.As(err, &ne) && ne.Timeout() {
-				p.mu.Lock()
-				idle := len(p.pending) == 0 && p.conn == c
-				p.mu.Unlock()
+				l.mu.Lock()
+				idle := len(l.pending) == 0 && l.conn == c
+				l.mu.Unlock()
 				if idle {
 					continue
 				}
@@ -571,14 +590,14 @@ func (p *peer) reader(c net.Conn) {
 		id := binary.BigEndian.Uint64(hdr[5:])
 		status := hdr[13]
 		size := binary.BigEndian.Uint64(hdr[14:])
-		p.mu.Lock()
+		l.mu.Lock()
 		var op *readOp
-		if len(p.pending) > 0 && p.pending[0].id == id {
-			op = p.pending[0]
-			p.pending[0] = nil
-			p.pending = p.pending[1:]
+		if len(l.pending) > 0 && l.pending[0].id == id {
+			op = l.pending[0]
+			l.pending[0] = nil
+			l.pending = l.pending[1:]
 		}
-		p.mu.Unlock()
+		l.mu.Unlock()
 		if op == nil {
 			fail(fmt.Errorf("%w: answer %d out of order", errProtocol, id))
 			return
@@ -599,19 +618,19 @@ func (p *peer) reader(c net.Conn) {
 		if op.state.CompareAndSwap(opPending, opWriting) {
 			runs = spans(runs[:0], op.local)
 			for _, r := range runs {
-				if err := readFullDeadline(c, p.d.region.Span(r[0], r[1]), p.d.cfg.IOTimeout); err != nil {
+				if err := readFullDeadline(c, l.p.d.region.Span(r[0], r[1]), l.p.d.cfg.IOTimeout); err != nil {
 					op.fail()
 					fail(err)
 					return
 				}
 			}
 			op.state.Store(opComplete)
-		} else if err := discard(c, int64(size), p.d.cfg.IOTimeout); err != nil {
+		} else if err := discard(c, int64(size), l.p.d.cfg.IOTimeout); err != nil {
 			fail(err)
 			return
 		}
 		done = appendDone(done[:0], id)
-		if err := p.write(c, done); err != nil {
+		if err := l.write(c, done); err != nil {
 			fail(err)
 			return
 		}

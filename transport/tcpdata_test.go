@@ -67,9 +67,7 @@ func waitEnd(t *testing.T, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
 // failed READ on the consumer and no notification on the producer.
 func TestTCPAuthorize(t *testing.T) {
 	cr, pr := newRegion(t, 8, 64), newRegion(t, 8, 64)
-	var asked []string
 	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: func(n []byte, b []int) bool {
-		asked = append(asked, string(n))
 		return string(n) == "s:ok" && len(b) == 1 && b[0] == 2
 	}})
 	c := newTCP(t, cr, TCPConfig{})
