@@ -78,10 +78,11 @@ func BenchmarkConsumerPoll(b *testing.B) {
 // completed a READ yet, so every ack carries the region's mem descriptor
 // (each op re-requests, replacing the grant). "steady": it has, so acks
 // leave the descriptor out, and the completion notification ends each
-// grant.
+// grant. "steady-authorize": the same with the grant table locked for a
+// data plane that gates READs (the TCP one); NIXL does not.
 func BenchmarkProducerGrant(b *testing.B) {
 	for _, blocks := range []int{512, 100000} {
-		for _, mode := range []string{"first", "steady"} {
+		for _, mode := range []string{"first", "steady", "steady-authorize"} {
 			b.Run(fmt.Sprintf("region=%d/%s", blocks, mode), func(b *testing.B) {
 				data := &benchData{meta: []byte(strings.Repeat("m", 200)), desc: wire.AppendBlockDescs(nil, 0x7f0000000000, 7168, blocks, 0)}
 				c := cache.NewEmbeddingCache(blocks)
@@ -91,11 +92,15 @@ func BenchmarkProducerGrant(b *testing.B) {
 				}
 				c.MarkReady(h)
 				p := NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat)
+				if mode == "steady-authorize" {
+					p.EnableAuthorize() // as with the TCP data plane
+				}
 				sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
 				msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 				notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
 				now := at(0)
-				if mode == "steady" {
+				steady := mode != "first"
+				if steady {
 					p.Poll(msgs, now, nopSender{})
 					data.notifs = append(data.notifs, notif...)
 				}
@@ -103,12 +108,12 @@ func BenchmarkProducerGrant(b *testing.B) {
 				b.ReportAllocs()
 				for b.Loop() {
 					p.Poll(msgs, now, &sink)
-					if mode == "steady" {
+					if steady {
 						data.notifs = append(data.notifs, notif...)
 					}
 				}
 				st := p.Stats()
-				if mode == "steady" && st.DescsSent > 2 || mode == "first" && st.DescsSent != st.Grants {
+				if steady && st.DescsSent > 2 || !steady && st.DescsSent != st.Grants {
 					b.Fatalf("descriptors sent %d of %d grants", st.DescsSent, st.Grants)
 				}
 				b.ReportMetric(float64(sink.bytes)/float64(sink.n), "B/ack")

@@ -83,7 +83,8 @@ type ProducerSession struct {
 	lease  time.Duration
 	log    *slog.Logger
 
-	authMu sync.RWMutex // guards grants against Authorize
+	authMu sync.RWMutex // guards grants against Authorize, once enabled
+	authOn bool
 	grants map[string]*grant
 	lru    grant // sentinel of the lease list: lru.next expires first
 	spare  []*grant
@@ -238,9 +239,13 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, now time.Time) *grant {
 	g := p.newGrant()
 	g.ProducerXfer = xfer.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
 	g.key = key
-	p.authMu.Lock()
-	p.grants[key] = g
-	p.authMu.Unlock()
+	if p.authOn {
+		p.authMu.Lock()
+		p.grants[key] = g
+		p.authMu.Unlock()
+	} else {
+		p.grants[key] = g
+	}
 	p.link(g)
 	p.stats.Grants++
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
@@ -311,10 +316,14 @@ func (p *ProducerSession) endGrant(g *grant) {
 	if cs := p.consumers[g.SessionID]; cs != nil {
 		cs.grants--
 	}
-	p.authMu.Lock()
+	if p.authOn {
+		p.authMu.Lock()
+	}
 	delete(p.grants, g.key)
 	*g = grant{} // Authorize may have held it until now
-	p.authMu.Unlock()
+	if p.authOn {
+		p.authMu.Unlock()
+	}
 	if err := p.cache.Unpin(mmHash); err != nil {
 		// Cannot happen while this session is the only one pinning for
 		// its grants; say so loudly if it does.
@@ -331,12 +340,22 @@ func (p *ProducerSession) GrantCounts(dst map[string]int) {
 	}
 }
 
+// EnableAuthorize makes Authorize usable. Call it before handing
+// Authorize to a data plane (connector.NewProducer does): from then on the
+// grant table is locked for it. A producer whose data plane cannot gate
+// READs (NIXL) skips the locking.
+func (p *ProducerSession) EnableAuthorize() { p.authOn = true }
+
 // Authorize reports whether a live grant covers a READ: notif names the
 // grant ("<session_id>:<mm_hash>") and every block must be one of its
 // entry's. A data plane calls it before serving a READ, so that a peer can
-// read only what it was granted. It is safe for concurrent use, unlike the
-// rest of ProducerSession.
+// read only what it was granted. Once EnableAuthorize was called it is safe
+// for concurrent use, unlike the rest of ProducerSession; before, it grants
+// nothing.
 func (p *ProducerSession) Authorize(notif []byte, blocks []int) bool {
+	if !p.authOn {
+		return false
+	}
 	p.authMu.RLock()
 	defer p.authMu.RUnlock()
 	g, ok := p.grants[string(notif)]

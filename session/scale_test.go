@@ -124,6 +124,10 @@ func TestAuthorize(t *testing.T) {
 	po.poll(t, t0, req("R", sid("a")))
 	e, _ := po.cache.Get("R")
 	key := []byte(sid("a") + ":R")
+	if po.p.Authorize(key, e.Blocks) {
+		t.Fatal("authorized before EnableAuthorize")
+	}
+	po.p.EnableAuthorize()
 	if !po.p.Authorize(key, e.Blocks) || !po.p.Authorize(key, e.Blocks[:1]) {
 		t.Fatal("granted blocks refused")
 	}

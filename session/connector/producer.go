@@ -83,6 +83,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	s := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
 		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants}, data, c, cfg.CompatHash)
 	if a, ok := data.(authorizing); ok {
+		s.EnableAuthorize()
 		a.SetAuthorizer(s.Authorize)
 	}
 	return &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}}
