@@ -11,10 +11,25 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	// The programs are built with go build, which the test cache does not
+	// see: linking the library in (and reading the sources below) makes
+	// a change to either invalidate cached results.
+	_ "github.com/ecxfer/ecxfer/internal/demo"
 )
 
 func build(t *testing.T, dir, pkg string) string {
 	t.Helper()
+	src := strings.TrimPrefix(pkg, "github.com/ecxfer/ecxfer/examples/")
+	ents, err := os.ReadDir(src)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if _, err := os.ReadFile(filepath.Join(src, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
 	bin := filepath.Join(dir, filepath.Base(pkg))
 	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
 	if err != nil {
