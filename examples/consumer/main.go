@@ -17,13 +17,10 @@ import (
 func main() {
 	var cfg demo.Config
 	producer := flag.String("producer", "tcp://127.0.0.1:5555", "the producer's control endpoint")
-	flag.IntVar(&cfg.Items, "items", 1000, "embeddings to fetch")
-	flag.IntVar(&cfg.BlocksPerItem, "blocks-per-item", 16, "blocks per embedding")
-	flag.IntVar(&cfg.BlockSize, "block-size", 8192, "bytes per block")
-	flag.IntVar(&cfg.Concurrency, "concurrency", 64, "fetches in flight")
+	cfg.Flags(nil, true)
 	flag.Parse()
-	if cfg.Items <= 0 || cfg.BlocksPerItem <= 0 || cfg.BlockSize <= 0 || cfg.Concurrency <= 0 {
-		fmt.Fprintln(os.Stderr, "consumer: every flag must be positive")
+	if err := cfg.Check(true); err != nil {
+		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))

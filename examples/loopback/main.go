@@ -17,14 +17,11 @@ import (
 
 func main() {
 	var cfg demo.Config
-	flag.IntVar(&cfg.Items, "items", 1000, "embeddings to fetch")
-	flag.IntVar(&cfg.BlocksPerItem, "blocks-per-item", 16, "blocks per embedding")
-	flag.IntVar(&cfg.BlockSize, "block-size", 8192, "bytes per block")
-	flag.IntVar(&cfg.Concurrency, "concurrency", 64, "fetches in flight")
+	cfg.Flags(nil, true)
 	verbose := flag.Bool("v", false, "log at debug level")
 	flag.Parse()
-	if cfg.Items <= 0 || cfg.BlocksPerItem <= 0 || cfg.BlockSize <= 0 || cfg.Concurrency <= 0 {
-		fmt.Fprintln(os.Stderr, "loopback: every flag must be positive")
+	if err := cfg.Check(true); err != nil {
+		fmt.Fprintln(os.Stderr, "loopback:", err)
 		os.Exit(2)
 	}
 	level := slog.LevelWarn

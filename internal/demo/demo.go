@@ -9,6 +9,7 @@ import (
 	"encoding/binary"
 	"encoding/hex"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -27,6 +28,28 @@ type Config struct {
 	BlocksPerItem int
 	BlockSize     int
 	Concurrency   int // fetches in flight
+}
+
+// Flags registers the shape flags on fs (the default set when nil), with
+// the defaults the examples share; concurrency only for consumers.
+func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
+	if fs == nil {
+		fs = flag.CommandLine
+	}
+	fs.IntVar(&c.Items, "items", 1000, "embeddings")
+	fs.IntVar(&c.BlocksPerItem, "blocks-per-item", 16, "blocks per embedding")
+	fs.IntVar(&c.BlockSize, "block-size", 8192, "bytes per block")
+	if concurrency {
+		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight")
+	}
+}
+
+// Check reports a shape that cannot run.
+func (c Config) Check(concurrency bool) error {
+	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || (concurrency && c.Concurrency <= 0) {
+		return errors.New("every size flag must be positive")
+	}
+	return nil
 }
 
 // CompatHash is the compatibility hash both sides compute for cfg.
