@@ -47,8 +47,8 @@ type TCPConfig struct {
 	IdleTimeout time.Duration
 	// DialTimeout bounds connecting to a producer. Default 8 s.
 	DialTimeout time.Duration
-	// MaxQueued bounds READs posted to one peer and not yet answered.
-	// Default 4096.
+	// MaxQueued bounds READs posted to one peer and not yet ended;
+	// PostRead beyond it fails with ErrBusy. Default 4096.
 	MaxQueued int
 	// Conns is the number of connections to each producer; READs spread
 	// over them. Default 2.
@@ -285,11 +285,17 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 			return 0, fmt.Errorf("%w: remote %d of %d", ErrBlockRange, b, p.blocks)
 		}
 	}
+	if p.inflight.Add(1) > int64(d.cfg.MaxQueued) {
+		p.inflight.Add(-1)
+		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
+	}
 	d.next++
-	op := &readOp{h: d.next, id: uint64(d.next), local: slices.Clone(local), remote: slices.Clone(remote), notif: bytes.Clone(notif)}
+	op := &readOp{h: d.next, id: uint64(d.next), local: slices.Clone(local), remote: slices.Clone(remote),
+		notif: bytes.Clone(notif), peer: p}
 	select {
 	case p.ops <- op:
-	default:
+	default: // cannot happen while inflight bounds the queue
+		p.inflight.Add(-1)
 		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
 	}
 	d.handles[op.h] = op
@@ -376,21 +382,40 @@ const (
 )
 
 type readOp struct {
-	h      xfer.Handle
-	id     uint64
-	local  []int
-	remote []int
-	notif  []byte
-	state  atomic.Int32
+	h       xfer.Handle
+	id      uint64
+	local   []int
+	remote  []int
+	notif   []byte
+	state   atomic.Int32
+	peer    *peer
+	settled atomic.Bool
 }
 
 // fail ends an op that has not completed.
 func (op *readOp) fail() {
 	for {
 		s := op.state.Load()
-		if s == opComplete || s == opFailed || op.state.CompareAndSwap(s, opFailed) {
+		if s == opComplete || s == opFailed {
 			return
 		}
+		if op.state.CompareAndSwap(s, opFailed) {
+			op.settle()
+			return
+		}
+	}
+}
+
+// complete ends an op whose bytes all landed.
+func (op *readOp) complete() {
+	op.state.Store(opComplete)
+	op.settle()
+}
+
+// settle gives the op's place in its peer's in-flight bound back, once.
+func (op *readOp) settle() {
+	if op.settled.CompareAndSwap(false, true) {
+		op.peer.inflight.Add(-1)
 	}
 }
 
@@ -409,6 +434,9 @@ type peer struct {
 	stop   chan struct{}
 	once   sync.Once
 	links  []*link
+	// inflight counts READs posted and not ended: at most MaxQueued, so
+	// a producer that stops answering cannot make them pile up.
+	inflight atomic.Int64
 }
 
 // link is one connection to a peer.
@@ -624,10 +652,14 @@ func (l *link) reader(c net.Conn) {
 					return
 				}
 			}
-			op.state.Store(opComplete)
-		} else if err := discard(c, int64(size), l.p.d.cfg.IOTimeout); err != nil {
-			fail(err)
-			return
+			op.complete()
+		} else {
+			// Released before its bytes came: drop them.
+			op.fail()
+			if err := discard(c, int64(size), l.p.d.cfg.IOTimeout); err != nil {
+				fail(err)
+				return
+			}
 		}
 		done = appendDone(done[:0], id)
 		if err := l.write(c, done); err != nil {

@@ -250,3 +250,47 @@ func FuzzTCPAddRemotePeer(f *testing.F) {
 		}
 	})
 }
+
+// READs to a producer that stops answering cannot pile up: past MaxQueued
+// in flight, PostRead refuses; when they fail, the room comes back.
+func TestTCPInFlightBound(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close() // reads nothing, answers nothing
+		}
+	}()
+	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{MaxQueued: 5, IOTimeout: 200 * time.Millisecond})
+	peer, err := c.AddRemotePeer(agentMetaBytes(t, "stalled", ln.Addr().String(), 64, 8), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var hs []xfer.Handle
+	for range 5 {
+		h, err := c.PostRead([]int{0}, peer.Agent, []int{1}, []byte("a:b"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		hs = append(hs, h)
+	}
+	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); !errors.Is(err, ErrBusy) {
+		t.Fatalf("sixth READ: %v", err)
+	}
+	for _, h := range hs {
+		if waitEnd(t, c, h) != xfer.Failed {
+			t.Fatal("READ from a stalled producer did not fail")
+		}
+		c.Release(h)
+	}
+	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); err != nil {
+		t.Fatalf("after the failures: %v", err)
+	}
+}
