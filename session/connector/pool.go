@@ -307,15 +307,17 @@ func (p *Pool) Step(now time.Time) *Results {
 		}
 	}
 	clear(p.inbound)
-	p.dead = p.ctl.Dead(p.dead[:0])
-	for _, addr := range p.dead {
-		p.peerDown(addr, now)
-	}
 	for _, pe := range p.order {
 		pe.s.Poll(pe.msgs, now)
 		clear(pe.msgs)
 		pe.msgs = pe.msgs[:0]
 		p.collect(pe, now)
+	}
+	// Deaths after the replies that came before them: an ack that arrived
+	// still counts.
+	p.dead = p.ctl.Dead(p.dead[:0])
+	for _, addr := range p.dead {
+		p.peerDown(addr, now)
 	}
 	kept := p.draining[:0]
 	for _, pe := range p.draining {

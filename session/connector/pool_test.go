@@ -278,3 +278,16 @@ func TestPoolClose(t *testing.T) {
 		t.Fatal("fetch after close")
 	}
 }
+
+// An ack that arrived before its producer's death is still used: the
+// fetch completes in that step instead of being retried.
+func TestPoolAckBeforeDeath(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 1, true)
+	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
+	w.ctl.dead = append(w.ctl.dead, addr) // reported in the same step as the ack
+	r := w.step(time.Millisecond)
+	if len(r.Completed) != 1 || w.pool.Stats().Retries != 0 || w.pool.Stats().PeerDeaths != 1 {
+		t.Fatalf("%+v, stats %+v", r, w.pool.Stats())
+	}
+}
