@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
-	"net"
 	"testing"
 	"time"
 
@@ -166,26 +165,7 @@ func TestServerRestart(t *testing.T) {
 // A producer address where something accepts but never answers: the
 // handshake times out and the producer is reported dead.
 func TestClientSilentServer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		var held []net.Conn // accepted, never answered
-		defer func() {
-			for _, c := range held {
-				c.Close()
-			}
-		}()
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			held = append(held, c)
-		}
-	}()
+	ln := silentListener(t)
 	c := newClient(t, ClientConfig{HandshakeTimeout: 300 * time.Millisecond})
 	ep := "tcp://" + ln.Addr().String()
 	c.Send(ep, []byte("x"))

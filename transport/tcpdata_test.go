@@ -193,20 +193,7 @@ func TestTCPHostileDataPort(t *testing.T) {
 // A producer that stops answering fails the READs in flight within the I/O
 // timeout; it does not hold them forever.
 func TestTCPStalledProducer(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // accept, read nothing, answer nothing
-		}
-	}()
+	ln := silentListener(t)
 	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{IOTimeout: 100 * time.Millisecond})
 	m := agentMetaBytes(t, "stalled", ln.Addr().String(), 64, 8)
 	peer, err := c.AddRemotePeer(m, nil)
@@ -254,20 +241,7 @@ func FuzzTCPAddRemotePeer(f *testing.F) {
 // READs to a producer that stops answering cannot pile up: past MaxQueued
 // in flight, PostRead refuses; when they fail, the room comes back.
 func TestTCPInFlightBound(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			defer c.Close() // reads nothing, answers nothing
-		}
-	}()
+	ln := silentListener(t)
 	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{MaxQueued: 5, IOTimeout: 200 * time.Millisecond})
 	peer, err := c.AddRemotePeer(agentMetaBytes(t, "stalled", ln.Addr().String(), 64, 8), nil)
 	if err != nil {
@@ -293,4 +267,31 @@ func TestTCPInFlightBound(t *testing.T) {
 	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); err != nil {
 		t.Fatalf("after the failures: %v", err)
 	}
+}
+
+// silentListener accepts connections and never reads from or answers them:
+// a producer that stopped. They are closed when the test ends.
+func silentListener(t testing.TB) net.Listener {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		var held []net.Conn
+		defer func() {
+			for _, c := range held {
+				c.Close()
+			}
+		}()
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			held = append(held, c)
+		}
+	}()
+	return ln
 }
