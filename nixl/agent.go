@@ -10,67 +10,126 @@ import "C"
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
+	"math"
+	"runtime"
 	"sync"
+	"sync/atomic"
+	"time"
 	"unsafe"
-
-	_ "github.com/ianlancetaylor/cgosymbolizer" // symbolised C frames in crashes
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
+// maxInbox bounds the notifications the progress goroutine keeps for
+// DrainNotifs; past it they are counted and dropped (a producer that never
+// drains would otherwise grow without bound).
+const maxInbox = 1 << 16
+
 // Agent is an xfer.DataTransport over a NIXL agent. It is safe for
 // concurrent use.
 type Agent struct {
-	mu      sync.Mutex
+	cfg    Config
+	region *cache.Region
+	meta   []byte
+	desc   []byte
+
+	mu      sync.Mutex // every call into C
 	c       *C.cnixl_agent
-	region  *cache.Region
-	meta    []byte
-	desc    []byte
-	peers   map[string]int    // remote agent -> registrations
+	peers   map[string]peer   // remote agent -> registration
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
 	handles map[xfer.Handle]C.cnixl_handle
-	zombies []C.cnixl_handle // released while running: released again later
+	zombies []C.cnixl_handle // released while running: released once they end
+	inbox   []xfer.Notif     // drained by the progress goroutine, for DrainNotifs
+	dropped uint64           // notifications over maxInbox
 	next    xfer.Handle
 	closed  bool
+
+	expect atomic.Int64  // reads a producer expects (ExpectReads)
+	wake   chan struct{} // wakes an idle progress goroutine
+	stop   chan struct{}
+	done   chan struct{} // closed when the progress goroutine returned
 }
 
-var _ xfer.DataTransport = (*Agent)(nil)
+type peer struct {
+	refs   int // registrations
+	blocks int // valid remote ids are [0, blocks)
+}
+
+var (
+	_ xfer.DataTransport = (*Agent)(nil)
+	_ xfer.Driven        = (*Agent)(nil)
+)
+
+func (c *Config) setDefaults() {
+	if c.Backend == "" {
+		c.Backend = "UCX"
+	}
+	if c.ProgressDelay <= 0 {
+		if c.Progress == ProgressThread {
+			c.ProgressDelay = time.Millisecond
+		} else {
+			c.ProgressDelay = 50 * time.Microsecond
+		}
+	}
+	if c.IdlePoll <= 0 {
+		c.IdlePoll = 50 * time.Millisecond
+	}
+	if c.CloseTimeout <= 0 {
+		c.CloseTimeout = 5 * time.Second
+	}
+}
 
 // New creates a NIXL agent over region: it registers the region and
-// prepares one descriptor per block.
+// prepares one descriptor per block. The region must stay mapped until
+// Close returns.
 func New(cfg Config, region *cache.Region) (*Agent, error) {
 	if cfg.Name == "" {
-		return nil, errors.New("nixl: agent name required")
+		return nil, fmt.Errorf("%w: agent name required", ErrInvalidParam)
 	}
-	if cfg.Backend == "" {
-		cfg.Backend = "UCX"
+	if region == nil {
+		return nil, fmt.Errorf("%w: nil region", ErrInvalidParam)
+	}
+	if cfg.Progress < ProgressGoroutine || cfg.Progress > ProgressCaller {
+		return nil, fmt.Errorf("%w: progress mode %d", ErrInvalidParam, int(cfg.Progress))
+	}
+	cfg.setDefaults()
+	params := make(map[string]string, len(cfg.Params)+1)
+	for k, v := range cfg.Params {
+		params[k] = v
+	}
+	if cfg.Workers > 0 {
+		params["num_workers"] = fmt.Sprint(cfg.Workers)
 	}
 	name, backend := C.CString(cfg.Name), C.CString(cfg.Backend)
 	defer C.free(unsafe.Pointer(name))
 	defer C.free(unsafe.Pointer(backend))
-	n := len(cfg.Params)
+	n := len(params)
 	keys := C.malloc(C.size_t(max(n, 1)) * C.size_t(unsafe.Sizeof((*C.char)(nil))))
 	vals := C.malloc(C.size_t(max(n, 1)) * C.size_t(unsafe.Sizeof((*C.char)(nil))))
 	defer C.free(keys)
 	defer C.free(vals)
 	ks, vs := unsafe.Slice((**C.char)(keys), max(n, 1)), unsafe.Slice((**C.char)(vals), max(n, 1))
 	i := 0
-	for k, v := range cfg.Params {
+	for k, v := range params {
 		ks[i], vs[i] = C.CString(k), C.CString(v)
 		defer C.free(unsafe.Pointer(ks[i]))
 		defer C.free(unsafe.Pointer(vs[i]))
 		i++
 	}
-	pt := C.int(0)
-	if cfg.ProgressThread {
-		pt = 1
+	pt, delay := C.int(0), C.uint64_t(0)
+	if cfg.Progress == ProgressThread {
+		pt, delay = 1, C.uint64_t(cfg.ProgressDelay/time.Microsecond)
 	}
-	a := &Agent{region: region, peers: map[string]int{}, byMeta: map[string]string{}, handles: map[xfer.Handle]C.cnixl_handle{}}
-	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, &a.c); st != 0 {
+	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{},
+		handles: map[xfer.Handle]C.cnixl_handle{}, wake: make(chan struct{}, 1),
+		stop: make(chan struct{}), done: make(chan struct{})}
+	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, delay, &a.c); st != 0 {
+		if st == C.CNIXL_ERR_NOT_BUILT {
+			return nil, ErrNotBuilt
+		}
 		return nil, statusErr("create agent", int(st))
 	}
 	if st := C.cnixl_register(a.c, C.uintptr_t(region.Base()), C.uint64_t(region.BlockSize()), C.uint64_t(region.Blocks())); st != 0 {
@@ -86,14 +145,38 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	a.meta = C.GoBytes(md, C.int(mdlen)) // C's buffer, copied
 	C.cnixl_free(md)
 	a.desc = wire.AppendBlockDescs(nil, uint64(region.Base()), uint64(region.BlockSize()), region.Blocks(), 0)
+	if cfg.Progress == ProgressGoroutine {
+		go a.progressLoop()
+	} else {
+		close(a.done)
+	}
 	return a, nil
 }
+
+// Name is the agent's name, as peers address it.
+func (a *Agent) Name() string { return a.cfg.Name }
 
 // AgentMetadata implements xfer.DataTransport.
 func (a *Agent) AgentMetadata() []byte { return a.meta }
 
 // MemDescriptor implements xfer.DataTransport.
 func (a *Agent) MemDescriptor() []byte { return a.desc }
+
+// ExpectReads implements xfer.Driven: a producer says how many grants are
+// live, and while any is, the progress goroutine drives the agent
+// continuously so that peers' READs move at NIXL's speed.
+func (a *Agent) ExpectReads(n int) {
+	if old := a.expect.Swap(int64(n)); old == 0 && n > 0 {
+		a.kick()
+	}
+}
+
+func (a *Agent) kick() {
+	select {
+	case a.wake <- struct{}{}:
+	default:
+	}
+}
 
 // AddRemotePeer implements xfer.DataTransport: it loads the remote agent
 // and prepares its descriptor list from the mem descriptor, which must not
@@ -105,6 +188,9 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	}
 	if len(descs) == 0 || len(metadata) == 0 {
 		return xfer.Peer{}, fmt.Errorf("nixl: %w: empty metadata or descriptor", ErrInvalidParam)
+	}
+	if len(descs) > math.MaxInt32 {
+		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", ErrInvalidParam, len(descs))
 	}
 	flat := make([]C.uint64_t, 0, 3*len(descs))
 	for _, d := range descs {
@@ -121,9 +207,11 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
-	if agent, ok := a.byMeta[string(metadata)]; ok {
+	if agent, ok := a.byMeta[string(metadata)]; ok && a.peers[agent].blocks == len(descs) {
 		// Loaded already by another registration: share it.
-		a.peers[agent]++
+		p := a.peers[agent]
+		p.refs++
+		a.peers[agent] = p
 		return xfer.Peer{Agent: agent, Blocks: len(descs)}, nil
 	}
 	var name *C.char
@@ -134,7 +222,10 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	}
 	agent := C.GoString(name)
 	C.cnixl_free(unsafe.Pointer(name))
-	a.peers[agent]++
+	p := a.peers[agent]
+	p.refs++
+	p.blocks = len(descs) // a reload replaces the descriptor list
+	a.peers[agent] = p
 	a.byMeta[string(metadata)] = agent
 	return xfer.Peer{Agent: agent, Blocks: len(descs)}, nil
 }
@@ -143,10 +234,15 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 func (a *Agent) RemoveRemotePeer(agent string) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.peers[agent] == 0 {
+	if a.closed {
+		return xfer.ErrClosed
+	}
+	p := a.peers[agent]
+	if p.refs == 0 {
 		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
 	}
-	if a.peers[agent]--; a.peers[agent] > 0 {
+	if p.refs--; p.refs > 0 {
+		a.peers[agent] = p
 		return nil
 	}
 	delete(a.peers, agent)
@@ -160,14 +256,22 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 	return statusErr("remove remote", int(C.cnixl_remove_remote(a.c, n)))
 }
 
-// PostRead implements xfer.DataTransport.
+// PostRead implements xfer.DataTransport. Every id must name a block of
+// its region: local ones this agent's, remote ones the peer's (ErrInvalidParam).
 func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
 		return 0, xfer.ErrLengthMismatch
 	}
-	ids := make([]C.int32_t, 2*len(local)+1)
-	for i := range local {
-		ids[i], ids[len(local)+i] = C.int32_t(local[i]), C.int32_t(remote[i])
+	if len(local) == 0 {
+		return 0, fmt.Errorf("nixl: post READ: %w: no blocks", ErrInvalidParam)
+	}
+	nlocal := min(a.region.Blocks(), math.MaxInt32)
+	ids := make([]C.int32_t, 2*len(local))
+	for i, id := range local {
+		if id < 0 || id >= nlocal {
+			return 0, fmt.Errorf("nixl: post READ: %w: local block %d of %d", ErrInvalidParam, id, nlocal)
+		}
+		ids[i] = C.int32_t(id)
 	}
 	n := C.CString(agent)
 	defer C.free(unsafe.Pointer(n))
@@ -176,8 +280,15 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	if a.closed {
 		return 0, xfer.ErrClosed
 	}
-	if a.peers[agent] == 0 {
+	p := a.peers[agent]
+	if p.refs == 0 {
 		return 0, fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	for i, id := range remote {
+		if id < 0 || id >= p.blocks {
+			return 0, fmt.Errorf("nixl: post READ: %w: remote block %d of %d", ErrInvalidParam, id, p.blocks)
+		}
+		ids[len(local)+i] = C.int32_t(id)
 	}
 	var np unsafe.Pointer
 	if len(notif) > 0 {
@@ -190,6 +301,9 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	}
 	a.next++
 	a.handles[a.next] = h
+	if len(a.handles) == 1 {
+		a.kick()
+	}
 	return a.next, nil
 }
 
@@ -198,10 +312,12 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	a.retryZombiesLocked()
 	ch, ok := a.handles[h]
 	if !ok {
 		return 0, fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
+	}
+	if a.closed {
+		return 0, xfer.ErrClosed
 	}
 	switch st := int(C.cnixl_check(a.c, ch)); {
 	case st == C.CNIXL_IN_PROG:
@@ -215,7 +331,10 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	}
 }
 
-// Release implements xfer.DataTransport.
+// Release implements xfer.DataTransport. A READ still in progress is not
+// handed to NIXL to abort (UCX cannot be trusted to have stopped a one-sided
+// READ it says it canceled): the request is kept and released once it ends,
+// and Release returns ErrMayStillWrite.
 func (a *Agent) Release(h xfer.Handle) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -224,40 +343,43 @@ func (a *Agent) Release(h xfer.Handle) error {
 		return fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
 	}
 	delete(a.handles, h)
-	if st := int(C.cnixl_release(a.c, ch)); st != 0 {
-		// NIXL could not abort it: keep the request to release later,
-		// and say the blocks may still be written.
+	if a.closed {
+		return nil // Close destroyed it
+	}
+	if st := int(C.cnixl_check(a.c, ch)); st == C.CNIXL_IN_PROG {
 		a.zombies = append(a.zombies, ch)
-		return fmt.Errorf("%w: %v", xfer.ErrMayStillWrite, statusErr("release", st))
+		return fmt.Errorf("%w: READ %d still in progress", xfer.ErrMayStillWrite, h)
+	}
+	if st := int(C.cnixl_release(a.c, ch)); st != 0 {
+		a.zombies = append(a.zombies, ch)
+		return fmt.Errorf("%w: %w", xfer.ErrMayStillWrite, statusErr("release", st))
 	}
 	return nil
 }
 
-func (a *Agent) retryZombiesLocked() {
+// reapZombiesLocked releases the kept requests that have ended.
+func (a *Agent) reapZombiesLocked() {
 	kept := a.zombies[:0]
 	for _, z := range a.zombies {
-		if C.cnixl_release(a.c, z) != 0 {
+		if C.cnixl_check(a.c, z) == C.CNIXL_IN_PROG || C.cnixl_release(a.c, z) != 0 {
 			kept = append(kept, z)
 		}
 	}
+	clear(a.zombies[len(kept):])
 	a.zombies = kept
 }
 
-// DrainNotifs implements xfer.DataTransport.
-func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
-		return dst, xfer.ErrClosed
-	}
-	a.retryZombiesLocked()
+// pollLocked drives the agent once (NIXL's getNotifs progresses the UCX
+// workers) and keeps what arrived in the inbox. It reports whether anything
+// arrived.
+func (a *Agent) pollLocked() (bool, error) {
 	var buf unsafe.Pointer
 	var n C.size_t
 	if st := C.cnixl_get_notifs(a.c, &buf, &n); st != 0 {
-		return dst, statusErr("get notifications", int(st))
+		return false, statusErr("get notifications", int(st))
 	}
 	if n == 0 {
-		return dst, nil
+		return false, nil
 	}
 	b := C.GoBytes(buf, C.int(n))
 	C.cnixl_free(buf)
@@ -271,26 +393,138 @@ func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 		if len(b) < 8+nl+ml {
 			break
 		}
-		dst = append(dst, xfer.Notif{Agent: name, Msg: b[8+nl : 8+nl+ml : 8+nl+ml]})
+		if len(a.inbox) < maxInbox {
+			a.inbox = append(a.inbox, xfer.Notif{Agent: name, Msg: b[8+nl : 8+nl+ml : 8+nl+ml]})
+		} else {
+			a.dropped++
+		}
 		b = b[8+nl+ml:]
 	}
-	return dst, nil
+	return true, nil
 }
 
-// Close implements xfer.DataTransport: it releases every request and remote
-// agent and deregisters the region. After Close nothing writes into it.
-func (a *Agent) Close() error {
+// DrainNotifs implements xfer.DataTransport.
+func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
+		return dst, xfer.ErrClosed
+	}
+	a.reapZombiesLocked()
+	_, err := a.pollLocked()
+	dst = append(dst, a.inbox...)
+	clear(a.inbox)
+	a.inbox = a.inbox[:0]
+	return dst, err
+}
+
+// DroppedNotifs is how many notifications were dropped because DrainNotifs
+// was not called while more than 65,536 waited.
+func (a *Agent) DroppedNotifs() uint64 {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	return a.dropped
+}
+
+// busyLocked says whether READs may be moving: ours, or peers' of our
+// memory.
+func (a *Agent) busyLocked() bool {
+	return len(a.handles) > 0 || len(a.zombies) > 0 || a.expect.Load() > 0
+}
+
+// progressLoop drives the agent for ProgressGoroutine: round after round
+// while it is busy (yielding between rounds, and backing off to
+// ProgressDelay once rounds find nothing), every IdlePoll otherwise.
+func (a *Agent) progressLoop() {
+	defer close(a.done)
+	idle := time.NewTimer(a.cfg.IdlePoll)
+	defer idle.Stop()
+	empty := 0
+	for {
+		a.mu.Lock()
+		if a.closed {
+			a.mu.Unlock()
+			return
+		}
+		got, _ := a.pollLocked()
+		if len(a.zombies) > 0 {
+			a.reapZombiesLocked()
+		}
+		busy := a.busyLocked()
+		a.mu.Unlock()
+		switch {
+		case !busy:
+			empty = 0
+			idle.Reset(a.cfg.IdlePoll)
+			select {
+			case <-a.stop:
+				return
+			case <-a.wake:
+			case <-idle.C:
+			}
+		case got:
+			empty = 0
+			runtime.Gosched()
+		case empty < 64:
+			empty++
+			runtime.Gosched()
+		default:
+			select {
+			case <-a.stop:
+				return
+			case <-a.wake:
+			case <-time.After(a.cfg.ProgressDelay):
+			}
+		}
+	}
+}
+
+// Close implements xfer.DataTransport. It waits up to CloseTimeout for the
+// READs in flight to end, driving the agent, then releases every request
+// and remote agent, deregisters the region and destroys the agent, which
+// stops whatever still runs: once Close returns nothing writes into the
+// region. It returns ErrMayStillWrite-wrapped news of READs it had to stop
+// that way.
+func (a *Agent) Close() error {
+	a.mu.Lock()
+	if a.closed {
+		a.mu.Unlock()
 		return nil
 	}
 	a.closed = true
+	close(a.stop)
+	a.mu.Unlock()
+	<-a.done
+
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	// Quiesce: UCX has aborted the process when agents were destroyed with
+	// READs between them in flight (UCX 1.13), so let them end first.
+	deadline := time.Now().Add(a.cfg.CloseTimeout)
+	running := 0
+	for {
+		running = 0
+		for _, ch := range a.handles {
+			if C.cnixl_check(a.c, ch) == C.CNIXL_IN_PROG {
+				running++
+			}
+		}
+		a.reapZombiesLocked()
+		running += len(a.zombies)
+		if running == 0 || time.Now().After(deadline) {
+			break
+		}
+		a.pollLocked()
+		time.Sleep(20 * time.Microsecond)
+	}
 	C.cnixl_agent_destroy(a.c)
 	a.c = nil
 	clear(a.handles)
 	clear(a.peers)
 	clear(a.byMeta)
-	a.zombies = nil
+	a.zombies, a.inbox = nil, nil
+	if running > 0 {
+		return fmt.Errorf("nixl: close: %d READs still running after %v were stopped by destroying the agent", running, a.cfg.CloseTimeout)
+	}
 	return nil
 }

@@ -33,14 +33,20 @@ extern "C" {
 #define CNIXL_ERR_REMOTE_DISCONNECT -10
 #define CNIXL_ERR_CANCELED -11
 #define CNIXL_ERR_NO_TELEMETRY -12
+/* Not a NIXL status: the shim was compiled without nixl.h. */
+#define CNIXL_ERR_NOT_BUILT -1000
 
 typedef struct cnixl_agent cnixl_agent;
 typedef uint64_t cnixl_handle;
 
-/* Creates an agent with one backend (e.g. "UCX") and its parameters. */
+/* Creates an agent with one backend (e.g. "UCX") and its parameters.
+ * progress_thread starts NIXL's progress thread, which waits for events at
+ * most pthr_delay_us between rounds (0: it spins). */
 int cnixl_agent_new(const char *name, const char *backend, const char *const *keys, const char *const *vals,
-                    int nparams, int progress_thread, cnixl_agent **out);
-/* Deregisters everything and frees the agent. */
+                    int nparams, int progress_thread, uint64_t pthr_delay_us, cnixl_agent **out);
+/* Releases every request, remote agent and registration, then frees the
+ * agent. Callers wait for READs to end first (cnixl_check): destroying the
+ * agent stops the rest, and nothing writes into the region after it. */
 void cnixl_agent_destroy(cnixl_agent *a);
 
 /* Registers the region [base, base+nblocks*block_size) as DRAM and prepares
@@ -62,7 +68,8 @@ int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote,
                     const void *notif, size_t notiflen, cnixl_handle *out);
 /* A posted READ's status. */
 int cnixl_check(cnixl_agent *a, cnixl_handle h);
-/* Releases a READ; one in progress is aborted if NIXL can. */
+/* Releases a READ; one in progress is aborted if NIXL can, else the
+ * request stays and an error is returned. */
 int cnixl_release(cnixl_agent *a, cnixl_handle h);
 
 /* Notifications received since the last call, as a buffer of records:

@@ -107,7 +107,8 @@ static cnixl_agent *find_agent(const char *name) {
 }
 
 int cnixl_agent_new(const char *name, const char *backend, const char *const *keys, const char *const *vals,
-                    int nparams, int progress_thread, cnixl_agent **out) {
+                    int nparams, int progress_thread, uint64_t pthr_delay_us, cnixl_agent **out) {
+	(void)pthr_delay_us;
 	(void)keys;
 	(void)vals;
 	(void)nparams;

@@ -54,10 +54,12 @@ static void *copy_out(const std::string &s) {
 }
 
 extern "C" int cnixl_agent_new(const char *name, const char *backend, const char *const *keys,
-                               const char *const *vals, int nparams, int progress_thread, cnixl_agent **out) {
+                               const char *const *vals, int nparams, int progress_thread, uint64_t pthr_delay_us,
+                               cnixl_agent **out) {
     return guarded([&] {
         auto a = std::make_unique<cnixl_agent>();
-        nixlAgentConfig cfg(progress_thread != 0);
+        nixlAgentConfig cfg(progress_thread != 0, false, 0, nixl_thread_sync_t::NIXL_THREAD_SYNC_DEFAULT, 1,
+                            pthr_delay_us);
         a->agent = std::make_unique<nixlAgent>(name, cfg);
         nixl_b_params_t params;
         for (int i = 0; i < nparams; i++)
@@ -73,15 +75,22 @@ extern "C" int cnixl_agent_new(const char *name, const char *backend, const char
 extern "C" void cnixl_agent_destroy(cnixl_agent *a) {
     guarded([&] {
         std::lock_guard<std::mutex> l(a->mu);
+        // A request NIXL cannot release may still be moving bytes: then
+        // the memory stays registered and the agent's destructor, which
+        // destroys the UCX workers, is what stops it.
+        bool quiet = true;
         for (auto &r : a->reqs)
-            a->agent->releaseXferReq(r.second);
+            if (a->agent->releaseXferReq(r.second) != NIXL_SUCCESS)
+                quiet = false;
+        a->reqs.clear();
         for (auto &r : a->remotes) {
             a->agent->releasedDlistH(r.second);
             a->agent->invalidateRemoteMD(r.first);
         }
+        a->remotes.clear();
         if (a->local != nullptr)
             a->agent->releasedDlistH(a->local);
-        if (a->registered) {
+        if (a->registered && quiet) {
             nixl_opt_args_t o = a->opts();
             a->agent->deregisterMem(a->reg, &o);
         }
@@ -235,11 +244,13 @@ extern "C" void cnixl_free(void *p) { std::free(p); }
 
 #else // no NIXL headers: every call says so (go vet -tags nixl still works)
 
+#warning "ecxfer/nixl: nixl.h not found: building a stub, nixl.New will return ErrNotBuilt. cgo compiles this file with CGO_CPPFLAGS, not CGO_CFLAGS: set CGO_CPPFLAGS=\"$(pkg-config --cflags nixl)\" (see the README)."
+
 #include <cstdlib>
 
 extern "C" int cnixl_agent_new(const char *, const char *, const char *const *, const char *const *, int, int,
-                               cnixl_agent **) {
-    return CNIXL_ERR_NOT_SUPPORTED;
+                               uint64_t, cnixl_agent **) {
+    return CNIXL_ERR_NOT_BUILT;
 }
 extern "C" void cnixl_agent_destroy(cnixl_agent *) {}
 extern "C" int cnixl_register(cnixl_agent *, uintptr_t, uint64_t, uint64_t) { return CNIXL_ERR_NOT_SUPPORTED; }

@@ -19,9 +19,14 @@
 // NIXL, keep producers on a trusted network.
 package nixl
 
-import "errors"
+import (
+	"errors"
+	"fmt"
+	"time"
+)
 
-// Config configures an Agent.
+// Config configures an Agent. The zero value of every field but Name
+// means its default.
 type Config struct {
 	Name    string // agent name; required and unique among peers
 	Backend string // default "UCX"
@@ -29,13 +34,65 @@ type Config struct {
 	// {"ucx_error_handling_mode": "none"}, which UCX's shared-memory
 	// transports need.
 	Params map[string]string
-	// ProgressThread runs NIXL's progress thread. Off by default: it
-	// busy-spins a core; without it, Check and DrainNotifs drive progress.
-	ProgressThread bool
+	// Workers is the UCX backend's number of workers ("num_workers");
+	// 0 leaves NIXL's default.
+	Workers int
+
+	// Progress says who drives the agent. Over UCX a READ moves only while
+	// both agents are driven: the consumer's and, over TCP, the
+	// producer's, which has no call of its own to make while a peer reads
+	// its memory. Default ProgressGoroutine.
+	Progress Progress
+	// ProgressDelay is, for ProgressGoroutine, the longest pause between
+	// rounds while READs are outstanding or expected (the rounds spin
+	// while they find work, then back off to it); default 50 µs. For
+	// ProgressThread it is NIXL's pthrDelay: the thread wakes on events
+	// and at least this often; default 1 ms. Ignored by ProgressCaller.
+	ProgressDelay time.Duration
+	// IdlePoll is how often ProgressGoroutine drives an agent with nothing
+	// outstanding or expected; default 50 ms.
+	IdlePoll time.Duration
+	// CloseTimeout bounds how long Close waits for READs in flight to end
+	// before it destroys the agent, which stops them; default 5 s.
+	CloseTimeout time.Duration
 }
 
-// ErrNotBuilt is returned by New in builds without the nixl or nixlfake tag.
-var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL (build with -tags nixl)")
+// Progress says who drives a NIXL agent.
+type Progress int
+
+const (
+	// ProgressGoroutine (the default) drives the agent from a goroutine
+	// of its own, continuously while this agent has READs outstanding or a
+	// producer has grants outstanding (see ExpectReads), and every
+	// IdlePoll otherwise. It costs a core only while transfers run.
+	ProgressGoroutine Progress = iota
+	// ProgressThread starts NIXL's own progress thread, which waits for
+	// UCX events with ProgressDelay as its timeout (0 makes it spin).
+	ProgressThread
+	// ProgressCaller leaves driving to the caller: only Check and
+	// DrainNotifs progress the agent. A producer then moves READs only as
+	// often as it drains notifications.
+	ProgressCaller
+)
+
+func (p Progress) String() string {
+	switch p {
+	case ProgressGoroutine:
+		return "goroutine"
+	case ProgressThread:
+		return "thread"
+	case ProgressCaller:
+		return "caller"
+	}
+	return fmt.Sprintf("Progress(%d)", int(p))
+}
+
+// ErrNotBuilt is returned by New when ecxfer was built without NIXL: no
+// build tag, or the nixl tag without NIXL's headers (cgo then compiles a
+// stub and warns).
+var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl and NIXL's include path in " +
+	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS), e.g. " +
+	`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"`)
 
 // NIXL's status codes as Go errors, one to one.
 var (

@@ -78,6 +78,7 @@ type grant struct {
 // through a Replier. It is not safe for concurrent use.
 type ProducerSession struct {
 	data   xfer.DataTransport
+	driven xfer.Driven // data, when it must be told of the live grants
 	cache  *cache.EmbeddingCache
 	compat string
 	lease  time.Duration
@@ -127,6 +128,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		grants: map[string]*grant{}, consumers: map[string]*consumerState{},
 		perSess: cfg.MaxGrantsPerSession, maxGrants: cfg.MaxGrants}
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
+	p.driven, _ = data.(xfer.Driven)
 	return p
 }
 
@@ -156,6 +158,9 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	}
 	p.drainNotifs()
 	p.sweep(now)
+	if p.driven != nil {
+		p.driven.ExpectReads(len(p.grants))
+	}
 }
 
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
@@ -421,6 +426,9 @@ func (p *ProducerSession) Close() int {
 	n := len(p.grants)
 	for g := p.lru.next; g != &p.lru; g = p.lru.next {
 		p.endGrant(g)
+	}
+	if p.driven != nil {
+		p.driven.ExpectReads(0)
 	}
 	return n
 }

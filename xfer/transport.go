@@ -91,3 +91,12 @@ type DataTransport interface {
 	// Close releases every handle and peer and deregisters the region.
 	Close() error
 }
+
+// Driven is implemented by data planes that move a peer's READ of local
+// memory only while the local side is driven (NIXL over UCX TCP without
+// NIXL's progress thread). A producer reports its live grants after every
+// step, so the data plane can drive itself while a READ may come and rest
+// otherwise. ExpectReads must not block.
+type Driven interface {
+	ExpectReads(grants int)
+}

@@ -20,8 +20,13 @@ type Pair struct {
 
 // Conformance runs the contract every xfer.DataTransport must keep against
 // pairs made by newPair (a fresh pair per subtest; the suite closes them).
-// Data planes that move bytes in the background are waited for, within
-// bounded time.
+//
+// Who drives what: while the suite waits for a READ it calls the consumer's
+// Check and the producer's DrainNotifs, as a consumer's and a producer's
+// step loops do, and nothing else. A data plane whose READs move only while
+// the producer is driven (NIXL over UCX TCP) passes; the notifications those
+// drains return are kept for the checks that expect them. A READ that has
+// not ended within 10 s fails the suite.
 func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 	t.Run("read", func(t *testing.T) {
 		p, peer := setup(t, newPair)
@@ -31,13 +36,13 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := waitEnd(t, p.Consumer, h); got != xfer.Complete {
+		if got := waitEnd(t, p, h); got != xfer.Complete {
 			t.Fatalf("READ ended %s", got)
 		}
 		if !bytes.Equal(p.ConsumerBlock(1), p.ProducerBlock(3)) || !bytes.Equal(p.ConsumerBlock(2), p.ProducerBlock(4)) {
 			t.Fatal("bytes differ")
 		}
-		n := waitNotifs(t, p.Producer, 1)
+		n := waitNotifs(t, p, 1)
 		if n[0].Agent == "" || string(n[0].Msg) != "sid:hash" {
 			t.Fatalf("notif %+v", n[0])
 		}
@@ -50,7 +55,7 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 		if err := p.Consumer.Release(h); !errors.Is(err, xfer.ErrUnknownHandle) {
 			t.Fatalf("second release: %v", err)
 		}
-		if more := drainFor(p.Producer, 50*time.Millisecond); len(more) != 0 {
+		if more := drainFor(p, 50*time.Millisecond); len(more) != 0 {
 			t.Fatalf("notification delivered again: %+v", more)
 		}
 	})
@@ -67,7 +72,7 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 			}
 		}
 		for i, h := range hs {
-			if got := waitEnd(t, p.Consumer, h); got != xfer.Complete {
+			if got := waitEnd(t, p, h); got != xfer.Complete {
 				t.Fatalf("READ %d ended %s", i, got)
 			}
 			if !bytes.Equal(p.ConsumerBlock(n+i), p.ProducerBlock(i)) {
@@ -76,7 +81,7 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 			p.Consumer.Release(h)
 		}
 		seen := map[string]int{}
-		for _, nt := range waitNotifs(t, p.Producer, n) {
+		for _, nt := range waitNotifs(t, p, n) {
 			seen[string(nt.Msg)]++
 		}
 		for i := range n {
@@ -119,7 +124,7 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := waitEnd(t, p.Consumer, h); got != xfer.Complete {
+		if got := waitEnd(t, p, h); got != xfer.Complete {
 			t.Fatalf("READ ended %s", got)
 		}
 	})
@@ -163,9 +168,9 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 	})
 }
 
-func setup(t *testing.T, newPair func(t *testing.T) Pair) (Pair, xfer.Peer) {
+func setup(t *testing.T, newPair func(t *testing.T) Pair) (*rig, xfer.Peer) {
 	t.Helper()
-	p := newPair(t)
+	p := &rig{Pair: newPair(t)}
 	t.Cleanup(func() {
 		p.Consumer.Close()
 		p.Producer.Close()
@@ -180,20 +185,38 @@ func setup(t *testing.T, newPair func(t *testing.T) Pair) (Pair, xfer.Peer) {
 	return p, peer
 }
 
+// rig is a pair under test, with the notifications the producer gave up
+// while the suite drove it.
+type rig struct {
+	Pair
+	stash []xfer.Notif
+}
+
+// drive calls the producer's DrainNotifs once, as its step loop would.
+func (r *rig) drive(t *testing.T) {
+	t.Helper()
+	var err error
+	if r.stash, err = r.Producer.DrainNotifs(r.stash); err != nil {
+		t.Fatalf("drain: %v", err)
+	}
+}
+
 func fill(b []byte, seed byte) {
 	for i := range b {
 		b[i] = seed ^ byte(i*7)
 	}
 }
 
-const waitLimit = 10 * time.Second
+// waitLimit bounds every wait of the suite (a variable for its own tests).
+var waitLimit = 10 * time.Second
 
-// waitEnd checks h until it leaves InProgress, for at most waitLimit.
-func waitEnd(t *testing.T, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
+// waitEnd checks h until it leaves InProgress, driving the producer, for at
+// most waitLimit.
+func waitEnd(t *testing.T, r *rig, h xfer.Handle) xfer.Progress {
 	t.Helper()
 	deadline := time.Now().Add(waitLimit)
 	for {
-		p, err := d.Check(h)
+		p, err := r.Consumer.Check(h)
 		if err != nil {
 			t.Fatalf("check %d: %v", h, err)
 		}
@@ -203,35 +226,36 @@ func waitEnd(t *testing.T, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
 		if time.Now().After(deadline) {
 			t.Fatalf("READ %d still in progress after %v", h, waitLimit)
 		}
+		r.drive(t)
 		time.Sleep(100 * time.Microsecond)
 	}
 }
 
-// waitNotifs drains d until n notifications came, for at most waitLimit.
-func waitNotifs(t *testing.T, d xfer.DataTransport, n int) []xfer.Notif {
+// waitNotifs drives the producer until n notifications came, for at most
+// waitLimit, and takes them.
+func waitNotifs(t *testing.T, r *rig, n int) []xfer.Notif {
 	t.Helper()
-	var got []xfer.Notif
 	deadline := time.Now().Add(waitLimit)
-	for len(got) < n {
-		var err error
-		if got, err = d.DrainNotifs(got); err != nil {
-			t.Fatal(err)
-		}
+	for len(r.stash) < n {
+		r.drive(t)
 		if time.Now().After(deadline) {
-			t.Fatalf("%d of %d notifications after %v", len(got), n, waitLimit)
+			t.Fatalf("%d of %d notifications after %v", len(r.stash), n, waitLimit)
 		}
 		time.Sleep(100 * time.Microsecond)
 	}
+	got := r.stash
+	r.stash = nil
 	if len(got) > n {
 		t.Fatalf("%d notifications, want %d: %+v", len(got), n, got)
 	}
 	return got
 }
 
-func drainFor(d xfer.DataTransport, dur time.Duration) []xfer.Notif {
-	var got []xfer.Notif
+func drainFor(r *rig, dur time.Duration) []xfer.Notif {
+	got := r.stash
+	r.stash = nil
 	for end := time.Now().Add(dur); time.Now().Before(end); time.Sleep(time.Millisecond) {
-		got, _ = d.DrainNotifs(got)
+		got, _ = r.Producer.DrainNotifs(got)
 	}
 	return got
 }

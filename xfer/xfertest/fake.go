@@ -39,6 +39,10 @@ type Outcome struct {
 	// Unstoppable makes Release of this READ while in progress fail with
 	// xfer.ErrMayStillWrite; it keeps "writing" until Finish or FailRead.
 	Unstoppable bool
+	// TargetDrains makes the READ move only while the producer is driven,
+	// as NIXL over UCX TCP does: it stays InProgress until the producer's
+	// DrainNotifs has been called this many times since the post.
+	TargetDrains int
 }
 
 // ErrInjected is what scripted failures return unless told otherwise.
@@ -101,6 +105,7 @@ type read struct {
 	checks   int
 	progress xfer.Progress
 	target   *Fake
+	drains   int // the target's drains when posted
 }
 
 // Fake is a scriptable xfer.DataTransport. Its zero value is not usable; see
@@ -129,6 +134,7 @@ type Fake struct {
 	addPeerErr error
 	postErr    error
 	drainErr   error
+	drains     int // DrainNotifs calls
 	closed     bool
 }
 
@@ -260,7 +266,11 @@ func (f *Fake) PostRead(local []int, agent string, remote []int, notif []byte) (
 		out = f.outcomeFn(p)
 	}
 	f.posts = append(f.posts, p)
-	f.xfers[p.Handle] = &read{post: p, out: out, target: f.fab.lookup(agent)}
+	r := &read{post: p, out: out, target: f.fab.lookup(agent)}
+	if r.target != nil {
+		r.drains = r.target.drains
+	}
+	f.xfers[p.Handle] = r
 	return p.Handle, nil
 }
 
@@ -274,6 +284,9 @@ func (f *Fake) Check(h xfer.Handle) (xfer.Progress, error) {
 	}
 	if r.progress != xfer.InProgress {
 		return r.progress, nil
+	}
+	if t := r.target; r.out.TargetDrains > 0 && t != nil && t.drains-r.drains < r.out.TargetDrains {
+		return xfer.InProgress, nil // not driven: nothing moves
 	}
 	r.checks++
 	if r.checks <= r.out.After || r.out.Kind == Stuck {
@@ -352,6 +365,7 @@ func (f *Fake) Release(h xfer.Handle) error {
 func (f *Fake) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.drains++
 	if f.drainErr != nil {
 		return dst, f.drainErr
 	}

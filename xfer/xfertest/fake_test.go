@@ -1,11 +1,60 @@
 package xfertest
 
-import "testing"
+import (
+	"os"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+)
+
+func newFakePair(t *testing.T) (*Fake, *Fake, Pair) {
+	fab := NewFabric()
+	c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
+	return c, p, Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
+}
 
 func TestFakeConformance(t *testing.T) {
 	Conformance(t, func(t *testing.T) Pair {
-		fab := NewFabric()
-		c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
-		return Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
+		_, _, pair := newFakePair(t)
+		return pair
 	})
+}
+
+// A plane whose READs move only while the producer is driven passes: the
+// suite drives it as a producer's step loop would.
+func TestConformanceDrivesTheProducer(t *testing.T) {
+	Conformance(t, func(t *testing.T) Pair {
+		c, _, pair := newFakePair(t)
+		c.SetOutcome(Outcome{TargetDrains: 3, After: 1})
+		return pair
+	})
+}
+
+// The suite fails a plane that never completes a READ. It runs in a child
+// process, since the failure is the point.
+func TestConformanceFailsAStuckPlane(t *testing.T) {
+	if os.Getenv("XFERTEST_STUCK_CHILD") == "1" {
+		waitLimit = 200 * time.Millisecond
+		Conformance(t, func(t *testing.T) Pair {
+			c, _, pair := newFakePair(t)
+			c.SetOutcome(Outcome{Kind: Stuck})
+			return pair
+		})
+		return
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestConformanceFailsAStuckPlane$", "-test.count=1", "-test.v")
+	cmd.Env = append(os.Environ(), "XFERTEST_STUCK_CHILD=1")
+	out, err := cmd.CombinedOutput()
+	if err == nil {
+		t.Fatalf("the suite passed a plane that never completes a READ:\n%s", out)
+	}
+	for _, sub := range []string{"read", "many_in_flight", "remove_peer"} {
+		if !strings.Contains(string(out), "--- FAIL: TestConformanceFailsAStuckPlane/"+sub) {
+			t.Errorf("subtest %s did not fail:\n%s", sub, out)
+		}
+	}
+	if !strings.Contains(string(out), "still in progress after") {
+		t.Errorf("no READ timed out:\n%s", out)
+	}
 }

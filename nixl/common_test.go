@@ -1,0 +1,304 @@
+//go:build nixl || nixlfake
+
+package nixl
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"math"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// variant is one way of running agents: a UCX transport for real NIXL, or
+// the C fake.
+type variant struct {
+	name   string
+	tls    string // UCX_TLS; "" leaves it unset
+	params map[string]string
+}
+
+var seq atomic.Int64
+
+func (v variant) env(t *testing.T) {
+	t.Helper()
+	if v.tls != "" {
+		t.Setenv("UCX_TLS", v.tls)
+	}
+}
+
+// newAgent makes an agent of v over a fresh region; both close with the
+// test, the agent first.
+func newAgent(t *testing.T, v variant, blocks, size int, cfg Config) (*Agent, *cache.Region) {
+	t.Helper()
+	r, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: size, NoLock: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.Name == "" {
+		cfg.Name = fmt.Sprintf("agent-%d", seq.Add(1))
+	}
+	if cfg.Params == nil {
+		cfg.Params = v.params
+	}
+	a, err := New(cfg, r)
+	if err != nil {
+		r.Close()
+		needNIXL(t, err)
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		a.Close() // before the region goes: nothing may write into it after
+		r.Close()
+	})
+	return a, r
+}
+
+func forVariants(t *testing.T, f func(t *testing.T, v variant)) {
+	for _, v := range variants {
+		t.Run(v.name, func(t *testing.T) {
+			v.env(t)
+			f(t, v)
+		})
+	}
+}
+
+func TestConformance(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		xfertest.Conformance(t, func(t *testing.T) xfertest.Pair {
+			c, cr := newAgent(t, v, 128, 256, Config{})
+			p, pr := newAgent(t, v, 128, 256, Config{})
+			return xfertest.Pair{Consumer: c, Producer: p, ConsumerBlock: cr.Block, ProducerBlock: pr.Block, Blocks: 128}
+		})
+	})
+}
+
+// Every id must name a block of its region and fit NIXL's int32: nothing
+// outside is posted, and nothing is left held.
+func TestPostReadChecksIDs(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		c, _ := newAgent(t, v, 8, 64, Config{})
+		p, _ := newAgent(t, v, 16, 64, Config{})
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if peer.Blocks != 16 {
+			t.Fatalf("peer %+v", peer)
+		}
+		bad := []struct{ local, remote []int }{
+			{[]int{8}, []int{0}},             // past the local region
+			{[]int{-1}, []int{0}},            // negative
+			{[]int{1<<32 + 1}, []int{0}},     // wraps to 1 in int32
+			{[]int{0}, []int{16}},            // past the remote region
+			{[]int{0}, []int{-1}},            // negative remote
+			{[]int{0}, []int{1<<32 + 1}},     // wraps remotely
+			{[]int{0}, []int{math.MaxInt32}}, // in int32, outside the peer
+			{[]int{}, []int{}},               // nothing to read
+		}
+		for _, b := range bad {
+			if _, err := c.PostRead(b.local, peer.Agent, b.remote, []byte("s:h")); !errors.Is(err, ErrInvalidParam) {
+				t.Errorf("PostRead(%v, %v): %v, want ErrInvalidParam", b.local, b.remote, err)
+			}
+		}
+		c.mu.Lock()
+		held := len(c.handles)
+		c.mu.Unlock()
+		if held != 0 {
+			t.Fatalf("%d handles held after refused posts", held)
+		}
+	})
+}
+
+// Closing an agent with READs in flight returns, and nothing writes into
+// its blocks afterwards (canaries written after Close stay).
+func TestCloseWithReadsInFlight(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		for round := range 5 {
+			const blocks, size = 64, 64 << 10
+			c, cr := newAgent(t, v, blocks, size, Config{CloseTimeout: time.Second})
+			p, pr := newAgent(t, v, blocks, size, Config{})
+			p.ExpectReads(1) // the producer keeps moving bytes
+			for i := range blocks {
+				xfertestFill(pr.Block(i), byte(i))
+			}
+			peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+			if err != nil {
+				t.Fatal(err)
+			}
+			for i := range blocks / 4 {
+				ids := []int{4 * i, 4*i + 1, 4*i + 2, 4*i + 3}
+				if _, err := c.PostRead(ids, peer.Agent, ids, []byte("s:close")); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if round%2 == 1 {
+				time.Sleep(time.Duration(round) * 100 * time.Microsecond)
+			}
+			if err := c.Close(); err != nil {
+				t.Logf("round %d: %v", round, err)
+			}
+			canary := bytes.Repeat([]byte{0xA5}, size)
+			for i := range blocks {
+				copy(cr.Block(i), canary)
+			}
+			time.Sleep(20 * time.Millisecond) // the producer goes on being driven
+			for i := range blocks {
+				if !bytes.Equal(cr.Block(i), canary) {
+					t.Fatalf("round %d: block %d written after Close", round, i)
+				}
+			}
+			if _, err := c.PostRead([]int{0}, peer.Agent, []int{0}, nil); !errors.Is(err, xfer.ErrClosed) {
+				t.Fatalf("post after close: %v", err)
+			}
+		}
+	})
+}
+
+// A producer told to expect READs moves them with nobody else driving it:
+// the consumer only checks, the producer's loop never drains.
+func TestExpectReadsDrivesTheProducer(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		c, cr := newAgent(t, v, 16, 1<<20, Config{})
+		p, pr := newAgent(t, v, 16, 1<<20, Config{IdlePoll: time.Hour})
+		for i := range 16 {
+			xfertestFill(pr.Block(i), byte(i))
+		}
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.ExpectReads(1)
+		ids := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
+		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:expect"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		deadline := time.Now().Add(10 * time.Second)
+		for {
+			pg, err := c.Check(h)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if pg == xfer.Complete {
+				break
+			}
+			if pg == xfer.Failed || time.Now().After(deadline) {
+				t.Fatalf("READ %s", pg)
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		for i := range 16 {
+			if !bytes.Equal(cr.Block(i), pr.Block(i)) {
+				t.Fatalf("block %d differs", i)
+			}
+		}
+		c.Release(h)
+		// The goroutine collected the notification for the next drain.
+		var got []xfer.Notif
+		for end := time.Now().Add(5 * time.Second); len(got) == 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			got, _ = p.DrainNotifs(got)
+		}
+		if len(got) != 1 || string(got[0].Msg) != "s:expect" {
+			t.Fatalf("notifications %+v", got)
+		}
+	})
+}
+
+func xfertestFill(b []byte, seed byte) {
+	for i := range b {
+		b[i] = seed ^ byte(i*7) ^ byte(i>>8)
+	}
+}
+
+// Consumer and producer sessions over two agents: a hundred fetches, every
+// byte checked, every pin released, no handle or remote agent left.
+func TestSessionsOverAgents(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+		cdata, cr := newAgent(t, v, 64, 4096, Config{})
+		pdata, pr := newAgent(t, v, 256, 4096, Config{})
+		entries := cache.NewEmbeddingCache(256)
+		held := map[int][]int{}
+		for i := range 100 {
+			e, _ := entries.Alloc(fmt.Sprint(i), 2)
+			held[i] = e.Blocks
+			for j, b := range e.Blocks {
+				xfertestFill(pr.Block(b), byte(i*2+j))
+			}
+			entries.MarkReady(fmt.Sprint(i))
+		}
+		var toP, toC [][]byte
+		sendP := sender(func(b []byte) { toP = append(toP, append([]byte(nil), b...)) })
+		sendC := replier(func(b []byte) { toC = append(toC, append([]byte(nil), b...)) })
+		cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, sendP, cdata, "compat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		prod := session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, entries, "compat")
+		var r session.Results
+		for i := range 100 {
+			now := time.Now()
+			local := []int{(2 * i) % 64, (2*i + 1) % 64}
+			if err := cons.StartXfer(fmt.Sprint(i), local, now, now.Add(time.Minute)); err != nil {
+				t.Fatal(err)
+			}
+			for step := 0; cons.HasInFlight(); step++ {
+				if step > 200000 {
+					t.Fatalf("fetch %d did not end", i)
+				}
+				var msgs []session.Message
+				for _, m := range toP {
+					msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
+				}
+				toP = nil
+				prod.Poll(msgs, time.Now(), sendC)
+				cons.Poll(toC, time.Now())
+				toC = nil
+				cons.TakeResults(&r)
+				time.Sleep(20 * time.Microsecond)
+			}
+			for j, b := range local {
+				if !bytes.Equal(cr.Block(b), pr.Block(held[i][j])) {
+					t.Fatalf("fetch %d block %d: bytes differ", i, j)
+				}
+			}
+		}
+		if len(r.Completed) != 100 || r.Len() != 100 {
+			t.Fatalf("results %+v", r)
+		}
+		for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			prod.Poll(nil, time.Now(), sendC)
+		}
+		if prod.Grants() != 0 || entries.HasHeldEntries() {
+			t.Fatalf("%d grants left", prod.Grants())
+		}
+		if pdata.expect.Load() != 0 {
+			t.Fatalf("producer still expects %d READs", pdata.expect.Load())
+		}
+		cons.Close()
+		cdata.mu.Lock()
+		h, peers := len(cdata.handles), len(cdata.peers)
+		cdata.mu.Unlock()
+		if h != 0 || peers != 0 {
+			t.Fatalf("consumer holds %d requests, %d remotes", h, peers)
+		}
+	})
+}
+
+type sender func([]byte)
+
+func (s sender) Send(b []byte) error { s(b); return nil }
+
+type replier func([]byte)
+
+func (r replier) Reply(_, b []byte) error { r(b); return nil }

@@ -1,0 +1,118 @@
+//go:build nixlfake
+
+package nixl
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// The C fake moves bytes on threads of its own after a delay.
+var variants = []variant{{name: "fake"}}
+
+func needNIXL(t *testing.T, err error) {}
+
+func init() { FakeSetDelay(100 * time.Microsecond) }
+
+func TestNewErrors(t *testing.T) {
+	r, _ := cache.NewRegion(cache.RegionConfig{Blocks: 4, BlockSize: 64, NoLock: true})
+	defer r.Close()
+	if _, err := New(Config{}, r); !errors.Is(err, ErrInvalidParam) {
+		t.Fatalf("agent without a name: %v", err)
+	}
+	if _, err := New(Config{Name: "x"}, nil); !errors.Is(err, ErrInvalidParam) {
+		t.Fatalf("agent without a region: %v", err)
+	}
+	if _, err := New(Config{Name: "x", Progress: 7}, r); !errors.Is(err, ErrInvalidParam) {
+		t.Fatalf("unknown progress mode: %v", err)
+	}
+	if _, err := New(Config{Name: "x", Backend: "GDS"}, r); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("unknown backend: %v", err)
+	}
+	a, _ := newAgent(t, variants[0], 4, 64, Config{})
+	if _, err := a.AddRemotePeer(a.AgentMetadata(), nil); err == nil {
+		t.Fatal("empty descriptor accepted")
+	}
+}
+
+// Injected NIXL errors map to their own Go errors and never leak a handle.
+func TestErrorMapping(t *testing.T) {
+	c, _ := newAgent(t, variants[0], 8, 64, Config{})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	FakeFail(FakeLoad, -10, 1)
+	if _, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); !errors.Is(err, ErrRemoteDisconnect) {
+		t.Fatalf("load: %v", err)
+	}
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil || peer.Blocks != 8 {
+		t.Fatalf("%+v %v", peer, err)
+	}
+	FakeFail(FakePost, -3, 1)
+	if _, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil); !errors.Is(err, ErrBackend) {
+		t.Fatalf("post: %v", err)
+	}
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, []byte("s:h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	FakeFail(FakeCheck, -4, 1)
+	if _, err := c.Check(h); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("check: %v", err)
+	}
+	// A READ that fails in NIXL is Failed, not an error.
+	bad, err := c.PostRead([]int{2}, peer.Agent, []int{3}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	FakeFail(FakeCheck, -3, 1)
+	if pg, err := c.Check(bad); err != nil || pg != xfer.Failed {
+		t.Fatalf("failed READ: %s, %v", pg, err)
+	}
+	time.Sleep(time.Millisecond) // let the fake's READ end before the release
+	c.Release(bad)
+	c.Release(h)
+	if hs, rs := c.FakeLeaks(); hs != 0 || rs != 1 {
+		t.Fatalf("handles %d remotes %d", hs, rs)
+	}
+	c.RemoveRemotePeer(peer.Agent)
+	if _, rs := c.FakeLeaks(); rs != 0 {
+		t.Fatal("remote agent not removed")
+	}
+	for st := -12; st <= -1; st++ {
+		if err := statusErr("x", st); err == nil || errors.Is(err, ErrUnknown) != (st == -8) {
+			t.Errorf("status %d: %v", st, err)
+		}
+	}
+}
+
+// A READ released while it runs is not handed to NIXL to abort: Release
+// says the blocks may still be written, and the request is released once
+// it has ended.
+func TestReleaseWhileRunning(t *testing.T) {
+	FakeSetDelay(20 * time.Millisecond)
+	defer FakeSetDelay(100 * time.Microsecond)
+	c, _ := newAgent(t, variants[0], 8, 64, Config{Progress: ProgressCaller})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	peer, _ := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	h, _ := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+	if err := c.Release(h); !errors.Is(err, xfer.ErrMayStillWrite) {
+		t.Fatalf("release: %v", err)
+	}
+	if hs, _ := c.FakeLeaks(); hs != 1 {
+		t.Fatalf("%d requests held", hs)
+	}
+	c.DrainNotifs(nil) // still running: kept
+	if hs, _ := c.FakeLeaks(); hs != 1 {
+		t.Fatalf("%d requests held while running", hs)
+	}
+	time.Sleep(40 * time.Millisecond)
+	c.DrainNotifs(nil) // ended: released
+	if hs, _ := c.FakeLeaks(); hs != 0 {
+		t.Fatalf("%d requests held after the READ ended", hs)
+	}
+
+}
