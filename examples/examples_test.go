@@ -31,15 +31,15 @@ func build(t *testing.T, dir, pkg string) string {
 		}
 	}
 	bin := filepath.Join(dir, filepath.Base(pkg))
-	out, err := exec.Command("go", "build", "-o", bin, pkg).CombinedOutput()
+	out, err := exec.Command("go", "build", "-tags", buildTags, "-o", bin, pkg).CombinedOutput()
 	if err != nil {
 		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
 	}
 	return bin
 }
 
-// The producer and consumer programs as two processes: the consumer
-// verifies every item.
+// The producer and consumer programs as two processes, over each data plane
+// of this build: the consumer verifies every item.
 func TestProducerConsumerPrograms(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs two programs")
@@ -47,8 +47,19 @@ func TestProducerConsumerPrograms(t *testing.T) {
 	dir := t.TempDir()
 	prodBin := build(t, dir, "github.com/ecxfer/ecxfer/examples/producer")
 	consBin := build(t, dir, "github.com/ecxfer/ecxfer/examples/consumer")
-	sizes := []string{"-items", "300", "-blocks-per-item", "4", "-block-size", "4096"}
-	prod := exec.Command(prodBin, append([]string{"-control", "127.0.0.1:0", "-data", "127.0.0.1:0"}, sizes...)...)
+	for _, plane := range planes {
+		t.Run(plane.name, func(t *testing.T) {
+			for k, v := range plane.env {
+				t.Setenv(k, v)
+			}
+			runPrograms(t, prodBin, consBin, plane.args)
+		})
+	}
+}
+
+func runPrograms(t *testing.T, prodBin, consBin string, planeArgs []string) {
+	sizes := append([]string{"-items", "300", "-blocks-per-item", "4", "-block-size", "4096"}, planeArgs...)
+	prod := exec.Command(prodBin, append([]string{"-control", "127.0.0.1:0", "-data-addr", "127.0.0.1:0"}, sizes...)...)
 	out, err := prod.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -90,17 +101,34 @@ func TestProducerConsumerPrograms(t *testing.T) {
 	}
 }
 
-// The main job with defaults exits 0 after verifying every byte.
+// The main job with defaults exits 0 after verifying every byte, and so
+// does it over every other data plane of this build.
 func TestLoopbackDefaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the main job")
 	}
 	bin := build(t, t.TempDir(), "github.com/ecxfer/ecxfer/examples/loopback")
-	out, err := exec.Command(bin).Output()
-	if err != nil {
-		t.Fatalf("loopback: %v\n%s", err, out)
+	for _, plane := range planes {
+		t.Run(plane.name, func(t *testing.T) {
+			cmd := exec.Command(bin, plane.args...)
+			cmd.Env = os.Environ()
+			for k, v := range plane.env {
+				cmd.Env = append(cmd.Env, k+"="+v)
+			}
+			out, err := cmd.Output()
+			if err != nil {
+				t.Fatalf("loopback: %v\n%s", err, out)
+			}
+			if !strings.Contains(string(out), "verified 1000 transfers (0 failed)") || !strings.Contains(string(out), "GB/s") {
+				t.Fatalf("loopback output:\n%s", out)
+			}
+		})
 	}
-	if !strings.Contains(string(out), "verified 1000 transfers (0 failed)") || !strings.Contains(string(out), "GB/s") {
-		t.Fatalf("loopback output:\n%s", out)
-	}
+}
+
+// plane is a data plane the programs are run over.
+type plane struct {
+	name string
+	args []string
+	env  map[string]string
 }

@@ -49,6 +49,7 @@ type Agent struct {
 
 	expect atomic.Int64  // reads a producer expects (ExpectReads)
 	wake   chan struct{} // wakes an idle progress goroutine
+	ready  chan struct{} // notifications wait in the inbox
 	stop   chan struct{}
 	done   chan struct{} // closed when the progress goroutine returned
 }
@@ -61,6 +62,7 @@ type peer struct {
 var (
 	_ xfer.DataTransport = (*Agent)(nil)
 	_ xfer.Driven        = (*Agent)(nil)
+	_ xfer.Signaling     = (*Agent)(nil)
 )
 
 func (c *Config) setDefaults() {
@@ -124,7 +126,7 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 		pt, delay = 1, C.uint64_t(cfg.ProgressDelay/time.Microsecond)
 	}
 	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{},
-		handles: map[xfer.Handle]C.cnixl_handle{}, wake: make(chan struct{}, 1),
+		handles: map[xfer.Handle]C.cnixl_handle{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, delay, &a.c); st != 0 {
 		if st == C.CNIXL_ERR_NOT_BUILT {
@@ -170,6 +172,10 @@ func (a *Agent) ExpectReads(n int) {
 		a.kick()
 	}
 }
+
+// Ready implements xfer.Signaling: the channel receives when the progress
+// goroutine has notifications waiting for DrainNotifs.
+func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
 func (a *Agent) kick() {
 	select {
@@ -447,6 +453,12 @@ func (a *Agent) progressLoop() {
 			return
 		}
 		got, _ := a.pollLocked()
+		if got && len(a.inbox) > 0 {
+			select {
+			case a.ready <- struct{}{}:
+			default:
+			}
+		}
 		if len(a.zombies) > 0 {
 			a.reapZombiesLocked()
 		}
@@ -465,7 +477,7 @@ func (a *Agent) progressLoop() {
 		case got:
 			empty = 0
 			runtime.Gosched()
-		case empty < 64:
+		case empty < 8:
 			empty++
 			runtime.Gosched()
 		default:

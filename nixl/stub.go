@@ -14,6 +14,7 @@ type Agent struct{ _ [0]func() }
 var (
 	_ xfer.DataTransport = (*Agent)(nil)
 	_ xfer.Driven        = (*Agent)(nil)
+	_ xfer.Signaling     = (*Agent)(nil)
 )
 
 // New returns ErrNotBuilt: this build has no NIXL.
@@ -27,6 +28,9 @@ func (*Agent) AgentMetadata() []byte { return nil }
 
 // MemDescriptor returns nil.
 func (*Agent) MemDescriptor() []byte { return nil }
+
+// Ready returns nil.
+func (*Agent) Ready() <-chan struct{} { return nil }
 
 // ExpectReads does nothing.
 func (*Agent) ExpectReads(int) {}

@@ -100,3 +100,10 @@ type DataTransport interface {
 type Driven interface {
 	ExpectReads(grants int)
 }
+
+// Signaling is implemented by data planes that receive notifications in
+// the background: Ready's channel receives when some wait for DrainNotifs,
+// so a producer's loop can step at once instead of on its next tick.
+type Signaling interface {
+	Ready() <-chan struct{}
+}

@@ -1,5 +1,6 @@
 // Command producer serves the demo embeddings (see examples/consumer) until
-// interrupted. It prints "ready <control endpoint> <data address>" once
+// interrupted, over the TCP data plane or NIXL (-data nixl, in a build with
+// -tags nixl). It prints "ready <control endpoint> <data address>" once
 // serving.
 package main
 
@@ -18,7 +19,7 @@ import (
 func main() {
 	var cfg demo.Config
 	control := flag.String("control", "127.0.0.1:5555", "control-plane address to bind (ZeroMQ ROUTER)")
-	data := flag.String("data", "127.0.0.1:5556", "data-plane address to bind")
+	dataAddr := flag.String("data-addr", "127.0.0.1:5556", "the TCP data plane's address to bind (-data tcp)")
 	cfg.Flags(nil, false)
 	flag.Parse()
 	if err := cfg.Check(false); err != nil {
@@ -26,7 +27,7 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	p, err := demo.StartProducer(cfg, *control, *data, log)
+	p, err := demo.StartProducer(cfg, *control, *dataAddr, log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
 		os.Exit(1)

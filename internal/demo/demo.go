@@ -14,12 +14,17 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"time"
 
+	"github.com/google/uuid"
+
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/nixl"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // Config is the workload's shape; both sides must agree on it.
@@ -28,6 +33,10 @@ type Config struct {
 	BlocksPerItem int
 	BlockSize     int
 	Concurrency   int // fetches in flight
+
+	Data         string // data plane: "tcp" (default) or "nixl"
+	NIXLParams   string // NIXL backend parameters, "k=v,k=v"
+	NIXLProgress string // who drives NIXL agents: goroutine, thread or caller
 }
 
 // Flags registers the shape flags on fs (the default set when nil), with
@@ -42,6 +51,9 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	if concurrency {
 		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight")
 	}
+	fs.StringVar(&c.Data, "data", "tcp", "data plane: tcp (pure Go) or nixl (a build with -tags nixl)")
+	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
+	fs.StringVar(&c.NIXLProgress, "nixl-progress", "goroutine", "who drives NIXL agents: goroutine, thread or caller")
 }
 
 // Check reports a shape that cannot run.
@@ -49,7 +61,64 @@ func (c Config) Check(concurrency bool) error {
 	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || (concurrency && c.Concurrency <= 0) {
 		return errors.New("every size flag must be positive")
 	}
-	return nil
+	if c.Data != "" && c.Data != "tcp" && c.Data != "nixl" {
+		return fmt.Errorf("-data %q: want tcp or nixl", c.Data)
+	}
+	_, err := c.nixlConfig("x")
+	return err
+}
+
+func (c Config) nixlConfig(name string) (nixl.Config, error) {
+	nc := nixl.Config{Name: name, Params: map[string]string{}}
+	for _, kv := range strings.Split(c.NIXLParams, ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return nc, fmt.Errorf("-nixl-params: %q is not k=v", kv)
+		}
+		nc.Params[k] = v
+	}
+	switch c.NIXLProgress {
+	case "", "goroutine":
+		nc.Progress = nixl.ProgressGoroutine
+	case "thread":
+		nc.Progress = nixl.ProgressThread
+	case "caller":
+		nc.Progress = nixl.ProgressCaller
+	default:
+		return nc, fmt.Errorf("-nixl-progress %q: want goroutine, thread or caller", c.NIXLProgress)
+	}
+	return nc, nil
+}
+
+// dataPlane makes cfg's data plane over region; listen is the TCP plane's
+// address to serve on ("" for a consumer). addr is what it serves on, if
+// anything.
+func (c Config) dataPlane(role, listen string, region *cache.Region, log *slog.Logger) (d xfer.DataTransport, addr string, err error) {
+	// Agent names must be unique among peers: two producers with one name
+	// would be taken for one.
+	name := "demo-" + role + "-" + uuid.NewString()
+	if c.Data == "nixl" {
+		nc, err := c.nixlConfig(name)
+		if err != nil {
+			return nil, "", err
+		}
+		a, err := nixl.New(nc, region)
+		if err != nil {
+			return nil, "", err
+		}
+		return a, "nixl:" + name, nil
+	}
+	t, err := transport.NewTCPData(transport.TCPConfig{Name: name, Listen: listen, Logger: log}, region)
+	if err != nil {
+		return nil, "", err
+	}
+	if listen == "" {
+		return t, "", nil
+	}
+	return t, t.Addr().String(), nil
 }
 
 // CompatHash is the compatibility hash both sides compute for cfg.
@@ -79,9 +148,9 @@ func Fill(b []byte, item, j int) {
 // Producer is a running demo producer.
 type Producer struct {
 	Control string // "tcp://host:port" consumers connect to
-	Data    string // the data plane's address
+	Data    string // the data plane's address ("nixl:<agent>" for NIXL)
 	srv     *transport.Server
-	data    *transport.TCPData
+	data    xfer.DataTransport
 	region  *cache.Region
 	prod    *connector.Producer
 	cancel  context.CancelFunc
@@ -108,7 +177,7 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 		}
 		c.MarkReady(Hash(i))
 	}
-	data, err := transport.NewTCPData(transport.TCPConfig{Name: "demo-producer", Listen: dataAddr, Logger: log}, region)
+	data, addr, err := cfg.dataPlane("producer", dataAddr, region, log)
 	if err != nil {
 		region.Close()
 		return nil, err
@@ -119,7 +188,7 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 		region.Close()
 		return nil, err
 	}
-	p := &Producer{Control: srv.Endpoint(), Data: data.Addr().String(), srv: srv, data: data, region: region, done: make(chan struct{})}
+	p := &Producer{Control: srv.Endpoint(), Data: addr, srv: srv, data: data, region: region, done: make(chan struct{})}
 	p.prod = connector.NewProducer(connector.ProducerConfig{CompatHash: cfg.CompatHash(), Logger: log}, srv, data, c)
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
@@ -192,7 +261,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 		return Summary{}, err
 	}
 	defer region.Close()
-	data, err := transport.NewTCPData(transport.TCPConfig{Name: "demo-consumer", Logger: log}, region)
+	data, _, err := cfg.dataPlane("consumer", "", region, log)
 	if err != nil {
 		return Summary{}, err
 	}

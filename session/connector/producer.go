@@ -53,6 +53,7 @@ type ProducerConfig struct {
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
+	ready   <-chan struct{} // the data plane's notifications, if it signals them
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
 	backlog []session.Message // waiting, in arrival order
@@ -86,7 +87,11 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		s.EnableAuthorize()
 		a.SetAuthorizer(s.Authorize)
 	}
-	return &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}}
+	p := &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}}
+	if sg, ok := data.(xfer.Signaling); ok {
+		p.ready = sg.Ready()
+	}
+	return p
 }
 
 // Session returns the producer session, for its stats.
@@ -138,9 +143,10 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 }
 
 // Serve steps until ctx ends: at once when a request arrives or is waiting,
-// every 5 ms while grants are outstanding (for completion notifications and the
-// lease sweep), every second otherwise — the reference's cadence. now is
-// the clock; nil means time.Now.
+// or when a data plane that signals notifications (xfer.Signaling) has some;
+// every 5 ms while grants are outstanding (for completion notifications and
+// the lease sweep), every second otherwise — the reference's cadence. now
+// is the clock; nil means time.Now.
 func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 	if now == nil {
 		now = time.Now
@@ -153,6 +159,15 @@ func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 				wait = 5 * time.Millisecond
 			}
 			wctx, cancel := context.WithTimeout(ctx, wait)
+			if p.ready != nil && grants > 0 {
+				go func() {
+					select {
+					case <-p.ready:
+						cancel()
+					case <-wctx.Done():
+					}
+				}()
+			}
 			p.ctl.Wait(wctx)
 			cancel()
 		}

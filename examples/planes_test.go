@@ -1,0 +1,7 @@
+//go:build !nixl
+
+package examples_test
+
+const buildTags = ""
+
+var planes = []plane{{name: "tcp"}}
