@@ -173,9 +173,10 @@ type Pool struct {
 	peers map[string]*peer
 	order []*peer // the live sessions, in creation order: steps are deterministic
 	// draining holds sessions of dead producers with READs in quarantine.
-	draining []*peer
-	fetches  map[string]*fetch
-	retrying []*fetch
+	draining   []*peer
+	fetches    map[string]*fetch
+	retrying   []*fetch
+	spareRetry []*fetch // the last list retryDue walked, for reuse
 
 	res     Results
 	inbound []transport.Inbound
@@ -491,15 +492,18 @@ func (p *Pool) scheduleRetry(f *fetch, now time.Time) bool {
 	return true
 }
 
-// retryDue starts the retries whose backoff has passed.
+// retryDue starts the retries whose backoff has passed. A retry whose send
+// is refused again is planned anew, onto a fresh list: planning onto the
+// list being walked would lose it, and its fetch would never end.
 func (p *Pool) retryDue(now time.Time) {
-	kept := p.retrying[:0]
-	for _, f := range p.retrying {
+	due := p.retrying
+	p.retrying = p.spareRetry[:0]
+	for _, f := range due {
 		if p.fetches[f.mmHash] != f { // ended meanwhile (Close)
 			continue
 		}
 		if now.Before(f.retryAt) {
-			kept = append(kept, f)
+			p.retrying = append(p.retrying, f)
 			continue
 		}
 		if err := p.attempt(f, now); err != nil {
@@ -511,8 +515,8 @@ func (p *Pool) retryDue(now time.Time) {
 			p.fail(f.mmHash, f.lastWhy, f.lastSt, fmt.Errorf("connector: retry of %s: %w", f.mmHash, err), false)
 		}
 	}
-	clear(p.retrying[len(kept):])
-	p.retrying = kept
+	clear(due)
+	p.spareRetry = due[:0]
 }
 
 // Close ends every session. Fetches in flight fail; blocks of READs that

@@ -291,3 +291,29 @@ func TestPoolAckBeforeDeath(t *testing.T) {
 		t.Fatalf("%+v, stats %+v", r, w.pool.Stats())
 	}
 }
+
+// A retry whose send is refused (queue full, producer down) is planned
+// again, not lost: the fetch still ends. (Issue 13, item 1: it was dropped
+// from the retry list and the fetch never ended.)
+func TestPoolRetryRefusedIsNotLost(t *testing.T) {
+	for _, refusal := range []error{transport.ErrQueueFull, transport.ErrPeerDown} {
+		w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}})
+		w.entry(t, "H", 1, false)
+		w.entry(t, "G", 1, false)
+		w.pool.Fetch(addr, "H", []int{1}, w.now.Add(time.Minute), w.now)
+		w.pool.Fetch(addr, "G", []int{2}, w.now.Add(time.Minute), w.now)
+		w.step(time.Millisecond)
+		w.step(time.Millisecond) // NOT_READY: retries planned
+		w.ctl.sendErr = refusal
+		for range 3 {
+			w.step(10 * time.Millisecond) // the retries are refused, and planned again
+		}
+		w.ctl.sendErr = nil
+		w.cache.MarkReady("H")
+		w.cache.MarkReady("G")
+		r := w.until(t, 10*time.Millisecond, 100, func(r Results) bool { return len(r.Completed)+len(r.Failed) == 2 })
+		if len(r.Completed) != 2 || w.pool.InFlight() != 0 {
+			t.Fatalf("%v: %+v, %d in flight", refusal, r, w.pool.InFlight())
+		}
+	}
+}
