@@ -158,11 +158,25 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 		if err := wire.DecodeAckView(raw, &c.ack); err != nil {
 			c.stats.Malformed++
 			c.log.Warn("ec consumer: dropped malformed XferAck", "session", c.id, "err", err)
+			c.badAck(raw)
 			continue
 		}
 		c.dispatch(&c.ack, now)
 	}
 	c.advance(now)
+}
+
+// badAck ends at once the transfer an undecodable ack names (a status we
+// do not know, say), rather than leaving it to its ack timeout and retries:
+// the producer has answered, and not with a grant we can use.
+func (c *ConsumerSession) badAck(raw []byte) {
+	mm, sid, ok := wire.PeekIDs(raw, "ack")
+	if !ok || (len(sid) != 0 && string(sid) != c.id) {
+		return
+	}
+	if x, ok := c.byHash[string(mm)]; ok && x.State() == xfer.WaitingAck {
+		c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
+	}
 }
 
 // cxfer is a transfer as the session holds it.

@@ -166,7 +166,17 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
-		p.log.Warn("ec producer: dropped malformed XferReq", "err", err)
+		p.log.Warn("ec producer: malformed XferReq", "err", err)
+		// Answer what can still be named, so the consumer need not wait
+		// out its ack timeout.
+		if mm, sid, ok := wire.PeekIDs(m.Payload, "req"); ok {
+			p.ack = wire.XferAck{MMHash: string(mm), SessionID: string(sid), Status: wire.NackInternal}
+			p.buf = wire.AppendAck(p.buf[:0], &p.ack)
+			if out.Reply(m.Identity, p.buf) != nil {
+				p.stats.ReplyErrors++
+			}
+			p.stats.Nacks[wire.NackInternal]++
+		}
 		return
 	}
 	p.stats.Requests++

@@ -32,6 +32,7 @@ func FuzzDecodeReq(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r XferReq
 		if err := DecodeReq(data, &r); err != nil {
+			PeekIDs(data, "req") // must not panic either
 			return
 		}
 		enc := AppendReq(nil, &r)
@@ -53,6 +54,7 @@ func FuzzDecodeAck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var a XferAck
 		if err := DecodeAck(data, &a); err != nil {
+			PeekIDs(data, "ack")
 			return
 		}
 		if !a.Status.Valid() {
