@@ -14,6 +14,19 @@
 // DRAM with one transfer descriptor per block, so block i is descriptor i,
 // exactly as the reference does. No Go pointer is kept by C.
 //
+// Over UCX a READ moves only while both agents are driven, and a producer
+// has nothing of its own to call while a peer reads its memory: see
+// Progress for who drives an agent. The producer session reports its live
+// grants (xfer.Driven), so by default a goroutine drives the agent
+// continuously exactly while a READ may come.
+//
+// Where it differs from the reference's NIXL transport: block ids are
+// checked against both regions and NIXL's int32 before a READ is posted; a
+// READ released while it runs is kept, reported as possibly writing
+// (xfer.ErrMayStillWrite), and released once it ends, instead of being
+// handed to UCX to abort; Close lets READs in flight end before it
+// deregisters the region and destroys the agent.
+//
 // NIXL does not enforce grants: a peer that has our metadata can READ any
 // registered block. The TCP data plane refuses what was not granted; with
 // NIXL, keep producers on a trusted network.

@@ -44,6 +44,11 @@
 //     started when it granted, between the two.)
 //  6. Close reports what it abandons: the pending results, the transfers
 //     whose blocks may be reused, and those whose READ could not be stopped.
+//  7. An ack that does not decode but names our session and a transfer
+//     waiting for its ack (a status we do not know, say) ends that transfer
+//     at once as bad-ack; a request that does not decode but names its
+//     mm_hash and session is answered NACK_INTERNAL (the reference drops
+//     both, and the consumer waits out its ack timeout and retries).
 //
 // Also: every deadline comes from the caller's now (the reference mixes in
 // its own monotonic clock); peer death quarantines READs with a real
