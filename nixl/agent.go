@@ -40,7 +40,7 @@ type Agent struct {
 	c       *C.cnixl_agent
 	peers   map[string]peer   // remote agent -> registration
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
-	handles map[xfer.Handle]C.cnixl_handle
+	handles map[xfer.Handle]*req
 	zombies []C.cnixl_handle // released while running: released once they end
 	inbox   []xfer.Notif     // drained by the progress goroutine, for DrainNotifs
 	dropped uint64           // notifications over maxInbox
@@ -52,6 +52,13 @@ type Agent struct {
 	ready  chan struct{} // notifications wait in the inbox
 	stop   chan struct{}
 	done   chan struct{} // closed when the progress goroutine returned
+}
+
+// req is a posted READ; ended says Check saw it end, so Release need not
+// ask NIXL again.
+type req struct {
+	ch    C.cnixl_handle
+	ended bool
 }
 
 type peer struct {
@@ -126,7 +133,7 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 		pt, delay = 1, C.uint64_t(cfg.ProgressDelay/time.Microsecond)
 	}
 	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{},
-		handles: map[xfer.Handle]C.cnixl_handle{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
+		handles: map[xfer.Handle]*req{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{})}
 	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, delay, &a.c); st != 0 {
 		if st == C.CNIXL_ERR_NOT_BUILT {
@@ -306,7 +313,7 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 		return 0, statusErr("post READ", int(st))
 	}
 	a.next++
-	a.handles[a.next] = h
+	a.handles[a.next] = &req{ch: h}
 	if len(a.handles) == 1 {
 		a.kick()
 	}
@@ -318,21 +325,23 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	ch, ok := a.handles[h]
+	r, ok := a.handles[h]
 	if !ok {
 		return 0, fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
 	}
 	if a.closed {
 		return 0, xfer.ErrClosed
 	}
-	switch st := int(C.cnixl_check(a.c, ch)); {
+	switch st := int(C.cnixl_check(a.c, r.ch)); {
 	case st == C.CNIXL_IN_PROG:
 		return xfer.InProgress, nil
 	case st == C.CNIXL_SUCCESS:
+		r.ended = true
 		return xfer.Complete, nil
 	case st == C.CNIXL_ERR_NOT_FOUND:
 		return 0, statusErr("check", st)
 	default:
+		r.ended = true
 		return xfer.Failed, nil
 	}
 }
@@ -344,20 +353,21 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 func (a *Agent) Release(h xfer.Handle) error {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	ch, ok := a.handles[h]
+	r, ok := a.handles[h]
 	if !ok {
 		return fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
 	}
-	delete(a.handles, h)
 	if a.closed {
-		return nil // Close destroyed it
+		// Close is waiting for it, and destroys it.
+		return fmt.Errorf("%w: READ %d: agent closing", xfer.ErrMayStillWrite, h)
 	}
-	if st := int(C.cnixl_check(a.c, ch)); st == C.CNIXL_IN_PROG {
-		a.zombies = append(a.zombies, ch)
+	delete(a.handles, h)
+	if !r.ended && C.cnixl_check(a.c, r.ch) == C.CNIXL_IN_PROG {
+		a.zombies = append(a.zombies, r.ch)
 		return fmt.Errorf("%w: READ %d still in progress", xfer.ErrMayStillWrite, h)
 	}
-	if st := int(C.cnixl_release(a.c, ch)); st != 0 {
-		a.zombies = append(a.zombies, ch)
+	if st := int(C.cnixl_release(a.c, r.ch)); st != 0 {
+		a.zombies = append(a.zombies, r.ch)
 		return fmt.Errorf("%w: %w", xfer.ErrMayStillWrite, statusErr("release", st))
 	}
 	return nil
@@ -445,6 +455,8 @@ func (a *Agent) progressLoop() {
 	defer close(a.done)
 	idle := time.NewTimer(a.cfg.IdlePoll)
 	defer idle.Stop()
+	pause := time.NewTimer(a.cfg.ProgressDelay)
+	defer pause.Stop()
 	empty := 0
 	for {
 		a.mu.Lock()
@@ -481,11 +493,12 @@ func (a *Agent) progressLoop() {
 			empty++
 			runtime.Gosched()
 		default:
+			pause.Reset(a.cfg.ProgressDelay)
 			select {
 			case <-a.stop:
 				return
 			case <-a.wake:
-			case <-time.After(a.cfg.ProgressDelay):
+			case <-pause.C:
 			}
 		}
 	}
@@ -516,8 +529,8 @@ func (a *Agent) Close() error {
 	running := 0
 	for {
 		running = 0
-		for _, ch := range a.handles {
-			if C.cnixl_check(a.c, ch) == C.CNIXL_IN_PROG {
+		for _, r := range a.handles {
+			if C.cnixl_check(a.c, r.ch) == C.CNIXL_IN_PROG {
 				running++
 			}
 		}

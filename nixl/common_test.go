@@ -203,12 +203,14 @@ func TestExpectReadsDrivesTheProducer(t *testing.T) {
 			}
 		}
 		c.Release(h)
-		// The goroutine collected the notification for the next drain.
-		var got []xfer.Notif
-		for end := time.Now().Add(5 * time.Second); len(got) == 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			got, _ = p.DrainNotifs(got)
+		// The goroutine collected the notification and signals it.
+		select {
+		case <-p.Ready():
+		case <-time.After(5 * time.Second):
+			t.Fatal("no readiness signal for the notification")
 		}
-		if len(got) != 1 || string(got[0].Msg) != "s:expect" {
+		got, err := p.DrainNotifs(nil)
+		if err != nil || len(got) != 1 || string(got[0].Msg) != "s:expect" {
 			t.Fatalf("notifications %+v", got)
 		}
 	})
@@ -222,77 +224,84 @@ func xfertestFill(b []byte, seed byte) {
 
 // Consumer and producer sessions over two agents: a hundred fetches, every
 // byte checked, every pin released, no handle or remote agent left.
+// It runs under each progress mode.
 func TestSessionsOverAgents(t *testing.T) {
 	forVariants(t, func(t *testing.T, v variant) {
-		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-		cdata, cr := newAgent(t, v, 64, 4096, Config{})
-		pdata, pr := newAgent(t, v, 256, 4096, Config{})
-		entries := cache.NewEmbeddingCache(256)
-		held := map[int][]int{}
-		for i := range 100 {
-			e, _ := entries.Alloc(fmt.Sprint(i), 2)
-			held[i] = e.Blocks
-			for j, b := range e.Blocks {
-				xfertestFill(pr.Block(b), byte(i*2+j))
-			}
-			entries.MarkReady(fmt.Sprint(i))
-		}
-		var toP, toC [][]byte
-		sendP := sender(func(b []byte) { toP = append(toP, append([]byte(nil), b...)) })
-		sendC := replier(func(b []byte) { toC = append(toC, append([]byte(nil), b...)) })
-		cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, sendP, cdata, "compat")
-		if err != nil {
-			t.Fatal(err)
-		}
-		prod := session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, entries, "compat")
-		var r session.Results
-		for i := range 100 {
-			now := time.Now()
-			local := []int{(2 * i) % 64, (2*i + 1) % 64}
-			if err := cons.StartXfer(fmt.Sprint(i), local, now, now.Add(time.Minute)); err != nil {
-				t.Fatal(err)
-			}
-			for step := 0; cons.HasInFlight(); step++ {
-				if step > 200000 {
-					t.Fatalf("fetch %d did not end", i)
-				}
-				var msgs []session.Message
-				for _, m := range toP {
-					msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
-				}
-				toP = nil
-				prod.Poll(msgs, time.Now(), sendC)
-				cons.Poll(toC, time.Now())
-				toC = nil
-				cons.TakeResults(&r)
-				time.Sleep(20 * time.Microsecond)
-			}
-			for j, b := range local {
-				if !bytes.Equal(cr.Block(b), pr.Block(held[i][j])) {
-					t.Fatalf("fetch %d block %d: bytes differ", i, j)
-				}
-			}
-		}
-		if len(r.Completed) != 100 || r.Len() != 100 {
-			t.Fatalf("results %+v", r)
-		}
-		for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			prod.Poll(nil, time.Now(), sendC)
-		}
-		if prod.Grants() != 0 || entries.HasHeldEntries() {
-			t.Fatalf("%d grants left", prod.Grants())
-		}
-		if pdata.expect.Load() != 0 {
-			t.Fatalf("producer still expects %d READs", pdata.expect.Load())
-		}
-		cons.Close()
-		cdata.mu.Lock()
-		h, peers := len(cdata.handles), len(cdata.peers)
-		cdata.mu.Unlock()
-		if h != 0 || peers != 0 {
-			t.Fatalf("consumer holds %d requests, %d remotes", h, peers)
+		for _, mode := range []Progress{ProgressGoroutine, ProgressThread, ProgressCaller} {
+			t.Run(mode.String(), func(t *testing.T) { sessionsOverAgents(t, v, mode) })
 		}
 	})
+}
+
+func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	cdata, cr := newAgent(t, v, 64, 4096, Config{Progress: mode})
+	pdata, pr := newAgent(t, v, 256, 4096, Config{Progress: mode})
+	entries := cache.NewEmbeddingCache(256)
+	held := map[int][]int{}
+	for i := range 100 {
+		e, _ := entries.Alloc(fmt.Sprint(i), 2)
+		held[i] = e.Blocks
+		for j, b := range e.Blocks {
+			xfertestFill(pr.Block(b), byte(i*2+j))
+		}
+		entries.MarkReady(fmt.Sprint(i))
+	}
+	var toP, toC [][]byte
+	sendP := sender(func(b []byte) { toP = append(toP, append([]byte(nil), b...)) })
+	sendC := replier(func(b []byte) { toC = append(toC, append([]byte(nil), b...)) })
+	cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, sendP, cdata, "compat")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prod := session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, entries, "compat")
+	var r session.Results
+	for i := range 100 {
+		now := time.Now()
+		local := []int{(2 * i) % 64, (2*i + 1) % 64}
+		if err := cons.StartXfer(fmt.Sprint(i), local, now, now.Add(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		for step := 0; cons.HasInFlight(); step++ {
+			if step > 200000 {
+				t.Fatalf("fetch %d did not end", i)
+			}
+			var msgs []session.Message
+			for _, m := range toP {
+				msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
+			}
+			toP = nil
+			prod.Poll(msgs, time.Now(), sendC)
+			cons.Poll(toC, time.Now())
+			toC = nil
+			cons.TakeResults(&r)
+			time.Sleep(20 * time.Microsecond)
+		}
+		for j, b := range local {
+			if !bytes.Equal(cr.Block(b), pr.Block(held[i][j])) {
+				t.Fatalf("fetch %d block %d: bytes differ", i, j)
+			}
+		}
+	}
+	if len(r.Completed) != 100 || r.Len() != 100 {
+		t.Fatalf("results %+v", r)
+	}
+	for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+		prod.Poll(nil, time.Now(), sendC)
+	}
+	if prod.Grants() != 0 || entries.HasHeldEntries() {
+		t.Fatalf("%d grants left", prod.Grants())
+	}
+	if pdata.expect.Load() != 0 {
+		t.Fatalf("producer still expects %d READs", pdata.expect.Load())
+	}
+	cons.Close()
+	cdata.mu.Lock()
+	h, peers := len(cdata.handles), len(cdata.peers)
+	cdata.mu.Unlock()
+	if h != 0 || peers != 0 {
+		t.Fatalf("consumer holds %d requests, %d remotes", h, peers)
+	}
 }
 
 type sender func([]byte)

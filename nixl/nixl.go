@@ -80,7 +80,8 @@ const (
 	// IdlePoll otherwise. It costs a core only while transfers run.
 	ProgressGoroutine Progress = iota
 	// ProgressThread starts NIXL's own progress thread, which waits for
-	// UCX events with ProgressDelay as its timeout (0 makes it spin).
+	// UCX events with ProgressDelay as its timeout. (NIXL's own default,
+	// a delay of 0, spins a core for good; it is not offered.)
 	ProgressThread
 	// ProgressCaller leaves driving to the caller: only Check and
 	// DrainNotifs progress the agent. A producer then moves READs only as
