@@ -72,11 +72,17 @@ func TestErrorMapping(t *testing.T) {
 	if pg, err := c.Check(bad); err != nil || pg != xfer.Failed {
 		t.Fatalf("failed READ: %s, %v", pg, err)
 	}
-	time.Sleep(time.Millisecond) // let the fake's READ end before the release
 	c.Release(bad)
-	c.Release(h)
-	if hs, rs := c.FakeLeaks(); hs != 0 || rs != 1 {
-		t.Fatalf("handles %d remotes %d", hs, rs)
+	c.Release(h) // may still run: kept, and released once it ends
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
+		c.DrainNotifs(nil) // reaps what has ended
+		hs, rs := c.FakeLeaks()
+		if hs == 0 && rs == 1 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("handles %d remotes %d", hs, rs)
+		}
 	}
 	c.RemoveRemotePeer(peer.Agent)
 	if _, rs := c.FakeLeaks(); rs != 0 {
@@ -109,10 +115,13 @@ func TestReleaseWhileRunning(t *testing.T) {
 	if hs, _ := c.FakeLeaks(); hs != 1 {
 		t.Fatalf("%d requests held while running", hs)
 	}
-	time.Sleep(40 * time.Millisecond)
-	c.DrainNotifs(nil) // ended: released
-	if hs, _ := c.FakeLeaks(); hs != 0 {
-		t.Fatalf("%d requests held after the READ ended", hs)
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		c.DrainNotifs(nil) // released once it has ended
+		if hs, _ := c.FakeLeaks(); hs == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("request still held 5 s after its READ was due to end")
+		}
 	}
-
 }
