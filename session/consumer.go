@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"slices"
 	"time"
 
@@ -64,6 +65,7 @@ type ConsumerSession struct {
 	xcfg   xfer.Config
 	log    *slog.Logger
 
+	agentName  string // ours, sent with requests when the data plane has one
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
@@ -97,10 +99,14 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	if log == nil {
 		log = slog.Default()
 	}
-	return &ConsumerSession{
+	c := &ConsumerSession{
 		id: u.String(), compat: compatHash, peer: peer, data: data,
 		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{},
-	}, nil
+	}
+	if n, ok := data.(xfer.Named); ok {
+		c.agentName = n.Name()
+	}
+	return c, nil
 }
 
 // ID returns the session id: a UUID4 string, stable for the session's life.
@@ -128,7 +134,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 			return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 		}
 	}
-	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id}
+	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true, Agent: c.agentName}
 	c.buf = wire.AppendReq(c.buf[:0], &req)
 	if err := c.peer.Send(c.buf); err != nil {
 		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
@@ -219,6 +225,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		return
 	}
 	c.src = ack.AppendBlocks(c.src[:0])
+	x.Grant(ack.Grant, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.HandleAck(c.src, peer, now); err != nil {
 		if errors.Is(err, xfer.ErrBadAck) {
 			c.stats.BadAcks++

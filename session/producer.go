@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 	"unicode/utf8"
 
@@ -18,6 +19,9 @@ import (
 type Message struct {
 	Identity []byte // the consumer's ZeroMQ identity
 	Payload  []byte
+	// At is when the request arrived; zero means "now" (see
+	// ProducerConfig.MaxRequestAge).
+	At time.Time
 }
 
 // Replier sends a reply to the consumer with the given identity. It must not
@@ -38,7 +42,23 @@ type ProducerConfig struct {
 	// far above what a well-behaved consumer holds.
 	MaxGrantsPerSession int
 	MaxGrants           int
-	Logger              *slog.Logger // nil: slog.Default()
+	// MaxGrantsPerEntry bounds the live grants of one consumer session for
+	// one mm_hash: a re-request keeps the earlier grants (each ends with its
+	// own READ's notification or lease), so that a late notification can
+	// never end the grant a newer READ runs under. Default 8.
+	MaxGrantsPerEntry int
+	// MaxPinnedShare bounds the blocks the live grants of one consumer
+	// session, and of one control-plane identity, may pin, as a share of
+	// the cache's capacity, so that no one consumer can pin the cache full
+	// and make every save fail. Default 0.5.
+	MaxPinnedShare float64
+	// MaxRequestAge drops requests that waited longer than this between
+	// their arrival (Message.At) and their turn: their consumer has given up
+	// (its ack timeout, 2 s by default) and a grant would only pin blocks
+	// for nobody. Dropped, not answered: a late answer would be taken for
+	// the answer to the consumer's next attempt. Default 2 s.
+	MaxRequestAge time.Duration
+	Logger        *slog.Logger // nil: slog.Default()
 }
 
 // ProducerStats counts what a ProducerSession has done.
@@ -47,9 +67,12 @@ type ProducerStats struct {
 	Grants        uint64 // OK acks sent
 	Nacks         [6]uint64
 	Malformed     uint64 // payloads that did not decode as an XferReq
-	ReRequests    uint64 // grants replaced by the same session asking again
+	ReRequests    uint64 // grants made while the same session held one for the entry
 	Completions   uint64 // grants ended by their notification
 	UnknownNotifs uint64 // notifications matching no grant (late, foreign)
+	ForeignNotifs uint64 // notifications from an agent the grant is not bound to
+	Stale         uint64 // requests dropped for waiting past MaxRequestAge
+	OverPinned    uint64 // requests refused by the pinned-block shares
 	BadNotifs     uint64 // notifications that are not UTF-8
 	Expired       uint64 // grants ended by the lease
 	ReplyErrors   uint64 // replies the control plane refused
@@ -61,21 +84,35 @@ type ProducerStats struct {
 
 type consumerState struct {
 	grants    int
+	blocks    int    // pinned by its live grants
+	agent     string // the agent its READs come from, once known
 	confirmed bool
 }
 
 // grant is one live ProducerXfer, on the lease list in deadline order.
 type grant struct {
 	xfer.ProducerXfer
-	key        string // "<session_id>:<mm_hash>", the notification's text
+	id    uint64
+	key   string // "<session_id>:<mm_hash>", the notification's text
+	agent string // the agent allowed to read it; "" while unknown
+	ident string // the control-plane identity that asked
+	cs    *consumerState
+	// hold counts the READs being served under the grant (Authorize to
+	// their release), plus endedBit once the grant ended. Whoever brings
+	// it to exactly endedBit unpins: the step loop ending an idle grant,
+	// or the release of the last READ of an ended one.
+	hold       atomic.Int32
+	release    func() // ends one hold; made once per grant object
 	prev, next *grant
 }
+
+const endedBit = 1 << 30
 
 // ProducerSession grants consumers' requests out of an EmbeddingCache: it
 // pins the entry, answers with its blocks and the data plane's metadata,
 // and unpins on the completion notification or when the lease runs out. It
 // is sans-I/O: requests and the time come in through Poll, replies go out
-// through a Replier. It is not safe for concurrent use.
+// through a Replier. It is not safe for concurrent use, except Authorize.
 type ProducerSession struct {
 	data   xfer.DataTransport
 	driven xfer.Driven // data, when it must be told of the live grants
@@ -84,19 +121,29 @@ type ProducerSession struct {
 	lease  time.Duration
 	log    *slog.Logger
 
-	authMu sync.RWMutex // guards grants against Authorize, once enabled
+	authMu sync.RWMutex // guards byKey and byID against Authorize, once enabled
 	authOn bool
-	grants map[string]*grant
+	byKey  map[string][]*grant // live grants per key, oldest first
+	byID   map[uint64]*grant
+	nextID uint64
 	lru    grant // sentinel of the lease list: lru.next expires first
 	spare  []*grant
+	// held are grants that ended while a READ was being served under
+	// them: their pin goes when the last such READ is released.
+	held []*grant
 
 	// Per consumer session: its live grants, and whether it has completed
 	// a READ since our agent metadata last changed (then it has registered
 	// our agent, and acks can leave the mem descriptor out).
 	consumers map[string]*consumerState
+	idents    map[string]int // blocks pinned per control-plane identity
 	lastMeta  []byte
 	perSess   int
+	perEntry  int
 	maxGrants int
+	maxPinned int
+	maxAge    time.Duration
+	draining  bool
 
 	req    wire.ReqView
 	ack    wire.XferAck
@@ -124,9 +171,20 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	if cfg.MaxGrants <= 0 {
 		cfg.MaxGrants = 65536
 	}
+	if cfg.MaxGrantsPerEntry <= 0 {
+		cfg.MaxGrantsPerEntry = 8
+	}
+	if cfg.MaxPinnedShare <= 0 || cfg.MaxPinnedShare > 1 {
+		cfg.MaxPinnedShare = 0.5
+	}
+	if cfg.MaxRequestAge <= 0 {
+		cfg.MaxRequestAge = 2 * time.Second
+	}
 	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log,
-		grants: map[string]*grant{}, consumers: map[string]*consumerState{},
-		perSess: cfg.MaxGrantsPerSession, maxGrants: cfg.MaxGrants}
+		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{},
+		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
+		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge,
+		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	p.driven, _ = data.(xfer.Driven)
 	return p
@@ -135,15 +193,17 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 // Stats returns the counters.
 func (p *ProducerSession) Stats() ProducerStats { return p.stats }
 
-// Grants returns the number of live grants.
-func (p *ProducerSession) Grants() int { return len(p.grants) }
+// Grants returns the number of grants still holding a pin: live ones, and
+// ended ones whose READ is still being served.
+func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 
 // Poll answers every request in msgs, in order, through out; then drains the
 // data plane's completion notifications and ends the grants whose lease ran
 // out by now. It never fails: malformed requests are counted, logged and
-// not answered.
+// answered NACK_INTERNAL when they still name their mm_hash and session.
 func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	if p.closed {
+		p.reapHeld()
 		return
 	}
 	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
@@ -158,12 +218,17 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	}
 	p.drainNotifs()
 	p.sweep(now)
+	p.reapHeld()
 	if p.driven != nil {
-		p.driven.ExpectReads(len(p.grants))
+		p.driven.ExpectReads(p.Grants())
 	}
 }
 
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
+	if !m.At.IsZero() && now.Sub(m.At) > p.maxAge {
+		p.stats.Stale++
+		return
+	}
 	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
 		p.log.Warn("ec producer: malformed XferReq", "err", err)
@@ -180,7 +245,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		return
 	}
 	p.stats.Requests++
-	g := p.grantOrNack(&p.req, now)
+	g := p.grantOrNack(&p.req, m.Identity, now)
 	p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 	if err := out.Reply(m.Identity, p.buf); err != nil {
 		p.stats.ReplyErrors++
@@ -196,7 +261,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 // grantOrNack applies the reference's rules in order and fills p.ack. Its
 // strings alias the request until a grant copies them (one allocation: the
 // grant key, of which session id and mm_hash are substrings).
-func (p *ProducerSession) grantOrNack(req *wire.ReqView, now time.Time) *grant {
+func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.Time) *grant {
 	p.ack = wire.XferAck{}
 	nack := func(s wire.Status, msg string) *grant {
 		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s}
@@ -224,49 +289,69 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, now time.Time) *grant {
 		p.stats.BadSessionIDs++
 		return nack(wire.NackInternal, "ec producer: session_id is not a canonical UUID")
 	}
-	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
-	old := p.grants[string(p.keyBuf)]
+	if p.draining {
+		return nack(wire.NackInternal, "ec producer: draining; NACK")
+	}
 	cs := p.consumers[string(req.SessionID)]
-	if old == nil && (len(p.grants) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess)) {
+	if cs != nil && len(req.Agent) > 0 && cs.agent != "" && string(req.Agent) != cs.agent {
+		// A session's READs come from one agent: another claiming it is
+		// not that consumer.
+		p.stats.OverBound++
+		return nack(wire.NackInternal, "ec producer: session bound to another agent; NACK")
+	}
+	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
+	same := p.byKey[string(p.keyBuf)]
+	if len(p.byID) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess) || len(same) >= p.perEntry {
 		p.stats.OverBound++
 		return nack(wire.NackInternal, "ec producer: grant bound reached; NACK")
 	}
-	key := string(p.keyBuf)
-	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
-	entry, res := p.cache.PinIfReady(mmHash)
+	entry, res := p.cache.PinIfReady(string(req.MMHash))
 	switch res {
 	case cache.Absent:
 		return nack(wire.NackMissing, "ec producer: entry not held; NACK")
 	case cache.NotReady:
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
-	if old != nil {
-		// The consumer timed out and asked again: its old pin goes.
-		p.stats.ReRequests++
-		p.endGrant(old)
+	n := len(entry.Blocks)
+	if (cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned {
+		p.unpin(entry.Key)
+		p.stats.OverPinned++
+		return nack(wire.NackInternal, "ec producer: consumer pins too much of the cache; NACK")
 	}
+	var key string
+	if len(same) > 0 {
+		key = same[0].key // share the string
+		p.stats.ReRequests++
+	} else {
+		key = string(p.keyBuf)
+	}
+	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
 	if cs == nil {
 		p.pruneConsumers()
 		cs = &consumerState{}
 		p.consumers[sid] = cs
 	}
-	cs.grants++
-	g := p.newGrant()
-	g.ProducerXfer = xfer.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
-	g.key = key
-	if p.authOn {
-		p.authMu.Lock()
-		p.grants[key] = g
-		p.authMu.Unlock()
-	} else {
-		p.grants[key] = g
+	if cs.agent == "" && len(req.Agent) > 0 {
+		cs.agent = string(req.Agent)
 	}
+	cs.grants++
+	cs.blocks += n
+	g := p.newGrant()
+	p.nextID++
+	g.ProducerXfer = xfer.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
+	g.id, g.key, g.agent, g.cs = p.nextID, key, cs.agent, cs
+	g.ident = string(ident)
+	p.idents[g.ident] += n
+	p.lock()
+	p.byKey[key] = append(same, g)
+	p.byID[g.id] = g
+	p.unlock()
 	p.link(g)
 	p.stats.Grants++
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
 	p.ack = wire.XferAck{
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
-		AgentMetadata: p.lastMeta,
+		AgentMetadata: p.lastMeta, Grant: g.id, LeaseMillis: uint64(p.lease.Milliseconds()),
 	}
 	if !cs.confirmed {
 		p.ack.MemDescriptor = p.data.MemDescriptor()
@@ -275,8 +360,29 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, now time.Time) *grant {
 	return g
 }
 
+func (p *ProducerSession) lock() {
+	if p.authOn {
+		p.authMu.Lock()
+	}
+}
+
+func (p *ProducerSession) unlock() {
+	if p.authOn {
+		p.authMu.Unlock()
+	}
+}
+
+func (p *ProducerSession) unpin(mmHash string) {
+	if err := p.cache.Unpin(mmHash); err != nil {
+		// Cannot happen while this session is the only one pinning for
+		// its grants; say so loudly if it does.
+		p.log.Error("ec producer: unpin failed", "mm_hash", mmHash, "err", err)
+	}
+}
+
 // pruneConsumers forgets consumer sessions without grants once there are
-// many: forgetting only costs the descriptor in its next ack.
+// many: forgetting only costs the descriptor in its next ack, and the agent
+// binding of a session that holds nothing.
 func (p *ProducerSession) pruneConsumers() {
 	if len(p.consumers) < 4*p.maxGrants/p.perSess+1024 {
 		return
@@ -315,7 +421,13 @@ func (p *ProducerSession) newGrant() *grant {
 		p.spare = p.spare[:n-1]
 		return g
 	}
-	return new(grant)
+	g := new(grant)
+	g.release = func() {
+		if g.hold.Add(-1) == endedBit {
+			p.unpin(g.MMHash) // the cache is safe for concurrent use
+		}
+	}
+	return g
 }
 
 func (p *ProducerSession) link(g *grant) {
@@ -324,34 +436,69 @@ func (p *ProducerSession) link(g *grant) {
 	p.lru.prev = g
 }
 
-// endGrant drops a grant and its pin.
+// endGrant drops a grant; its pin goes now, or when the last READ being
+// served under it is released.
 func (p *ProducerSession) endGrant(g *grant) {
 	g.prev.next, g.next.prev = g.next, g.prev
-	mmHash := g.MMHash
-	if cs := p.consumers[g.SessionID]; cs != nil {
-		cs.grants--
+	g.prev, g.next = nil, nil
+	g.cs.grants--
+	g.cs.blocks -= len(g.Blocks)
+	if p.idents[g.ident] -= len(g.Blocks); p.idents[g.ident] <= 0 {
+		delete(p.idents, g.ident)
 	}
-	if p.authOn {
-		p.authMu.Lock()
+	p.lock()
+	list := p.byKey[g.key]
+	if i := slices.Index(list, g); i >= 0 {
+		list = slices.Delete(list, i, i+1)
 	}
-	delete(p.grants, g.key)
-	*g = grant{} // Authorize may have held it until now
-	if p.authOn {
-		p.authMu.Unlock()
+	if len(list) == 0 {
+		delete(p.byKey, g.key)
+	} else {
+		p.byKey[g.key] = list
 	}
-	if err := p.cache.Unpin(mmHash); err != nil {
-		// Cannot happen while this session is the only one pinning for
-		// its grants; say so loudly if it does.
-		p.log.Error("ec producer: unpin failed", "mm_hash", mmHash, "err", err)
+	delete(p.byID, g.id)
+	p.unlock()
+	// No Authorize can find g now: only releases change hold.
+	if g.hold.Add(endedBit) != endedBit {
+		p.held = append(p.held, g) // a READ is still being served
+		return
 	}
+	p.unpin(g.MMHash)
+	p.recycle(g)
+}
+
+func (p *ProducerSession) recycle(g *grant) {
+	rel := g.release
+	*g = grant{release: rel}
 	p.spare = append(p.spare, g)
 }
 
-// GrantCounts adds the live grants per mm_hash to dst: each must equal the
-// entry's pins taken by this session. For invariant checks.
+// reapHeld recycles the ended grants whose last READ was released (the
+// release unpinned them).
+func (p *ProducerSession) reapHeld() {
+	kept := p.held[:0]
+	for _, g := range p.held {
+		if g.hold.Load() == endedBit {
+			p.recycle(g)
+		} else {
+			kept = append(kept, g)
+		}
+	}
+	clear(p.held[len(kept):])
+	p.held = kept
+}
+
+// GrantCounts adds the pins per mm_hash this session holds for its grants
+// (live ones, and ended ones whose READ is still being served) to dst. For
+// invariant checks; not safe while a READ may be released concurrently.
 func (p *ProducerSession) GrantCounts(dst map[string]int) {
 	for g := p.lru.next; g != &p.lru; g = g.next {
 		dst[g.MMHash]++
+	}
+	for _, g := range p.held {
+		if g.hold.Load() != endedBit {
+			dst[g.MMHash]++
+		}
 	}
 }
 
@@ -361,28 +508,93 @@ func (p *ProducerSession) GrantCounts(dst map[string]int) {
 // READs (NIXL) skips the locking.
 func (p *ProducerSession) EnableAuthorize() { p.authOn = true }
 
-// Authorize reports whether a live grant covers a READ: notif names the
-// grant ("<session_id>:<mm_hash>") and every block must be one of its
-// entry's. A data plane calls it before serving a READ, so that a peer can
-// read only what it was granted. Once EnableAuthorize was called it is safe
-// for concurrent use, unlike the rest of ProducerSession; before, it grants
-// nothing.
-func (p *ProducerSession) Authorize(notif []byte, blocks []int) bool {
+// Authorize reports whether a live grant covers a READ by agent: notif
+// names the grant ("<session_id>:<mm_hash>", with "#<grant>" from a Go
+// consumer), every block must be one of its entry's, and the grant must
+// not be bound to another agent. If it does, the entry stays pinned until
+// release is called, even if the grant ends meanwhile: a data plane calls
+// Authorize before serving a READ and release once the bytes are out of
+// the region. Once EnableAuthorize was called it is safe for concurrent
+// use, unlike the rest of ProducerSession; before, it grants nothing.
+// The block comparison runs without the lock the step loop needs.
+func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (release func(), ok bool) {
 	if !p.authOn {
-		return false
+		return nil, false
 	}
 	p.authMu.RLock()
-	defer p.authMu.RUnlock()
-	g, ok := p.grants[string(notif)]
-	if !ok {
-		return false
+	g := p.lookup(notif)
+	if g != nil {
+		g.hold.Add(1) // before the unlock: endGrant sees it
 	}
-	for _, b := range blocks {
-		if !slices.Contains(g.Blocks, b) {
+	p.authMu.RUnlock()
+	if g == nil {
+		return nil, false
+	}
+	if (g.agent != "" && agent != g.agent) || !covers(g.Blocks, blocks) {
+		g.release()
+		return nil, false
+	}
+	return g.release, true
+}
+
+// covers reports whether every block of want is one of have's, which is
+// ascending. A READ asks for the blocks in the order the ack gave them:
+// that case is one pass.
+func covers(have, want []int) bool {
+	if slices.Equal(have, want) {
+		return true
+	}
+	if len(have) == 0 {
+		return len(want) == 0
+	}
+	if lo, hi := have[0], have[len(have)-1]; hi-lo == len(have)-1 { // contiguous
+		for _, b := range want {
+			if b < lo || b > hi {
+				return false
+			}
+		}
+		return true
+	}
+	for _, b := range want {
+		if _, ok := slices.BinarySearch(have, b); !ok {
 			return false
 		}
 	}
 	return true
+}
+
+// lookup finds the grant a notification names: by its grant id when it
+// carries one ("<key>#<id>", and the key must match), else the oldest
+// live grant of the key. Called with authMu held when authOn.
+func (p *ProducerSession) lookup(msg []byte) *grant {
+	if key, id, ok := splitGrant(msg); ok {
+		if g := p.byID[id]; g != nil && g.key == string(key) {
+			return g
+		}
+	}
+	if list := p.byKey[string(msg)]; len(list) > 0 {
+		return list[0]
+	}
+	return nil
+}
+
+// splitGrant splits "<key>#<decimal id>".
+func splitGrant(msg []byte) (key []byte, id uint64, ok bool) {
+	i := bytes.LastIndexByte(msg, '#')
+	if i < 0 || i == len(msg)-1 || len(msg)-i > 21 {
+		return nil, 0, false
+	}
+	for _, c := range msg[i+1:] {
+		if c < '0' || c > '9' {
+			return nil, 0, false
+		}
+		next := id*10 + uint64(c-'0')
+		if next < id {
+			return nil, 0, false
+		}
+		id = next
+	}
+	return msg[:i], id, true
 }
 
 func (p *ProducerSession) drainNotifs() {
@@ -393,22 +605,34 @@ func (p *ProducerSession) drainNotifs() {
 		p.log.Warn("ec producer: draining notifications failed", "err", err)
 	}
 	for i := range p.notifs {
-		msg := p.notifs[i].Msg
-		g, ok := p.grants[string(msg)]
-		if !ok {
+		n := &p.notifs[i]
+		g := p.lookup(n.Msg)
+		if g == nil {
 			// Keys are valid UTF-8: only a miss needs the check.
-			if !utf8.Valid(msg) {
+			if !utf8.Valid(n.Msg) {
 				p.stats.BadNotifs++
-				p.log.Warn("ec producer: dropped malformed notification", "agent", p.notifs[i].Agent)
+				p.log.Warn("ec producer: dropped malformed notification", "agent", n.Agent)
 			} else {
 				p.stats.UnknownNotifs++
 			}
 			continue
 		}
-		p.stats.Completions++
-		if cs := p.consumers[g.SessionID]; cs != nil {
-			cs.confirmed = true // it READ from us: it has our agent registered
+		cs := g.cs
+		want := g.agent
+		if want == "" {
+			want = cs.agent
 		}
+		if want != "" && n.Agent != want {
+			p.stats.ForeignNotifs++
+			p.log.Warn("ec producer: notification from an agent the grant is not bound to; ignored",
+				"agent", n.Agent, "bound", want, "mm_hash", g.MMHash)
+			continue
+		}
+		if cs.agent == "" {
+			cs.agent = n.Agent // the first READ tells which agent is this session's
+		}
+		p.stats.Completions++
+		cs.confirmed = true // it READ from us: it has our agent registered
 		p.endGrant(g)
 	}
 	clear(p.notifs) // drop references to the messages
@@ -426,14 +650,22 @@ func (p *ProducerSession) sweep(now time.Time) {
 	}
 }
 
-// Close ends every grant, releasing its pin, and returns how many there
-// were. The data plane is not closed: it belongs to the caller.
+// Drain stops granting: from now on every request is answered
+// NACK_INTERNAL (consumers fall back to encoding locally), while live
+// grants still end through their notifications or leases. Close once
+// Grants reports none.
+func (p *ProducerSession) Drain() { p.draining = true }
+
+// Close ends every grant and returns how many there were. Pins of grants
+// whose READ is still being served go when it is released; later Polls
+// only recycle them. The data plane is not closed: it belongs to the
+// caller.
 func (p *ProducerSession) Close() int {
 	if p.closed {
 		return 0
 	}
 	p.closed = true
-	n := len(p.grants)
+	n := len(p.byID)
 	for g := p.lru.next; g != &p.lru; g = p.lru.next {
 		p.endGrant(g)
 	}

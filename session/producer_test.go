@@ -130,13 +130,15 @@ func TestTwoSessionsAndReRequest(t *testing.T) { // B57, B58
 	if po.pins("R") != 2 || po.p.Grants() != 2 {
 		t.Fatalf("pins %d grants %d", po.pins("R"), po.p.Grants())
 	}
-	// c1 asks again 20 s later: its old pin goes, its lease is renewed.
+	// c1 asks again 20 s later: a second grant with its own pin and lease.
+	// Unlike the reference, the first is kept: its READ may still run, and
+	// its notification must end it, not the new one.
 	po.poll(t, at(20*time.Second), req("R", sid("c1")))
-	if po.pins("R") != 2 || po.p.Grants() != 2 || po.p.Stats().ReRequests != 1 {
+	if po.pins("R") != 3 || po.p.Grants() != 3 || po.p.Stats().ReRequests != 1 {
 		t.Fatalf("pins %d grants %d", po.pins("R"), po.p.Grants())
 	}
-	po.poll(t, at(31*time.Second)) // c2's lease ran out, c1's did not
-	if po.pins("R") != 1 || po.p.Grants() != 1 || po.p.Stats().Expired != 1 {
+	po.poll(t, at(31*time.Second)) // c1's first and c2's leases ran out, c1's second did not
+	if po.pins("R") != 1 || po.p.Grants() != 1 || po.p.Stats().Expired != 2 {
 		t.Fatalf("after 31 s: pins %d grants %d", po.pins("R"), po.p.Grants())
 	}
 	po.poll(t, at(51*time.Second))

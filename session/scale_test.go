@@ -1,11 +1,13 @@
 package session
 
 import (
+	"fmt"
 	"testing"
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -92,14 +94,14 @@ func TestGrantBounds(t *testing.T) {
 	po.cache.MarkReady("T")
 	a := sid("a")
 	acks := po.poll(t, t0, req("R", a), req("S", a), req("T", a), req("R", a))
-	want := []wire.Status{wire.OK, wire.OK, wire.NackInternal, wire.OK} // a re-request is not a new grant
+	want := []wire.Status{wire.OK, wire.OK, wire.NackInternal, wire.NackInternal} // a re-request is a grant too
 	for i, ack := range acks {
 		if ack.Status != want[i] {
 			t.Fatalf("ack %d: %s, want %s", i, ack.Status, want[i])
 		}
 	}
 	acks = po.poll(t, t0, req("T", sid("b")), req("S", sid("c")))
-	if acks[0].Status != wire.OK || acks[1].Status != wire.NackInternal || po.p.Stats().OverBound != 2 || po.p.Grants() != 3 {
+	if acks[0].Status != wire.OK || acks[1].Status != wire.NackInternal || po.p.Stats().OverBound != 3 || po.p.Grants() != 3 {
 		t.Fatalf("%s %s, refused %d, grants %d", acks[0].Status, acks[1].Status, po.p.Stats().OverBound, po.p.Grants())
 	}
 }
@@ -124,19 +126,99 @@ func TestAuthorize(t *testing.T) {
 	po.poll(t, t0, req("R", sid("a")))
 	e, _ := po.cache.Get("R")
 	key := []byte(sid("a") + ":R")
-	if po.p.Authorize(key, e.Blocks) {
+	auth := func(agent string, notif []byte, blocks []int) bool {
+		release, ok := po.p.Authorize(agent, notif, blocks)
+		if ok {
+			release()
+		}
+		return ok
+	}
+	if auth("cons", key, e.Blocks) {
 		t.Fatal("authorized before EnableAuthorize")
 	}
 	po.p.EnableAuthorize()
-	if !po.p.Authorize(key, e.Blocks) || !po.p.Authorize(key, e.Blocks[:1]) {
+	if !auth("cons", key, e.Blocks) || !auth("cons", key, e.Blocks[:1]) || !auth("cons", key, []int{e.Blocks[1], e.Blocks[0]}) {
 		t.Fatal("granted blocks refused")
 	}
-	if po.p.Authorize(key, []int{e.Blocks[0], 15}) || po.p.Authorize([]byte(sid("b")+":R"), e.Blocks) {
+	if auth("cons", key, []int{e.Blocks[0], 15}) || auth("cons", []byte(sid("b")+":R"), e.Blocks) {
 		t.Fatal("ungranted READ authorized")
 	}
 	po.data.InjectNotif("cons", key)
 	po.poll(t, at(time.Second))
-	if po.p.Authorize(key, e.Blocks) {
+	if auth("cons", key, e.Blocks) {
 		t.Fatal("authorized after completion")
+	}
+}
+
+// A request naming its agent binds the grant: another agent can neither
+// read under it nor end it, and the grant id in the notification picks the
+// grant exactly.
+func TestGrantBoundToAgent(t *testing.T) {
+	po := newProducer(t)
+	po.p.EnableAuthorize()
+	r := wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Agent: "cons-a"}
+	acks := po.poll(t, t0, wire.AppendReq(nil, &r))
+	if acks[0].Status != wire.OK || acks[0].Grant == 0 || acks[0].LeaseMillis != uint64(xfer.DefaultConfig().PinLease.Milliseconds()) {
+		t.Fatalf("ack %+v", acks[0])
+	}
+	e, _ := po.cache.Get("R")
+	notif := []byte(fmt.Sprintf("%s:R#%d", sid("a"), acks[0].Grant))
+	if _, ok := po.p.Authorize("thief", notif, e.Blocks); ok {
+		t.Fatal("READ by another agent authorized")
+	}
+	if _, ok := po.p.Authorize("cons-a", []byte(fmt.Sprintf("%s:R#%d", sid("a"), acks[0].Grant+1)), e.Blocks); ok {
+		t.Fatal("READ under a grant id never given authorized")
+	}
+	po.data.InjectNotif("thief", notif)
+	po.poll(t, at(time.Millisecond))
+	if po.pins("R") != 1 || po.p.Stats().ForeignNotifs != 1 {
+		t.Fatalf("a foreign notification ended the grant: pins %d, stats %+v", po.pins("R"), po.p.Stats())
+	}
+	// The session is bound: the same session id claiming another agent is refused.
+	r2 := r
+	r2.Agent = "thief"
+	if acks := po.poll(t, at(2*time.Millisecond), wire.AppendReq(nil, &r2)); acks[0].Status != wire.NackInternal {
+		t.Fatalf("second agent for the session: %s", acks[0].Status)
+	}
+	po.data.InjectNotif("cons-a", notif)
+	po.poll(t, at(3*time.Millisecond))
+	if po.pins("R") != 0 || po.p.Stats().Completions != 1 {
+		t.Fatalf("the bound agent's notification did not end the grant: pins %d", po.pins("R"))
+	}
+}
+
+// A READ being served keeps its entry pinned past the end of its grant
+// (lease or Close), until the data plane releases it.
+func TestServedReadHoldsThePin(t *testing.T) {
+	po := newProducer(t)
+	po.p.EnableAuthorize()
+	po.poll(t, t0, req("R", sid("a")))
+	e, _ := po.cache.Get("R")
+	release, ok := po.p.Authorize("cons", []byte(sid("a")+":R"), e.Blocks)
+	if !ok {
+		t.Fatal("refused")
+	}
+	po.poll(t, at(time.Hour)) // the lease ran out mid-READ
+	if po.pins("R") != 1 || po.p.Grants() != 1 {
+		t.Fatalf("pin dropped under a READ being served: pins %d grants %d", po.pins("R"), po.p.Grants())
+	}
+	release()
+	if po.pins("R") != 0 {
+		t.Fatal("release did not unpin the ended grant")
+	}
+	po.poll(t, at(time.Hour+time.Millisecond))
+	if po.p.Grants() != 0 {
+		t.Fatal("ended grant not recycled")
+	}
+	// Close with a READ in flight.
+	po.poll(t, at(2*time.Hour), req("R", sid("a")))
+	release, _ = po.p.Authorize("cons", []byte(sid("a")+":R"), e.Blocks)
+	po.p.Close()
+	if po.pins("R") != 1 {
+		t.Fatal("Close unpinned under a READ being served")
+	}
+	release()
+	if po.pins("R") != 0 {
+		t.Fatal("pin leaked after Close")
 	}
 }

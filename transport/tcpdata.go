@@ -22,10 +22,14 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Authorizer decides whether a READ may be served: notif is the READ's
-// notification ("<session_id>:<mm_hash>"), blocks the producer blocks it
-// asks for. It is called from the data plane's goroutines, concurrently.
-type Authorizer = func(notif []byte, blocks []int) bool
+// Authorizer decides whether a READ may be served: agent is the consumer
+// agent that asks (as its connection named itself), notif the READ's
+// notification ("<session_id>:<mm_hash>", "#<grant>" appended by Go
+// consumers), blocks the producer blocks it asks for. If it grants, the
+// blocks stay the entry's until release is called, which the data plane
+// does once the bytes left the region. It is called from the data plane's
+// goroutines, concurrently.
+type Authorizer = func(agent string, notif []byte, blocks []int) (release func(), ok bool)
 
 // TCPConfig configures a TCPData. Zero fields take defaults.
 type TCPConfig struct {
@@ -808,8 +812,12 @@ func (d *TCPData) serve(c net.Conn) {
 				ids = append(ids, b)
 			}
 			status := byte(dataRefused)
-			if a := d.auth.Load(); a != nil && (*a)(notif[:nl], ids) {
-				status = dataOK
+			var release func()
+			if a := d.auth.Load(); a != nil {
+				var ok bool
+				if release, ok = (*a)(agent, notif[:nl], ids); ok {
+					status = dataOK
+				}
 			}
 			size := uint64(0)
 			if status == dataOK {
@@ -825,7 +833,11 @@ func (d *TCPData) serve(c net.Conn) {
 				awaiting[id] = bytes.Clone(notif[:nl])
 			}
 			c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
-			if _, err := out.WriteTo(c); err != nil {
+			_, err := out.WriteTo(c)
+			if release != nil {
+				release() // the bytes are out of the region (or never will be)
+			}
+			if err != nil {
 				return
 			}
 		default:

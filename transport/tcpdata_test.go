@@ -37,7 +37,7 @@ func newTCP(t testing.TB, region *cache.Region, cfg TCPConfig) *TCPData {
 	return d
 }
 
-func allowAll([]byte, []int) bool { return true }
+func allowAll(string, []byte, []int) (func(), bool) { return func() {}, true }
 
 func TestTCPConformance(t *testing.T) {
 	xfertest.Conformance(t, func(t *testing.T) xfertest.Pair {
@@ -67,8 +67,8 @@ func waitEnd(t *testing.T, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
 // failed READ on the consumer and no notification on the producer.
 func TestTCPAuthorize(t *testing.T) {
 	cr, pr := newRegion(t, 8, 64), newRegion(t, 8, 64)
-	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: func(n []byte, b []int) bool {
-		return string(n) == "s:ok" && len(b) == 1 && b[0] == 2
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: func(_ string, n []byte, b []int) (func(), bool) {
+		return func() {}, string(n) == "s:ok" && len(b) == 1 && b[0] == 2
 	}})
 	c := newTCP(t, cr, TCPConfig{})
 	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)

@@ -1,6 +1,9 @@
 package wire
 
-import "strings"
+import (
+	"strings"
+	"unicode/utf8"
+)
 
 // structHeader reads the top-level map header of a message.
 func (r *reader) structHeader() (uint64, error) {
@@ -90,6 +93,7 @@ type ReqView struct {
 	// wire (absent means the receiver's own default).
 	Version    Int
 	HasVersion bool
+	Agent      []byte // the ecx_agent extension, or empty
 }
 
 // EffectiveVersion returns the version, ConnectorVersion when absent.
@@ -107,7 +111,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	if err != nil {
 		return err
 	}
-	var mm, compat, sess span
+	var mm, compat, sess, agent span
 	var haveMM, haveCompat, haveVersion bool
 	var version Int
 	for ; n > 0; n-- {
@@ -129,6 +133,8 @@ func DecodeReqView(data []byte, r *ReqView) error {
 		case "connector_version":
 			version, err = d.readInt(pathVersion)
 			haveVersion = true
+		case "ecx_agent":
+			agent, err = d.extStr()
 		default:
 			err = d.skip()
 		}
@@ -146,7 +152,8 @@ func DecodeReqView(data []byte, r *ReqView) error {
 		return err
 	}
 	*r = ReqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
-		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion}
+		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion,
+		Agent: data[agent.lo:agent.hi:agent.hi]}
 	return nil
 }
 
@@ -161,7 +168,7 @@ func DecodeReq(data []byte, r *XferReq) error {
 		return err
 	}
 	s := strs[[3]string](v.MMHash, v.CompatibilityHash, v.SessionID)
-	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2]}
+	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: string(v.Agent)}
 	if v.HasVersion && v.Version != IntOf(ConnectorVersion) {
 		ver := v.Version
 		r.ConnectorVersion = &ver
@@ -180,6 +187,7 @@ type AckView struct {
 	AgentMetadata, MemDescriptor []byte
 	blocks                       []byte // src_block_indices as encoded, checked
 	nBlocks                      int
+	Grant, LeaseMillis           uint64 // the extensions, zero when absent
 }
 
 // NumBlocks returns the number of source block indices.
@@ -207,6 +215,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	var mm, sess, meta, desc, blocks span
 	var haveMM, haveStatus bool
 	var status Int
+	var grant, lease uint64
 	nBlocks := 0
 	for ; n > 0; n-- {
 		k, err := d.key()
@@ -237,6 +246,10 @@ func DecodeAckView(data []byte, a *AckView) error {
 			meta, err = d.readBin("$.agent_metadata")
 		case "mem_descriptor":
 			desc, err = d.readBin("$.mem_descriptor")
+		case "ecx_grant":
+			grant, err = d.extUint()
+		case "ecx_lease_ms":
+			lease, err = d.extUint()
 		default:
 			err = d.skip()
 		}
@@ -255,7 +268,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	}
 	*a = AckView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
 		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
-		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks}
+		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, LeaseMillis: lease}
 	return nil
 }
 
@@ -268,7 +281,7 @@ func DecodeAck(data []byte, a *XferAck) error {
 		return err
 	}
 	s := strs[[2]string](v.MMHash, v.SessionID)
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1]}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
 	}
@@ -411,4 +424,36 @@ func PeekIDs(data []byte, tag string) (mmHash, sessionID []byte, ok bool) {
 		return nil, nil, false
 	}
 	return data[mm.lo:mm.hi:mm.hi], data[sess.lo:sess.hi:sess.hi], true
+}
+
+// extUint reads an extension field that should be a non-negative integer.
+// Like msgspec for a field it does not know, a value of another type is
+// skipped and read as absent, not refused: extensions never make a message
+// that vLLM's peers accept undecodable here. Malformed msgpack still is.
+func (r *reader) extUint() (uint64, error) {
+	v, _, err := r.int()
+	if err == errNotInt {
+		return 0, r.skip()
+	}
+	if u, ok := v.Uint64(); ok && err == nil {
+		return u, nil
+	}
+	return 0, err
+}
+
+// extStr reads an extension field that should be a UTF-8 string (see
+// extUint).
+func (r *reader) extStr() (span, error) {
+	c, err := r.peek()
+	if err != nil {
+		return span{}, err
+	}
+	if !isStr(c) {
+		return span{}, r.skip()
+	}
+	s, err := r.strBody(c)
+	if err != nil || !utf8.Valid(r.b[s.lo:s.hi]) {
+		return span{}, err
+	}
+	return s, nil
 }

@@ -15,6 +15,9 @@ const (
 	keyBlocks  = "\xb1src_block_indices"
 	keyMeta    = "\xaeagent_metadata"
 	keyMemDesc = "\xaemem_descriptor"
+	keyAgent   = "\xa9ecx_agent"
+	keyGrant   = "\xa9ecx_grant"
+	keyLease   = "\xacecx_lease_ms"
 )
 
 // AppendReq appends the msgpack encoding of r to dst, byte for byte as
@@ -25,8 +28,11 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 	if r.SessionID != "" {
 		n++
 	}
-	writeVersion := r.ConnectorVersion != nil && *r.ConnectorVersion != IntOf(ConnectorVersion)
+	writeVersion := r.VersionOnWire || (r.ConnectorVersion != nil && *r.ConnectorVersion != IntOf(ConnectorVersion))
 	if writeVersion {
+		n++
+	}
+	if r.Agent != "" {
 		n++
 	}
 	dst = append(dst, 0x80|byte(n))
@@ -40,7 +46,11 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 	}
 	if writeVersion {
 		dst = append(dst, keyVersion...)
-		dst = appendInt(dst, *r.ConnectorVersion)
+		dst = appendInt(dst, r.Version())
+	}
+	if r.Agent != "" {
+		dst = append(dst, keyAgent...)
+		dst = appendStr(dst, r.Agent)
 	}
 	return dst
 }
@@ -49,7 +59,7 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 // msgspec writes it.
 func AppendAck(dst []byte, a *XferAck) []byte {
 	n := 3
-	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0} {
+	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, a.LeaseMillis != 0} {
 		if set {
 			n++
 		}
@@ -77,6 +87,14 @@ func AppendAck(dst []byte, a *XferAck) []byte {
 	if len(a.MemDescriptor) > 0 {
 		dst = append(dst, keyMemDesc...)
 		dst = appendBin(dst, a.MemDescriptor)
+	}
+	if a.Grant != 0 {
+		dst = append(dst, keyGrant...)
+		dst = appendUint(dst, a.Grant)
+	}
+	if a.LeaseMillis != 0 {
+		dst = append(dst, keyLease...)
+		dst = appendUint(dst, a.LeaseMillis)
 	}
 	return dst
 }

@@ -10,6 +10,17 @@ type XferReq struct {
 	// for the effective value. A non-nil value equal to [ConnectorVersion] is
 	// left off the wire, as msgspec does, so it decodes back as nil.
 	ConnectorVersion *Int
+
+	// Extensions that only Go peers read (msgspec skips unknown fields, so
+	// vLLM's producers are unaffected). They follow the reference's fields.
+
+	// VersionOnWire puts connector_version on the wire even when it equals
+	// [ConnectorVersion], so that a producer of another version NACKs
+	// instead of reading the absent field as its own default.
+	VersionOnWire bool
+	// Agent ("ecx_agent") is the consumer's data-plane agent name: a Go
+	// producer lets only that agent read and complete the grant.
+	Agent string
 }
 
 // Version returns the effective connector version: [ConnectorVersion] when the
@@ -30,6 +41,16 @@ type XferAck struct {
 	SrcBlockIndices []Int  // the entry's blocks in the producer's region
 	AgentMetadata   []byte // opaque data-plane agent blob
 	MemDescriptor   []byte // encoded []MemDesc of the producer's region, or empty
+
+	// Extensions that only Go peers read (see [XferReq]); zero is left off.
+
+	// Grant ("ecx_grant") names this grant. A Go consumer appends it to its
+	// notification ("<session_id>:<mm_hash>#<grant>"), so that the producer
+	// ends exactly this grant however notifications are delayed.
+	Grant uint64
+	// LeaseMillis ("ecx_lease_ms") is the producer's pin lease: a Go
+	// consumer does not trust a READ it sees complete after it.
+	LeaseMillis uint64
 }
 
 // MemDesc addresses one block of a region: one [addr, size, device_id] triple

@@ -200,3 +200,49 @@ func TestViewsDoNotAllocate(t *testing.T) {
 		t.Fatalf("req view %+v", rv)
 	}
 }
+
+// The extensions round-trip between Go peers, stay off the wire when zero
+// (the golden vectors cover that encoding), and a wrongly typed extension
+// reads as absent, as msgspec treats a field it does not know.
+func TestExtensions(t *testing.T) {
+	r := XferReq{MMHash: "h", CompatibilityHash: "c", SessionID: "s", VersionOnWire: true, Agent: "agent-1"}
+	enc := AppendReq(nil, &r)
+	var rb XferReq
+	if err := DecodeReq(enc, &rb); err != nil {
+		t.Fatal(err)
+	}
+	if rb.Agent != "agent-1" || !strings.Contains(string(enc), "connector_version") || rb.Version() != IntOf(ConnectorVersion) {
+		t.Errorf("request extensions: %+v from %q", rb, enc)
+	}
+	a := XferAck{MMHash: "h", SessionID: "s", Grant: 1 << 40, LeaseMillis: 5000}
+	encA := AppendAck(nil, &a)
+	var ab XferAck
+	if err := DecodeAck(encA, &ab); err != nil {
+		t.Fatal(err)
+	}
+	if ab.Grant != 1<<40 || ab.LeaseMillis != 5000 {
+		t.Errorf("ack extensions: %+v", ab)
+	}
+	plain := AppendAck(nil, &XferAck{MMHash: "h", SessionID: "s"})
+	if strings.Contains(string(plain), "ecx_") {
+		t.Errorf("zero extensions on the wire: %q", plain)
+	}
+	// {"type":"ack","mm_hash":"h","status":0,"ecx_grant":"x","ecx_lease_ms":-1,"ecx_agent":[1]}
+	odd := []byte("\x86\xa4type\xa3ack\xa7mm_hash\xa1h\xa6status\x00\xa9ecx_grant\xa1x\xacecx_lease_ms\xff\xa9ecx_agent\x91\x01")
+	var ov AckView
+	if err := DecodeAckView(odd, &ov); err != nil {
+		t.Fatalf("wrongly typed extensions refused: %v", err)
+	}
+	if ov.Grant != 0 || ov.LeaseMillis != 0 {
+		t.Errorf("wrongly typed extensions read as %d, %d", ov.Grant, ov.LeaseMillis)
+	}
+	oddReq := []byte("\x84\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xa9ecx_agent\x05")
+	var rv ReqView
+	if err := DecodeReqView(oddReq, &rv); err != nil || len(rv.Agent) != 0 {
+		t.Errorf("wrongly typed ecx_agent: %v, %q", err, rv.Agent)
+	}
+	// Truncated inside an extension is still malformed.
+	if err := DecodeAckView(encA[:len(encA)-1], &ov); err == nil {
+		t.Error("truncated extension accepted")
+	}
+}

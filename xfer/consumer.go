@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 	"time"
 
 	"github.com/ecxfer/ecxfer/wire"
@@ -71,6 +72,7 @@ type ConsumerXfer struct {
 	forced   bool
 	deadline time.Time // ack, read or quarantine deadline, by state
 	sentAt   time.Time // when the request went out
+	lease    time.Duration
 	handle   Handle
 	remote   []int // scratch: the ack's source blocks
 	sorted   []int // scratch: for the uniqueness check
@@ -93,6 +95,23 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 	*x = ConsumerXfer{
 		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
 		state: WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
+		lease: cfg.PinLease,
+	}
+}
+
+// Grant applies what a Go producer adds to an OK ack, before HandleAck:
+// a nonzero grant id goes into the notification ("<session_id>:<mm_hash>#<id>"),
+// so that the producer ends exactly this grant; a nonzero lease replaces
+// Config.PinLease as the producer's pin lease for this READ.
+func (x *ConsumerXfer) Grant(id uint64, lease time.Duration) {
+	if x.state != WaitingAck {
+		return
+	}
+	if id != 0 {
+		x.notif = strconv.AppendUint(append(x.notif, '#'), id, 10)
+	}
+	if lease > 0 {
+		x.lease = lease
 	}
 }
 
@@ -187,7 +206,7 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 		// The producer granted after we sent, so its lease ended no
 		// earlier than sentAt + PinLease: past that, its blocks may hold
 		// something else.
-		if now.After(x.sentAt.Add(x.cfg.PinLease)) {
+		if now.After(x.sentAt.Add(x.lease)) {
 			x.state, x.reason = ReadFailed, LateCompletion
 		} else {
 			x.state = Done

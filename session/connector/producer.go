@@ -2,6 +2,7 @@ package connector
 
 import (
 	"context"
+	"errors"
 	"log/slog"
 	"sync"
 	"time"
@@ -23,7 +24,7 @@ type ControlServer interface {
 // authorizing is a data plane that can gate the READs it serves, like
 // *transport.TCPData.
 type authorizing interface {
-	SetAuthorizer(func(notif []byte, blocks []int) bool)
+	SetAuthorizer(func(agent string, notif []byte, blocks []int) (release func(), ok bool))
 }
 
 // ProducerConfig configures a Producer.
@@ -33,6 +34,12 @@ type ProducerConfig struct {
 	// MaxGrantsPerSession and MaxGrants bound live grants (see
 	// session.ProducerConfig).
 	MaxGrantsPerSession, MaxGrants int
+	// MaxGrantsPerEntry, MaxPinnedShare and MaxRequestAge: see
+	// session.ProducerConfig. Requests are stamped with the time of the
+	// step that took them off the control plane.
+	MaxGrantsPerEntry int
+	MaxPinnedShare    float64
+	MaxRequestAge     time.Duration
 	// MaxRequestsPerStep bounds the requests handled in one step, and
 	// MaxPerPeerPerStep those of one consumer connection, so that a
 	// flooding consumer cannot starve the others: the rest wait for later
@@ -61,7 +68,13 @@ type Producer struct {
 	rest    []session.Message
 	perPeer map[string]int
 	dropped uint64
+	closed  bool
+	done    chan struct{} // closed by Close: Serve and Drain return
 }
+
+// ErrClosed is returned by Serve and Drain once the producer or its control
+// plane is closed.
+var ErrClosed = errors.New("connector: producer closed")
 
 // NewProducer returns a producer serving c through ctl and data. If data can
 // gate the READs it serves (the TCP data plane), it is given the session's
@@ -82,12 +95,14 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		cfg.MaxBacklog = 16384
 	}
 	s := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
-		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants}, data, c, cfg.CompatHash)
+		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants,
+		MaxGrantsPerEntry: cfg.MaxGrantsPerEntry, MaxPinnedShare: cfg.MaxPinnedShare,
+		MaxRequestAge: cfg.MaxRequestAge}, data, c, cfg.CompatHash)
 	if a, ok := data.(authorizing); ok {
 		s.EnableAuthorize()
 		a.SetAuthorizer(s.Authorize)
 	}
-	p := &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}}
+	p := &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}, done: make(chan struct{})}
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
@@ -109,8 +124,17 @@ func (p *Producer) Stats() session.ProducerStats {
 func (p *Producer) Step(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		p.sess.Poll(nil, now, p.ctl) // recycles grants whose READ was being served
+		return
+	}
 	n := len(p.backlog)
 	p.backlog = p.ctl.Drain(p.backlog)
+	for i := n; i < len(p.backlog); i++ {
+		if p.backlog[i].At.IsZero() {
+			p.backlog[i].At = now
+		}
+	}
 	if over := len(p.backlog) - p.cfg.MaxBacklog; over > 0 {
 		p.dropped += uint64(over)
 		clear(p.backlog[max(n, p.cfg.MaxBacklog):])
@@ -142,40 +166,72 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 	return len(p.backlog), p.dropped
 }
 
-// Serve steps until ctx ends: at once when a request arrives or is waiting,
-// or when a data plane that signals notifications (xfer.Signaling) has some;
-// every 5 ms while grants are outstanding (for completion notifications and
-// the lease sweep), every second otherwise — the reference's cadence. now
-// is the clock; nil means time.Now.
+// Serve steps until ctx ends, the producer is closed or its control plane
+// is: at once when a request arrives or is waiting, or when a data plane
+// that signals notifications (xfer.Signaling) has some; every 5 ms while
+// grants are outstanding (for completion notifications and the lease
+// sweep), every second otherwise — the reference's cadence. now is the
+// clock; nil means time.Now.
 func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 	if now == nil {
 		now = time.Now
 	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	go func() {
+		select {
+		case <-p.done:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
 	for {
 		grants, backlog := p.load()
 		if backlog == 0 {
-			wait := time.Second
-			if grants > 0 {
-				wait = 5 * time.Millisecond
+			if err := p.wait(ctx, grants); err != nil {
+				return err
 			}
-			wctx, cancel := context.WithTimeout(ctx, wait)
-			if p.ready != nil && grants > 0 {
-				go func() {
-					select {
-					case <-p.ready:
-						cancel()
-					case <-wctx.Done():
-					}
-				}()
-			}
-			p.ctl.Wait(wctx)
-			cancel()
 		}
 		if ctx.Err() != nil {
-			return ctx.Err()
+			return p.why(ctx)
 		}
 		p.Step(now())
 	}
+}
+
+// why says why ctx ended: Close, or the caller's context.
+func (p *Producer) why(ctx context.Context) error {
+	select {
+	case <-p.done:
+		return ErrClosed
+	default:
+		return ctx.Err()
+	}
+}
+
+// wait blocks until a request arrives, a notification is signalled, the
+// tick for the live grants passes, or ctx ends. A control plane that is
+// closed ends it with ErrClosed, instead of returning at once forever.
+func (p *Producer) wait(ctx context.Context, grants int) error {
+	wait := time.Second
+	if grants > 0 {
+		wait = 5 * time.Millisecond
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if p.ready != nil && grants > 0 {
+		go func() {
+			select {
+			case <-p.ready:
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+	}
+	if !p.ctl.Wait(wctx) && wctx.Err() == nil {
+		return ErrClosed
+	}
+	return nil
 }
 
 // load returns the live grants and the requests waiting.
@@ -185,10 +241,52 @@ func (p *Producer) load() (grants, backlog int) {
 	return p.sess.Grants(), len(p.backlog)
 }
 
-// Close releases every grant's pin. The control plane and data plane are the
-// caller's to close.
+// Drain closes the producer gracefully: it stops granting (every request
+// from now on is answered NACK_INTERNAL, and consumers fall back to
+// encoding locally), keeps stepping while the live grants end through
+// their READs' notifications or their leases, then closes. If ctx ends
+// first, Close ends the grants left; their count is returned with ctx's
+// error. Serve may run meanwhile; it returns ErrClosed at the end.
+func (p *Producer) Drain(ctx context.Context, now func() time.Time) (left int, err error) {
+	if now == nil {
+		now = time.Now
+	}
+	p.mu.Lock()
+	p.sess.Drain()
+	p.mu.Unlock()
+	for {
+		p.Step(now())
+		grants, _ := p.load()
+		if grants == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			return p.Close(), ctx.Err()
+		}
+		if p.wait(ctx, grants) != nil {
+			// The control plane is gone; notifications still come.
+			t := time.NewTimer(5 * time.Millisecond)
+			select {
+			case <-ctx.Done():
+			case <-t.C:
+			}
+			t.Stop()
+		}
+	}
+	return p.Close(), nil
+}
+
+// Close ends every grant, releasing its pin (a grant whose READ is being
+// served keeps its pin until the bytes are out), and stops Serve. The
+// control plane and data plane are the caller's to close; close them after
+// the producer. Drain is the graceful way.
 func (p *Producer) Close() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
+	if p.closed {
+		return 0
+	}
+	p.closed = true
+	close(p.done)
 	return p.sess.Close()
 }

@@ -36,13 +36,13 @@ func uuidN(n int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", n
 // more than the bound and does not delay another consumer's grant by more
 // than one step.
 func TestProducerFloodFairness(t *testing.T) {
-	c := cache.NewEmbeddingCache(16)
+	c := cache.NewEmbeddingCache(64) // the grant bound binds first, not the pinned share
 	for _, h := range []string{"A", "B"} {
 		c.Alloc(h, 1)
 		c.MarkReady(h)
 	}
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50},
+	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50, MaxPinnedShare: 1},
 		srv, xfertest.New("prod", 16, 8), c)
 	for i := range 1000 {
 		srv.in = append(srv.in, session.Message{Identity: []byte("flood"),

@@ -1,0 +1,177 @@
+package session
+
+import (
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// Issue 19: a session fetches R, its READ completes but the notification is
+// late; it fetches R again. The late notification must end the first grant,
+// never the second, whichever notification form the consumer uses.
+func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
+	for _, withID := range []bool{false, true} {
+		t.Run(fmt.Sprintf("grant-id=%v", withID), func(t *testing.T) {
+			po := newProducer(t)
+			po.p.EnableAuthorize()
+			a := sid("a")
+			first := po.poll(t, t0, req("R", a))[0]
+			second := po.poll(t, at(time.Second), req("R", a))[0]
+			if first.Status != wire.OK || second.Status != wire.OK || first.Grant == second.Grant {
+				t.Fatalf("acks %+v %+v", first, second)
+			}
+			notif := func(g uint64) []byte {
+				if withID {
+					return fmt.Appendf(nil, "%s:R#%d", a, g)
+				}
+				return []byte(a + ":R")
+			}
+			e, _ := po.cache.Get("R")
+			// The second READ is being served when the first's notification lands.
+			release, ok := po.p.Authorize("cons", notif(second.Grant), e.Blocks)
+			if !ok {
+				t.Fatal("second READ refused")
+			}
+			po.data.InjectNotif("cons", notif(first.Grant))
+			po.poll(t, at(2*time.Second))
+			// Without grant ids the served READ may have held the oldest
+			// grant, which the notification then ended: its pin stays
+			// until the READ is released. Either way one grant is live.
+			if po.pins("R") < 1 || len(po.p.byID) != 1 || po.p.Stats().Completions != 1 {
+				t.Fatalf("after the first notification: pins %d", po.pins("R"))
+			}
+			release()
+			if po.pins("R") != 1 {
+				t.Fatalf("after the READ's release: pins %d", po.pins("R"))
+			}
+			release, ok = po.p.Authorize("cons", notif(second.Grant), e.Blocks)
+			if !ok {
+				t.Fatal("the second grant was ended by the first READ's notification")
+			}
+			release()
+			po.data.InjectNotif("cons", notif(second.Grant))
+			po.poll(t, at(3*time.Second))
+			if po.pins("R") != 0 || po.p.Grants() != 0 {
+				t.Fatalf("pins %d grants %d", po.pins("R"), po.p.Grants())
+			}
+		})
+	}
+}
+
+// Issue 13 item 5: one consumer session cannot pin more than its share of
+// the cache, and the live grants of one entry per session are bounded.
+func TestPinnedShare(t *testing.T) {
+	c := cache.NewEmbeddingCache(16)
+	for i := range 4 {
+		c.Alloc(fmt.Sprint("E", i), 4)
+		c.MarkReady(fmt.Sprint("E", i))
+	}
+	po := &producerOnly{data: xfertest.New("prod", 16, 8), cache: c, out: &queue{}}
+	po.p = NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat)
+	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")), req("E3", sid("b")))
+	want := []wire.Status{wire.OK, wire.OK, wire.NackInternal, wire.OK}
+	for i := range want {
+		if acks[i].Status != want[i] {
+			t.Fatalf("ack %d: %s, want %s", i, acks[i].Status, want[i])
+		}
+	}
+	if e, _ := c.Get("E2"); e.Pins != 0 || po.p.Stats().OverPinned != 1 {
+		t.Fatalf("refused grant left a pin (%d) or was not counted", e.Pins)
+	}
+	// A new save still finds room: E2 is evictable.
+	if _, err := c.Alloc("new", 4); err != nil {
+		t.Fatalf("save failed with one consumer holding its share: %v", err)
+	}
+	// One identity under many session ids is bounded too.
+	po2 := &producerOnly{data: xfertest.New("prod", 16, 8), cache: cache.NewEmbeddingCache(16), out: &queue{}}
+	po2.cache.Alloc("R", 4)
+	po2.cache.MarkReady("R")
+	po2.p = NewProducerSession(ProducerConfig{Logger: quiet}, po2.data, po2.cache, compat)
+	var msgs []Message
+	for i := range 4 {
+		msgs = append(msgs, Message{Identity: []byte("one"), Payload: req("R", sid(fmt.Sprint("s", i)))})
+	}
+	po2.p.Poll(msgs, t0, po2.out)
+	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 2 {
+		t.Fatalf("one identity pinned %d times 4 of 16 blocks", po2.pins("R"))
+	}
+	// Re-requests of one entry: MaxGrantsPerEntry (8) live grants at most.
+	po3 := newProducer(t)
+	po3.p = NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, po3.data, po3.cache, compat)
+	var reqs [][]byte
+	for range 10 {
+		reqs = append(reqs, req("R", sid("a")))
+	}
+	for i := range reqs { // one identity per poll call: keep within the share
+		po3.poll(t, at(time.Duration(i)*time.Millisecond), reqs[i])
+	}
+	if po3.pins("R") != 8 || po3.p.Stats().OverBound != 2 {
+		t.Fatalf("re-requests pinned %d times", po3.pins("R"))
+	}
+}
+
+// Issue 13 item 6: a request that waited past MaxRequestAge is dropped,
+// not granted and not answered.
+func TestStaleRequestDropped(t *testing.T) {
+	po := newProducer(t)
+	po.p.Poll([]Message{
+		{Identity: []byte("a"), Payload: req("R", sid("a")), At: t0},
+		{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)},
+	}, at(2500*time.Millisecond), po.out)
+	if len(po.out.msgs) != 1 || po.pins("R") != 1 || po.p.Stats().Stale != 1 {
+		t.Fatalf("replies %d pins %d stale %d", len(po.out.msgs), po.pins("R"), po.p.Stats().Stale)
+	}
+}
+
+// Issue 13 item 15: a Go consumer puts connector_version and its agent
+// name on the wire; it honours the lease the producer advertises, and
+// names the grant in its notification.
+func TestConsumerSpeaksTheExtensions(t *testing.T) {
+	co := newConsumer(t)
+	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
+	var r wire.ReqView
+	if err := wire.DecodeReqView(co.out.msgs[0], &r); err != nil {
+		t.Fatal(err)
+	}
+	if !r.HasVersion || string(r.Agent) != "cons" {
+		t.Fatalf("request %+v", r)
+	}
+	// A producer of another version NACKs it instead of granting.
+	po := newProducer(t)
+	po.p.Poll([]Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, t0, po.out)
+	var a wire.XferAck
+	wire.DecodeAck(po.out.msgs[0], &a)
+	if a.Status != wire.NackVersion {
+		t.Fatalf("producer of version 3 answered %s", a.Status)
+	}
+
+	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+		SrcBlockIndices: []wire.Int{wire.IntOf(1)}, Grant: 7, LeaseMillis: 5000}
+	co.poll(at(time.Second), wire.AppendAck(nil, &ack))
+	post := co.data.Posts()[0]
+	if string(post.Notif) != co.c.ID()+":H#7" {
+		t.Fatalf("notification %q", post.Notif)
+	}
+	co.data.Finish(post.Handle)
+	// Done 6 s after the request: within our 30 s default, past the
+	// producer's 5 s lease.
+	res := co.poll(at(6 * time.Second))
+	if len(res.Tombstoned) != 1 || res.Tombstoned[0].Reason != xfer.LateCompletion {
+		t.Fatalf("READ done past the advertised lease: %+v", res)
+	}
+}
+
+// withVersion re-encodes a request claiming connector version v.
+func withVersion(raw []byte, v int64) []byte {
+	var r wire.XferReq
+	wire.DecodeReq(raw, &r)
+	iv := wire.IntOf(v)
+	r.ConnectorVersion = &iv
+	return wire.AppendReq(nil, &r)
+}
