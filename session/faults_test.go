@@ -74,7 +74,7 @@ func TestPinnedShare(t *testing.T) {
 	po := &producerOnly{data: xfertest.New("prod", 16, 8), cache: c, out: &queue{}}
 	po.p = NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat)
 	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")), req("E3", sid("b")))
-	want := []wire.Status{wire.OK, wire.OK, wire.NackInternal, wire.OK}
+	want := []wire.Status{wire.OK, wire.OK, wire.NackNotReady, wire.OK}
 	for i := range want {
 		if acks[i].Status != want[i] {
 			t.Fatalf("ack %d: %s, want %s", i, acks[i].Status, want[i])
@@ -99,6 +99,11 @@ func TestPinnedShare(t *testing.T) {
 	po2.p.Poll(msgs, t0, po2.out)
 	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 2 {
 		t.Fatalf("one identity pinned %d times 4 of 16 blocks", po2.pins("R"))
+	}
+	// A second grant of an entry the session holds pins no new block: it
+	// is not refused by the share.
+	if acks := po.poll(t, at(time.Millisecond), req("E0", sid("a"))); acks[0].Status != wire.OK {
+		t.Fatalf("re-request of a held entry: %s", acks[0].Status)
 	}
 	// Re-requests of one entry: MaxGrantsPerEntry (8) live grants at most.
 	po3 := newProducer(t)

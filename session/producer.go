@@ -50,7 +50,8 @@ type ProducerConfig struct {
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
 	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. Default 0.5.
+	// and make every save fail. A request over it is answered
+	// NACK_NOT_READY, which consumers retry after a backoff. Default 0.5.
 	MaxPinnedShare float64
 	// MaxRequestAge drops requests that waited longer than this between
 	// their arrival (Message.At) and their turn: their consumer has given up
@@ -312,11 +313,14 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	case cache.NotReady:
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
+	// The shares count the blocks a session (and an identity) keeps
+	// pinned: a second grant of an entry it holds adds none.
 	n := len(entry.Blocks)
-	if (cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned {
+	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
 		p.unpin(entry.Key)
 		p.stats.OverPinned++
-		return nack(wire.NackInternal, "ec producer: consumer pins too much of the cache; NACK")
+		// Retryable: the consumer backs off until its own grants end.
+		return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
 	}
 	var key string
 	if len(same) > 0 {
@@ -335,13 +339,17 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		cs.agent = string(req.Agent)
 	}
 	cs.grants++
-	cs.blocks += n
 	g := p.newGrant()
 	p.nextID++
 	g.ProducerXfer = xfer.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = p.nextID, key, cs.agent, cs
-	g.ident = string(ident)
-	p.idents[g.ident] += n
+	if len(same) == 0 {
+		g.ident = string(ident)
+		cs.blocks += n
+		p.idents[g.ident] += n
+	} else {
+		g.ident = same[0].ident // the identity charged for the entry
+	}
 	p.lock()
 	p.byKey[key] = append(same, g)
 	p.byID[g.id] = g
@@ -442,10 +450,6 @@ func (p *ProducerSession) endGrant(g *grant) {
 	g.prev.next, g.next.prev = g.next, g.prev
 	g.prev, g.next = nil, nil
 	g.cs.grants--
-	g.cs.blocks -= len(g.Blocks)
-	if p.idents[g.ident] -= len(g.Blocks); p.idents[g.ident] <= 0 {
-		delete(p.idents, g.ident)
-	}
 	p.lock()
 	list := p.byKey[g.key]
 	if i := slices.Index(list, g); i >= 0 {
@@ -453,6 +457,10 @@ func (p *ProducerSession) endGrant(g *grant) {
 	}
 	if len(list) == 0 {
 		delete(p.byKey, g.key)
+		g.cs.blocks -= len(g.Blocks)
+		if p.idents[g.ident] -= len(g.Blocks); p.idents[g.ident] <= 0 {
+			delete(p.idents, g.ident)
+		}
 	} else {
 		p.byKey[g.key] = list
 	}
