@@ -226,24 +226,26 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 	case m.Blocks <= 0 || m.Blocks > 1<<31:
 		return xfer.Peer{}, fmt.Errorf("%w: %d blocks", ErrBadMeta, m.Blocks)
 	}
+	// Producers are told apart by name, address and incarnation: two
+	// producers configured with one name (replicas, demos) are two peers,
+	// and a restart (a new incarnation) is a new peer, which the consumer
+	// session registers after removing the old one.
+	key := m.Name + "@" + m.Addr + "#" + m.Incarnation
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if d.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
-	p := d.peers[m.Name]
-	refs := 0
-	if p != nil && p.inc != m.Incarnation {
-		refs = p.refs // the producer restarted: its old connection is useless
-		p.shutdown(fmt.Errorf("transport: peer %s restarted", m.Name))
-		p = nil
+	p := d.peers[key]
+	if p != nil && p.blocks != m.Blocks {
+		return xfer.Peer{}, fmt.Errorf("%w: %s registered with %d blocks, now %d", ErrBadMeta, m.Name, p.blocks, m.Blocks)
 	}
 	if p == nil {
-		p = newPeer(d, m, refs)
-		d.peers[m.Name] = p
+		p = newPeer(d, m, key)
+		d.peers[key] = p
 	}
 	p.refs++
-	return xfer.Peer{Agent: m.Name, Blocks: m.Blocks}, nil
+	return xfer.Peer{Agent: key, Blocks: m.Blocks}, nil
 }
 
 // RemoveRemotePeer implements xfer.DataTransport. The last removal closes
@@ -324,8 +326,10 @@ func (d *TCPData) Check(h xfer.Handle) (xfer.Progress, error) {
 }
 
 // Release implements xfer.DataTransport. A READ whose bytes have not started
-// arriving is cancelled (its bytes, if they come, are discarded); one whose
-// bytes are landing cannot be stopped: ErrMayStillWrite.
+// arriving is cancelled (its bytes, if they come, are discarded). One whose
+// bytes are landing is stopped: its connection is closed, which fails the
+// READs queued behind it, and Release waits for the reader to leave the
+// blocks. Nothing writes into the READ's blocks once Release returns.
 func (d *TCPData) Release(h xfer.Handle) error {
 	d.mu.Lock()
 	op := d.handles[h]
@@ -337,8 +341,18 @@ func (d *TCPData) Release(h xfer.Handle) error {
 	if op.state.CompareAndSwap(opPending, opCanceled) || op.state.Load() != opWriting {
 		return nil
 	}
-	return xfer.ErrMayStillWrite
+	l := op.link.Load()
+	l.mu.Lock()
+	if l.conn != nil {
+		l.breakConnLocked(errReleased)
+	}
+	l.mu.Unlock()
+	l.landing.Lock() // the reader is out of the blocks
+	l.landing.Unlock()
+	return nil
 }
+
+var errReleased = errors.New("transport: READ released while landing")
 
 // DrainNotifs implements xfer.DataTransport.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
@@ -386,6 +400,8 @@ const (
 )
 
 type readOp struct {
+	link    atomic.Pointer[link] // the connection it was sent on
+	sentAt  atomic.Int64         // when, in Unix nanoseconds
 	h       xfer.Handle
 	id      uint64
 	local   []int
@@ -431,7 +447,6 @@ type peer struct {
 	d      *TCPData
 	name   string
 	addr   string
-	inc    string
 	blocks int
 	refs   int
 	ops    chan *readOp
@@ -448,12 +463,13 @@ type link struct {
 	p       *peer
 	mu      sync.Mutex // guards conn and pending; never held across I/O
 	wmu     sync.Mutex // serialises writes to conn
+	landing sync.Mutex // held by the reader while bytes land in the region
 	conn    net.Conn
 	pending []*readOp // sent, answer not read yet, in order
 }
 
-func newPeer(d *TCPData, m agentMeta, refs int) *peer {
-	p := &peer{d: d, name: m.Name, addr: m.Addr, inc: m.Incarnation, blocks: m.Blocks, refs: refs,
+func newPeer(d *TCPData, m agentMeta, key string) *peer {
+	p := &peer{d: d, name: key, addr: m.Addr, blocks: m.Blocks,
 		ops: make(chan *readOp, d.cfg.MaxQueued), stop: make(chan struct{})}
 	for range d.cfg.Conns {
 		l := &link{p: p}
@@ -524,6 +540,8 @@ func (l *link) writer() {
 			op.fail()
 			continue
 		}
+		op.link.Store(l)
+		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
 		if err := l.write(conn, buf); err != nil {
@@ -597,18 +615,30 @@ func (l *link) reader(c net.Conn) {
 		}
 		l.mu.Unlock()
 	}
+	timeout := l.p.d.cfg.IOTimeout
 	for {
-		// Wait for an answer; an idle connection may wait forever, one
-		// with READs outstanding only for IOTimeout.
-		c.SetReadDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
+		// Wait for an answer. An idle connection may wait forever; the
+		// oldest READ outstanding gets IOTimeout from when it was sent,
+		// however long the connection was idle before.
+		deadline := time.Now().Add(timeout)
+		l.mu.Lock()
+		if len(l.pending) > 0 {
+			deadline = time.Unix(0, l.pending[0].sentAt.Load()).Add(timeout)
+		}
+		l.mu.Unlock()
+		c.SetReadDeadline(deadline)
 		n, err := io.ReadFull(c, hdr[:])
 		if err != nil {
 			var ne net.Error
 			if n == 0 && errors.As(err, &ne) && ne.Timeout() {
 				l.mu.Lock()
-				idle := len(l.pending) == 0 && l.conn == c
+				waited, idle := time.Duration(0), len(l.pending) == 0
+				if !idle {
+					waited = time.Since(time.Unix(0, l.pending[0].sentAt.Load()))
+				}
+				mine := l.conn == c
 				l.mu.Unlock()
-				if idle {
+				if mine && (idle || waited < timeout) {
 					continue
 				}
 			}
@@ -647,17 +677,21 @@ func (l *link) reader(c net.Conn) {
 			fail(fmt.Errorf("%w: %d bytes for %d blocks", errProtocol, size, len(op.local)))
 			return
 		}
+		l.landing.Lock()
 		if op.state.CompareAndSwap(opPending, opWriting) {
 			runs = spans(runs[:0], op.local)
 			for _, r := range runs {
 				if err := readFullDeadline(c, l.p.d.region.Span(r[0], r[1]), l.p.d.cfg.IOTimeout); err != nil {
 					op.fail()
+					l.landing.Unlock()
 					fail(err)
 					return
 				}
 			}
 			op.complete()
+			l.landing.Unlock()
 		} else {
+			l.landing.Unlock()
 			// Released before its bytes came: drop them.
 			op.fail()
 			if err := discard(c, int64(size), l.p.d.cfg.IOTimeout); err != nil {

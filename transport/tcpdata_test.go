@@ -144,6 +144,45 @@ func TestTCPProducerRestart(t *testing.T) {
 	}
 }
 
+// Issue 13 item 2: two live producers configured with one name are two
+// peers: each READ reaches the producer whose ack it follows.
+func TestTCPProducersSharingAName(t *testing.T) {
+	cr := newRegion(t, 8, 64)
+	c := newTCP(t, cr, TCPConfig{})
+	pr1, pr2 := newRegion(t, 8, 64), newRegion(t, 8, 64)
+	copy(pr1.Block(1), "first")
+	copy(pr2.Block(1), "second")
+	p1 := newTCP(t, pr1, TCPConfig{Name: "demo-producer", Listen: "127.0.0.1:0", Authorize: allowAll})
+	p2 := newTCP(t, pr2, TCPConfig{Name: "demo-producer", Listen: "127.0.0.1:0", Authorize: allowAll})
+	peer1, err := c.AddRemotePeer(p1.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer2, err := c.AddRemotePeer(p2.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if peer1.Agent == peer2.Agent {
+		t.Fatal("two producers merged into one peer")
+	}
+	h1, _ := c.PostRead([]int{0}, peer1.Agent, []int{1}, []byte("a:b"))
+	h2, _ := c.PostRead([]int{2}, peer2.Agent, []int{1}, []byte("a:b"))
+	if waitEnd(t, c, h1) != xfer.Complete || waitEnd(t, c, h2) != xfer.Complete {
+		t.Fatal("READs failed")
+	}
+	if !bytes.HasPrefix(cr.Block(0), []byte("first")) || !bytes.HasPrefix(cr.Block(2), []byte("second")) {
+		t.Fatalf("READs reached the wrong producer: %q %q", cr.Block(0)[:6], cr.Block(2)[:6])
+	}
+	// Removing one leaves the other registered.
+	if err := c.RemoveRemotePeer(peer1.Agent); err != nil {
+		t.Fatal(err)
+	}
+	h3, _ := c.PostRead([]int{3}, peer2.Agent, []int{1}, []byte("a:b"))
+	if waitEnd(t, c, h3) != xfer.Complete {
+		t.Fatal("the other producer was dropped")
+	}
+}
+
 // Hostile input on the data port closes that connection only.
 func TestTCPHostileDataPort(t *testing.T) {
 	pr := newRegion(t, 8, 64)

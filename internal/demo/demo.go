@@ -225,6 +225,9 @@ type Summary struct {
 	P50, P99  time.Duration
 	Stats     connector.PoolStats
 	FailedWhy map[string]int
+	// Quarantined counts blocks given back forced (a READ not confirmed
+	// stopped): kept out of use for the rest of the run.
+	Quarantined int
 }
 
 // Print writes the summary for a person.
@@ -324,6 +327,12 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 			ended++
 		}
 		for _, rel := range r.Released {
+			if rel.Forced {
+				// Nothing confirmed the READ stopped: its blocks may still
+				// be written. Keep them out of use.
+				sum.Quarantined += len(rel.Blocks)
+				continue
+			}
 			free = append(free, rel.Blocks...)
 		}
 		if progress != nil && now.Sub(lastReport) >= 500*time.Millisecond {
