@@ -2,12 +2,15 @@ package session
 
 import (
 	"fmt"
+	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // benchData is a data plane that costs nothing: READs stay in progress and
@@ -128,4 +131,52 @@ func (c *countingReplier) Reply(_, p []byte) error {
 	c.n++
 	c.bytes += len(p)
 	return nil
+}
+
+// Authorize of a 16,384-block READ: the data plane calls it for every READ
+// it serves, and it must not hold up the step loop (issue 13 item 9).
+func BenchmarkAuthorize16K(b *testing.B) {
+	const n = 16384
+	for _, tc := range []struct {
+		name  string
+		holes bool // the entry's blocks are not one run
+		order func([]int)
+	}{
+		{"in-order", false, func([]int) {}},
+		{"shuffled", false, func(s []int) { rand.New(rand.NewPCG(1, 1)).Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] }) }},
+		{"shuffled-holes", true, func(s []int) { rand.New(rand.NewPCG(1, 1)).Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] }) }},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			c := cache.NewEmbeddingCache(2 * n)
+			if tc.holes { // every other block taken by a small entry first
+				for i := range n {
+					c.Alloc(fmt.Sprint("pad", i), 1)
+					c.Alloc(fmt.Sprint("gap", i), 1)
+				}
+				for i := range n {
+					c.Discard(fmt.Sprint("gap", i))
+				}
+			}
+			e, err := c.Alloc("big", n)
+			if err != nil {
+				b.Fatal(err)
+			}
+			c.MarkReady("big")
+			data := xfertest.New("prod", 2*n, 8)
+			p := NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat)
+			p.EnableAuthorize()
+			p.Poll([]Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, t0, &queue{})
+			want := slices.Clone(e.Blocks)
+			tc.order(want)
+			notif := []byte(sid("a") + ":big")
+			b.ResetTimer()
+			for range b.N {
+				release, ok := p.Authorize("cons", notif, want)
+				if !ok {
+					b.Fatal("refused")
+				}
+				release()
+			}
+		})
+	}
 }

@@ -563,13 +563,34 @@ func covers(have, want []int) bool {
 		}
 		return true
 	}
+	if len(want) <= 32 {
+		for _, b := range want {
+			if _, ok := slices.BinarySearch(have, b); !ok {
+				return false
+			}
+		}
+		return true
+	}
+	// Scattered blocks: one pass over each through a bitmap.
+	bm := bitmaps.Get().(*[]uint64)
+	defer bitmaps.Put(bm)
+	words := uint(have[len(have)-1])/64 + 1
+	*bm = slices.Grow((*bm)[:0], int(words))[:words]
+	set := *bm
+	clear(set)
+	for _, b := range have {
+		set[uint(b)/64] |= 1 << (uint(b) % 64)
+	}
 	for _, b := range want {
-		if _, ok := slices.BinarySearch(have, b); !ok {
+		u := uint(b) // a negative id wraps past the end
+		if u/64 >= words || set[u/64]&(1<<(u%64)) == 0 {
 			return false
 		}
 	}
 	return true
 }
+
+var bitmaps = sync.Pool{New: func() any { return new([]uint64) }}
 
 // lookup finds the grant a notification names: by its grant id when it
 // carries one ("<key>#<id>", and the key must match), else the oldest

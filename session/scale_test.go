@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
@@ -220,5 +221,35 @@ func TestServedReadHoldsThePin(t *testing.T) {
 	release()
 	if po.pins("R") != 0 {
 		t.Fatal("pin leaked after Close")
+	}
+}
+
+func TestCovers(t *testing.T) {
+	var scattered, run []int
+	for i := range 100 {
+		scattered = append(scattered, 3*i+1)
+		run = append(run, 50+i)
+	}
+	rev := func(s []int) []int { r := slices.Clone(s); slices.Reverse(r); return r }
+	for _, tc := range []struct {
+		have, want []int
+		ok         bool
+	}{
+		{scattered, scattered, true},
+		{scattered, rev(scattered), true},
+		{scattered, append(rev(scattered)[:60], 2), false},
+		{scattered, append(rev(scattered)[:60], -1), false},
+		{scattered, append(rev(scattered)[:60], 1000), false},
+		{scattered, []int{4, 7}, true},
+		{scattered, []int{4, 5}, false},
+		{run, rev(run), true},
+		{run, []int{49}, false},
+		{run, []int{150}, false},
+		{nil, nil, true},
+		{nil, []int{0}, false},
+	} {
+		if got := covers(tc.have, tc.want); got != tc.ok {
+			t.Errorf("covers(%d blocks, %v...) = %v", len(tc.have), tc.want[:min(3, len(tc.want))], got)
+		}
 	}
 }
