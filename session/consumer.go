@@ -28,6 +28,8 @@ var (
 	ErrClosed    = errors.New("session: closed")
 	ErrInFlight  = errors.New("session: a transfer for this mm_hash is in flight")
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
+	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
+	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
 )
 
 // ConsumerConfig configures a ConsumerSession. The zero value is usable.
@@ -146,7 +148,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 		x = new(cxfer)
 	}
 	x.Reset(mmHash, blocks, c.id, now, ackDeadline, c.data, &c.xcfg)
-	x.ended = false
+	x.ended, x.moved = false, false
 	c.byHash[mmHash] = x
 	c.active = append(c.active, x)
 	c.stats.Started++
@@ -189,6 +191,7 @@ func (c *ConsumerSession) badAck(raw []byte) {
 type cxfer struct {
 	xfer.ConsumerXfer
 	ended bool // its outcome is recorded; advance drops it
+	moved bool // quarantined by Cancel: advance drops it from active
 }
 
 // dispatch handles one ack. Its fields alias the payload: nothing of it is
@@ -266,6 +269,9 @@ func (c *ConsumerSession) advance(now time.Time) {
 	for _, x := range c.active {
 		if x.ended {
 			c.spare = append(c.spare, x)
+			continue
+		}
+		if x.moved {
 			continue
 		}
 		switch x.Poll(now) {
@@ -349,6 +355,9 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 			c.spare = append(c.spare, x)
 			continue
 		}
+		if x.moved {
+			continue
+		}
 		switch x.PeerDown(now) {
 		case xfer.AckTimeout:
 			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
@@ -367,6 +376,36 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 func (c *ConsumerSession) TakeResults(r *Results) {
 	c.results.appendTo(r)
 	c.results.Reset()
+}
+
+// Cancel ends the transfer of mmHash at now. One waiting for its ack is
+// Tombstoned at once (reason Canceled): its blocks are free. A READ in
+// progress is stopped if the data plane can stop it for certain
+// (xfer.Stoppable), and Tombstoned likewise; otherwise it is Quarantined,
+// and Settled once the data plane says it ended. A transfer already in
+// quarantine is left to settle. The outcome is in the next TakeResults.
+func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
+	if c.closed {
+		return ErrClosed
+	}
+	x, ok := c.byHash[mmHash]
+	if !ok || x.ended {
+		return fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
+	}
+	switch x.State() {
+	case xfer.WaitingAck:
+		x.Cancel()
+		c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
+	case xfer.Reading:
+		if st, ok := c.data.(xfer.Stoppable); ok && st.StopsReads() && x.Release() == nil {
+			c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
+			return nil
+		}
+		x.Quarantine(now, xfer.Canceled)
+		x.moved = true
+		c.enterQuarantine(x)
+	}
+	return nil
 }
 
 // HasInFlight reports whether any transfer is waiting, reading or in
@@ -409,7 +448,7 @@ func (c *ConsumerSession) Close() CloseReport {
 		rep.Freed = append(rep.Freed, o)
 	}
 	for _, x := range c.active {
-		if !x.ended {
+		if !x.ended && !x.moved {
 			closeOne(x)
 		}
 	}

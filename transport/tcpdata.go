@@ -354,6 +354,9 @@ func (d *TCPData) Release(h xfer.Handle) error {
 
 var errReleased = errors.New("transport: READ released while landing")
 
+// StopsReads implements xfer.Stoppable: Release stops every READ.
+func (d *TCPData) StopsReads() bool { return true }
+
 // DrainNotifs implements xfer.DataTransport.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	d.mu.Lock()

@@ -270,6 +270,17 @@ func (x *ConsumerXfer) Cancel() error {
 	return nil
 }
 
+// Quarantine moves a READ in progress to quarantine for why (a cancel, say):
+// its blocks stay held until the data plane says it ended, or the
+// quarantine deadline passes.
+func (x *ConsumerXfer) Quarantine(now time.Time, why Reason) error {
+	if x.state != Reading {
+		return fmt.Errorf("xfer: quarantine of a transfer in state %s", x.state)
+	}
+	x.quarantine(now, why)
+	return nil
+}
+
 // Release frees the READ handle, if one is held, for shutdown. It returns
 // ErrMayStillWrite if the data plane could not stop a READ in progress: the
 // blocks must then not be reused.

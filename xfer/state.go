@@ -47,10 +47,11 @@ const (
 	LateCompletion            // done only after the producer's pin lease could have run out
 	QuarantineTimedOut        // forced out of quarantine at its deadline
 	Closed                    // the session was closed
+	Canceled                  // the caller canceled the fetch
 )
 
 var reasonNames = [...]string{"", "nacked", "ack-timeout", "peer-down", "bad-ack", "register-failed",
-	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed"}
+	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed", "canceled"}
 
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {

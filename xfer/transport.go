@@ -114,3 +114,11 @@ type Signaling interface {
 type Named interface {
 	Name() string
 }
+
+// Stoppable is implemented by data planes whose Release stops a READ in
+// progress for certain (the TCP plane closes its connection and waits for
+// the bytes to stop landing): a canceled READ's blocks are free at once.
+// Elsewhere (NIXL) a canceled READ is followed until it ends.
+type Stoppable interface {
+	StopsReads() bool
+}

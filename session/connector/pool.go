@@ -46,6 +46,11 @@ type PoolConfig struct {
 	Retry      RetryConfig
 	// BlockSize is the size of a local block, for the bytes-moved count.
 	BlockSize int
+	// IdleSession closes the session (and the control-plane connection) of
+	// a producer address with nothing in flight for this long, so that a
+	// consumer that fetched from many producers keeps no state for those
+	// it no longer uses. Default 1 min.
+	IdleSession time.Duration
 	// Seed makes session ids and backoff jitter reproducible (simulation);
 	// zero draws them from crypto/rand.
 	Seed   uint64
@@ -55,6 +60,9 @@ type PoolConfig struct {
 func (c PoolConfig) withDefaults() PoolConfig {
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = 2 * time.Second
+	}
+	if c.IdleSession <= 0 {
+		c.IdleSession = time.Minute
 	}
 	r := &c.Retry
 	if r.MaxAttempts <= 0 {
@@ -133,6 +141,7 @@ type PoolStats struct {
 	Settled, Released, PeerDeaths               uint64
 	BytesMoved                                  uint64
 	Malformed                                   uint64 // undecodable acks
+	Reaped                                      uint64 // idle sessions closed
 	FailedBy                                    map[xfer.Reason]uint64
 	Latency                                     hist.Histogram // Fetch to completion
 }
@@ -153,9 +162,10 @@ type fetch struct {
 
 // peer is one consumer session and the address it talks to.
 type peer struct {
-	addr string
-	s    *session.ConsumerSession
-	msgs [][]byte
+	addr     string
+	s        *session.ConsumerSession
+	msgs     [][]byte
+	lastUsed time.Time // the last attempt started on it
 }
 
 // Pool fetches entries from producers: it owns one ConsumerSession per
@@ -184,6 +194,7 @@ type Pool struct {
 	sres    session.Results
 	stats   PoolStats
 	closed  bool
+	reapAt  time.Time // the next look for idle sessions
 }
 
 // ErrJoined is returned by Fetch when the mm_hash is being fetched already:
@@ -253,6 +264,7 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 
 // attempt sends one request for f.
 func (p *Pool) attempt(f *fetch, now time.Time) error {
+	_, existed := p.peers[f.addr]
 	pe, err := p.peer(f.addr)
 	if err != nil {
 		return err
@@ -262,8 +274,14 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 		ackBy = f.deadline
 	}
 	if err := pe.s.StartXfer(f.mmHash, f.blocks, now, ackBy); err != nil {
+		if !existed && !pe.s.HasInFlight() {
+			// Refused before anything was sent (an address the allowlist
+			// refuses, say): leave nothing behind.
+			p.dropPeer(pe)
+		}
 		return err
 	}
+	pe.lastUsed = now
 	f.attempts++
 	f.retryAt = time.Time{}
 	f.pe = pe
@@ -333,8 +351,42 @@ func (p *Pool) Step(now time.Time) *Results {
 	clear(p.draining[len(kept):])
 	p.draining = kept
 	p.retryDue(now)
+	p.reapIdle(now)
 	return &p.res
 }
+
+// dropPeer forgets a live session with nothing in flight, and its
+// control-plane connection.
+func (p *Pool) dropPeer(pe *peer) {
+	delete(p.peers, pe.addr)
+	if i := slices.Index(p.order, pe); i >= 0 {
+		p.order = slices.Delete(p.order, i, i+1)
+	}
+	p.ctl.Remove(pe.addr)
+	p.closeSession(pe)
+}
+
+// reapIdle closes the sessions idle for IdleSession, looking at most four
+// times per IdleSession.
+func (p *Pool) reapIdle(now time.Time) {
+	if now.Before(p.reapAt) {
+		return
+	}
+	p.reapAt = now.Add(p.cfg.IdleSession / 4)
+	for i := 0; i < len(p.order); {
+		pe := p.order[i]
+		if pe.s.HasInFlight() || now.Sub(pe.lastUsed) < p.cfg.IdleSession {
+			i++
+			continue
+		}
+		p.stats.Reaped++
+		p.dropPeer(pe)
+	}
+}
+
+// Sessions returns how many producer sessions the pool holds: live ones,
+// and those of dead producers still following quarantined READs.
+func (p *Pool) Sessions() int { return len(p.order) + len(p.draining) }
 
 // peerDown moves the producer's session out of the pool: waiting transfers
 // become retryable, READs go to quarantine and are followed until they
@@ -517,6 +569,43 @@ func (p *Pool) retryDue(now time.Time) {
 	}
 	clear(due)
 	p.spareRetry = due[:0]
+}
+
+// ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
+var ErrNotInFlight = errors.New("connector: no fetch in flight for this mm_hash")
+
+// Cancel ends the fetch of mmHash at now and returns its Failure (reason
+// Canceled). Its blocks are free at once when no READ runs, or when the
+// data plane stops the READ for certain; otherwise the Failure says
+// BlocksHeld, and the blocks come back in a later Step's Released, once
+// the READ ended.
+func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
+	f := p.fetches[mmHash]
+	if p.closed || f == nil {
+		return Failure{}, fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
+	}
+	n := len(p.res.Failed)
+	if !f.retryAt.IsZero() { // between attempts: nothing runs
+		p.fail(mmHash, xfer.Canceled, wire.OK, nil, false)
+	} else if err := f.pe.s.Cancel(mmHash, now); err != nil {
+		return Failure{}, err
+	} else {
+		p.collect(f.pe, now)
+	}
+	// The outcome went where Step's would; hand it over instead, leaving
+	// the last Step's Results as they were.
+	var out Failure
+	for _, fl := range p.res.Failed[n:] {
+		if fl.MMHash == mmHash {
+			out = fl
+		}
+	}
+	clear(p.res.Failed[n:])
+	p.res.Failed = p.res.Failed[:n]
+	if out.MMHash == "" {
+		return Failure{}, fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
+	}
+	return out, nil
 }
 
 // Close ends every session. Fetches in flight fail; blocks of READs that

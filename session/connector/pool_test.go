@@ -3,6 +3,7 @@ package connector
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"slices"
@@ -316,4 +317,95 @@ func TestPoolRetryRefusedIsNotLost(t *testing.T) {
 			t.Fatalf("%v: %+v, %d in flight", refusal, r, w.pool.InFlight())
 		}
 	}
+}
+
+// Issue 13 item 13: Cancel ends one fetch. Waiting for its ack or between
+// attempts: blocks free at once. A READ running on a plane that stops
+// READs: free at once. On one that cannot: held, then Released when the
+// READ ends.
+func TestPoolCancel(t *testing.T) {
+	w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: time.Second}})
+	w.entry(t, "A", 1, true)
+	w.entry(t, "B", 1, false)
+	w.entry(t, "C", 1, true)
+	w.entry(t, "D", 1, true)
+	if _, err := w.pool.Cancel("A", w.now); !errors.Is(err, ErrNotInFlight) {
+		t.Fatalf("cancel of nothing: %v", err)
+	}
+	// Waiting for the ack.
+	w.pool.Fetch(addr, "A", []int{1}, w.now.Add(time.Minute), w.now)
+	f, err := w.pool.Cancel("A", w.now)
+	if err != nil || f.Reason != xfer.Canceled || f.BlocksHeld || w.pool.InFlight() != 0 {
+		t.Fatalf("cancel while waiting: %+v %v", f, err)
+	}
+	// Between attempts (B is not ready: NACK_NOT_READY, retry planned).
+	w.pool.Fetch(addr, "B", []int{2}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond)
+	if f, err := w.pool.Cancel("B", w.now); err != nil || f.Reason != xfer.Canceled || f.BlocksHeld {
+		t.Fatalf("cancel between attempts: %+v %v", f, err)
+	}
+	// A READ that cannot be stopped: held, then released when it ends.
+	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	w.pool.Fetch(addr, "C", []int{3}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond) // the READ is posted
+	f, err = w.pool.Cancel("C", w.now)
+	if err != nil || !f.BlocksHeld || f.Reason != xfer.Canceled {
+		t.Fatalf("cancel of a running READ: %+v %v", f, err)
+	}
+	if r := w.step(time.Millisecond); len(r.Released)+len(r.Failed)+len(r.Completed) != 0 {
+		t.Fatalf("outcome while the READ runs: %+v", r)
+	}
+	posts := w.cdata.Posts()
+	w.cdata.Finish(posts[len(posts)-1].Handle)
+	r := w.step(time.Millisecond)
+	if len(r.Released) != 1 || r.Released[0].MMHash != "C" || r.Released[0].Forced || len(r.Completed) != 0 {
+		t.Fatalf("after the READ ended: %+v", r)
+	}
+	// A plane that stops READs: free at once.
+	w.cdata.SetStopsReads(true)
+	w.pool.Fetch(addr, "D", []int{4}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond)
+	if f, err := w.pool.Cancel("D", w.now); err != nil || f.BlocksHeld {
+		t.Fatalf("cancel on a stopping plane: %+v %v", f, err)
+	}
+	if r := w.until(t, time.Millisecond, 3, func(Results) bool { return true }); len(r.Completed)+len(r.Failed)+len(r.Released) != 0 {
+		t.Fatalf("a canceled fetch ended again: %+v", r)
+	}
+	if st := w.pool.Stats(); st.FailedBy[xfer.Canceled] != 4 {
+		t.Fatalf("stats %+v", st.FailedBy)
+	}
+}
+
+// Issue 13 item 11: the session of an address refused before anything was
+// sent is not kept, and idle sessions are reaped with their connection.
+func TestPoolForgetsAddresses(t *testing.T) {
+	w := newWorld(t, PoolConfig{IdleSession: time.Minute})
+	w.ctl.sendErr = transport.ErrNotAllowed
+	for i := range 100 {
+		if err := w.pool.Fetch(fmt.Sprint("tcp://refused:", i), "X", []int{1}, w.now.Add(time.Minute), w.now); err == nil {
+			t.Fatal("refused send succeeded")
+		}
+	}
+	if n := w.pool.Sessions(); n != 0 {
+		t.Fatalf("%d sessions kept for refused addresses", n)
+	}
+	w.ctl.sendErr = nil
+	w.entry(t, "H", 1, true)
+	w.pool.Fetch(addr, "H", []int{1}, w.now.Add(time.Minute), w.now)
+	w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Completed) == 1 })
+	w.step(30 * time.Second)
+	if w.pool.Sessions() != 1 {
+		t.Fatal("session reaped while recently used")
+	}
+	w.step(31 * time.Second)
+	w.step(16 * time.Second)
+	if w.pool.Sessions() != 0 || !slices.Contains(w.ctl.removed, addr) || w.pool.Stats().Reaped != 1 {
+		t.Fatalf("idle session kept: %d sessions, removed %v", w.pool.Sessions(), w.ctl.removed)
+	}
+	// The next fetch to the address works on a new session.
+	w.pool.Fetch(addr, "H", []int{2}, w.now.Add(time.Minute), w.now)
+	w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Completed) == 1 })
 }

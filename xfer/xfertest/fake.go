@@ -123,6 +123,7 @@ type Fake struct {
 	mem        []byte
 	peers      map[string]int // agent -> registrations held
 	xfers      map[xfer.Handle]*read
+	stops      bool // StopsReads
 	releases   map[xfer.Handle]int
 	zombies    []*read // released while unstoppable, not ended yet
 	next       xfer.Handle
@@ -343,6 +344,14 @@ func (f *Fake) end(h xfer.Handle, p xfer.Progress) {
 		}
 	}
 }
+
+// SetStopsReads makes the fake claim, through xfer.Stoppable, that Release
+// stops every READ for certain (as the TCP plane does). Do not combine it
+// with Unstoppable outcomes.
+func (f *Fake) SetStopsReads(v bool) { f.mu.Lock(); f.stops = v; f.mu.Unlock() }
+
+// StopsReads implements xfer.Stoppable.
+func (f *Fake) StopsReads() bool { f.mu.Lock(); defer f.mu.Unlock(); return f.stops }
 
 // Release implements xfer.DataTransport.
 func (f *Fake) Release(h xfer.Handle) error {
