@@ -3,7 +3,10 @@ package connector
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -15,20 +18,46 @@ import (
 
 // memServer is an in-memory control server.
 type memServer struct {
+	mu      sync.Mutex
 	in      []session.Message
 	replies map[string][][]byte
+	closed  bool // Wait returns false at once, as a closed transport.Server does
+}
+
+func (m *memServer) push(msg session.Message) {
+	m.mu.Lock()
+	m.in = append(m.in, msg)
+	m.mu.Unlock()
+}
+
+func (m *memServer) replyTo(id string) [][]byte {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return slices.Clone(m.replies[id])
 }
 
 func (m *memServer) Drain(dst []session.Message) []session.Message {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	dst = append(dst, m.in...)
 	m.in = nil
 	return dst
 }
 func (m *memServer) Reply(id, p []byte) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
 	m.replies[string(id)] = append(m.replies[string(id)], bytes.Clone(p))
 	return nil
 }
-func (m *memServer) Wait(ctx context.Context) bool { <-ctx.Done(); return false }
+func (m *memServer) Wait(ctx context.Context) bool {
+	m.mu.Lock()
+	closed := m.closed
+	m.mu.Unlock()
+	if !closed {
+		<-ctx.Done()
+	}
+	return false
+}
 
 func uuidN(n int) string { return fmt.Sprintf("00000000-0000-4000-8000-%012d", n) }
 
@@ -97,5 +126,95 @@ func TestProducerServeStops(t *testing.T) {
 	}
 	if p.Close() != 0 {
 		t.Fatal("grants left")
+	}
+}
+
+// Issue 13 item 3: Close stops a running Serve, and a closed control plane
+// ends Serve instead of spinning on a Wait that returns at once.
+func TestProducerCloseStopsServe(t *testing.T) {
+	srv := &memServer{replies: map[string][][]byte{}}
+	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16))
+	done := make(chan error)
+	go func() { done <- p.Serve(context.Background(), nil) }()
+	p.Close()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("Serve after Close: %v", err)
+	}
+
+	srv2 := &memServer{replies: map[string][][]byte{}, closed: true}
+	p2 := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16))
+	if err := p2.Serve(context.Background(), nil); !errors.Is(err, ErrClosed) {
+		t.Fatalf("Serve on a closed control plane: %v", err)
+	}
+}
+
+// Issue 13 item 3: Drain stops granting, lets the live grant end through
+// its notification, then closes; nothing is unpinned under a READ.
+func TestProducerDrain(t *testing.T) {
+	c := cache.NewEmbeddingCache(16)
+	c.Alloc("A", 1)
+	c.MarkReady("A")
+	data := xfertest.New("prod", 16, 8)
+	srv := &memServer{replies: map[string][][]byte{}}
+	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c)
+	reqA := func(n int) session.Message {
+		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
+	}
+	srv.push(reqA(1))
+	clock := t0
+	var clockMu sync.Mutex
+	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
+	p.Step(now())
+	if p.Session().Grants() != 1 {
+		t.Fatal("no grant")
+	}
+	type result struct {
+		left int
+		err  error
+	}
+	done := make(chan result)
+	go func() { l, err := p.Drain(context.Background(), now); done <- result{l, err} }()
+	srv.push(reqA(2))
+	for len(srv.replyTo("c")) < 2 {
+		time.Sleep(time.Millisecond) // Drain's steps answer it
+	}
+	var a wire.XferAck
+	wire.DecodeAck(srv.replyTo("c")[1], &a)
+	if a.Status != wire.NackInternal {
+		t.Fatalf("request while draining: %s", a.Status)
+	}
+	if e, _ := c.Get("A"); e.Pins != 1 {
+		t.Fatalf("pins while draining: %d", e.Pins)
+	}
+	select {
+	case r := <-done:
+		t.Fatalf("Drain returned with a grant live: %+v", r)
+	default:
+	}
+	data.InjectNotif("cons", []byte(uuidN(1)+":A"))
+	r := <-done
+	if r.err != nil || r.left != 0 {
+		t.Fatalf("Drain: %+v", r)
+	}
+	if e, _ := c.Get("A"); e.Pins != 0 || p.Stats().Completions != 1 {
+		t.Fatalf("after Drain: pins %d", e.Pins)
+	}
+
+	// A grant whose notification never comes: the context ends the drain.
+	c2 := cache.NewEmbeddingCache(16)
+	c2.Alloc("A", 1)
+	c2.MarkReady("A")
+	srv2 := &memServer{replies: map[string][][]byte{}}
+	p2 := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), c2)
+	srv2.push(reqA(3))
+	p2.Step(t0)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancel()
+	left, err := p2.Drain(ctx, func() time.Time { return t0 })
+	if left != 1 || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("Drain past its context: %d %v", left, err)
+	}
+	if e, _ := c2.Get("A"); e.Pins != 0 {
+		t.Fatal("pin leaked")
 	}
 }
