@@ -234,6 +234,13 @@ func (p *Producer) wait(ctx context.Context, grants int) error {
 	return nil
 }
 
+// Grants returns the grants still holding a pin. Safe while Serve runs,
+// unlike Session().Grants().
+func (p *Producer) Grants() int {
+	g, _ := p.load()
+	return g
+}
+
 // load returns the live grants and the requests waiting.
 func (p *Producer) load() (grants, backlog int) {
 	p.mu.Lock()

@@ -120,13 +120,13 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 		t.Fatalf("%d of %d fetches failed; first: %+v", len(failed), fetches, failed[0])
 	}
 	// Every grant ends once: by its completion (all READs completed here).
-	for end := time.Now().Add(10 * time.Second); prod.Session().Grants() > 0 && time.Now().Before(end); {
+	for end := time.Now().Add(10 * time.Second); prod.Grants() > 0 && time.Now().Before(end); {
 		time.Sleep(5 * time.Millisecond) // the producer's Serve loop drains notifications
 	}
 	st := prod.Stats()
-	if st.Grants != st.Completions+st.Expired || st.Completions < fetches || prod.Session().Grants() != 0 {
+	if st.Grants != st.Completions+st.Expired || st.Completions < fetches || prod.Grants() != 0 {
 		t.Fatalf("grants %d, completions %d, expired %d, re-requests %d, live %d",
-			st.Grants, st.Completions, st.Expired, st.ReRequests, prod.Session().Grants())
+			st.Grants, st.Completions, st.Expired, st.ReRequests, prod.Grants())
 	}
 	for i := range entries {
 		if e, _ := pc.Get(fmt.Sprint("img-", i)); e.Pins != 0 {
