@@ -7,6 +7,7 @@ require (
 	github.com/google/uuid v1.6.0
 	github.com/ianlancetaylor/cgosymbolizer v0.0.0-20250410214317-b8ecc8b6bbe6
 	github.com/vmihailenco/msgpack/v5 v5.4.1
+	go.uber.org/goleak v1.3.0
 	golang.org/x/sys v0.50.0
 )
 

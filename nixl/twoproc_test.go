@@ -3,6 +3,8 @@
 package nixl
 
 import (
+	"go.uber.org/goleak"
+
 	"bufio"
 	"bytes"
 	"context"
@@ -51,7 +53,7 @@ func TestMain(m *testing.M) {
 		}
 		os.Exit(0)
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 // runChild serves childItems entries of fetchBytes until stdin closes.

@@ -86,6 +86,7 @@ type Server struct {
 	out    chan session.Message
 	done   chan struct{}
 	wg     sync.WaitGroup
+	guards *goGroup
 	stats  controlCounters
 	once   sync.Once
 
@@ -120,6 +121,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	s.guards = gcfg.group
 	s.forget = forget
 	s.sock = zmq4.NewRouter(context.Background(), zmq4.WithLogger(discardLog), zmq4.WithTimeout(cfg.WriteTimeout))
 	if err := s.sock.Listen(ep); err != nil {
@@ -136,7 +138,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 func newGuardConfig(maxFrame uint64, write, ping, peer, handshake, connect time.Duration, pending int, st *controlCounters) *guardConfig {
 	g := &guardConfig{maxFrame: maxFrame, maxFrames: 8, pingInterval: ping, peerTimeout: peer,
 		writeTimeout: write, handshakeTimeout: handshake, connectTimeout: connect, maxPending: pending,
-		onDrop: func(string) { st.dropped.Add(1) }, onAccept: func() { st.accepted.Add(1) }}
+		onDrop: func(string) { st.dropped.Add(1) }, onAccept: func() { st.accepted.Add(1) }, group: new(goGroup)}
 	if g.pingInterval <= 0 {
 		g.pingInterval = DefaultPingInterval
 	}
@@ -274,6 +276,7 @@ func (s *Server) Close() error {
 		close(s.done)
 		err = s.sock.Close()
 		s.wg.Wait()
+		s.guards.wait() // the guard's accept loop, handshakes and heartbeats
 		s.forget()
 	})
 	return err
@@ -361,6 +364,7 @@ type dealer struct {
 	once  sync.Once
 	sockM sync.Mutex
 	sock  zmq4.Socket
+	conn  net.Conn // the guarded connection, once dialed
 }
 
 // Send queues payload (copied) for the producer at addr, connecting first
@@ -481,12 +485,16 @@ func (c *Client) Close() error {
 		d.shutdown()
 	}
 	c.wg.Wait()
+	c.gcfg.group.wait() // the guard's heartbeats
 	return nil
 }
 
 func (d *dealer) shutdown() {
 	d.once.Do(func() { close(d.stop) })
 	d.sockM.Lock()
+	if d.conn != nil {
+		d.conn.Close() // ends a handshake zmq4's Close would wait out
+	}
 	if d.sock != nil {
 		d.sock.Close()
 	}
@@ -518,7 +526,19 @@ func (d *dealer) die(err error) {
 
 func (d *dealer) run() {
 	defer d.c.wg.Done()
-	ep, forget, err := guardEndpoint(d.c.gcfg, d.hp)
+	gcfg := *d.c.gcfg
+	gcfg.stop = d.stop
+	gcfg.track = func(c net.Conn) {
+		d.sockM.Lock()
+		defer d.sockM.Unlock()
+		select {
+		case <-d.stop:
+			c.Close()
+		default:
+			d.conn = c
+		}
+	}
+	ep, forget, err := guardEndpoint(&gcfg, d.hp)
 	if err != nil {
 		d.die(err)
 		return

@@ -44,6 +44,65 @@ type guardConfig struct {
 	maxPending       int // server: handshakes in progress at once
 	onDrop           func(reason string)
 	onAccept         func()
+	// Client side, per dealer: stop aborts a dial or handshake in
+	// progress (zmq4's Close does not), and track is told of the
+	// connection so that its owner can close it.
+	stop  <-chan struct{}
+	track func(net.Conn)
+	// group holds the guard's own goroutines (accept loop, handshakes,
+	// heartbeats), for the owner's Close to wait on.
+	group *goGroup
+}
+
+// spawn runs f on a goroutine of the owner's group; false once the group
+// is closed.
+func (c *guardConfig) spawn(f func()) bool { return c.group.spawn(f) }
+
+// goGroup is a WaitGroup that refuses new goroutines once waited on, so
+// that a heartbeat started by a late READY cannot race its owner's Close.
+type goGroup struct {
+	mu     sync.Mutex
+	n      int
+	closed bool
+	zero   chan struct{}
+}
+
+func (g *goGroup) spawn(f func()) bool {
+	g.mu.Lock()
+	if g.closed {
+		g.mu.Unlock()
+		return false
+	}
+	g.n++
+	g.mu.Unlock()
+	go func() {
+		defer func() {
+			g.mu.Lock()
+			if g.n--; g.n == 0 && g.zero != nil {
+				close(g.zero)
+				g.zero = nil
+			}
+			g.mu.Unlock()
+		}()
+		f()
+	}()
+	return true
+}
+
+// wait closes the group and waits for its goroutines to return.
+func (g *goGroup) wait() {
+	g.mu.Lock()
+	g.closed = true
+	if g.n == 0 {
+		g.mu.Unlock()
+		return
+	}
+	if g.zero == nil {
+		g.zero = make(chan struct{})
+	}
+	ch := g.zero
+	g.mu.Unlock()
+	<-ch
 }
 
 const (
@@ -103,6 +162,7 @@ type guardConn struct {
 	closeOnce sync.Once
 	done      chan struct{}
 	started   atomic.Bool
+	onClose   func() // the listener forgets it
 }
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
@@ -126,6 +186,9 @@ func (g *guardConn) Close() error {
 	g.closeOnce.Do(func() {
 		close(g.done)
 		err = g.Conn.Close()
+		if g.onClose != nil {
+			g.onClose()
+		}
 	})
 	return err
 }
@@ -388,7 +451,7 @@ func (g *guardConn) handshakeStep() {
 	if g.readyIn.Load() && g.readyOut.Load() && g.started.CompareAndSwap(false, true) {
 		g.Conn.SetDeadline(time.Time{})
 		g.lastRecv.Store(time.Now().UnixNano())
-		go g.heartbeat()
+		g.cfg.spawn(g.heartbeat)
 	}
 }
 
@@ -542,6 +605,18 @@ func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr strin
 	if err != nil {
 		return nil, err
 	}
+	if cfg.stop != nil {
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithCancel(ctx)
+		defer cancel()
+		go func() {
+			select {
+			case <-cfg.stop:
+				cancel()
+			case <-ctx.Done():
+			}
+		}()
+	}
 	d := net.Dialer{Timeout: cfg.connectTimeout}
 	c, err := d.DialContext(ctx, "tcp", hostport)
 	if err != nil {
@@ -550,7 +625,11 @@ func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr strin
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
-	return newGuardConn(c, cfg, nil, false), nil
+	gc := newGuardConn(c, cfg, nil, false)
+	if cfg.track != nil {
+		cfg.track(gc)
+	}
+	return gc, nil
 }
 
 func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, error) {
@@ -563,8 +642,11 @@ func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, erro
 		return nil, err
 	}
 	gl := &guardListener{Listener: ln, cfg: cfg, ready: make(chan net.Conn), done: make(chan struct{}),
-		pending: map[net.Conn]*list.Element{}}
-	go gl.acceptLoop()
+		pending: map[net.Conn]*list.Element{}, conns: map[*guardConn]struct{}{}}
+	if !cfg.spawn(gl.acceptLoop) {
+		ln.Close()
+		return nil, net.ErrClosed
+	}
 	return gl, nil
 }
 
@@ -582,6 +664,7 @@ type guardListener struct {
 	mu      sync.Mutex
 	pending map[net.Conn]*list.Element // handshakes in progress, oldest first
 	order   list.List
+	conns   map[*guardConn]struct{} // handed to zmq4 and not closed
 }
 
 func (l *guardListener) Accept() (net.Conn, error) {
@@ -602,7 +685,14 @@ func (l *guardListener) Close() error {
 		for c := range l.pending {
 			c.Close()
 		}
+		conns := make([]*guardConn, 0, len(l.conns))
+		for g := range l.conns {
+			conns = append(conns, g)
+		}
 		l.mu.Unlock()
+		for _, g := range conns { // zmq4 may not have taken them all yet
+			g.Close()
+		}
 	})
 	return err
 }
@@ -638,7 +728,10 @@ func (l *guardListener) acceptLoop() {
 		}
 		l.pending[c] = l.order.PushBack(c)
 		l.mu.Unlock()
-		go l.handshake(c)
+		if !l.cfg.spawn(func() { l.handshake(c) }) {
+			c.Close()
+			return
+		}
 	}
 }
 
@@ -664,10 +757,25 @@ func (l *guardListener) handshake(c net.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	g := newGuardConn(c, l.cfg, pre, true)
+	l.mu.Lock()
+	select {
+	case <-l.done:
+		l.mu.Unlock()
+		c.Close()
+		return
+	default:
+	}
+	l.conns[g] = struct{}{}
+	l.mu.Unlock()
+	g.onClose = func() {
+		l.mu.Lock()
+		delete(l.conns, g)
+		l.mu.Unlock()
+	}
 	select {
 	case l.ready <- g:
 	case <-l.done:
-		c.Close()
+		g.Close()
 	}
 }
 

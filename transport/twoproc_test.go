@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"go.uber.org/goleak"
+
 	"bufio"
 	"encoding/binary"
 	"encoding/hex"
@@ -26,7 +28,7 @@ func TestMain(m *testing.M) {
 	if shape := os.Getenv("ECXFER_TEST_PRODUCER"); shape != "" {
 		os.Exit(runProducer(shape))
 	}
-	os.Exit(m.Run())
+	goleak.VerifyTestMain(m)
 }
 
 func pattern(block, i int) byte { return byte(block*131 + i*7 + i>>8) }
