@@ -68,6 +68,7 @@ type ConsumerSession struct {
 	log    *slog.Logger
 
 	agentName  string // ours, sent with requests when the data plane has one
+	attempts   uint64 // requests sent, naming each (ecx_attempt)
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
@@ -136,7 +137,8 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 			return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 		}
 	}
-	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true, Agent: c.agentName}
+	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
+		Agent: c.agentName, Attempt: c.attempts + 1}
 	c.buf = wire.AppendReq(c.buf[:0], &req)
 	if err := c.peer.Send(c.buf); err != nil {
 		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
@@ -149,6 +151,8 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	}
 	x.Reset(mmHash, blocks, c.id, now, ackDeadline, c.data, &c.xcfg)
 	x.ended, x.moved = false, false
+	c.attempts++
+	x.attempt = c.attempts
 	c.byHash[mmHash] = x
 	c.active = append(c.active, x)
 	c.stats.Started++
@@ -192,6 +196,9 @@ type cxfer struct {
 	xfer.ConsumerXfer
 	ended bool // its outcome is recorded; advance drops it
 	moved bool // quarantined by Cancel: advance drops it from active
+	// attempt names its request; an ack echoing another is an earlier
+	// request's, late or repeated, and its grant may be over.
+	attempt uint64
 }
 
 // dispatch handles one ack. Its fields alias the payload: nothing of it is
@@ -203,8 +210,8 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		return
 	}
 	x, ok := c.byHash[string(ack.MMHash)]
-	if !ok || x.State() != xfer.WaitingAck {
-		c.stats.StrayAcks++ // unknown mm_hash, or a second ack
+	if !ok || x.State() != xfer.WaitingAck || (ack.Attempt != 0 && ack.Attempt != x.attempt) {
+		c.stats.StrayAcks++ // unknown mm_hash, a second ack, an earlier request's
 		return
 	}
 	if ack.Status != wire.OK {

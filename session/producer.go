@@ -265,7 +265,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.Time) *grant {
 	p.ack = wire.XferAck{}
 	nack := func(s wire.Status, msg string) *grant {
-		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s}
+		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s, Attempt: req.Attempt}
 		p.stats.Nacks[s]++
 		level := slog.LevelWarn
 		if s.Expected() {
@@ -359,7 +359,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
 	p.ack = wire.XferAck{
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
-		AgentMetadata: p.lastMeta, Grant: g.id, LeaseMillis: uint64(p.lease.Milliseconds()),
+		AgentMetadata: p.lastMeta, Grant: g.id, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
 	if !cs.confirmed {
 		p.ack.MemDescriptor = p.data.MemDescriptor()

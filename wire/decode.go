@@ -94,6 +94,7 @@ type ReqView struct {
 	Version    Int
 	HasVersion bool
 	Agent      []byte // the ecx_agent extension, or empty
+	Attempt    uint64 // the ecx_attempt extension, or zero
 }
 
 // EffectiveVersion returns the version, ConnectorVersion when absent.
@@ -113,6 +114,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	}
 	var mm, compat, sess, agent span
 	var haveMM, haveCompat, haveVersion bool
+	var attempt uint64
 	var version Int
 	for ; n > 0; n-- {
 		k, err := d.key()
@@ -135,6 +137,8 @@ func DecodeReqView(data []byte, r *ReqView) error {
 			haveVersion = true
 		case "ecx_agent":
 			agent, err = d.extStr()
+		case "ecx_attempt":
+			attempt, err = d.extUint()
 		default:
 			err = d.skip()
 		}
@@ -153,7 +157,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	}
 	*r = ReqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
 		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion,
-		Agent: data[agent.lo:agent.hi:agent.hi]}
+		Agent: data[agent.lo:agent.hi:agent.hi], Attempt: attempt}
 	return nil
 }
 
@@ -168,7 +172,7 @@ func DecodeReq(data []byte, r *XferReq) error {
 		return err
 	}
 	s := strs[[3]string](v.MMHash, v.CompatibilityHash, v.SessionID)
-	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: string(v.Agent)}
+	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: string(v.Agent), Attempt: v.Attempt}
 	if v.HasVersion && v.Version != IntOf(ConnectorVersion) {
 		ver := v.Version
 		r.ConnectorVersion = &ver
@@ -187,7 +191,7 @@ type AckView struct {
 	AgentMetadata, MemDescriptor []byte
 	blocks                       []byte // src_block_indices as encoded, checked
 	nBlocks                      int
-	Grant, LeaseMillis           uint64 // the extensions, zero when absent
+	Grant, LeaseMillis, Attempt  uint64 // the extensions, zero when absent
 }
 
 // NumBlocks returns the number of source block indices.
@@ -215,7 +219,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	var mm, sess, meta, desc, blocks span
 	var haveMM, haveStatus bool
 	var status Int
-	var grant, lease uint64
+	var grant, lease, attempt uint64
 	nBlocks := 0
 	for ; n > 0; n-- {
 		k, err := d.key()
@@ -250,6 +254,8 @@ func DecodeAckView(data []byte, a *AckView) error {
 			grant, err = d.extUint()
 		case "ecx_lease_ms":
 			lease, err = d.extUint()
+		case "ecx_attempt":
+			attempt, err = d.extUint()
 		default:
 			err = d.skip()
 		}
@@ -268,7 +274,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	}
 	*a = AckView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
 		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
-		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, LeaseMillis: lease}
+		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, LeaseMillis: lease, Attempt: attempt}
 	return nil
 }
 
@@ -281,7 +287,7 @@ func DecodeAck(data []byte, a *XferAck) error {
 		return err
 	}
 	s := strs[[2]string](v.MMHash, v.SessionID)
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
 	}

@@ -18,6 +18,7 @@ const (
 	keyAgent   = "\xa9ecx_agent"
 	keyGrant   = "\xa9ecx_grant"
 	keyLease   = "\xacecx_lease_ms"
+	keyAttempt = "\xabecx_attempt"
 )
 
 // AppendReq appends the msgpack encoding of r to dst, byte for byte as
@@ -33,6 +34,9 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 		n++
 	}
 	if r.Agent != "" {
+		n++
+	}
+	if r.Attempt != 0 {
 		n++
 	}
 	dst = append(dst, 0x80|byte(n))
@@ -52,6 +56,10 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 		dst = append(dst, keyAgent...)
 		dst = appendStr(dst, r.Agent)
 	}
+	if r.Attempt != 0 {
+		dst = append(dst, keyAttempt...)
+		dst = appendUint(dst, r.Attempt)
+	}
 	return dst
 }
 
@@ -59,7 +67,7 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 // msgspec writes it.
 func AppendAck(dst []byte, a *XferAck) []byte {
 	n := 3
-	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, a.LeaseMillis != 0} {
+	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, a.LeaseMillis != 0, a.Attempt != 0} {
 		if set {
 			n++
 		}
@@ -95,6 +103,10 @@ func AppendAck(dst []byte, a *XferAck) []byte {
 	if a.LeaseMillis != 0 {
 		dst = append(dst, keyLease...)
 		dst = appendUint(dst, a.LeaseMillis)
+	}
+	if a.Attempt != 0 {
+		dst = append(dst, keyAttempt...)
+		dst = appendUint(dst, a.Attempt)
 	}
 	return dst
 }

@@ -21,6 +21,10 @@ type XferReq struct {
 	// Agent ("ecx_agent") is the consumer's data-plane agent name: a Go
 	// producer lets only that agent read and complete the grant.
 	Agent string
+	// Attempt ("ecx_attempt") names this request; a Go producer echoes it
+	// in the ack, so that a late or repeated ack of an earlier request for
+	// the same mm_hash is not taken for this one's.
+	Attempt uint64
 }
 
 // Version returns the effective connector version: [ConnectorVersion] when the
@@ -51,6 +55,8 @@ type XferAck struct {
 	// LeaseMillis ("ecx_lease_ms") is the producer's pin lease: a Go
 	// consumer does not trust a READ it sees complete after it.
 	LeaseMillis uint64
+	// Attempt ("ecx_attempt") echoes the request's.
+	Attempt uint64
 }
 
 // MemDesc addresses one block of a region: one [addr, size, device_id] triple

@@ -205,22 +205,22 @@ func TestViewsDoNotAllocate(t *testing.T) {
 // (the golden vectors cover that encoding), and a wrongly typed extension
 // reads as absent, as msgspec treats a field it does not know.
 func TestExtensions(t *testing.T) {
-	r := XferReq{MMHash: "h", CompatibilityHash: "c", SessionID: "s", VersionOnWire: true, Agent: "agent-1"}
+	r := XferReq{MMHash: "h", CompatibilityHash: "c", SessionID: "s", VersionOnWire: true, Agent: "agent-1", Attempt: 9}
 	enc := AppendReq(nil, &r)
 	var rb XferReq
 	if err := DecodeReq(enc, &rb); err != nil {
 		t.Fatal(err)
 	}
-	if rb.Agent != "agent-1" || !strings.Contains(string(enc), "connector_version") || rb.Version() != IntOf(ConnectorVersion) {
+	if rb.Agent != "agent-1" || rb.Attempt != 9 || !strings.Contains(string(enc), "connector_version") || rb.Version() != IntOf(ConnectorVersion) {
 		t.Errorf("request extensions: %+v from %q", rb, enc)
 	}
-	a := XferAck{MMHash: "h", SessionID: "s", Grant: 1 << 40, LeaseMillis: 5000}
+	a := XferAck{MMHash: "h", SessionID: "s", Grant: 1 << 40, LeaseMillis: 5000, Attempt: 3}
 	encA := AppendAck(nil, &a)
 	var ab XferAck
 	if err := DecodeAck(encA, &ab); err != nil {
 		t.Fatal(err)
 	}
-	if ab.Grant != 1<<40 || ab.LeaseMillis != 5000 {
+	if ab.Grant != 1<<40 || ab.LeaseMillis != 5000 || ab.Attempt != 3 {
 		t.Errorf("ack extensions: %+v", ab)
 	}
 	plain := AppendAck(nil, &XferAck{MMHash: "h", SessionID: "s"})

@@ -1,10 +1,14 @@
 // Package sim is a deterministic simulation of producers and consumers
 // under faults: one seeded generator decides everything, a fake clock moves
 // in steps, the control plane is an in-memory channel that drops,
-// duplicates, reorders and delays, and the data plane is xfertest's fake
-// with READs that stall, fail, finish late or cannot be stopped. After every
-// step the invariants are checked; a violation carries the seed and the
-// events that led to it, and Run with that seed replays it exactly.
+// duplicates, reorders, delays and refuses sends, and the data plane is
+// xfertest's fake with READs that stall, fail, finish late or cannot be
+// stopped, and notifications that come late and out of order. Producers
+// crash, restart, are drained, share agent names, and keep saving new
+// entries that evict old ones and overwrite their blocks, so a pin dropped
+// too early shows as wrong bytes. After every step the invariants are
+// checked; a violation carries the seed and the events that led to it, and
+// Run with that seed replays it exactly.
 package sim
 
 import (
@@ -12,10 +16,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"hash/fnv"
 	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"os"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -24,6 +31,7 @@ import (
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
@@ -42,13 +50,20 @@ type Faults struct {
 	SpuriousDown     float64 // per consumer per step: a live producer reported dead
 	ClockJump        float64 // per step: the clock leaps 0.5-10 s
 	LateSave         float64 // an entry's save lands late
+	SendRefuse       float64 // a control-plane send fails with ErrQueueFull
+	SendDie          float64 // the producer's connection dies as a request is sent
+	NotifDelay       float64 // a READ's notification arrives 1-40 drains late
+	ProducerDrain    float64 // per producer per step: drained, then restarted
+	Churn            float64 // per producer per step: a new entry is saved, evicting
+	Cancel           float64 // per consumer per step: one fetch in flight is canceled
 }
 
 // DefaultFaults are the rates CI runs with.
 func DefaultFaults() Faults {
 	return Faults{Drop: 0.03, Dup: 0.03, Delay: 0.1, MaxDelay: 20, ReadStall: 0.05, ReadFail: 0.05, ReadSlow: 0.1,
 		CheckFail: 0.03, Unstoppable: 0.3, ProducerRestart: 0.001, ConsumerRestart: 0.0005, SpuriousDown: 0.001,
-		ClockJump: 0.002, LateSave: 0.2}
+		ClockJump: 0.002, LateSave: 0.2, SendRefuse: 0.02, SendDie: 0.002, NotifDelay: 0.2, ProducerDrain: 0.001,
+		Churn: 0.05, Cancel: 0.01}
 }
 
 // Config shapes one run.
@@ -66,7 +81,7 @@ type Config struct {
 
 // DefaultConfig is the shape CI runs, for seed.
 func DefaultConfig(seed uint64) Config {
-	return Config{Seed: seed, Steps: 2000, Quiet: 1500, Producers: 2, Consumers: 3, Entries: 24, Blocks: 24,
+	return Config{Seed: seed, Steps: 2000, Quiet: 1500, Producers: 3, Consumers: 3, Entries: 24, Blocks: 24,
 		Faults: DefaultFaults(), Trace: 40}
 }
 
@@ -76,6 +91,7 @@ const (
 	stepLen    = 10 * time.Millisecond
 	ackTimeout = 200 * time.Millisecond
 	blockSize  = 16
+	churnSlack = 6 // producer blocks beyond its base entries: saves evict
 )
 
 var xcfg = xfer.Config{ReadTimeout: time.Second, QuarantineTimeout: 3 * time.Second, PinLease: 1500 * time.Millisecond}
@@ -97,7 +113,7 @@ type Stats struct {
 	Fetches, Completed, Failed, Released, Forced int
 	Messages, Dropped, Duplicated                int
 	ProducerRestarts, ConsumerRestarts, Jumps    int
-	Stalls                                       int
+	Stalls, Refused, Drains, Saves, Canceled     int
 }
 
 func (s *Stats) add(o Stats) {
@@ -113,6 +129,10 @@ func (s *Stats) add(o Stats) {
 	s.ConsumerRestarts += o.ConsumerRestarts
 	s.Jumps += o.Jumps
 	s.Stalls += o.Stalls
+	s.Refused += o.Refused
+	s.Drains += o.Drains
+	s.Saves += o.Saves
+	s.Canceled += o.Canceled
 }
 
 type msg struct {
@@ -126,8 +146,12 @@ type msg struct {
 
 type producer struct {
 	addr    string
-	name    string
+	name    string // the data plane's agent name: producers may share one
+	label   string // names its entries: unique
 	gen     int
+	saves   int      // churn entries saved so far
+	extra   []string // churn entries it may hold
+	drainAt int      // the step a drain began; -1 when not draining
 	data    *xfertest.Fake
 	cache   *cache.EmbeddingCache
 	prod    *connector.Producer
@@ -168,15 +192,56 @@ type sim struct {
 	stats Stats
 	log   *slog.Logger
 	err   *Violation
+	// watch hands each new producer to a goroutine that reads its stats
+	// while the simulation steps it, as a metrics exporter would.
+	watch chan *connector.Producer
+	// retired agents of drained producers, closed later
+	retired []retiredAgent
+}
+
+// simLogger discards, unless ECXFER_SIM_LOG is set (replaying a seed).
+func simLogger() *slog.Logger {
+	if os.Getenv("ECXFER_SIM_LOG") != "" {
+		return slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	}
+	return slog.New(slog.NewTextHandler(io.Discard, nil))
 }
 
 // Run simulates cfg and returns its stats, or the first violation.
 func Run(cfg Config) (Stats, error) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed*0x9e3779b97f4a7c15+1)),
 		now: time.Unix(1_700_000_000, 0), fab: xfertest.NewFabric(),
-		log: slog.New(slog.NewTextHandler(io.Discard, nil))}
+		log: simLogger(), watch: make(chan *connector.Producer, 64)}
+	watched := make(chan struct{})
+	go func() {
+		defer close(watched)
+		var ps []*connector.Producer
+		for {
+			select {
+			case p, ok := <-s.watch:
+				if !ok {
+					return
+				}
+				ps = append(ps, p)
+			default:
+				for _, p := range ps {
+					_ = p.Stats()
+					_ = p.Grants()
+					p.Backlog()
+				}
+				runtime.Gosched()
+			}
+		}
+	}()
+	defer func() { close(s.watch); <-watched }()
 	for i := range cfg.Producers {
-		p := &producer{addr: fmt.Sprintf("tcp://producer-%d:5555", i), name: fmt.Sprintf("p%d", i)}
+		// Every third producer shares the first one's agent name, as
+		// replicas configured with one name do.
+		name := fmt.Sprintf("p%d", i)
+		if i%3 == 2 {
+			name = "p0"
+		}
+		p := &producer{addr: fmt.Sprintf("tcp://producer-%d:5555", i), name: name, label: fmt.Sprintf("p%d", i), drainAt: -1}
 		s.prods = append(s.prods, p)
 		s.startProducer(p)
 	}
@@ -225,24 +290,33 @@ func (s *sim) fail(format string, args ...any) {
 
 // entry sizes and contents are fixed functions of the producer and index,
 // so a restarted producer saves the same bytes again.
-func entryName(p *producer, i int) string { return fmt.Sprintf("%s-e%02d", p.name, i) }
+func entryName(p *producer, i int) string { return fmt.Sprintf("%s-e%02d", p.label, i) }
 func entrySize(i int) int                 { return 1 + i%3 }
 func fill(b []byte, hash string, j int) {
+	h := fnv.New64a()
+	h.Write([]byte(hash))
+	x := h.Sum64() + uint64(j)*0x9e3779b97f4a7c15
 	for k := range b {
-		b[k] = byte(len(hash)*7 + int(hash[len(hash)-1])*13 + int(hash[len(hash)-2])*31 + j*5 + k)
+		b[k] = byte(x>>(8*(k%8))) + byte(k/8)
 	}
 }
 
 func (s *sim) startProducer(p *producer) {
-	blocks := 0
+	blocks := churnSlack
 	for i := range s.cfg.Entries {
 		blocks += entrySize(i)
 	}
-	p.data = s.fab.New(p.name, blocks, blockSize) // same name: a restart gets new metadata
+	p.data = s.fab.New(p.name, blocks, blockSize) // a new peer, with new metadata
 	p.cache = cache.NewEmbeddingCache(blocks)
+	p.extra = p.extra[:0]
+	p.drainAt = -1
 	p.srv = &simServer{s: s, p: p}
 	p.prod = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
 		MaxPerPeerPerStep: 16}, p.srv, p.data, p.cache)
+	select {
+	case s.watch <- p.prod:
+	default: // the watcher is behind: it skips this one
+	}
 	p.pending = p.pending[:0]
 	for i := range s.cfg.Entries {
 		h := entryName(p, i)
@@ -271,6 +345,14 @@ func (s *sim) startPool(c *consumer) {
 
 // readOutcome draws how a READ ends.
 func (s *sim) readOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
+	o := s.drawOutcome(c, p)
+	if s.chance(s.cfg.Faults.NotifDelay) {
+		o.NotifDelay = 1 + s.rng.IntN(40)
+	}
+	return o
+}
+
+func (s *sim) drawOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
 	f := s.cfg.Faults
 	switch r := s.rng.Float64(); {
 	case !s.faulty():
@@ -301,8 +383,21 @@ func (s *sim) tick() {
 		s.event("clock jumps %v", j)
 	}
 	for _, p := range s.prods {
-		if s.chance(s.cfg.Faults.ProducerRestart) {
+		switch {
+		case s.chance(s.cfg.Faults.ProducerRestart):
 			s.restartProducer(p)
+		case p.drainAt < 0 && s.chance(s.cfg.Faults.ProducerDrain):
+			p.drainAt = s.step
+			s.stats.Drains++
+			s.event("%s drains", p.label)
+			p.prod.StopGranting()
+		case p.drainAt >= 0 && (p.prod.Grants() == 0 || s.step-p.drainAt > 160):
+			// Drained (or its grants' leases are long over): a planned
+			// restart, in a process that lives on and reuses the memory.
+			s.retire(p)
+		}
+		if s.chance(s.cfg.Faults.Churn) {
+			s.save(p)
 		}
 	}
 	for _, c := range s.cons {
@@ -315,10 +410,22 @@ func (s *sim) tick() {
 			c.ctl.peerDown(p.addr)
 		}
 		s.endStuck(c)
+		if len(c.inflight) > 0 && s.chance(s.cfg.Faults.Cancel) {
+			s.cancel(c)
+		}
 	}
+	s.retired = slices.DeleteFunc(s.retired, func(r retiredAgent) bool {
+		if r.closeAt <= s.step || !s.faulty() {
+			r.data.Close()
+			return true
+		}
+		return false
+	})
 	s.deliver()
 	for _, p := range s.prods {
+		s.rest(p, false)
 		p.prod.Step(s.now)
+		s.rest(p, true)
 		// Saves land over time.
 		kept := p.pending[:0]
 		for _, h := range p.pending {
@@ -352,11 +459,98 @@ func (s *sim) endStuck(c *consumer) {
 	}
 }
 
+// rest models what a producer may do with the blocks of an entry nobody
+// has pinned: reuse them. After the producer's step every unpinned entry's
+// blocks are scribbled over, until the next step restores them; a READ
+// that completes meanwhile copies the scribbles. So a pin dropped while a
+// READ still runs under it shows as wrong bytes in a completed fetch, the
+// moment it happens, not only when an eviction happens to hit it. (A READ
+// that outlives its grant's lease is the consumer's to refuse: it sees the
+// completion after the lease and does not promote it.)
+func (s *sim) rest(p *producer, scribble bool) {
+	for i := range s.cfg.Entries + len(p.extra) {
+		h := ""
+		if i < s.cfg.Entries {
+			h = entryName(p, i)
+		} else {
+			h = p.extra[i-s.cfg.Entries]
+		}
+		e, ok := p.cache.Get(h)
+		if !ok || !e.Ready || (scribble && e.Pins > 0) {
+			continue
+		}
+		for j, b := range e.Blocks {
+			if scribble {
+				clear(p.data.Block(b))
+			} else {
+				fill(p.data.Block(b), h, j)
+			}
+		}
+	}
+}
+
+// save stores a new entry, evicting the oldest unpinned ones, and writes
+// its bytes over whatever the evicted entries held.
+func (s *sim) save(p *producer) {
+	h := fmt.Sprintf("%s-n%d", p.label, p.saves)
+	p.saves++
+	e, err := p.cache.Alloc(h, 1+s.rng.IntN(3))
+	if err != nil {
+		return // everything pinned: the save is refused, nothing evicted
+	}
+	s.stats.Saves++
+	for j, b := range e.Blocks {
+		fill(p.data.Block(b), h, j)
+	}
+	p.cache.MarkReady(h)
+	// Forget the saves evicted since: what is left fits in the cache.
+	p.extra = slices.DeleteFunc(p.extra, func(x string) bool { _, ok := p.cache.Get(x); return !ok })
+	p.extra = append(p.extra, h)
+}
+
+// cancel cancels one fetch in flight.
+func (s *sim) cancel(c *consumer) {
+	hs := slices.Sorted(maps.Keys(c.inflight))
+	h := hs[s.rng.IntN(len(hs))]
+	f, err := c.pool.Cancel(h, s.now)
+	if err != nil {
+		s.fail("c%d: cancel of %s in flight: %v", c.id, h, err)
+		return
+	}
+	s.stats.Canceled++
+	s.event("c%d cancels %s held=%v", c.id, h, f.BlocksHeld)
+	s.collect(c, &connector.Results{Failed: []connector.Failure{f}})
+}
+
+// retire closes a drained producer and starts its successor. The old
+// agent lives on a while (the process reuses its memory) before it goes: a
+// READ still running against it completes with scribbles, which only a
+// READ past its grant's lease may do, and the consumer must refuse.
+func (s *sim) retire(p *producer) {
+	s.event("%s drained (%d grants left); restarts", p.label, p.prod.Grants())
+	p.prod.Close()
+	old := p.data
+	for b := range old.Blocks() {
+		clear(old.Block(b))
+	}
+	s.retired = append(s.retired, retiredAgent{old, s.step + 300})
+	p.data = nil
+	s.restartProducer(p)
+}
+
+type retiredAgent struct {
+	data    *xfertest.Fake
+	closeAt int
+}
+
 func (s *sim) restartProducer(p *producer) {
 	p.gen++
 	s.stats.ProducerRestarts++
-	s.event("%s restarts (gen %d)", p.name, p.gen)
+	s.event("%s restarts (gen %d)", p.label, p.gen)
 	p.prod.Close()
+	if p.data != nil {
+		p.data.Close() // the process is gone: READs still running fail
+	}
 	// Its connections break: in-flight messages are lost, consumers see
 	// the death.
 	s.net = slices.DeleteFunc(s.net, func(m msg) bool { return m.addr == p.addr })
@@ -388,6 +582,14 @@ func (s *sim) startFetches(c *consumer) {
 		i := s.rng.IntN(s.cfg.Entries + 2) // some are absent: NACK_MISSING
 		h := entryName(p, i)
 		n := entrySize(i)
+		if len(p.extra) > 0 && s.rng.IntN(4) == 0 {
+			h = p.extra[s.rng.IntN(len(p.extra))]
+			e, ok := p.cache.Get(h)
+			if !ok {
+				continue
+			}
+			n = len(e.Blocks)
+		}
 		if _, busy := c.inflight[h]; busy || len(c.free) < n {
 			continue
 		}
@@ -422,11 +624,13 @@ func (s *sim) collect(c *consumer, r *connector.Results) {
 		delete(c.inflight, d.MMHash)
 		s.stats.Completed++
 		s.event("c%d completed %s", c.id, d.MMHash)
+		// The producer's bytes for that entry, never another's: a pin
+		// dropped under a READ shows here once a save reuses the blocks.
 		want := make([]byte, blockSize)
 		for j, b := range d.Blocks {
 			fill(want, d.MMHash, j)
 			if !bytes.Equal(c.data.Block(b), want) {
-				s.fail("c%d: %s block %d holds the wrong bytes", c.id, d.MMHash, j)
+				s.fail("c%d: %s block %d holds the wrong bytes (%x, want %x)", c.id, d.MMHash, j, c.data.Block(b)[:4], want[:4])
 			}
 		}
 		s.free(c, d.Blocks, "completed "+d.MMHash)
@@ -482,11 +686,38 @@ func (s *sim) check() {
 	for _, p := range s.prods {
 		clear(counts)
 		p.prod.Session().GrantCounts(counts)
-		for i := range s.cfg.Entries {
-			h := entryName(p, i)
+		for i := range s.cfg.Entries + len(p.extra) {
+			var h string
+			if i < s.cfg.Entries {
+				h = entryName(p, i)
+			} else {
+				h = p.extra[i-s.cfg.Entries]
+			}
 			e, _ := p.cache.Get(h)
 			if e.Pins != counts[h] {
-				s.fail("%s: %s has %d pins for %d live grants", p.name, h, e.Pins, counts[h])
+				s.fail("%s: %s has %d pins for %d live grants", p.label, h, e.Pins, counts[h])
+			}
+			delete(counts, h)
+		}
+		for h, n := range counts {
+			if e, _ := p.cache.Get(h); e.Pins != n {
+				s.fail("%s: %s has %d pins for %d live grants", p.label, h, e.Pins, n)
+			}
+		}
+		// Every READ being served holds its entry: pinned, and the blocks
+		// it reads are still that entry's.
+		for _, post := range p.data.Serving() {
+			_, rest, _ := strings.Cut(post.Notif, ":")
+			h, _, _ := strings.Cut(rest, "#")
+			e, ok := p.cache.Get(h)
+			if !ok || e.Pins == 0 {
+				s.fail("%s: %s unpinned while a READ of it is served (%s)", p.label, h, post.Notif)
+				continue
+			}
+			for _, b := range post.Remote {
+				if !slices.Contains(e.Blocks, b) {
+					s.fail("%s: READ %s served block %d, not %s's", p.label, post.Notif, b, h)
+				}
 			}
 		}
 		if g := p.prod.Session().Grants(); g > 4*s.cfg.Consumers*s.cfg.Entries {
@@ -632,6 +863,12 @@ func (v *simServer) Reply(identity, payload []byte) error {
 	if _, err := fmt.Sscanf(string(identity), "c%d/%d", &cons, &conn); err != nil {
 		return err
 	}
+	if v.s.cfg.Trace > 0 {
+		var a wire.AckView
+		if wire.DecodeAckView(payload, &a) == nil {
+			v.s.event("%s -> c%d ack %s %s grant %d attempt %d blocks %d", v.p.label, cons, a.MMHash, a.Status, a.Grant, a.Attempt, a.NumBlocks())
+		}
+	}
 	v.s.send(msg{addr: v.p.addr, cons: cons, conn: conn, payload: bytes.Clone(payload)})
 	return nil
 }
@@ -649,6 +886,16 @@ type simClient struct {
 
 func (v *simClient) Send(addr string, payload []byte) error {
 	if v.down[addr] {
+		return transport.ErrPeerDown
+	}
+	if v.s.chance(v.s.cfg.Faults.SendRefuse) {
+		v.s.stats.Refused++
+		return transport.ErrQueueFull
+	}
+	if v.s.chance(v.s.cfg.Faults.SendDie) {
+		// The producer dies as we send, in the middle of the pool's step.
+		v.s.event("c%d: %s dies during a send", v.c.id, addr)
+		v.peerDown(addr)
 		return transport.ErrPeerDown
 	}
 	v.s.send(msg{toProd: true, addr: addr, cons: v.c.id, conn: v.conn[addr], payload: bytes.Clone(payload)})

@@ -258,9 +258,7 @@ func (p *Producer) Drain(ctx context.Context, now func() time.Time) (left int, e
 	if now == nil {
 		now = time.Now
 	}
-	p.mu.Lock()
-	p.sess.Drain()
-	p.mu.Unlock()
+	p.StopGranting()
 	for {
 		p.Step(now())
 		grants, _ := p.load()
@@ -281,6 +279,16 @@ func (p *Producer) Drain(ctx context.Context, now func() time.Time) (left int, e
 		}
 	}
 	return p.Close(), nil
+}
+
+// StopGranting starts a drain for a loop that steps on its own (Drain runs
+// one): every request from now on is answered NACK_INTERNAL, while the
+// live grants end through their notifications or leases. Close once
+// Grants reports none.
+func (p *Producer) StopGranting() {
+	p.mu.Lock()
+	p.sess.Drain()
+	p.mu.Unlock()
 }
 
 // Close ends every grant, releasing its pin (a grant whose READ is being

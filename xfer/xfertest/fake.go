@@ -43,6 +43,10 @@ type Outcome struct {
 	// as NIXL over UCX TCP does: it stays InProgress until the producer's
 	// DrainNotifs has been called this many times since the post.
 	TargetDrains int
+	// NotifDelay holds the completion notification back for this many of
+	// the producer's DrainNotifs calls: notifications arrive late, and
+	// out of order with later READs'.
+	NotifDelay int
 }
 
 // ErrInjected is what scripted failures return unless told otherwise.
@@ -60,37 +64,48 @@ type Post struct {
 // Fabric connects fakes: each is reachable by its agent name.
 type Fabric struct {
 	state  sync.Mutex // guards every fake's state: a READ touches two fakes
-	mu     sync.Mutex // guards agents
+	mu     sync.Mutex // guards agents and gens
 	agents map[string]*Fake
+	gens   map[string]int // agents made per name
 }
 
 // NewFabric returns an empty fabric.
-func NewFabric() *Fabric { return &Fabric{agents: map[string]*Fake{}} }
+func NewFabric() *Fabric { return &Fabric{agents: map[string]*Fake{}, gens: map[string]int{}} }
 
 // New returns a fake agent on a fabric of its own.
 func New(name string, blocks, blockSize int) *Fake { return NewFabric().New(name, blocks, blockSize) }
 
 // New returns a fake agent named name with a region of blocks blocks of
-// blockSize bytes, reachable from the fabric's other agents. A name already
-// on the fabric is replaced (a restarted producer), with new metadata.
+// blockSize bytes, reachable from the fabric's other agents. Another agent
+// of the same name (a restarted producer, or a replica configured with one
+// name) is a different peer with its own metadata: READs registered from
+// its metadata reach it, and fail once it is closed (a crash).
 func (fab *Fabric) New(name string, blocks, blockSize int) *Fake {
 	fab.mu.Lock()
 	defer fab.mu.Unlock()
-	gen := 0
-	if old, ok := fab.agents[name]; ok {
-		gen = old.gen + 1
-	}
+	gen := fab.gens[name]
+	fab.gens[name]++
 	f := &Fake{
 		mu: &fab.state, fab: fab, name: name, gen: gen, blocks: blocks, blockSize: blockSize,
 		mem:      make([]byte, blocks*blockSize),
 		peers:    map[string]int{},
 		xfers:    map[xfer.Handle]*read{},
 		releases: map[xfer.Handle]int{},
+		serving:  map[*read]struct{}{},
 	}
 	f.meta = []byte(fmt.Sprintf("fake:%s:%d:%d", name, gen, blocks))
 	f.desc = wire.AppendBlockDescs(nil, 0x10000, uint64(blockSize), blocks, 0)
-	fab.agents[name] = f
+	fab.agents[peerKey(name, gen)] = f
 	return f
+}
+
+// peerKey is the agent a consumer addresses: the name, and from the second
+// agent of a name on, its generation.
+func peerKey(name string, gen int) string {
+	if gen == 0 {
+		return name
+	}
+	return name + "#" + strconv.Itoa(gen)
 }
 
 func (fab *Fabric) lookup(name string) *Fake {
@@ -100,6 +115,8 @@ func (fab *Fabric) lookup(name string) *Fake {
 }
 
 type read struct {
+	release  func() // the producer's authorization hold, while served
+	refused  bool   // the producer's authorizer refused it
 	post     Post
 	out      Outcome
 	checks   int
@@ -124,6 +141,9 @@ type Fake struct {
 	peers      map[string]int // agent -> registrations held
 	xfers      map[xfer.Handle]*read
 	stops      bool // StopsReads
+	late       []lateNotif
+	auth       func(agent string, notif []byte, blocks []int) (func(), bool)
+	serving    map[*read]struct{} // READs of this fake's memory it authorized
 	releases   map[xfer.Handle]int
 	zombies    []*read // released while unstoppable, not ended yet
 	next       xfer.Handle
@@ -143,6 +163,9 @@ var _ xfer.DataTransport = (*Fake)(nil)
 
 // Name returns the agent name.
 func (f *Fake) Name() string { return f.name }
+
+// Blocks returns the number of blocks of the fake's region.
+func (f *Fake) Blocks() int { return f.blocks }
 
 // Block returns block i of the fake's region, for filling and verifying.
 func (f *Fake) Block(i int) []byte {
@@ -218,11 +241,13 @@ func (f *Fake) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error) 
 		return xfer.Peer{}, fmt.Errorf("xfertest: bad metadata %q", metadata)
 	}
 	n, err := strconv.Atoi(parts[3])
-	if err != nil {
+	gen, err2 := strconv.Atoi(parts[2])
+	if err != nil || err2 != nil {
 		return xfer.Peer{}, fmt.Errorf("xfertest: bad metadata %q", metadata)
 	}
-	f.peers[parts[1]]++
-	return xfer.Peer{Agent: parts[1], Blocks: n}, nil
+	key := peerKey(parts[1], gen)
+	f.peers[key]++
+	return xfer.Peer{Agent: key, Blocks: n}, nil
 }
 
 // RemoveRemotePeer implements xfer.DataTransport.
@@ -268,8 +293,18 @@ func (f *Fake) PostRead(local []int, agent string, remote []int, notif []byte) (
 	}
 	f.posts = append(f.posts, p)
 	r := &read{post: p, out: out, target: f.fab.lookup(agent)}
-	if r.target != nil {
-		r.drains = r.target.drains
+	if t := r.target; t != nil {
+		r.drains = t.drains
+		if t.auth != nil && !t.closed {
+			// Served from now to its end, as the TCP plane serves it:
+			// the producer's grant check, and its hold on the blocks.
+			if rel, ok := t.auth(f.name, notif, remote); ok {
+				r.release = rel
+				t.serving[r] = struct{}{}
+			} else {
+				r.refused = true
+			}
+		}
 	}
 	f.xfers[p.Handle] = r
 	return p.Handle, nil
@@ -284,6 +319,10 @@ func (f *Fake) Check(h xfer.Handle) (xfer.Progress, error) {
 		return 0, fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
 	}
 	if r.progress != xfer.InProgress {
+		return r.progress, nil
+	}
+	if r.refused {
+		f.endLocked(r, xfer.Failed)
 		return r.progress, nil
 	}
 	if t := r.target; r.out.TargetDrains > 0 && t != nil && t.drains-r.drains < r.out.TargetDrains {
@@ -308,17 +347,59 @@ func (f *Fake) Check(h xfer.Handle) (xfer.Progress, error) {
 // notification delivered to the producer.
 func (f *Fake) endLocked(r *read, p xfer.Progress) {
 	r.progress = p
+	defer r.unserve()
 	if p != xfer.Complete {
 		return
 	}
 	if t := r.target; t != nil && t != f {
+		if t.closed { // the producer is gone: nothing to read
+			r.progress = xfer.Failed
+			return
+		}
 		for i, rb := range r.post.Remote {
 			if rb >= 0 && rb < t.blocks && t.blockSize == f.blockSize {
 				copy(f.mem[r.post.Local[i]*f.blockSize:], t.mem[rb*t.blockSize:(rb+1)*t.blockSize])
 			}
 		}
-		t.notifs = append(t.notifs, xfer.Notif{Agent: f.name, Msg: []byte(r.post.Notif)})
+		n := xfer.Notif{Agent: f.name, Msg: []byte(r.post.Notif)}
+		if r.out.NotifDelay > 0 {
+			t.late = append(t.late, lateNotif{n, r.out.NotifDelay})
+		} else {
+			t.notifs = append(t.notifs, n)
+		}
 	}
+}
+
+// unserve ends the producer's hold on a READ's blocks, once.
+func (r *read) unserve() {
+	if r.release != nil {
+		r.release()
+		r.release = nil
+		delete(r.target.serving, r)
+	}
+}
+
+// SetAuthorizer makes the fake gate the READs of its memory as the TCP
+// plane does (connector.NewProducer installs the session's check): a READ
+// is authorized when posted, fails if refused, and holds the
+// authorization until it ends or is stopped.
+func (f *Fake) SetAuthorizer(a func(agent string, notif []byte, blocks []int) (release func(), ok bool)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.auth = a
+}
+
+// Serving returns the READs of this fake's memory that its authorizer
+// granted and that have not ended: the producer must keep their blocks.
+func (f *Fake) Serving() []Post {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]Post, 0, len(f.serving))
+	for r := range f.serving {
+		out = append(out, r.post)
+	}
+	slices.SortFunc(out, func(a, b Post) int { return strings.Compare(a.Notif, b.Notif) })
+	return out
 }
 
 // Finish completes a READ still in progress (a Stuck or CheckError one, or
@@ -367,6 +448,7 @@ func (f *Fake) Release(h xfer.Handle) error {
 		f.zombies = append(f.zombies, r)
 		return xfer.ErrMayStillWrite
 	}
+	r.unserve() // stopped: nothing more is read
 	return nil
 }
 
@@ -380,7 +462,22 @@ func (f *Fake) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	}
 	dst = append(dst, f.notifs...)
 	f.notifs = f.notifs[:0]
+	kept := f.late[:0]
+	for _, l := range f.late {
+		if l.drains--; l.drains <= 0 {
+			dst = append(dst, l.n)
+		} else {
+			kept = append(kept, l)
+		}
+	}
+	clear(f.late[len(kept):])
+	f.late = kept
 	return dst, nil
+}
+
+type lateNotif struct {
+	n      xfer.Notif
+	drains int
 }
 
 // Close implements xfer.DataTransport: it releases every handle and peer.
@@ -388,6 +485,12 @@ func (f *Fake) Close() error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.closed = true
+	for _, r := range f.xfers {
+		r.unserve()
+	}
+	for _, r := range f.zombies {
+		r.unserve()
+	}
 	clear(f.xfers)
 	clear(f.peers)
 	return nil
