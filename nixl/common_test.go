@@ -9,6 +9,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -311,3 +312,92 @@ func (s sender) Send(b []byte) error { s(b); return nil }
 type replier func([]byte)
 
 func (r replier) Reply(_, b []byte) error { r(b); return nil }
+
+// Issue 19 over NIXL: one consumer session re-fetches a few entries at
+// high concurrency, so a re-request often arrives while the previous
+// grant's notification is still on its way. Every fetch completes with the
+// producer's bytes, and every grant ends once, by its own READ's
+// notification (the ack's grant id names it) or its lease.
+func TestRefetchSameEntries(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		const entries, inFlight, fetches = 8, 16, 1500
+		quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+		cdata, cr := newAgent(t, v, 2*inFlight, 4096, Config{})
+		pdata, pr := newAgent(t, v, 8*entries, 4096, Config{})
+		cache := cache.NewEmbeddingCache(8 * entries)
+		want := map[string][]byte{}
+		for i := range entries {
+			h := fmt.Sprint("img-", i)
+			e, _ := cache.Alloc(h, 2)
+			for j, b := range e.Blocks {
+				xfertestFill(pr.Block(b), byte(i*2+j+1))
+			}
+			want[h] = append(bytes.Clone(pr.Block(e.Blocks[0])), pr.Block(e.Blocks[1])...)
+			cache.MarkReady(h)
+		}
+		var toP, toC [][]byte
+		sendP := sender(func(b []byte) { toP = append(toP, append([]byte(nil), b...)) })
+		sendC := replier(func(b []byte) { toC = append(toC, append([]byte(nil), b...)) })
+		cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, sendP, cdata, "compat")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cons.Close()
+		prod := session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, cache, "compat")
+		free := make([]int, 2*inFlight)
+		for i := range free {
+			free[i] = i
+		}
+		busy := map[string]bool{}
+		started, done := 0, 0
+		var r session.Results
+		for deadline := time.Now().Add(2 * time.Minute); done < fetches; {
+			if time.Now().After(deadline) {
+				t.Fatalf("stuck after %d of %d fetches", done, fetches)
+			}
+			for started < fetches && len(free) >= 2 {
+				h := fmt.Sprint("img-", (started*7)%entries)
+				if busy[h] {
+					break
+				}
+				now := time.Now()
+				if err := cons.StartXfer(h, slices.Clone(free[len(free)-2:]), now, now.Add(time.Minute)); err != nil {
+					t.Fatal(err)
+				}
+				free = free[:len(free)-2]
+				busy[h] = true
+				started++
+			}
+			var msgs []session.Message
+			for _, m := range toP {
+				msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
+			}
+			toP = nil
+			prod.Poll(msgs, time.Now(), sendC)
+			cons.Poll(toC, time.Now())
+			toC = nil
+			r.Reset()
+			cons.TakeResults(&r)
+			if r.Len() != len(r.Completed) {
+				t.Fatalf("fetch did not complete: %+v", r)
+			}
+			for _, o := range r.Completed {
+				got := append(bytes.Clone(cr.Block(o.Blocks[0])), cr.Block(o.Blocks[1])...)
+				if !bytes.Equal(got, want[o.MMHash]) {
+					t.Fatalf("%s completed with other bytes", o.MMHash)
+				}
+				free = append(free, o.Blocks...)
+				delete(busy, o.MMHash)
+				done++
+			}
+		}
+		for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			prod.Poll(nil, time.Now(), sendC)
+		}
+		st := prod.Stats()
+		if prod.Grants() != 0 || st.Grants != st.Completions+st.Expired || st.Expired != 0 || cache.HasHeldEntries() {
+			t.Fatalf("grants %d, completions %d, expired %d, live %d", st.Grants, st.Completions, st.Expired, prod.Grants())
+		}
+		t.Logf("%d fetches: %d grants, %d re-requests, %d completions", fetches, st.Grants, st.ReRequests, st.Completions)
+	})
+}
