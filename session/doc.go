@@ -50,6 +50,26 @@
 //     mm_hash and session is answered NACK_INTERNAL (the reference drops
 //     both, and the consumer waits out its ack timeout and retries).
 //
+//  8. A re-request of an entry by the same session is a grant of its own;
+//     the earlier grant stays until its own READ's notification or its
+//     lease ends it (the reference drops the earlier pin, and the earlier
+//     READ's notification then ends the new grant under a running READ).
+//     A notification naming a grant ("#<grant>", from the ack's ecx_grant)
+//     ends exactly that grant; one without ends the oldest of its key.
+//  9. Grants are bound to the consumer's agent (the request's ecx_agent,
+//     or the first notification of the session): another agent's
+//     notification or READ is refused. Authorize holds the entry's pin
+//     while a data plane serves a READ, past the end of its grant.
+//  10. One session, and one control-plane identity, pins at most
+//      MaxPinnedShare of the cache (NACK_NOT_READY beyond) and holds at
+//      most MaxGrantsPerEntry grants of one entry; requests older than
+//      MaxRequestAge are dropped.
+//  11. The consumer sends connector_version explicitly, its agent name and
+//      an attempt number; it ignores an ack that echoes another attempt,
+//      and trusts a READ only within the lease the ack advertises
+//      (ecx_lease_ms), else within xfer.Config.PinLease.
+//  12. Cancel ends one transfer; Drain stops a producer granting.
+//
 // Also: every deadline comes from the caller's now (the reference mixes in
 // its own monotonic clock); peer death quarantines READs with a real
 // quarantine deadline (in the reference they never settle); a reply the

@@ -37,11 +37,19 @@
 // peer read any registered block. The notification reaches the producer
 // only after the consumer confirms every byte landed. Malformed frames,
 // oversized lengths, out-of-range blocks and stalls close that connection
-// only. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
+// only. Producers are told apart by name, address and incarnation, so two
+// producers configured with one name are two peers. Each READ gets
+// IOTimeout from when it was sent. Release stops a READ whose bytes are
+// landing by closing its connection and waiting for the reader
+// (StopsReads). The producer holds the grant (its release func) until the
+// READ's bytes have left the region. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
 // "inc" (a new incarnation id on every start), "bs" (block size), "n"
 // (block count)}.
 //
 // Differences from the reference's transports: bounded queues instead of
 // unlimited high-water marks; dead-peer detection for hung and
-// never-reachable producers; a maximum frame size; READs gated by grants.
+// never-reachable producers; a maximum frame size; READs gated by grants;
+// Close returns only once every goroutine of ours has stopped (zmq4's own
+// finish within microseconds: its Close does not wait), and aborts a dial
+// or handshake in progress.
 package transport

@@ -53,6 +53,13 @@
 //     reference, [XferReq.ConnectorVersion] tells an absent field (nil) from
 //     an explicit one, so a producer can see a peer that did not say which
 //     version it speaks.
+//   - Go peers add fields msgspec skips (it ignores unknown fields), so
+//     vLLM's peers are unaffected: [XferReq.VersionOnWire] puts
+//     connector_version on the wire even at its default, and ecx_agent and
+//     ecx_attempt name the consumer's agent and request; an ack may carry
+//     ecx_grant, ecx_lease_ms and the echoed ecx_attempt. Zero values stay
+//     off the wire, so the msgspec-exact encoding (the golden vectors) is
+//     unchanged; an extension of the wrong type reads as absent.
 //   - [CompatHash] reproduces Python's json.dumps escaping (ensure_ascii,
 //     surrogate pairs, short escapes) instead of trusting encoding/json, which
 //     differs on non-ASCII text, on <, > and &, and on DEL.
