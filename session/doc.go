@@ -28,22 +28,28 @@
 //     as local ones, each unique and inside the producer's region. A failed
 //     check or a refused post tombstones that transfer only; nothing escapes
 //     Poll (the reference lets the post's exception escape the engine loop).
+//
 //  2. An ack echoing a session id that is not empty and not ours is ignored
 //     and counted (ForeignAcks).
+//
 //  3. StartXfer for an mm_hash already in flight (waiting, reading or in
 //     quarantine) returns ErrInFlight instead of overwriting a live
 //     transfer whose READ would then never be followed.
+//
 //  4. Blocks are reported free only when the data plane confirms the READ
 //     ended. A failed state check quarantines the transfer instead of
 //     failing it. The quarantine deadline still forces a transfer out, but
 //     the Settled outcome says Forced when nothing confirmed the READ
 //     stopped, and it is counted and logged.
+//
 //  5. A READ first seen complete after request time + pin lease is
 //     tombstoned (LateCompletion), not promoted: the producer may have
 //     reused the blocks. (Request time, not ack time: the producer's lease
 //     started when it granted, between the two.)
+//
 //  6. Close reports what it abandons: the pending results, the transfers
 //     whose blocks may be reused, and those whose READ could not be stopped.
+//
 //  7. An ack that does not decode but names our session and a transfer
 //     waiting for its ack (a status we do not know, say) ends that transfer
 //     at once as bad-ack; a request that does not decode but names its
@@ -56,18 +62,22 @@
 //     READ's notification then ends the new grant under a running READ).
 //     A notification naming a grant ("#<grant>", from the ack's ecx_grant)
 //     ends exactly that grant; one without ends the oldest of its key.
+//
 //  9. Grants are bound to the consumer's agent (the request's ecx_agent,
 //     or the first notification of the session): another agent's
 //     notification or READ is refused. Authorize holds the entry's pin
 //     while a data plane serves a READ, past the end of its grant.
+//
 //  10. One session, and one control-plane identity, pins at most
-//      MaxPinnedShare of the cache (NACK_NOT_READY beyond) and holds at
-//      most MaxGrantsPerEntry grants of one entry; requests older than
-//      MaxRequestAge are dropped.
+//     MaxPinnedShare of the cache (NACK_NOT_READY beyond) and holds at
+//     most MaxGrantsPerEntry grants of one entry; requests older than
+//     MaxRequestAge are dropped.
+//
 //  11. The consumer sends connector_version explicitly, its agent name and
-//      an attempt number; it ignores an ack that echoes another attempt,
-//      and trusts a READ only within the lease the ack advertises
-//      (ecx_lease_ms), else within xfer.Config.PinLease.
+//     an attempt number; it ignores an ack that echoes another attempt,
+//     and trusts a READ only within the lease the ack advertises
+//     (ecx_lease_ms), else within xfer.Config.PinLease.
+//
 //  12. Cancel ends one transfer; Drain stops a producer granting.
 //
 // Also: every deadline comes from the caller's now (the reference mixes in
