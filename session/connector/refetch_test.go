@@ -22,14 +22,14 @@ import (
 // exactly once each, by completion or lease.
 func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 	const (
-		entries  = 16
-		inFlight = 16
-		fetches  = 3000
+		entries  = 128
+		inFlight = 64
+		fetches  = 6000
 		bs       = 4096
 	)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	pr, _ := cache.NewRegion(cache.RegionConfig{Blocks: 8 * entries, BlockSize: bs})
+	pr, _ := cache.NewRegion(cache.RegionConfig{Blocks: 2 * entries, BlockSize: bs})
 	defer pr.Close()
 	pc := cache.NewEmbeddingCache(pr.Blocks())
 	want := map[string][]byte{}
@@ -69,6 +69,7 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 		free[i] = i
 	}
 	busy := map[string]bool{}
+	var recent []string
 	rng := rand.New(rand.NewPCG(1, 2))
 	started, completed := 0, 0
 	var failed []connector.Failure
@@ -78,7 +79,13 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 			t.Fatalf("stuck: %d completed, %d failed, %d in flight", completed, len(failed), pool.InFlight())
 		}
 		for started < fetches && len(free) >= 2 {
+			// Mostly the few entries fetched last: re-fetches in the same
+			// session, while the previous grant's notification may still
+			// be on its way.
 			h := fmt.Sprint("img-", rng.IntN(entries))
+			if len(recent) > 0 && rng.IntN(2) == 0 {
+				h = recent[rng.IntN(len(recent))]
+			}
 			if busy[h] {
 				break
 			}
@@ -100,6 +107,10 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 			completed++
 			free = append(free, d.Blocks...)
 			delete(busy, d.MMHash)
+			recent = append(recent, d.MMHash)
+			if len(recent) > 8 {
+				recent = recent[1:]
+			}
 		}
 		for _, f := range r.Failed {
 			failed = append(failed, f)
@@ -132,6 +143,9 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 		if e, _ := pc.Get(fmt.Sprint("img-", i)); e.Pins != 0 {
 			t.Fatalf("img-%d still pinned %d times", i, e.Pins)
 		}
+	}
+	if st.ReRequests == 0 {
+		t.Fatal("no re-request: the test did not exercise the case")
 	}
 	t.Logf("%d fetches, %d grants, %d re-requests, %d completions, %d expired", fetches, st.Grants, st.ReRequests, st.Completions, st.Expired)
 	cancel()
