@@ -33,6 +33,7 @@ type Config struct {
 	BlocksPerItem int
 	BlockSize     int
 	Concurrency   int // fetches in flight
+	Fetches       int // fetches in all, cycling over the items; 0: Items
 
 	Data         string // data plane: "tcp" (default) or "nixl"
 	NIXLParams   string // NIXL backend parameters, "k=v,k=v"
@@ -50,6 +51,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	fs.IntVar(&c.BlockSize, "block-size", 8192, "bytes per block")
 	if concurrency {
 		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight")
+		fs.IntVar(&c.Fetches, "fetches", 0, "fetches in all, cycling over the items (0: one per item); more than -items re-fetches entries in one session")
 	}
 	fs.StringVar(&c.Data, "data", "tcp", "data plane: tcp (pure Go) or nixl (a build with -tags nixl)")
 	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
@@ -58,7 +60,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 
 // Check reports a shape that cannot run.
 func (c Config) Check(concurrency bool) error {
-	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || (concurrency && c.Concurrency <= 0) {
+	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || c.Fetches < 0 || (concurrency && c.Concurrency <= 0) {
 		return errors.New("every size flag must be positive")
 	}
 	if c.Data != "" && c.Data != "tcp" && c.Data != "nixl" {
@@ -256,8 +258,9 @@ func orNone(s []string) any {
 	return s
 }
 
-// RunConsumer fetches every item from the producer at control and verifies
-// every byte, printing progress to progress (nil: none).
+// RunConsumer fetches every item from the producer at control (cfg.Fetches
+// fetches in all, cycling over the items) and verifies every byte,
+// printing progress to progress (nil: none).
 func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Writer, log *slog.Logger) (Summary, error) {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: cfg.Concurrency * cfg.BlocksPerItem, BlockSize: cfg.BlockSize})
 	if err != nil {
@@ -283,21 +286,29 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 	next, ended := 0, 0
 	start := time.Now()
 	lastReport := start
-	for ended < cfg.Items {
+	fetches := cfg.Fetches
+	if fetches == 0 {
+		fetches = cfg.Items
+	}
+	for ended < fetches {
 		if err := ctx.Err(); err != nil {
 			pool.Close()
 			return sum, err
 		}
 		now := time.Now()
-		for next < cfg.Items && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
+		for next < fetches && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
+			i := next % cfg.Items
+			h := Hash(i)
+			if _, busy := item[h]; busy {
+				break // its previous fetch is still in flight
+			}
 			blocks := slices.Clone(free[len(free)-cfg.BlocksPerItem:])
 			slices.Sort(blocks)
-			h := Hash(next)
 			if err := pool.Fetch(control, h, blocks, now.Add(30*time.Second), now); err != nil {
-				return sum, fmt.Errorf("fetch item %d: %w", next, err)
+				return sum, fmt.Errorf("fetch item %d: %w", i, err)
 			}
 			free = free[:len(free)-cfg.BlocksPerItem]
-			item[h] = next
+			item[h] = i
 			next++
 		}
 		r := pool.Step(now)
@@ -337,7 +348,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 		}
 		if progress != nil && now.Sub(lastReport) >= 500*time.Millisecond {
 			lastReport = now
-			fmt.Fprintf(progress, "  %d/%d verified, %d in flight\n", sum.Verified, cfg.Items, len(item))
+			fmt.Fprintf(progress, "  %d/%d verified, %d in flight\n", sum.Verified, fetches, len(item))
 		}
 		if len(item) > 0 { // let the network move before the next step
 			wctx, cancel := context.WithTimeout(ctx, 200*time.Microsecond)
