@@ -431,8 +431,11 @@ func (p *ProducerSession) newGrant() *grant {
 	}
 	g := new(grant)
 	g.release = func() {
+		// Read before the hold drops: once it is endedBit, the step loop
+		// may recycle g.
+		mm := g.MMHash
 		if g.hold.Add(-1) == endedBit {
-			p.unpin(g.MMHash) // the cache is safe for concurrent use
+			p.unpin(mm) // the cache is safe for concurrent use
 		}
 	}
 	return g
