@@ -255,7 +255,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod := session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, entries, "compat")
+	prod := must(session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, entries, "compat"))
 	var r session.Results
 	for i := range 100 {
 		now := time.Now()
@@ -343,7 +343,7 @@ func TestRefetchSameEntries(t *testing.T) {
 			t.Fatal(err)
 		}
 		defer cons.Close()
-		prod := session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, cache, "compat")
+		prod := must(session.NewProducerSession(session.ProducerConfig{Logger: quiet}, pdata, cache, "compat"))
 		free := make([]int, 2*inFlight)
 		for i := range free {
 			free[i] = i
@@ -400,4 +400,12 @@ func TestRefetchSameEntries(t *testing.T) {
 		}
 		t.Logf("%d fetches: %d grants, %d re-requests, %d completions", fetches, st.Grants, st.ReRequests, st.Completions)
 	})
+}
+
+// must returns v, panicking on err: for constructors in tests.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

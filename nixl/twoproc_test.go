@@ -109,7 +109,7 @@ func runChild(mode string) error {
 		return err
 	}
 	defer srv.Close()
-	prod := connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), Logger: quiet}, srv, data, entries)
+	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), Logger: quiet}, srv, data, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { prod.Serve(ctx, nil); close(done) }()
@@ -214,7 +214,7 @@ func (f *poolFetcher) region() *cache.Region { return f.r }
 
 func (f *poolFetcher) fetch(tb testing.TB, item int) []int {
 	now := time.Now()
-	if err := f.pool.Fetch(f.addr, fmt.Sprint(item), f.blocks, now.Add(30*time.Second), now); err != nil {
+	if _, err := f.pool.Fetch(f.addr, fmt.Sprint(item), f.blocks, now.Add(30*time.Second), now); err != nil {
 		tb.Fatal(err)
 	}
 	for {
@@ -264,7 +264,7 @@ func newFetcher(tb testing.TB, mode string, bs int, v variant) fetcher {
 		return &rawFetcher{a: data.(*Agent), r: r, peer: peer, remote: make([]int, per), local: blocks}
 	}
 	ctl := transport.NewClient(transport.ClientConfig{Logger: quiet})
-	pool := connector.NewPool(connector.PoolConfig{CompatHash: compat(bs), BlockSize: bs, Logger: quiet}, ctl, data)
+	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: compat(bs), BlockSize: bs, Logger: quiet}, ctl, data))
 	tb.Cleanup(func() { pool.Close(); ctl.Close() })
 	return &poolFetcher{pool: pool, r: r, addr: c.line, blocks: blocks}
 }

@@ -94,9 +94,8 @@ func BenchmarkProducerGrant(b *testing.B) {
 					b.Fatal(err)
 				}
 				c.MarkReady(h)
-				p := NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat)
+				p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
 				if mode == "steady-authorize" {
-					p.EnableAuthorize() // as with the TCP data plane
 				}
 				sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
 				msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
@@ -163,8 +162,7 @@ func BenchmarkAuthorize16K(b *testing.B) {
 			}
 			c.MarkReady("big")
 			data := xfertest.New("prod", 2*n, 8)
-			p := NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat)
-			p.EnableAuthorize()
+			p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat))
 			p.Poll([]Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, t0, &queue{})
 			want := slices.Clone(e.Blocks)
 			tc.order(want)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -25,7 +26,8 @@ type Sender interface {
 
 // Errors of the sessions.
 var (
-	ErrClosed    = errors.New("session: closed")
+	ErrClosed    = xfer.ErrClosed // the module's one ErrClosed
+	ErrBadConfig = xfer.ErrBadConfig
 	ErrInFlight  = errors.New("session: a transfer for this mm_hash is in flight")
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
@@ -89,7 +91,16 @@ type ConsumerSession struct {
 
 // NewConsumerSession returns a session with a fresh UUID4 id that sends to
 // peer and reads through data. compatHash is wire.CompatHash of this side.
+//
+// It fails with ErrBadConfig when compatHash is empty or peer or data is
+// nil; an error reading cfg.Rand for the session id is returned wrapped.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
+	switch {
+	case compatHash == "":
+		return nil, fmt.Errorf("%w: session: empty compatibility hash", ErrBadConfig)
+	case peer == nil || data == nil:
+		return nil, fmt.Errorf("%w: session: nil sender or data plane", ErrBadConfig)
+	}
 	r := cfg.Rand
 	if r == nil {
 		r = randReader
@@ -193,7 +204,7 @@ func (c *ConsumerSession) badAck(raw []byte) {
 
 // cxfer is a transfer as the session holds it.
 type cxfer struct {
-	xfer.ConsumerXfer
+	fsm.ConsumerXfer
 	ended bool // its outcome is recorded; advance drops it
 	moved bool // quarantined by Cancel: advance drops it from active
 	// attempt names its request; an ack echoing another is an earlier
@@ -237,7 +248,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 	c.src = ack.AppendBlocks(c.src[:0])
 	x.Grant(ack.Grant, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.HandleAck(c.src, peer, now); err != nil {
-		if errors.Is(err, xfer.ErrBadAck) {
+		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++
 		}
 		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)

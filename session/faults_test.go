@@ -18,7 +18,6 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 	for _, withID := range []bool{false, true} {
 		t.Run(fmt.Sprintf("grant-id=%v", withID), func(t *testing.T) {
 			po := newProducer(t)
-			po.p.EnableAuthorize()
 			a := sid("a")
 			first := po.poll(t, t0, req("R", a))[0]
 			second := po.poll(t, at(time.Second), req("R", a))[0]
@@ -72,7 +71,7 @@ func TestPinnedShare(t *testing.T) {
 		c.MarkReady(fmt.Sprint("E", i))
 	}
 	po := &producerOnly{data: xfertest.New("prod", 16, 8), cache: c, out: &queue{}}
-	po.p = NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat)
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat))
 	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")), req("E3", sid("b")))
 	want := []wire.Status{wire.OK, wire.OK, wire.NackNotReady, wire.OK}
 	for i := range want {
@@ -91,7 +90,7 @@ func TestPinnedShare(t *testing.T) {
 	po2 := &producerOnly{data: xfertest.New("prod", 16, 8), cache: cache.NewEmbeddingCache(16), out: &queue{}}
 	po2.cache.Alloc("R", 4)
 	po2.cache.MarkReady("R")
-	po2.p = NewProducerSession(ProducerConfig{Logger: quiet}, po2.data, po2.cache, compat)
+	po2.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po2.data, po2.cache, compat))
 	var msgs []Message
 	for i := range 4 {
 		msgs = append(msgs, Message{Identity: []byte("one"), Payload: req("R", sid(fmt.Sprint("s", i)))})
@@ -107,7 +106,7 @@ func TestPinnedShare(t *testing.T) {
 	}
 	// Re-requests of one entry: MaxGrantsPerEntry (8) live grants at most.
 	po3 := newProducer(t)
-	po3.p = NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, po3.data, po3.cache, compat)
+	po3.p = must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, po3.data, po3.cache, compat))
 	var reqs [][]byte
 	for range 10 {
 		reqs = append(reqs, req("R", sid("a")))

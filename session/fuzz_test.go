@@ -92,14 +92,14 @@ func FuzzProducerPoll(f *testing.F) {
 		c.Alloc("R", 2)
 		c.MarkReady("R")
 		c.Alloc("N", 1)
-		p := NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 3, MaxGrants: 5}, pdata, c, compat)
+		p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 3, MaxGrants: 5}, pdata, c, compat))
 		var msgs []Message
 		for i, m := range split(data) {
 			msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: m})
 		}
 		check := func() {
 			counts := map[string]int{}
-			p.GrantCounts(counts)
+			p.pinCounts(counts)
 			for _, h := range []string{"R", "N"} {
 				if e, _ := c.Get(h); e.Pins != counts[h] {
 					t.Fatalf("%s: %d pins, %d grants", h, e.Pins, counts[h])

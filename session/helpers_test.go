@@ -84,3 +84,11 @@ func ackOK(h, sid string, meta []byte, ids ...int64) []byte {
 }
 
 var errSend = errors.New("send refused")
+
+// must returns v, panicking on err: for constructors in tests.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -45,7 +45,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	prod := NewProducerSession(ProducerConfig{Logger: quiet}, pdata, pc, compat)
+	prod := must(NewProducerSession(ProducerConfig{Logger: quiet}, pdata, pc, compat))
 
 	free := make([]int, 48)
 	for i := range free {

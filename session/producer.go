@@ -3,6 +3,7 @@ package session
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -11,18 +12,14 @@ import (
 	"unicode/utf8"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/fsm"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // Message is one request as the control plane received it.
-type Message struct {
-	Identity []byte // the consumer's ZeroMQ identity
-	Payload  []byte
-	// At is when the request arrived; zero means "now" (see
-	// ProducerConfig.MaxRequestAge).
-	At time.Time
-}
+type Message = xfer.Message
 
 // Replier sends a reply to the consumer with the given identity. It must not
 // block and must not keep payload after it returns.
@@ -92,7 +89,7 @@ type consumerState struct {
 
 // grant is one live ProducerXfer, on the lease list in deadline order.
 type grant struct {
-	xfer.ProducerXfer
+	fsm.ProducerXfer
 	id    uint64
 	key   string // "<session_id>:<mm_hash>", the notification's text
 	agent string // the agent allowed to read it; "" while unknown
@@ -122,8 +119,7 @@ type ProducerSession struct {
 	lease  time.Duration
 	log    *slog.Logger
 
-	authMu sync.RWMutex // guards byKey and byID against Authorize, once enabled
-	authOn bool
+	authMu sync.RWMutex // guards byKey and byID against Authorize
 	byKey  map[string][]*grant // live grants per key, oldest first
 	byID   map[uint64]*grant
 	nextID uint64
@@ -157,8 +153,15 @@ type ProducerSession struct {
 }
 
 // NewProducerSession returns a session serving entries of c through data.
-// compatHash is wire.CompatHash of this side.
-func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) *ProducerSession {
+// compatHash is wire.CompatHash of this side. It fails (ErrBadConfig) when
+// compatHash is empty or data or c is nil.
+func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) (*ProducerSession, error) {
+	switch {
+	case compatHash == "":
+		return nil, fmt.Errorf("%w: session: empty compatibility hash", ErrBadConfig)
+	case data == nil || c == nil:
+		return nil, fmt.Errorf("%w: session: nil data plane or cache", ErrBadConfig)
+	}
 	if cfg.PinLease <= 0 {
 		cfg.PinLease = xfer.DefaultConfig().PinLease
 	}
@@ -188,7 +191,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	p.driven, _ = data.(xfer.Driven)
-	return p
+	return p, nil
 }
 
 // Stats returns the counters.
@@ -341,7 +344,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	cs.grants++
 	g := p.newGrant()
 	p.nextID++
-	g.ProducerXfer = xfer.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
+	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = p.nextID, key, cs.agent, cs
 	if len(same) == 0 {
 		g.ident = string(ident)
@@ -368,17 +371,8 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	return g
 }
 
-func (p *ProducerSession) lock() {
-	if p.authOn {
-		p.authMu.Lock()
-	}
-}
-
-func (p *ProducerSession) unlock() {
-	if p.authOn {
-		p.authMu.Unlock()
-	}
-}
+func (p *ProducerSession) lock()   { p.authMu.Lock() }
+func (p *ProducerSession) unlock() { p.authMu.Unlock() }
 
 func (p *ProducerSession) unpin(mmHash string) {
 	if err := p.cache.Unpin(mmHash); err != nil {
@@ -499,10 +493,14 @@ func (p *ProducerSession) reapHeld() {
 	p.held = kept
 }
 
-// GrantCounts adds the pins per mm_hash this session holds for its grants
+func init() {
+	hooks.SessionPins = func(s any, dst map[string]int) { s.(*ProducerSession).pinCounts(dst) }
+}
+
+// pinCounts adds the pins per mm_hash this session holds for its grants
 // (live ones, and ended ones whose READ is still being served) to dst. For
-// invariant checks; not safe while a READ may be released concurrently.
-func (p *ProducerSession) GrantCounts(dst map[string]int) {
+// the simulator's invariant checks (internal/hooks).
+func (p *ProducerSession) pinCounts(dst map[string]int) {
 	for g := p.lru.next; g != &p.lru; g = g.next {
 		dst[g.MMHash]++
 	}
@@ -513,25 +511,16 @@ func (p *ProducerSession) GrantCounts(dst map[string]int) {
 	}
 }
 
-// EnableAuthorize makes Authorize usable. Call it before handing
-// Authorize to a data plane (connector.NewProducer does): from then on the
-// grant table is locked for it. A producer whose data plane cannot gate
-// READs (NIXL) skips the locking.
-func (p *ProducerSession) EnableAuthorize() { p.authOn = true }
-
 // Authorize reports whether a live grant covers a READ by agent: notif
 // names the grant ("<session_id>:<mm_hash>", with "#<grant>" from a Go
 // consumer), every block must be one of its entry's, and the grant must
 // not be bound to another agent. If it does, the entry stays pinned until
 // release is called, even if the grant ends meanwhile: a data plane calls
 // Authorize before serving a READ and release once the bytes are out of
-// the region. Once EnableAuthorize was called it is safe for concurrent
-// use, unlike the rest of ProducerSession; before, it grants nothing.
-// The block comparison runs without the lock the step loop needs.
+// the region. It is safe for concurrent use, unlike the rest of
+// ProducerSession; the block comparison runs without the lock the step
+// loop needs.
 func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (release func(), ok bool) {
-	if !p.authOn {
-		return nil, false
-	}
 	p.authMu.RLock()
 	g := p.lookup(notif)
 	if g != nil {
@@ -597,7 +586,7 @@ var bitmaps = sync.Pool{New: func() any { return new([]uint64) }}
 
 // lookup finds the grant a notification names: by its grant id when it
 // carries one ("<key>#<id>", and the key must match), else the oldest
-// live grant of the key. Called with authMu held when authOn.
+// live grant of the key. Called with authMu held, or on the step loop.
 func (p *ProducerSession) lookup(msg []byte) *grant {
 	if key, id, ok := splitGrant(msg); ok {
 		if g := p.byID[id]; g != nil && g.key == string(key) {

@@ -33,7 +33,7 @@ func newProducer(t *testing.T) *producerOnly {
 	if _, err := po.cache.Alloc("N", 1); err != nil {
 		t.Fatal(err)
 	}
-	po.p = NewProducerSession(ProducerConfig{Logger: quiet}, po.data, po.cache, compat)
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po.data, po.cache, compat))
 	return po
 }
 

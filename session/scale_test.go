@@ -28,7 +28,7 @@ func (m *metaData) AgentMetadata() []byte { return m.meta }
 func TestDescriptorOncePerSession(t *testing.T) {
 	po := newProducer(t)
 	data := &metaData{Fake: po.data, meta: po.data.AgentMetadata()}
-	po.p = NewProducerSession(ProducerConfig{Logger: quiet}, data, po.cache, compat)
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, data, po.cache, compat))
 	s1, s2 := sid("one"), sid("two")
 	acks := po.poll(t, t0, req("R", s1), req("R", s2))
 	if len(acks) != 2 || len(acks[0].MemDescriptor) == 0 || len(acks[1].MemDescriptor) == 0 {
@@ -69,7 +69,7 @@ func TestConsumerWithDescriptorLessAcks(t *testing.T) {
 	}
 	toP, toC := &queue{}, &queue{}
 	cons, _ := NewConsumerSession(ConsumerConfig{Logger: quiet}, toP, cdata, compat)
-	prod := NewProducerSession(ProducerConfig{Logger: quiet}, pdata, pc, compat)
+	prod := must(NewProducerSession(ProducerConfig{Logger: quiet}, pdata, pc, compat))
 	var r Results
 	for i, h := range []string{"a", "b", "c"} {
 		mustStart(t, cons, h, []int{2 * i, 2*i + 1}, at(time.Hour))
@@ -90,7 +90,7 @@ func TestConsumerWithDescriptorLessAcks(t *testing.T) {
 
 func TestGrantBounds(t *testing.T) {
 	po := newProducer(t)
-	po.p = NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 2, MaxGrants: 3}, po.data, po.cache, compat)
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 2, MaxGrants: 3}, po.data, po.cache, compat))
 	po.cache.Alloc("S", 1)
 	po.cache.MarkReady("S")
 	po.cache.Alloc("T", 1)
@@ -136,10 +136,6 @@ func TestAuthorize(t *testing.T) {
 		}
 		return ok
 	}
-	if auth("cons", key, e.Blocks) {
-		t.Fatal("authorized before EnableAuthorize")
-	}
-	po.p.EnableAuthorize()
 	if !auth("cons", key, e.Blocks) || !auth("cons", key, e.Blocks[:1]) || !auth("cons", key, []int{e.Blocks[1], e.Blocks[0]}) {
 		t.Fatal("granted blocks refused")
 	}
@@ -158,7 +154,6 @@ func TestAuthorize(t *testing.T) {
 // grant exactly.
 func TestGrantBoundToAgent(t *testing.T) {
 	po := newProducer(t)
-	po.p.EnableAuthorize()
 	r := wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Agent: "cons-a"}
 	acks := po.poll(t, t0, wire.AppendReq(nil, &r))
 	if acks[0].Status != wire.OK || acks[0].Grant == 0 || acks[0].LeaseMillis != uint64(xfer.DefaultConfig().PinLease.Milliseconds()) {
@@ -194,7 +189,6 @@ func TestGrantBoundToAgent(t *testing.T) {
 // (lease or Close), until the data plane releases it.
 func TestServedReadHoldsThePin(t *testing.T) {
 	po := newProducer(t)
-	po.p.EnableAuthorize()
 	po.poll(t, t0, req("R", sid("a")))
 	e, _ := po.cache.Get("R")
 	release, ok := po.p.Authorize("cons", []byte(sid("a")+":R"), e.Blocks)
@@ -266,8 +260,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 		c.MarkReady(fmt.Sprint("E", i))
 	}
 	data := xfertest.New("prod", 64, 8)
-	p := NewProducerSession(ProducerConfig{Logger: quiet, PinLease: 5 * time.Millisecond, MaxPinnedShare: 1}, data, c, compat)
-	p.EnableAuthorize()
+	p := must(NewProducerSession(ProducerConfig{Logger: quiet, PinLease: 5 * time.Millisecond, MaxPinnedShare: 1}, data, c, compat))
 	stop := make(chan struct{})
 	var wg sync.WaitGroup
 	for w := range 4 {

@@ -1,8 +1,9 @@
 package transport
 
 import (
+	"github.com/ecxfer/ecxfer/xfer"
+
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -15,16 +16,14 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/google/uuid"
-
-	"github.com/ecxfer/ecxfer/session"
 )
 
 // Errors of the control plane.
 var (
-	ErrQueueFull  = errors.New("transport: send queue full")
-	ErrPeerDown   = errors.New("transport: peer is down")
-	ErrNotAllowed = errors.New("transport: producer address not allowed")
-	ErrClosed     = errors.New("transport: closed")
+	ErrQueueFull  = xfer.ErrQueueFull
+	ErrPeerDown   = xfer.ErrPeerDown
+	ErrNotAllowed = xfer.ErrNotAllowed
+	ErrClosed     = xfer.ErrClosed
 )
 
 // Heartbeat and liveness defaults: the reference's ZMTP options.
@@ -82,8 +81,8 @@ type Server struct {
 	sock   zmq4.Socket
 	forget func()
 	log    *slog.Logger
-	in     chan session.Message
-	out    chan session.Message
+	in     chan xfer.Message
+	out    chan xfer.Message
 	done   chan struct{}
 	wg     sync.WaitGroup
 	guards *goGroup
@@ -91,7 +90,7 @@ type Server struct {
 	once   sync.Once
 
 	heldMu sync.Mutex
-	held   []session.Message // taken by Wait, handed out by the next Drain
+	held   []xfer.Message // taken by Wait, handed out by the next Drain
 }
 
 // Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
@@ -113,8 +112,8 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{log: cfg.Logger, in: make(chan session.Message, cfg.MaxQueued),
-		out: make(chan session.Message, cfg.MaxQueued), done: make(chan struct{})}
+	s := &Server{log: cfg.Logger, in: make(chan xfer.Message, cfg.MaxQueued),
+		out: make(chan xfer.Message, cfg.MaxQueued), done: make(chan struct{})}
 	gcfg := newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
 	ep, forget, err := guardEndpoint(gcfg, hp)
@@ -183,7 +182,7 @@ func (s *Server) recvLoop() {
 			continue
 		}
 		select {
-		case s.in <- session.Message{Identity: msg.Frames[0], Payload: msg.Frames[2]}:
+		case s.in <- xfer.Message{Identity: msg.Frames[0], Payload: msg.Frames[2]}:
 		case <-s.done:
 			return
 		}
@@ -210,7 +209,7 @@ func (s *Server) sendLoop() {
 
 // Drain appends the requests received since the last call to dst, without
 // blocking.
-func (s *Server) Drain(dst []session.Message) []session.Message {
+func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	s.heldMu.Lock()
 	dst = append(dst, s.held...)
 	s.stats.received.Add(uint64(len(s.held)))
@@ -262,7 +261,7 @@ func (s *Server) Reply(identity, payload []byte) error {
 	default:
 	}
 	select {
-	case s.out <- session.Message{Identity: msg[:len(identity):len(identity)], Payload: msg[len(identity):]}:
+	case s.out <- xfer.Message{Identity: msg[:len(identity):len(identity)], Payload: msg[len(identity):]}:
 		return nil
 	default:
 		return ErrQueueFull
@@ -302,10 +301,7 @@ type ClientConfig struct {
 }
 
 // Inbound is one payload a producer sent.
-type Inbound struct {
-	Addr    string // the address as given to Send
-	Payload []byte
-}
+type Inbound = xfer.Inbound
 
 // Client is the consumer's control plane: one DEALER per producer address,
 // built on first use with a fresh identity, dropped when the producer is

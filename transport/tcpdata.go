@@ -183,8 +183,17 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 
 func encodeMeta(m agentMeta) ([]byte, error) { return msgpack.Marshal(&m) }
 
-// SetAuthorizer installs the gate for READs served (see Authorizer).
+// SetAuthorizer installs the gate for READs served (see Authorizer),
+// replacing the one there was.
 func (d *TCPData) SetAuthorizer(a Authorizer) { d.auth.Store(&a) }
+
+// Authorizer returns the gate installed, or nil.
+func (d *TCPData) Authorizer() Authorizer {
+	if a := d.auth.Load(); a != nil {
+		return *a
+	}
+	return nil
+}
 
 // Name returns the agent name.
 func (d *TCPData) Name() string { return d.name }

@@ -2,7 +2,7 @@ package xfer
 
 import "fmt"
 
-// State is where a ConsumerXfer stands.
+// State is where a transfer stands on the consumer side.
 type State uint8
 
 const (

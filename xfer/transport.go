@@ -55,8 +55,13 @@ var (
 	// ErrLengthMismatch is returned by PostRead when the local and remote
 	// block lists differ in length.
 	ErrLengthMismatch = errors.New("xfer: local and remote block counts differ")
-	// ErrClosed is returned after Close.
-	ErrClosed = errors.New("xfer: transport closed")
+	// ErrClosed is returned by every component of this module once it is
+	// closed: data planes, control planes, sessions, pools and producers
+	// all return (or wrap) this one value, so one errors.Is tells.
+	ErrClosed = errors.New("ecxfer: closed")
+	// ErrBadConfig is returned by constructors given a configuration they
+	// cannot run with (a required field missing, a nil dependency).
+	ErrBadConfig = errors.New("ecxfer: invalid configuration")
 )
 
 // DataTransport is the data plane: one-sided READs of a peer's registered

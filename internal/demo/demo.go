@@ -191,7 +191,13 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 		return nil, err
 	}
 	p := &Producer{Control: srv.Endpoint(), Data: addr, srv: srv, data: data, region: region, done: make(chan struct{})}
-	p.prod = connector.NewProducer(connector.ProducerConfig{CompatHash: cfg.CompatHash(), Logger: log}, srv, data, c)
+	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: cfg.CompatHash(), Logger: log}, srv, data, c)
+	if err != nil {
+		srv.Close()
+		data.Close()
+		region.Close()
+		return nil, err
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() {
@@ -274,7 +280,10 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 	defer data.Close()
 	ctl := transport.NewClient(transport.ClientConfig{Logger: log})
 	defer ctl.Close()
-	pool := connector.NewPool(connector.PoolConfig{CompatHash: cfg.CompatHash(), BlockSize: cfg.BlockSize, Logger: log}, ctl, data)
+	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: cfg.CompatHash(), BlockSize: cfg.BlockSize, Logger: log}, ctl, data)
+	if err != nil {
+		return Summary{}, err
+	}
 
 	free := make([]int, region.Blocks())
 	for i := range free {
@@ -304,7 +313,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 			}
 			blocks := slices.Clone(free[len(free)-cfg.BlocksPerItem:])
 			slices.Sort(blocks)
-			if err := pool.Fetch(control, h, blocks, now.Add(30*time.Second), now); err != nil {
+			if _, err := pool.Fetch(control, h, blocks, now.Add(30*time.Second), now); err != nil {
 				return sum, fmt.Errorf("fetch item %d: %w", i, err)
 			}
 			free = free[:len(free)-cfg.BlocksPerItem]

@@ -14,7 +14,6 @@ package sim
 import (
 	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -28,6 +27,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
@@ -311,8 +311,13 @@ func (s *sim) startProducer(p *producer) {
 	p.extra = p.extra[:0]
 	p.drainAt = -1
 	p.srv = &simServer{s: s, p: p}
-	p.prod = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
+	var err error
+	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
 		MaxPerPeerPerStep: 16}, p.srv, p.data, p.cache)
+	if err != nil {
+		s.fail("producer: %v", err)
+		return
+	}
 	select {
 	case s.watch <- p.prod:
 	default: // the watcher is behind: it skips this one
@@ -338,9 +343,13 @@ func (s *sim) startProducer(p *producer) {
 
 func (s *sim) startPool(c *consumer) {
 	c.ctl = &simClient{s: s, c: c, conn: map[string]int{}, down: map[string]bool{}}
-	c.pool = connector.NewPool(connector.PoolConfig{CompatHash: "sim", Xfer: xcfg, AckTimeout: ackTimeout,
+	var err error
+	c.pool, err = connector.NewPool(connector.PoolConfig{CompatHash: "sim", Xfer: xcfg, AckTimeout: ackTimeout,
 		Retry:     connector.RetryConfig{MaxAttempts: 4, MaxElapsed: 2 * time.Second, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
 		BlockSize: blockSize, Seed: s.rng.Uint64() | 1, Logger: s.log}, c.ctl, c.data)
+	if err != nil {
+		s.fail("pool: %v", err)
+	}
 }
 
 // readOutcome draws how a READ ends.
@@ -597,8 +606,8 @@ func (s *sim) startFetches(c *consumer) {
 			continue // the pool would refuse it: a READ for it may still run
 		}
 		blocks := slices.Clone(c.free[len(c.free)-n:])
-		err := c.pool.Fetch(p.addr, h, blocks, s.now.Add(5*time.Second), s.now)
-		if errors.Is(err, connector.ErrJoined) || err != nil {
+		joined, err := c.pool.Fetch(p.addr, h, blocks, s.now.Add(5*time.Second), s.now)
+		if joined || err != nil {
 			continue
 		}
 		c.free = c.free[:len(c.free)-n]
@@ -685,7 +694,7 @@ func (s *sim) check() {
 	counts := map[string]int{}
 	for _, p := range s.prods {
 		clear(counts)
-		p.prod.Session().GrantCounts(counts)
+		hooks.ProducerPins(p.prod, counts)
 		for i := range s.cfg.Entries + len(p.extra) {
 			var h string
 			if i < s.cfg.Entries {
@@ -720,7 +729,7 @@ func (s *sim) check() {
 				}
 			}
 		}
-		if g := p.prod.Session().Grants(); g > 4*s.cfg.Consumers*s.cfg.Entries {
+		if g := p.prod.Grants(); g > 4*s.cfg.Consumers*s.cfg.Entries {
 			s.fail("%s: %d grants", p.name, g)
 		}
 	}
@@ -930,3 +939,5 @@ func (v *simClient) Dead(dst []string) []string {
 }
 
 func (v *simClient) Remove(string) {}
+
+func (v *simClient) Wait(context.Context) bool { return true }

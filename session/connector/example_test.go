@@ -31,7 +31,7 @@ func startProducer(ctx context.Context) string {
 	entries.MarkReady("img-1")
 	data, _ := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: logger}, region)
 	ctl, _ := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
-	p := connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries)
+	p := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries))
 	go func() {
 		p.Serve(ctx, nil)
 		p.Close()
@@ -52,7 +52,7 @@ func ExampleProducer() {
 	defer data.Close()
 	ctl, _ := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
 	defer ctl.Close()
-	p := connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries)
+	p := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries))
 
 	// The encoder saves an embedding: allocate, write, mark ready.
 	e, _ := entries.Alloc("img-1", 2)
@@ -65,7 +65,7 @@ func ExampleProducer() {
 	for range 3 {
 		p.Step(time.Now())
 	}
-	fmt.Println("grants held:", p.Session().Grants())
+	fmt.Println("grants held:", p.Grants())
 	fmt.Println("pins released at close:", p.Close())
 	// Output:
 	// grants held: 0
@@ -85,7 +85,7 @@ func ExamplePool() {
 	defer data.Close()
 	ctl := transport.NewClient(transport.ClientConfig{Logger: logger})
 	defer ctl.Close()
-	pool := connector.NewPool(connector.PoolConfig{CompatHash: compat, BlockSize: 4096, Logger: logger}, ctl, data)
+	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: compat, BlockSize: 4096, Logger: logger}, ctl, data))
 	defer pool.Close()
 
 	now := time.Now()

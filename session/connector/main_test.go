@@ -9,3 +9,11 @@ import (
 // Every goroutine a test started (Serve, the control and data planes) must
 // be gone when the tests end.
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// must returns v, panicking on err: for constructors in tests.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}

@@ -1,6 +1,7 @@
 package connector
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -8,23 +9,32 @@ import (
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/session"
-	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // ControlClient is what a Pool needs of the consumer's control plane;
-// *transport.Client implements it.
+// *transport.Client implements it, and an engine may bring its own.
 type ControlClient interface {
+	// Send queues payload (copied) for the producer at addr without
+	// blocking; refusals wrap xfer.ErrQueueFull, xfer.ErrPeerDown or
+	// xfer.ErrNotAllowed.
 	Send(addr string, payload []byte) error
-	Drain(dst []transport.Inbound) []transport.Inbound
+	// Drain appends the payloads received since the last call.
+	Drain(dst []xfer.Inbound) []xfer.Inbound
+	// Dead appends the producers declared dead since the last call.
 	Dead(dst []string) []string
+	// Remove drops the connection to addr, without reporting a death.
 	Remove(addr string)
+	// Wait blocks until Drain or Dead has something, or ctx ends, and
+	// reports which.
+	Wait(ctx context.Context) bool
 }
 
 // RetryConfig bounds the attempts at one fetch.
@@ -189,21 +199,37 @@ type Pool struct {
 	spareRetry []*fetch // the last list retryDue walked, for reuse
 
 	res     Results
-	inbound []transport.Inbound
+	inbound []xfer.Inbound
 	dead    []string
 	sres    session.Results
 	stats   PoolStats
 	closed  bool
 	reapAt  time.Time // the next look for idle sessions
+
+	closedMalformed uint64 // Malformed of sessions closed
+	pubMu           sync.Mutex
+	pub             PoolStats // what Stats returns
 }
 
-// ErrJoined is returned by Fetch when the mm_hash is being fetched already:
-// the result will come once, for the first fetch; the caller's blocks were
-// not taken.
-var ErrJoined = errors.New("connector: fetch joined one in flight")
+// ErrInFlight is returned by Fetch for an mm_hash whose previous fetch
+// failed with BlocksHeld and whose READ has not ended: its blocks have not
+// come back in Released yet. It is session.ErrInFlight.
+var ErrInFlight = session.ErrInFlight
 
-// NewPool returns a pool over a control-plane client and a data plane.
-func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) *Pool {
+// ErrBadConfig is returned by NewPool and NewProducer for a configuration
+// they cannot run with; it is xfer.ErrBadConfig.
+var ErrBadConfig = xfer.ErrBadConfig
+
+// NewPool returns a pool over a control-plane client and a data plane. It
+// fails with ErrBadConfig when cfg.CompatHash is empty (every request would
+// be refused NACK_INCOMPAT) or ctl or data is nil.
+func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool, error) {
+	switch {
+	case cfg.CompatHash == "":
+		return nil, fmt.Errorf("%w: connector: PoolConfig.CompatHash is required", ErrBadConfig)
+	case ctl == nil || data == nil:
+		return nil, fmt.Errorf("%w: connector: nil control plane or data plane", ErrBadConfig)
+	}
 	cfg = cfg.withDefaults()
 	p := &Pool{cfg: cfg, ctl: ctl, data: data, log: cfg.Logger, peers: map[string]*peer{}, fetches: map[string]*fetch{}}
 	seed := cfg.Seed
@@ -215,21 +241,42 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) *Pool {
 	}
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 	p.stats.FailedBy = map[xfer.Reason]uint64{}
-	return p
+	return p, nil
 }
 
-// Stats returns a snapshot of the counters.
+// Stats returns the counters as of the end of the last Step (or Cancel,
+// Close). Unlike the rest of Pool it is safe to call from any
+// goroutine, a metrics exporter's say.
 func (p *Pool) Stats() PoolStats {
-	s := p.stats
-	s.FailedBy = make(map[xfer.Reason]uint64, len(p.stats.FailedBy))
-	for k, v := range p.stats.FailedBy {
-		s.FailedBy[k] = v
-	}
-	for _, pe := range p.allPeers() {
-		st := pe.s.Stats()
-		s.Malformed += st.Malformed
+	p.pubMu.Lock()
+	defer p.pubMu.Unlock()
+	s := p.pub
+	s.FailedBy = maps.Clone(p.pub.FailedBy)
+	if s.FailedBy == nil {
+		s.FailedBy = map[xfer.Reason]uint64{}
 	}
 	return s
+}
+
+// publish copies the counters for Stats.
+func (p *Pool) publish() {
+	malformed := p.closedMalformed
+	for _, pe := range p.order {
+		malformed += pe.s.Stats().Malformed
+	}
+	for _, pe := range p.draining {
+		malformed += pe.s.Stats().Malformed
+	}
+	p.pubMu.Lock()
+	fb := p.pub.FailedBy
+	p.pub = p.stats
+	p.pub.Malformed = malformed
+	if fb == nil {
+		fb = map[xfer.Reason]uint64{}
+	}
+	maps.Copy(fb, p.stats.FailedBy)
+	p.pub.FailedBy = fb
+	p.pubMu.Unlock()
 }
 
 func (p *Pool) allPeers() []*peer {
@@ -242,24 +289,34 @@ func (p *Pool) allPeers() []*peer {
 func (p *Pool) InFlight() int { return len(p.fetches) }
 
 // Fetch starts fetching mmHash from the producer at addr into blocks, to end
-// by deadline. A fetch of an mm_hash already in flight is joined (ErrJoined):
-// it does not start again and does not take blocks. Any other error means
-// nothing started and blocks are the caller's again.
-func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) error {
+// by deadline; the fetch ends once, in a later Step's Completed or Failed.
+// The pool keeps blocks until then: do not modify the slice.
+//
+// If mmHash is being fetched already, the fetch is joined: joined is true,
+// nothing starts, blocks are not taken, and the one outcome comes for the
+// first fetch.
+//
+// On error nothing started and blocks are the caller's again. The errors:
+// ErrClosed after Close; session.ErrBadBlocks for negative or repeated
+// blocks; ErrInFlight while a READ of an earlier fetch of mmHash may still
+// write; and the control plane's refusal, wrapped: xfer.ErrQueueFull,
+// xfer.ErrPeerDown (both worth retrying after a Step), xfer.ErrNotAllowed,
+// or an address it cannot parse.
+func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
-		return session.ErrClosed
+		return false, ErrClosed
 	}
 	if _, ok := p.fetches[mmHash]; ok {
 		p.stats.Joined++
-		return ErrJoined
+		return true, nil
 	}
 	f := &fetch{mmHash: mmHash, addr: addr, blocks: blocks, started: now, deadline: deadline}
 	if err := p.attempt(f, now); err != nil {
-		return err
+		return false, err
 	}
 	p.fetches[mmHash] = f
 	p.stats.Fetches++
-	return nil
+	return false, nil
 }
 
 // attempt sends one request for f.
@@ -352,6 +409,7 @@ func (p *Pool) Step(now time.Time) *Results {
 	p.draining = kept
 	p.retryDue(now)
 	p.reapIdle(now)
+	p.publish()
 	return &p.res
 }
 
@@ -414,6 +472,7 @@ func (p *Pool) peerDown(addr string, now time.Time) {
 }
 
 func (p *Pool) closeSession(pe *peer) {
+	p.closedMalformed += pe.s.Stats().Malformed
 	rep := pe.s.Close()
 	// Nothing should be left; whatever is, is reported, never dropped.
 	p.apply(pe, &rep.Pending, time.Time{})
@@ -559,7 +618,7 @@ func (p *Pool) retryDue(now time.Time) {
 			continue
 		}
 		if err := p.attempt(f, now); err != nil {
-			if errors.Is(err, session.ErrInFlight) || errors.Is(err, transport.ErrPeerDown) || errors.Is(err, transport.ErrQueueFull) {
+			if errors.Is(err, session.ErrInFlight) || errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull) {
 				if p.scheduleRetry(f, now) {
 					continue
 				}
@@ -569,6 +628,23 @@ func (p *Pool) retryDue(now time.Time) {
 	}
 	clear(due)
 	p.spareRetry = due[:0]
+}
+
+// Wait blocks until a Step may have work: a reply or a producer death on
+// the control plane or, while fetches are in flight, 1 ms (READs end and
+// retries fall due without a signal). It returns false if ctx ended first.
+// It is for engines that sleep between steps; like Step, it must not run
+// concurrently with the Pool's other methods.
+func (p *Pool) Wait(ctx context.Context) bool {
+	if p.closed {
+		return false
+	}
+	if len(p.fetches) == 0 {
+		return p.ctl.Wait(ctx)
+	}
+	tctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+	defer cancel()
+	return p.ctl.Wait(tctx) || ctx.Err() == nil
 }
 
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
@@ -581,7 +657,10 @@ var ErrNotInFlight = errors.New("connector: no fetch in flight for this mm_hash"
 // the READ ended.
 func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	f := p.fetches[mmHash]
-	if p.closed || f == nil {
+	if p.closed {
+		return Failure{}, ErrClosed
+	}
+	if f == nil {
 		return Failure{}, fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
 	}
 	n := len(p.res.Failed)
@@ -602,6 +681,7 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	}
 	clear(p.res.Failed[n:])
 	p.res.Failed = p.res.Failed[:n]
+	p.publish()
 	if out.MMHash == "" {
 		return Failure{}, fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
 	}
@@ -626,5 +706,6 @@ func (p *Pool) Close() *Results {
 		p.fail(h, xfer.Closed, wire.OK, nil, false)
 	}
 	p.peers, p.order, p.draining, p.retrying = nil, nil, nil, nil
+	p.publish()
 	return &p.res
 }

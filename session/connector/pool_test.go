@@ -2,6 +2,7 @@ package connector
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -52,6 +53,13 @@ func (m *memCtl) Dead(dst []string) []string {
 	return dst
 }
 func (m *memCtl) Remove(addr string) { m.removed = append(m.removed, addr) }
+func (m *memCtl) Wait(ctx context.Context) bool {
+	if len(m.in) > 0 || len(m.dead) > 0 {
+		return true
+	}
+	<-ctx.Done()
+	return false
+}
 
 type replier struct {
 	m    *memCtl
@@ -80,9 +88,9 @@ func newWorld(t *testing.T, cfg PoolConfig) *world {
 	t.Helper()
 	w := &world{ctl: &memCtl{out: map[string][][]byte{}}, fab: xfertest.NewFabric(), cache: cache.NewEmbeddingCache(64), now: t0}
 	w.cdata, w.pdata = w.fab.New("cons", 64, 8), w.fab.New("prod", 64, 8)
-	w.prod = session.NewProducerSession(session.ProducerConfig{Logger: quiet}, w.pdata, w.cache, compat)
+	w.prod = must(session.NewProducerSession(session.ProducerConfig{Logger: quiet}, w.pdata, w.cache, compat))
 	cfg.CompatHash, cfg.Logger, cfg.Seed, cfg.BlockSize = compat, quiet, 1, 8
-	w.pool = NewPool(cfg, w.ctl, w.cdata)
+	w.pool = must(NewPool(cfg, w.ctl, w.cdata))
 	return w
 }
 
@@ -129,10 +137,10 @@ func (w *world) until(t *testing.T, d time.Duration, n int, done func(Results) b
 func TestPoolFetch(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 2, true)
-	if err := w.pool.Fetch(addr, "H", []int{5, 6}, w.now.Add(time.Minute), w.now); err != nil {
+	if _, err := w.pool.Fetch(addr, "H", []int{5, 6}, w.now.Add(time.Minute), w.now); err != nil {
 		t.Fatal(err)
 	}
-	if err := w.pool.Fetch(addr, "H", []int{7, 8}, w.now.Add(time.Minute), w.now); !errors.Is(err, ErrJoined) {
+	if joined, err := w.pool.Fetch(addr, "H", []int{7, 8}, w.now.Add(time.Minute), w.now); !joined || err != nil {
 		t.Fatalf("second fetch: %v", err)
 	}
 	r := w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Completed) > 0 })
@@ -246,7 +254,7 @@ func TestPoolPeerDeathBeforeAck(t *testing.T) {
 func TestPoolSendRefused(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.ctl.sendErr = transport.ErrNotAllowed
-	if err := w.pool.Fetch("tcp://10.0.0.1:5555", "H", []int{1}, w.now.Add(time.Minute), w.now); !errors.Is(err, transport.ErrNotAllowed) {
+	if _, err := w.pool.Fetch("tcp://10.0.0.1:5555", "H", []int{1}, w.now.Add(time.Minute), w.now); !errors.Is(err, transport.ErrNotAllowed) {
 		t.Fatalf("err %v", err)
 	}
 	if w.pool.InFlight() != 0 {
@@ -275,7 +283,7 @@ func TestPoolClose(t *testing.T) {
 	if !slices.Equal(w.ctl.removed, []string{addr}) {
 		t.Fatalf("removed %v", w.ctl.removed)
 	}
-	if err := w.pool.Fetch(addr, "X", nil, w.now, w.now); err == nil {
+	if _, err := w.pool.Fetch(addr, "X", nil, w.now, w.now); err == nil {
 		t.Fatal("fetch after close")
 	}
 }
@@ -385,7 +393,7 @@ func TestPoolForgetsAddresses(t *testing.T) {
 	w := newWorld(t, PoolConfig{IdleSession: time.Minute})
 	w.ctl.sendErr = transport.ErrNotAllowed
 	for i := range 100 {
-		if err := w.pool.Fetch(fmt.Sprint("tcp://refused:", i), "X", []int{1}, w.now.Add(time.Minute), w.now); err == nil {
+		if _, err := w.pool.Fetch(fmt.Sprint("tcp://refused:", i), "X", []int{1}, w.now.Add(time.Minute), w.now); err == nil {
 			t.Fatal("refused send succeeded")
 		}
 	}
@@ -408,4 +416,12 @@ func TestPoolForgetsAddresses(t *testing.T) {
 	// The next fetch to the address works on a new session.
 	w.pool.Fetch(addr, "H", []int{2}, w.now.Add(time.Minute), w.now)
 	w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Completed) == 1 })
+}
+
+// must returns v, panicking on err: for constructors in tests.
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
 }

@@ -2,12 +2,13 @@ package connector
 
 import (
 	"context"
-	"errors"
+	"fmt"
 	"log/slog"
 	"sync"
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -25,6 +26,7 @@ type ControlServer interface {
 // *transport.TCPData.
 type authorizing interface {
 	SetAuthorizer(func(agent string, notif []byte, blocks []int) (release func(), ok bool))
+	Authorizer() func(agent string, notif []byte, blocks []int) (release func(), ok bool)
 }
 
 // ProducerConfig configures a Producer.
@@ -74,12 +76,22 @@ type Producer struct {
 
 // ErrClosed is returned by Serve and Drain once the producer or its control
 // plane is closed.
-var ErrClosed = errors.New("connector: producer closed")
+var ErrClosed = xfer.ErrClosed
 
-// NewProducer returns a producer serving c through ctl and data. If data can
-// gate the READs it serves (the TCP data plane), it is given the session's
-// grant check, so a consumer can read only what it was granted.
-func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) *Producer {
+// NewProducer returns a producer serving c through ctl and data. It fails
+// with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
+//
+// If data can gate the READs it serves (the TCP data plane), it is given
+// the session's grant check, so a consumer can read only what it was
+// granted; a gate the data plane already had (TCPConfig.Authorize) is kept
+// and must agree too.
+func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
+	if cfg.CompatHash == "" {
+		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
+	}
+	if ctl == nil {
+		return nil, fmt.Errorf("%w: connector: nil control plane", ErrBadConfig)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -94,23 +106,61 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if cfg.MaxBacklog <= 0 {
 		cfg.MaxBacklog = 16384
 	}
-	s := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
+	s, err := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
 		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants,
 		MaxGrantsPerEntry: cfg.MaxGrantsPerEntry, MaxPinnedShare: cfg.MaxPinnedShare,
 		MaxRequestAge: cfg.MaxRequestAge}, data, c, cfg.CompatHash)
+	if err != nil {
+		return nil, err
+	}
 	if a, ok := data.(authorizing); ok {
-		s.EnableAuthorize()
-		a.SetAuthorizer(s.Authorize)
+		a.SetAuthorizer(both(a.Authorizer(), s.Authorize))
 	}
 	p := &Producer{ctl: ctl, sess: s, cfg: cfg, perPeer: map[string]int{}, done: make(chan struct{})}
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
-	return p
+	return p, nil
 }
 
-// Session returns the producer session, for its stats.
-func (p *Producer) Session() *session.ProducerSession { return p.sess }
+// gate is an authorizer, as transport.Authorizer.
+type gate = func(agent string, notif []byte, blocks []int) (release func(), ok bool)
+
+// both returns a gate that grants what first (if any) and second grant,
+// holding both until released.
+func both(first, second gate) gate {
+	if first == nil {
+		return second
+	}
+	return func(agent string, notif []byte, blocks []int) (func(), bool) {
+		r1, ok := first(agent, notif, blocks)
+		if !ok {
+			return nil, false
+		}
+		r2, ok := second(agent, notif, blocks)
+		if !ok {
+			if r1 != nil {
+				r1()
+			}
+			return nil, false
+		}
+		return func() {
+			if r1 != nil {
+				r1()
+			}
+			r2()
+		}, true
+	}
+}
+
+func init() {
+	hooks.ProducerPins = func(pr any, dst map[string]int) {
+		p := pr.(*Producer)
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		hooks.SessionPins(p.sess, dst)
+	}
+}
 
 // Stats returns the session's counters.
 func (p *Producer) Stats() session.ProducerStats {

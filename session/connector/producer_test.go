@@ -71,8 +71,8 @@ func TestProducerFloodFairness(t *testing.T) {
 		c.MarkReady(h)
 	}
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50, MaxPinnedShare: 1},
-		srv, xfertest.New("prod", 16, 8), c)
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50, MaxPinnedShare: 1},
+		srv, xfertest.New("prod", 16, 8), c))
 	for i := range 1000 {
 		srv.in = append(srv.in, session.Message{Identity: []byte("flood"),
 			Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(i)})})
@@ -95,8 +95,8 @@ func TestProducerFloodFairness(t *testing.T) {
 		p.Step(t0)
 	}
 	e, _ := c.Get("A")
-	if len(srv.replies["flood"]) != 1000 || e.Pins != 49 || p.Session().Stats().OverBound != 951 {
-		t.Fatalf("replies %d, pins %d, refused %d", len(srv.replies["flood"]), e.Pins, p.Session().Stats().OverBound)
+	if len(srv.replies["flood"]) != 1000 || e.Pins != 49 || p.Stats().OverBound != 951 {
+		t.Fatalf("replies %d, pins %d, refused %d", len(srv.replies["flood"]), e.Pins, p.Stats().OverBound)
 	}
 	if waiting, _ := p.Backlog(); waiting != 0 {
 		t.Fatalf("%d left waiting", waiting)
@@ -105,8 +105,8 @@ func TestProducerFloodFairness(t *testing.T) {
 
 func TestProducerBacklogBound(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxPerPeerPerStep: 1, MaxBacklog: 10},
-		srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxPerPeerPerStep: 1, MaxBacklog: 10},
+		srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	for range 30 {
 		srv.in = append(srv.in, session.Message{Identity: []byte("x"), Payload: []byte{0x80}})
 	}
@@ -118,7 +118,7 @@ func TestProducerBacklogBound(t *testing.T) {
 
 func TestProducerServeStops(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := p.Serve(ctx, nil); err == nil {
@@ -133,7 +133,7 @@ func TestProducerServeStops(t *testing.T) {
 // ends Serve instead of spinning on a Wait that returns at once.
 func TestProducerCloseStopsServe(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	done := make(chan error)
 	go func() { done <- p.Serve(context.Background(), nil) }()
 	p.Close()
@@ -142,7 +142,7 @@ func TestProducerCloseStopsServe(t *testing.T) {
 	}
 
 	srv2 := &memServer{replies: map[string][][]byte{}, closed: true}
-	p2 := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16))
+	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	if err := p2.Serve(context.Background(), nil); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Serve on a closed control plane: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestProducerDrain(t *testing.T) {
 	c.MarkReady("A")
 	data := xfertest.New("prod", 16, 8)
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c)
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
 	reqA := func(n int) session.Message {
 		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
 	}
@@ -165,7 +165,7 @@ func TestProducerDrain(t *testing.T) {
 	var clockMu sync.Mutex
 	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
 	p.Step(now())
-	if p.Session().Grants() != 1 {
+	if p.Grants() != 1 {
 		t.Fatal("no grant")
 	}
 	type result struct {
@@ -205,7 +205,7 @@ func TestProducerDrain(t *testing.T) {
 	c2.Alloc("A", 1)
 	c2.MarkReady("A")
 	srv2 := &memServer{replies: map[string][][]byte{}}
-	p2 := NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), c2)
+	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), c2))
 	srv2.push(reqA(3))
 	p2.Step(t0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)

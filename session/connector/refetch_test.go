@@ -52,7 +52,7 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer srv.Close()
-	prod := connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, srv, pdata, pc)
+	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, srv, pdata, pc))
 	served := make(chan struct{})
 	go func() { prod.Serve(ctx, nil); close(served) }()
 
@@ -62,7 +62,7 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 	defer cdata.Close()
 	cli := transport.NewClient(transport.ClientConfig{Logger: logger})
 	defer cli.Close()
-	pool := connector.NewPool(connector.PoolConfig{CompatHash: compat, BlockSize: bs, Logger: logger, Seed: 1}, cli, cdata)
+	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: compat, BlockSize: bs, Logger: logger, Seed: 1}, cli, cdata))
 
 	free := make([]int, cr.Blocks())
 	for i := range free {
@@ -91,7 +91,7 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 			}
 			blocks := []int{free[len(free)-1], free[len(free)-2]}
 			now := time.Now()
-			if err := pool.Fetch(srv.Endpoint(), h, blocks, now.Add(10*time.Second), now); err != nil {
+			if _, err := pool.Fetch(srv.Endpoint(), h, blocks, now.Add(10*time.Second), now); err != nil {
 				t.Fatal(err)
 			}
 			free = free[:len(free)-2]

@@ -389,6 +389,13 @@ func (f *Fake) SetAuthorizer(a func(agent string, notif []byte, blocks []int) (r
 	f.auth = a
 }
 
+// Authorizer returns the gate SetAuthorizer installed, or nil.
+func (f *Fake) Authorizer() func(agent string, notif []byte, blocks []int) (release func(), ok bool) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.auth
+}
+
 // Serving returns the READs of this fake's memory that its authorizer
 // granted and that have not ended: the producer must keep their blocks.
 func (f *Fake) Serving() []Post {

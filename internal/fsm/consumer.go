@@ -1,4 +1,8 @@
-package xfer
+// Package fsm holds the state machine of one transfer on each side: the
+// consumer's from the request to the moment its blocks may be reused, and
+// the producer's grant with its lease. Both take the caller's time and
+// read no clock. The session package drives them; no user needs to.
+package fsm
 
 import (
 	"errors"
@@ -8,43 +12,8 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
-
-// Config holds the consumer's and producer's timeouts. Zero fields take the
-// reference's values (see DefaultConfig).
-type Config struct {
-	// ReadTimeout bounds a READ, from the ack that started it. A READ still
-	// in progress after it is quarantined. Default 20 s.
-	ReadTimeout time.Duration
-	// QuarantineTimeout bounds quarantine. A READ still not confirmed ended
-	// after it is forced out (released, counted, reported as forced).
-	// Default 60 s.
-	QuarantineTimeout time.Duration
-	// PinLease is how long a producer holds a grant's pin. The consumer does
-	// not trust a READ first seen complete later than request time +
-	// PinLease: the producer may have reused the blocks. Default 30 s.
-	PinLease time.Duration
-}
-
-// DefaultConfig returns the reference's timeouts.
-func DefaultConfig() Config {
-	return Config{ReadTimeout: 20 * time.Second, QuarantineTimeout: 60 * time.Second, PinLease: 30 * time.Second}
-}
-
-// WithDefaults returns c with every zero field set to its default.
-func (c Config) WithDefaults() Config {
-	d := DefaultConfig()
-	if c.ReadTimeout <= 0 {
-		c.ReadTimeout = d.ReadTimeout
-	}
-	if c.QuarantineTimeout <= 0 {
-		c.QuarantineTimeout = d.QuarantineTimeout
-	}
-	if c.PinLease <= 0 {
-		c.PinLease = d.PinLease
-	}
-	return c
-}
 
 // Errors of ConsumerXfer.
 var (
@@ -65,36 +34,36 @@ type ConsumerXfer struct {
 	Blocks []int // local destination blocks
 
 	notif    []byte // "<session_id>:<mm_hash>", what the producer matches
-	data     DataTransport
-	cfg      *Config
-	state    State
-	reason   Reason
+	data     xfer.DataTransport
+	cfg      *xfer.Config
+	state    xfer.State
+	reason   xfer.Reason
 	forced   bool
 	deadline time.Time // ack, read or quarantine deadline, by state
 	sentAt   time.Time // when the request went out
 	lease    time.Duration
-	handle   Handle
+	handle   xfer.Handle
 	remote   []int // scratch: the ack's source blocks
 	sorted   []int // scratch: for the uniqueness check
 }
 
 // NewConsumerXfer returns a transfer whose request was sent at sentAt,
 // waiting for its ack until ackDeadline.
-// cfg must already carry its defaults (Config.WithDefaults).
-func NewConsumerXfer(mmHash string, blocks []int, sessionID string, sentAt, ackDeadline time.Time, data DataTransport, cfg *Config) *ConsumerXfer {
+// cfg must already carry its defaults (xfer.Config.WithDefaults).
+func NewConsumerXfer(mmHash string, blocks []int, sessionID string, sentAt, ackDeadline time.Time, data xfer.DataTransport, cfg *xfer.Config) *ConsumerXfer {
 	x := &ConsumerXfer{}
 	x.Reset(mmHash, blocks, sessionID, sentAt, ackDeadline, data, cfg)
 	return x
 }
 
 // Reset reuses x for a new transfer, keeping its scratch buffers.
-func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sentAt, ackDeadline time.Time, data DataTransport, cfg *Config) {
+func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sentAt, ackDeadline time.Time, data xfer.DataTransport, cfg *xfer.Config) {
 	notif := append(x.notif[:0], sessionID...)
 	notif = append(notif, ':')
 	notif = append(notif, mmHash...)
 	*x = ConsumerXfer{
 		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
-		state: WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
+		state: xfer.WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
 		lease: cfg.PinLease,
 	}
 }
@@ -102,9 +71,9 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 // Grant applies what a Go producer adds to an OK ack, before HandleAck:
 // a nonzero grant id goes into the notification ("<session_id>:<mm_hash>#<id>"),
 // so that the producer ends exactly this grant; a nonzero lease replaces
-// Config.PinLease as the producer's pin lease for this READ.
+// xfer.Config.PinLease as the producer's pin lease for this READ.
 func (x *ConsumerXfer) Grant(id uint64, lease time.Duration) {
-	if x.state != WaitingAck {
+	if x.state != xfer.WaitingAck {
 		return
 	}
 	if id != 0 {
@@ -116,10 +85,10 @@ func (x *ConsumerXfer) Grant(id uint64, lease time.Duration) {
 }
 
 // State returns the current state.
-func (x *ConsumerXfer) State() State { return x.state }
+func (x *ConsumerXfer) State() xfer.State { return x.state }
 
-// Reason says why the transfer left the happy path (NoReason if it did not).
-func (x *ConsumerXfer) Reason() Reason { return x.reason }
+// Reason says why the transfer left the happy path (xfer.NoReason if it did not).
+func (x *ConsumerXfer) Reason() xfer.Reason { return x.reason }
 
 // Forced reports whether a quarantined READ was settled by its deadline
 // rather than by the data plane confirming it ended: its blocks may still be
@@ -138,27 +107,27 @@ func (x *ConsumerXfer) Notif() []byte { return x.notif }
 // HandleAck posts the READ for an OK ack from peer whose source blocks are
 // src. They are checked first: as many as the local blocks, each unique and
 // inside the peer's region. A failed check or a refused post ends the
-// transfer as ReadFailed (BadAck or PostFailed) and returns the error; no
+// transfer as xfer.ReadFailed (xfer.BadAck or xfer.PostFailed) and returns the error; no
 // READ runs.
-func (x *ConsumerXfer) HandleAck(src []wire.Int, peer Peer, now time.Time) error {
-	if x.state != WaitingAck {
+func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) error {
+	if x.state != xfer.WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
 	if err := x.checkAck(src, peer); err != nil {
-		x.state, x.reason = ReadFailed, BadAck
+		x.state, x.reason = xfer.ReadFailed, xfer.BadAck
 		return err
 	}
 	h, err := x.data.PostRead(x.Blocks, peer.Agent, x.remote, x.notif)
 	if err != nil {
-		x.state, x.reason = ReadFailed, PostFailed
+		x.state, x.reason = xfer.ReadFailed, xfer.PostFailed
 		return fmt.Errorf("xfer: post READ of %s: %w", x.MMHash, err)
 	}
-	x.handle, x.state = h, Reading
+	x.handle, x.state = h, xfer.Reading
 	x.deadline = now.Add(x.cfg.ReadTimeout)
 	return nil
 }
 
-func (x *ConsumerXfer) checkAck(src []wire.Int, peer Peer) error {
+func (x *ConsumerXfer) checkAck(src []wire.Int, peer xfer.Peer) error {
 	if len(src) != len(x.Blocks) {
 		return fmt.Errorf("%w: %d source blocks for %d local", ErrBadAck, len(src), len(x.Blocks))
 	}
@@ -181,15 +150,15 @@ func (x *ConsumerXfer) checkAck(src []wire.Int, peer Peer) error {
 }
 
 // Poll advances the transfer to now and returns its state.
-func (x *ConsumerXfer) Poll(now time.Time) State {
+func (x *ConsumerXfer) Poll(now time.Time) xfer.State {
 	switch x.state {
-	case WaitingAck:
+	case xfer.WaitingAck:
 		if now.After(x.deadline) {
-			x.state, x.reason = AckTimeout, AckTimedOut
+			x.state, x.reason = xfer.AckTimeout, xfer.AckTimedOut
 		}
-	case Reading:
+	case xfer.Reading:
 		x.pollReading(now)
-	case Quarantined:
+	case xfer.Quarantined:
 		x.pollQuarantined(now)
 	}
 	return x.state
@@ -200,30 +169,30 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 	switch {
 	case err != nil:
 		// Unknown is not failed: the DMA may still be running.
-		x.quarantine(now, CheckFailed)
-	case p == Complete:
+		x.quarantine(now, xfer.CheckFailed)
+	case p == xfer.Complete:
 		x.releaseEnded()
 		// The producer granted after we sent, so its lease ended no
 		// earlier than sentAt + PinLease: past that, its blocks may hold
 		// something else.
 		if now.After(x.sentAt.Add(x.lease)) {
-			x.state, x.reason = ReadFailed, LateCompletion
+			x.state, x.reason = xfer.ReadFailed, xfer.LateCompletion
 		} else {
-			x.state = Done
+			x.state = xfer.Done
 		}
-	case p == Failed:
+	case p == xfer.Failed:
 		x.releaseEnded()
-		x.state, x.reason = ReadFailed, ReadError
+		x.state, x.reason = xfer.ReadFailed, xfer.ReadError
 	case now.After(x.deadline):
-		x.quarantine(now, ReadTimedOut)
+		x.quarantine(now, xfer.ReadTimedOut)
 	}
 }
 
 func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 	p, err := x.data.Check(x.handle)
-	if err == nil && p != InProgress {
+	if err == nil && p != xfer.InProgress {
 		x.releaseEnded()
-		x.state = Settled
+		x.state = xfer.Settled
 		return
 	}
 	if now.After(x.deadline) {
@@ -231,14 +200,14 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 		// flagged: nothing confirmed the DMA stopped.
 		x.forced = x.data.Release(x.handle) != nil
 		x.handle = 0
-		x.state, x.reason = Settled, QuarantineTimedOut
+		x.state, x.reason = xfer.Settled, xfer.QuarantineTimedOut
 	}
 }
 
 // quarantine keeps a READ that may still write: its blocks stay held until
 // it settles or the quarantine deadline passes.
-func (x *ConsumerXfer) quarantine(now time.Time, why Reason) {
-	x.state, x.reason = Quarantined, why
+func (x *ConsumerXfer) quarantine(now time.Time, why xfer.Reason) {
+	x.state, x.reason = xfer.Quarantined, why
 	x.deadline = now.Add(x.cfg.QuarantineTimeout)
 }
 
@@ -249,32 +218,32 @@ func (x *ConsumerXfer) releaseEnded() {
 }
 
 // PeerDown handles the death of the producer: a transfer waiting for its ack
-// ends as AckTimeout (reason PeerDown: retry allowed); a READ in progress is
+// ends as xfer.AckTimeout (reason xfer.PeerDown: retry allowed); a READ in progress is
 // quarantined, since the data plane may still write. It returns the new state.
-func (x *ConsumerXfer) PeerDown(now time.Time) State {
+func (x *ConsumerXfer) PeerDown(now time.Time) xfer.State {
 	switch x.state {
-	case WaitingAck:
-		x.state, x.reason = AckTimeout, PeerDown
-	case Reading:
-		x.quarantine(now, PeerDown)
+	case xfer.WaitingAck:
+		x.state, x.reason = xfer.AckTimeout, xfer.PeerDown
+	case xfer.Reading:
+		x.quarantine(now, xfer.PeerDown)
 	}
 	return x.state
 }
 
 // Cancel ends a transfer still waiting for its ack (no DMA can be running).
 func (x *ConsumerXfer) Cancel() error {
-	if x.state != WaitingAck {
+	if x.state != xfer.WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
-	x.state, x.reason = AckTimeout, Closed
+	x.state, x.reason = xfer.AckTimeout, xfer.Closed
 	return nil
 }
 
 // Quarantine moves a READ in progress to quarantine for why (a cancel, say):
 // its blocks stay held until the data plane says it ended, or the
 // quarantine deadline passes.
-func (x *ConsumerXfer) Quarantine(now time.Time, why Reason) error {
-	if x.state != Reading {
+func (x *ConsumerXfer) Quarantine(now time.Time, why xfer.Reason) error {
+	if x.state != xfer.Reading {
 		return fmt.Errorf("xfer: quarantine of a transfer in state %s", x.state)
 	}
 	x.quarantine(now, why)
@@ -282,7 +251,7 @@ func (x *ConsumerXfer) Quarantine(now time.Time, why Reason) error {
 }
 
 // Release frees the READ handle, if one is held, for shutdown. It returns
-// ErrMayStillWrite if the data plane could not stop a READ in progress: the
+// xfer.ErrMayStillWrite if the data plane could not stop a READ in progress: the
 // blocks must then not be reused.
 func (x *ConsumerXfer) Release() error {
 	if x.handle == 0 {
@@ -291,7 +260,7 @@ func (x *ConsumerXfer) Release() error {
 	err := x.data.Release(x.handle)
 	x.handle = 0
 	if err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrMayStillWrite, x.MMHash, err)
+		return fmt.Errorf("%w: %s: %v", xfer.ErrMayStillWrite, x.MMHash, err)
 	}
 	return nil
 }

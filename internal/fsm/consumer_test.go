@@ -1,4 +1,4 @@
-package xfer_test
+package fsm_test
 
 import (
 	"errors"
@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
@@ -18,7 +19,7 @@ type rig struct {
 	cons  *xfertest.Fake
 	prod  *xfertest.Fake
 	peer  xfer.Peer
-	x     *xfer.ConsumerXfer
+	x     *fsm.ConsumerXfer
 	ackAt time.Time
 }
 
@@ -33,7 +34,7 @@ func newRig(t *testing.T) *rig {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.x = xfer.NewConsumerXfer("H", []int{10, 11}, "S", t0, t0.Add(2*time.Second), r.cons, &r.cfg)
+	r.x = fsm.NewConsumerXfer("H", []int{10, 11}, "S", t0, t0.Add(2*time.Second), r.cons, &r.cfg)
 	return r
 }
 
@@ -106,7 +107,7 @@ func TestHandleAckPostsRead(t *testing.T) { // B9, B10, B11, B12
 		t.Fatalf("deadline %v, want %v", r.x.Deadline(), want)
 	}
 	// A second ack is refused: the READ is already posted.
-	if err := r.x.HandleAck(okAck(5, 6), r.peer, t0); !errors.Is(err, xfer.ErrNotWaiting) {
+	if err := r.x.HandleAck(okAck(5, 6), r.peer, t0); !errors.Is(err, fsm.ErrNotWaiting) {
 		t.Fatalf("second ack: %v", err)
 	}
 }
@@ -129,7 +130,7 @@ func TestHandleAckRefusesBadAcks(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t)
 			err := r.x.HandleAck(tt.ack, r.peer, t0)
-			if !errors.Is(err, xfer.ErrBadAck) {
+			if !errors.Is(err, fsm.ErrBadAck) {
 				t.Fatalf("err %v, want ErrBadAck", err)
 			}
 			if len(r.cons.Posts()) != 0 || r.x.HasHandle() {
@@ -277,7 +278,7 @@ func TestCancelReleasePeerDown(t *testing.T) {
 	t.Run("cancel reading refused (B29)", func(t *testing.T) {
 		r := newRig(t)
 		r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
-		if err := r.x.Cancel(); !errors.Is(err, xfer.ErrNotWaiting) {
+		if err := r.x.Cancel(); !errors.Is(err, fsm.ErrNotWaiting) {
 			t.Fatalf("err %v", err)
 		}
 	})
@@ -333,7 +334,7 @@ func TestReset(t *testing.T) {
 }
 
 func TestProducerXferExpired(t *testing.T) { // B7, B8
-	p := xfer.ProducerXfer{Deadline: t0}
+	p := fsm.ProducerXfer{Deadline: t0}
 	if p.Expired(t0.Add(-time.Second)) || p.Expired(t0) || !p.Expired(t0.Add(1)) {
 		t.Fatal("expiry is not strictly after the deadline")
 	}
