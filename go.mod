@@ -1,6 +1,6 @@
 module github.com/ecxfer/ecxfer
 
-go 1.26.0
+go 1.24.0
 
 require (
 	github.com/go-zeromq/zmq4 v0.17.0
@@ -8,7 +8,7 @@ require (
 	github.com/ianlancetaylor/cgosymbolizer v0.0.0-20250410214317-b8ecc8b6bbe6
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	go.uber.org/goleak v1.3.0
-	golang.org/x/sys v0.50.0
+	golang.org/x/sys v0.33.0
 )
 
 require (

@@ -278,7 +278,9 @@ func TestConcurrentUse(t *testing.T) {
 	var wg sync.WaitGroup
 	errs := make(chan error, 100)
 	for range 8 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for range 500 {
 				if err := c.Pin("hot"); err != nil {
 					errs <- err
@@ -289,14 +291,16 @@ func TestConcurrentUse(t *testing.T) {
 					return
 				}
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	if e, ok := c.Get("hot"); !ok || e.Pins != 0 || c.Stats().Evictable != 1 {
 		t.Fatalf("hot ended as %+v", e)
 	}
 	for g := range 4 {
-		wg.Go(func() {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
 			for i := range 200 {
 				k := fmt.Sprintf("k%d-%d", g, i)
 				if _, err := c.Alloc(k, 1+i%2); err != nil {
@@ -309,7 +313,7 @@ func TestConcurrentUse(t *testing.T) {
 					errs <- err
 				}
 			}
-		})
+		}()
 	}
 	wg.Wait()
 	close(errs)

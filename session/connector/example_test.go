@@ -3,6 +3,7 @@ package connector_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -19,19 +20,36 @@ var logger = slog.New(slog.NewTextHandler(io.Discard, nil))
 // compat is both sides' compatibility hash.
 var compat = wire.CompatHash("0.11.0", "Qwen/Qwen2.5-VL-7B-Instruct", "torch.bfloat16", 4096)
 
-// startProducer serves one embedding, "img-1", of two 4 KiB blocks filled
-// with 'x', and returns its control endpoint.
-func startProducer(ctx context.Context) string {
-	region, _ := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
+// producerDemo serves one embedding, "img-1", of two 4 KiB blocks filled
+// with 'x', until ctx ends; it returns the control endpoint.
+func producerDemo(ctx context.Context) (string, error) {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
+	if err != nil {
+		return "", err
+	}
 	entries := cache.NewEmbeddingCache(region.Blocks())
-	e, _ := entries.Alloc("img-1", 2)
+	e, err := entries.Alloc("img-1", 2)
+	if err != nil {
+		return "", err
+	}
 	for _, b := range e.Blocks {
 		copy(region.Block(b), bytes.Repeat([]byte("x"), 4096))
 	}
-	entries.MarkReady("img-1")
-	data, _ := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: logger}, region)
-	ctl, _ := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
-	p := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries))
+	if err := entries.MarkReady("img-1"); err != nil {
+		return "", err
+	}
+	data, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: logger}, region)
+	if err != nil {
+		return "", err
+	}
+	ctl, err := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
+	if err != nil {
+		return "", err
+	}
+	p, err := connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries)
+	if err != nil {
+		return "", err
+	}
 	go func() {
 		p.Serve(ctx, nil)
 		p.Close()
@@ -39,70 +57,155 @@ func startProducer(ctx context.Context) string {
 		data.Close()
 		region.Close()
 	}()
-	return ctl.Endpoint()
+	return ctl.Endpoint(), nil
 }
 
-// A producer loop: an engine that steps calls Step once per step; this one
-// does not step while idle, so it runs Serve in the background instead.
-func ExampleProducer() {
-	region, _ := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
-	defer region.Close()
-	entries := cache.NewEmbeddingCache(region.Blocks())
-	data, _ := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: logger}, region)
-	defer data.Close()
-	ctl, _ := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
-	defer ctl.Close()
-	p := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries))
-
-	// The encoder saves an embedding: allocate, write, mark ready.
-	e, _ := entries.Alloc("img-1", 2)
-	for _, b := range e.Blocks {
-		copy(region.Block(b), "embedding bytes")
-	}
-	entries.MarkReady("img-1")
-
-	// The engine's step loop.
-	for range 3 {
-		p.Step(time.Now())
-	}
-	fmt.Println("grants held:", p.Grants())
-	fmt.Println("pins released at close:", p.Close())
-	// Output:
-	// grants held: 0
-	// pins released at close: 0
-}
-
-// A consumer loop: fetch an embedding into local blocks, then step until
-// the pool reports it.
+// A consumer: fetch an embedding into local blocks, stepping until the
+// pool reports it. An engine steps the pool from its own loop; Wait sleeps
+// until there is work.
 func ExamplePool() {
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	producer := startProducer(ctx)
+	producer, err := producerDemo(ctx)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 
-	region, _ := cache.NewRegion(cache.RegionConfig{Blocks: 16, BlockSize: 4096})
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 16, BlockSize: 4096})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer region.Close()
-	data, _ := transport.NewTCPData(transport.TCPConfig{Logger: logger}, region)
+	data, err := transport.NewTCPData(transport.TCPConfig{Logger: logger}, region)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer data.Close()
 	ctl := transport.NewClient(transport.ClientConfig{Logger: logger})
 	defer ctl.Close()
-	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: compat, BlockSize: 4096, Logger: logger}, ctl, data))
+	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: compat, BlockSize: 4096, Logger: logger}, ctl, data)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
 	defer pool.Close()
 
 	now := time.Now()
-	pool.Fetch(producer, "img-1", []int{3, 4}, now.Add(10*time.Second), now)
-	for pool.InFlight() > 0 {
+	if _, err := pool.Fetch(producer, "img-1", []int{3, 4}, now.Add(5*time.Second), now); err != nil {
+		fmt.Println(err) // nothing started: encode locally
+		return
+	}
+	for pool.InFlight() > 0 && pool.Wait(ctx) {
 		r := pool.Step(time.Now())
 		for _, d := range r.Completed {
 			ok := bytes.Equal(region.Block(d.Blocks[0]), bytes.Repeat([]byte("x"), 4096))
 			fmt.Println("completed", d.MMHash, "into blocks", d.Blocks, "bytes match:", ok)
 		}
 		for _, f := range r.Failed {
-			fmt.Println("failed", f.MMHash, f.Reason, f.Status) // fall back to encoding locally
+			// Encode locally. If f.BlocksHeld, keep f.Blocks out of use
+			// until they come back in a later r.Released.
+			fmt.Println("failed", f.MMHash, f.Reason, f.Status)
 		}
-		wait, stop := context.WithTimeout(ctx, time.Millisecond)
-		ctl.Wait(wait) // or the engine's next step
-		stop()
 	}
 	// Output:
 	// completed img-1 into blocks [3 4] bytes match: true
+}
+
+// A producer stepped by the engine's loop: the encoder saves embeddings
+// into the cache; each step answers requests, takes completion
+// notifications and ends expired grants.
+func ExampleProducer() {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer region.Close()
+	entries := cache.NewEmbeddingCache(region.Blocks())
+	data, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: logger}, region)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer data.Close()
+	ctl, err := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ctl.Close()
+	p, err := connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data, entries)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer p.Close()
+
+	// The encoder saves an embedding: allocate, write, mark ready.
+	e, err := entries.Alloc("img-1", 2)
+	if err != nil {
+		fmt.Println(err) // cache.ErrNoSpace: every block pinned or not ready
+		return
+	}
+	for _, b := range e.Blocks {
+		copy(region.Block(b), "embedding bytes")
+	}
+	if err := entries.MarkReady("img-1"); err != nil {
+		fmt.Println(err)
+		return
+	}
+
+	// The engine's step loop.
+	for range 3 {
+		p.Step(time.Now())
+	}
+	fmt.Println("grants held:", p.Grants())
+	// Output:
+	// grants held: 0
+}
+
+// A producer for an engine that does not step while idle: Serve runs the
+// loop; at shutdown, Drain stops granting and waits for the READs under
+// way before closing.
+func ExampleProducer_Serve() {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer region.Close()
+	data, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: logger}, region)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer data.Close()
+	ctl, err := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: logger})
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer ctl.Close()
+	p, err := connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, ctl, data,
+		cache.NewEmbeddingCache(region.Blocks()))
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(context.Background(), nil) }()
+
+	// ... serving until shutdown. Then: let the READs under way finish,
+	// for at most 30 s.
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	left, err := p.Drain(ctx, nil)
+	fmt.Println("grants cut short:", left, "drain error:", err)
+	fmt.Println("Serve returned ErrClosed:", errors.Is(<-served, connector.ErrClosed))
+	// Output:
+	// grants cut short: 0 drain error: <nil>
+	// Serve returned ErrClosed: true
 }

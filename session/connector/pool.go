@@ -143,6 +143,10 @@ func (r *Results) reset() {
 	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
+// Histogram is a latency histogram: bucket i counts durations in
+// [2^i, 2^(i+1)) µs; see its methods for quantiles and merging.
+type Histogram = hist.Histogram
+
 // PoolStats counts what a Pool did.
 type PoolStats struct {
 	Fetches, Joined, Completed, Failed, Retries uint64
@@ -153,7 +157,7 @@ type PoolStats struct {
 	Malformed                                   uint64 // undecodable acks
 	Reaped                                      uint64 // idle sessions closed
 	FailedBy                                    map[xfer.Reason]uint64
-	Latency                                     hist.Histogram // Fetch to completion
+	Latency                                     Histogram // Fetch to completion
 }
 
 // fetch is one mm_hash being fetched, across attempts.

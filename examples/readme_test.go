@@ -1,0 +1,37 @@
+package examples_test
+
+import (
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"testing"
+)
+
+// The README's "Using it" code compiles against the module as it is.
+func TestReadmeUsingItCompiles(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- using-it -->\n```go\n(.*?)```\n<!-- /using-it -->").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("no using-it block in the README")
+	}
+	// A package inside the module, so that its imports resolve; removed
+	// afterwards.
+	dir, err := os.MkdirTemp("../internal", "readme-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	if err := os.WriteFile(filepath.Join(dir, "engine.go"), m[1], 0o644); err != nil {
+		t.Fatal(err)
+	}
+	cmd := exec.Command("go", "vet", "./"+filepath.Join("internal", filepath.Base(dir)))
+	cmd.Dir = ".."
+	out, err := cmd.CombinedOutput()
+	if err != nil {
+		t.Fatalf("the README's code does not build:\n%s", out)
+	}
+}
