@@ -130,10 +130,12 @@ func (c *ConsumerSession) ID() string { return c.id }
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
 // StartXfer asks the producer for mmHash at now, to be read into blocks,
-// and waits for its ack until ackDeadline. A send error is returned and nothing is
-// recorded. A transfer for mmHash still in flight (waiting, reading or in
-// quarantine) is refused with ErrInFlight. The session keeps blocks (it is
+// and waits for its ack until ackDeadline. The session keeps blocks (it is
 // handed back in the outcome): do not modify it until then.
+//
+// On error nothing is recorded: ErrClosed after Close; ErrInFlight for an
+// mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
+// for negative or repeated blocks; the Sender's error, wrapped.
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadline time.Time) error {
 	if c.closed {
 		return ErrClosed

@@ -94,7 +94,7 @@ type Server struct {
 }
 
 // Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
-// picks one).
+// picks one). It fails for an address it cannot parse or bind.
 func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	hp, err := hostPort(addr)
 	if err != nil {
@@ -250,7 +250,8 @@ func (s *Server) Wait(ctx context.Context) bool {
 }
 
 // Reply queues payload for the consumer with the given identity, without
-// blocking; it copies both. It implements session.Replier.
+// blocking; it copies both. It implements session.Replier. It fails with
+// ErrClosed after Close and ErrQueueFull when the send queue is full.
 func (s *Server) Reply(identity, payload []byte) error {
 	msg := make([]byte, len(identity)+len(payload))
 	copy(msg, identity)

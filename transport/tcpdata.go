@@ -273,7 +273,10 @@ func (d *TCPData) RemoveRemotePeer(agent string) error {
 	return nil
 }
 
-// PostRead implements xfer.DataTransport.
+// PostRead implements xfer.DataTransport. It fails with
+// xfer.ErrLengthMismatch, ErrBlockRange (a local or remote id outside its
+// region), xfer.ErrUnknownPeer, ErrBusy (MaxQueued READs to that peer not
+// ended), xfer.ErrClosed, or for a notification over 1 KiB.
 func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
 		return 0, xfer.ErrLengthMismatch

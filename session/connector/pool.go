@@ -658,7 +658,8 @@ var ErrNotInFlight = errors.New("connector: no fetch in flight for this mm_hash"
 // Canceled). Its blocks are free at once when no READ runs, or when the
 // data plane stops the READ for certain; otherwise the Failure says
 // BlocksHeld, and the blocks come back in a later Step's Released, once
-// the READ ended.
+// the READ ended. It fails with ErrClosed after Close, and ErrNotInFlight
+// when mmHash is not being fetched (or its fetch ended already).
 func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	f := p.fetches[mmHash]
 	if p.closed {

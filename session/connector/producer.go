@@ -221,7 +221,8 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 // that signals notifications (xfer.Signaling) has some; every 5 ms while
 // grants are outstanding (for completion notifications and the lease
 // sweep), every second otherwise — the reference's cadence. now is the
-// clock; nil means time.Now.
+// clock; nil means time.Now. It returns ctx's error, or ErrClosed once the
+// producer or its control plane is closed.
 func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 	if now == nil {
 		now = time.Now
