@@ -134,6 +134,7 @@ type TCPData struct {
 	handles map[xfer.Handle]*readOp
 	next    xfer.Handle
 	notifs  []xfer.Notif
+	ready   chan struct{} // Ready: a READ ended or a notification came
 	served  map[net.Conn]struct{}
 }
 
@@ -147,6 +148,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	d := &TCPData{
 		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
 		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[net.Conn]struct{}{},
+		ready: make(chan struct{}, 1),
 	}
 	if d.name == "" {
 		d.name = "ecxfer-" + inc[:8]
@@ -367,6 +369,18 @@ func (d *TCPData) Release(h xfer.Handle) error {
 
 var errReleased = errors.New("transport: READ released while landing")
 
+// Ready implements xfer.Signaling: it receives when a READ posted here
+// ended or a notification arrived since the last receive, so that a step
+// loop sleeps until there is something to do.
+func (d *TCPData) Ready() <-chan struct{} { return d.ready }
+
+func (d *TCPData) signal() {
+	select {
+	case d.ready <- struct{}{}:
+	default:
+	}
+}
+
 // StopsReads implements xfer.Stoppable: Release stops every READ.
 func (d *TCPData) StopsReads() bool { return true }
 
@@ -448,10 +462,12 @@ func (op *readOp) complete() {
 	op.settle()
 }
 
-// settle gives the op's place in its peer's in-flight bound back, once.
+// settle gives the op's place in its peer's in-flight bound back, once,
+// and wakes a loop waiting on Ready.
 func (op *readOp) settle() {
 	if op.settled.CompareAndSwap(false, true) {
 		op.peer.inflight.Add(-1)
+		op.peer.d.signal()
 	}
 }
 
@@ -835,6 +851,7 @@ func (d *TCPData) serve(c net.Conn) {
 				delete(awaiting, id)
 				d.mu.Lock()
 				d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: msg})
+				d.signal()
 				d.mu.Unlock()
 			}
 		case frameRead:

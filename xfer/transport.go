@@ -106,9 +106,10 @@ type Driven interface {
 	ExpectReads(grants int)
 }
 
-// Signaling is implemented by data planes that receive notifications in
-// the background: Ready's channel receives when some wait for DrainNotifs,
-// so a producer's loop can step at once instead of on its next tick.
+// Signaling is implemented by data planes that tell when there is work:
+// Ready's channel receives when notifications wait for DrainNotifs, or a
+// READ posted here ended, since the last receive. A step loop then sleeps
+// until the event instead of polling on a tick.
 type Signaling interface {
 	Ready() <-chan struct{}
 }

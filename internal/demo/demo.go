@@ -359,10 +359,8 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 			lastReport = now
 			fmt.Fprintf(progress, "  %d/%d verified, %d in flight\n", sum.Verified, fetches, len(item))
 		}
-		if len(item) > 0 { // let the network move before the next step
-			wctx, cancel := context.WithTimeout(ctx, 200*time.Microsecond)
-			ctl.Wait(wctx)
-			cancel()
+		if len(item) > 0 {
+			pool.Wait(ctx) // until a reply, a READ's end or a retry
 		}
 	}
 	sum.Elapsed = time.Since(start)

@@ -56,6 +56,12 @@ type PoolConfig struct {
 	Retry      RetryConfig
 	// BlockSize is the size of a local block, for the bytes-moved count.
 	BlockSize int
+	// PollInterval bounds Wait while fetches are in flight on a data plane
+	// that does not signal READ completion (xfer.Signaling). Default 1 ms.
+	PollInterval time.Duration
+	// MaxWait bounds Wait on a data plane that signals: deadlines (ack,
+	// READ, quarantine) are noticed within it. Default 10 ms.
+	MaxWait time.Duration
 	// IdleSession closes the session (and the control-plane connection) of
 	// a producer address with nothing in flight for this long, so that a
 	// consumer that fetched from many producers keeps no state for those
@@ -73,6 +79,12 @@ func (c PoolConfig) withDefaults() PoolConfig {
 	}
 	if c.IdleSession <= 0 {
 		c.IdleSession = time.Minute
+	}
+	if c.PollInterval <= 0 {
+		c.PollInterval = time.Millisecond
+	}
+	if c.MaxWait <= 0 {
+		c.MaxWait = 10 * time.Millisecond
 	}
 	r := &c.Retry
 	if r.MaxAttempts <= 0 {
@@ -210,6 +222,9 @@ type Pool struct {
 	closed  bool
 	reapAt  time.Time // the next look for idle sessions
 
+	ready    <-chan struct{} // the data plane's, if it signals (xfer.Signaling)
+	lastStep time.Time // the now of the last Step
+
 	closedMalformed uint64 // Malformed of sessions closed
 	pubMu           sync.Mutex
 	pub             PoolStats // what Stats returns
@@ -244,6 +259,9 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		p.ids = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24), byte(seed >> 32)})
 	}
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+	if sg, ok := data.(xfer.Signaling); ok {
+		p.ready = sg.Ready()
+	}
 	p.stats.FailedBy = map[xfer.Reason]uint64{}
 	return p, nil
 }
@@ -377,6 +395,7 @@ func (s sender) Send(b []byte) error { return s.ctl.Send(s.addr, b) }
 // next Step.
 func (p *Pool) Step(now time.Time) *Results {
 	p.res.reset()
+	p.lastStep = now
 	if p.closed {
 		return &p.res
 	}
@@ -635,8 +654,9 @@ func (p *Pool) retryDue(now time.Time) {
 }
 
 // Wait blocks until a Step may have work: a reply or a producer death on
-// the control plane or, while fetches are in flight, 1 ms (READs end and
-// retries fall due without a signal). It returns false if ctx ended first.
+// the control plane, a READ that ended (on a data plane that signals it,
+// xfer.Signaling; others are polled every PollInterval while fetches are
+// in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
 func (p *Pool) Wait(ctx context.Context) bool {
@@ -646,9 +666,34 @@ func (p *Pool) Wait(ctx context.Context) bool {
 	if len(p.fetches) == 0 {
 		return p.ctl.Wait(ctx)
 	}
-	tctx, cancel := context.WithTimeout(ctx, time.Millisecond)
+	wait := p.cfg.PollInterval
+	if p.ready != nil {
+		wait = p.cfg.MaxWait
+	}
+	// Retries are due on the caller's clock; measure from the last Step.
+	for _, f := range p.retrying {
+		wait = min(wait, max(0, f.retryAt.Sub(p.lastStep)))
+	}
+	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	return p.ctl.Wait(tctx) || ctx.Err() == nil
+	if p.ready != nil {
+		select {
+		case <-p.ready:
+			return true
+		default:
+		}
+		go func() {
+			select {
+			case <-p.ready:
+				cancel()
+			case <-wctx.Done():
+			}
+		}()
+	}
+	if p.ctl.Wait(wctx) {
+		return true
+	}
+	return ctx.Err() == nil
 }
 
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
