@@ -59,6 +59,8 @@ type Agent struct {
 type req struct {
 	ch    C.cnixl_handle
 	ended bool
+	seen  bool // the progress loop saw it end, with status st
+	st    int
 }
 
 type peer struct {
@@ -181,7 +183,8 @@ func (a *Agent) ExpectReads(n int) {
 }
 
 // Ready implements xfer.Signaling: the channel receives when the progress
-// goroutine has notifications waiting for DrainNotifs.
+// goroutine has notifications waiting for DrainNotifs, or saw a READ posted
+// here end (ProgressGoroutine only; other modes never signal).
 func (a *Agent) Ready() <-chan struct{} { return a.ready }
 
 func (a *Agent) kick() {
@@ -332,7 +335,11 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	if a.closed {
 		return 0, xfer.ErrClosed
 	}
-	switch st := int(C.cnixl_check(a.c, r.ch)); {
+	st := r.st
+	if !r.seen {
+		st = int(C.cnixl_check(a.c, r.ch))
+	}
+	switch {
 	case st == C.CNIXL_IN_PROG:
 		return xfer.InProgress, nil
 	case st == C.CNIXL_SUCCESS:
@@ -442,6 +449,22 @@ func (a *Agent) DroppedNotifs() uint64 {
 	return a.dropped
 }
 
+// checkEndsLocked looks at the READs posted here that have not ended and
+// records those that did, so that a loop waiting on Ready wakes the moment
+// one ends. It reports whether any did.
+func (a *Agent) checkEndsLocked() bool {
+	ended := false
+	for _, r := range a.handles {
+		if r.ended {
+			continue
+		}
+		if st := int(C.cnixl_check(a.c, r.ch)); st != C.CNIXL_IN_PROG && st != C.CNIXL_ERR_NOT_FOUND {
+			r.ended, r.seen, r.st, ended = true, true, st, true
+		}
+	}
+	return ended
+}
+
 // busyLocked says whether READs may be moving: ours, or peers' of our
 // memory.
 func (a *Agent) busyLocked() bool {
@@ -465,7 +488,10 @@ func (a *Agent) progressLoop() {
 			return
 		}
 		got, _ := a.pollLocked()
-		if got && len(a.inbox) > 0 {
+		if a.checkEndsLocked() {
+			got = true
+		}
+		if got {
 			select {
 			case a.ready <- struct{}{}:
 			default:
