@@ -184,8 +184,14 @@ func (a *Agent) ExpectReads(n int) {
 
 // Ready implements xfer.Signaling: the channel receives when the progress
 // goroutine has notifications waiting for DrainNotifs, or saw a READ posted
-// here end (ProgressGoroutine only; other modes never signal).
-func (a *Agent) Ready() <-chan struct{} { return a.ready }
+// here end. Only the progress goroutine signals: in the other modes it is
+// nil, and loops poll.
+func (a *Agent) Ready() <-chan struct{} {
+	if a.cfg.Progress != ProgressGoroutine {
+		return nil
+	}
+	return a.ready
+}
 
 func (a *Agent) kick() {
 	select {

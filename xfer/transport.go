@@ -109,7 +109,8 @@ type Driven interface {
 // Signaling is implemented by data planes that tell when there is work:
 // Ready's channel receives when notifications wait for DrainNotifs, or a
 // READ posted here ended, since the last receive. A step loop then sleeps
-// until the event instead of polling on a tick.
+// until the event instead of polling on a tick. A nil channel means the
+// plane does not signal, as configured: loops poll it.
 type Signaling interface {
 	Ready() <-chan struct{}
 }
