@@ -98,6 +98,13 @@ func (c Config) nixlConfig(name string) (nixl.Config, error) {
 // dataPlane makes cfg's data plane over region; listen is the TCP plane's
 // address to serve on ("" for a consumer). addr is what it serves on, if
 // anything.
+// DataPlane makes a consumer's data plane of the configured kind over
+// region (no listener).
+func (c Config) DataPlane(region *cache.Region, log *slog.Logger) (xfer.DataTransport, error) {
+	d, _, err := c.dataPlane("probe", "", region, log)
+	return d, err
+}
+
 func (c Config) dataPlane(role, listen string, region *cache.Region, log *slog.Logger) (d xfer.DataTransport, addr string, err error) {
 	// Agent names must be unique among peers: two producers with one name
 	// would be taken for one.

@@ -1,0 +1,77 @@
+// Command probe asks a live producer, Go or vLLM's Python one, whether it is
+// reachable, speaks our protocol version and has our compatibility hash,
+// and with -fetch fetches one entry and reports its bytes:
+//
+//	go run ./examples/probe -producer tcp://10.0.0.5:5555 -compat-of 0.11.0,Qwen/Qwen2.5-VL-7B-Instruct,torch.bfloat16,4096
+//
+// It exits 0 when the producer answered as a healthy one (and the fetch,
+// if asked, completed), 1 otherwise.
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/demo"
+	"github.com/ecxfer/ecxfer/internal/probe"
+	"github.com/ecxfer/ecxfer/wire"
+)
+
+func main() {
+	var cfg demo.Config
+	producer := flag.String("producer", "tcp://127.0.0.1:5555", "the producer's control endpoint")
+	compat := flag.String("compat", "", "our compatibility hash (default: the demo's, for -block-size)")
+	compatOf := flag.String("compat-of", "", "compute the compatibility hash of vllm_version,model,dtype,block_size_bytes")
+	mm := flag.String("mm-hash", "", "the mm_hash to ask for (default: a random one, which a healthy producer does not hold)")
+	fetch := flag.String("fetch", "", "fetch this mm_hash after the probe and report its bytes")
+	version := flag.Int64("version", 0, "the connector version to claim (default: ours)")
+	timeout := flag.Duration("timeout", 3*time.Second, "the wait for each step")
+	blocks := flag.Int("blocks", 1024, "local blocks for -fetch")
+	cfg.Flags(nil, false)
+	flag.Parse()
+	hash := *compat
+	switch {
+	case *compatOf != "":
+		f := strings.Split(*compatOf, ",")
+		bs, err := strconv.Atoi(f[len(f)-1])
+		if len(f) != 4 || err != nil {
+			fmt.Fprintln(os.Stderr, "probe: -compat-of wants vllm_version,model,dtype,block_size_bytes")
+			os.Exit(2)
+		}
+		hash = wire.CompatHash(f[0], f[1], f[2], bs)
+	case hash == "":
+		hash = cfg.CompatHash()
+	}
+	pc := probe.Config{Producer: *producer, CompatHash: hash, MMHash: *mm, Version: *version, Timeout: *timeout}
+	if *fetch != "" {
+		pc.MMHash, pc.Fetch, pc.BlockSize = *fetch, true, cfg.BlockSize
+		region, err := cache.NewRegion(cache.RegionConfig{Blocks: *blocks, BlockSize: cfg.BlockSize})
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "probe:", err)
+			os.Exit(2)
+		}
+		defer region.Close()
+		data, err := cfg.DataPlane(region, nil)
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "probe:", err)
+			os.Exit(2)
+		}
+		defer data.Close()
+		pc.Region, pc.Data = region, data
+	}
+	rep, err := probe.Run(context.Background(), pc, os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "probe:", err)
+		os.Exit(2)
+	}
+	healthy := rep.Answered && (rep.Status == wire.OK || (*mm == "" && *fetch == "" && rep.Status == wire.NackMissing))
+	if !healthy || (*fetch != "" && !rep.Fetched) {
+		os.Exit(1)
+	}
+}

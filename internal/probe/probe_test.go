@@ -1,0 +1,122 @@
+package probe
+
+import (
+	"bytes"
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/demo"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
+)
+
+func startProducer(t *testing.T) (demo.Config, *demo.Producer) {
+	t.Helper()
+	cfg := demo.Config{Items: 4, BlocksPerItem: 2, BlockSize: 1024, Data: "tcp"}
+	p, err := demo.StartProducer(cfg, "127.0.0.1:0", "127.0.0.1:0", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(p.Close)
+	return cfg, p
+}
+
+func probe(t *testing.T, cfg Config) (Report, string) {
+	t.Helper()
+	var out bytes.Buffer
+	rep, err := Run(context.Background(), cfg, &out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep, out.String()
+}
+
+// Each answer a live producer can give reads as what it means.
+func TestProbeAnswers(t *testing.T) {
+	dc, p := startProducer(t)
+	base := Config{Producer: p.Control, CompatHash: dc.CompatHash(), Timeout: 5 * time.Second}
+	for _, tc := range []struct {
+		name   string
+		cfg    func(Config) Config
+		status wire.Status
+		says   string
+	}{
+		{"healthy", func(c Config) Config { return c }, wire.NackMissing, "HEALTHY"},
+		{"missing", func(c Config) Config { c.MMHash = "absent"; return c }, wire.NackMissing, "does not hold absent"},
+		{"incompat", func(c Config) Config { c.CompatHash = "other"; return c }, wire.NackIncompat, "NACK_INCOMPAT"},
+		{"version", func(c Config) Config { c.Version = 7; return c }, wire.NackVersion, "NACK_VERSION"},
+		{"ok", func(c Config) Config { c.MMHash = demo.Hash(1); return c }, wire.OK, "granted it"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			rep, out := probe(t, tc.cfg(base))
+			if !rep.Reachable || !rep.Answered || rep.Status != tc.status || !strings.Contains(out, tc.says) {
+				t.Fatalf("report %+v\n%s", rep, out)
+			}
+		})
+	}
+}
+
+// -fetch brings the entry's bytes and their checksum.
+func TestProbeFetch(t *testing.T) {
+	dc, p := startProducer(t)
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 8, BlockSize: dc.BlockSize})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	data, err := transport.NewTCPData(transport.TCPConfig{}, region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
+	rep, out := probe(t, Config{Producer: p.Control, CompatHash: dc.CompatHash(), MMHash: demo.Hash(2), Timeout: 5 * time.Second,
+		Fetch: true, Data: data, Region: region, BlockSize: dc.BlockSize})
+	want := sha256.New()
+	b := make([]byte, dc.BlockSize)
+	for j := range 2 {
+		demo.Fill(b, 2, j)
+		want.Write(b)
+	}
+	if !rep.Fetched || rep.Bytes != 2*dc.BlockSize || rep.SHA256 != hex.EncodeToString(want.Sum(nil)) {
+		t.Fatalf("report %+v\n%s", rep, out)
+	}
+}
+
+// Nothing listening, and a listener that never speaks ZeroMQ.
+func TestProbeUnreachableAndSilent(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	rep, out := probe(t, Config{Producer: "tcp://" + addr, CompatHash: "x", Timeout: time.Second})
+	if rep.Reachable || !strings.Contains(out, "UNREACHABLE") {
+		t.Fatalf("closed port: %+v\n%s", rep, out)
+	}
+
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	go func() {
+		for {
+			c, err := silent.Accept()
+			if err != nil {
+				return
+			}
+			defer c.Close()
+		}
+	}()
+	rep, out = probe(t, Config{Producer: "tcp://" + silent.Addr().String(), CompatHash: "x", Timeout: 300 * time.Millisecond})
+	if !rep.Reachable || rep.Answered || !strings.Contains(out, "NO ANSWER") {
+		t.Fatalf("silent listener: %+v\n%s", rep, out)
+	}
+}
