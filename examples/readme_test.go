@@ -35,3 +35,25 @@ func TestReadmeUsingItCompiles(t *testing.T) {
 		t.Fatalf("the README's code does not build:\n%s", out)
 	}
 }
+
+// The README's probe commands use flags the probe has.
+func TestReadmeProbeCommands(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmds := regexp.MustCompile(`go run \./examples/probe([^\n` + "`" + `]*)`).FindAllSubmatch(readme, -1)
+	if len(cmds) == 0 {
+		t.Fatal("no probe command in the README")
+	}
+	cmd := exec.Command("go", "run", "./examples/probe", "-h")
+	cmd.Dir = ".."
+	help, _ := cmd.CombinedOutput() // -h exits 2
+	for _, c := range cmds {
+		for _, f := range regexp.MustCompile(`\s-([a-z-]+)`).FindAllSubmatch(c[1], -1) {
+			if !regexp.MustCompile(`(?m)^\s+-` + string(f[1]) + `\b`).Match(help) {
+				t.Errorf("the README's probe command uses -%s, which the probe does not have", f[1])
+			}
+		}
+	}
+}
