@@ -42,7 +42,7 @@ func TestReadmeProbeCommands(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmds := regexp.MustCompile(`go run \./examples/probe([^\n` + "`" + `]*)`).FindAllSubmatch(readme, -1)
+	cmds := regexp.MustCompile(`go run \./examples/probe([^\n`+"`"+`]*)`).FindAllSubmatch(readme, -1)
 	if len(cmds) == 0 {
 		t.Fatal("no probe command in the README")
 	}

@@ -78,6 +78,7 @@ type ProducerStats struct {
 	OverBound     uint64 // requests refused by the grant bounds
 	BadSessionIDs uint64 // requests whose session id is not a canonical UUID
 	DescsSent     uint64 // OK acks that carried the mem descriptor
+	DescBytes     uint64 // the bytes of those descriptors
 }
 
 type consumerState struct {
@@ -367,6 +368,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	if !cs.confirmed {
 		p.ack.MemDescriptor = p.data.MemDescriptor()
 		p.stats.DescsSent++
+		p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
 	}
 	return g
 }

@@ -31,7 +31,9 @@ func main() {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
 
 	fmt.Printf("loopback: %d items x %d blocks x %d bytes, concurrency %d\n", cfg.Items, cfg.BlocksPerItem, cfg.BlockSize, cfg.Concurrency)
-	prod, err := demo.StartProducer(cfg, "127.0.0.1:0", "127.0.0.1:0", log)
+	pcfg := cfg
+	pcfg.Metrics = "" // one endpoint, the consumer's, serves both sides
+	prod, err := demo.StartProducer(pcfg, "127.0.0.1:0", "127.0.0.1:0", log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loopback: producer:", err)
 		os.Exit(1)
@@ -39,6 +41,7 @@ func main() {
 	defer prod.Close()
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
+	cfg.MetricsAlso = append(cfg.MetricsAlso, prod.Collector())
 	sum, err := demo.RunConsumer(ctx, cfg, prod.Control, os.Stdout, log)
 	sum.Print(os.Stdout)
 	fmt.Println("  producer:", prod.Stats())

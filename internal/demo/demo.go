@@ -13,15 +13,21 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"net"
+	"net/http"
 	"slices"
 	"strings"
 	"time"
 
 	"github.com/google/uuid"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/nixl"
 	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/session/connector/metrics"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -35,6 +41,10 @@ type Config struct {
 	Concurrency   int // fetches in flight
 	Fetches       int // fetches in all, cycling over the items; 0: Items
 
+	Metrics string // serve Prometheus metrics on this address ("" none)
+	// MetricsAlso are collected with a consumer's metrics (the loopback's
+	// producer).
+	MetricsAlso  []prometheus.Collector
 	Data         string // data plane: "tcp" (default) or "nixl"
 	NIXLParams   string // NIXL backend parameters, "k=v,k=v"
 	NIXLProgress string // who drives NIXL agents: goroutine, thread or caller
@@ -53,6 +63,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight")
 		fs.IntVar(&c.Fetches, "fetches", 0, "fetches in all, cycling over the items (0: one per item); more than -items re-fetches entries in one session")
 	}
+	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9100")
 	fs.StringVar(&c.Data, "data", "tcp", "data plane: tcp (pure Go) or nixl (a build with -tags nixl)")
 	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
 	fs.StringVar(&c.NIXLProgress, "nixl-progress", "goroutine", "who drives NIXL agents: goroutine, thread or caller")
@@ -158,6 +169,7 @@ func Fill(b []byte, item, j int) {
 type Producer struct {
 	Control string // "tcp://host:port" consumers connect to
 	Data    string // the data plane's address ("nixl:<agent>" for NIXL)
+	metrics *http.Server
 	srv     *transport.Server
 	data    xfer.DataTransport
 	region  *cache.Region
@@ -205,6 +217,15 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 		region.Close()
 		return nil, err
 	}
+	if cfg.Metrics != "" {
+		if p.metrics, err = serveMetrics(cfg.Metrics, metrics.NewProducerCollector(p.prod, nil)); err != nil {
+			p.prod.Close()
+			srv.Close()
+			data.Close()
+			region.Close()
+			return nil, err
+		}
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	p.cancel = cancel
 	go func() {
@@ -213,6 +234,9 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 	}()
 	return p, nil
 }
+
+// Collector returns the producer's metrics collector.
+func (p *Producer) Collector() prometheus.Collector { return metrics.NewProducerCollector(p.prod, nil) }
 
 // Stats returns the producer session's counters.
 func (p *Producer) Stats() string {
@@ -225,6 +249,9 @@ func (p *Producer) Stats() string {
 func (p *Producer) Close() {
 	p.cancel()
 	<-p.done
+	if p.metrics != nil {
+		p.metrics.Close()
+	}
 	p.prod.Close()
 	p.srv.Close()
 	p.data.Close()
@@ -290,6 +317,13 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: cfg.CompatHash(), BlockSize: cfg.BlockSize, Logger: log}, ctl, data)
 	if err != nil {
 		return Summary{}, err
+	}
+	if cfg.Metrics != "" {
+		ms, err := serveMetrics(cfg.Metrics, append(cfg.MetricsAlso, metrics.NewPoolCollector(pool, nil))...)
+		if err != nil {
+			return Summary{}, err
+		}
+		defer ms.Close()
 	}
 
 	free := make([]int, region.Blocks())
@@ -383,4 +417,21 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 		return sum, errors.New("some fetches failed")
 	}
 	return sum, nil
+}
+
+// serveMetrics serves the collectors, and the Go runtime's metrics, at
+// http://addr/metrics.
+func serveMetrics(addr string, cs ...prometheus.Collector) (*http.Server, error) {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	reg.MustRegister(cs...)
+	ln, err := net.Listen("tcp", addr)
+	if err != nil {
+		return nil, fmt.Errorf("metrics: %w", err)
+	}
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go hs.Serve(ln)
+	return hs, nil
 }

@@ -168,6 +168,7 @@ type PoolStats struct {
 	BytesMoved                                  uint64
 	Malformed                                   uint64 // undecodable acks
 	Reaped                                      uint64 // idle sessions closed
+	InFlight, Sessions                          int    // fetches not ended; producer sessions held
 	FailedBy                                    map[xfer.Reason]uint64
 	Latency                                     Histogram // Fetch to completion
 }
@@ -293,6 +294,7 @@ func (p *Pool) publish() {
 	fb := p.pub.FailedBy
 	p.pub = p.stats
 	p.pub.Malformed = malformed
+	p.pub.InFlight, p.pub.Sessions = len(p.fetches), len(p.order)+len(p.draining)
 	if fb == nil {
 		fb = map[xfer.Reason]uint64{}
 	}
