@@ -21,7 +21,6 @@ import (
 	"maps"
 	"math/rand/v2"
 	"os"
-	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -152,11 +151,14 @@ type producer struct {
 	saves   int      // churn entries saved so far
 	extra   []string // churn entries it may hold
 	drainAt int      // the step a drain began; -1 when not draining
-	data    *xfertest.Fake
-	cache   *cache.EmbeddingCache
-	prod    *connector.Producer
-	srv     *simServer
-	pending []string // saves not landed yet
+	names []string // entryName, made once
+	// scribbled entries: unpinned, their blocks overwritten (see rest)
+	scribbled map[string]bool
+	data      *xfertest.Fake
+	cache     *cache.EmbeddingCache
+	prod      *connector.Producer
+	srv       *simServer
+	pending   []string // saves not landed yet
 }
 
 type fetch struct {
@@ -195,6 +197,7 @@ type sim struct {
 	// watch hands each new producer to a goroutine that reads its stats
 	// while the simulation steps it, as a metrics exporter would.
 	watch chan *connector.Producer
+	tock  chan struct{} // a step began: the watcher reads
 	// retired agents of drained producers, closed later
 	retired []retiredAgent
 }
@@ -211,7 +214,7 @@ func simLogger() *slog.Logger {
 func Run(cfg Config) (Stats, error) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed*0x9e3779b97f4a7c15+1)),
 		now: time.Unix(1_700_000_000, 0), fab: xfertest.NewFabric(),
-		log: simLogger(), watch: make(chan *connector.Producer, 64)}
+		log: simLogger(), watch: make(chan *connector.Producer, 64), tock: make(chan struct{}, 1)}
 	watched := make(chan struct{})
 	go func() {
 		defer close(watched)
@@ -223,13 +226,13 @@ func Run(cfg Config) (Stats, error) {
 					return
 				}
 				ps = append(ps, p)
-			default:
+			case <-s.tock:
+				// Read while the next step runs.
 				for _, p := range ps {
 					_ = p.Stats()
 					_ = p.Grants()
 					p.Backlog()
 				}
-				runtime.Gosched()
 			}
 		}
 	}()
@@ -242,6 +245,9 @@ func Run(cfg Config) (Stats, error) {
 			name = "p0"
 		}
 		p := &producer{addr: fmt.Sprintf("tcp://producer-%d:5555", i), name: name, label: fmt.Sprintf("p%d", i), drainAt: -1}
+		for j := range cfg.Entries + 2 {
+			p.names = append(p.names, fmt.Sprintf("%s-e%02d", p.label, j))
+		}
 		s.prods = append(s.prods, p)
 		s.startProducer(p)
 	}
@@ -290,7 +296,12 @@ func (s *sim) fail(format string, args ...any) {
 
 // entry sizes and contents are fixed functions of the producer and index,
 // so a restarted producer saves the same bytes again.
-func entryName(p *producer, i int) string { return fmt.Sprintf("%s-e%02d", p.label, i) }
+func entryName(p *producer, i int) string {
+	if i < len(p.names) {
+		return p.names[i]
+	}
+	return fmt.Sprintf("%s-e%02d", p.label, i)
+}
 func entrySize(i int) int                 { return 1 + i%3 }
 func fill(b []byte, hash string, j int) {
 	h := fnv.New64a()
@@ -310,6 +321,7 @@ func (s *sim) startProducer(p *producer) {
 	p.cache = cache.NewEmbeddingCache(blocks)
 	p.extra = p.extra[:0]
 	p.drainAt = -1
+	p.scribbled = map[string]bool{}
 	p.srv = &simServer{s: s, p: p}
 	var err error
 	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
@@ -384,6 +396,10 @@ func (s *sim) drawOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
 }
 
 func (s *sim) tick() {
+	select {
+	case s.tock <- struct{}{}:
+	default:
+	}
 	s.now = s.now.Add(stepLen)
 	if s.chance(s.cfg.Faults.ClockJump) {
 		j := 500*time.Millisecond + time.Duration(s.rng.Int64N(int64(10*time.Second)))
@@ -432,9 +448,8 @@ func (s *sim) tick() {
 	})
 	s.deliver()
 	for _, p := range s.prods {
-		s.rest(p, false)
 		p.prod.Step(s.now)
-		s.rest(p, true)
+		s.rest(p)
 		// Saves land over time.
 		kept := p.pending[:0]
 		for _, h := range p.pending {
@@ -470,13 +485,14 @@ func (s *sim) endStuck(c *consumer) {
 
 // rest models what a producer may do with the blocks of an entry nobody
 // has pinned: reuse them. After the producer's step every unpinned entry's
-// blocks are scribbled over, until the next step restores them; a READ
-// that completes meanwhile copies the scribbles. So a pin dropped while a
-// READ still runs under it shows as wrong bytes in a completed fetch, the
-// moment it happens, not only when an eviction happens to hit it. (A READ
-// that outlives its grant's lease is the consumer's to refuse: it sees the
-// completion after the lease and does not promote it.)
-func (s *sim) rest(p *producer, scribble bool) {
+// blocks are scribbled over, until a grant pins it again and they are
+// restored; a READ that completes meanwhile copies the scribbles. So a pin
+// dropped while a READ still runs under it shows as wrong bytes in a
+// completed fetch, the moment it happens, not only when an eviction
+// happens to hit it. (A READ that outlives its grant's lease is the
+// consumer's to refuse: it sees the completion after the lease and does not
+// promote it.)
+func (s *sim) rest(p *producer) {
 	for i := range s.cfg.Entries + len(p.extra) {
 		h := ""
 		if i < s.cfg.Entries {
@@ -485,11 +501,12 @@ func (s *sim) rest(p *producer, scribble bool) {
 			h = p.extra[i-s.cfg.Entries]
 		}
 		e, ok := p.cache.Get(h)
-		if !ok || !e.Ready || (scribble && e.Pins > 0) {
+		if !ok || !e.Ready || (e.Pins == 0) == p.scribbled[h] {
 			continue
 		}
+		p.scribbled[h] = e.Pins == 0
 		for j, b := range e.Blocks {
-			if scribble {
+			if e.Pins == 0 {
 				clear(p.data.Block(b))
 			} else {
 				fill(p.data.Block(b), h, j)
@@ -512,6 +529,7 @@ func (s *sim) save(p *producer) {
 		fill(p.data.Block(b), h, j)
 	}
 	p.cache.MarkReady(h)
+	delete(p.scribbled, h)
 	// Forget the saves evicted since: what is left fits in the cache.
 	p.extra = slices.DeleteFunc(p.extra, func(x string) bool { _, ok := p.cache.Get(x); return !ok })
 	p.extra = append(p.extra, h)
