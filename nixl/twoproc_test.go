@@ -109,7 +109,10 @@ func runChild(mode string) error {
 		return err
 	}
 	defer srv.Close()
-	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), Logger: quiet}, srv, data, entries))
+	// Two entries of half the cache each: the pinned share would make every
+	// second fetch wait out a NOT_READY backoff. The benchmark measures the
+	// data path.
+	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), MaxPinnedShare: 1, Logger: quiet}, srv, data, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { prod.Serve(ctx, nil); close(done) }()
@@ -225,6 +228,7 @@ func (f *poolFetcher) fetch(tb testing.TB, item int) []int {
 		if len(r.Completed) > 0 {
 			return f.blocks
 		}
+		f.pool.Wait(context.Background()) // as an engine's loop: sleep until there is work
 	}
 }
 

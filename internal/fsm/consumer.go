@@ -43,8 +43,9 @@ type ConsumerXfer struct {
 	sentAt   time.Time // when the request went out
 	lease    time.Duration
 	handle   xfer.Handle
-	remote   []int // scratch: the ack's source blocks
-	sorted   []int // scratch: for the uniqueness check
+	remote   []int    // scratch: the ack's source blocks
+	seen     []uint64 // scratch: for the uniqueness check
+	sorted   []int
 }
 
 // NewConsumerXfer returns a transfer whose request was sent at sentAt,
@@ -63,7 +64,7 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 	notif = append(notif, mmHash...)
 	*x = ConsumerXfer{
 		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
-		state: xfer.WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], sorted: x.sorted[:0],
+		state: xfer.WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], seen: x.seen[:0], sorted: x.sorted[:0],
 		lease: cfg.PinLease,
 	}
 }
@@ -139,12 +140,28 @@ func (x *ConsumerXfer) checkAck(src []wire.Int, peer xfer.Peer) error {
 		}
 		x.remote = append(x.remote, id)
 	}
-	x.sorted = append(x.sorted[:0], x.remote...)
-	slices.Sort(x.sorted)
-	for i := 1; i < len(x.sorted); i++ {
-		if x.sorted[i] == x.sorted[i-1] {
-			return fmt.Errorf("%w: source block %d repeated", ErrBadAck, x.sorted[i])
+	// Unique: one pass over a bitmap of the producer's blocks (ids are in
+	// range by now), or a sort when the producer's region is so large that
+	// the bitmap would outweigh the ack.
+	words := (peer.Blocks + 63) / 64
+	if words > 4*len(x.remote)+1024 {
+		x.sorted = append(x.sorted[:0], x.remote...)
+		slices.Sort(x.sorted)
+		for i := 1; i < len(x.sorted); i++ {
+			if x.sorted[i] == x.sorted[i-1] {
+				return fmt.Errorf("%w: source block %d repeated", ErrBadAck, x.sorted[i])
+			}
 		}
+		return nil
+	}
+	x.seen = slices.Grow(x.seen[:0], words)[:words]
+	clear(x.seen)
+	for _, id := range x.remote {
+		w, bit := id/64, uint64(1)<<(id%64)
+		if x.seen[w]&bit != 0 {
+			return fmt.Errorf("%w: source block %d repeated", ErrBadAck, id)
+		}
+		x.seen[w] |= bit
 	}
 	return nil
 }

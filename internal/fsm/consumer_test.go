@@ -130,6 +130,15 @@ func TestHandleAckRefusesBadAcks(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			r := newRig(t)
 			err := r.x.HandleAck(tt.ack, r.peer, t0)
+			if tt.name == "repeated id" {
+				// A producer claiming a huge region: the check sorts
+				// instead of allocating a bitmap of it.
+				huge := r.peer
+				huge.Blocks = 1 << 40
+				if err := newRig(t).x.HandleAck(tt.ack, huge, t0); !errors.Is(err, fsm.ErrBadAck) {
+					t.Fatalf("huge region: err %v, want ErrBadAck", err)
+				}
+			}
 			if !errors.Is(err, fsm.ErrBadAck) {
 				t.Fatalf("err %v, want ErrBadAck", err)
 			}

@@ -151,7 +151,7 @@ type producer struct {
 	saves   int      // churn entries saved so far
 	extra   []string // churn entries it may hold
 	drainAt int      // the step a drain began; -1 when not draining
-	names []string // entryName, made once
+	names   []string // entryName, made once
 	// scribbled entries: unpinned, their blocks overwritten (see rest)
 	scribbled map[string]bool
 	data      *xfertest.Fake
@@ -302,7 +302,7 @@ func entryName(p *producer, i int) string {
 	}
 	return fmt.Sprintf("%s-e%02d", p.label, i)
 }
-func entrySize(i int) int                 { return 1 + i%3 }
+func entrySize(i int) int { return 1 + i%3 }
 func fill(b []byte, hash string, j int) {
 	h := fnv.New64a()
 	h.Write([]byte(hash))
