@@ -120,7 +120,7 @@ type ProducerSession struct {
 	lease  time.Duration
 	log    *slog.Logger
 
-	authMu sync.RWMutex // guards byKey and byID against Authorize
+	authMu sync.RWMutex        // guards byKey and byID against Authorize
 	byKey  map[string][]*grant // live grants per key, oldest first
 	byID   map[uint64]*grant
 	nextID uint64

@@ -224,7 +224,7 @@ type Pool struct {
 	reapAt  time.Time // the next look for idle sessions
 
 	ready    <-chan struct{} // the data plane's, if it signals (xfer.Signaling)
-	lastStep time.Time // the now of the last Step
+	lastStep time.Time       // the now of the last Step
 
 	closedMalformed uint64 // Malformed of sessions closed
 	pubMu           sync.Mutex

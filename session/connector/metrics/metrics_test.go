@@ -127,15 +127,15 @@ func TestScrapeWhileFetching(t *testing.T) {
 		t.Errorf("mid-run completed = %v", m)
 	}
 	for series, want := range map[string]float64{
-		`ecxfer_consumer_fetches_total{result="completed",role="consumer"}`:   items,
-		`ecxfer_consumer_fetch_latency_seconds_count{role="consumer"}`:        items,
-		`ecxfer_consumer_bytes_total{role="consumer"}`:                        items * 2 * bs,
-		`ecxfer_consumer_fetches_in_flight{role="consumer"}`:                  0,
+		`ecxfer_consumer_fetches_total{result="completed",role="consumer"}`:  items,
+		`ecxfer_consumer_fetch_latency_seconds_count{role="consumer"}`:       items,
+		`ecxfer_consumer_bytes_total{role="consumer"}`:                       items * 2 * bs,
+		`ecxfer_consumer_fetches_in_flight{role="consumer"}`:                 0,
 		`ecxfer_consumer_nacks_total{role="consumer",status="NACK_MISSING"}`: 0,
-		`ecxfer_producer_grants_total{role="producer"}`:                       items,
-		`ecxfer_producer_completions_total{role="producer"}`:                  items,
-		`ecxfer_producer_requests_total{role="producer"}`:                     items,
-		`ecxfer_producer_grants{role="producer"}`:                             0,
+		`ecxfer_producer_grants_total{role="producer"}`:                      items,
+		`ecxfer_producer_completions_total{role="producer"}`:                 items,
+		`ecxfer_producer_requests_total{role="producer"}`:                    items,
+		`ecxfer_producer_grants{role="producer"}`:                            0,
 	} {
 		if got := value(t, after, series); got != want {
 			t.Errorf("%s = %v, want %v", series, got, want)
