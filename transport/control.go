@@ -441,6 +441,33 @@ func (c *Client) Wait(ctx context.Context) bool {
 	}
 }
 
+// WaitOr is Wait that also returns, true, when ready or timeout receives,
+// so that a loop waits on the control plane and a data plane at once
+// without a goroutine (connector.Pool uses it).
+func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+	c.mu.Lock()
+	n := len(c.held) + len(c.dead)
+	c.mu.Unlock()
+	if n > 0 {
+		return true
+	}
+	select {
+	case m := <-c.in:
+		c.mu.Lock()
+		c.held = append(c.held, m)
+		c.mu.Unlock()
+		return true
+	case <-c.wake:
+		return true
+	case <-ready:
+		return true
+	case <-timeout:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
 // Dead appends the producer addresses declared dead since the last call to
 // dst. Their DEALERs are gone: the next Send to one builds a new one.
 func (c *Client) Dead(dst []string) []string {

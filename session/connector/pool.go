@@ -223,8 +223,10 @@ type Pool struct {
 	closed  bool
 	reapAt  time.Time // the next look for idle sessions
 
-	ready    <-chan struct{} // the data plane's, if it signals (xfer.Signaling)
-	lastStep time.Time       // the now of the last Step
+	ready     <-chan struct{} // the data plane's, if it signals (xfer.Signaling)
+	lastStep  time.Time       // the now of the last Step
+	published time.Time       // the now of the last publish
+	timer     *time.Timer     // Wait's, reused
 
 	closedMalformed uint64 // Malformed of sessions closed
 	pubMu           sync.Mutex
@@ -267,8 +269,8 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	return p, nil
 }
 
-// Stats returns the counters as of the end of the last Step (or Cancel,
-// Close). Unlike the rest of Pool it is safe to call from any
+// Stats returns the counters as of the end of a recent Step (at most a
+// millisecond of the caller's clock old), Cancel or Close. Unlike the rest of Pool it is safe to call from any
 // goroutine, a metrics exporter's say.
 func (p *Pool) Stats() PoolStats {
 	p.pubMu.Lock()
@@ -434,7 +436,12 @@ func (p *Pool) Step(now time.Time) *Results {
 	p.draining = kept
 	p.retryDue(now)
 	p.reapIdle(now)
-	p.publish()
+	// Publish for Stats at most once a millisecond of the caller's clock:
+	// a loop woken by every READ's end steps often.
+	if now.Sub(p.published) >= time.Millisecond || now.Before(p.published) {
+		p.publish()
+		p.published = now
+	}
 	return &p.res
 }
 
@@ -676,6 +683,23 @@ func (p *Pool) Wait(ctx context.Context) bool {
 	for _, f := range p.retrying {
 		wait = min(wait, max(0, f.retryAt.Sub(p.lastStep)))
 	}
+	if wo, ok := p.ctl.(waiterOr); ok {
+		// No goroutine, no context: the loop may wait thousands of times
+		// a second.
+		if p.timer == nil {
+			p.timer = time.NewTimer(wait)
+		} else {
+			p.timer.Reset(wait)
+		}
+		woke := wo.WaitOr(ctx, p.ready, p.timer.C)
+		if !p.timer.Stop() {
+			select { // drained by WaitOr, or fired meanwhile
+			case <-p.timer.C:
+			default:
+			}
+		}
+		return woke
+	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	if p.ready != nil {
@@ -696,6 +720,12 @@ func (p *Pool) Wait(ctx context.Context) bool {
 		return true
 	}
 	return ctx.Err() == nil
+}
+
+// waiterOr is a control plane that can wait on a data plane's signal and a
+// timer too (*transport.Client).
+type waiterOr interface {
+	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
