@@ -249,6 +249,34 @@ func (s *Server) Wait(ctx context.Context) bool {
 	}
 }
 
+// WaitOr is Wait that also returns, true, when ready or timeout receives,
+// so that a producer's loop waits on requests and its data plane's
+// notifications at once without a goroutine (connector.Producer uses it).
+// It returns false once the server is closed.
+func (s *Server) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+	s.heldMu.Lock()
+	n := len(s.held)
+	s.heldMu.Unlock()
+	if n > 0 {
+		return true
+	}
+	select {
+	case m := <-s.in:
+		s.heldMu.Lock()
+		s.held = append(s.held, m)
+		s.heldMu.Unlock()
+		return true
+	case <-ready:
+		return true
+	case <-timeout:
+		return true
+	case <-ctx.Done():
+		return false
+	case <-s.done:
+		return false
+	}
+}
+
 // Reply queues payload for the consumer with the given identity, without
 // blocking; it copies both. It implements session.Replier. It fails with
 // ErrClosed after Close and ErrQueueFull when the send queue is full.

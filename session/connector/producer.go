@@ -72,6 +72,8 @@ type Producer struct {
 	dropped uint64
 	closed  bool
 	done    chan struct{} // closed by Close: Serve and Drain return
+	waitMu  sync.Mutex    // Serve and Drain may wait at once
+	timer   *time.Timer   // wait's, reused
 }
 
 // ErrClosed is returned by Serve and Drain once the producer or its control
@@ -268,6 +270,26 @@ func (p *Producer) wait(ctx context.Context, grants int) error {
 	if grants > 0 {
 		wait = 5 * time.Millisecond
 	}
+	if wo, ok := p.ctl.(serverWaiterOr); ok {
+		// One select, no goroutine: the wake-up is the latency.
+		p.waitMu.Lock()
+		defer p.waitMu.Unlock()
+		if p.timer == nil {
+			p.timer = time.NewTimer(wait)
+		} else {
+			p.timer.Reset(wait)
+		}
+		var ready <-chan struct{}
+		if grants > 0 {
+			ready = p.ready
+		}
+		woke := wo.WaitOr(ctx, ready, p.timer.C)
+		p.timer.Stop()
+		if !woke && ctx.Err() == nil {
+			return ErrClosed
+		}
+		return nil
+	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
 	if p.ready != nil && grants > 0 {
@@ -283,6 +305,12 @@ func (p *Producer) wait(ctx context.Context, grants int) error {
 		return ErrClosed
 	}
 	return nil
+}
+
+// serverWaiterOr is a control plane that can wait on a data plane's signal
+// and a timer too (*transport.Server).
+type serverWaiterOr interface {
+	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
 // Grants returns the grants still holding a pin. Safe while Serve runs,
