@@ -12,6 +12,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/demo"
+	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -118,5 +119,40 @@ func TestProbeUnreachableAndSilent(t *testing.T) {
 	rep, out = probe(t, Config{Producer: "tcp://" + silent.Addr().String(), CompatHash: "x", Timeout: 300 * time.Millisecond})
 	if !rep.Reachable || rep.Answered || !strings.Contains(out, "NO ANSWER") {
 		t.Fatalf("silent listener: %+v\n%s", rep, out)
+	}
+}
+
+// An entry announced but not saved yet reads as NACK_NOT_READY.
+func TestProbeNotReady(t *testing.T) {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 4, BlockSize: 1024})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	entries := cache.NewEmbeddingCache(4)
+	if _, err := entries.Alloc("pending", 2); err != nil {
+		t.Fatal(err)
+	}
+	data, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0"}, region)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer data.Close()
+	srv, err := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer srv.Close()
+	prod, err := connector.NewProducer(connector.ProducerConfig{CompatHash: "c"}, srv, data, entries)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { prod.Serve(ctx, nil); close(done) }()
+	defer func() { cancel(); <-done; prod.Close() }()
+	rep, out := probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", MMHash: "pending", Timeout: 5 * time.Second})
+	if rep.Status != wire.NackNotReady || !strings.Contains(out, "NACK_NOT_READY") {
+		t.Fatalf("report %+v\n%s", rep, out)
 	}
 }
