@@ -18,14 +18,47 @@ func TestReadmeUsingItCompiles(t *testing.T) {
 	if m == nil {
 		t.Fatal("no using-it block in the README")
 	}
-	// A package inside the module, so that its imports resolve; removed
-	// afterwards.
+	vetInModule(t, m[1])
+}
+
+// The README's metrics snippet compiles, inside a function given a pool
+// and a producer.
+func TestReadmeMetricsCompiles(t *testing.T) {
+	readme, err := os.ReadFile("../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := regexp.MustCompile("(?s)<!-- metrics -->\n```go\n(.*?)```\n<!-- /metrics -->").FindSubmatch(readme)
+	if m == nil {
+		t.Fatal("no metrics block in the README")
+	}
+	src := `package engine
+
+import (
+	"net/http"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/session/connector/metrics"
+)
+
+func serve(pool *connector.Pool, prod *connector.Producer) {
+` + string(m[1]) + "}\n"
+	vetInModule(t, []byte(src))
+}
+
+// vetInModule vets src as a package inside the module, so that its imports
+// resolve; the package is removed afterwards.
+func vetInModule(t *testing.T, src []byte) {
+	t.Helper()
 	dir, err := os.MkdirTemp("../internal", "readme-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.RemoveAll(dir)
-	if err := os.WriteFile(filepath.Join(dir, "engine.go"), m[1], 0o644); err != nil {
+	if err := os.WriteFile(filepath.Join(dir, "engine.go"), src, 0o644); err != nil {
 		t.Fatal(err)
 	}
 	cmd := exec.Command("go", "vet", "./"+filepath.Join("internal", filepath.Base(dir)))

@@ -396,7 +396,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 			}
 			free = append(free, rel.Blocks...)
 		}
-		if progress != nil && now.Sub(lastReport) >= 500*time.Millisecond {
+		if progress != nil && now.Sub(lastReport) >= time.Second {
 			lastReport = now
 			fmt.Fprintf(progress, "  %d/%d verified, %d in flight\n", sum.Verified, fetches, len(item))
 		}
