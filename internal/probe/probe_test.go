@@ -1,11 +1,15 @@
 package probe
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -122,7 +126,8 @@ func TestProbeUnreachableAndSilent(t *testing.T) {
 	}
 }
 
-// An entry announced but not saved yet reads as NACK_NOT_READY.
+// An entry announced but not saved yet reads as NACK_NOT_READY; a
+// draining producer's answer as NACK_INTERNAL.
 func TestProbeNotReady(t *testing.T) {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 4, BlockSize: 1024})
 	if err != nil {
@@ -154,5 +159,57 @@ func TestProbeNotReady(t *testing.T) {
 	rep, out := probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", MMHash: "pending", Timeout: 5 * time.Second})
 	if rep.Status != wire.NackNotReady || !strings.Contains(out, "NACK_NOT_READY") {
 		t.Fatalf("report %+v\n%s", rep, out)
+	}
+	// A producer draining answers NACK_INTERNAL.
+	prod.StopGranting()
+	rep, out = probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", Timeout: 5 * time.Second})
+	if rep.Status != wire.NackInternal || !strings.Contains(out, "draining") {
+		t.Fatalf("draining producer: report %+v\n%s", rep, out)
+	}
+}
+
+// The probe speaks to a Python producer over the real libzmq (Debian's
+// python3-zmq): what an operator points it at in a vLLM fleet.
+func TestProbePythonProducer(t *testing.T) {
+	const python = "/usr/bin/python3"
+	if err := exec.Command(python, "-c", "import zmq, msgpack").Run(); err != nil {
+		if os.Getenv("CI") == "true" {
+			t.Fatalf("CI needs python3-zmq and python3-msgpack: %v", err)
+		}
+		t.Skipf("python3-zmq or python3-msgpack missing: %v", err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(python, filepath.Join("testdata", "py_producer.py"), "tcp://"+addr, "compat-py")
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	defer func() { cmd.Process.Kill(); cmd.Wait() }()
+	if line, err := bufio.NewReader(out).ReadString('\n'); err != nil || line != "ready\n" {
+		t.Fatalf("python producer: %q %v", line, err)
+	}
+	for _, tc := range []struct {
+		cfg    Config
+		status wire.Status
+		says   string
+	}{
+		{Config{CompatHash: "compat-py"}, wire.NackMissing, "HEALTHY"},
+		{Config{CompatHash: "other"}, wire.NackIncompat, "NACK_INCOMPAT"},
+		{Config{CompatHash: "compat-py", Version: 1}, wire.NackVersion, "NACK_VERSION"},
+	} {
+		tc.cfg.Producer, tc.cfg.Timeout = "tcp://"+addr, 5*time.Second
+		rep, text := probe(t, tc.cfg)
+		if rep.Status != tc.status || !strings.Contains(text, tc.says) {
+			t.Errorf("report %+v\n%s", rep, text)
+		}
 	}
 }
