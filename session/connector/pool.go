@@ -269,8 +269,9 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	return p, nil
 }
 
-// Stats returns the counters as of the end of a recent Step (at most a
-// millisecond of the caller's clock old), Cancel or Close. Unlike the rest of Pool it is safe to call from any
+// Stats returns the counters as of the end of the last Step that ended a
+// fetch (or a recent one, at most a millisecond of the caller's clock old),
+// Cancel or Close. Unlike the rest of Pool it is safe to call from any
 // goroutine, a metrics exporter's say.
 func (p *Pool) Stats() PoolStats {
 	p.pubMu.Lock()
@@ -436,9 +437,10 @@ func (p *Pool) Step(now time.Time) *Results {
 	p.draining = kept
 	p.retryDue(now)
 	p.reapIdle(now)
-	// Publish for Stats at most once a millisecond of the caller's clock:
-	// a loop woken by every READ's end steps often.
-	if now.Sub(p.published) >= time.Millisecond || now.Before(p.published) {
+	// Publish for Stats when the step ended something, else at most once
+	// a millisecond of the caller's clock: an idle loop steps often.
+	if len(p.res.Completed)+len(p.res.Failed)+len(p.res.Released) > 0 ||
+		now.Sub(p.published) >= time.Millisecond || now.Before(p.published) {
 		p.publish()
 		p.published = now
 	}
