@@ -455,14 +455,19 @@ func (a *Agent) DroppedNotifs() uint64 {
 	return a.dropped
 }
 
-// checkEndsLocked looks at the READs posted here that have not ended and
+// checkEndsLocked looks at READs posted here that have not ended and
 // records those that did, so that a loop waiting on Ready wakes the moment
-// one ends. It reports whether any did.
+// one ends. It reports whether any did. It looks at most at checksPerRound
+// of them: the step loop waits for the lock meanwhile, and Go's map order
+// starts each round at a random place, so all are looked at over rounds.
 func (a *Agent) checkEndsLocked() bool {
-	ended := false
+	ended, looked := false, 0
 	for _, r := range a.handles {
 		if r.ended {
 			continue
+		}
+		if looked++; looked > checksPerRound {
+			break
 		}
 		if st := int(C.cnixl_check(a.c, r.ch)); st != C.CNIXL_IN_PROG && st != C.CNIXL_ERR_NOT_FOUND {
 			r.ended, r.seen, r.st, ended = true, true, st, true
@@ -470,6 +475,8 @@ func (a *Agent) checkEndsLocked() bool {
 	}
 	return ended
 }
+
+const checksPerRound = 32
 
 // busyLocked says whether READs may be moving: ours, or peers' of our
 // memory.

@@ -248,10 +248,8 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
 		}
 		entries.MarkReady(fmt.Sprint(i))
 	}
-	var toP, toC [][]byte
-	sendP := sender(func(b []byte) { toP = append(toP, append([]byte(nil), b...)) })
-	sendC := replier(func(b []byte) { toC = append(toC, append([]byte(nil), b...)) })
-	cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, sendP, cdata, "compat")
+	link := &memLink{}
+	cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, link, cdata, "compat")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -267,14 +265,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
 			if step > 200000 {
 				t.Fatalf("fetch %d did not end", i)
 			}
-			var msgs []session.Message
-			for _, m := range toP {
-				msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
-			}
-			toP = nil
-			prod.Poll(msgs, time.Now(), sendC)
-			cons.Poll(toC, time.Now())
-			toC = nil
+			link.step(prod, cons)
 			cons.TakeResults(&r)
 			time.Sleep(20 * time.Microsecond)
 		}
@@ -288,7 +279,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
 		t.Fatalf("results %+v", r)
 	}
 	for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-		prod.Poll(nil, time.Now(), sendC)
+		prod.Poll(nil, time.Now(), link)
 	}
 	if prod.Grants() != 0 || entries.HasHeldEntries() {
 		t.Fatalf("%d grants left", prod.Grants())
@@ -305,13 +296,25 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
 	}
 }
 
-type sender func([]byte)
+// memLink is an in-memory control plane between one consumer session and
+// one producer session.
+type memLink struct{ toP, toC [][]byte }
 
-func (s sender) Send(b []byte) error { s(b); return nil }
+func (l *memLink) Send(b []byte) error     { l.toP = append(l.toP, bytes.Clone(b)); return nil }
+func (l *memLink) Reply(_, b []byte) error { l.toC = append(l.toC, bytes.Clone(b)); return nil }
 
-type replier func([]byte)
-
-func (r replier) Reply(_, b []byte) error { r(b); return nil }
+// step runs the producer on the requests sent, then the consumer on the
+// replies, at the wall clock.
+func (l *memLink) step(prod *session.ProducerSession, cons *session.ConsumerSession) {
+	var msgs []session.Message
+	for _, m := range l.toP {
+		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
+	}
+	l.toP = nil
+	prod.Poll(msgs, time.Now(), l)
+	cons.Poll(l.toC, time.Now())
+	l.toC = nil
+}
 
 // Issue 19 over NIXL: one consumer session re-fetches a few entries at
 // high concurrency, so a re-request often arrives while the previous
@@ -335,10 +338,8 @@ func TestRefetchSameEntries(t *testing.T) {
 			want[h] = append(bytes.Clone(pr.Block(e.Blocks[0])), pr.Block(e.Blocks[1])...)
 			cache.MarkReady(h)
 		}
-		var toP, toC [][]byte
-		sendP := sender(func(b []byte) { toP = append(toP, append([]byte(nil), b...)) })
-		sendC := replier(func(b []byte) { toC = append(toC, append([]byte(nil), b...)) })
-		cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, sendP, cdata, "compat")
+		link := &memLink{}
+		cons, err := session.NewConsumerSession(session.ConsumerConfig{Logger: quiet}, link, cdata, "compat")
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -368,14 +369,7 @@ func TestRefetchSameEntries(t *testing.T) {
 				busy[h] = true
 				started++
 			}
-			var msgs []session.Message
-			for _, m := range toP {
-				msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
-			}
-			toP = nil
-			prod.Poll(msgs, time.Now(), sendC)
-			cons.Poll(toC, time.Now())
-			toC = nil
+			link.step(prod, cons)
 			r.Reset()
 			cons.TakeResults(&r)
 			if r.Len() != len(r.Completed) {
@@ -392,7 +386,7 @@ func TestRefetchSameEntries(t *testing.T) {
 			}
 		}
 		for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			prod.Poll(nil, time.Now(), sendC)
+			prod.Poll(nil, time.Now(), link)
 		}
 		st := prod.Stats()
 		if prod.Grants() != 0 || st.Grants != st.Completions+st.Expired || st.Expired != 0 || cache.HasHeldEntries() {

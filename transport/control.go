@@ -229,25 +229,7 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 
 // Wait blocks until a request is waiting for Drain or ctx ends, and
 // reports which. It is for loops that do not step while idle.
-func (s *Server) Wait(ctx context.Context) bool {
-	s.heldMu.Lock()
-	n := len(s.held)
-	s.heldMu.Unlock()
-	if n > 0 {
-		return true
-	}
-	select {
-	case m := <-s.in:
-		s.heldMu.Lock()
-		s.held = append(s.held, m)
-		s.heldMu.Unlock()
-		return true
-	case <-ctx.Done():
-		return false
-	case <-s.done:
-		return false
-	}
-}
+func (s *Server) Wait(ctx context.Context) bool { return s.WaitOr(ctx, nil, nil) }
 
 // WaitOr is Wait that also returns, true, when ready or timeout receives,
 // so that a producer's loop waits on requests and its data plane's
@@ -449,25 +431,7 @@ func (c *Client) Drain(dst []Inbound) []Inbound {
 
 // Wait blocks until a payload or a death is waiting, or ctx ends, and
 // reports which. It is for loops that do not step while idle.
-func (c *Client) Wait(ctx context.Context) bool {
-	c.mu.Lock()
-	n := len(c.held) + len(c.dead)
-	c.mu.Unlock()
-	if n > 0 {
-		return true
-	}
-	select {
-	case m := <-c.in:
-		c.mu.Lock()
-		c.held = append(c.held, m)
-		c.mu.Unlock()
-		return true
-	case <-c.wake:
-		return true
-	case <-ctx.Done():
-		return false
-	}
-}
+func (c *Client) Wait(ctx context.Context) bool { return c.WaitOr(ctx, nil, nil) }
 
 // WaitOr is Wait that also returns, true, when ready or timeout receives,
 // so that a loop waits on the control plane and a data plane at once
