@@ -1,9 +1,8 @@
 package transport
 
 import (
-	"github.com/ecxfer/ecxfer/xfer"
-
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log"
@@ -16,6 +15,8 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/google/uuid"
+
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // Errors of the control plane.
@@ -82,12 +83,13 @@ type Server struct {
 	forget func()
 	log    *slog.Logger
 	in     chan xfer.Message
-	out    chan xfer.Message
 	done   chan struct{}
-	wg     sync.WaitGroup
 	guards *goGroup
 	stats  controlCounters
 	once   sync.Once
+
+	connMu sync.Mutex
+	conns  map[string]*guardConn // by the identity replies are routed to
 
 	heldMu sync.Mutex
 	held   []xfer.Message // taken by Wait, handed out by the next Drain
@@ -112,10 +114,11 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	s := &Server{log: cfg.Logger, in: make(chan xfer.Message, cfg.MaxQueued),
-		out: make(chan xfer.Message, cfg.MaxQueued), done: make(chan struct{})}
+	s := &Server{log: cfg.Logger, in: make(chan xfer.Message, cfg.MaxQueued), done: make(chan struct{}),
+		conns: map[string]*guardConn{}}
 	gcfg := newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
+	gcfg.deliver, gcfg.ready, gcfg.gone, gcfg.maxOut = s.deliver, s.connected, s.disconnected, cfg.MaxQueued
 	ep, forget, err := guardEndpoint(gcfg, hp)
 	if err != nil {
 		return nil, err
@@ -128,9 +131,6 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		s.sock.Close()
 		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
 	}
-	s.wg.Add(2)
-	go s.recvLoop()
-	go s.sendLoop()
 	return s, nil
 }
 
@@ -165,45 +165,47 @@ func (s *Server) Endpoint() string { return "tcp://" + s.Addr().String() }
 // Stats returns the counters.
 func (s *Server) Stats() ControlStats { return s.stats.snapshot() }
 
-func (s *Server) recvLoop() {
-	defer s.wg.Done()
-	for {
-		msg, err := s.sock.Recv()
-		if err != nil {
-			select {
-			case <-s.done:
-				return
-			default:
-			}
-			continue // zmq4 reports only socket-wide errors here
-		}
-		if msg.Type != zmq4.UsrMsg || len(msg.Frames) != 3 || len(msg.Frames[1]) != 0 {
-			s.stats.malformed.Add(1)
-			continue
-		}
-		select {
-		case s.in <- xfer.Message{Identity: msg.Frames[0], Payload: msg.Frames[2]}:
-		case <-s.done:
-			return
-		}
+// connected routes replies for g's identity to g: the peer's Identity
+// property, or one made up when it sent none (as zmq4 and libzmq do). A
+// second connection presenting an identity in use takes it over and the
+// first is closed (libzmq's ROUTER_HANDOVER): a consumer that reconnects
+// before its old connection timed out is not black-holed.
+func (s *Server) connected(g *guardConn) {
+	if len(g.identity) == 0 {
+		g.identity = []byte(uuid.NewString())
+	}
+	s.connMu.Lock()
+	old := s.conns[string(g.identity)]
+	s.conns[string(g.identity)] = g
+	s.connMu.Unlock()
+	if old != nil {
+		old.Close()
 	}
 }
 
-func (s *Server) sendLoop() {
-	defer s.wg.Done()
-	for {
-		select {
-		case <-s.done:
-			return
-		case m := <-s.out:
-			// One stalled consumer delays this loop by at most the write
-			// deadline, after which the guard closes its connection.
-			if err := s.sock.SendMulti(zmq4.NewMsgFrom(m.Identity, nil, m.Payload)); err != nil {
-				s.stats.sendFails.Add(1)
-				continue
-			}
-			s.stats.sent.Add(1)
-		}
+func (s *Server) disconnected(g *guardConn) {
+	s.connMu.Lock()
+	if s.conns[string(g.identity)] == g {
+		delete(s.conns, string(g.identity))
+	}
+	s.connMu.Unlock()
+}
+
+// deliver takes one request off a connection: ["", payload] from a DEALER.
+// A full queue holds the connection's reader (TCP backpressure on that
+// consumer) until Drain makes room.
+func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
+	if len(frames) != 2 || len(frames[0]) != 0 {
+		s.stats.malformed.Add(1)
+		return true
+	}
+	select {
+	case s.in <- xfer.Message{Identity: g.identity, Payload: frames[1]}:
+		return true
+	case <-g.done:
+		return false
+	case <-s.done:
+		return false
 	}
 }
 
@@ -259,24 +261,35 @@ func (s *Server) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
-// Reply queues payload for the consumer with the given identity, without
-// blocking; it copies both. It implements session.Replier. It fails with
-// ErrClosed after Close and ErrQueueFull when the send queue is full.
+// Reply sends payload to the consumer with the given identity, without
+// blocking: it writes at once when the socket has room, else queues a copy
+// for that connection's writer, so a consumer that stops reading delays no
+// one else. It implements session.Replier. It fails with ErrClosed after
+// Close, ErrPeerDown when no connection has that identity (it closed, or
+// never was), and ErrQueueFull when that consumer has MaxQueued replies
+// waiting.
 func (s *Server) Reply(identity, payload []byte) error {
-	msg := make([]byte, len(identity)+len(payload))
-	copy(msg, identity)
-	copy(msg[len(identity):], payload)
 	select {
 	case <-s.done:
 		return ErrClosed
 	default:
 	}
-	select {
-	case s.out <- xfer.Message{Identity: msg[:len(identity):len(identity)], Payload: msg[len(identity):]}:
-		return nil
-	default:
-		return ErrQueueFull
+	s.connMu.Lock()
+	g := s.conns[string(identity)]
+	s.connMu.Unlock()
+	if g == nil {
+		s.stats.sendFails.Add(1)
+		return fmt.Errorf("%w: no consumer with identity %q", ErrPeerDown, identity)
 	}
+	if err := g.send(nil, payload); err != nil {
+		s.stats.sendFails.Add(1)
+		if errors.Is(err, net.ErrClosed) {
+			return fmt.Errorf("%w: %v", ErrPeerDown, err)
+		}
+		return err
+	}
+	s.stats.sent.Add(1)
+	return nil
 }
 
 // Close stops the server and waits for its goroutines.
@@ -285,7 +298,6 @@ func (s *Server) Close() error {
 	s.once.Do(func() {
 		close(s.done)
 		err = s.sock.Close()
-		s.wg.Wait()
 		s.guards.wait() // the guard's accept loop, handshakes and heartbeats
 		s.forget()
 	})
@@ -365,8 +377,10 @@ type dealer struct {
 	c     *Client
 	addr  string
 	hp    string
-	q     chan []byte
 	stop  chan struct{}
+	qmu   sync.Mutex
+	early [][]byte   // sent before the connection was up
+	g     *guardConn // once the handshake is done
 	dead  atomic.Bool
 	once  sync.Once
 	sockM sync.Mutex
@@ -380,33 +394,58 @@ type dealer struct {
 // has not reported it yet, ErrNotAllowed for an address Allow refuses.
 func (c *Client) Send(addr string, payload []byte) error {
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	if c.closed {
+		c.mu.Unlock()
 		return ErrClosed
 	}
 	d := c.peers[addr]
 	if d != nil && d.dead.Load() {
+		c.mu.Unlock()
 		return fmt.Errorf("%w: %s", ErrPeerDown, addr)
 	}
 	if d == nil {
 		hp, err := hostPort(addr)
 		if err != nil {
+			c.mu.Unlock()
 			return err
 		}
 		if c.cfg.Allow != nil && !c.cfg.Allow(hp) {
+			c.mu.Unlock()
 			return fmt.Errorf("%w: %s", ErrNotAllowed, addr)
 		}
-		d = &dealer{c: c, addr: addr, hp: hp, q: make(chan []byte, c.cfg.MaxQueued), stop: make(chan struct{})}
+		d = &dealer{c: c, addr: addr, hp: hp, stop: make(chan struct{})}
 		c.peers[addr] = d
 		c.wg.Add(1)
 		go d.run()
 	}
-	select {
-	case d.q <- append([]byte(nil), payload...):
+	c.mu.Unlock()
+	// Not under c.mu: a send that finds the connection broken closes it,
+	// and the death is reported under c.mu.
+	return d.send(payload)
+}
+
+// send writes payload on the connection, or keeps a copy until it is up.
+func (d *dealer) send(payload []byte) error {
+	d.qmu.Lock()
+	g := d.g
+	if g == nil {
+		defer d.qmu.Unlock()
+		if len(d.early) >= d.c.cfg.MaxQueued {
+			return fmt.Errorf("%w: %s", ErrQueueFull, d.addr)
+		}
+		d.early = append(d.early, append([]byte(nil), payload...))
 		return nil
-	default:
-		return fmt.Errorf("%w: %s", ErrQueueFull, addr)
 	}
+	d.qmu.Unlock()
+	if err := g.send(nil, payload); err != nil {
+		d.c.stats.sendFails.Add(1)
+		if errors.Is(err, ErrQueueFull) {
+			return fmt.Errorf("%w: %s", ErrQueueFull, d.addr)
+		}
+		return fmt.Errorf("%w: %s: %v", ErrPeerDown, d.addr, err)
+	}
+	d.c.stats.sent.Add(1)
+	return nil
 }
 
 // Drain appends the payloads received since the last call to dst, without
@@ -544,6 +583,8 @@ func (d *dealer) run() {
 	defer d.c.wg.Done()
 	gcfg := *d.c.gcfg
 	gcfg.stop = d.stop
+	gcfg.deliver, gcfg.maxOut = d.deliver, d.c.cfg.MaxQueued
+	gcfg.gone = func(*guardConn) { d.die(errors.New("connection closed")) }
 	gcfg.track = func(c net.Conn) {
 		d.sockM.Lock()
 		defer d.sockM.Unlock()
@@ -576,39 +617,38 @@ func (d *dealer) run() {
 		d.die(err)
 		return
 	}
-	d.c.wg.Add(1)
-	go d.recv(sock)
-	for {
-		select {
-		case <-d.stop:
-			return
-		case p := <-d.q:
-			if err := sock.SendMulti(zmq4.NewMsgFrom(nil, p)); err != nil {
-				d.c.stats.sendFails.Add(1)
-				d.die(err)
-				return
-			}
-			d.c.stats.sent.Add(1)
-		}
+	d.sockM.Lock()
+	g, _ := d.conn.(*guardConn)
+	d.sockM.Unlock()
+	if g == nil { // stopped while dialing
+		return
 	}
+	// The handshake is done (zmq4's Dial returns after it): what was sent
+	// meanwhile goes first, in order, then Send writes directly.
+	d.qmu.Lock()
+	early := d.early
+	d.early = nil
+	for _, p := range early {
+		if err := g.send(nil, p); err != nil {
+			d.c.stats.sendFails.Add(1)
+			break // the connection closed: the death is reported
+		}
+		d.c.stats.sent.Add(1)
+	}
+	d.g = g
+	d.qmu.Unlock()
 }
 
-func (d *dealer) recv(sock zmq4.Socket) {
-	defer d.c.wg.Done()
-	for {
-		msg, err := sock.Recv()
-		if err != nil {
-			d.die(err)
-			return
-		}
-		if msg.Type != zmq4.UsrMsg || len(msg.Frames) != 2 || len(msg.Frames[0]) != 0 {
-			d.c.stats.malformed.Add(1)
-			continue
-		}
-		select {
-		case d.c.in <- Inbound{Addr: d.addr, Payload: msg.Frames[1]}:
-		case <-d.stop:
-			return
-		}
+// deliver takes one reply off the connection: ["", payload] from a ROUTER.
+func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
+	if len(frames) != 2 || len(frames[0]) != 0 {
+		d.c.stats.malformed.Add(1)
+		return true
+	}
+	select {
+	case d.c.in <- Inbound{Addr: d.addr, Payload: frames[1]}:
+		return true
+	case <-d.stop:
+		return false
 	}
 }

@@ -24,9 +24,19 @@
 // its DEALER is dropped and the next Send builds a new one with a fresh
 // identity, so a libzmq ROUTER never black-holes the reconnection.
 //
-// What the guard cannot change in zmq4: a ROUTER delivers a reply to every
-// connection presenting the same identity, and drops replies to identities
-// it does not know (a consumer that reconnected gets a new identity).
+// After the handshake, which zmq4 runs, the guard carries the messages
+// itself: it reads whole messages on the connection's reader goroutine and
+// hands them to Drain, and Send and Reply write on the caller's goroutine
+// when the socket has room (a write that would wait goes to that
+// connection's own writer, under the write deadline). A round trip thus
+// crosses two goroutine hand-offs instead of eight, and a consumer that
+// stops reading delays no reply to anyone else. Replies are routed by the
+// consumer's Identity property, or by one the server makes up when it sent
+// none. A second connection presenting an identity in use takes it over
+// and the first is closed (libzmq's ROUTER_HANDOVER), so a reconnecting
+// consumer is never black-holed; a reply to an identity no connection
+// holds fails with ErrPeerDown (zmq4 and libzmq drop it silently), which
+// ends its grant at once.
 //
 // # Data plane
 //

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bufio"
 	"bytes"
 	"container/list"
 	"context"
@@ -12,6 +13,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	zmtransport "github.com/go-zeromq/zmq4/transport"
@@ -50,8 +52,21 @@ type guardConfig struct {
 	stop  <-chan struct{}
 	track func(net.Conn)
 	// group holds the guard's own goroutines (accept loop, handshakes,
-	// heartbeats), for the owner's Close to wait on.
+	// heartbeats, writers), for the owner's Close to wait on.
 	group *goGroup
+
+	// The message path. Once a connection's handshake is done, the guard
+	// reads and writes whole messages itself, on zmq4's reader goroutine
+	// and the caller's goroutine, instead of going through zmq4's queues
+	// and per-send goroutines (six goroutine hand-offs per round trip).
+	// deliver takes one inbound message (its frames); false stops the
+	// connection. ready is told of a connection whose handshake is done;
+	// gone of one that closed. maxOut caps a connection's unwritten
+	// messages.
+	deliver func(g *guardConn, frames [][]byte) bool
+	ready   func(g *guardConn)
+	gone    func(g *guardConn)
+	maxOut  int
 }
 
 // spawn runs f on a goroutine of the owner's group; false once the group
@@ -140,6 +155,7 @@ type guardConn struct {
 	// inbound, used by zmq4's reader goroutine
 	rmu       sync.Mutex
 	pre       []byte // bytes read ahead during the server handshake
+	br        *bufio.Reader
 	greetLeft int    // greeting bytes still to pass through
 	pass      []byte // bytes to hand to zmq4 before reading more
 	bodyLeft  uint64 // bytes of a data frame still to pass through
@@ -159,6 +175,16 @@ type guardConn struct {
 	readyOut atomic.Bool
 	broken   error
 
+	// the message path (after the handshake)
+	identity []byte // the peer's Identity property (server: or one we made)
+	raw      syscall.RawConn
+	omu      sync.Mutex
+	opend    []byte // encoded messages not yet written
+	omsgs    int    // messages appended since opend was last empty
+	owriting bool   // the writer goroutine owns the socket's write side
+	obroken  error
+	okick    chan struct{}
+
 	closeOnce sync.Once
 	done      chan struct{}
 	started   atomic.Bool
@@ -166,7 +192,12 @@ type guardConn struct {
 }
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
-	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{})}
+	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{}),
+		okick: make(chan struct{}, 1)}
+	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)
+	if sc, ok := c.(syscall.Conn); ok {
+		g.raw, _ = sc.SyscallConn()
+	}
 	g.outParse.greetLeft = greetingLen
 	if server {
 		g.swallow = greetingLen // already sent by the listener
@@ -183,13 +214,18 @@ func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardC
 // Close closes the connection once and stops the pinger.
 func (g *guardConn) Close() error {
 	var err error
+	first := false
 	g.closeOnce.Do(func() {
+		first = true
 		close(g.done)
 		err = g.Conn.Close()
 		if g.onClose != nil {
 			g.onClose()
 		}
 	})
+	if first && g.cfg.gone != nil && g.started.Load() {
+		g.cfg.gone(g) // outside the Once: gone may close g again
+	}
 	return err
 }
 
@@ -202,8 +238,12 @@ func (g *guardConn) fail(reason string) error {
 	return fmt.Errorf("%w: %s", errGuard, reason)
 }
 
-// src reads from the read-ahead buffer first, then the network.
-func (g *guardConn) src(p []byte) (int, error) {
+// guardSrc is what the guard's bufio.Reader reads: the read-ahead buffer
+// first, then the network.
+type guardSrc struct{ g *guardConn }
+
+func (s guardSrc) Read(p []byte) (int, error) {
+	g := s.g
 	if len(g.pre) > 0 {
 		n := copy(p, g.pre)
 		g.pre = g.pre[n:]
@@ -216,15 +256,12 @@ func (g *guardConn) src(p []byte) (int, error) {
 	return n, err
 }
 
+// src reads buffered bytes: one system call brings in many small frames.
+func (g *guardConn) src(p []byte) (int, error) { return g.br.Read(p) }
+
 func (g *guardConn) srcFull(p []byte) error {
-	for len(p) > 0 {
-		n, err := g.src(p)
-		p = p[n:]
-		if err != nil && len(p) > 0 {
-			return err
-		}
-	}
-	return nil
+	_, err := io.ReadFull(g.br, p)
+	return err
 }
 
 // Read hands zmq4 the inbound stream with heartbeats removed, refusing
@@ -262,65 +299,95 @@ func (g *guardConn) Read(p []byte) (int, error) {
 }
 
 // nextFrame reads one frame header (and a command's body) and decides what
-// zmq4 gets to see.
+// zmq4 gets to see. The first data frame on a connection with a message
+// path switches it to the guard's own loop for good.
 func (g *guardConn) nextFrame() error {
-	if err := g.srcFull(g.hdr[:2]); err != nil {
+	flags, hl, size, err := g.header()
+	if err != nil {
 		return err
 	}
-	flags := g.hdr[0]
-	if flags&^(flagMore|flagLong|flagCommand) != 0 {
-		return g.fail("bad frame flags")
+	if flags&flagCommand != 0 {
+		ready, err := g.command(flags, size)
+		if ready {
+			g.pass = append(append([]byte(nil), g.hdr[:hl]...), g.cmd...)
+			g.handshakeStep()
+		}
+		return err
 	}
-	hl := 2
-	size := uint64(g.hdr[1])
+	if err := g.dataFrame(flags, size); err != nil {
+		return err
+	}
+	if g.cfg.deliver != nil {
+		err := g.messages(flags, size)
+		g.Close()
+		return err
+	}
+	g.pass = append(g.pass[:0], g.hdr[:hl]...)
+	g.bodyLeft = size
+	return nil
+}
+
+// header reads a frame header and returns its flags, length and size.
+func (g *guardConn) header() (flags byte, hl int, size uint64, err error) {
+	if err := g.srcFull(g.hdr[:2]); err != nil {
+		return 0, 0, 0, err
+	}
+	flags = g.hdr[0]
+	if flags&^(flagMore|flagLong|flagCommand) != 0 {
+		return 0, 0, 0, g.fail("bad frame flags")
+	}
+	hl, size = 2, uint64(g.hdr[1])
 	if flags&flagLong != 0 {
 		if err := g.srcFull(g.hdr[2:9]); err != nil {
-			return err
+			return 0, 0, 0, err
 		}
 		hl = 9
 		size = binary.BigEndian.Uint64(g.hdr[1:9])
 	}
-	if flags&flagCommand != 0 {
-		if flags&flagMore != 0 || size > maxCommand || g.msgFrames > 0 {
-			return g.fail("bad command frame")
-		}
-		g.cmd = append(g.cmd[:0], make([]byte, size)...)
-		if err := g.srcFull(g.cmd); err != nil {
-			return err
-		}
-		name, body, ok := parseCommand(g.cmd)
-		if !ok {
-			return g.fail("bad command")
-		}
-		switch name {
-		case "PING":
-			if len(body) < 2 {
-				return g.fail("bad PING")
-			}
-			ctx := body[2:]
-			if len(ctx) > 16 {
-				ctx = ctx[:16]
-			}
-			g.queuePong(ctx)
-			return nil
-		case "PONG":
-			return nil
-		case "READY":
-			if !validMetadata(body) {
-				return g.fail("bad READY metadata")
-			}
-			if g.readyIn.Swap(true) {
-				return g.fail("second READY")
-			}
-			g.pass = append(append([]byte(nil), g.hdr[:hl]...), g.cmd...)
-			g.handshakeStep()
-			return nil
-		case "ERROR":
-			return g.fail("peer sent ERROR")
-		default: // nothing else concerns DEALER/ROUTER: keep it from zmq4
-			return nil
-		}
+	return flags, hl, size, nil
+}
+
+// command reads and acts on a command frame; ready reports a valid first
+// READY, which zmq4 must see.
+func (g *guardConn) command(flags byte, size uint64) (ready bool, err error) {
+	if flags&flagMore != 0 || size > maxCommand || g.msgFrames > 0 {
+		return false, g.fail("bad command frame")
 	}
+	g.cmd = append(g.cmd[:0], make([]byte, size)...)
+	if err := g.srcFull(g.cmd); err != nil {
+		return false, err
+	}
+	name, body, ok := parseCommand(g.cmd)
+	if !ok {
+		return false, g.fail("bad command")
+	}
+	switch name {
+	case "PING":
+		if len(body) < 2 {
+			return false, g.fail("bad PING")
+		}
+		ctx := body[2:]
+		if len(ctx) > 16 {
+			ctx = ctx[:16]
+		}
+		g.queuePong(ctx)
+	case "READY":
+		if !validMetadata(body) {
+			return false, g.fail("bad READY metadata")
+		}
+		if g.readyIn.Swap(true) {
+			return false, g.fail("second READY")
+		}
+		g.identity = metaProp(body, "Identity")
+		return true, nil
+	case "ERROR":
+		return false, g.fail("peer sent ERROR")
+	}
+	return false, nil // PONG, and nothing else concerns DEALER/ROUTER
+}
+
+// dataFrame checks a data frame's header against the caps.
+func (g *guardConn) dataFrame(flags byte, size uint64) error {
 	if !g.readyIn.Load() {
 		return g.fail("message before READY")
 	}
@@ -332,8 +399,66 @@ func (g *guardConn) nextFrame() error {
 	if flags&flagMore == 0 {
 		g.msgFrames, g.msgBytes = 0, 0
 	}
-	g.pass = append(g.pass[:0], g.hdr[:hl]...)
-	g.bodyLeft = size
+	return nil
+}
+
+// messages is the inbound message path: it reads whole messages, the first
+// of whose frames has a checked header (flags, size), and delivers them
+// until the connection fails or deliver says stop. It runs on zmq4's reader
+// goroutine, which never sees a data frame.
+func (g *guardConn) messages(flags byte, size uint64) error {
+	var frames [][]byte
+	for {
+		body := make([]byte, size)
+		if err := g.srcFull(body); err != nil {
+			return err
+		}
+		frames = append(frames, body)
+		if flags&flagMore == 0 {
+			if !g.cfg.deliver(g, frames) {
+				return net.ErrClosed
+			}
+			frames = nil
+		}
+		for {
+			var err error
+			if flags, _, size, err = g.header(); err != nil {
+				return err
+			}
+			if flags&flagCommand == 0 {
+				break
+			}
+			if ready, err := g.command(flags, size); err != nil {
+				return err
+			} else if ready { // command refuses a second READY: unreachable
+				return g.fail("second READY")
+			}
+		}
+		if err := g.dataFrame(flags, size); err != nil {
+			return err
+		}
+	}
+}
+
+// metaProp returns the value of a READY property (names are
+// case-insensitive), or nil.
+func metaProp(md []byte, name string) []byte {
+	for len(md) > 0 {
+		kl := int(md[0])
+		if kl == 0 || len(md) < 1+kl+4 {
+			return nil
+		}
+		k := string(md[1 : 1+kl])
+		vl := binary.BigEndian.Uint32(md[1+kl:])
+		md = md[1+kl+4:]
+		if uint64(vl) > uint64(len(md)) {
+			return nil
+		}
+		if strings.EqualFold(k, name) {
+			return append([]byte(nil), md[:vl]...)
+		}
+		md = md[vl:]
+	}
 	return nil
 }
 
@@ -367,6 +492,10 @@ func validMetadata(md []byte) bool {
 // queuePong answers a PING now if the outbound stream is between messages,
 // else right after the message being written.
 func (g *guardConn) queuePong(ctx []byte) {
+	if g.started.Load() && g.cfg.deliver != nil {
+		g.sendRaw(appendCommand(nil, "PONG", ctx), false)
+		return
+	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
 	g.pongs = appendCommand(g.pongs, "PONG", ctx)
@@ -446,12 +575,16 @@ func (g *guardConn) flushLocked(extra []byte) error {
 	return nil
 }
 
-// handshakeStep starts heartbeats once READY went both ways.
+// handshakeStep starts heartbeats (and the writer of the message path)
+// once READY went both ways.
 func (g *guardConn) handshakeStep() {
 	if g.readyIn.Load() && g.readyOut.Load() && g.started.CompareAndSwap(false, true) {
 		g.Conn.SetDeadline(time.Time{})
 		g.lastRecv.Store(time.Now().UnixNano())
 		g.cfg.spawn(g.heartbeat)
+		if g.cfg.deliver != nil && g.cfg.spawn(g.writer) && g.cfg.ready != nil {
+			g.cfg.ready(g)
+		}
 	}
 }
 
@@ -471,12 +604,148 @@ func (g *guardConn) heartbeat() {
 				g.fail("peer silent")
 				return
 			}
+			if g.cfg.deliver != nil {
+				g.sendRaw(ping, false)
+				continue
+			}
 			g.wmu.Lock()
 			if g.broken == nil && len(g.out) == 0 && g.outParse.atBoundary() {
 				g.pongs = append(g.pongs, ping...)
 				g.flushLocked(nil)
 			}
 			g.wmu.Unlock()
+		}
+	}
+}
+
+// send writes one message of the given frames, or queues it for the
+// writer: it never blocks. It fails with ErrQueueFull when maxOut messages
+// are waiting, and with net.ErrClosed once the connection failed.
+func (g *guardConn) send(frames ...[]byte) error {
+	n := 0
+	for _, f := range frames {
+		n += 9 + len(f)
+	}
+	msg := make([]byte, 0, n) // one allocation; sendRaw keeps it only if the socket is full
+	for i, f := range frames {
+		flags := byte(0)
+		if i < len(frames)-1 {
+			flags = flagMore
+		}
+		if len(f) > 255 {
+			msg = append(msg, flags|flagLong)
+			msg = binary.BigEndian.AppendUint64(msg, uint64(len(f)))
+		} else {
+			msg = append(msg, flags, byte(len(f)))
+		}
+		msg = append(msg, f...)
+	}
+	return g.sendRaw(msg, true)
+}
+
+// sendRaw writes msg (whole messages or commands) at once if nothing is
+// queued and the socket takes it without waiting; the rest goes to the
+// writer goroutine. counted messages are subject to maxOut.
+func (g *guardConn) sendRaw(msg []byte, counted bool) error {
+	g.omu.Lock()
+	if e := g.obroken; e != nil {
+		g.omu.Unlock()
+		return e
+	}
+	if counted && g.cfg.maxOut > 0 && g.omsgs >= g.cfg.maxOut {
+		g.omu.Unlock()
+		return ErrQueueFull
+	}
+	if !g.owriting && len(g.opend) == 0 && g.raw != nil {
+		n, err := g.tryWrite(msg)
+		if err != nil {
+			e := fmt.Errorf("%w: %v", net.ErrClosed, err)
+			g.obroken = e
+			g.omu.Unlock()
+			g.Close()
+			return e
+		}
+		msg = msg[n:]
+		if len(msg) == 0 {
+			g.omu.Unlock()
+			return nil
+		}
+	}
+	g.opend = append(g.opend, msg...)
+	if counted {
+		g.omsgs++
+	}
+	g.omu.Unlock()
+	select {
+	case g.okick <- struct{}{}:
+	default:
+	}
+	return nil
+}
+
+// tryWrite writes what the socket takes without waiting.
+func (g *guardConn) tryWrite(b []byte) (int, error) {
+	var n int
+	var werr error
+	err := g.raw.Write(func(fd uintptr) bool {
+		for len(b) > 0 {
+			k, err := syscall.Write(int(fd), b)
+			if err == syscall.EINTR {
+				continue
+			}
+			if err == syscall.EAGAIN {
+				return true
+			}
+			if err != nil {
+				werr = err
+				return true
+			}
+			n += k
+			b = b[k:]
+		}
+		return true
+	})
+	if err == nil {
+		err = werr
+	}
+	return n, err
+}
+
+// writer writes what sendRaw could not, within the write deadline: a peer
+// that does not read for that long is cut off, and no other connection
+// waits for it.
+func (g *guardConn) writer() {
+	var buf []byte
+	for {
+		select {
+		case <-g.done:
+			return
+		case <-g.okick:
+		}
+		for {
+			g.omu.Lock()
+			if len(g.opend) == 0 || g.obroken != nil {
+				g.owriting, g.omsgs = false, 0
+				g.omu.Unlock()
+				break
+			}
+			buf, g.opend = g.opend, buf[:0]
+			g.owriting = true
+			g.omu.Unlock()
+			g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
+			if _, err := g.Conn.Write(buf); err != nil {
+				g.omu.Lock()
+				g.obroken = fmt.Errorf("%w: %v", net.ErrClosed, err)
+				g.owriting = false
+				g.omu.Unlock()
+				var ne net.Error
+				if errors.As(err, &ne) && ne.Timeout() {
+					g.fail("write deadline passed")
+				} else {
+					g.Close()
+				}
+				return
+			}
 		}
 	}
 }

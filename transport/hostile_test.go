@@ -9,6 +9,8 @@ import (
 	"runtime"
 	"testing"
 	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // readyCommand is a DEALER's READY command frame.
@@ -214,10 +216,12 @@ func TestHostileConnectChurn(t *testing.T) {
 	t.Fatalf("after churn: %d fds (baseline %d), %d goroutines (baseline %d)", fds, fds0, gr, gr0)
 }
 
-// A consumer that sends requests but never reads delays replies to others
-// by at most the write deadline, then loses its connection.
+// A consumer that sends requests but never reads delays no reply to
+// others (each connection has its own writer), and loses its connection
+// after the write deadline.
 func TestHostileStalledConsumer(t *testing.T) {
-	s := newServer(t, ServerConfig{WriteTimeout: 300 * time.Millisecond})
+	const deadline = 2 * time.Second
+	s := newServer(t, ServerConfig{WriteTimeout: deadline})
 	stop := make(chan struct{})
 	// Large replies fill the stalled consumer's socket buffers quickly.
 	big := make([]byte, 60<<10)
@@ -236,18 +240,93 @@ func TestHostileStalledConsumer(t *testing.T) {
 	}
 	c := newClient(t, ClientConfig{})
 	var worst time.Duration
+	start := time.Now()
 	for range 20 {
 		start := time.Now()
 		c.Send(s.Endpoint(), []byte("x"))
 		waitInbound(t, c, 1, 5*time.Second)
 		worst = max(worst, time.Since(start))
 	}
-	if worst > time.Second {
-		t.Fatalf("a reply took %v behind the stalled consumer", worst)
+	if time.Since(start) > deadline/2 || worst > deadline/4 {
+		t.Fatalf("replies took %v (worst %v) behind the stalled consumer", time.Since(start), worst)
 	}
-	expectClosed(t, staller, 5*time.Second)
+	expectClosed(t, staller, 3*deadline)
 	close(stop)
 	<-done
+}
+
+// readyWithIdentity is a DEALER's READY presenting a routing identity.
+func readyWithIdentity(id string) []byte {
+	body := readyCommand()[2:]
+	body = append(body, 8)
+	body = append(body, "Identity"...)
+	body = binary.BigEndian.AppendUint32(body, uint32(len(id)))
+	body = append(body, id...)
+	return append([]byte{flagCommand, byte(len(body))}, body...)
+}
+
+// A second connection presenting an identity in use takes it over (as
+// libzmq's ROUTER_HANDOVER): replies go to it, the first is closed. A
+// reply to an identity no connection holds fails with ErrPeerDown.
+func TestIdentityHandover(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	dial := func() net.Conn {
+		c, err := net.Dial("tcp", s.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.SetDeadline(time.Now().Add(5 * time.Second))
+		c.Write(zmtpGreeting)
+		io.ReadFull(c, make([]byte, greetingLen))
+		c.Write(readyWithIdentity("consumer-1"))
+		var hdr [2]byte
+		if _, err := io.ReadFull(c, hdr[:]); err != nil {
+			t.Fatal(err)
+		}
+		io.ReadFull(c, make([]byte, hdr[1]))
+		// One request, so that the server has surely registered it.
+		c.Write([]byte{flagMore, 0, 0, 2, 'h', 'i'})
+		return c
+	}
+	first := dial()
+	defer first.Close()
+	var msgs []xfer.Message
+	waitMsg := func() xfer.Message {
+		for end := time.Now().Add(5 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			if msgs = s.Drain(msgs[:0]); len(msgs) > 0 {
+				return msgs[0]
+			}
+		}
+		t.Fatal("no request")
+		return xfer.Message{}
+	}
+	if m := waitMsg(); string(m.Identity) != "consumer-1" {
+		t.Fatalf("identity %q", m.Identity)
+	}
+	second := dial()
+	defer second.Close()
+	m := waitMsg()
+	if err := s.Reply(m.Identity, []byte("yours")); err != nil {
+		t.Fatal(err)
+	}
+	got := make([]byte, 4+5)
+	if _, err := io.ReadFull(second, got); err != nil || string(got[4:]) != "yours" {
+		t.Fatalf("second got %q, %v", got, err)
+	}
+	expectClosed(t, first, 5*time.Second)
+	second.Close()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		err := s.Reply([]byte("consumer-1"), []byte("late"))
+		if errors.Is(err, ErrPeerDown) {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("reply to a closed consumer: %v", err)
+		}
+	}
+	if err := s.Reply([]byte("nobody"), []byte("x")); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("reply to an unknown identity: %v", err)
+	}
 }
 
 // A hostile producer declaring a 2^62-byte frame to our client: that
