@@ -684,10 +684,14 @@ func (g *guardConn) sendRaw(msg []byte, counted bool) error {
 }
 
 // tryWrite writes what the socket takes without waiting.
-func (g *guardConn) tryWrite(b []byte) (int, error) {
+func (g *guardConn) tryWrite(b []byte) (int, error) { return writeNoWait(g.raw, b) }
+
+// writeNoWait writes what a non-blocking socket takes now. The caller
+// must be the only writer.
+func writeNoWait(raw syscall.RawConn, b []byte) (int, error) {
 	var n int
 	var werr error
-	err := g.raw.Write(func(fd uintptr) bool {
+	err := raw.Write(func(fd uintptr) bool {
 		for len(b) > 0 {
 			k, err := syscall.Write(int(fd), b)
 			if err == syscall.EINTR {

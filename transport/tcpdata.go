@@ -12,6 +12,7 @@ import (
 	"slices"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/google/uuid"
@@ -312,6 +313,10 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 	d.next++
 	op := &readOp{h: d.next, id: uint64(d.next), local: slices.Clone(local), remote: slices.Clone(remote),
 		notif: bytes.Clone(notif), peer: p}
+	if len(p.ops) == 0 && p.tryPost(op) {
+		d.handles[op.h] = op
+		return op.h, nil
+	}
 	select {
 	case p.ops <- op:
 	default: // cannot happen while inflight bounds the queue
@@ -497,7 +502,9 @@ type link struct {
 	wmu     sync.Mutex // serialises writes to conn
 	landing sync.Mutex // held by the reader while bytes land in the region
 	conn    net.Conn
-	pending []*readOp // sent, answer not read yet, in order
+	raw     syscall.RawConn // conn's, for writes that must not wait
+	pending []*readOp       // sent, answer not read yet, in order
+	frame   []byte          // tryPost's, under wmu
 }
 
 func newPeer(d *TCPData, m agentMeta, key string) *peer {
@@ -528,7 +535,7 @@ func (p *peer) shutdown(err error) {
 func (l *link) breakConnLocked(err error) {
 	if l.conn != nil {
 		l.conn.Close()
-		l.conn = nil
+		l.conn, l.raw = nil, nil
 		l.p.d.log.Debug("ec data: connection to producer closed", "peer", l.p.name, "err", err)
 	}
 	for _, op := range l.pending {
@@ -566,9 +573,13 @@ func (l *link) writer() {
 			continue
 		}
 		buf = appendRead(buf[:0], op.id, op.notif, op.remote)
+		// Under wmu from here: the order of pending is the order of the
+		// writes, whichever goroutine writes (PostRead may, see tryPost).
+		l.wmu.Lock()
 		l.mu.Lock()
 		if l.conn != conn { // broken meanwhile
 			l.mu.Unlock()
+			l.wmu.Unlock()
 			op.fail()
 			continue
 		}
@@ -576,7 +587,10 @@ func (l *link) writer() {
 		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
-		if err := l.write(conn, buf); err != nil {
+		conn.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
+		_, err = conn.Write(buf)
+		l.wmu.Unlock()
+		if err != nil {
 			l.mu.Lock()
 			if l.conn == conn {
 				l.breakConnLocked(err)
@@ -584,6 +598,61 @@ func (l *link) writer() {
 			l.mu.Unlock()
 		}
 	}
+}
+
+// tryPost sends op's READ on a connected link that no one is writing to,
+// on the caller's goroutine, when the socket takes the frame without
+// waiting: the READ then leaves without a hand-off to a writer goroutine.
+// A frame the socket takes only in part is finished by a goroutine of its
+// own. false: no link was free, and op goes to the writers' queue.
+func (p *peer) tryPost(op *readOp) bool {
+	for _, l := range p.links {
+		if !l.wmu.TryLock() {
+			continue
+		}
+		l.mu.Lock()
+		conn, raw := l.conn, l.raw
+		if conn == nil || raw == nil {
+			l.mu.Unlock()
+			l.wmu.Unlock()
+			continue
+		}
+		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.remote)
+		op.link.Store(l)
+		op.sentAt.Store(time.Now().UnixNano())
+		l.pending = append(l.pending, op)
+		l.mu.Unlock()
+		n, err := writeNoWait(raw, l.frame)
+		switch {
+		case err != nil:
+			l.wmu.Unlock()
+			l.mu.Lock()
+			if l.conn == conn {
+				l.breakConnLocked(err) // fails op too
+			}
+			l.mu.Unlock()
+		case n < len(l.frame):
+			rest := bytes.Clone(l.frame[n:])
+			p.d.wg.Add(1)
+			go func() {
+				defer p.d.wg.Done()
+				conn.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
+				_, err := conn.Write(rest)
+				l.wmu.Unlock()
+				if err != nil {
+					l.mu.Lock()
+					if l.conn == conn {
+						l.breakConnLocked(err)
+					}
+					l.mu.Unlock()
+				}
+			}()
+		default:
+			l.wmu.Unlock()
+		}
+		return true
+	}
+	return false
 }
 
 // write sends one frame on conn within the I/O timeout.
@@ -624,6 +693,10 @@ func (l *link) connect() (net.Conn, error) {
 	default:
 	}
 	l.conn = c
+	l.raw = nil
+	if sc, ok := c.(syscall.Conn); ok {
+		l.raw, _ = sc.SyscallConn()
+	}
 	l.mu.Unlock()
 	l.p.d.wg.Add(1)
 	go l.reader(c)
