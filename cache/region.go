@@ -27,6 +27,16 @@ type RegionConfig struct {
 	// the development VM that more than doubled the data plane's
 	// throughput over a cold region (TLB misses dominate its copies).
 	NoHugePages bool
+	// Shared backs the region with an anonymous memory file (memfd) that
+	// same-host processes of the same user can map read-only through
+	// SharedPath: TCPData's same-host path copies blocks straight out of
+	// it. The file's first HeaderSize bytes are a header the data plane
+	// owns (a token proving a reader mapped this very file, a revocation
+	// counter); the blocks follow. The kernel frees the file with the last
+	// process holding it, so a crash leaves nothing in /dev/shm. It
+	// excludes Name, and shared memory is on base pages (shmem transparent
+	// huge pages are usually off).
+	Shared bool
 }
 
 // Region is a fixed pool of equal-sized blocks in memory mapped outside the
@@ -41,7 +51,12 @@ type Region struct {
 	blockSize int
 	path      string
 	lockErr   error
+	shared    *os.File // the memfd of a Shared region
+	header    []byte
 }
+
+// HeaderSize is the size of a Shared region's header: one page.
+func HeaderSize() int { return os.Getpagesize() }
 
 const hugePage = 2 << 20
 
@@ -59,7 +74,28 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 	mapped := (size + page - 1) / page * page
 	r := &Region{blocks: cfg.Blocks, blockSize: cfg.BlockSize}
 	var err error
-	if cfg.Name == "" {
+	switch {
+	case cfg.Shared:
+		if cfg.Name != "" {
+			return nil, errors.New("cache: a region is Shared or Named, not both")
+		}
+		fd, err := unix.MemfdCreate("ecxfer-region", unix.MFD_CLOEXEC)
+		if err != nil {
+			return nil, fmt.Errorf("cache: memfd_create: %w", err)
+		}
+		r.shared = os.NewFile(uintptr(fd), "ecxfer-region")
+		if err := r.shared.Truncate(int64(page + mapped)); err != nil {
+			r.shared.Close()
+			return nil, fmt.Errorf("cache: size region file: %w", err)
+		}
+		r.mapping, err = unix.Mmap(fd, 0, page+mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		if err != nil {
+			r.shared.Close()
+			return nil, fmt.Errorf("cache: mmap %d bytes: %w", page+mapped, err)
+		}
+		r.header = r.mapping[:page:page]
+		r.mem = r.mapping[page:]
+	case cfg.Name == "":
 		huge := !cfg.NoHugePages && mapped >= hugePage
 		extra := 0
 		if huge {
@@ -78,7 +114,7 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		if huge {
 			_ = unix.Madvise(r.mem, unix.MADV_HUGEPAGE) // best effort: THP may be off
 		}
-	} else {
+	default:
 		if cfg.Name != filepath.Base(cfg.Name) || cfg.Name == "." || cfg.Name == ".." {
 			return nil, fmt.Errorf("cache: region name %q is not a plain file name", cfg.Name)
 		}
@@ -163,9 +199,25 @@ func (r *Region) Close() error {
 		return nil
 	}
 	m := r.mapping
-	r.mem, r.mapping = nil, nil
+	r.mem, r.mapping, r.header = nil, nil, nil
+	if r.shared != nil {
+		r.shared.Close()
+	}
 	return unix.Munmap(m)
 }
+
+// SharedPath returns the path through which a same-host process of the
+// same user opens a Shared region's file (/proc/<pid>/fd/<fd>), or "".
+func (r *Region) SharedPath() string {
+	if r.shared == nil {
+		return ""
+	}
+	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), r.shared.Fd())
+}
+
+// Header returns a Shared region's header (HeaderSize bytes, zeroed at
+// creation), or nil.
+func (r *Region) Header() []byte { return r.header }
 
 // Unlink removes the backing file; mappings stay valid until closed.
 func (r *Region) Unlink() error {

@@ -102,3 +102,33 @@ func TestRegionHugeAlignment(t *testing.T) {
 		t.Fatal("small region not page-aligned")
 	}
 }
+
+// A Shared region is one file: what the owner writes, a reader of
+// SharedPath sees; the header is apart from the blocks.
+func TestSharedRegion(t *testing.T) {
+	r, err := NewRegion(RegionConfig{Blocks: 4, BlockSize: 4096, NoLock: true, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	if len(r.Header()) != HeaderSize() {
+		t.Fatalf("header of %d bytes", len(r.Header()))
+	}
+	r.Header()[0] = 7
+	r.Block(2)[5] = 9
+	b, err := os.ReadFile(r.SharedPath())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(b) != HeaderSize()+4*4096 || b[0] != 7 || b[HeaderSize()+2*4096+5] != 9 {
+		t.Fatalf("file of %d bytes does not hold the region", len(b))
+	}
+	if _, err := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, Shared: true, Name: "x"}); err == nil {
+		t.Fatal("Shared and Name together")
+	}
+	plain, _ := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, NoLock: true})
+	defer plain.Close()
+	if plain.SharedPath() != "" || plain.Header() != nil {
+		t.Fatal("a plain region is shared")
+	}
+}

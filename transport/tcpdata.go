@@ -3,20 +3,25 @@ package transport
 import (
 	"bufio"
 	"bytes"
+	"crypto/rand"
 	"encoding/binary"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
 	"time"
+	"unsafe"
 
 	"github.com/google/uuid"
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
@@ -57,8 +62,11 @@ type TCPConfig struct {
 	MaxQueued int
 	// Conns is the number of connections to each producer; READs spread
 	// over them. Default 2.
-	Conns  int
-	Logger *slog.Logger
+	Conns int
+	// NoSharedMemory turns the same-host path off: a producer does not
+	// offer its Shared region, a consumer does not map one.
+	NoSharedMemory bool
+	Logger         *slog.Logger
 }
 
 func (c TCPConfig) withDefaults() TCPConfig {
@@ -99,6 +107,10 @@ type agentMeta struct {
 	Incarnation string `msgpack:"inc"`
 	BlockSize   int    `msgpack:"bs"`
 	Blocks      int    `msgpack:"n"`
+	// The same-host path, when the producer's region is Shared: the file
+	// a consumer maps read-only, and where the blocks start in it.
+	Shm    string `msgpack:"shm,omitempty"`
+	ShmOff int    `msgpack:"shmoff,omitempty"`
 }
 
 const (
@@ -137,6 +149,14 @@ type TCPData struct {
 	notifs  []xfer.Notif
 	ready   chan struct{} // Ready: a READ ended or a notification came
 	served  map[net.Conn]struct{}
+
+	// producer, same-host path: the token in the region's header, and the
+	// header's revocation counter (see revoke)
+	token   []byte
+	revokes *atomic.Uint64
+
+	copies     atomic.Uint64 // READs landed from a shared region
+	beforeCopy func()        // tests: runs before a copy starts
 }
 
 var _ xfer.DataTransport = (*TCPData)(nil)
@@ -173,9 +193,19 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 		d.wg.Add(1)
 		go d.accept()
 	}
+	m := agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
+		BlockSize: region.BlockSize(), Blocks: region.Blocks()}
+	if h := region.Header(); h != nil && cfg.Listen != "" && !cfg.NoSharedMemory {
+		d.token = h[:tokenLen:tokenLen]
+		if _, err := rand.Read(d.token); err != nil {
+			d.Close()
+			return nil, err
+		}
+		d.revokes = (*atomic.Uint64)(unsafe.Pointer(&h[revokesOff]))
+		m.Shm, m.ShmOff = region.SharedPath(), cache.HeaderSize()
+	}
 	var err error
-	d.meta, err = encodeMeta(agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
-		BlockSize: region.BlockSize(), Blocks: region.Blocks()})
+	d.meta, err = encodeMeta(m)
 	if err != nil {
 		d.Close()
 		return nil, err
@@ -254,6 +284,12 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 	}
 	if p == nil {
 		p = newPeer(d, m, key)
+		if m.Shm != "" && !d.cfg.NoSharedMemory {
+			if err := p.mapShared(m); err != nil {
+				// Another host, another user, or no /proc: TCP it is.
+				d.log.Debug("ec data: producer's region not mapped, reading over TCP", "peer", key, "err", err)
+			}
+		}
 		d.peers[key] = p
 	}
 	p.refs++
@@ -493,7 +529,50 @@ type peer struct {
 	// inflight counts READs posted and not ended: at most MaxQueued, so
 	// a producer that stops answering cannot make them pile up.
 	inflight atomic.Int64
+
+	// The same-host path: the producer's region mapped read-only (its
+	// blocks start at shmOff), the token read from its header, its
+	// revocation counter. Unmapped once every reader has left.
+	shm     []byte
+	shmOff  int
+	token   []byte
+	revokes *atomic.Uint64
+	readers sync.WaitGroup
 }
+
+// mapShared maps the producer's Shared region read-only and reads its
+// token, which the hello then proves to the producer: a path that names
+// some other file, or another host's, gives a token the producer refuses.
+func (p *peer) mapShared(m agentMeta) error {
+	if !strings.HasPrefix(m.Shm, "/proc/") || m.ShmOff < revokesOff+8 || m.ShmOff%8 != 0 {
+		return fmt.Errorf("%w: shared region %q at %d", ErrBadMeta, m.Shm, m.ShmOff)
+	}
+	f, err := os.Open(m.Shm)
+	if err != nil {
+		return err
+	}
+	defer f.Close()
+	st, err := f.Stat()
+	if err != nil {
+		return err
+	}
+	need := int64(m.ShmOff) + int64(m.Blocks)*int64(m.BlockSize)
+	if st.Size() < need || st.Size() > need+int64(os.Getpagesize()) {
+		return fmt.Errorf("%w: shared region of %d bytes, want %d", ErrBadMeta, st.Size(), need)
+	}
+	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return err
+	}
+	p.shm, p.shmOff = mem, m.ShmOff
+	p.token = bytes.Clone(mem[:tokenLen])
+	p.revokes = (*atomic.Uint64)(unsafe.Pointer(&mem[revokesOff]))
+	return nil
+}
+
+// revokesOff is where a Shared region's header keeps its revocation
+// counter, after the token.
+const revokesOff = 64
 
 // link is one connection to a peer.
 type link struct {
@@ -527,6 +606,16 @@ func (p *peer) shutdown(err error) {
 			l.mu.Lock()
 			l.breakConnLocked(err)
 			l.mu.Unlock()
+		}
+		if p.shm != nil {
+			// No reader starts after the loop above (connect checks stop
+			// under l.mu); the mapping goes once the last one left.
+			p.d.wg.Add(1)
+			go func() {
+				defer p.d.wg.Done()
+				p.readers.Wait()
+				unix.Munmap(p.shm)
+			}()
 		}
 	})
 }
@@ -680,7 +769,11 @@ func (l *link) connect() (net.Conn, error) {
 		tuneConn(tc)
 	}
 	c.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
-	if _, err := c.Write(appendHello(nil, l.p.d.name)); err != nil {
+	hello := appendHello(nil, l.p.d.name)
+	if l.p.shm != nil {
+		hello = appendHello2(nil, l.p.d.name, l.p.token)
+	}
+	if _, err := c.Write(hello); err != nil {
 		c.Close()
 		return nil, err
 	}
@@ -697,6 +790,7 @@ func (l *link) connect() (net.Conn, error) {
 	if sc, ok := c.(syscall.Conn); ok {
 		l.raw, _ = sc.SyscallConn()
 	}
+	l.p.readers.Add(1)
 	l.mu.Unlock()
 	l.p.d.wg.Add(1)
 	go l.reader(c)
@@ -707,6 +801,7 @@ func (l *link) connect() (net.Conn, error) {
 // straight in the local blocks.
 func (l *link) reader(c net.Conn) {
 	defer l.p.d.wg.Done()
+	defer l.p.readers.Done()
 	var hdr [headLen + 17]byte
 	var runs [][2]int
 	var done []byte
@@ -769,6 +864,15 @@ func (l *link) reader(c net.Conn) {
 			fail(fmt.Errorf("%w: answer %d out of order", errProtocol, id))
 			return
 		}
+		if status == dataCopy && l.p.shm != nil {
+			l.copyShared(op, size)
+			done = appendDone(done[:0], id)
+			if err := l.write(c, done); err != nil {
+				fail(err)
+				return
+			}
+			continue
+		}
 		if status != dataOK {
 			op.fail()
 			if size != 0 {
@@ -810,6 +914,42 @@ func (l *link) reader(c net.Conn) {
 			return
 		}
 	}
+}
+
+// copyShared lands op's blocks from the producer's mapped region. The
+// producer holds the grant until our done arrives, unless it revoked the
+// hold (its timeout, or the connection closing), which it counts in the
+// region's header before giving the blocks up: a count that moved since
+// the grant (revokes, sent with the answer) means the bytes may be torn,
+// and the READ fails.
+func (l *link) copyShared(op *readOp, revokes uint64) {
+	bs := l.p.d.region.BlockSize()
+	l.landing.Lock()
+	defer l.landing.Unlock()
+	if !op.state.CompareAndSwap(opPending, opWriting) {
+		op.fail() // released before its bytes came
+		return
+	}
+	if f := l.p.d.beforeCopy; f != nil {
+		f()
+	}
+	src := l.p.shm[l.p.shmOff:]
+	for i := 0; i < len(op.local); {
+		// Runs contiguous on both sides are one copy.
+		n := 1
+		for i+n < len(op.local) && op.local[i+n] == op.local[i]+n && op.remote[i+n] == op.remote[i]+n {
+			n++
+		}
+		r := op.remote[i] * bs
+		copy(l.p.d.region.Span(op.local[i], n), src[r:r+n*bs])
+		i += n
+	}
+	if l.p.revokes.Load() != revokes {
+		op.fail()
+		return
+	}
+	l.p.d.copies.Add(1)
+	op.complete()
 }
 
 // readFullDeadline fills b, allowing timeout without progress.
@@ -883,7 +1023,7 @@ func (d *TCPData) serve(c net.Conn) {
 	c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
 	r := bufio.NewReaderSize(c, 4096) // frames from a consumer are small
 	typ, err := readHead(r, buf[:])
-	if err != nil || typ != frameHello {
+	if err != nil || (typ != frameHello && typ != frameHello2) {
 		return
 	}
 	if _, err := io.ReadFull(r, buf[:2]); err != nil {
@@ -898,7 +1038,37 @@ func (d *TCPData) serve(c net.Conn) {
 		return
 	}
 	agent := string(nameBuf)
+	// A consumer that read our token from the shared region copies the
+	// blocks itself; one that sent a wrong token is refused.
+	shared := false
+	if typ == frameHello2 {
+		tok := make([]byte, tokenLen)
+		if _, err := io.ReadFull(r, tok); err != nil || d.token == nil || !bytes.Equal(tok, d.token) {
+			return
+		}
+		shared = true
+	}
+	// Grants held for consumers copying from the shared region, until
+	// their done (or the hold's deadline, or the connection's end).
+	type hold struct {
+		release  func()
+		deadline time.Time
+	}
+	holds := map[uint64]hold{}
 	awaiting := map[uint64][]byte{} // served READs whose done has not come
+	revoke := func(id uint64) {
+		// Counted before the blocks are given up: a copy that overlaps
+		// sees the count move and fails.
+		d.revokes.Add(1)
+		holds[id].release()
+		delete(holds, id)
+		delete(awaiting, id)
+	}
+	defer func() {
+		for id := range holds {
+			revoke(id)
+		}
+	}()
 	var ids []int
 	var runs [][2]int
 	var out net.Buffers
@@ -906,8 +1076,27 @@ func (d *TCPData) serve(c net.Conn) {
 	notif := make([]byte, maxNotifLen)
 	maxBlocks := d.region.Blocks()
 	for {
-		c.SetReadDeadline(time.Now().Add(d.cfg.IdleTimeout))
+		idle := time.Now().Add(d.cfg.IdleTimeout)
+		deadline := idle
+		for _, h := range holds {
+			if h.deadline.Before(deadline) {
+				deadline = h.deadline
+			}
+		}
+		c.SetReadDeadline(deadline)
 		if _, err := io.ReadFull(r, buf[:1]); err != nil {
+			var ne net.Error
+			if len(holds) > 0 && errors.As(err, &ne) && ne.Timeout() {
+				now := time.Now()
+				for id, h := range holds {
+					if !now.Before(h.deadline) {
+						revoke(id)
+					}
+				}
+				if deadline.Before(idle) {
+					continue // a hold's deadline, not the idle timeout
+				}
+			}
 			return
 		}
 		c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
@@ -920,6 +1109,10 @@ func (d *TCPData) serve(c net.Conn) {
 				return
 			}
 			id := binary.BigEndian.Uint64(buf[:8])
+			if h, ok := holds[id]; ok {
+				h.release()
+				delete(holds, id)
+			}
 			if msg, ok := awaiting[id]; ok {
 				delete(awaiting, id)
 				d.mu.Lock()
@@ -958,6 +1151,20 @@ func (d *TCPData) serve(c net.Conn) {
 				if release, ok = (*a)(agent, notif[:nl], ids); ok {
 					status = dataOK
 				}
+			}
+			if status == dataOK && shared {
+				// The consumer copies; we hold the grant until its done.
+				if release == nil {
+					release = func() {}
+				}
+				awaiting[id] = bytes.Clone(notif[:nl])
+				holds[id] = hold{release, time.Now().Add(d.cfg.IOTimeout)}
+				head = appendDataHead(head[:0], id, dataCopy, d.revokes.Load())
+				c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
+				if _, err := c.Write(head); err != nil {
+					return
+				}
+				continue
 			}
 			size := uint64(0)
 			if status == dataOK {

@@ -334,3 +334,146 @@ func silentListener(t testing.TB) net.Listener {
 	}()
 	return ln
 }
+
+func newSharedRegion(t testing.TB, blocks, size int) *cache.Region {
+	t.Helper()
+	r, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: size, NoLock: true, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { r.Close() })
+	return r
+}
+
+// The same-host path passes the suite, and every READ in it was a copy
+// out of the shared region.
+func TestSharedConformance(t *testing.T) {
+	var consumers []*TCPData
+	xfertest.Conformance(t, func(t *testing.T) xfertest.Pair {
+		cr, pr := newRegion(t, 128, 4096), newSharedRegion(t, 128, 4096)
+		c := newTCP(t, cr, TCPConfig{Name: "consumer"})
+		p := newTCP(t, pr, TCPConfig{Name: "producer", Listen: "127.0.0.1:0", Authorize: allowAll})
+		consumers = append(consumers, c)
+		return xfertest.Pair{Consumer: c, Producer: p, ConsumerBlock: cr.Block, ProducerBlock: pr.Block, Blocks: 128}
+	})
+	copies := uint64(0)
+	for _, c := range consumers {
+		copies += c.copies.Load()
+	}
+	if copies == 0 {
+		t.Fatal("no READ took the shared path")
+	}
+}
+
+// readOne posts one READ of producer block 3 into local block 0 and waits
+// for its end.
+func readOne(t *testing.T, c, p *TCPData) xfer.Progress {
+	t.Helper()
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.PostRead([]int{0}, peer.Agent, []int{3}, []byte("s:m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return waitEnd(t, c, h)
+}
+
+// A consumer told not to map, or a producer told not to offer, reads over
+// TCP; the bytes are the same.
+func TestSharedOptOut(t *testing.T) {
+	for _, tc := range []struct{ consumer, producer bool }{{true, false}, {false, true}} {
+		cr, pr := newRegion(t, 8, 4096), newSharedRegion(t, 8, 4096)
+		pr.Block(3)[7] = 42
+		c := newTCP(t, cr, TCPConfig{NoSharedMemory: tc.consumer})
+		p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll, NoSharedMemory: tc.producer})
+		if got := readOne(t, c, p); got != xfer.Complete || cr.Block(0)[7] != 42 {
+			t.Fatalf("%+v: %v, byte %d", tc, got, cr.Block(0)[7])
+		}
+		if c.copies.Load() != 0 {
+			t.Fatalf("%+v: copied from the shared region", tc)
+		}
+	}
+}
+
+// A revocation between the grant and the end of the copy fails the READ:
+// the producer may have given the blocks to another entry meanwhile.
+func TestSharedRevokedCopyFails(t *testing.T) {
+	cr, pr := newRegion(t, 8, 4096), newSharedRegion(t, 8, 4096)
+	c := newTCP(t, cr, TCPConfig{})
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	c.beforeCopy = func() { p.revokes.Add(1) }
+	if got := readOne(t, c, p); got != xfer.Failed {
+		t.Fatalf("READ over a revoked hold: %v", got)
+	}
+	c.beforeCopy = nil
+	if got := readOne(t, c, p); got != xfer.Complete || c.copies.Load() != 1 {
+		t.Fatalf("READ after: %v, %d copies", got, c.copies.Load())
+	}
+}
+
+// A hello with a wrong token is refused; a consumer that never sends done
+// loses its hold after IOTimeout (counted as a revocation), and its
+// notification is never queued.
+func TestSharedHolds(t *testing.T) {
+	pr := newSharedRegion(t, 8, 4096)
+	released := make(chan struct{}, 1)
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", IOTimeout: 200 * time.Millisecond,
+		Authorize: func(string, []byte, []int) (func(), bool) {
+			return func() { released <- struct{}{} }, true
+		}})
+	dial := func(token []byte) net.Conn {
+		conn, err := net.Dial("tcp", p.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		conn.Write(appendHello2(nil, "raw", token))
+		return conn
+	}
+	bad := dial(make([]byte, tokenLen))
+	defer bad.Close()
+	bad.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := bad.Read(make([]byte, 1)); err == nil || errTimeout(err) != nil {
+		t.Fatalf("wrong token: %v", err)
+	}
+	good := dial(pr.Header()[:tokenLen])
+	defer good.Close()
+	good.Write(appendRead(nil, 1, []byte("s:m"), []int{2}))
+	head := make([]byte, headLen+17)
+	good.SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := io.ReadFull(good, head); err != nil || head[headLen+8] != dataCopy {
+		t.Fatalf("answer %v, %v", head, err)
+	}
+	start := time.Now()
+	select {
+	case <-released:
+	case <-time.After(5 * time.Second):
+		t.Fatal("hold never released")
+	}
+	if waited := time.Since(start); waited > 2*time.Second {
+		t.Fatalf("hold released after %v", waited)
+	}
+	if p.revokes.Load() != 1 {
+		t.Fatalf("revocations %d", p.revokes.Load())
+	}
+	// Too late: no notification. The answer to a second READ shows the
+	// done was read.
+	good.Write(appendDone(nil, 1))
+	good.Write(appendRead(nil, 2, []byte("s:m2"), []int{2}))
+	if _, err := io.ReadFull(good, head); err != nil || head[headLen+8] != dataCopy {
+		t.Fatalf("second answer %v, %v", head, err)
+	}
+	if n, _ := p.DrainNotifs(nil); len(n) != 0 {
+		t.Fatalf("notification after a revoked hold: %v", n)
+	}
+}
+
+// errTimeout returns err when it is a timeout, else nil.
+func errTimeout(err error) error {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return err
+	}
+	return nil
+}

@@ -11,9 +11,14 @@ import (
 // a type byte; integers are big-endian.
 //
 //	hello  consumer→producer  name len u16, name            (first frame)
+//	hello2 consumer→producer  name len u16, name, token [32] (first frame:
+//	                          the consumer mapped the producer's shared
+//	                          region and read this token from its header)
 //	read   consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
 //	done   consumer→producer  id u64                        (all bytes of id landed)
 //	data   producer→consumer  id u64, status u8, len u64, len bytes
+//	                          (status copy: no bytes follow, len is the
+//	                          region's revocation count at the grant)
 //
 // A producer answers reads in order. It queues a read's notification only
 // when the consumer's done for it arrives, so a notification means every
@@ -21,13 +26,17 @@ import (
 const (
 	frameMagic = "ECX1"
 
-	frameHello = 1
-	frameRead  = 2
-	frameDone  = 3
-	frameData  = 4
+	frameHello  = 1
+	frameRead   = 2
+	frameDone   = 3
+	frameData   = 4
+	frameHello2 = 5
 
 	dataOK      = 0
 	dataRefused = 1 // no live grant covers the blocks
+	dataCopy    = 2 // granted and held: copy the blocks from the shared region, then done
+
+	tokenLen = 32
 
 	maxNameLen  = 256
 	maxNotifLen = 1024
@@ -42,6 +51,12 @@ func appendHello(b []byte, name string) []byte {
 	b = appendHead(b, frameHello)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
 	return append(b, name...)
+}
+
+func appendHello2(b []byte, name string, token []byte) []byte {
+	b = appendHead(b, frameHello2)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
+	return append(append(b, name...), token...)
 }
 
 func appendRead(b []byte, id uint64, notif []byte, remote []int) []byte {

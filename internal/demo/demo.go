@@ -45,7 +45,7 @@ type Config struct {
 	// MetricsAlso are collected with a consumer's metrics (the loopback's
 	// producer).
 	MetricsAlso  []prometheus.Collector
-	Data         string // data plane: "tcp" (default) or "nixl"
+	Data         string // data plane: "shm" (default: TCP with the same-host copy), "tcp" (TCP only) or "nixl"
 	NIXLParams   string // NIXL backend parameters, "k=v,k=v"
 	NIXLProgress string // who drives NIXL agents: goroutine, thread or caller
 }
@@ -64,7 +64,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 		fs.IntVar(&c.Fetches, "fetches", 0, "fetches in all, cycling over the items (0: one per item); more than -items re-fetches entries in one session")
 	}
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9100")
-	fs.StringVar(&c.Data, "data", "tcp", "data plane: tcp (pure Go) or nixl (a build with -tags nixl)")
+	fs.StringVar(&c.Data, "data", "shm", "data plane: shm (pure Go: same-host copies out of the producer's shared region, TCP otherwise), tcp (pure Go, TCP only) or nixl (a build with -tags nixl)")
 	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
 	fs.StringVar(&c.NIXLProgress, "nixl-progress", "goroutine", "who drives NIXL agents: goroutine, thread or caller")
 }
@@ -74,8 +74,8 @@ func (c Config) Check(concurrency bool) error {
 	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || c.Fetches < 0 || (concurrency && c.Concurrency <= 0) {
 		return errors.New("every size flag must be positive")
 	}
-	if c.Data != "" && c.Data != "tcp" && c.Data != "nixl" {
-		return fmt.Errorf("-data %q: want tcp or nixl", c.Data)
+	if c.Data != "" && c.Data != "shm" && c.Data != "tcp" && c.Data != "nixl" {
+		return fmt.Errorf("-data %q: want shm, tcp or nixl", c.Data)
 	}
 	_, err := c.nixlConfig("x")
 	return err
@@ -131,7 +131,8 @@ func (c Config) dataPlane(role, listen string, region *cache.Region, log *slog.L
 		}
 		return a, "nixl:" + name, nil
 	}
-	t, err := transport.NewTCPData(transport.TCPConfig{Name: name, Listen: listen, Logger: log}, region)
+	t, err := transport.NewTCPData(transport.TCPConfig{Name: name, Listen: listen, Logger: log,
+		NoSharedMemory: c.Data == "tcp"}, region)
 	if err != nil {
 		return nil, "", err
 	}
@@ -182,7 +183,9 @@ type Producer struct {
 // controlAddr and dataAddr ("host:port"; port 0 picks one).
 func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (*Producer, error) {
 	blocks := cfg.Items * cfg.BlocksPerItem
-	region, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: cfg.BlockSize})
+	// Shared: a same-host consumer copies straight out of it (-data shm).
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: cfg.BlockSize,
+		Shared: cfg.Data == "" || cfg.Data == "shm"})
 	if err != nil {
 		return nil, err
 	}
