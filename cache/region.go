@@ -84,6 +84,11 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 			return nil, fmt.Errorf("cache: memfd_create: %w", err)
 		}
 		r.shared = os.NewFile(uintptr(fd), "ecxfer-region")
+		// /proc/<pid>/fd already keeps other users out; the mode too.
+		if err := unix.Fchmod(fd, 0o600); err != nil {
+			r.shared.Close()
+			return nil, fmt.Errorf("cache: chmod region file: %w", err)
+		}
 		if err := r.shared.Truncate(int64(page + mapped)); err != nil {
 			r.shared.Close()
 			return nil, fmt.Errorf("cache: size region file: %w", err)

@@ -54,7 +54,31 @@
 // (StopsReads). The producer holds the grant (its release func) until the
 // READ's bytes have left the region. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
 // "inc" (a new incarnation id on every start), "bs" (block size), "n"
-// (block count)}.
+// (block count), and for the same-host path "shm" and "shmoff"}.
+//
+// # Same host
+//
+// When the producer's region is cache.RegionConfig.Shared (a memfd), its
+// metadata names the file (/proc/<pid>/fd/<n>). A consumer that can open
+// it (same host, same user, same PID namespace) maps it read-only and
+// proves it by sending the random token the producer wrote in the file's
+// header; the producer then answers a granted READ with "copy" instead of
+// the bytes, holds the grant until the consumer's done (at most IOTimeout,
+// or until the connection closes), and the consumer copies the blocks
+// itself: one memcpy instead of two kernel copies and a socket. Every
+// READ still goes through the Authorizer, and the notification still
+// reaches the producer only after the copy. A hold the producer gives up
+// before the done (timeout, connection lost) is counted in the header
+// before the blocks are released; the consumer compares that count with
+// the one sent with the grant after its copy and fails the READ if it
+// moved, so torn bytes are never promoted. Any other outcome (no file, a
+// wrong token, NoSharedMemory on either side) is the TCP path.
+//
+// What it trusts: a process of the producer's user on its host can open
+// the file and read any block, granted or not (as any agent with a
+// producer's NIXL metadata can). The file is not in any directory, is
+// opened through /proc (which the kernel limits to the same user, or
+// root), and dies with the producer.
 //
 // Differences from the reference's transports: bounded queues instead of
 // unlimited high-water marks; dead-peer detection for hung and

@@ -288,6 +288,10 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 			if err := p.mapShared(m); err != nil {
 				// Another host, another user, or no /proc: TCP it is.
 				d.log.Debug("ec data: producer's region not mapped, reading over TCP", "peer", key, "err", err)
+			} else {
+				p.readers.Add(1)
+				d.wg.Add(1)
+				go p.populate()
 			}
 		}
 		d.peers[key] = p
@@ -568,6 +572,27 @@ func (p *peer) mapShared(m agentMeta) error {
 	p.token = bytes.Clone(mem[:tokenLen])
 	p.revokes = (*atomic.Uint64)(unsafe.Pointer(&mem[revokesOff]))
 	return nil
+}
+
+// populate maps the pages of the producer's region into our page tables
+// ahead of the copies, off the step loop: a first touch costs a page fault
+// per 4 KiB page (about 3 µs each on the development VM, more than the
+// copy). It stops at the peer's shutdown; kernels before 5.14 lack
+// MADV_POPULATE_READ, and then the copies fault the pages in.
+func (p *peer) populate() {
+	defer p.d.wg.Done()
+	defer p.readers.Done()
+	const chunk = 16 << 20
+	for off := 0; off < len(p.shm); off += chunk {
+		select {
+		case <-p.stop:
+			return
+		default:
+		}
+		if unix.Madvise(p.shm[off:min(off+chunk, len(p.shm))], unix.MADV_POPULATE_READ) != nil {
+			return
+		}
+	}
 }
 
 // revokesOff is where a Shared region's header keeps its revocation
