@@ -661,6 +661,15 @@ func (p *ProducerSession) drainNotifs() {
 	clear(p.notifs) // drop references to the messages
 }
 
+// NextDeadline returns when the first lease runs out, for a loop that
+// sleeps until something is due; ok is false while no grant is live.
+func (p *ProducerSession) NextDeadline() (deadline time.Time, ok bool) {
+	if g := p.lru.next; g != nil && g != &p.lru {
+		return g.Deadline, true
+	}
+	return time.Time{}, false
+}
+
 // sweep ends the grants whose lease ran out. The lease list is in deadline
 // order as long as the caller's clock does not go back; if it does, a grant
 // behind a later one expires late, never early.

@@ -1,6 +1,7 @@
 package connector_test
 
 import (
+	"os"
 	"testing"
 
 	"go.uber.org/goleak"
@@ -8,7 +9,12 @@ import (
 
 // Every goroutine a test started (Serve, the control and data planes) must
 // be gone when the tests end.
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if spec := os.Getenv("ECXFER_BENCH_PRODUCER"); spec != "" {
+		os.Exit(benchProducerMain(spec)) // BenchmarkFetchLatency's second process
+	}
+	goleak.VerifyTestMain(m)
+}
 
 // must returns v, panicking on err: for constructors in tests.
 func must[T any](v T, err error) T {

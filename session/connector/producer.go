@@ -239,9 +239,9 @@ func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 		}
 	}()
 	for {
-		grants, backlog := p.load()
+		grants, backlog, next := p.load()
 		if backlog == 0 {
-			if err := p.wait(ctx, grants); err != nil {
+			if err := p.wait(ctx, grants, next, now); err != nil {
 				return err
 			}
 		}
@@ -265,10 +265,17 @@ func (p *Producer) why(ctx context.Context) error {
 // wait blocks until a request arrives, a notification is signalled, the
 // tick for the live grants passes, or ctx ends. A control plane that is
 // closed ends it with ErrClosed, instead of returning at once forever.
-func (p *Producer) wait(ctx context.Context, grants int) error {
+// wait sleeps until a request comes, or with grants live until a
+// notification comes (a Signaling data plane) or the first lease runs out;
+// a data plane that cannot signal is polled every 5 ms while grants are
+// live. Idle, it wakes once a second.
+func (p *Producer) wait(ctx context.Context, grants int, next time.Time, now func() time.Time) error {
 	wait := time.Second
-	if grants > 0 {
+	switch {
+	case grants > 0 && p.ready == nil:
 		wait = 5 * time.Millisecond
+	case grants > 0 && !next.IsZero():
+		wait = min(wait, max(next.Sub(now()), 0)+time.Millisecond)
 	}
 	if wo, ok := p.ctl.(serverWaiterOr); ok {
 		// One select, no goroutine: the wake-up is the latency.
@@ -316,15 +323,17 @@ type serverWaiterOr interface {
 // Grants returns the grants still holding a pin. Safe while Serve runs,
 // unlike Session().Grants().
 func (p *Producer) Grants() int {
-	g, _ := p.load()
+	g, _, _ := p.load()
 	return g
 }
 
-// load returns the live grants and the requests waiting.
-func (p *Producer) load() (grants, backlog int) {
+// load returns the live grants, the requests waiting and when the first
+// lease runs out.
+func (p *Producer) load() (grants, backlog int, next time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.sess.Grants(), len(p.backlog)
+	next, _ = p.sess.NextDeadline()
+	return p.sess.Grants(), len(p.backlog), next
 }
 
 // Drain closes the producer gracefully: it stops granting (every request
@@ -340,14 +349,14 @@ func (p *Producer) Drain(ctx context.Context, now func() time.Time) (left int, e
 	p.StopGranting()
 	for {
 		p.Step(now())
-		grants, _ := p.load()
+		grants, _, next := p.load()
 		if grants == 0 {
 			break
 		}
 		if ctx.Err() != nil {
 			return p.Close(), ctx.Err()
 		}
-		if p.wait(ctx, grants) != nil {
+		if p.wait(ctx, grants, next, now) != nil {
 			// The control plane is gone; notifications still come.
 			t := time.NewTimer(5 * time.Millisecond)
 			select {

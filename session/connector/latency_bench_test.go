@@ -1,0 +1,340 @@
+package connector_test
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/exec"
+	"slices"
+	"runtime"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
+)
+
+// The latency benchmark's producer: items entries of blocks × bs bytes,
+// served through a Producer over the real control plane and the TCP data
+// plane (its region Shared for "shm"), next to a 200-byte TCP echo for the
+// ping-pong anchor. In a second process it is this test binary again, with
+// ECXFER_BENCH_PRODUCER=<items>x<blocks>x<bs>,<data>.
+const benchItems = 64
+
+var benchQuiet = slog.New(slog.NewTextHandler(io.Discard, nil))
+
+func benchFill(b []byte, item, block int) {
+	for i := range b {
+		b[i] = byte(item*31 + block*7 + i)
+	}
+}
+
+func benchHash(i int) string { return fmt.Sprintf("bench-%04d", i) }
+
+// startBenchProducer serves the entries; it returns the control endpoint,
+// the echo address and a function that stops it all.
+func startBenchProducer(blocks, bs int, data string) (string, string, func(), error) {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: benchItems * blocks, BlockSize: bs, NoLock: true, Shared: data == "shm"})
+	if err != nil {
+		return "", "", nil, err
+	}
+	entries := cache.NewEmbeddingCache(region.Blocks())
+	for i := range benchItems {
+		e, err := entries.Alloc(benchHash(i), blocks)
+		if err != nil {
+			return "", "", nil, err
+		}
+		for j, b := range e.Blocks {
+			benchFill(region.Block(b), i, j)
+		}
+		entries.MarkReady(benchHash(i))
+	}
+	pdata, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: data != "shm"}, region)
+	if err != nil {
+		return "", "", nil, err
+	}
+	srv, err := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet})
+	if err != nil {
+		return "", "", nil, err
+	}
+	prod, err := connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries)
+	if err != nil {
+		return "", "", nil, err
+	}
+	echo, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", "", nil, err
+	}
+	go func() {
+		for {
+			c, err := echo.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				buf := make([]byte, 200)
+				for {
+					if _, err := io.ReadFull(c, buf); err != nil {
+						return
+					}
+					if _, err := c.Write(buf); err != nil {
+						return
+					}
+				}
+			}()
+		}
+	}()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { prod.Serve(ctx, nil); close(served) }()
+	stop := func() {
+		cancel()
+		<-served
+		echo.Close()
+		prod.Close()
+		srv.Close()
+		pdata.Close()
+		region.Close()
+	}
+	return srv.Endpoint(), echo.Addr().String(), stop, nil
+}
+
+// benchProducerMain is the second process: it prints the two addresses
+// and serves until its stdin closes.
+func benchProducerMain(spec string) int {
+	var blocks, bs int
+	shape, data, _ := strings.Cut(spec, ",")
+	if _, err := fmt.Sscanf(shape, "%dx%d", &blocks, &bs); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	ep, echo, stop, err := startBenchProducer(blocks, bs, data)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 2
+	}
+	fmt.Println(ep, echo)
+	io.Copy(io.Discard, os.Stdin)
+	stop()
+	return 0
+}
+
+// benchProducer starts the producer in this process or in a second one.
+func benchProducer(b *testing.B, blocks, bs int, data string, twoProcs bool) (string, string) {
+	if !twoProcs {
+		ep, echo, stop, err := startBenchProducer(blocks, bs, data)
+		if err != nil {
+			b.Fatal(err)
+		}
+		b.Cleanup(stop)
+		return ep, echo
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s", blocks, bs, data))
+	stdin, _ := cmd.StdinPipe()
+	stdout, _ := cmd.StdoutPipe()
+	cmd.Stderr = os.Stderr
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	if err != nil {
+		b.Fatalf("producer process: %v", err)
+	}
+	f := strings.Fields(line)
+	return f[0], f[1]
+}
+
+// latencies runs once per iteration after a warm-up and reports the
+// median and the 99th percentile.
+func latencies(b *testing.B, once func()) {
+	for range 100 {
+		once()
+	}
+	lat := make([]time.Duration, 0, b.N)
+	b.ResetTimer()
+	for b.Loop() {
+		t := time.Now()
+		once()
+		lat = append(lat, time.Since(t))
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+}
+
+// BenchmarkFetchLatency measures one fetch at a time through Pool and
+// Producer (Pool.Wait between steps, as an engine's loop does), for
+// 16 × 8 KiB and 1 × 1 MiB entries, over the TCP data plane and the
+// same-host copy, with the producer in this process and in a second one.
+// In the same run: a 200-byte Go TCP ping-pong to the same process, and a
+// copy of the same bytes between two regions. Each reports p50 and p99.
+func BenchmarkFetchLatency(b *testing.B) {
+	for _, shape := range []struct {
+		name       string
+		blocks, bs int
+	}{{"16x8KiB", 16, 8 << 10}, {"1x1MiB", 1, 1 << 20}} {
+		for _, twoProcs := range []bool{false, true} {
+			procs := map[bool]string{false: "one-process", true: "two-processes"}[twoProcs]
+			for _, data := range []string{"tcp", "shm"} {
+				b.Run(fmt.Sprintf("%s/%s/%s", shape.name, procs, data), func(b *testing.B) {
+					ep, _ := benchProducer(b, shape.blocks, shape.bs, data, twoProcs)
+					benchFetches(b, ep, shape.blocks, shape.bs, data)
+				})
+			}
+			b.Run(fmt.Sprintf("%s/%s/tcp-ping-pong", shape.name, procs), func(b *testing.B) {
+				_, echo := benchProducer(b, shape.blocks, shape.bs, "tcp", twoProcs)
+				c, err := net.Dial("tcp", echo)
+				if err != nil {
+					b.Fatal(err)
+				}
+				defer c.Close()
+				buf := make([]byte, 200)
+				latencies(b, func() {
+					c.Write(buf)
+					if _, err := io.ReadFull(c, buf); err != nil {
+						b.Fatal(err)
+					}
+				})
+			})
+		}
+		b.Run(shape.name+"/memcpy", func(b *testing.B) {
+			src := must(cache.NewRegion(cache.RegionConfig{Blocks: shape.blocks, BlockSize: shape.bs, NoLock: true}))
+			dst := must(cache.NewRegion(cache.RegionConfig{Blocks: shape.blocks, BlockSize: shape.bs, NoLock: true}))
+			defer src.Close()
+			defer dst.Close()
+			latencies(b, func() { copy(dst.Bytes(), src.Bytes()) })
+		})
+	}
+}
+
+func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
+	region := must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: bs, NoLock: true}))
+	defer region.Close()
+	cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
+	defer cdata.Close()
+	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+	defer cli.Close()
+	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
+	defer pool.Close()
+	ids := make([]int, blocks)
+	for i := range ids {
+		ids[i] = i
+	}
+	ctx := context.Background()
+	want := make([]byte, bs)
+	n := 0
+	latencies(b, func() {
+		item := n % benchItems
+		n++
+		now := time.Now()
+		if _, err := pool.Fetch(ep, benchHash(item), ids, now.Add(10*time.Second), now); err != nil {
+			b.Fatal(err)
+		}
+		for {
+			r := pool.Step(time.Now())
+			if len(r.Failed) > 0 {
+				b.Fatalf("fetch failed: %+v", r.Failed[0])
+			}
+			if len(r.Completed) > 0 {
+				break
+			}
+			pool.Wait(ctx)
+		}
+		if n <= benchItems { // every entry's bytes, checked during the warm-up
+			for j := range blocks {
+				benchFill(want, item, j)
+				if string(region.Block(j)) != string(want) {
+					b.Fatalf("item %d block %d: bytes differ", item, j)
+				}
+			}
+		}
+	})
+}
+
+var idleFor = flag.Duration("idle.for", 2*time.Second, "how long BenchmarkIdleCPU measures each case")
+
+// cpuTime is the process's user and system time.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkIdleCPU measures, with getrusage over -idle.for, the share of
+// one core this process uses while: a Producer serves and nothing comes
+// ("producer"); a Pool waits with nothing in flight, its connections up
+// ("consumer"); a Producer holds a grant whose consumer never READs
+// ("producer-grant-outstanding": it should wake only for the lease). b.N
+// is ignored.
+func BenchmarkIdleCPU(b *testing.B) {
+	measure := func(b *testing.B) {
+		for b.Loop() {
+		}
+		runtime.GC()
+		start, t0 := cpuTime(), time.Now()
+		time.Sleep(*idleFor)
+		b.ReportMetric(100*float64(cpuTime()-start)/float64(time.Since(t0)), "%-core")
+	}
+	b.Run("producer", func(b *testing.B) {
+		benchProducer(b, 1, 4096, "tcp", false)
+		measure(b)
+	})
+	b.Run("consumer", func(b *testing.B) {
+		ep, _ := benchProducer(b, 1, 4096, "tcp", true) // the producer in another process
+		region := must(cache.NewRegion(cache.RegionConfig{Blocks: 1, BlockSize: 4096, NoLock: true}))
+		defer region.Close()
+		cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet}, region))
+		defer cdata.Close()
+		cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+		defer cli.Close()
+		pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 4096, Logger: benchQuiet}, cli, cdata))
+		defer pool.Close()
+		now := time.Now()
+		if _, err := pool.Fetch(ep, benchHash(0), []int{0}, now.Add(10*time.Second), now); err != nil {
+			b.Fatal(err)
+		}
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { // the engine's loop
+			defer close(done)
+			for pool.Wait(ctx) {
+				pool.Step(time.Now())
+			}
+		}()
+		measure(b)
+		cancel()
+		<-done
+	})
+	b.Run("producer-grant-outstanding", func(b *testing.B) {
+		ep, _ := benchProducer(b, 1, 4096, "tcp", false)
+		cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+		defer cli.Close()
+		req := wire.AppendReq(nil, &wire.XferReq{MMHash: benchHash(0), CompatibilityHash: "bench", SessionID: "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"})
+		if err := cli.Send(ep, req); err != nil {
+			b.Fatal(err)
+		}
+		var in []transport.Inbound
+		for len(in) == 0 {
+			cli.Wait(context.Background())
+			in = cli.Drain(in)
+		}
+		var ack wire.XferAck
+		if err := wire.DecodeAck(in[0].Payload, &ack); err != nil || ack.Status != wire.OK {
+			b.Fatalf("ack %+v, %v", ack, err)
+		}
+		measure(b)
+	})
+}
