@@ -24,7 +24,10 @@ struct cnixl_agent {
     nixl_reg_dlist_t reg{DRAM_SEG};
     bool registered = false;
     nixlDlistH *local = nullptr;
+    uintptr_t base = 0;   // of the local region
+    uint64_t bsize = 0;   // its block size
     std::map<std::string, nixlDlistH *> remotes;
+    std::map<std::string, std::vector<nixlBasicDesc>> rblocks; // each remote's blocks
     std::map<cnixl_handle, nixlXferReqH *> reqs;
     cnixl_handle next = 0;
     std::mutex mu;
@@ -108,6 +111,8 @@ extern "C" int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_siz
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
         a->registered = true;
+        a->base = base;
+        a->bsize = block_size;
         // One descriptor per block: block i is descriptor i.
         nixl_xfer_dlist_t blocks(DRAM_SEG);
         for (uint64_t i = 0; i < nblocks; i++)
@@ -137,8 +142,12 @@ extern "C" int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, c
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
         nixl_xfer_dlist_t blocks(DRAM_SEG);
-        for (size_t i = 0; i < ndescs; i++)
-            blocks.addDesc(nixlBasicDesc(descs[3 * i], descs[3 * i + 1], descs[3 * i + 2]));
+        std::vector<nixlBasicDesc> rb;
+        rb.reserve(ndescs);
+        for (size_t i = 0; i < ndescs; i++) {
+            rb.emplace_back(descs[3 * i], descs[3 * i + 1], descs[3 * i + 2]);
+            blocks.addDesc(rb.back());
+        }
         nixl_opt_args_t o = a->opts();
         nixlDlistH *h = nullptr;
         st = a->agent->prepXferDlist(agent, blocks, h, &o);
@@ -150,6 +159,7 @@ extern "C" int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, c
         if (old != a->remotes.end())
             a->agent->releasedDlistH(old->second);
         a->remotes[agent] = h;
+        a->rblocks[agent] = std::move(rb);
         *name = static_cast<char *>(copy_out(agent));
         return CNIXL_SUCCESS;
     });
@@ -163,6 +173,7 @@ extern "C" int cnixl_remove_remote(cnixl_agent *a, const char *name) {
             return CNIXL_ERR_NOT_FOUND;
         a->agent->releasedDlistH(it->second);
         a->remotes.erase(it);
+        a->rblocks.erase(name);
         return static_cast<int>(a->agent->invalidateRemoteMD(name));
     });
 }
@@ -174,14 +185,44 @@ extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32
         auto it = a->remotes.find(agent);
         if (it == a->remotes.end())
             return CNIXL_ERR_NOT_FOUND;
-        std::vector<int> li(local, local + n), ri(remote, remote + n);
         nixl_opt_args_t o = a->opts();
         if (notiflen > 0) {
             o.notifMsg.assign(static_cast<const char *>(notif), notiflen);
             o.hasNotif = true;
         }
+        // Blocks contiguous on both sides are one descriptor: an entry's
+        // blocks usually are, and each descriptor is one operation for
+        // the backend (UCX over TCP pays per operation). Without a run to
+        // merge, the prepared lists serve.
+        const std::vector<nixlBasicDesc> &rb = a->rblocks[agent];
+        nixl_xfer_dlist_t ld(DRAM_SEG), rd(DRAM_SEG);
+        bool merged = false;
+        for (int i = 0; i < n;) {
+            int k = 1;
+            while (i + k < n && local[i + k] == local[i] + k && remote[i + k] == remote[i] + k &&
+                   size_t(remote[i] + k) < rb.size() &&
+                   rb[remote[i] + k].addr == rb[remote[i] + k - 1].addr + rb[remote[i] + k - 1].len &&
+                   rb[remote[i] + k].devId == rb[remote[i]].devId)
+                k++;
+            if (k > 1)
+                merged = true;
+            if (size_t(remote[i]) >= rb.size())
+                return CNIXL_ERR_INVALID_PARAM;
+            uint64_t rlen = 0;
+            for (int j = 0; j < k; j++)
+                rlen += rb[remote[i] + j].len;
+            ld.addDesc(nixlBasicDesc(a->base + uint64_t(local[i]) * a->bsize, uint64_t(k) * a->bsize, 0));
+            rd.addDesc(nixlBasicDesc(rb[remote[i]].addr, rlen, rb[remote[i]].devId));
+            i += k;
+        }
         nixlXferReqH *req = nullptr;
-        nixl_status_t st = a->agent->makeXferReq(NIXL_READ, a->local, li, it->second, ri, req, &o);
+        nixl_status_t st;
+        if (merged) {
+            st = a->agent->createXferReq(NIXL_READ, ld, rd, agent, req, &o);
+        } else {
+            std::vector<int> li(local, local + n), ri(remote, remote + n);
+            st = a->agent->makeXferReq(NIXL_READ, a->local, li, it->second, ri, req, &o);
+        }
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
         st = a->agent->postXferReq(req);
