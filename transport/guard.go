@@ -737,7 +737,10 @@ func (g *guardConn) writer() {
 			g.owriting = true
 			g.omu.Unlock()
 			g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
-			if _, err := g.Conn.Write(buf); err != nil {
+			_, err := g.Conn.Write(buf)
+			// A deadline left behind would fail sendRaw's next raw write.
+			g.Conn.SetWriteDeadline(time.Time{})
+			if err != nil {
 				g.omu.Lock()
 				g.obroken = fmt.Errorf("%w: %v", net.ErrClosed, err)
 				g.owriting = false

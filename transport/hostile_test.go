@@ -396,3 +396,51 @@ func TestHostileReadyMetadata(t *testing.T) {
 		t.Fatal("a DEALER's READY refused")
 	}
 }
+
+// A write deadline left by the writer (replies that had to wait for a
+// slow reader) must not fail a later reply written at once: the
+// connection survives an idle period longer than the write timeout.
+func TestReplyAfterWriterDeadline(t *testing.T) {
+	const timeout = 200 * time.Millisecond
+	s := newServer(t, ServerConfig{WriteTimeout: timeout})
+	stop := make(chan struct{})
+	big := make([]byte, 60<<10)
+	done := serve(s, stop, func(p []byte) []byte {
+		if string(p) == "big" {
+			return big
+		}
+		return append([]byte("re:"), p...)
+	})
+	defer func() { close(stop); <-done }()
+	c := rawHandshake(t, s.Addr().String())
+	defer c.Close()
+	c.(*net.TCPConn).SetReadBuffer(64 << 10) // no autotuning: the replies back up
+	req := func(p string) {
+		c.Write(append([]byte{flagMore, 0, 0, byte(len(p))}, p...))
+	}
+	// Enough large replies that some wait for the writer; read them all
+	// (within the write timeout) as they come.
+	const n = 256 // 15 MiB: more than the socket buffers hold
+	for range n {
+		req("big")
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	for i := range n {
+		var hdr [2 + 9]byte
+		if _, err := io.ReadFull(c, hdr[:2]); err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+		if _, err := io.ReadFull(c, hdr[2:11]); err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+		if _, err := io.ReadFull(c, make([]byte, binary.BigEndian.Uint64(hdr[3:11]))); err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+	}
+	time.Sleep(2 * timeout) // idle past the writer's last deadline: the condition itself
+	req("x")
+	got := make([]byte, 2+2+len("re:x"))
+	if _, err := io.ReadFull(c, got); err != nil || string(got[4:]) != "re:x" {
+		t.Fatalf("reply after idle: %q, %v", got, err)
+	}
+}

@@ -703,6 +703,7 @@ func (l *link) writer() {
 		l.mu.Unlock()
 		conn.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
 		_, err = conn.Write(buf)
+		conn.SetWriteDeadline(time.Time{}) // a deadline left behind fails tryPost's raw writes
 		l.wmu.Unlock()
 		if err != nil {
 			l.mu.Lock()
@@ -752,6 +753,7 @@ func (p *peer) tryPost(op *readOp) bool {
 				defer p.d.wg.Done()
 				conn.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
 				_, err := conn.Write(rest)
+				conn.SetWriteDeadline(time.Time{})
 				l.wmu.Unlock()
 				if err != nil {
 					l.mu.Lock()
@@ -775,6 +777,7 @@ func (l *link) write(conn net.Conn, frame []byte) error {
 	defer l.wmu.Unlock()
 	conn.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
 	_, err := conn.Write(frame)
+	conn.SetWriteDeadline(time.Time{}) // a deadline left behind fails tryPost's raw writes
 	return err
 }
 
@@ -802,6 +805,7 @@ func (l *link) connect() (net.Conn, error) {
 		c.Close()
 		return nil, err
 	}
+	c.SetWriteDeadline(time.Time{})
 	l.mu.Lock()
 	select {
 	case <-l.p.stop:

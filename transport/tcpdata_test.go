@@ -477,3 +477,20 @@ func errTimeout(err error) error {
 	}
 	return nil
 }
+
+// A write deadline left on a connection by a blocking write (each READ's
+// done frame) must not fail a later READ written without waiting: before
+// the fix, every READ posted IOTimeout after the last one broke its
+// connection.
+func TestTCPIdleAfterDeadline(t *testing.T) {
+	cr, pr := newRegion(t, 8, 4096), newRegion(t, 8, 4096)
+	pr.Block(3)[0] = 7
+	c := newTCP(t, cr, TCPConfig{IOTimeout: 100 * time.Millisecond})
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	for i := range 3 {
+		if got := readOne(t, c, p); got != xfer.Complete || cr.Block(0)[0] != 7 {
+			t.Fatalf("READ %d: %v", i, got)
+		}
+		time.Sleep(150 * time.Millisecond) // past the last deadline: the condition itself
+	}
+}
