@@ -326,9 +326,11 @@ func (p *Pool) InFlight() int { return len(p.fetches) }
 // On error nothing started and blocks are the caller's again. The errors:
 // ErrClosed after Close; session.ErrBadBlocks for negative or repeated
 // blocks; ErrInFlight while a READ of an earlier fetch of mmHash may still
-// write; and the control plane's refusal, wrapped: xfer.ErrQueueFull,
-// xfer.ErrPeerDown (both worth retrying after a Step), xfer.ErrNotAllowed,
-// or an address it cannot parse.
+// write; and the control plane's refusal, wrapped: xfer.ErrNotAllowed, or
+// an address it cannot parse. A refusal worth retrying (xfer.ErrQueueFull,
+// or xfer.ErrPeerDown before a Step took the death's report) starts the
+// fetch and retries its send with backoff; it is returned only when no
+// retry fits the deadline or the retry budget.
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
 		return false, ErrClosed
@@ -339,7 +341,14 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 	}
 	f := &fetch{mmHash: mmHash, addr: addr, blocks: blocks, started: now, deadline: deadline}
 	if err := p.attempt(f, now); err != nil {
-		return false, err
+		// A producer whose death the control plane has not reported yet
+		// (a later Step takes the report and drops its connection), or a
+		// full queue: the fetch starts, and its first send is retried
+		// like any other. Anything else is the caller's to see.
+		f.lastWhy = xfer.PeerDown
+		if !(errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull)) || !p.scheduleRetry(f, now) {
+			return false, err
+		}
 	}
 	p.fetches[mmHash] = f
 	p.stats.Fetches++
@@ -622,7 +631,7 @@ func (p *Pool) scheduleRetry(f *fetch, now time.Time) bool {
 	if f.attempts >= r.MaxAttempts || now.Sub(f.started) >= r.MaxElapsed {
 		return false
 	}
-	back := r.BaseBackoff << min(f.attempts-1, 30)
+	back := r.BaseBackoff << min(max(f.attempts-1, 0), 30)
 	if back > r.MaxBackoff || back <= 0 {
 		back = r.MaxBackoff
 	}
