@@ -262,6 +262,36 @@ func TestPoolSendRefused(t *testing.T) {
 	}
 }
 
+// A send refused because the control plane has declared the producer dead
+// and no Step took the report yet: the fetch starts anyway, and its send is
+// retried once the report is taken (before, Fetch returned the error and
+// the caller had to know to step and try again).
+func TestPoolFetchRetriesRefusedSend(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 2, true)
+	w.ctl.sendErr = fmt.Errorf("wrapped: %w", xfer.ErrPeerDown)
+	if joined, err := w.pool.Fetch(addr, "H", []int{1, 2}, w.now.Add(time.Minute), w.now); err != nil || joined {
+		t.Fatalf("Fetch: %v, joined %v", err, joined)
+	}
+	if w.pool.InFlight() != 1 {
+		t.Fatal("the fetch did not start")
+	}
+	w.ctl.sendErr = nil
+	r := w.until(t, 50*time.Millisecond, 100, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
+	if len(r.Completed) != 1 || len(r.Failed) != 0 {
+		t.Fatalf("%+v", r)
+	}
+	// A refusal that no retry can fit (the deadline is now) is returned.
+	w.ctl.sendErr = xfer.ErrQueueFull
+	w.entry(t, "G", 1, true)
+	if _, err := w.pool.Fetch(addr, "G", []int{3}, w.now, w.now); !errors.Is(err, xfer.ErrQueueFull) {
+		t.Fatalf("Fetch with no time to retry: %v", err)
+	}
+	if w.pool.InFlight() != 0 {
+		t.Fatal("a refused fetch is in flight")
+	}
+}
+
 func TestPoolClose(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 1, true)
