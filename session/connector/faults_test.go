@@ -2,7 +2,11 @@ package connector_test
 
 import (
 	"context"
+	"fmt"
+	"io"
 	"net"
+	"os"
+	"syscall"
 	"testing"
 	"time"
 
@@ -33,22 +37,43 @@ const (
 	faultLease  = time.Second
 )
 
-type faultWorld struct {
+// consumer is the consumer side of a fault test: a Pool on the real
+// control and data planes, and the checks of its rounds.
+type consumer struct {
 	t                  *testing.T
-	ctl, data          *faultproxy.Proxy
-	srv                *transport.Server
-	pdata, cdata       *transport.TCPData
-	prod               *connector.Producer
+	cdata              *transport.TCPData
 	cregion            *cache.Region
 	cli                *transport.Client
 	pool               *connector.Pool
 	endpoint           string
-	next               int // next free consumer block (never reused)
-	stopServe          func()
+	next               int   // next free consumer block (never reused)
 	canaries           []int // blocks handed back
 	completed, failed  int
 	completedThisRound int
 	why                []string // reasons of the failures
+}
+
+func newConsumer(t *testing.T, endpoint string) *consumer {
+	c := &consumer{t: t, endpoint: endpoint}
+	c.cregion = must(cache.NewRegion(cache.RegionConfig{Blocks: 8 * faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
+	t.Cleanup(func() { c.cregion.Close() })
+	c.cdata = must(transport.NewTCPData(transport.TCPConfig{IOTimeout: 500 * time.Millisecond, DialTimeout: time.Second,
+		Logger: benchQuiet}, c.cregion))
+	c.cli = transport.NewClient(transport.ClientConfig{Logger: benchQuiet, PingInterval: 100 * time.Millisecond,
+		PeerTimeout: 500 * time.Millisecond, ConnectTimeout: time.Second, HandshakeTimeout: time.Second})
+	c.pool = must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: faultBS, Logger: benchQuiet,
+		AckTimeout: 500 * time.Millisecond}, c.cli, c.cdata))
+	t.Cleanup(func() { c.pool.Close(); c.cdata.Close(); c.cli.Close() })
+	return c
+}
+
+type faultWorld struct {
+	*consumer
+	ctl, data *faultproxy.Proxy
+	srv       *transport.Server
+	pdata     *transport.TCPData
+	prod      *connector.Producer
+	stopServe func()
 }
 
 func freeAddr(t *testing.T) string {
@@ -61,7 +86,7 @@ func freeAddr(t *testing.T) string {
 }
 
 func newFaultWorld(t *testing.T) *faultWorld {
-	w := &faultWorld{t: t}
+	w := &faultWorld{}
 	pregion := must(cache.NewRegion(cache.RegionConfig{Blocks: faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
 	t.Cleanup(func() { pregion.Close() })
 	entries := cache.NewEmbeddingCache(pregion.Blocks())
@@ -88,7 +113,7 @@ func newFaultWorld(t *testing.T) *faultWorld {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { w.ctl.Close() })
-	w.endpoint = "tcp://" + w.ctl.Addr()
+	endpoint := "tcp://" + w.ctl.Addr()
 	w.prod = must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", PinLease: faultLease,
 		MaxPinnedShare: 1, Logger: benchQuiet}, w.srv, w.pdata, entries))
 	ctx, cancel := context.WithCancel(context.Background())
@@ -97,20 +122,13 @@ func newFaultWorld(t *testing.T) *faultWorld {
 	w.stopServe = func() { cancel(); <-served; w.prod.Close() }
 	t.Cleanup(func() { w.stopServe() })
 
-	w.cregion = must(cache.NewRegion(cache.RegionConfig{Blocks: 8 * faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
-	t.Cleanup(func() { w.cregion.Close() })
-	w.cdata = must(transport.NewTCPData(transport.TCPConfig{IOTimeout: 500 * time.Millisecond, DialTimeout: time.Second,
-		Logger: benchQuiet}, w.cregion))
-	w.cli = transport.NewClient(transport.ClientConfig{Logger: benchQuiet, PingInterval: 100 * time.Millisecond,
-		PeerTimeout: 500 * time.Millisecond, ConnectTimeout: time.Second, HandshakeTimeout: time.Second})
-	w.pool = must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: faultBS, Logger: benchQuiet,
-		AckTimeout: 500 * time.Millisecond}, w.cli, w.cdata))
+	w.consumer = newConsumer(t, endpoint)
 	return w
 }
 
 // round fetches every item once; fault runs when the first third has
 // completed (or at once if after is 0). It returns once every fetch ended.
-func (w *faultWorld) round(after int, fault func()) {
+func (w *consumer) round(after int, fault func()) {
 	t := w.t
 	t.Helper()
 	item := map[string]int{}
@@ -178,7 +196,7 @@ func (w *faultWorld) round(after int, fault func()) {
 	}
 }
 
-func (w *faultWorld) canary(blocks []int) {
+func (w *consumer) canary(blocks []int) {
 	for _, b := range blocks {
 		blk := w.cregion.Block(b)
 		for i := range blk {
@@ -188,9 +206,9 @@ func (w *faultWorld) canary(blocks []int) {
 	}
 }
 
-// finish closes the consumer and checks the canaries, then waits out the
-// pin lease and checks the producer holds no pins.
-func (w *faultWorld) finish() {
+// closeAndCheck closes the consumer and checks the canaries: no READ
+// wrote into a block after it was handed back.
+func (w *consumer) closeAndCheck() {
 	t := w.t
 	t.Helper()
 	w.pool.Close()
@@ -203,10 +221,21 @@ func (w *faultWorld) finish() {
 			}
 		}
 	}
+}
+
+// finish checks the consumer, then waits out the pin lease and checks the
+// producer holds no pins.
+func (w *faultWorld) finish() {
+	w.closeAndCheck()
+	noPins(w.t, w.prod)
+}
+
+func noPins(t *testing.T, prod *connector.Producer) {
+	t.Helper()
 	end := time.Now().Add(faultLease + 3*time.Second)
-	for w.prod.Grants() > 0 {
+	for prod.Grants() > 0 {
 		if time.Now().After(end) {
-			t.Fatalf("%d grants still pinned %v after the consumer left", w.prod.Grants(), faultLease+3*time.Second)
+			t.Fatalf("%d grants still pinned %v after the consumer left", prod.Grants(), faultLease+3*time.Second)
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
@@ -270,4 +299,86 @@ func TestFaultsOnRealSockets(t *testing.T) {
 			w.finish()
 		})
 	}
+}
+
+// consumerMain is a consumer process for TestProcessFaults: it fetches
+// every item from endpoint, round after round, until it is killed or its
+// stdin closes; it prints "ready" once a fetch completed.
+func consumerMain(endpoint string) int {
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: faultItems * faultBlocks, BlockSize: faultBS, NoLock: true})
+	if err != nil {
+		return 2
+	}
+	cdata, _ := transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet}, region)
+	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: faultBS, Logger: benchQuiet}, cli, cdata)
+	if err != nil {
+		return 2
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { io.Copy(io.Discard, os.Stdin); cancel() }()
+	ready := false
+	for ctx.Err() == nil {
+		now := time.Now()
+		for i := range faultItems {
+			ids := make([]int, faultBlocks)
+			for j := range ids {
+				ids[j] = i*faultBlocks + j
+			}
+			pool.Fetch(endpoint, benchHash(i), ids, now.Add(10*time.Second), now)
+		}
+		for pool.InFlight() > 0 && pool.Wait(ctx) {
+			if r := pool.Step(time.Now()); len(r.Completed) > 0 && !ready {
+				fmt.Println("ready")
+				ready = true
+			}
+		}
+	}
+	pool.Close()
+	cdata.Close()
+	cli.Close()
+	return 0
+}
+
+// Real process faults: a producer process killed (SIGKILL) or stopped
+// (SIGSTOP) while fetches run, then a new one on the same addresses; and a
+// consumer process killed while it fetches from a producer here. Every
+// fetch ends once with the right bytes, the restarted producer serves a
+// full round, and a dead consumer's pins go with the pin lease.
+func TestProcessFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts and kills processes")
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
+		t.Run("producer-"+sig.String(), func(t *testing.T) {
+			ctlAddr, dataAddr := freeAddr(t), freeAddr(t)
+			spec := fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,tcp,%s,%s", faultBlocks, faultBS, ctlAddr, dataAddr)
+			p1 := startProc(t, spec)
+			c := newConsumer(t, p1.fields[0])
+			c.round(faultItems/3, func() {
+				p1.cmd.Process.Signal(sig)
+			})
+			faulted := c.completedThisRound
+			p1.cmd.Process.Kill() // a stopped process holds its ports
+			p1.cmd.Wait()
+			startProc(t, spec) // the same addresses
+			c.round(0, nil)
+			if c.completedThisRound != faultItems {
+				t.Fatalf("after the restart, %d of %d fetches completed; failed: %v", c.completedThisRound, faultItems, c.why)
+			}
+			t.Logf("during the fault %d of %d completed; %d failed in all", faulted, faultItems, c.failed)
+			c.closeAndCheck()
+		})
+	}
+	t.Run("consumer-killed", func(t *testing.T) {
+		w := newFaultWorld(t) // the producer, here; its proxies pass everything
+		cp := startProc(t, "ECXFER_FAULT_CONSUMER="+w.endpoint)
+		if cp.fields[0] != "ready" {
+			t.Fatalf("consumer process said %q", cp.fields)
+		}
+		cp.cmd.Process.Kill()
+		cp.cmd.Wait()
+		w.closeAndCheck() // this test's own consumer did nothing
+		noPins(t, w.prod)
+	})
 }

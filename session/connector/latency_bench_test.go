@@ -41,8 +41,15 @@ func benchFill(b []byte, item, block int) {
 func benchHash(i int) string { return fmt.Sprintf("bench-%04d", i) }
 
 // startBenchProducer serves the entries; it returns the control endpoint,
-// the echo address and a function that stops it all.
-func startBenchProducer(blocks, bs int, data string) (string, string, func(), error) {
+// the echo address and a function that stops it all. ctlAddr and dataAddr
+// may name the addresses to bind ("" picks free ones).
+func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string, string, func(), error) {
+	if ctlAddr == "" {
+		ctlAddr = "127.0.0.1:0"
+	}
+	if dataAddr == "" {
+		dataAddr = "127.0.0.1:0"
+	}
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: benchItems * blocks, BlockSize: bs, NoLock: true, Shared: data == "shm"})
 	if err != nil {
 		return "", "", nil, err
@@ -58,11 +65,12 @@ func startBenchProducer(blocks, bs int, data string) (string, string, func(), er
 		}
 		entries.MarkReady(benchHash(i))
 	}
-	pdata, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: data != "shm"}, region)
+	pdata, err := transport.NewTCPData(transport.TCPConfig{Listen: dataAddr, Logger: benchQuiet, NoSharedMemory: data != "shm"}, region)
 	if err != nil {
 		return "", "", nil, err
 	}
-	srv, err := transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet})
+	srv, err := transport.Listen("tcp://"+ctlAddr, transport.ServerConfig{Logger: benchQuiet,
+		PingInterval: 100 * time.Millisecond, PeerTimeout: 500 * time.Millisecond})
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -113,12 +121,13 @@ func startBenchProducer(blocks, bs int, data string) (string, string, func(), er
 // and serves until its stdin closes.
 func benchProducerMain(spec string) int {
 	var blocks, bs int
-	shape, data, _ := strings.Cut(spec, ",")
-	if _, err := fmt.Sscanf(shape, "%dx%d", &blocks, &bs); err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	f := strings.Split(spec, ",") // <blocks>x<bs>,<data>[,<control addr>,<data addr>]
+	if _, err := fmt.Sscanf(f[0], "%dx%d", &blocks, &bs); err != nil || len(f) < 2 {
+		fmt.Fprintln(os.Stderr, "bad spec", spec, err)
 		return 2
 	}
-	ep, echo, stop, err := startBenchProducer(blocks, bs, data)
+	f = append(f, "", "")
+	ep, echo, stop, err := startBenchProducer(blocks, bs, f[1], f[2], f[3])
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
@@ -132,28 +141,57 @@ func benchProducerMain(spec string) int {
 // benchProducer starts the producer in this process or in a second one.
 func benchProducer(b *testing.B, blocks, bs int, data string, twoProcs bool) (string, string) {
 	if !twoProcs {
-		ep, echo, stop, err := startBenchProducer(blocks, bs, data)
+		ep, echo, stop, err := startBenchProducer(blocks, bs, data, "", "")
 		if err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(stop)
 		return ep, echo
 	}
+	p := startProc(b, fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s", blocks, bs, data))
+	return p.fields[0], p.fields[1]
+}
+
+// proc is a second process: this test binary again, in the role its
+// environment names. It prints one line of fields when ready, and ends
+// when its stdin closes (or it is killed).
+type proc struct {
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	fields []string
+}
+
+func startProc(tb testing.TB, env string) *proc {
+	tb.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s", blocks, bs, data))
+	cmd.Env = append(os.Environ(), env)
 	stdin, _ := cmd.StdinPipe()
 	stdout, _ := cmd.StdoutPipe()
 	cmd.Stderr = os.Stderr
 	if err := cmd.Start(); err != nil {
-		b.Fatal(err)
+		tb.Fatal(err)
 	}
-	b.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	p := &proc{cmd: cmd, stdin: stdin}
+	tb.Cleanup(p.stop)
 	line, err := bufio.NewReader(stdout).ReadString('\n')
 	if err != nil {
-		b.Fatalf("producer process: %v", err)
+		tb.Fatalf("second process: %v", err)
 	}
-	f := strings.Fields(line)
-	return f[0], f[1]
+	p.fields = strings.Fields(line)
+	return p
+}
+
+// stop ends the process: gracefully, or by SIGKILL after 10 s.
+func (p *proc) stop() {
+	p.stdin.Close()
+	done := make(chan struct{})
+	go func() { p.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		p.cmd.Process.Kill()
+		<-done
+	}
 }
 
 // latencies runs once per iteration after a warm-up and reports the

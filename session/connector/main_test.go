@@ -11,7 +11,10 @@ import (
 // be gone when the tests end.
 func TestMain(m *testing.M) {
 	if spec := os.Getenv("ECXFER_BENCH_PRODUCER"); spec != "" {
-		os.Exit(benchProducerMain(spec)) // BenchmarkFetchLatency's second process
+		os.Exit(benchProducerMain(spec)) // a producer process (benchmarks, process faults)
+	}
+	if ep := os.Getenv("ECXFER_FAULT_CONSUMER"); ep != "" {
+		os.Exit(consumerMain(ep)) // TestProcessFaults's consumer process
 	}
 	goleak.VerifyTestMain(m)
 }
