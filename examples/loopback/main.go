@@ -2,6 +2,14 @@
 // consumer over real ZeroMQ on 127.0.0.1 and the pure-Go data plane. The
 // producer holds deterministic embeddings; the consumer fetches every one,
 // verifies every byte, and prints a summary.
+//
+// It is also a load generator shaped like a fleet: -producers N and
+// -consumers M (each consumer a Pool with its own control-plane client,
+// fetching from every producer), -duration D to run for a time, and -procs
+// to run each producer and consumer as a process of its own. It then
+// prints a line a second and, at the end, each process's RSS, goroutines
+// and open descriptors at its start and end. The exit status is non-zero
+// when any fetch failed or never ended.
 package main
 
 import (
@@ -11,6 +19,8 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
+	"time"
 
 	"github.com/ecxfer/ecxfer/internal/demo"
 )
@@ -19,9 +29,16 @@ func main() {
 	var cfg demo.Config
 	cfg.Flags(nil, true)
 	verbose := flag.Bool("v", false, "log at debug level")
+	var fc demo.FleetConfig
+	flag.IntVar(&fc.Producers, "producers", 1, "producers")
+	flag.IntVar(&fc.Consumers, "consumers", 1, "consumers, each fetching from every producer")
+	flag.DurationVar(&fc.Duration, "duration", 0, "run for this long instead of a count of fetches")
+	flag.BoolVar(&fc.Procs, "procs", false, "run producers and consumers as separate processes")
+	role := flag.String("role", "", "internal: this process's role in a -procs run")
+	producerList := flag.String("producer-list", "", "internal: the producers of a -procs consumer")
 	flag.Parse()
-	if err := cfg.Check(true); err != nil {
-		fmt.Fprintln(os.Stderr, "loopback:", err)
+	if err := cfg.Check(true); err != nil || fc.Producers < 1 || fc.Consumers < 1 {
+		fmt.Fprintln(os.Stderr, "loopback:", err, "(and -producers, -consumers must be positive)")
 		os.Exit(2)
 	}
 	level := slog.LevelWarn
@@ -29,6 +46,20 @@ func main() {
 		level = slog.LevelDebug
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: level}))
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
+	defer stop()
+
+	if *role != "" {
+		if err := demo.RunRole(ctx, *role, cfg, strings.Split(*producerList, ","), fc.Duration, log); err != nil {
+			fmt.Fprintln(os.Stderr, "loopback:", *role+":", err)
+			os.Exit(1)
+		}
+		return
+	}
+	if fc.Producers > 1 || fc.Consumers > 1 || fc.Duration > 0 || fc.Procs {
+		fleet(ctx, cfg, fc, log)
+		return
+	}
 
 	fmt.Printf("loopback: %d items x %d blocks x %d bytes, concurrency %d\n", cfg.Items, cfg.BlocksPerItem, cfg.BlockSize, cfg.Concurrency)
 	pcfg := cfg
@@ -39,14 +70,33 @@ func main() {
 		os.Exit(1)
 	}
 	defer prod.Close()
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
-	defer stop()
 	cfg.MetricsAlso = append(cfg.MetricsAlso, prod.Collector())
 	sum, err := demo.RunConsumer(ctx, cfg, prod.Control, os.Stdout, log)
 	sum.Print(os.Stdout)
 	fmt.Println("  producer:", prod.Stats())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loopback:", err)
+		os.Exit(1)
+	}
+}
+
+func fleet(ctx context.Context, cfg demo.Config, fc demo.FleetConfig, log *slog.Logger) {
+	fc.Self = []string{os.Args[0]}
+	mode := "goroutines"
+	if fc.Procs {
+		mode = "processes"
+	}
+	what := fmt.Sprintf("%d fetches per consumer", max(cfg.Fetches, cfg.Items))
+	if fc.Duration > 0 {
+		what = "for " + fc.Duration.String()
+	}
+	fmt.Printf("loopback: %d producers x %d consumers as %s, %d items x %d blocks x %d bytes, concurrency %d per consumer, %s\n",
+		fc.Producers, fc.Consumers, mode, cfg.Items, cfg.BlocksPerItem, cfg.BlockSize, cfg.Concurrency, what)
+	start := time.Now()
+	sum, err := demo.RunFleet(ctx, cfg, fc, os.Stdout, log)
+	sum.Print(os.Stdout)
+	if err != nil || sum.Failed > 0 {
+		fmt.Fprintf(os.Stderr, "loopback: after %v: %v (%d failed)\n", time.Since(start).Round(time.Millisecond), err, sum.Failed)
 		os.Exit(1)
 	}
 }

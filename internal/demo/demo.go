@@ -69,6 +69,14 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	fs.StringVar(&c.NIXLProgress, "nixl-progress", "goroutine", "who drives NIXL agents: goroutine, thread or caller")
 }
 
+// Args returns the flags that give another process this shape.
+func (c Config) Args() []string {
+	return []string{"-items", fmt.Sprint(c.Items), "-blocks-per-item", fmt.Sprint(c.BlocksPerItem),
+		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency),
+		"-fetches", fmt.Sprint(c.Fetches), "-data", c.Data, "-nixl-params", c.NIXLParams,
+		"-nixl-progress", c.NIXLProgress}
+}
+
 // Check reports a shape that cannot run.
 func (c Config) Check(concurrency bool) error {
 	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || c.Fetches < 0 || (concurrency && c.Concurrency <= 0) {
@@ -305,6 +313,14 @@ func orNone(s []string) any {
 // fetches in all, cycling over the items) and verifies every byte,
 // printing progress to progress (nil: none).
 func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Writer, log *slog.Logger) (Summary, error) {
+	return consume(ctx, cfg, []string{control}, time.Time{}, progress, nil, log)
+}
+
+// consume fetches items from producers (item i from producers[i % n]):
+// cfg.Fetches fetches in all, or fetches until stopAt when it is set, and
+// verifies every byte. Progress goes to progress (nil: none) and each
+// completed fetch to live (nil: none).
+func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Time, progress io.Writer, live *Live, log *slog.Logger) (Summary, error) {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: cfg.Concurrency * cfg.BlocksPerItem, BlockSize: cfg.BlockSize})
 	if err != nil {
 		return Summary{}, err
@@ -321,6 +337,9 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 	if err != nil {
 		return Summary{}, err
 	}
+	if live != nil {
+		live.watch(pool)
+	}
 	if cfg.Metrics != "" {
 		ms, err := serveMetrics(cfg.Metrics, append(cfg.MetricsAlso, metrics.NewPoolCollector(pool, nil))...)
 		if err != nil {
@@ -335,21 +354,31 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 	}
 	item := map[string]int{} // mm_hash -> item in flight
 	sum := Summary{FailedWhy: map[string]int{}}
-	var lat []time.Duration
-	next, ended := 0, 0
+	var lat latencies
+	next := 0
 	start := time.Now()
 	lastReport := start
 	fetches := cfg.Fetches
 	if fetches == 0 {
 		fetches = cfg.Items
 	}
-	for ended < fetches {
+	timed := !stopAt.IsZero()
+	more := func(now time.Time) bool {
+		if timed {
+			return now.Before(stopAt)
+		}
+		return next < fetches
+	}
+	for {
 		if err := ctx.Err(); err != nil {
 			pool.Close()
 			return sum, err
 		}
 		now := time.Now()
-		for next < fetches && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
+		if !more(now) && len(item) == 0 {
+			break
+		}
+		for more(now) && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
 			i := next % cfg.Items
 			h := Hash(i)
 			if _, busy := item[h]; busy {
@@ -357,7 +386,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 			}
 			blocks := slices.Clone(free[len(free)-cfg.BlocksPerItem:])
 			slices.Sort(blocks)
-			if _, err := pool.Fetch(control, h, blocks, now.Add(30*time.Second), now); err != nil {
+			if _, err := pool.Fetch(producers[i%len(producers)], h, blocks, now.Add(30*time.Second), now); err != nil {
 				return sum, fmt.Errorf("fetch item %d: %w", i, err)
 			}
 			free = free[:len(free)-cfg.BlocksPerItem]
@@ -377,18 +406,22 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 				}
 			}
 			sum.Verified++
-			lat = append(lat, d.Latency)
+			lat.add(d.Latency)
+			if live != nil {
+				live.completed(d.Latency, uint64(len(d.Blocks)*cfg.BlockSize))
+			}
 			free = append(free, d.Blocks...)
-			ended++
 		}
 		for _, f := range r.Failed {
 			delete(item, f.MMHash)
 			sum.Failed++
 			sum.FailedWhy[f.Reason.String()]++
+			if live != nil {
+				live.failed()
+			}
 			if !f.BlocksHeld {
 				free = append(free, f.Blocks...)
 			}
-			ended++
 		}
 		for _, rel := range r.Released {
 			if rel.Forced {
@@ -401,7 +434,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 		}
 		if progress != nil && now.Sub(lastReport) >= time.Second {
 			lastReport = now
-			fmt.Fprintf(progress, "  %d/%d verified, %d in flight\n", sum.Verified, fetches, len(item))
+			fmt.Fprintf(progress, "  %d verified, %d in flight\n", sum.Verified, len(item))
 		}
 		if len(item) > 0 {
 			pool.Wait(ctx) // until a reply, a READ's end or a retry
@@ -410,11 +443,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 	sum.Elapsed = time.Since(start)
 	sum.Stats = pool.Stats()
 	sum.Bytes = sum.Stats.BytesMoved
-	if len(lat) > 0 {
-		slices.Sort(lat)
-		sum.P50 = lat[len(lat)/2]
-		sum.P99 = lat[min(len(lat)-1, len(lat)*99/100)]
-	}
+	sum.P50, sum.P99 = lat.quantile(0.5), lat.quantile(0.99)
 	pool.Close()
 	if sum.Failed > 0 {
 		return sum, errors.New("some fetches failed")
