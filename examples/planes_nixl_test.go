@@ -8,7 +8,8 @@ package examples_test
 const buildTags = "nixl"
 
 var planes = []plane{
-	{name: "tcp"},
+	{name: "shm"},
+	{name: "tcp", args: []string{"-data", "tcp"}},
 	{name: "nixl-ucx-tcp", args: []string{"-data", "nixl"}, env: map[string]string{"UCX_TLS": "tcp"}},
 	{name: "nixl-ucx-sm", args: []string{"-data", "nixl", "-nixl-params", "ucx_error_handling_mode=none"},
 		env: map[string]string{"UCX_TLS": "sm"}},

@@ -4,4 +4,5 @@ package examples_test
 
 const buildTags = ""
 
-var planes = []plane{{name: "tcp"}}
+// The default (shm: the same-host copy) and TCP only.
+var planes = []plane{{name: "shm"}, {name: "tcp", args: []string{"-data", "tcp"}}}

@@ -92,13 +92,14 @@ func (l *Live) watch(p *connector.Pool) {
 type Tick struct {
 	Done, Failed, Bytes, Retries uint64 // totals so far
 	Second                       hist.Histogram
+	Proc                         ProcStats // this process (between processes: the consumers' sum)
 }
 
 // tick takes the totals and the latencies since the last tick.
 func (l *Live) tick() Tick {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	t := Tick{Done: l.done, Failed: l.fails, Bytes: l.bytes, Second: l.second}
+	t := Tick{Done: l.done, Failed: l.fails, Bytes: l.bytes, Second: l.second, Proc: ReadProcStats()}
 	for _, p := range l.pools {
 		t.Retries += p.Stats().Retries
 	}
@@ -208,9 +209,9 @@ func progress(out io.Writer, tick func() Tick, stop <-chan struct{}) {
 		case <-t.C:
 		}
 		now := tick()
-		fmt.Fprintf(out, "  %6d/s  %5.2f GB/s  p50 %-8v p99 %-8v failed %d  retries %d\n",
+		fmt.Fprintf(out, "  %6d/s  %5.2f GB/s  p50 %-8v p99 %-8v failed %d  retries %d  %v\n",
 			now.Done-last.Done, float64(now.Bytes-last.Bytes)/1e9, now.Second.Quantile(0.5), now.Second.Quantile(0.99),
-			now.Failed, now.Retries)
+			now.Failed, now.Retries, now.Proc)
 		last = now
 	}
 }
@@ -438,6 +439,9 @@ func runFleetProcs(ctx context.Context, cfg Config, fc FleetConfig, out io.Write
 				t.Failed += l.Failed
 				t.Bytes += l.Bytes
 				t.Retries += l.Retries
+				t.Proc.RSS += l.Proc.RSS
+				t.Proc.Goroutines += l.Proc.Goroutines
+				t.Proc.FDs += l.Proc.FDs
 			}
 			t.Second, second = second, hist.Histogram{}
 			return t
