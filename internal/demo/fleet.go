@@ -58,13 +58,12 @@ func (l *latencies) quantile(q float64) time.Duration {
 // Live counts what the consumers of a run do, for the per-second progress
 // lines. Safe for concurrent use.
 type Live struct {
-	mu      sync.Mutex
-	done    uint64
-	fails   uint64
-	bytes   uint64
-	second  hist.Histogram // latencies since the last line
-	pools   []*connector.Pool
-	retries uint64 // from pools gone
+	mu     sync.Mutex
+	done   uint64
+	fails  uint64
+	bytes  uint64
+	second hist.Histogram // latencies since the last line
+	pools  []*connector.Pool
 }
 
 func (l *Live) completed(d time.Duration, bytes uint64) {
