@@ -514,6 +514,7 @@ func (a *Agent) progressLoop() {
 			a.reapZombiesLocked()
 		}
 		busy := a.busyLocked()
+		reading := len(a.handles) > 0
 		a.mu.Unlock()
 		switch {
 		case !busy:
@@ -525,7 +526,11 @@ func (a *Agent) progressLoop() {
 			case <-a.wake:
 			case <-idle.C:
 			}
-		case got:
+		case got || reading:
+			// Our READs move (UCX copies in progress calls) and end only
+			// as fast as we drive them: no timer, which fires a
+			// millisecond late on a VM. Only a producer's expected READs
+			// back off.
 			empty = 0
 			runtime.Gosched()
 		case empty < 8:
