@@ -57,8 +57,10 @@ type Config struct {
 	// its memory. Default ProgressGoroutine.
 	Progress Progress
 	// ProgressDelay is, for ProgressGoroutine, the longest pause between
-	// rounds while READs are outstanding or expected (the rounds spin
-	// while they find work, then back off to it); default 50 µs. For
+	// rounds while a producer expects READs of its memory (the rounds spin
+	// while they find work, then back off to it); default 50 µs. While
+	// READs of this agent's own are outstanding the rounds never pause:
+	// UCX moves their bytes inside the progress calls. For
 	// ProgressThread it is NIXL's pthrDelay: the thread wakes on events
 	// and at least this often; default 1 ms. Ignored by ProgressCaller.
 	ProgressDelay time.Duration
