@@ -41,8 +41,10 @@ func TestNewErrors(t *testing.T) {
 
 // Injected NIXL errors map to their own Go errors and never leak a handle.
 func TestErrorMapping(t *testing.T) {
-	c, _ := newAgent(t, variants[0], 8, 64, Config{})
-	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	// Only the test's calls drive the agents: a progress goroutine's own
+	// check would take the injected failures.
+	c, _ := newAgent(t, variants[0], 8, 64, Config{Progress: ProgressCaller})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{Progress: ProgressCaller})
 	FakeFail(FakeLoad, -10, 1)
 	if _, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); !errors.Is(err, ErrRemoteDisconnect) {
 		t.Fatalf("load: %v", err)
