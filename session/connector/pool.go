@@ -37,7 +37,10 @@ type ControlClient interface {
 	Wait(ctx context.Context) bool
 }
 
-// RetryConfig bounds the attempts at one fetch.
+// RetryConfig bounds the attempts at one fetch. Retried: NACK_NOT_READY,
+// ack timeouts, a producer declared dead
+// before its ack, a send the control plane refused for now, and a READ
+// the data plane reported failed (its blocks are free again).
 type RetryConfig struct {
 	MaxAttempts int           // attempts in all; default 5
 	MaxElapsed  time.Duration // from the first attempt; default 10 s
@@ -577,9 +580,22 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 	}
 	for _, o := range r.Tombstoned {
 		p.countNack(o)
-		if p.current(pe, o.MMHash) != nil {
-			p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+		f := p.current(pe, o.MMHash)
+		if f == nil {
+			continue
 		}
+		// A READ the data plane reports failed has ended (its blocks are
+		// free): a connection that broke, a grant the producer no longer
+		// finds. The entry may still be there, so it is asked for anew
+		// while the budget lasts (the session tombstones it, as the
+		// reference does; a new request is a new grant).
+		if o.Reason == xfer.ReadError && !now.IsZero() {
+			f.lastWhy, f.lastSt = o.Reason, o.Status
+			if p.scheduleRetry(f, now) {
+				continue
+			}
+		}
+		p.fail(o.MMHash, o.Reason, o.Status, nil, false)
 	}
 	for _, o := range r.Retryable {
 		p.countNack(o)

@@ -292,6 +292,31 @@ func TestPoolFetchRetriesRefusedSend(t *testing.T) {
 	}
 }
 
+// A READ the data plane reports failed (a connection that broke) is asked
+// for anew within the retry budget; one that keeps failing ends as
+// read-error once the budget is spent.
+func TestPoolRetriesFailedRead(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 2, true)
+	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.FailAfter})
+	if _, err := w.pool.Fetch(addr, "H", []int{1, 2}, w.now.Add(time.Minute), w.now); err != nil {
+		t.Fatal(err)
+	}
+	r := w.until(t, 50*time.Millisecond, 100, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
+	if len(r.Completed) != 1 || w.pool.Stats().Retries != 1 || len(w.cdata.Posts()) != 2 {
+		t.Fatalf("%+v, %d retries, %d posts", r, w.pool.Stats().Retries, len(w.cdata.Posts()))
+	}
+	w.entry(t, "G", 1, true)
+	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.FailAfter})
+	if _, err := w.pool.Fetch(addr, "G", []int{3}, w.now.Add(time.Minute), w.now); err != nil {
+		t.Fatal(err)
+	}
+	r = w.until(t, 100*time.Millisecond, 200, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
+	if len(r.Failed) != 1 || r.Failed[0].Reason != xfer.ReadError || r.Failed[0].BlocksHeld {
+		t.Fatalf("%+v", r)
+	}
+}
+
 func TestPoolClose(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 1, true)
