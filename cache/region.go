@@ -55,6 +55,10 @@ type Region struct {
 	header    []byte
 }
 
+// SharedFileName is the name of a Shared region's memfd: /proc shows its
+// descriptor as a link to "/memfd:" + SharedFileName.
+const SharedFileName = "ecxfer-region"
+
 // HeaderSize is the size of a Shared region's header: one page.
 func HeaderSize() int { return os.Getpagesize() }
 
@@ -79,11 +83,11 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		if cfg.Name != "" {
 			return nil, errors.New("cache: a region is Shared or Named, not both")
 		}
-		fd, err := unix.MemfdCreate("ecxfer-region", unix.MFD_CLOEXEC)
+		fd, err := unix.MemfdCreate(SharedFileName, unix.MFD_CLOEXEC)
 		if err != nil {
 			return nil, fmt.Errorf("cache: memfd_create: %w", err)
 		}
-		r.shared = os.NewFile(uintptr(fd), "ecxfer-region")
+		r.shared = os.NewFile(uintptr(fd), SharedFileName)
 		// /proc/<pid>/fd already keeps other users out; the mode too.
 		if err := unix.Fchmod(fd, 0o600); err != nil {
 			r.shared.Close()

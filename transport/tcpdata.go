@@ -548,8 +548,16 @@ type peer struct {
 // token, which the hello then proves to the producer: a path that names
 // some other file, or another host's, gives a token the producer refuses.
 func (p *peer) mapShared(m agentMeta) error {
-	if !strings.HasPrefix(m.Shm, "/proc/") || m.ShmOff < revokesOff+8 || m.ShmOff%8 != 0 {
+	var pid, fd int
+	if n, err := fmt.Sscanf(m.Shm, "/proc/%d/fd/%d", &pid, &fd); n != 2 || err != nil ||
+		m.Shm != fmt.Sprintf("/proc/%d/fd/%d", pid, fd) || m.ShmOff < revokesOff+8 || m.ShmOff%8 != 0 {
 		return fmt.Errorf("%w: shared region %q at %d", ErrBadMeta, m.Shm, m.ShmOff)
+	}
+	// Only a producer's region file: metadata from another host could
+	// name one of this process's own files, whose first bytes the hello
+	// would then send out as the token.
+	if target, err := os.Readlink(m.Shm); err != nil || !strings.HasPrefix(target, "/memfd:"+cache.SharedFileName) {
+		return fmt.Errorf("%w: %s is not a shared region (%s)", ErrBadMeta, m.Shm, target)
 	}
 	f, err := os.Open(m.Shm)
 	if err != nil {
@@ -701,16 +709,10 @@ func (l *link) writer() {
 		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
-		conn.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
-		_, err = conn.Write(buf)
-		conn.SetWriteDeadline(time.Time{}) // a deadline left behind fails tryPost's raw writes
+		err = l.writeLocked(conn, buf)
 		l.wmu.Unlock()
 		if err != nil {
-			l.mu.Lock()
-			if l.conn == conn {
-				l.breakConnLocked(err)
-			}
-			l.mu.Unlock()
+			l.breakIfCurrent(conn, err)
 		}
 	}
 }
@@ -741,26 +743,16 @@ func (p *peer) tryPost(op *readOp) bool {
 		switch {
 		case err != nil:
 			l.wmu.Unlock()
-			l.mu.Lock()
-			if l.conn == conn {
-				l.breakConnLocked(err) // fails op too
-			}
-			l.mu.Unlock()
+			l.breakIfCurrent(conn, err) // fails op too
 		case n < len(l.frame):
 			rest := bytes.Clone(l.frame[n:])
 			p.d.wg.Add(1)
 			go func() {
 				defer p.d.wg.Done()
-				conn.SetWriteDeadline(time.Now().Add(p.d.cfg.IOTimeout))
-				_, err := conn.Write(rest)
-				conn.SetWriteDeadline(time.Time{})
+				err := l.writeLocked(conn, rest)
 				l.wmu.Unlock()
 				if err != nil {
-					l.mu.Lock()
-					if l.conn == conn {
-						l.breakConnLocked(err)
-					}
-					l.mu.Unlock()
+					l.breakIfCurrent(conn, err)
 				}
 			}()
 		default:
@@ -775,10 +767,25 @@ func (p *peer) tryPost(op *readOp) bool {
 func (l *link) write(conn net.Conn, frame []byte) error {
 	l.wmu.Lock()
 	defer l.wmu.Unlock()
+	return l.writeLocked(conn, frame)
+}
+
+// writeLocked writes b within the I/O timeout; the caller holds wmu. The
+// deadline goes after: one left behind would fail tryPost's raw writes.
+func (l *link) writeLocked(conn net.Conn, b []byte) error {
 	conn.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
-	_, err := conn.Write(frame)
-	conn.SetWriteDeadline(time.Time{}) // a deadline left behind fails tryPost's raw writes
+	_, err := conn.Write(b)
+	conn.SetWriteDeadline(time.Time{})
 	return err
+}
+
+// breakIfCurrent breaks conn if it is still the link's connection.
+func (l *link) breakIfCurrent(conn net.Conn, err error) {
+	l.mu.Lock()
+	if l.conn == conn {
+		l.breakConnLocked(err)
+	}
+	l.mu.Unlock()
 }
 
 // connect returns the live connection, dialing one if there is none.

@@ -3,11 +3,15 @@ package transport
 import (
 	"bytes"
 	"errors"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"testing"
 	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -492,5 +496,43 @@ func TestTCPIdleAfterDeadline(t *testing.T) {
 			t.Fatalf("READ %d: %v", i, got)
 		}
 		time.Sleep(150 * time.Millisecond) // past the last deadline: the condition itself
+	}
+}
+
+// Metadata naming a file that is not a producer's region (one of this
+// process's own, say, from a hostile producer on another host) is not
+// mapped, so none of its bytes leave as a token: the READs go over TCP.
+func TestSharedRefusesOtherFiles(t *testing.T) {
+	f, err := os.CreateTemp(t.TempDir(), "secret")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	f.Write(make([]byte, cache.HeaderSize()+8*4096))
+	pr := newRegion(t, 8, 4096) // not shared: its metadata names no file
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	var m agentMeta
+	if err := msgpack.Unmarshal(p.AgentMetadata(), &m); err != nil {
+		t.Fatal(err)
+	}
+	m.Shm, m.ShmOff = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), cache.HeaderSize()
+	meta, _ := encodeMeta(m)
+	c := newTCP(t, newRegion(t, 8, 4096), TCPConfig{})
+	peer, err := c.AddRemotePeer(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	mapped := c.peers[peer.Agent].shm != nil
+	c.mu.Unlock()
+	if mapped {
+		t.Fatal("mapped a file that is not a shared region")
+	}
+	h, err := c.PostRead([]int{0}, peer.Agent, []int{3}, []byte("s:m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if waitEnd(t, c, h) != xfer.Complete || c.copies.Load() != 0 {
+		t.Fatal("the READ did not go over TCP")
 	}
 }

@@ -17,16 +17,15 @@ type Proxy struct {
 	ln     net.Listener
 	target string
 
-	mu       sync.Mutex
-	cond     *sync.Cond // signalled when the black hole lifts or the proxy closes
-	delay    time.Duration
-	rate     int // bytes per second each way per connection; 0: unlimited
-	hole     bool
-	refuse   bool
-	closed   bool
-	conns    map[net.Conn]struct{}
-	accepted int
-	wg       sync.WaitGroup
+	mu     sync.Mutex
+	cond   *sync.Cond // signalled when the black hole lifts or the proxy closes
+	delay  time.Duration
+	rate   int // bytes per second each way per connection; 0: unlimited
+	hole   bool
+	refuse bool
+	closed bool
+	conns  map[net.Conn]struct{}
+	wg     sync.WaitGroup
 }
 
 // New listens on a free loopback port and forwards to target.
@@ -44,13 +43,6 @@ func New(target string) (*Proxy, error) {
 
 // Addr returns the proxy's address ("127.0.0.1:port").
 func (p *Proxy) Addr() string { return p.ln.Addr().String() }
-
-// Accepted returns how many connections the proxy accepted.
-func (p *Proxy) Accepted() int {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return p.accepted
-}
 
 // SetDelay delays every chunk forwarded by d (0: none).
 func (p *Proxy) SetDelay(d time.Duration) {
@@ -139,7 +131,6 @@ func (p *Proxy) accept() {
 			return
 		}
 		p.mu.Lock()
-		p.accepted++
 		refuse := p.refuse
 		p.mu.Unlock()
 		if refuse {

@@ -206,10 +206,19 @@ func (p *proc) stop() {
 // latencies runs once per iteration after a warm-up and reports the
 // median and the 99th percentile.
 func latencies(b *testing.B, once func()) {
+	lat, _ := timeEach(b, once)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+}
+
+// timeEach runs once per iteration after a warm-up; it returns each run's
+// time, sorted, and the runs per second.
+func timeEach(b *testing.B, once func()) ([]time.Duration, float64) {
 	for range 100 {
 		once()
 	}
 	lat := make([]time.Duration, 0, b.N)
+	start := time.Now()
 	b.ResetTimer()
 	for b.Loop() {
 		t := time.Now()
@@ -217,9 +226,9 @@ func latencies(b *testing.B, once func()) {
 		lat = append(lat, time.Since(t))
 	}
 	b.StopTimer()
+	perSec := float64(len(lat)) / time.Since(start).Seconds()
 	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+	return lat, perSec
 }
 
 // BenchmarkFetchLatency measures one fetch at a time through Pool and
@@ -267,38 +276,50 @@ func BenchmarkFetchLatency(b *testing.B) {
 	}
 }
 
-func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
+// benchPool is a consumer for a benchmark: a Pool over a region of blocks
+// × bs, on the real control plane and the TCP data plane (which maps a
+// shared region for "shm"). It closes with the benchmark.
+func benchPool(b *testing.B, blocks, bs int, data string) (*connector.Pool, *cache.Region) {
 	region := must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: bs, NoLock: true}))
-	defer region.Close()
 	cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
-	defer cdata.Close()
 	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-	defer cli.Close()
 	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
-	defer pool.Close()
+	b.Cleanup(func() { pool.Close(); cli.Close(); cdata.Close(); region.Close() })
+	return pool, region
+}
+
+// fetchOne fetches mmHash into ids and steps until it ends, as an
+// engine's loop does (Pool.Wait between steps); it returns the outcome.
+func fetchOne(b *testing.B, pool *connector.Pool, ep, mmHash string, ids []int) (completed bool) {
+	now := time.Now()
+	if _, err := pool.Fetch(ep, mmHash, ids, now.Add(10*time.Second), now); err != nil {
+		b.Fatal(err)
+	}
+	for {
+		r := pool.Step(time.Now())
+		if len(r.Completed) > 0 {
+			return true
+		}
+		if len(r.Failed) > 0 {
+			return false
+		}
+		pool.Wait(context.Background())
+	}
+}
+
+func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
+	pool, region := benchPool(b, blocks, bs, data)
 	ids := make([]int, blocks)
 	for i := range ids {
 		ids[i] = i
 	}
-	ctx := context.Background()
 	want := make([]byte, bs)
 	n := 0
 	latencies(b, func() {
 		item := n % benchItems
 		n++
-		now := time.Now()
-		if _, err := pool.Fetch(ep, benchHash(item), ids, now.Add(10*time.Second), now); err != nil {
-			b.Fatal(err)
-		}
-		for {
-			r := pool.Step(time.Now())
-			if len(r.Failed) > 0 {
-				b.Fatalf("fetch failed: %+v", r.Failed[0])
-			}
-			if len(r.Completed) > 0 {
-				break
-			}
-			pool.Wait(ctx)
+		if !fetchOne(b, pool, ep, benchHash(item), ids) {
+			b.Fatal("fetch failed")
 		}
 		if n <= benchItems { // every entry's bytes, checked during the warm-up
 			for j := range blocks {
@@ -309,6 +330,45 @@ func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
 			}
 		}
 	})
+}
+
+// BenchmarkRequestAck measures request → answer round trips through the
+// sessions on both ends, one outstanding, between two processes: a Pool
+// asks a Producer (in a second process) for an entry it does not hold and
+// waits for the NACK, next to a 200-byte Go TCP ping-pong to that same
+// process. Each reports rtt/s and p50.
+func BenchmarkRequestAck(b *testing.B) {
+	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
+	b.Run("sessions", func(b *testing.B) {
+		pool, _ := benchPool(b, 1, 4096, "tcp")
+		rtt(b, func() {
+			if fetchOne(b, pool, ep, "not-held", []int{0}) {
+				b.Fatal("an entry the producer does not hold was fetched")
+			}
+		})
+	})
+	b.Run("tcp-ping-pong", func(b *testing.B) {
+		c, err := net.Dial("tcp", echo)
+		if err != nil {
+			b.Fatal(err)
+		}
+		defer c.Close()
+		buf := make([]byte, 200)
+		rtt(b, func() {
+			c.Write(buf)
+			if _, err := io.ReadFull(c, buf); err != nil {
+				b.Fatal(err)
+			}
+		})
+	})
+}
+
+// rtt runs once per iteration after a warm-up and reports the rate and the
+// median.
+func rtt(b *testing.B, once func()) {
+	lat, perSec := timeEach(b, once)
+	b.ReportMetric(perSec, "rtt/s")
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
 }
 
 var idleFor = flag.Duration("idle.for", 2*time.Second, "how long BenchmarkIdleCPU measures each case (put it after the package: -bench IdleCPU ./session/connector -idle.for=10s)")
@@ -341,14 +401,7 @@ func BenchmarkIdleCPU(b *testing.B) {
 	})
 	b.Run("consumer", func(b *testing.B) {
 		ep, _ := benchProducer(b, 1, 4096, "tcp", true) // the producer in another process
-		region := must(cache.NewRegion(cache.RegionConfig{Blocks: 1, BlockSize: 4096, NoLock: true}))
-		defer region.Close()
-		cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet}, region))
-		defer cdata.Close()
-		cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-		defer cli.Close()
-		pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 4096, Logger: benchQuiet}, cli, cdata))
-		defer pool.Close()
+		pool, _ := benchPool(b, 1, 4096, "tcp")
 		now := time.Now()
 		if _, err := pool.Fetch(ep, benchHash(0), []int{0}, now.Add(10*time.Second), now); err != nil {
 			b.Fatal(err)
@@ -401,14 +454,7 @@ func BenchmarkUnpin(b *testing.B) {
 		b.Run(data, func(b *testing.B) {
 			ep, _ := benchProducer(b, 16, 8<<10, data, false)
 			prod := lastProducer
-			region := must(cache.NewRegion(cache.RegionConfig{Blocks: 16, BlockSize: 8 << 10, NoLock: true}))
-			defer region.Close()
-			cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
-			defer cdata.Close()
-			cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-			defer cli.Close()
-			pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 8 << 10, Logger: benchQuiet}, cli, cdata))
-			defer pool.Close()
+			pool, _ := benchPool(b, 16, 8<<10, data)
 			ids := make([]int, 16)
 			for i := range ids {
 				ids[i] = i
@@ -416,21 +462,10 @@ func BenchmarkUnpin(b *testing.B) {
 			var lat []time.Duration
 			n := 0
 			for b.Loop() {
-				now := time.Now()
-				if _, err := pool.Fetch(ep, benchHash(n%benchItems), ids, now.Add(10*time.Second), now); err != nil {
-					b.Fatal(err)
+				if !fetchOne(b, pool, ep, benchHash(n%benchItems), ids) {
+					b.Fatal("fetch failed")
 				}
 				n++
-				for {
-					r := pool.Step(time.Now())
-					if len(r.Failed) > 0 {
-						b.Fatalf("fetch failed: %+v", r.Failed[0])
-					}
-					if len(r.Completed) > 0 {
-						break
-					}
-					pool.Wait(context.Background())
-				}
 				t := time.Now()
 				for prod.Grants() > 0 {
 					// Between looks, leave the producer's lock alone.
