@@ -91,8 +91,11 @@ type Server struct {
 	connMu sync.Mutex
 	conns  map[string]*guardConn // by the identity replies are routed to
 
-	heldMu sync.Mutex
-	held   []xfer.Message // taken by Wait, handed out by the next Drain
+	// kick wakes Wait. Nothing ever waits on in itself: a request handed to
+	// a waiting receiver would wake it even when onRequest has already
+	// served that request.
+	kick      chan struct{}
+	onRequest atomic.Pointer[func()]
 }
 
 // Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
@@ -115,7 +118,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{log: cfg.Logger, in: make(chan xfer.Message, cfg.MaxQueued), done: make(chan struct{}),
-		conns: map[string]*guardConn{}}
+		conns: map[string]*guardConn{}, kick: make(chan struct{}, 1)}
 	gcfg := newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
 	gcfg.deliver, gcfg.ready, gcfg.gone, gcfg.maxOut = s.deliver, s.connected, s.disconnected, cfg.MaxQueued
@@ -193,31 +196,62 @@ func (s *Server) disconnected(g *guardConn) {
 
 // deliver takes one request off a connection: ["", payload] from a DEALER.
 // A full queue holds the connection's reader (TCP backpressure on that
-// consumer) until Drain makes room.
+// consumer) until Drain makes room. Then onRequest runs here, and Wait is
+// woken only for what it left in the queue.
 func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 	if len(frames) != 2 || len(frames[0]) != 0 {
 		s.stats.malformed.Add(1)
 		return true
 	}
+	m := xfer.Message{Identity: g.identity, Payload: frames[1]}
 	select {
-	case s.in <- xfer.Message{Identity: g.identity, Payload: frames[1]}:
-		return true
-	case <-g.done:
-		return false
-	case <-s.done:
-		return false
+	case s.in <- m:
+	default:
+		s.wake()
+		select {
+		case s.in <- m:
+		case <-g.done:
+			return false
+		case <-s.done:
+			return false
+		}
 	}
+	if f := s.onRequest.Load(); f != nil {
+		(*f)()
+	}
+	if len(s.in) > 0 {
+		s.wake()
+	}
+	return true
+}
+
+// Wake makes the Wait in progress, or else the next one, return true.
+func (s *Server) Wake() { s.wake() }
+
+func (s *Server) wake() {
+	select {
+	case s.kick <- struct{}{}:
+	default:
+	}
+}
+
+// OnRequest sets f (nil: none) to run on a connection's reader goroutine
+// each time a request from it is queued, before Wait is woken for it. If f
+// drains the queue (connector.Producer steps there while it serves), the
+// request is answered without waking another goroutine: on a small
+// machine that hand-off costs more than the round trip. f must not block;
+// that connection's next request waits for it.
+func (s *Server) OnRequest(f func()) {
+	if f == nil {
+		s.onRequest.Store(nil)
+		return
+	}
+	s.onRequest.Store(&f)
 }
 
 // Drain appends the requests received since the last call to dst, without
 // blocking.
 func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
-	s.heldMu.Lock()
-	dst = append(dst, s.held...)
-	s.stats.received.Add(uint64(len(s.held)))
-	clear(s.held)
-	s.held = s.held[:0]
-	s.heldMu.Unlock()
 	for {
 		select {
 		case m := <-s.in:
@@ -229,8 +263,8 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	}
 }
 
-// Wait blocks until a request is waiting for Drain or ctx ends, and
-// reports which. It is for loops that do not step while idle.
+// Wait blocks until a request is waiting for Drain (or Wake is called) or
+// ctx ends, and reports which. It is for loops that do not step while idle.
 func (s *Server) Wait(ctx context.Context) bool { return s.WaitOr(ctx, nil, nil) }
 
 // WaitOr is Wait that also returns, true, when ready or timeout receives,
@@ -238,17 +272,11 @@ func (s *Server) Wait(ctx context.Context) bool { return s.WaitOr(ctx, nil, nil)
 // notifications at once without a goroutine (connector.Producer uses it).
 // It returns false once the server is closed.
 func (s *Server) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
-	s.heldMu.Lock()
-	n := len(s.held)
-	s.heldMu.Unlock()
-	if n > 0 {
+	if len(s.in) > 0 {
 		return true
 	}
 	select {
-	case m := <-s.in:
-		s.heldMu.Lock()
-		s.held = append(s.held, m)
-		s.heldMu.Unlock()
+	case <-s.kick:
 		return true
 	case <-ready:
 		return true

@@ -2,8 +2,10 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"testing"
 	"time"
 
@@ -171,5 +173,62 @@ func TestClientSilentServer(t *testing.T) {
 	c.Send(ep, []byte("x"))
 	if a, d := waitDead(t, c, 5*time.Second); a != ep || d > 2*time.Second {
 		t.Fatalf("dead %q after %v", a, d)
+	}
+}
+
+// OnRequest runs where each request arrives: requests it answers are never
+// seen by Wait, which wakes only for those it leaves queued (and for Wake).
+func TestServerOnRequest(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	var mu sync.Mutex
+	answer := true
+	var msgs []session.Message
+	s.OnRequest(func() {
+		mu.Lock()
+		defer mu.Unlock()
+		if !answer {
+			return
+		}
+		msgs = s.Drain(msgs[:0])
+		for _, m := range msgs {
+			s.Reply(m.Identity, append([]byte("re:"), m.Payload...))
+		}
+	})
+	c := newClient(t, ClientConfig{})
+	for i := range 50 {
+		if err := c.Send(s.Endpoint(), fmt.Appendf(nil, "m%d", i)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	got := waitInbound(t, c, 50, 10*time.Second)
+	for i, m := range got {
+		if string(m.Payload) != fmt.Sprintf("re:m%d", i) {
+			t.Fatalf("reply %d: %q", i, m.Payload)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	if s.Wait(ctx) {
+		t.Fatal("Wait woke for requests answered where they arrived")
+	}
+	cancel()
+
+	mu.Lock()
+	answer = false
+	mu.Unlock()
+	c.Send(s.Endpoint(), []byte("left"))
+	if !s.Wait(context.Background()) {
+		t.Fatal("Wait did not wake for a request left queued")
+	}
+	if m := s.Drain(nil); len(m) != 1 || string(m[0].Payload) != "left" {
+		t.Fatalf("queued: %v", m)
+	}
+	s.Wake()
+	if !s.Wait(context.Background()) {
+		t.Fatal("Wake did not wake Wait")
+	}
+	s.OnRequest(nil)
+	c.Send(s.Endpoint(), []byte("plain"))
+	if !s.Wait(context.Background()) || len(s.Drain(nil)) != 1 {
+		t.Fatal("without the hook the request was not queued for Wait")
 	}
 }

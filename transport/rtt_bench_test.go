@@ -6,6 +6,7 @@ import (
 	"net"
 	"os/exec"
 	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -136,13 +137,27 @@ func pyRTT(b *testing.B, args ...string) {
 }
 
 // serveEcho answers every request with its own payload until ctx ends,
-// waking only when requests arrive.
+// where it arrives (OnRequest, as connector.Producer serves) or, when
+// that is busy, on this goroutine.
 func serveEcho(ctx context.Context, s *Server) {
+	var mu sync.Mutex
 	var msgs []session.Message
-	for s.Wait(ctx) {
+	echo := func() {
 		msgs = s.Drain(msgs[:0])
 		for _, m := range msgs {
 			s.Reply(m.Identity, m.Payload)
 		}
+	}
+	s.OnRequest(func() {
+		if mu.TryLock() {
+			echo()
+			mu.Unlock()
+		}
+	})
+	defer s.OnRequest(nil)
+	for s.Wait(ctx) {
+		mu.Lock()
+		echo()
+		mu.Unlock()
 	}
 }

@@ -218,3 +218,117 @@ func TestProducerDrain(t *testing.T) {
 		t.Fatal("pin leaked")
 	}
 }
+
+// inlineServer is a memServer whose requests arrive through OnRequest,
+// as transport.Server's do, and whose WaitOr reports when it parks.
+type inlineMemServer struct {
+	memServer
+	hook    func()
+	hookSet chan struct{}
+	parked  chan struct{}
+	kick    chan struct{}
+	wakes   int
+}
+
+func (m *inlineMemServer) OnRequest(f func()) {
+	m.mu.Lock()
+	m.hook = f
+	m.mu.Unlock()
+	if f != nil {
+		m.hookSet <- struct{}{}
+	}
+}
+
+func (m *inlineMemServer) Wake() {
+	m.mu.Lock()
+	m.wakes++
+	m.mu.Unlock()
+	select {
+	case m.kick <- struct{}{}:
+	default:
+	}
+}
+
+func (m *inlineMemServer) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+	m.parked <- struct{}{}
+	select {
+	case <-m.kick:
+	case <-ready:
+	case <-timeout:
+	case <-ctx.Done():
+		return false
+	}
+	return true
+}
+
+// arrive queues msg and runs the hook where it arrives, as a connection's
+// reader goroutine does, returning the Wakes it caused.
+func (m *inlineMemServer) arrive(msg session.Message) int {
+	m.push(msg)
+	m.mu.Lock()
+	f, before := m.hook, m.wakes
+	m.mu.Unlock()
+	f()
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.wakes - before
+}
+
+// A request that arrives while Serve sleeps is answered on the goroutine
+// it arrived on, before the hook returns, and Serve is woken only when the
+// step made its sleep too long: a grant on a data plane it must poll
+// (every 5 ms, not the idle second). While a step is under way the hook
+// leaves the request to it.
+func TestProducerServesWhereRequestsArrive(t *testing.T) {
+	c := cache.NewEmbeddingCache(16)
+	c.Alloc("A", 1)
+	c.MarkReady("A")
+	srv := &inlineMemServer{memServer: memServer{replies: map[string][][]byte{}},
+		hookSet: make(chan struct{}, 1), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), c))
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error)
+	go func() { served <- p.Serve(ctx, nil) }()
+	<-srv.hookSet
+	<-srv.parked
+	req := func(mm string, n int) session.Message {
+		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: mm, CompatibilityHash: compat, SessionID: uuidN(n)})}
+	}
+	status := func(i int) wire.Status {
+		var a wire.XferAck
+		if err := wire.DecodeAck(srv.replyTo("c")[i], &a); err != nil {
+			t.Fatal(err)
+		}
+		return a.Status
+	}
+
+	if w := srv.arrive(req("missing", 1)); w != 0 || len(srv.replyTo("c")) != 1 || status(0) != wire.NackMissing {
+		t.Fatalf("NACK: %d replies, %d wakes", len(srv.replyTo("c")), w)
+	}
+	if w := srv.arrive(req("A", 2)); w != 1 || len(srv.replyTo("c")) != 2 || status(1) != wire.OK {
+		t.Fatalf("grant: %d replies, %d wakes", len(srv.replyTo("c")), w)
+	}
+	<-srv.parked // Serve planned anew, for the grant
+
+	p.mu.Lock() // a step under way
+	w := srv.arrive(req("missing", 3))
+	if n := len(srv.replyTo("c")); n != 2 || w != 0 {
+		p.mu.Unlock()
+		t.Fatalf("hook answered under a step: %d replies, %d wakes", n, w)
+	}
+	p.mu.Unlock()
+	srv.Wake() // what transport.Server does for a request left queued
+	<-srv.parked
+	if n := len(srv.replyTo("c")); n != 3 {
+		t.Fatalf("request left queued: %d replies", n)
+	}
+	cancel()
+	if err := <-served; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve: %v", err)
+	}
+	srv.mu.Lock()
+	if srv.hook != nil {
+		t.Fatal("Serve left its hook set")
+	}
+	srv.mu.Unlock()
+}
