@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -61,6 +62,38 @@ func BenchmarkAckOKDecode(b *testing.B) {
 		if err := DecodeAck(in, &a); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// DecodeAckInto into the value it decoded last, as a consumer's loop may.
+func BenchmarkAckOKDecodeInto(b *testing.B) {
+	in := AppendAck(nil, &benchAck)
+	var a XferAck
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeAckInto(in, &a); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+// Requests for 64 different entries in turn, into one value, as a
+// producer decodes them: the mm_hash is the one string allocated.
+func BenchmarkReqDecodeNewHash(b *testing.B) {
+	var ins [][]byte
+	for i := range 64 {
+		r := benchReq
+		r.MMHash = fmt.Sprintf("%064x", i)
+		ins = append(ins, AppendReq(nil, &r))
+	}
+	var r XferReq
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		if err := DecodeReq(ins[i%64], &r); err != nil {
+			b.Fatal(err)
+		}
+		i++
 	}
 }
 

@@ -61,25 +61,35 @@ func missing(field string) error {
 	return invalid("Object missing required field `%s`", field)
 }
 
-// strs copies byte slices into strings backed by one allocation.
-func strs[T [2]string | [3]string](parts ...[]byte) (out T) {
+// strs returns parts as strings: old[i] where it holds the same bytes
+// (strings cannot change, so keeping one shares nothing that can), the
+// others copied into one allocation.
+func strs[T [2]string | [3]string](old T, parts ...[]byte) (out T) {
 	total := 0
-	for _, p := range parts {
-		total += len(p)
+	for i, p := range parts {
+		if old[i] == string(p) {
+			out[i] = old[i]
+		} else {
+			total += len(p)
+		}
 	}
 	if total == 0 {
 		return out
 	}
 	var sb strings.Builder
 	sb.Grow(total)
-	for _, p := range parts {
-		sb.Write(p)
+	for i, p := range parts {
+		if old[i] != string(p) {
+			sb.Write(p)
+		}
 	}
 	all := sb.String()
 	off := 0
 	for i, p := range parts {
-		out[i] = all[off : off+len(p)]
-		off += len(p)
+		if old[i] != string(p) {
+			out[i] = all[off : off+len(p)]
+			off += len(p)
+		}
 	}
 	return out
 }
@@ -164,15 +174,21 @@ func DecodeReqView(data []byte, r *ReqView) error {
 // DecodeReq decodes an XferReq as msgspec's Decoder(XferReq) does: the tag is
 // optional and may stand anywhere, unknown keys are skipped, a repeated key
 // is checked each time and the last one wins, any integer or length form is
-// accepted. On error r is left unchanged. The strings it sets share one
-// allocation and never alias data.
+// accepted. On error r is left unchanged. The strings it sets never alias
+// data: those equal to the ones r holds are kept (a producer decoding each
+// consumer's requests into one value allocates only the mm_hash), the
+// others share one allocation.
 func DecodeReq(data []byte, r *XferReq) error {
 	var v ReqView
 	if err := DecodeReqView(data, &v); err != nil {
 		return err
 	}
-	s := strs[[3]string](v.MMHash, v.CompatibilityHash, v.SessionID)
-	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: string(v.Agent), Attempt: v.Attempt}
+	s := strs([3]string{r.MMHash, r.CompatibilityHash, r.SessionID}, v.MMHash, v.CompatibilityHash, v.SessionID)
+	agent := r.Agent
+	if agent != string(v.Agent) {
+		agent = string(v.Agent)
+	}
+	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: agent, Attempt: v.Attempt}
 	if v.HasVersion && v.Version != IntOf(ConnectorVersion) {
 		ver := v.Version
 		r.ConnectorVersion = &ver
@@ -279,14 +295,14 @@ func DecodeAckView(data []byte, a *AckView) error {
 }
 
 // DecodeAck decodes an XferAck as msgspec's Decoder(XferAck) does (see
-// [DecodeReq]). The slices it sets are freshly allocated: a has no alias of
-// data and owns them.
+// [DecodeReq], also for the strings). The slices it sets are freshly
+// allocated: a has no alias of data and owns them.
 func DecodeAck(data []byte, a *XferAck) error {
 	var v AckView
 	if err := DecodeAckView(data, &v); err != nil {
 		return err
 	}
-	s := strs[[2]string](v.MMHash, v.SessionID)
+	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
 	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
@@ -301,6 +317,32 @@ func DecodeAck(data []byte, a *XferAck) error {
 		if ld > 0 {
 			a.MemDescriptor = buf[lm:]
 		}
+	}
+	return nil
+}
+
+// DecodeAckInto is DecodeAck for a value that is decoded into again and
+// again: it reuses the capacity of a's slices (SrcBlockIndices,
+// AgentMetadata, MemDescriptor) instead of allocating, so the slices a held
+// before are overwritten; they must not be kept elsewhere, overlap, or
+// alias data. A field absent from data is nil, as with DecodeAck. On error
+// a is left unchanged.
+func DecodeAckInto(data []byte, a *XferAck) error {
+	var v AckView
+	if err := DecodeAckView(data, &v); err != nil {
+		return err
+	}
+	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
+	blocks, meta, desc := a.SrcBlockIndices[:0], a.AgentMetadata[:0], a.MemDescriptor[:0]
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt}
+	if v.nBlocks > 0 {
+		a.SrcBlockIndices = v.AppendBlocks(blocks)
+	}
+	if len(v.AgentMetadata) > 0 {
+		a.AgentMetadata = append(meta, v.AgentMetadata...)
+	}
+	if len(v.MemDescriptor) > 0 {
+		a.MemDescriptor = append(desc, v.MemDescriptor...)
 	}
 	return nil
 }

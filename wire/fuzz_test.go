@@ -49,13 +49,30 @@ func FuzzDecodeReq(f *testing.F) {
 	})
 }
 
+// fuzzUsedAck is an ack decoded before, whose slices DecodeAckInto reuses.
+func fuzzUsedAck(t *testing.T) XferAck {
+	var a XferAck
+	if err := DecodeAck(AppendAck(nil, &benchAck), &a); err != nil {
+		t.Fatal(err)
+	}
+	return a
+}
+
 func FuzzDecodeAck(f *testing.F) {
 	seedFuzz(f, "XferAck", "XferAck")
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var a XferAck
+		into := fuzzUsedAck(t)
+		errInto := DecodeAckInto(data, &into)
 		if err := DecodeAck(data, &a); err != nil {
+			if errInto == nil {
+				t.Fatalf("DecodeAckInto took what DecodeAck refused: %v", err)
+			}
 			PeekIDs(data, "ack")
 			return
+		}
+		if errInto != nil || !sameAck(a, into) {
+			t.Fatalf("DecodeAckInto: %v, %+v; DecodeAck: %+v", errInto, into, a)
 		}
 		if !a.Status.Valid() {
 			t.Fatalf("decoded invalid status %d", a.Status)

@@ -170,7 +170,7 @@ func descsFromFields(t testing.TB, raw json.RawMessage) []MemDesc {
 // sameReq compares two requests by their effective values.
 func sameReq(a, b XferReq) bool {
 	return a.MMHash == b.MMHash && a.CompatibilityHash == b.CompatibilityHash &&
-		a.SessionID == b.SessionID && a.Version() == b.Version()
+		a.SessionID == b.SessionID && a.Version() == b.Version() && a.Agent == b.Agent && a.Attempt == b.Attempt
 }
 
 // sameAck compares two acks, treating nil and empty slices alike.
@@ -178,7 +178,8 @@ func sameAck(a, b XferAck) bool {
 	return a.MMHash == b.MMHash && a.Status == b.Status && a.SessionID == b.SessionID &&
 		len(a.SrcBlockIndices) == len(b.SrcBlockIndices) &&
 		(len(a.SrcBlockIndices) == 0 || reflect.DeepEqual(a.SrcBlockIndices, b.SrcBlockIndices)) &&
-		bytes.Equal(a.AgentMetadata, b.AgentMetadata) && bytes.Equal(a.MemDescriptor, b.MemDescriptor)
+		bytes.Equal(a.AgentMetadata, b.AgentMetadata) && bytes.Equal(a.MemDescriptor, b.MemDescriptor) &&
+		a.Grant == b.Grant && a.LeaseMillis == b.LeaseMillis && a.Attempt == b.Attempt
 }
 
 func TestVectors(t *testing.T) {
@@ -302,21 +303,34 @@ func TestDecodeCases(t *testing.T) {
 			switch c.Target {
 			case "XferReq":
 				var got XferReq
-				if err = DecodeReq(in, &got); err == nil && c.Result == "ok" {
+				reused := benchReq // a value decoded into before: its strings are kept only where equal
+				reused.Agent = "agent"
+				errReused := DecodeReq(in, &reused)
+				if err = DecodeReq(in, &got); (err == nil) != (errReused == nil) {
+					t.Fatalf("into a used value: %v, into a fresh one: %v", errReused, err)
+				}
+				if err == nil && c.Result == "ok" {
 					var f map[string]json.RawMessage
 					unmarshal(t, c.Decoded, &f)
-					if want := reqFromFields(t, f); !sameReq(got, want) {
-						t.Fatalf("decoded %+v, want %+v", got, want)
+					if want := reqFromFields(t, f); !sameReq(got, want) || !sameReq(reused, want) {
+						t.Fatalf("decoded %+v (into a used value %+v), want %+v", got, reused, want)
 					}
 					reenc = AppendReq(nil, &got)
 				}
 			case "XferAck":
-				var got XferAck
-				if err = DecodeAck(in, &got); err == nil && c.Result == "ok" {
+				var got, into XferAck
+				if err := DecodeAck(AppendAck(nil, &benchAck), &into); err != nil {
+					t.Fatal(err)
+				}
+				errInto := DecodeAckInto(in, &into) // reuses the slices of benchAck's decode
+				if err = DecodeAck(in, &got); (err == nil) != (errInto == nil) {
+					t.Fatalf("DecodeAckInto: %v, DecodeAck: %v", errInto, err)
+				}
+				if err == nil && c.Result == "ok" {
 					var f map[string]json.RawMessage
 					unmarshal(t, c.Decoded, &f)
-					if want := ackFromFields(t, f); !sameAck(got, want) {
-						t.Fatalf("decoded %+v, want %+v", got, want)
+					if want := ackFromFields(t, f); !sameAck(got, want) || !sameAck(into, want) {
+						t.Fatalf("decoded %+v (DecodeAckInto %+v), want %+v", got, into, want)
 					}
 					reenc = AppendAck(nil, &got)
 				}

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"math"
 	"runtime"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -188,6 +189,30 @@ func TestViewsDoNotAllocate(t *testing.T) {
 	}
 	var a XferAck
 	DecodeAck(ackBytes, &a)
+	// Decoding into a used value: DecodeAckInto reuses its slices and both
+	// keep equal strings; a request for another mm_hash costs that string.
+	into := a
+	into.SrcBlockIndices = slices.Clone(a.SrcBlockIndices)
+	into.AgentMetadata, into.MemDescriptor = slices.Clone(a.AgentMetadata), slices.Clone(a.MemDescriptor)
+	if n := testing.AllocsPerRun(100, func() { DecodeAckInto(ackBytes, &into) }); n != 0 {
+		t.Fatalf("DecodeAckInto: %v allocs", n)
+	}
+	if !sameAck(into, a) {
+		t.Fatalf("DecodeAckInto: %+v, want %+v", into, a)
+	}
+	r := benchReq
+	if n := testing.AllocsPerRun(100, func() { DecodeReq(reqBytes, &r) }); n != 0 {
+		t.Fatalf("DecodeReq into an equal value: %v allocs", n)
+	}
+	other := benchReq
+	other.MMHash = strings.Repeat("4e", 32)
+	otherBytes := AppendReq(nil, &other)
+	if n := testing.AllocsPerRun(100, func() { r = benchReq; DecodeReq(otherBytes, &r) }); n != 1 {
+		t.Fatalf("DecodeReq of another mm_hash: %v allocs", n)
+	}
+	if !sameReq(r, other) {
+		t.Fatalf("DecodeReq: %+v, want %+v", r, other)
+	}
 	if string(av.MMHash) != a.MMHash || string(av.SessionID) != a.SessionID || av.Status != a.Status ||
 		string(av.AgentMetadata) != string(a.AgentMetadata) || string(av.MemDescriptor) != string(a.MemDescriptor) ||
 		av.NumBlocks() != len(a.SrcBlockIndices) {
