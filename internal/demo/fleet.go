@@ -217,8 +217,28 @@ func progress(out io.Writer, tick func() Tick, stop <-chan struct{}) {
 
 // merge sums consumers' summaries; latency quantiles are the worst
 // consumer's (they are not additive).
+// merge sums the consumers' summaries. The time is from the first
+// consumer's first fetch to the last one's end (the rates leave process
+// and agent setup out); elapsed, from before the setup, if a summary has
+// no start (a consumer that failed to set up).
 func merge(sums []Summary, elapsed time.Duration) Summary {
 	m := Summary{Elapsed: elapsed, FailedWhy: map[string]int{}}
+	var first, last time.Time
+	for _, s := range sums {
+		if s.Start.IsZero() {
+			first, last = time.Time{}, time.Time{}
+			break
+		}
+		if end := s.Start.Add(s.Elapsed); last.IsZero() || end.After(last) {
+			last = end
+		}
+		if first.IsZero() || s.Start.Before(first) {
+			first = s.Start
+		}
+	}
+	if !first.IsZero() {
+		m.Start, m.Elapsed = first, last.Sub(first)
+	}
 	for _, s := range sums {
 		m.Verified += s.Verified
 		m.Failed += s.Failed
