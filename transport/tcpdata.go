@@ -288,7 +288,7 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 			if err := p.mapShared(m); err != nil {
 				// Another host, another user, or no /proc: TCP it is.
 				d.log.Debug("ec data: producer's region not mapped, reading over TCP", "peer", key, "err", err)
-			} else {
+			} else if p.populates {
 				p.readers.Add(1)
 				d.wg.Add(1)
 				go p.populate()
@@ -537,11 +537,67 @@ type peer struct {
 	// The same-host path: the producer's region mapped read-only (its
 	// blocks start at shmOff), the token read from its header, its
 	// revocation counter. Unmapped once every reader has left.
-	shm     []byte
-	shmOff  int
-	token   []byte
-	revokes *atomic.Uint64
-	readers sync.WaitGroup
+	shm       []byte
+	shmOff    int
+	token     []byte
+	revokes   *atomic.Uint64
+	readers   sync.WaitGroup
+	shmKey    regionKey
+	populates bool // the first to map the region in this process populates it
+}
+
+// regionKey names a producer's region file (its inode).
+type regionKey struct{ dev, ino uint64 }
+
+// regionMaps are the producers' regions mapped in this process, shared by
+// every TCPData in it (an engine with several pools, or a fleet of
+// consumers run as goroutines): one mapping a region, not one per
+// consumer, so that its page tables are filled once.
+var regionMaps = struct {
+	sync.Mutex
+	m map[regionKey]*regionMap
+}{m: map[regionKey]*regionMap{}}
+
+type regionMap struct {
+	mem  []byte
+	refs int
+}
+
+// mapRegion maps f (size bytes) read-only, or takes another reference to
+// this process's mapping of it; first says the mapping is new.
+func mapRegion(f *os.File, size int) (mem []byte, key regionKey, first bool, err error) {
+	var st unix.Stat_t
+	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
+		return nil, key, false, err
+	}
+	key = regionKey{uint64(st.Dev), st.Ino}
+	regionMaps.Lock()
+	defer regionMaps.Unlock()
+	if r := regionMaps.m[key]; r != nil && len(r.mem) == size {
+		r.refs++
+		return r.mem, key, false, nil
+	}
+	mem, err = unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		return nil, key, false, err
+	}
+	if regionMaps.m[key] == nil { // else a stale size: keep that one's entry, map this privately
+		regionMaps.m[key] = &regionMap{mem: mem, refs: 1}
+	}
+	return mem, key, true, nil
+}
+
+// unmapRegion drops a reference taken by mapRegion.
+func unmapRegion(mem []byte, key regionKey) {
+	regionMaps.Lock()
+	defer regionMaps.Unlock()
+	if r := regionMaps.m[key]; r != nil && unsafe.SliceData(r.mem) == unsafe.SliceData(mem) {
+		if r.refs--; r.refs > 0 {
+			return
+		}
+		delete(regionMaps.m, key)
+	}
+	unix.Munmap(mem)
 }
 
 // mapShared maps the producer's Shared region read-only and reads its
@@ -572,11 +628,11 @@ func (p *peer) mapShared(m agentMeta) error {
 	if st.Size() < need || st.Size() > need+int64(os.Getpagesize()) {
 		return fmt.Errorf("%w: shared region of %d bytes, want %d", ErrBadMeta, st.Size(), need)
 	}
-	mem, err := unix.Mmap(int(f.Fd()), 0, int(st.Size()), unix.PROT_READ, unix.MAP_SHARED)
+	mem, key, first, err := mapRegion(f, int(st.Size()))
 	if err != nil {
 		return err
 	}
-	p.shm, p.shmOff = mem, m.ShmOff
+	p.shm, p.shmOff, p.shmKey, p.populates = mem, m.ShmOff, key, first
 	p.token = bytes.Clone(mem[:tokenLen])
 	p.revokes = (*atomic.Uint64)(unsafe.Pointer(&mem[revokesOff]))
 	return nil
@@ -647,7 +703,7 @@ func (p *peer) shutdown(err error) {
 			go func() {
 				defer p.d.wg.Done()
 				p.readers.Wait()
-				unix.Munmap(p.shm)
+				unmapRegion(p.shm, p.shmKey)
 			}()
 		}
 	})

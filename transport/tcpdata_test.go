@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"testing"
+	"unsafe"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -534,5 +535,61 @@ func TestSharedRefusesOtherFiles(t *testing.T) {
 	}
 	if waitEnd(t, c, h) != xfer.Complete || c.copies.Load() != 0 {
 		t.Fatal("the READ did not go over TCP")
+	}
+}
+
+// Consumers in one process share one mapping of a producer's region (its
+// page tables are filled once), and it is unmapped with the last of them.
+func TestSharedMappingIsShared(t *testing.T) {
+	pr := newSharedRegion(t, 8, 4096)
+	pr.Block(3)[7] = 42
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	var cs []*TCPData
+	for range 3 {
+		cr := newRegion(t, 8, 4096)
+		c := newTCP(t, cr, TCPConfig{})
+		if got := readOne(t, c, p); got != xfer.Complete || cr.Block(0)[7] != 42 || c.copies.Load() != 1 {
+			t.Fatalf("READ: %v, byte %d, %d copies", got, cr.Block(0)[7], c.copies.Load())
+		}
+		cs = append(cs, c)
+	}
+	mapping := func(c *TCPData) (*byte, regionKey) {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		for _, pe := range c.peers {
+			return unsafe.SliceData(pe.shm), pe.shmKey
+		}
+		t.Fatal("no peer")
+		return nil, regionKey{}
+	}
+	first, key := mapping(cs[0])
+	for _, c := range cs[1:] {
+		if m, _ := mapping(c); m != first {
+			t.Fatal("a second consumer in the process mapped the region again")
+		}
+	}
+	refs := func() int {
+		regionMaps.Lock()
+		defer regionMaps.Unlock()
+		if r := regionMaps.m[key]; r != nil {
+			return r.refs
+		}
+		return 0
+	}
+	if n := refs(); n != 3 {
+		t.Fatalf("%d references, want 3", n)
+	}
+	cs[0].Close()
+	if n := refs(); n != 2 {
+		t.Fatalf("after one Close: %d references", n)
+	}
+	pr.Block(3)[7] = 43 // the others still read through the mapping
+	if got := readOne(t, cs[1], p); got != xfer.Complete {
+		t.Fatalf("READ after another consumer closed: %v", got)
+	}
+	cs[1].Close()
+	cs[2].Close()
+	if n := refs(); n != 0 {
+		t.Fatalf("after the last Close: %d references", n)
 	}
 }
