@@ -15,7 +15,6 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
-	"syscall"
 	"time"
 	"unsafe"
 
@@ -670,9 +669,9 @@ type link struct {
 	wmu     sync.Mutex // serialises writes to conn
 	landing sync.Mutex // held by the reader while bytes land in the region
 	conn    net.Conn
-	raw     syscall.RawConn // conn's, for writes that must not wait
-	pending []*readOp       // sent, answer not read yet, in order
-	frame   []byte          // tryPost's, under wmu
+	raw     *nbWriter // conn's, for writes that must not wait
+	pending []*readOp // sent, answer not read yet, in order
+	frame   []byte    // tryPost's, under wmu
 }
 
 func newPeer(d *TCPData, m agentMeta, key string) *peer {
@@ -795,7 +794,7 @@ func (p *peer) tryPost(op *readOp) bool {
 		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
-		n, err := writeNoWait(raw, l.frame)
+		n, err := raw.write(l.frame)
 		switch {
 		case err != nil:
 			l.wmu.Unlock()
@@ -878,10 +877,7 @@ func (l *link) connect() (net.Conn, error) {
 	default:
 	}
 	l.conn = c
-	l.raw = nil
-	if sc, ok := c.(syscall.Conn); ok {
-		l.raw, _ = sc.SyscallConn()
-	}
+	l.raw = newNBWriter(c)
 	l.p.readers.Add(1)
 	l.mu.Unlock()
 	l.p.d.wg.Add(1)

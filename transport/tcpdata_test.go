@@ -9,8 +9,8 @@ import (
 	"net"
 	"os"
 	"testing"
-	"unsafe"
 	"time"
+	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
 
