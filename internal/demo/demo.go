@@ -40,6 +40,15 @@ type Config struct {
 	BlockSize     int
 	Concurrency   int // fetches in flight
 	Fetches       int // fetches in all, cycling over the items; 0: Items
+	// Rate makes a consumer open loop: a fetch falls due every 1/Rate s,
+	// whatever is in flight (within Concurrency), and its latency counts
+	// from when it fell due, so that a backlog shows. 0: closed loop, as
+	// many in flight as Concurrency allows.
+	Rate float64
+	// Warmup leaves the fetches asked for (or due) in the first Warmup of
+	// a consumer's run out of its latencies: connections, mappings and
+	// first touches of the producer's pages are paid then.
+	Warmup time.Duration
 
 	Metrics string // serve Prometheus metrics on this address ("" none)
 	// MetricsAlso are collected with a consumer's metrics (the loopback's
@@ -62,6 +71,8 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	if concurrency {
 		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight")
 		fs.IntVar(&c.Fetches, "fetches", 0, "fetches in all, cycling over the items (0: one per item); more than -items re-fetches entries in one session")
+		fs.DurationVar(&c.Warmup, "warmup", 0, "leave fetches asked for in the first this long out of the latencies")
+		fs.Float64Var(&c.Rate, "rate", 0, "fetches per second per consumer, due at fixed intervals whatever is in flight (open loop; latency from when each fell due); 0: keep -concurrency in flight")
 	}
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9100")
 	fs.StringVar(&c.Data, "data", "shm", "data plane: shm (pure Go: same-host copies out of the producer's shared region, TCP otherwise), tcp (pure Go, TCP only) or nixl (a build with -tags nixl)")
@@ -72,7 +83,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 // Args returns the flags that give another process this shape.
 func (c Config) Args() []string {
 	return []string{"-items", fmt.Sprint(c.Items), "-blocks-per-item", fmt.Sprint(c.BlocksPerItem),
-		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency),
+		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-rate", fmt.Sprint(c.Rate), "-warmup", c.Warmup.String(),
 		"-fetches", fmt.Sprint(c.Fetches), "-data", c.Data, "-nixl-params", c.NIXLParams,
 		"-nixl-progress", c.NIXLProgress}
 }
@@ -367,6 +378,12 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	if fetches == 0 {
 		fetches = cfg.Items
 	}
+	var interval time.Duration // open loop: one falls due each interval
+	if cfg.Rate > 0 {
+		interval = max(time.Duration(float64(time.Second)/cfg.Rate), 1)
+	}
+	due := start
+	dueOf := map[string]time.Time{}
 	timed := !stopAt.IsZero()
 	more := func(now time.Time) bool {
 		if timed {
@@ -383,7 +400,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 		if !more(now) && len(item) == 0 {
 			break
 		}
-		for more(now) && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
+		for more(now) && (interval == 0 || !now.Before(due)) && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
 			i := next % cfg.Items
 			h := Hash(i)
 			if _, busy := item[h]; busy {
@@ -397,6 +414,10 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 			free = free[:len(free)-cfg.BlocksPerItem]
 			item[h] = i
 			next++
+			if interval > 0 {
+				dueOf[h] = due
+				due = due.Add(interval)
+			}
 		}
 		r := pool.Step(now)
 		for _, d := range r.Completed {
@@ -409,14 +430,22 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 				}
 			}
 			sum.Verified++
-			lat.add(d.Latency)
+			l := d.Latency
+			if t, ok := dueOf[d.MMHash]; ok {
+				l = now.Sub(t)
+				delete(dueOf, d.MMHash)
+			}
+			if now.Add(-l).Sub(start) >= cfg.Warmup {
+				lat.add(l)
+			}
 			if live != nil {
-				live.completed(d.Latency, uint64(len(d.Blocks)*cfg.BlockSize))
+				live.completed(l, uint64(len(d.Blocks)*cfg.BlockSize))
 			}
 			free = append(free, d.Blocks...)
 		}
 		for _, f := range r.Failed {
 			delete(item, f.MMHash)
+			delete(dueOf, f.MMHash)
 			sum.Failed++
 			sum.FailedWhy[f.Reason.String()]++
 			if live != nil {
@@ -439,7 +468,17 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 			lastReport = now
 			fmt.Fprintf(progress, "  %d verified, %d in flight\n", sum.Verified, len(item))
 		}
-		if len(item) > 0 {
+		switch {
+		case interval > 0 && more(now):
+			// Until the next one falls due, or something ends first.
+			wctx, cancel := context.WithDeadline(ctx, due)
+			if len(item) > 0 {
+				pool.Wait(wctx)
+			} else {
+				<-wctx.Done()
+			}
+			cancel()
+		case len(item) > 0:
 			pool.Wait(ctx) // until a reply, a READ's end or a retry
 		}
 	}
