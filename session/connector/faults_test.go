@@ -51,6 +51,17 @@ type consumer struct {
 	completed, failed  int
 	completedThisRound int
 	why                []string // reasons of the failures
+	// Of the last round with a fault: how long after it the consumer
+	// first reacted (a retry, an ack timeout, a quarantine, a producer
+	// declared dead, or a failure; zero: never), and the retries.
+	detect  time.Duration
+	noticed bool
+	retried uint64
+}
+
+// reactions counts what a consumer does about a fault.
+func reactions(s connector.PoolStats) uint64 {
+	return s.Retries + s.AckTimeouts + s.Quarantines + s.PeerDeaths + s.Failed
 }
 
 func newConsumer(t *testing.T, endpoint string) *consumer {
@@ -149,9 +160,16 @@ func (w *consumer) round(after int, fault func()) {
 	ended := map[string]bool{}
 	w.completedThisRound, w.why = 0, nil
 	injected := fault == nil
-	if !injected && after == 0 {
+	var injectedAt time.Time
+	var before connector.PoolStats
+	inject := func() {
+		before, injectedAt = w.pool.Stats(), time.Now()
+		w.detect, w.noticed = 0, false
 		fault()
 		injected = true
+	}
+	if !injected && after == 0 {
+		inject()
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
@@ -189,11 +207,26 @@ func (w *consumer) round(after int, fault func()) {
 		for _, rel := range r.Released {
 			w.canary(rel.Blocks)
 		}
+		if !injectedAt.IsZero() && !w.noticed && reactions(w.pool.Stats()) > reactions(before) {
+			w.detect, w.noticed = time.Since(injectedAt), true
+		}
 		if !injected && w.completedThisRound >= after {
-			fault()
-			injected = true
+			inject()
 		}
 	}
+	if !injectedAt.IsZero() {
+		w.retried = w.pool.Stats().Retries - before.Retries
+	}
+}
+
+// costs says what the last fault cost: when the consumer noticed it and
+// the fetches retried.
+func (w *consumer) costs() string {
+	d := "not noticed"
+	if w.noticed {
+		d = "noticed after " + w.detect.Round(10*time.Microsecond).String()
+	}
+	return fmt.Sprintf("%s, %d retries", d, w.retried)
 }
 
 func (w *consumer) canary(blocks []int) {
@@ -288,14 +321,14 @@ func TestFaultsOnRealSockets(t *testing.T) {
 			var lift func()
 			w.round(c.after, func() { lift = c.fault(w) })
 			lift()
-			faulted := w.completedThisRound
+			faulted, costs := w.completedThisRound, w.costs()
 			// Lifted: a new round completes in full, on new connections
 			// if the old ones died.
 			w.round(0, nil)
 			if w.completedThisRound != faultItems {
 				t.Fatalf("after the fault, %d of %d fetches completed; failed: %v", w.completedThisRound, faultItems, w.why)
 			}
-			t.Logf("%s: during the fault %d of %d completed; %d failed in all", c.name, faulted, faultItems, w.failed)
+			t.Logf("%s: during the fault %d of %d completed; %d failed in all; %s", c.name, faulted, faultItems, w.failed, costs)
 			w.finish()
 		})
 	}
@@ -358,7 +391,7 @@ func TestProcessFaults(t *testing.T) {
 			c.round(faultItems/3, func() {
 				p1.cmd.Process.Signal(sig)
 			})
-			faulted := c.completedThisRound
+			faulted, costs := c.completedThisRound, c.costs()
 			p1.cmd.Process.Kill() // a stopped process holds its ports
 			p1.cmd.Wait()
 			startProc(t, spec) // the same addresses
@@ -366,7 +399,7 @@ func TestProcessFaults(t *testing.T) {
 			if c.completedThisRound != faultItems {
 				t.Fatalf("after the restart, %d of %d fetches completed; failed: %v", c.completedThisRound, faultItems, c.why)
 			}
-			t.Logf("during the fault %d of %d completed; %d failed in all", faulted, faultItems, c.failed)
+			t.Logf("during the fault %d of %d completed; %d failed in all; %s", faulted, faultItems, c.failed, costs)
 			c.closeAndCheck()
 		})
 	}
