@@ -209,7 +209,7 @@ func progress(out io.Writer, tick func() Tick, stop <-chan struct{}) {
 		}
 		now := tick()
 		fmt.Fprintf(out, "  %6d/s  %5.2f GB/s  p50 %-8v p99 %-8v failed %d  retries %d  %v\n",
-			now.Done-last.Done, float64(now.Bytes-last.Bytes)/1e9, now.Second.Quantile(0.5), now.Second.Quantile(0.99),
+			now.Done-last.Done, float64(now.Bytes-last.Bytes)/1e9, now.Second.Quantile(0.5).Round(time.Microsecond), now.Second.Quantile(0.99).Round(time.Microsecond),
 			now.Failed, now.Retries, now.Proc)
 		last = now
 	}
