@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"slices"
 	"strings"
 	"unicode/utf8"
 )
@@ -219,7 +220,7 @@ func (a *AckView) AppendBlocks(dst []Int) []Int {
 		return dst
 	}
 	n := len(dst)
-	dst = append(dst, make([]Int, a.nBlocks)...)
+	dst = slices.Grow(dst, a.nBlocks)[:n+a.nBlocks] // no temporary, even under -race
 	d := reader{b: a.blocks}
 	d.intArray(dst[n:]) // checked when decoded: cannot fail
 	return dst
