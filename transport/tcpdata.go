@@ -11,7 +11,6 @@ import (
 	"log/slog"
 	"net"
 	"os"
-	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -155,6 +154,7 @@ type TCPData struct {
 	revokes *atomic.Uint64
 
 	copies     atomic.Uint64 // READs landed from a shared region
+	precopies  atomic.Uint64 // of those, copied before their answer (precopier)
 	beforeCopy func()        // tests: runs before a copy starts
 }
 
@@ -287,10 +287,16 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 			if err := p.mapShared(m); err != nil {
 				// Another host, another user, or no /proc: TCP it is.
 				d.log.Debug("ec data: producer's region not mapped, reading over TCP", "peer", key, "err", err)
-			} else if p.populates {
+			} else {
+				if p.populates {
+					p.readers.Add(1)
+					d.wg.Add(1)
+					go p.populate()
+				}
+				p.pre = make(chan *readOp, d.cfg.MaxQueued)
 				p.readers.Add(1)
 				d.wg.Add(1)
-				go p.populate()
+				go p.precopier()
 			}
 		}
 		d.peers[key] = p
@@ -350,7 +356,7 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
 	}
 	d.next++
-	op := &readOp{h: d.next, id: uint64(d.next), local: slices.Clone(local), remote: slices.Clone(remote),
+	op := &readOp{h: d.next, id: uint64(d.next), n: len(local), local: spans(nil, local), remote: spans(nil, remote),
 		notif: bytes.Clone(notif), peer: p}
 	if len(p.ops) == 0 && p.tryPost(op) {
 		d.handles[op.h] = op
@@ -478,12 +484,16 @@ type readOp struct {
 	sentAt  atomic.Int64         // when, in Unix nanoseconds
 	h       xfer.Handle
 	id      uint64
-	local   []int
-	remote  []int
+	n       int      // blocks
+	local   [][2]int // the blocks as runs of consecutive ids (start, length):
+	remote  [][2]int // a large READ's ids take a few words, not a copy each
 	notif   []byte
 	state   atomic.Int32
 	peer    *peer
 	settled atomic.Bool
+	// precopied says the precopier copied the blocks already (under the
+	// link's landing lock, which guards it).
+	precopied bool
 }
 
 // fail ends an op that has not completed.
@@ -542,7 +552,8 @@ type peer struct {
 	revokes   *atomic.Uint64
 	readers   sync.WaitGroup
 	shmKey    regionKey
-	populates bool // the first to map the region in this process populates it
+	populates bool         // the first to map the region in this process populates it
+	pre       chan *readOp // large READs for the precopier
 }
 
 // regionKey names a producer's region file (its inode).
@@ -749,7 +760,7 @@ func (l *link) writer() {
 			op.fail()
 			continue
 		}
-		buf = appendRead(buf[:0], op.id, op.notif, op.remote)
+		buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote)
 		// Under wmu from here: the order of pending is the order of the
 		// writes, whichever goroutine writes (PostRead may, see tryPost).
 		l.wmu.Lock()
@@ -766,6 +777,7 @@ func (l *link) writer() {
 		l.mu.Unlock()
 		err = l.writeLocked(conn, buf)
 		l.wmu.Unlock()
+		l.p.precopy(op)
 		if err != nil {
 			l.breakIfCurrent(conn, err)
 		}
@@ -789,12 +801,13 @@ func (p *peer) tryPost(op *readOp) bool {
 			l.wmu.Unlock()
 			continue
 		}
-		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.remote)
+		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.n, op.remote)
 		op.link.Store(l)
 		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
 		n, err := raw.write(l.frame)
+		p.precopy(op) // after the write: the producer's part starts first
 		switch {
 		case err != nil:
 			l.wmu.Unlock()
@@ -891,7 +904,6 @@ func (l *link) reader(c net.Conn) {
 	defer l.p.d.wg.Done()
 	defer l.p.readers.Done()
 	var hdr [headLen + 17]byte
-	var runs [][2]int
 	var done []byte
 	bs := l.p.d.region.BlockSize()
 	fail := func(err error) {
@@ -969,15 +981,14 @@ func (l *link) reader(c net.Conn) {
 			}
 			continue
 		}
-		if size != uint64(len(op.local))*uint64(bs) {
+		if size != uint64(op.n)*uint64(bs) {
 			op.fail()
-			fail(fmt.Errorf("%w: %d bytes for %d blocks", errProtocol, size, len(op.local)))
+			fail(fmt.Errorf("%w: %d bytes for %d blocks", errProtocol, size, op.n))
 			return
 		}
 		l.landing.Lock()
 		if op.state.CompareAndSwap(opPending, opWriting) {
-			runs = spans(runs[:0], op.local)
-			for _, r := range runs {
+			for _, r := range op.local {
 				if err := readFullDeadline(c, l.p.d.region.Span(r[0], r[1]), l.p.d.cfg.IOTimeout); err != nil {
 					op.fail()
 					l.landing.Unlock()
@@ -1011,7 +1022,6 @@ func (l *link) reader(c net.Conn) {
 // the grant (revokes, sent with the answer) means the bytes may be torn,
 // and the READ fails.
 func (l *link) copyShared(op *readOp, revokes uint64) {
-	bs := l.p.d.region.BlockSize()
 	l.landing.Lock()
 	defer l.landing.Unlock()
 	if !op.state.CompareAndSwap(opPending, opWriting) {
@@ -1021,16 +1031,8 @@ func (l *link) copyShared(op *readOp, revokes uint64) {
 	if f := l.p.d.beforeCopy; f != nil {
 		f()
 	}
-	src := l.p.shm[l.p.shmOff:]
-	for i := 0; i < len(op.local); {
-		// Runs contiguous on both sides are one copy.
-		n := 1
-		for i+n < len(op.local) && op.local[i+n] == op.local[i]+n && op.remote[i+n] == op.remote[i]+n {
-			n++
-		}
-		r := op.remote[i] * bs
-		copy(l.p.d.region.Span(op.local[i], n), src[r:r+n*bs])
-		i += n
+	if !op.precopied {
+		l.copyBlocks(op)
 	}
 	if l.p.revokes.Load() != revokes {
 		op.fail()
@@ -1038,6 +1040,70 @@ func (l *link) copyShared(op *readOp, revokes uint64) {
 	}
 	l.p.d.copies.Add(1)
 	op.complete()
+}
+
+// copyBlocks copies op's blocks out of the producer's mapped region.
+func (l *link) copyBlocks(op *readOp) {
+	bs := l.p.d.region.BlockSize()
+	src := l.p.shm[l.p.shmOff:]
+	// Runs contiguous on both sides are one copy: walk both run lists.
+	loc, rem := op.local, op.remote
+	var lo, ro int // blocks of loc[0] and rem[0] already copied
+	for len(loc) > 0 && len(rem) > 0 {
+		n := min(loc[0][1]-lo, rem[0][1]-ro)
+		r := (rem[0][0] + ro) * bs
+		copy(l.p.d.region.Span(loc[0][0]+lo, n), src[r:r+n*bs])
+		if lo += n; lo == loc[0][1] {
+			loc, lo = loc[1:], 0
+		}
+		if ro += n; ro == rem[0][1] {
+			rem, ro = rem[1:], 0
+		}
+	}
+}
+
+// precopyMin is the smallest READ the precopier takes: below it the hand-off
+// to its goroutine costs more than the copy it overlaps.
+const precopyMin = 256 << 10
+
+// precopy hands a large READ just sent to the precopier, if there is room.
+func (p *peer) precopy(op *readOp) {
+	if p.pre == nil || op.n*p.d.region.BlockSize() < precopyMin {
+		return
+	}
+	select {
+	case p.pre <- op:
+	default: // the reader copies it when the answer comes
+	}
+}
+
+// precopier copies large READs out of the producer's region as soon as
+// they are sent, so that the copy overlaps the producer's authorization
+// instead of following it. Copying before the producer holds the grant is
+// safe: the grant is live from its ack until the READ is authorized
+// (grants only end, and each READ names its grant), so if the answer is
+// "copy", the blocks held the entry all along; any other answer fails the
+// READ and the bytes copied are dropped with it.
+func (p *peer) precopier() {
+	defer p.d.wg.Done()
+	defer p.readers.Done()
+	for {
+		select {
+		case <-p.stop:
+			return
+		case op := <-p.pre:
+			l := op.link.Load()
+			l.landing.Lock()
+			if op.state.CompareAndSwap(opPending, opWriting) {
+				l.copyBlocks(op)
+				op.precopied = true
+				// Failed meanwhile (Release broke the connection): it stays so.
+				op.state.CompareAndSwap(opWriting, opPending)
+				l.p.d.precopies.Add(1)
+			}
+			l.landing.Unlock()
+		}
+	}
 }
 
 // readFullDeadline fills b, allowing timeout without progress.

@@ -196,11 +196,11 @@ func TestTCPHostileDataPort(t *testing.T) {
 	hello := appendHello(nil, "evil")
 	cases := map[string][]byte{
 		"wrong magic":        []byte("HTTP/1.1 GET /\r\n\r\n"),
-		"read before hello":  appendRead(nil, 1, nil, []int{0}),
+		"read before hello":  appendRead(nil, 1, nil, 1, spans(nil, []int{0})),
 		"oversize name":      append(appendHead(nil, frameHello), 0xff, 0xff),
 		"oversize notif":     append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0, 0, 0, 1)...),
 		"too many blocks":    append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff)...),
-		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), []int{8})...),
+		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), 1, spans(nil, []int{8}))...),
 		"unknown frame":      append(hello, appendHead(nil, 99)...),
 		"stall mid-frame":    append(hello, frameMagic[:2]...),
 		"stall in the hello": appendHead(nil, frameHello),
@@ -444,7 +444,7 @@ func TestSharedHolds(t *testing.T) {
 	}
 	good := dial(pr.Header()[:tokenLen])
 	defer good.Close()
-	good.Write(appendRead(nil, 1, []byte("s:m"), []int{2}))
+	good.Write(appendRead(nil, 1, []byte("s:m"), 1, spans(nil, []int{2})))
 	head := make([]byte, headLen+17)
 	good.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(good, head); err != nil || head[headLen+8] != dataCopy {
@@ -465,7 +465,7 @@ func TestSharedHolds(t *testing.T) {
 	// Too late: no notification. The answer to a second READ shows the
 	// done was read.
 	good.Write(appendDone(nil, 1))
-	good.Write(appendRead(nil, 2, []byte("s:m2"), []int{2}))
+	good.Write(appendRead(nil, 2, []byte("s:m2"), 1, spans(nil, []int{2})))
 	if _, err := io.ReadFull(good, head); err != nil || head[headLen+8] != dataCopy {
 		t.Fatalf("second answer %v, %v", head, err)
 	}
@@ -591,5 +591,101 @@ func TestSharedMappingIsShared(t *testing.T) {
 	cs[2].Close()
 	if n := refs(); n != 0 {
 		t.Fatalf("after the last Close: %d references", n)
+	}
+}
+
+// A READ's ids are kept as runs; runs that break at different places on
+// the two sides land every block where it belongs, over TCP, the
+// same-host copy and the precopier (a READ of at least precopyMin).
+func TestScatteredRuns(t *testing.T) {
+	const bs = 4096
+	n := 2*precopyMin/bs + 7
+	for _, tc := range []struct {
+		name     string
+		noShared bool
+		blocks   int
+	}{{"tcp", true, 6}, {"shm", false, 6}, {"tcp-large", true, n}, {"shm-precopied", false, n}} {
+		t.Run(tc.name, func(t *testing.T) {
+			pr, cr := newSharedRegion(t, 2*n, bs), newRegion(t, 2*n, bs)
+			for b := range 2 * n {
+				for i := range pr.Block(b) {
+					pr.Block(b)[i] = byte(b*7 + i)
+				}
+			}
+			c := newTCP(t, cr, TCPConfig{NoSharedMemory: tc.noShared})
+			auth := allowAll
+			if tc.name == "shm-precopied" {
+				// Answer only once the precopier copied: the reader would
+				// otherwise copy first whenever it wins the race.
+				auth = func(a string, n []byte, b []int) (func(), bool) {
+					for end := time.Now().Add(5 * time.Second); c.precopies.Load() == 0 && time.Now().Before(end); {
+						time.Sleep(time.Millisecond)
+					}
+					return allowAll(a, n, b)
+				}
+			}
+			p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: auth})
+			peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			// local: descending pairs and gaps; remote: runs of three.
+			var local, remote []int
+			for i := range tc.blocks {
+				local = append(local, (i/2)*5%(2*n)+i%2)
+				remote = append(remote, (i/3)*4+i%3)
+			}
+			seen := map[int]bool{}
+			for i, b := range local {
+				for seen[b] {
+					b = (b + 1) % (2 * n)
+				}
+				seen[b], local[i] = true, b
+			}
+			h, err := c.PostRead(local, peer.Agent, remote, []byte("s:m"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := waitEnd(t, c, h); got != xfer.Complete {
+				t.Fatalf("READ: %v", got)
+			}
+			for i := range local {
+				if !bytes.Equal(cr.Block(local[i]), pr.Block(remote[i])) {
+					t.Fatalf("local %d does not hold remote %d", local[i], remote[i])
+				}
+			}
+			if pre := c.precopies.Load(); (pre > 0) != (tc.name == "shm-precopied") {
+				t.Fatalf("%d precopies", pre)
+			}
+		})
+	}
+}
+
+// A large READ the producer refuses fails, whether or not the precopier
+// copied its blocks first.
+func TestPrecopiedRefusedFails(t *testing.T) {
+	const bs = 4096
+	n := 2 * precopyMin / bs
+	pr, cr := newSharedRegion(t, n, bs), newRegion(t, n, bs)
+	c := newTCP(t, cr, TCPConfig{})
+	deny := func(string, []byte, []int) (func(), bool) { return nil, false }
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: deny})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	for range 5 {
+		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:m"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitEnd(t, c, h); got != xfer.Failed {
+			t.Fatalf("refused READ: %v (%d precopies)", got, c.precopies.Load())
+		}
+		c.Release(h)
 	}
 }

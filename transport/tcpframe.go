@@ -59,14 +59,17 @@ func appendHello2(b []byte, name string, token []byte) []byte {
 	return append(append(b, name...), token...)
 }
 
-func appendRead(b []byte, id uint64, notif []byte, remote []int) []byte {
+// appendRead appends a READ of n blocks, remote given as runs (spans).
+func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int) []byte {
 	b = appendHead(b, frameRead)
 	b = binary.BigEndian.AppendUint64(b, id)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
-	b = binary.BigEndian.AppendUint32(b, uint32(len(remote)))
+	b = binary.BigEndian.AppendUint32(b, uint32(n))
 	b = append(b, notif...)
 	for _, r := range remote {
-		b = binary.BigEndian.AppendUint32(b, uint32(r))
+		for id := r[0]; id < r[0]+r[1]; id++ {
+			b = binary.BigEndian.AppendUint32(b, uint32(id))
+		}
 	}
 	return b
 }
