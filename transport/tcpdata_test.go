@@ -689,3 +689,59 @@ func TestPrecopiedRefusedFails(t *testing.T) {
 		c.Release(h)
 	}
 }
+
+// Large READs released at once, with the precopier racing the Release:
+// once Release returns nothing writes into their blocks (canaries written
+// then are intact after Close, which waits for every goroutine).
+func TestPrecopierRespectsRelease(t *testing.T) {
+	const bs = 4096
+	n := 2 * precopyMin / bs
+	pr, cr := newSharedRegion(t, n, bs), newRegion(t, 8*n, bs)
+	for b := range n {
+		for i := range pr.Block(b) {
+			pr.Block(b)[i] = 0x11
+		}
+	}
+	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	remote := make([]int, n)
+	for i := range remote {
+		remote[i] = i
+	}
+	for round := range 40 {
+		local := make([]int, n)
+		for i := range local {
+			local[i] = (round%8)*n + i
+		}
+		h, err := c.PostRead(local, peer.Agent, remote, []byte("s:m"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if round%3 == 1 {
+			time.Sleep(time.Duration(round) * 20 * time.Microsecond) // sometimes mid-copy
+		}
+		if err := c.Release(h); err != nil {
+			t.Fatal(err)
+		}
+		for _, b := range local {
+			for i := range cr.Block(b) {
+				cr.Block(b)[i] = 0xa5
+			}
+		}
+	}
+	c.Close()
+	for b := range 8 * n {
+		for _, v := range cr.Block(b) {
+			if v != 0xa5 {
+				t.Fatalf("block %d written after its READ was released", b)
+			}
+		}
+	}
+}
