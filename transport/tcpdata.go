@@ -1284,6 +1284,12 @@ func (d *TCPData) serve(c net.Conn) {
 			if nl > maxNotifLen || nb > maxBlocks || len(awaiting) >= d.cfg.MaxQueued {
 				return
 			}
+			if _, dup := awaiting[id]; dup {
+				// An id in flight again would overwrite its hold (a pin
+				// never released) and its notification: cut it off (the
+				// deferred revokes release every hold).
+				return
+			}
 			if _, err := io.ReadFull(r, notif[:nl]); err != nil {
 				return
 			}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"sync"
 	"testing"
 	"time"
 	"unsafe"
@@ -742,6 +743,54 @@ func TestPrecopierRespectsRelease(t *testing.T) {
 			if v != 0xa5 {
 				t.Fatalf("block %d written after its READ was released", b)
 			}
+		}
+	}
+}
+
+// A consumer that sends a READ id it already has in flight is cut off,
+// and every grant the producer held for it is released: reusing an id must
+// not overwrite (and so lose) a hold on the same-host path, nor a pending
+// notification on either path.
+func TestDuplicateReadIDReleasesHolds(t *testing.T) {
+	for _, shared := range []bool{true, false} {
+		pr := newSharedRegion(t, 8, 4096)
+		var mu sync.Mutex
+		held := 0
+		p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", IOTimeout: 5 * time.Second,
+			Authorize: func(string, []byte, []int) (func(), bool) {
+				mu.Lock()
+				held++
+				mu.Unlock()
+				return func() { mu.Lock(); held--; mu.Unlock() }, true
+			}})
+		conn, err := net.Dial("tcp", p.Addr().String())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		if shared {
+			conn.Write(appendHello2(nil, "raw", pr.Header()[:tokenLen]))
+		} else {
+			conn.Write(appendHello(nil, "raw"))
+		}
+		conn.Write(appendRead(nil, 7, []byte("s:a"), 1, spans(nil, []int{2})))
+		conn.Write(appendRead(nil, 7, []byte("s:b"), 1, spans(nil, []int{3})))
+		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
+		if _, err := io.Copy(io.Discard, conn); err != nil {
+			t.Fatalf("shared %v: the connection was not closed: %v", shared, err)
+		}
+		end := time.Now().Add(2 * time.Second)
+		for {
+			mu.Lock()
+			n := held
+			mu.Unlock()
+			if n == 0 {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatalf("shared %v: %d grants still held after the connection closed", shared, n)
+			}
+			time.Sleep(time.Millisecond)
 		}
 	}
 }
