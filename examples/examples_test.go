@@ -103,7 +103,7 @@ func runPrograms(t *testing.T, prodBin, consBin string, planeArgs []string) {
 	}
 }
 
-// The main job with defaults exits 0 after verifying every byte, and so
+// The main job with defaults exits 0 after verifying every block by content, and so
 // does it over every other data plane of this build.
 func TestLoopbackDefaults(t *testing.T) {
 	if testing.Short() {

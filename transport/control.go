@@ -207,7 +207,7 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 	select {
 	case s.in <- m:
 	default:
-		s.wake()
+		s.Wake()
 		select {
 		case s.in <- m:
 		case <-g.done:
@@ -220,15 +220,13 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 		(*f)()
 	}
 	if len(s.in) > 0 {
-		s.wake()
+		s.Wake()
 	}
 	return true
 }
 
 // Wake makes the Wait in progress, or else the next one, return true.
-func (s *Server) Wake() { s.wake() }
-
-func (s *Server) wake() {
+func (s *Server) Wake() {
 	select {
 	case s.kick <- struct{}{}:
 	default:

@@ -777,10 +777,11 @@ func (l *link) writer() {
 		l.mu.Unlock()
 		err = l.writeLocked(conn, buf)
 		l.wmu.Unlock()
-		l.p.precopy(op)
 		if err != nil {
 			l.breakIfCurrent(conn, err)
+			continue
 		}
+		l.p.precopy(op)
 	}
 }
 
@@ -807,7 +808,9 @@ func (p *peer) tryPost(op *readOp) bool {
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
 		n, err := raw.write(l.frame)
-		p.precopy(op) // after the write: the producer's part starts first
+		if err == nil {
+			p.precopy(op) // after the write: the producer's part starts first
+		}
 		switch {
 		case err != nil:
 			l.wmu.Unlock()

@@ -1,7 +1,8 @@
 // Command loopback is ecxfer's main job: in one process, a producer and a
 // consumer over real ZeroMQ on 127.0.0.1 and the pure-Go data plane. The
 // producer holds deterministic embeddings; the consumer fetches every one,
-// verifies every byte, and prints a summary.
+// verifies the content of every block (a keyed hash of all its bytes), and
+// prints a summary.
 //
 // It is also a load generator shaped like a fleet: -producers N and
 // -consumers M (each consumer a Pool with its own control-plane client,

@@ -325,7 +325,7 @@ func orNone(s []string) any {
 }
 
 // RunConsumer fetches every item from the producer at control (cfg.Fetches
-// fetches in all, cycling over the items) and verifies every byte,
+// fetches in all, cycling over the items) and verifies every block by content,
 // printing progress to progress (nil: none).
 func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Writer, log *slog.Logger) (Summary, error) {
 	return consume(ctx, cfg, []string{control}, time.Time{}, progress, nil, log)
@@ -333,7 +333,7 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 
 // consume fetches items from producers (item i from producers[i % n]):
 // cfg.Fetches fetches in all, or fetches until stopAt when it is set, and
-// verifies every byte. Progress goes to progress (nil: none) and each
+// verifies every block by content (see sums). Progress goes to progress (nil: none) and each
 // completed fetch to live (nil: none).
 func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Time, progress io.Writer, live *Live, log *slog.Logger) (Summary, error) {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: cfg.Concurrency * cfg.BlocksPerItem, BlockSize: cfg.BlockSize})

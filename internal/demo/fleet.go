@@ -387,6 +387,15 @@ func runFleetProcs(ctx context.Context, cfg Config, fc FleetConfig, out io.Write
 		eps = append(eps, ep)
 	}
 	var cons []*child
+	started := false // every consumer runs: each is waited for below
+	defer func() {
+		if !started { // one failed to start: end the others
+			for _, c := range cons {
+				c.cmd.Process.Kill()
+				c.cmd.Wait()
+			}
+		}
+	}()
 	t0 := time.Now()
 	for range fc.Consumers {
 		args := append([]string{"-role", "consumer", "-producer-list", strings.Join(eps, ","),
@@ -397,6 +406,7 @@ func runFleetProcs(ctx context.Context, cfg Config, fc FleetConfig, out io.Write
 		}
 		cons = append(cons, c)
 	}
+	started = true
 	// Each consumer's latest tick; a line a second sums them.
 	var mu sync.Mutex
 	latest := make([]Tick, len(cons))
@@ -426,7 +436,9 @@ func runFleetProcs(ctx context.Context, cfg Config, fc FleetConfig, out io.Write
 						Proc    ProcReport
 					}
 					if err := json.Unmarshal([]byte(js), &d); err != nil {
-						errs = append(errs, err)
+						mu.Lock()
+						errs = append(errs, fmt.Errorf("consumer %d: %w", i, err))
+						mu.Unlock()
 						continue
 					}
 					mu.Lock()

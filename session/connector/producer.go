@@ -280,13 +280,11 @@ func (p *Producer) why(ctx context.Context) error {
 	}
 }
 
-// wait blocks until a request arrives, a notification is signalled, the
-// tick for the live grants passes, or ctx ends. A control plane that is
+// wait sleeps until a request comes, a notification is signalled (a
+// Signaling data plane), the first lease runs out, or ctx ends; a data
+// plane that cannot signal is polled every 5 ms while grants are live, and
+// an idle producer wakes once a second (waitFor). A control plane that is
 // closed ends it with ErrClosed, instead of returning at once forever.
-// wait sleeps until a request comes, or with grants live until a
-// notification comes (a Signaling data plane) or the first lease runs out;
-// a data plane that cannot signal is polled every 5 ms while grants are
-// live. Idle, it wakes once a second.
 func (p *Producer) wait(ctx context.Context, grants int, next time.Time, now func() time.Time) error {
 	t := now()
 	wait := p.waitFor(grants, next, t)
