@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -32,7 +33,7 @@ type RegionConfig struct {
 	// SharedPath: TCPData's same-host path copies blocks straight out of
 	// it. The file's first HeaderSize bytes are a header the data plane
 	// owns (a token proving a reader mapped this very file, a revocation
-	// counter); the blocks follow. The kernel frees the file with the last
+	// counter, a table of the live grants); the blocks follow. The kernel frees the file with the last
 	// process holding it, so a crash leaves nothing in /dev/shm. It
 	// excludes Name, and shared memory is on base pages (shmem transparent
 	// huge pages are usually off).
@@ -53,14 +54,17 @@ type Region struct {
 	lockErr   error
 	shared    *os.File // the memfd of a Shared region
 	header    []byte
+	key       SharedKey // a Shared region's file, in sharedRegions
 }
 
 // SharedFileName is the name of a Shared region's memfd: /proc shows its
 // descriptor as a link to "/memfd:" + SharedFileName.
 const SharedFileName = "ecxfer-region"
 
-// HeaderSize is the size of a Shared region's header: one page.
-func HeaderSize() int { return os.Getpagesize() }
+// HeaderSize is the size of a Shared region's header: 128 KiB, or a page
+// if pages are larger. Its pages are touched only as the data plane uses
+// them.
+func HeaderSize() int { return max(128<<10, os.Getpagesize()) }
 
 const hugePage = 2 << 20
 
@@ -93,17 +97,25 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 			r.shared.Close()
 			return nil, fmt.Errorf("cache: chmod region file: %w", err)
 		}
-		if err := r.shared.Truncate(int64(page + mapped)); err != nil {
+		head := HeaderSize()
+		if err := r.shared.Truncate(int64(head + mapped)); err != nil {
 			r.shared.Close()
 			return nil, fmt.Errorf("cache: size region file: %w", err)
 		}
-		r.mapping, err = unix.Mmap(fd, 0, page+mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
+		r.mapping, err = unix.Mmap(fd, 0, head+mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		if err != nil {
 			r.shared.Close()
-			return nil, fmt.Errorf("cache: mmap %d bytes: %w", page+mapped, err)
+			return nil, fmt.Errorf("cache: mmap %d bytes: %w", head+mapped, err)
 		}
-		r.header = r.mapping[:page:page]
-		r.mem = r.mapping[page:]
+		r.header = r.mapping[:head:head]
+		r.mem = r.mapping[head:]
+		var st unix.Stat_t
+		if unix.Fstat(fd, &st) == nil {
+			r.key = SharedKey{uint64(st.Dev), st.Ino}
+			sharedRegions.Lock()
+			sharedRegions.m[r.key] = &sharedMapping{mem: r.mapping, refs: 1}
+			sharedRegions.Unlock()
+		}
 	case cfg.Name == "":
 		huge := !cfg.NoHugePages && mapped >= hugePage
 		extra := 0
@@ -211,8 +223,67 @@ func (r *Region) Close() error {
 	r.mem, r.mapping, r.header = nil, nil, nil
 	if r.shared != nil {
 		r.shared.Close()
+		if r.key != (SharedKey{}) && !dropShared(r.key, m, true) {
+			return nil // borrowed: the last Return unmaps it
+		}
 	}
 	return unix.Munmap(m)
+}
+
+// SharedKey names a Shared region's file: its device and inode.
+type SharedKey struct{ Dev, Ino uint64 }
+
+// sharedRegions are this process's Shared regions, by file, so that a
+// consumer in the same process reads a producer's region through the
+// producer's own mapping: its pages are in the page tables already.
+var sharedRegions = struct {
+	sync.Mutex
+	m map[SharedKey]*sharedMapping
+}{m: map[SharedKey]*sharedMapping{}}
+
+type sharedMapping struct {
+	mem    []byte // header and blocks, as the file lays them out
+	refs   int    // the Region's own, until Close, and each Borrow's
+	closed bool   // the Region closed: lent to no one new
+}
+
+// BorrowShared returns the mapping of a Shared region of this process whose
+// file is key (header and blocks, laid out as in the file), and true; the
+// mapping stays valid, even past the Region's Close, until Return. False:
+// no open Region of this process has that file.
+func BorrowShared(key SharedKey) ([]byte, bool) {
+	sharedRegions.Lock()
+	defer sharedRegions.Unlock()
+	m := sharedRegions.m[key]
+	if m == nil || m.closed {
+		return nil, false
+	}
+	m.refs++
+	return m.mem, true
+}
+
+// ReturnShared gives back a mapping BorrowShared lent.
+func ReturnShared(key SharedKey, mem []byte) {
+	if dropShared(key, mem, false) {
+		unix.Munmap(mem)
+	}
+}
+
+// dropShared drops a reference to key's mapping mem, the owner's if
+// owner; true: it was the last, and the caller unmaps it.
+func dropShared(key SharedKey, mem []byte, owner bool) bool {
+	sharedRegions.Lock()
+	defer sharedRegions.Unlock()
+	m := sharedRegions.m[key]
+	if m == nil || unsafe.SliceData(m.mem) != unsafe.SliceData(mem) {
+		return true
+	}
+	m.closed = m.closed || owner
+	if m.refs--; m.refs > 0 {
+		return false
+	}
+	delete(sharedRegions.m, key)
+	return true
 }
 
 // SharedPath returns the path through which a same-host process of the

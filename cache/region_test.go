@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"golang.org/x/sys/unix"
 )
 
 func TestRegionAnonymous(t *testing.T) {
@@ -130,5 +132,38 @@ func TestSharedRegion(t *testing.T) {
 	defer plain.Close()
 	if plain.SharedPath() != "" || plain.Header() != nil {
 		t.Fatal("a plain region is shared")
+	}
+}
+
+// A Shared region lends its own mapping to readers in this process; the
+// mapping outlives the Region's Close until the last one gives it back,
+// and a closed region lends to no one new.
+func TestBorrowShared(t *testing.T) {
+	r, err := NewRegion(RegionConfig{Blocks: 4, BlockSize: 4096, NoLock: true, Shared: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var st unix.Stat_t
+	if err := unix.Stat(r.SharedPath(), &st); err != nil {
+		t.Fatal(err)
+	}
+	key := SharedKey{uint64(st.Dev), st.Ino}
+	mem, ok := BorrowShared(key)
+	if !ok || &mem[HeaderSize()] != &r.Block(0)[0] || len(mem) != HeaderSize()+4*4096 {
+		t.Fatal("not the region's own mapping")
+	}
+	r.Block(3)[1] = 5
+	r.Close()
+	if mem[HeaderSize()+3*4096+1] != 5 { // still mapped
+		t.Fatal("bytes lost at Close")
+	}
+	if _, ok := BorrowShared(key); ok {
+		t.Fatal("a closed region lent its mapping")
+	}
+	ReturnShared(key, mem)
+	sharedRegions.Lock()
+	defer sharedRegions.Unlock()
+	if sharedRegions.m[key] != nil {
+		t.Fatal("the mapping is still registered after the last return")
 	}
 }

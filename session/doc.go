@@ -80,6 +80,12 @@
 //
 //  12. Cancel ends one transfer; Drain stops a producer granting.
 //
+//  13. A producer over a data plane with a grant board (xfer.GrantBoard:
+//     TCPData over a Shared region) publishes each grant before its ack
+//     and retires it before its pin goes, so that a consumer on the same
+//     host copies without a READ round trip and keeps the bytes only if
+//     the grant outlived the copy.
+//
 // Also: every deadline comes from the caller's now (the reference mixes in
 // its own monotonic clock); peer death quarantines READs with a real
 // quarantine deadline (in the reference they never settle); a reply the

@@ -114,7 +114,8 @@ const endedBit = 1 << 30
 // through a Replier. It is not safe for concurrent use, except Authorize.
 type ProducerSession struct {
 	data   xfer.DataTransport
-	driven xfer.Driven // data, when it must be told of the live grants
+	driven xfer.Driven     // data, when it must be told of the live grants
+	board  xfer.GrantBoard // data, when it publishes our grants (claimed)
 	cache  *cache.EmbeddingCache
 	compat string
 	lease  time.Duration
@@ -192,6 +193,9 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	p.driven, _ = data.(xfer.Driven)
+	if b, ok := data.(xfer.GrantBoard); ok && b.ClaimGrantBoard() {
+		p.board = b
+	}
 	return p, nil
 }
 
@@ -359,6 +363,9 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	p.byID[g.id] = g
 	p.unlock()
 	p.link(g)
+	if p.board != nil {
+		p.board.PublishGrant(g.id) // before the ack can leave
+	}
 	p.stats.Grants++
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
 	p.ack = wire.XferAck{
@@ -446,6 +453,11 @@ func (p *ProducerSession) link(g *grant) {
 // endGrant drops a grant; its pin goes now, or when the last READ being
 // served under it is released.
 func (p *ProducerSession) endGrant(g *grant) {
+	if p.board != nil {
+		// Before the pin goes: a consumer's copy that overlaps the end
+		// sees the grant retired and drops the bytes.
+		p.board.RetireGrant(g.id)
+	}
 	g.prev.next, g.next.prev = g.next, g.prev
 	g.prev, g.next = nil, nil
 	g.cs.grants--
@@ -703,6 +715,9 @@ func (p *ProducerSession) Close() int {
 	}
 	if p.driven != nil {
 		p.driven.ExpectReads(0)
+	}
+	if p.board != nil {
+		p.board.ReleaseGrantBoard()
 	}
 	return n
 }

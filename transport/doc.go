@@ -54,7 +54,8 @@
 // (StopsReads). The producer holds the grant (its release func) until the
 // READ's bytes have left the region. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
 // "inc" (a new incarnation id on every start), "bs" (block size), "n"
-// (block count), and for the same-host path "shm" and "shmoff"}.
+// (block count), and for the same-host path "shm", "shmoff" and "gt" (the
+// grant table's slots)}.
 //
 // # Same host
 //
@@ -73,6 +74,22 @@
 // the one sent with the grant after its copy and fails the READ if it
 // moved, so torn bytes are never promoted. Any other outcome (no file, a
 // wrong token, NoSharedMemory on either side) is the TCP path.
+//
+// A producer session that claimed the region's grant board
+// (xfer.GrantBoard; not offered when TCPConfig.Authorize is set) also
+// writes each live grant's id into a table in the header before its ack
+// leaves, and clears it before the grant's pin goes. A consumer whose
+// READ names a grant ("#<grant>") the table shows live copies at once,
+// without a READ frame or an answer, then checks the table again: grants
+// only end, so a grant still shown was live throughout and the bytes are
+// the entry's; a grant gone fails the READ. It then sends the notification
+// (a notify frame, taken only on a connection that proved the token). This
+// saves the READ's round trip; it relies on loads not passing older loads,
+// so it is used on amd64 only. A lone small READ is copied on the caller's
+// goroutine; large ones, and bursts, on the peer's copier goroutine,
+// whose notifications go out in one write. In one process a consumer reads
+// the producer's region through the producer's own mapping
+// (cache.BorrowShared), whose pages are mapped already.
 //
 // What it trusts: a process of the producer's user on its host can open
 // the file and read any block, granted or not (as any agent with a

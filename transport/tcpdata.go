@@ -11,6 +11,7 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"runtime"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -109,6 +110,9 @@ type agentMeta struct {
 	// a consumer maps read-only, and where the blocks start in it.
 	Shm    string `msgpack:"shm,omitempty"`
 	ShmOff int    `msgpack:"shmoff,omitempty"`
+	// Slots of the region header's grant table (at grantTabOff), when the
+	// producer publishes its grants there (xfer.GrantBoard).
+	Grants int `msgpack:"gt,omitempty"`
 }
 
 const (
@@ -152,8 +156,13 @@ type TCPData struct {
 	// header's revocation counter (see revoke)
 	token   []byte
 	revokes *atomic.Uint64
+	// producer, same-host path: the grant table (see GrantBoard), and
+	// whether a session holds it
+	grantTab  []atomic.Uint64
+	boardHeld atomic.Bool
 
 	copies     atomic.Uint64 // READs landed from a shared region
+	fastCopies atomic.Uint64 // of those, copied under a published grant, no READ sent
 	precopies  atomic.Uint64 // of those, copied before their answer (precopier)
 	beforeCopy func()        // tests: runs before a copy starts
 }
@@ -202,6 +211,12 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 		}
 		d.revokes = (*atomic.Uint64)(unsafe.Pointer(&h[revokesOff]))
 		m.Shm, m.ShmOff = region.SharedPath(), cache.HeaderSize()
+		if cfg.Authorize == nil && len(h) > grantTabOff {
+			// With a gate of the user's every READ must go through it:
+			// no board then.
+			d.grantTab = unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(&h[grantTabOff])), (len(h)-grantTabOff)/8)
+			m.Grants = len(d.grantTab)
+		}
 	}
 	var err error
 	d.meta, err = encodeMeta(m)
@@ -216,7 +231,10 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 func encodeMeta(m agentMeta) ([]byte, error) { return msgpack.Marshal(&m) }
 
 // SetAuthorizer installs the gate for READs served (see Authorizer),
-// replacing the one there was.
+// replacing the one there was. READs that same-host consumers copy under
+// grants a session published (ClaimGrantBoard) do not reach it: a gate
+// that must see every READ goes in TCPConfig.Authorize, which turns the
+// board off.
 func (d *TCPData) SetAuthorizer(a Authorizer) { d.auth.Store(&a) }
 
 // Authorizer returns the gate installed, or nil.
@@ -225,6 +243,52 @@ func (d *TCPData) Authorizer() Authorizer {
 		return *a
 	}
 	return nil
+}
+
+// ClaimGrantBoard implements xfer.GrantBoard: true once, for the producer
+// session that publishes its grants in the Shared region's grant table, so
+// that consumers on this host copy without a READ round trip. False when
+// another session holds the table, or there is none (a region not Shared,
+// NoSharedMemory, or a TCPConfig.Authorize of the caller's, which every
+// READ must then pass).
+func (d *TCPData) ClaimGrantBoard() bool {
+	return d.grantTab != nil && d.boardHeld.CompareAndSwap(false, true)
+}
+
+// PublishGrant implements xfer.GrantBoard. A grant whose slot another live
+// grant holds is not published: its consumer asks per READ.
+func (d *TCPData) PublishGrant(id uint64) {
+	if n := uint64(len(d.grantTab)); n > 0 && id != 0 {
+		d.grantTab[id%n].CompareAndSwap(0, id)
+	}
+}
+
+// RetireGrant implements xfer.GrantBoard.
+func (d *TCPData) RetireGrant(id uint64) {
+	if n := uint64(len(d.grantTab)); n > 0 && id != 0 {
+		d.grantTab[id%n].CompareAndSwap(id, 0)
+	}
+}
+
+// ReleaseGrantBoard implements xfer.GrantBoard: the table is cleared and
+// another session may claim it.
+func (d *TCPData) ReleaseGrantBoard() {
+	for i := range d.grantTab {
+		d.grantTab[i].Store(0)
+	}
+	d.boardHeld.Store(false)
+}
+
+// TCPStats counts a TCPData's READs landed from same-host producers.
+type TCPStats struct {
+	SharedCopies uint64 // READs copied out of a producer's shared region
+	Unasked      uint64 // of those, under a grant the producer published: no READ sent
+	Precopied    uint64 // of those, copied before the producer's answer to the READ
+}
+
+// Stats returns the counters; it is safe to call from any goroutine.
+func (d *TCPData) Stats() TCPStats {
+	return TCPStats{SharedCopies: d.copies.Load(), Unasked: d.fastCopies.Load(), Precopied: d.precopies.Load()}
 }
 
 // Name returns the agent name.
@@ -338,38 +402,200 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 		}
 	}
 	d.mu.Lock()
-	defer d.mu.Unlock()
 	if d.closed {
+		d.mu.Unlock()
 		return 0, xfer.ErrClosed
 	}
 	p := d.peers[agent]
 	if p == nil {
+		d.mu.Unlock()
 		return 0, fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
 	}
 	for _, b := range remote {
 		if b < 0 || b >= p.blocks {
+			d.mu.Unlock()
 			return 0, fmt.Errorf("%w: remote %d of %d", ErrBlockRange, b, p.blocks)
 		}
 	}
 	if p.inflight.Add(1) > int64(d.cfg.MaxQueued) {
 		p.inflight.Add(-1)
+		d.mu.Unlock()
 		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
 	}
 	d.next++
 	op := &readOp{h: d.next, id: uint64(d.next), n: len(local), local: spans(nil, local), remote: spans(nil, remote),
 		notif: bytes.Clone(notif), peer: p}
+	d.handles[op.h] = op
+	if g := p.publishedGrant(notif); g != 0 {
+		// The same-host path under a published grant: copy, check the
+		// grant outlived the copy, notify; no READ round trip. The
+		// caller's goroutine copies a small READ when it is the only
+		// one in flight (latency); the precopier takes large ones, and
+		// any under load, off the caller's loop and on another core.
+		op.fast, op.grant = true, g
+		now := time.Now().UnixNano()
+		burst := now-p.lastFast < int64(fastBurst)
+		p.lastFast = now
+		if op.n*d.region.BlockSize() < precopyMin && !burst {
+			p.readers.Add(1) // p is not shut down: it is in d.peers, under d.mu
+			d.mu.Unlock()
+			if p.copyFast(op) {
+				p.notify([]*readOp{op})
+			}
+			p.readers.Done()
+			return op.h, nil
+		}
+		select {
+		case p.pre <- op:
+			d.mu.Unlock()
+			return op.h, nil
+		default: // the precopier is behind: ask per READ
+			op.fast, op.grant = false, 0
+		}
+	}
+	defer d.mu.Unlock()
 	if len(p.ops) == 0 && p.tryPost(op) {
-		d.handles[op.h] = op
 		return op.h, nil
 	}
 	select {
 	case p.ops <- op:
 	default: // cannot happen while inflight bounds the queue
 		p.inflight.Add(-1)
+		delete(d.handles, op.h)
 		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
 	}
-	d.handles[op.h] = op
 	return op.h, nil
+}
+
+// fastBurst: a READ posted within this of the previous one to its peer is
+// part of a burst (a step that took many acks), which the precopier copies
+// while the step goes on; a lone one is copied at once.
+const fastBurst = 50 * time.Microsecond
+
+// checkAfterCopy says a copy's loads are done before a later load of the
+// grant table is: so on amd64, where loads are not reordered with older
+// loads. Elsewhere a consumer asks per READ (the Go memory model offers
+// no read fence to put between them).
+const checkAfterCopy = runtime.GOARCH == "amd64"
+
+// publishedGrant returns the grant a READ's notification names
+// ("...#<grant>") if the producer's grant table shows it live, else 0.
+func (p *peer) publishedGrant(notif []byte) uint64 {
+	if !checkAfterCopy || len(p.grantTab) == 0 {
+		return 0
+	}
+	i := bytes.LastIndexByte(notif, '#')
+	if i < 0 || i == len(notif)-1 || len(notif)-i > 21 {
+		return 0
+	}
+	var g uint64
+	for _, c := range notif[i+1:] {
+		if c < '0' || c > '9' {
+			return 0
+		}
+		next := g*10 + uint64(c-'0')
+		if next < g {
+			return 0
+		}
+		g = next
+	}
+	if g == 0 || p.grantTab[g%uint64(len(p.grantTab))].Load() != g {
+		return 0
+	}
+	return g
+}
+
+// copyFast lands a READ under a published grant from the producer's
+// region, then sends its notification. The grant was live when the ack
+// came and grants only end: still published after the copy, it was live
+// throughout, and the blocks held the entry. The caller holds a readers
+// reference. true: op completed, and its notification is the caller's to
+// send (notify).
+func (p *peer) copyFast(op *readOp) bool {
+	op.mu.Lock()
+	if !op.state.CompareAndSwap(opPending, opWriting) {
+		op.mu.Unlock()
+		op.fail() // released before the copy
+		return false
+	}
+	if f := p.d.beforeCopy; f != nil {
+		f()
+	}
+	p.copyBlocks(op)
+	live := p.grantTab[op.grant%uint64(len(p.grantTab))].Load() == op.grant
+	op.mu.Unlock()
+	if !live {
+		op.fail() // the grant ended meanwhile: the bytes may be torn
+		return false
+	}
+	p.d.copies.Add(1)
+	p.d.fastCopies.Add(1)
+	// Complete now, settled once the notification is out (it keeps its
+	// place in the in-flight bound, and so in the writers' queue).
+	op.state.Store(opComplete)
+	p.d.signal()
+	return true
+}
+
+// notify sends the notifications of fast READs that completed, in one
+// write when a link is free, else through the writers; each is settled
+// once out.
+func (p *peer) notify(ops []*readOp) {
+	if p.tryNotify(ops) {
+		return
+	}
+	for _, op := range ops {
+		select {
+		case p.ops <- op:
+		default: // cannot happen while inflight bounds the queue
+			op.settle()
+		}
+	}
+}
+
+// tryNotify sends fast READs' notifications on a connected link no one is
+// writing to, without waiting, and settles them; false: no link was free.
+func (p *peer) tryNotify(ops []*readOp) bool {
+	for _, l := range p.links {
+		if !l.wmu.TryLock() {
+			continue
+		}
+		l.mu.Lock()
+		conn, raw := l.conn, l.raw
+		l.mu.Unlock()
+		if conn == nil || raw == nil {
+			l.wmu.Unlock()
+			continue
+		}
+		l.frame = l.frame[:0]
+		for _, op := range ops {
+			l.frame = appendNotify(l.frame, op.notif)
+		}
+		n, err := raw.write(l.frame)
+		switch {
+		case err != nil:
+			l.wmu.Unlock()
+			l.breakIfCurrent(conn, err)
+		case n < len(l.frame):
+			rest := bytes.Clone(l.frame[n:])
+			p.d.wg.Add(1)
+			go func() {
+				defer p.d.wg.Done()
+				err := l.writeLocked(conn, rest)
+				l.wmu.Unlock()
+				if err != nil {
+					l.breakIfCurrent(conn, err)
+				}
+			}()
+		default:
+			l.wmu.Unlock()
+		}
+		for _, op := range ops {
+			op.settle()
+		}
+		return true
+	}
+	return false
 }
 
 // Check implements xfer.DataTransport.
@@ -403,6 +629,12 @@ func (d *TCPData) Release(h xfer.Handle) error {
 		return fmt.Errorf("%w: %d", xfer.ErrUnknownHandle, h)
 	}
 	if op.state.CompareAndSwap(opPending, opCanceled) || op.state.Load() != opWriting {
+		return nil
+	}
+	if op.fast {
+		op.mu.Lock() // the copier holds it while bytes land
+		//lint:ignore SA2001 taking the lock was the point: the copier is out of the blocks
+		op.mu.Unlock()
 		return nil
 	}
 	l := op.link.Load()
@@ -494,6 +726,12 @@ type readOp struct {
 	// precopied says the precopier copied the blocks already (under the
 	// link's landing lock, which guards it).
 	precopied bool
+	// fast: copied under grant, published in the producer's grant table,
+	// without a READ frame (copyFast, under mu); its notification goes
+	// out after.
+	fast  bool
+	grant uint64
+	mu    sync.Mutex
 }
 
 // fail ends an op that has not completed.
@@ -550,14 +788,27 @@ type peer struct {
 	shmOff    int
 	token     []byte
 	revokes   *atomic.Uint64
+	grantTab  []atomic.Uint64 // the producer's published grants, if it has a table
 	readers   sync.WaitGroup
 	shmKey    regionKey
+	lastFast  int64        // when the last fast READ was posted, under d.mu
+	unmap     func()       // gives the mapping back
 	populates bool         // the first to map the region in this process populates it
 	pre       chan *readOp // large READs for the precopier
 }
 
-// regionKey names a producer's region file (its inode).
-type regionKey struct{ dev, ino uint64 }
+// regionKey names a producer's region file (its inode); borrowed: the
+// mapping is the producer's own, in this process (cache.BorrowShared).
+type regionKey struct {
+	dev, ino uint64
+	borrowed bool
+}
+
+// borrowOwn lets a consumer read a producer region of its own process
+// through the producer's mapping, whose pages are in the page tables
+// already (on the development VM a first touch of each page costs 3 µs).
+// Tests turn it off to exercise the mapping of another process's region.
+var borrowOwn = true
 
 // regionMaps are the producers' regions mapped in this process, shared by
 // every TCPData in it (an engine with several pools, or a fleet of
@@ -580,7 +831,16 @@ func mapRegion(f *os.File, size int) (mem []byte, key regionKey, first bool, err
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, key, false, err
 	}
-	key = regionKey{uint64(st.Dev), st.Ino}
+	key = regionKey{dev: uint64(st.Dev), ino: st.Ino}
+	if borrowOwn {
+		if mem, ok := cache.BorrowShared(cache.SharedKey{Dev: key.dev, Ino: key.ino}); ok {
+			if len(mem) == size {
+				key.borrowed = true
+				return mem, key, false, nil
+			}
+			cache.ReturnShared(cache.SharedKey{Dev: key.dev, Ino: key.ino}, mem)
+		}
+	}
 	regionMaps.Lock()
 	defer regionMaps.Unlock()
 	if r := regionMaps.m[key]; r != nil && len(r.mem) == size {
@@ -616,7 +876,8 @@ func unmapRegion(mem []byte, key regionKey) {
 func (p *peer) mapShared(m agentMeta) error {
 	var pid, fd int
 	if n, err := fmt.Sscanf(m.Shm, "/proc/%d/fd/%d", &pid, &fd); n != 2 || err != nil ||
-		m.Shm != fmt.Sprintf("/proc/%d/fd/%d", pid, fd) || m.ShmOff < revokesOff+8 || m.ShmOff%8 != 0 {
+		m.Shm != fmt.Sprintf("/proc/%d/fd/%d", pid, fd) || m.ShmOff < revokesOff+8 || m.ShmOff%8 != 0 ||
+		m.Grants < 0 || (m.Grants > 0 && m.ShmOff < grantTabOff+8*m.Grants) {
 		return fmt.Errorf("%w: shared region %q at %d", ErrBadMeta, m.Shm, m.ShmOff)
 	}
 	// Only a producer's region file: metadata from another host could
@@ -643,8 +904,15 @@ func (p *peer) mapShared(m agentMeta) error {
 		return err
 	}
 	p.shm, p.shmOff, p.shmKey, p.populates = mem, m.ShmOff, key, first
+	p.unmap = func() { unmapRegion(mem, key) }
+	if key.borrowed {
+		p.unmap = func() { cache.ReturnShared(cache.SharedKey{Dev: key.dev, Ino: key.ino}, mem) }
+	}
 	p.token = bytes.Clone(mem[:tokenLen])
 	p.revokes = (*atomic.Uint64)(unsafe.Pointer(&mem[revokesOff]))
+	if m.Grants > 0 {
+		p.grantTab = unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(&mem[grantTabOff])), m.Grants)
+	}
 	return nil
 }
 
@@ -670,8 +938,13 @@ func (p *peer) populate() {
 }
 
 // revokesOff is where a Shared region's header keeps its revocation
-// counter, after the token.
-const revokesOff = 64
+// counter, after the token; grantTabOff where its grant table starts (a
+// slot per grant id modulo the slots: the id while the grant is live, else
+// zero), up to the end of the header.
+const (
+	revokesOff  = 64
+	grantTabOff = 4096
+)
 
 // link is one connection to a peer.
 type link struct {
@@ -713,7 +986,7 @@ func (p *peer) shutdown(err error) {
 			go func() {
 				defer p.d.wg.Done()
 				p.readers.Wait()
-				unmapRegion(p.shm, p.shmKey)
+				p.unmap()
 			}()
 		}
 	})
@@ -744,11 +1017,16 @@ func (l *link) writer() {
 				select {
 				case op := <-l.p.ops:
 					op.fail()
+					op.settle() // a fast READ's, complete
 				default:
 					return
 				}
 			}
 		case op = <-l.p.ops:
+		}
+		if op.fast {
+			l.notify(op)
+			continue
 		}
 		if op.state.Load() == opCanceled {
 			op.fail()
@@ -782,6 +1060,21 @@ func (l *link) writer() {
 			continue
 		}
 		l.p.precopy(op)
+	}
+}
+
+// notify sends a fast READ's notification, and settles it. One that
+// cannot be sent is lost, as a data plane's notification may be: the
+// producer's lease ends the grant.
+func (l *link) notify(op *readOp) {
+	defer op.settle()
+	conn, err := l.connect()
+	if err != nil {
+		l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
+		return
+	}
+	if err := l.write(conn, appendNotify(nil, op.notif)); err != nil {
+		l.breakIfCurrent(conn, err)
 	}
 }
 
@@ -1035,7 +1328,7 @@ func (l *link) copyShared(op *readOp, revokes uint64) {
 		f()
 	}
 	if !op.precopied {
-		l.copyBlocks(op)
+		l.p.copyBlocks(op)
 	}
 	if l.p.revokes.Load() != revokes {
 		op.fail()
@@ -1046,16 +1339,16 @@ func (l *link) copyShared(op *readOp, revokes uint64) {
 }
 
 // copyBlocks copies op's blocks out of the producer's mapped region.
-func (l *link) copyBlocks(op *readOp) {
-	bs := l.p.d.region.BlockSize()
-	src := l.p.shm[l.p.shmOff:]
+func (p *peer) copyBlocks(op *readOp) {
+	bs := p.d.region.BlockSize()
+	src := p.shm[p.shmOff:]
 	// Runs contiguous on both sides are one copy: walk both run lists.
 	loc, rem := op.local, op.remote
 	var lo, ro int // blocks of loc[0] and rem[0] already copied
 	for len(loc) > 0 && len(rem) > 0 {
 		n := min(loc[0][1]-lo, rem[0][1]-ro)
 		r := (rem[0][0] + ro) * bs
-		copy(l.p.d.region.Span(loc[0][0]+lo, n), src[r:r+n*bs])
+		copy(p.d.region.Span(loc[0][0]+lo, n), src[r:r+n*bs])
 		if lo += n; lo == loc[0][1] {
 			loc, lo = loc[1:], 0
 		}
@@ -1087,24 +1380,51 @@ func (p *peer) precopy(op *readOp) {
 // (grants only end, and each READ names its grant), so if the answer is
 // "copy", the blocks held the entry all along; any other answer fails the
 // READ and the bytes copied are dropped with it.
+//
+// It also copies READs under published grants (copyFast) that are large
+// or come in a burst, and sends their notifications once the burst is
+// copied, in one write.
 func (p *peer) precopier() {
 	defer p.d.wg.Done()
 	defer p.readers.Done()
+	done := make([]*readOp, 0, 64) // fast READs copied, notifications not sent
 	for {
 		select {
 		case <-p.stop:
-			return
+			for _, op := range done {
+				op.settle()
+			}
+			for {
+				select {
+				case op := <-p.pre:
+					op.fail() // a fast READ not copied (others fail with their link)
+				default:
+					return
+				}
+			}
 		case op := <-p.pre:
+			if op.fast {
+				if p.copyFast(op) {
+					done = append(done, op)
+				}
+				break
+			}
 			l := op.link.Load()
 			l.landing.Lock()
 			if op.state.CompareAndSwap(opPending, opWriting) {
-				l.copyBlocks(op)
+				p.copyBlocks(op)
 				op.precopied = true
 				// Failed meanwhile (Release broke the connection): it stays so.
 				op.state.CompareAndSwap(opWriting, opPending)
 				l.p.d.precopies.Add(1)
 			}
 			l.landing.Unlock()
+		}
+		if len(done) > 0 && (len(p.pre) == 0 || len(done) == cap(done)) {
+			// The burst is copied: its notifications in one write.
+			p.notify(done)
+			clear(done)
+			done = done[:0]
 		}
 	}
 }
@@ -1135,6 +1455,9 @@ func discard(c net.Conn, n int64, timeout time.Duration) error {
 }
 
 // ---- producer side ----
+
+// maxQueuedNotifs bounds the notifications waiting for DrainNotifs.
+const maxQueuedNotifs = 1 << 16
 
 func (d *TCPData) accept() {
 	defer d.wg.Done()
@@ -1277,6 +1600,33 @@ func (d *TCPData) serve(c net.Conn) {
 				d.signal()
 				d.mu.Unlock()
 			}
+		case frameNotify:
+			// A consumer that proved it maps our region copied under a
+			// grant our table showed live; the session matches the
+			// notification to the grant and its agent, as any other.
+			if !shared {
+				return
+			}
+			if _, err := io.ReadFull(r, buf[:2]); err != nil {
+				return
+			}
+			nl := int(binary.BigEndian.Uint16(buf[:2]))
+			if nl > maxNotifLen {
+				return
+			}
+			if _, err := io.ReadFull(r, notif[:nl]); err != nil {
+				return
+			}
+			d.mu.Lock()
+			if len(d.notifs) >= maxQueuedNotifs {
+				// Nobody drains them: a consumer flooding us, or a
+				// producer that stopped stepping. Cut this one off.
+				d.mu.Unlock()
+				return
+			}
+			d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: bytes.Clone(notif[:nl])})
+			d.signal()
+			d.mu.Unlock()
 		case frameRead:
 			if _, err := io.ReadFull(r, buf[:14]); err != nil {
 				return

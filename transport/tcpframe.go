@@ -16,6 +16,9 @@ import (
 //	                          region and read this token from its header)
 //	read   consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
 //	done   consumer→producer  id u64                        (all bytes of id landed)
+//	notify consumer→producer  notif len u16, notif          (on a hello2
+//	                          connection: blocks copied under a grant the
+//	                          region's grant table showed live throughout)
 //	data   producer→consumer  id u64, status u8, len u64, len bytes
 //	                          (status copy: no bytes follow, len is the
 //	                          region's revocation count at the grant)
@@ -31,6 +34,7 @@ const (
 	frameDone   = 3
 	frameData   = 4
 	frameHello2 = 5
+	frameNotify = 6
 
 	dataOK      = 0
 	dataRefused = 1 // no live grant covers the blocks
@@ -77,6 +81,12 @@ func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int) []byt
 func appendDone(b []byte, id uint64) []byte {
 	b = appendHead(b, frameDone)
 	return binary.BigEndian.AppendUint64(b, id)
+}
+
+func appendNotify(b []byte, notif []byte) []byte {
+	b = appendHead(b, frameNotify)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
+	return append(b, notif...)
 }
 
 func appendDataHead(b []byte, id uint64, status byte, n uint64) []byte {

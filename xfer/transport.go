@@ -106,6 +106,22 @@ type Driven interface {
 	ExpectReads(grants int)
 }
 
+// GrantBoard is implemented by data planes that let a consumer on the
+// producer's host check for itself that a grant is live, and so copy its
+// blocks without asking the producer per READ (TCPData over a Shared
+// region). A producer session claims the board once (ClaimGrantBoard false:
+// another holds it, or the plane has none), publishes each grant before
+// its ack leaves, retires it before its pin goes, and releases the board
+// when it closes. A consumer that copied under a grant keeps the bytes only
+// if the grant is still published after the copy: grants only end, so it
+// was live throughout. None of the methods may block.
+type GrantBoard interface {
+	ClaimGrantBoard() bool
+	PublishGrant(id uint64)
+	RetireGrant(id uint64)
+	ReleaseGrantBoard()
+}
+
 // Signaling is implemented by data planes that tell when there is work:
 // Ready's channel receives when notifications wait for DrainNotifs, or a
 // READ posted here ended, since the last receive. A step loop then sleeps

@@ -20,6 +20,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"time"
 
@@ -37,7 +38,19 @@ func main() {
 	flag.BoolVar(&fc.Procs, "procs", false, "run producers and consumers as separate processes")
 	role := flag.String("role", "", "internal: this process's role in a -procs run")
 	producerList := flag.String("producer-list", "", "internal: the producers of a -procs consumer")
+	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile to the file (go tool pprof reads it)")
 	flag.Parse()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			err = pprof.StartCPUProfile(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loopback:", err)
+			os.Exit(2)
+		}
+		defer pprof.StopCPUProfile()
+	}
 	if err := cfg.Check(true); err != nil || fc.Producers < 1 || fc.Consumers < 1 {
 		fmt.Fprintln(os.Stderr, "loopback:", err, "(and -producers, -consumers must be positive)")
 		os.Exit(2)
