@@ -66,7 +66,7 @@
 // header; the producer then answers a granted READ with "copy" instead of
 // the bytes, holds the grant until the consumer's done (at most IOTimeout,
 // or until the connection closes), and the consumer copies the blocks
-// itself: one memcpy instead of two kernel copies and a socket. Every
+// itself: one memcpy instead of two kernel copies and a socket. Such a
 // READ still goes through the Authorizer, and the notification still
 // reaches the producer only after the copy. A hold the producer gives up
 // before the done (timeout, connection lost) is counted in the header

@@ -16,6 +16,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
@@ -124,6 +125,11 @@ func TestTCPMetadata(t *testing.T) {
 		if _, err := c.AddRemotePeer(m, nil); !errors.Is(err, ErrBadMeta) {
 			t.Fatalf("%x: %v", m, err)
 		}
+	}
+	// The descriptor is a valid, empty list: acks stay small whatever the
+	// region's size, and the consumer needs only the metadata.
+	if descs, err := wire.DecodeMemDescs(p.MemDescriptor()); err != nil || len(descs) != 0 {
+		t.Fatalf("descriptor %x: %d descriptors, %v", p.MemDescriptor(), len(descs), err)
 	}
 }
 
