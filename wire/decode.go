@@ -77,6 +77,12 @@ func strs[T [2]string | [3]string](old T, parts ...[]byte) (out T) {
 	if total == 0 {
 		return out
 	}
+	for i, p := range parts {
+		if len(p) == total && old[i] != string(p) { // the only one that changed
+			out[i] = string(p)
+			return out
+		}
+	}
 	var sb strings.Builder
 	sb.Grow(total)
 	for i, p := range parts {

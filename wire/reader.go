@@ -293,7 +293,7 @@ func (r *reader) readBin(path string) (span, error) {
 // checkUTF8 refuses what Python's UTF-8 decoder refuses, surrogates and
 // overlong forms included (msgspec raises UnicodeDecodeError there).
 func checkUTF8(s []byte, path string) error {
-	if utf8.Valid(s) {
+	if ascii(s) || utf8.Valid(s) {
 		return nil
 	}
 	pos := 0
@@ -305,6 +305,26 @@ func checkUTF8(s []byte, path string) error {
 		pos += size
 	}
 	return invalid("invalid UTF-8: byte 0x%02x at position %d%s", s[pos], pos, at(path))
+}
+
+// ascii reports whether s is all ASCII, 32 bytes a step: the hashes and
+// ids the protocol carries are, and this is several times faster than
+// utf8.Valid on them.
+func ascii(s []byte) bool {
+	var or uint64
+	for len(s) >= 32 {
+		or |= binary.LittleEndian.Uint64(s) | binary.LittleEndian.Uint64(s[8:]) |
+			binary.LittleEndian.Uint64(s[16:]) | binary.LittleEndian.Uint64(s[24:])
+		s = s[32:]
+	}
+	for len(s) >= 8 {
+		or |= binary.LittleEndian.Uint64(s)
+		s = s[8:]
+	}
+	for _, c := range s {
+		or |= uint64(c)
+	}
+	return or&0x8080808080808080 == 0
 }
 
 // skip consumes one value of any type without recursion, following nesting

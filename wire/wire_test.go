@@ -1,12 +1,14 @@
 package wire
 
 import (
+	"bytes"
 	"errors"
 	"math"
 	"runtime"
 	"slices"
 	"strings"
 	"testing"
+	"unicode/utf8"
 )
 
 func TestStatus(t *testing.T) {
@@ -269,5 +271,26 @@ func TestExtensions(t *testing.T) {
 	// Truncated inside an extension is still malformed.
 	if err := DecodeAckView(encA[:len(encA)-1], &ov); err == nil {
 		t.Error("truncated extension accepted")
+	}
+}
+
+// ascii finds a byte with its high bit set at every position of every
+// length up to 80 (its 32-, 8- and 1-byte steps), and passes plain ASCII.
+func TestASCII(t *testing.T) {
+	for n := range 80 {
+		s := bytes.Repeat([]byte{'a'}, n)
+		if !ascii(s) {
+			t.Fatalf("length %d: plain ASCII refused", n)
+		}
+		for i := range n {
+			s[i] = 0x80 | byte(i)
+			if ascii(s) {
+				t.Fatalf("length %d: byte %#x at %d missed", n, s[i], i)
+			}
+			if checkUTF8(s, "") == nil && !utf8.Valid(s) {
+				t.Fatalf("length %d: invalid UTF-8 accepted", n)
+			}
+			s[i] = 'a'
+		}
 	}
 }
