@@ -222,18 +222,21 @@ func TestGrantTableInHeader(t *testing.T) {
 		grantTabOff+8*len(p.grantTab) > len(pr.Header()) {
 		t.Fatal("the grant table is not inside the header")
 	}
-	c := newTCP(t, newRegion(t, 4, 4096), TCPConfig{})
-	m := agentMeta{Version: metaVersion, Name: "x", Addr: p.Addr().String(), Incarnation: "i", BlockSize: 4096, Blocks: 4,
-		Shm: pr.SharedPath(), ShmOff: len(pr.Header()), Grants: len(p.grantTab) + 1}
-	meta, _ := encodeMeta(m)
-	if _, err := c.AddRemotePeer(meta, nil); err != nil {
-		t.Fatal(err) // not mapped, read over TCP
-	}
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, pe := range c.peers {
-		if pe.shm != nil || pe.grantTab != nil {
-			t.Fatal("a table past the header was mapped")
+	// One slot too many, and a count whose size overflows.
+	for _, slots := range []int{len(p.grantTab) + 1, 1 << 61, -1} {
+		c := newTCP(t, newRegion(t, 4, 4096), TCPConfig{})
+		m := agentMeta{Version: metaVersion, Name: "x", Addr: p.Addr().String(), Incarnation: "i", BlockSize: 4096, Blocks: 4,
+			Shm: pr.SharedPath(), ShmOff: len(pr.Header()), Grants: slots}
+		meta, _ := encodeMeta(m)
+		if _, err := c.AddRemotePeer(meta, nil); err != nil {
+			t.Fatal(err) // not mapped, read over TCP
 		}
+		c.mu.Lock()
+		for _, pe := range c.peers {
+			if pe.shm != nil || pe.grantTab != nil {
+				t.Fatalf("%d slots: a table past the header was mapped", slots)
+			}
+		}
+		c.mu.Unlock()
 	}
 }

@@ -879,7 +879,7 @@ func (p *peer) mapShared(m agentMeta) error {
 	var pid, fd int
 	if n, err := fmt.Sscanf(m.Shm, "/proc/%d/fd/%d", &pid, &fd); n != 2 || err != nil ||
 		m.Shm != fmt.Sprintf("/proc/%d/fd/%d", pid, fd) || m.ShmOff < revokesOff+8 || m.ShmOff%8 != 0 ||
-		m.Grants < 0 || (m.Grants > 0 && m.ShmOff < grantTabOff+8*m.Grants) {
+		m.Grants < 0 || (m.Grants > 0 && (m.ShmOff < grantTabOff || m.Grants > (m.ShmOff-grantTabOff)/8)) {
 		return fmt.Errorf("%w: shared region %q at %d", ErrBadMeta, m.Shm, m.ShmOff)
 	}
 	// Only a producer's region file: metadata from another host could
