@@ -573,25 +573,7 @@ func (p *peer) tryNotify(ops []*readOp) bool {
 		for _, op := range ops {
 			l.frame = appendNotify(l.frame, op.notif)
 		}
-		n, err := raw.write(l.frame)
-		switch {
-		case err != nil:
-			l.wmu.Unlock()
-			l.breakIfCurrent(conn, err)
-		case n < len(l.frame):
-			rest := bytes.Clone(l.frame[n:])
-			p.d.wg.Add(1)
-			go func() {
-				defer p.d.wg.Done()
-				err := l.writeLocked(conn, rest)
-				l.wmu.Unlock()
-				if err != nil {
-					l.breakIfCurrent(conn, err)
-				}
-			}()
-		default:
-			l.wmu.Unlock()
-		}
+		l.sendFrameLocked(conn, raw)
 		for _, op := range ops {
 			op.settle()
 		}
@@ -1102,31 +1084,39 @@ func (p *peer) tryPost(op *readOp) bool {
 		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
 		l.mu.Unlock()
-		n, err := raw.write(l.frame)
-		if err == nil {
+		if l.sendFrameLocked(conn, raw) == nil { // else the break failed op
 			p.precopy(op) // after the write: the producer's part starts first
-		}
-		switch {
-		case err != nil:
-			l.wmu.Unlock()
-			l.breakIfCurrent(conn, err) // fails op too
-		case n < len(l.frame):
-			rest := bytes.Clone(l.frame[n:])
-			p.d.wg.Add(1)
-			go func() {
-				defer p.d.wg.Done()
-				err := l.writeLocked(conn, rest)
-				l.wmu.Unlock()
-				if err != nil {
-					l.breakIfCurrent(conn, err)
-				}
-			}()
-		default:
-			l.wmu.Unlock()
 		}
 		return true
 	}
 	return false
+}
+
+// sendFrameLocked writes l.frame on conn without waiting; the caller holds
+// wmu, which is released at once, or, when the socket took the frame only
+// in part, by a goroutine of its own once it wrote the rest. A write that
+// fails breaks the connection; its error is returned.
+func (l *link) sendFrameLocked(conn net.Conn, raw *nbWriter) error {
+	n, err := raw.write(l.frame)
+	switch {
+	case err != nil:
+		l.wmu.Unlock()
+		l.breakIfCurrent(conn, err)
+	case n < len(l.frame):
+		rest := bytes.Clone(l.frame[n:])
+		l.p.d.wg.Add(1)
+		go func() {
+			defer l.p.d.wg.Done()
+			err := l.writeLocked(conn, rest)
+			l.wmu.Unlock()
+			if err != nil {
+				l.breakIfCurrent(conn, err)
+			}
+		}()
+	default:
+		l.wmu.Unlock()
+	}
+	return err
 }
 
 // write sends one frame on conn within the I/O timeout.
@@ -1508,11 +1498,8 @@ func (d *TCPData) serve(c net.Conn) {
 	if err != nil || (typ != frameHello && typ != frameHello2) {
 		return
 	}
-	if _, err := io.ReadFull(r, buf[:2]); err != nil {
-		return
-	}
-	nameLen := int(binary.BigEndian.Uint16(buf[:2]))
-	if nameLen > maxNameLen {
+	nameLen, ok := readLen(r, buf[:], maxNameLen)
+	if !ok {
 		return
 	}
 	nameBuf := make([]byte, nameLen)
@@ -1609,11 +1596,8 @@ func (d *TCPData) serve(c net.Conn) {
 			if !shared {
 				return
 			}
-			if _, err := io.ReadFull(r, buf[:2]); err != nil {
-				return
-			}
-			nl := int(binary.BigEndian.Uint16(buf[:2]))
-			if nl > maxNotifLen {
+			nl, ok := readLen(r, buf[:], maxNotifLen)
+			if !ok {
 				return
 			}
 			if _, err := io.ReadFull(r, notif[:nl]); err != nil {
@@ -1706,6 +1690,16 @@ func (d *TCPData) serve(c net.Conn) {
 			return
 		}
 	}
+}
+
+// readLen reads a frame's u16 length into buf; false: it could not, or the
+// length is over max.
+func readLen(r io.Reader, buf []byte, max int) (int, bool) {
+	if _, err := io.ReadFull(r, buf[:2]); err != nil {
+		return 0, false
+	}
+	n := int(binary.BigEndian.Uint16(buf[:2]))
+	return n, n <= max
 }
 
 // tuneConn sets a data connection's options: no Nagle delay for the small
