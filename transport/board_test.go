@@ -240,3 +240,48 @@ func TestGrantTableInHeader(t *testing.T) {
 		c.mu.Unlock()
 	}
 }
+
+// OnNotify's function runs where notifications arrive, at most once per
+// notification (once for a burst read at once); Ready is signalled only
+// when it did not take them, or none is installed.
+func TestOnNotify(t *testing.T) {
+	for _, take := range []bool{true, false} {
+		c, p, agent, _ := boardPair(t, 8, 4096)
+		var calls atomic.Int64
+		p.OnNotify(func() bool { calls.Add(1); return take })
+		for i := range 4 {
+			g := uint64(10 + i)
+			p.PublishGrant(g)
+			h, err := c.PostRead([]int{i}, agent, []int{i}, fmt.Appendf(nil, "s:m%d#%d", i, g))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := waitEnd(t, c, h); got != xfer.Complete {
+				t.Fatalf("READ %d: %v", i, got)
+			}
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			p.mu.Lock()
+			n := len(p.notifs)
+			p.mu.Unlock()
+			if n == 4 && calls.Load() > 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("take %v: %d notifications, %d calls", take, n, calls.Load())
+			}
+			time.Sleep(time.Millisecond)
+		}
+		time.Sleep(20 * time.Millisecond) // a late signal would show
+		signalled := false
+		select {
+		case <-p.Ready():
+			signalled = true
+		default:
+		}
+		if n := calls.Load(); n > 4 || signalled == take {
+			t.Fatalf("take %v: %d calls for 4 notifications, signalled %v", take, n, signalled)
+		}
+	}
+}

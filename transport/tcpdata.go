@@ -158,6 +158,8 @@ type TCPData struct {
 	// whether a session holds it
 	grantTab  []atomic.Uint64
 	boardHeld atomic.Bool
+	// OnNotify's function
+	notifyHook atomic.Pointer[func() bool]
 
 	copies     atomic.Uint64 // READs landed from a shared region
 	fastCopies atomic.Uint64 // of those, copied under a published grant, no READ sent
@@ -1451,6 +1453,27 @@ func discard(c net.Conn, n int64, timeout time.Duration) error {
 // maxQueuedNotifs bounds the notifications waiting for DrainNotifs.
 const maxQueuedNotifs = 1 << 16
 
+// OnNotify installs f, which a serving goroutine runs after it queued
+// completion notifications (once for those that came in one read), so
+// that a producer can take them where they arrive, without waking its
+// loop; f reports whether it took them. If it did not, or no f is
+// installed, Ready is signalled. nil removes f.
+func (d *TCPData) OnNotify(f func() bool) {
+	if f == nil {
+		d.notifyHook.Store(nil)
+		return
+	}
+	d.notifyHook.Store(&f)
+}
+
+// notified runs the OnNotify function, or signals Ready.
+func (d *TCPData) notified() {
+	if f := d.notifyHook.Load(); f != nil && (*f)() {
+		return
+	}
+	d.signal()
+}
+
 func (d *TCPData) accept() {
 	defer d.wg.Done()
 	backoff := time.Millisecond
@@ -1544,7 +1567,19 @@ func (d *TCPData) serve(c net.Conn) {
 	var head []byte
 	notif := make([]byte, maxNotifLen)
 	maxBlocks := d.region.Blocks()
+	// pending: notifications queued since the last d.notified, which runs
+	// once the frames read so far are handled (a burst is one call).
+	pending := false
+	defer func() {
+		if pending {
+			d.notified()
+		}
+	}()
 	for {
+		if pending && r.Buffered() == 0 {
+			pending = false
+			d.notified()
+		}
 		idle := time.Now().Add(d.cfg.IdleTimeout)
 		deadline := idle
 		for _, h := range holds {
@@ -1586,8 +1621,8 @@ func (d *TCPData) serve(c net.Conn) {
 				delete(awaiting, id)
 				d.mu.Lock()
 				d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: msg})
-				d.signal()
 				d.mu.Unlock()
+				pending = true
 			}
 		case frameNotify:
 			// A consumer that proved it maps our region copied under a
@@ -1611,8 +1646,8 @@ func (d *TCPData) serve(c net.Conn) {
 				return
 			}
 			d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: bytes.Clone(notif[:nl])})
-			d.signal()
 			d.mu.Unlock()
+			pending = true
 		case frameRead:
 			if _, err := io.ReadFull(r, buf[:14]); err != nil {
 				return

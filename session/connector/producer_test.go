@@ -332,3 +332,102 @@ func TestProducerServesWhereRequestsArrive(t *testing.T) {
 	}
 	srv.mu.Unlock()
 }
+
+// notifyFake is a data plane that runs a function where notifications
+// arrive, as transport.TCPData's OnNotify.
+type notifyFake struct {
+	*xfertest.Fake
+	mu    sync.Mutex
+	hook  func() bool
+	never chan struct{}
+}
+
+// Ready: it signals (never, here), so Serve sleeps until the lease rather
+// than polling every 5 ms.
+func (f *notifyFake) Ready() <-chan struct{} { return f.never }
+
+func (f *notifyFake) OnNotify(h func() bool) {
+	f.mu.Lock()
+	f.hook = h
+	f.mu.Unlock()
+}
+
+func (f *notifyFake) arrive(agent string, msg []byte) bool {
+	f.InjectNotif(agent, msg)
+	f.mu.Lock()
+	h := f.hook
+	f.mu.Unlock()
+	return h != nil && h()
+}
+
+// A completion notification is taken where it arrives: the grant ends (its
+// pin goes) before the data plane's hook returns, without waking Serve;
+// under a step already under way the hook leaves it (false: the data
+// plane signals instead); Serve unsets the hook when it returns.
+func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
+	c := cache.NewEmbeddingCache(16)
+	c.Alloc("A", 1)
+	c.MarkReady("A")
+	srv := &inlineMemServer{memServer: memServer{replies: map[string][][]byte{}},
+		hookSet: make(chan struct{}, 1), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
+	data := &notifyFake{Fake: xfertest.New("prod", 16, 8), never: make(chan struct{})}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error)
+	go func() { served <- p.Serve(ctx, nil) }()
+	<-srv.hookSet
+	<-srv.parked
+	grant := func(n int) uint64 {
+		t.Helper()
+		before := len(srv.replyTo("c"))
+		if w := srv.arrive(session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}); w > 0 {
+			<-srv.parked // Serve planned anew, for the grant
+		}
+		var a wire.XferAck
+		if err := wire.DecodeAck(srv.replyTo("c")[before], &a); err != nil || a.Status != wire.OK {
+			t.Fatalf("ack %+v, %v", a, err)
+		}
+		return a.Grant
+	}
+	g := grant(1)
+	srv.mu.Lock()
+	wakes := srv.wakes
+	srv.mu.Unlock()
+	if !data.arrive("cons", fmt.Appendf(nil, "%s:A#%d", uuidN(1), g)) || p.Grants() != 0 {
+		t.Fatalf("notification not taken where it arrived: %d grants", p.Grants())
+	}
+	if e, _ := c.Get("A"); e.Pins != 0 {
+		t.Fatal("still pinned after the hook returned")
+	}
+	srv.mu.Lock()
+	woke := srv.wakes - wakes
+	srv.mu.Unlock()
+	switch woke {
+	case 0:
+		select {
+		case <-srv.parked:
+			t.Fatal("Serve woke for a notification taken inline")
+		case <-time.After(20 * time.Millisecond):
+		}
+	case 1: // the grant's end made Serve's plan too late: it plans anew
+		<-srv.parked
+	default:
+		t.Fatalf("%d wakes", woke)
+	}
+	g = grant(2)
+	p.mu.Lock() // a step under way
+	took := data.arrive("cons", fmt.Appendf(nil, "%s:A#%d", uuidN(2), g))
+	p.mu.Unlock()
+	if took || p.Grants() != 1 {
+		t.Fatalf("hook took a notification under a step: %v, %d grants", took, p.Grants())
+	}
+	cancel()
+	if err := <-served; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Serve: %v", err)
+	}
+	data.mu.Lock()
+	defer data.mu.Unlock()
+	if data.hook != nil {
+		t.Fatal("Serve left its notification hook set")
+	}
+}
