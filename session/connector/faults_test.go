@@ -382,10 +382,14 @@ func TestProcessFaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts and kills processes")
 	}
-	for _, sig := range []syscall.Signal{syscall.SIGKILL, syscall.SIGSTOP} {
-		t.Run("producer-"+sig.String(), func(t *testing.T) {
+	for _, tc := range []struct {
+		sig  syscall.Signal
+		data string // the producer's: "shm" lets this consumer copy under its published grants
+	}{{syscall.SIGKILL, "tcp"}, {syscall.SIGSTOP, "tcp"}, {syscall.SIGKILL, "shm"}, {syscall.SIGSTOP, "shm"}} {
+		sig := tc.sig
+		t.Run("producer-"+sig.String()+"-"+tc.data, func(t *testing.T) {
 			ctlAddr, dataAddr := freeAddr(t), freeAddr(t)
-			spec := fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,tcp,%s,%s", faultBlocks, faultBS, ctlAddr, dataAddr)
+			spec := fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s,%s,%s", faultBlocks, faultBS, tc.data, ctlAddr, dataAddr)
 			p1 := startProc(t, spec)
 			c := newConsumer(t, p1.fields[0])
 			c.round(faultItems/3, func() {
