@@ -33,10 +33,10 @@ type RegionConfig struct {
 	// SharedPath: TCPData's same-host path copies blocks straight out of
 	// it. The file's first HeaderSize bytes are a header the data plane
 	// owns (a token proving a reader mapped this very file, a revocation
-	// counter, a table of the live grants); the blocks follow. The kernel frees the file with the last
-	// process holding it, so a crash leaves nothing in /dev/shm. It
-	// excludes Name, and shared memory is on base pages (shmem transparent
-	// huge pages are usually off).
+	// counter, a table of the live grants); the blocks follow. The kernel
+	// frees the file with the last process holding it, so a crash leaves
+	// nothing in /dev/shm. It excludes Name, and shared memory is on base
+	// pages (shmem transparent huge pages are usually off).
 	Shared bool
 }
 
@@ -249,8 +249,8 @@ type sharedMapping struct {
 
 // BorrowShared returns the mapping of a Shared region of this process whose
 // file is key (header and blocks, laid out as in the file), and true; the
-// mapping stays valid, even past the Region's Close, until Return. False:
-// no open Region of this process has that file.
+// mapping stays valid, even past the Region's Close, until ReturnShared.
+// False: no open Region of this process has that file.
 func BorrowShared(key SharedKey) ([]byte, bool) {
 	sharedRegions.Lock()
 	defer sharedRegions.Unlock()

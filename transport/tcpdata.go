@@ -433,9 +433,10 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 	if g := p.publishedGrant(notif); g != 0 {
 		// The same-host path under a published grant: copy, check the
 		// grant outlived the copy, notify; no READ round trip. The
-		// caller's goroutine copies a small READ when it is the only
-		// one in flight (latency); the precopier takes large ones, and
-		// any under load, off the caller's loop and on another core.
+		// caller's goroutine copies a small READ that comes alone
+		// (latency); the precopier takes large ones, and bursts (a
+		// step that took many acks), off the caller's loop and on
+		// another core.
 		op.fast, op.grant = true, g
 		now := time.Now().UnixNano()
 		burst := now-p.lastFast < int64(fastBurst)
