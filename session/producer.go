@@ -602,7 +602,7 @@ var bitmaps = sync.Pool{New: func() any { return new([]uint64) }}
 // carries one ("<key>#<id>", and the key must match), else the oldest
 // live grant of the key. Called with authMu held, or on the step loop.
 func (p *ProducerSession) lookup(msg []byte) *grant {
-	if key, id, ok := splitGrant(msg); ok {
+	if key, id, ok := wire.SplitNotifGrant(msg); ok {
 		if g := p.byID[id]; g != nil && g.key == string(key) {
 			return g
 		}
@@ -611,25 +611,6 @@ func (p *ProducerSession) lookup(msg []byte) *grant {
 		return list[0]
 	}
 	return nil
-}
-
-// splitGrant splits "<key>#<decimal id>".
-func splitGrant(msg []byte) (key []byte, id uint64, ok bool) {
-	i := bytes.LastIndexByte(msg, '#')
-	if i < 0 || i == len(msg)-1 || len(msg)-i > 21 {
-		return nil, 0, false
-	}
-	for _, c := range msg[i+1:] {
-		if c < '0' || c > '9' {
-			return nil, 0, false
-		}
-		next := id*10 + uint64(c-'0')
-		if next < id {
-			return nil, 0, false
-		}
-		id = next
-	}
-	return msg[:i], id, true
 }
 
 func (p *ProducerSession) drainNotifs() {

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -489,22 +490,8 @@ func (p *peer) publishedGrant(notif []byte) uint64 {
 	if !checkAfterCopy || len(p.grantTab) == 0 {
 		return 0
 	}
-	i := bytes.LastIndexByte(notif, '#')
-	if i < 0 || i == len(notif)-1 || len(notif)-i > 21 {
-		return 0
-	}
-	var g uint64
-	for _, c := range notif[i+1:] {
-		if c < '0' || c > '9' {
-			return 0
-		}
-		next := g*10 + uint64(c-'0')
-		if next < g {
-			return 0
-		}
-		g = next
-	}
-	if g == 0 || p.grantTab[g%uint64(len(p.grantTab))].Load() != g {
+	_, g, ok := wire.SplitNotifGrant(notif)
+	if !ok || g == 0 || p.grantTab[g%uint64(len(p.grantTab))].Load() != g {
 		return 0
 	}
 	return g

@@ -294,3 +294,20 @@ func TestASCII(t *testing.T) {
 		}
 	}
 }
+
+// A notification's grant id round-trips; anything but a decimal that fits
+// a uint64 after the last '#' is no grant.
+func TestNotifGrant(t *testing.T) {
+	for _, id := range []uint64{0, 7, math.MaxUint64} {
+		msg := AppendNotifGrant([]byte("s#1:m"), id)
+		key, got, ok := SplitNotifGrant(msg)
+		if !ok || got != id || string(key) != "s#1:m" {
+			t.Fatalf("%q: %q %d %v", msg, key, got, ok)
+		}
+	}
+	for _, msg := range []string{"s:m", "s:m#", "s:m#12a", "s:m#-1", "s:m#18446744073709551616", "s:m#000000000000000000001"} {
+		if _, _, ok := SplitNotifGrant([]byte(msg)); ok {
+			t.Fatalf("%q split", msg)
+		}
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"slices"
-	"strconv"
 	"time"
 
 	"github.com/ecxfer/ecxfer/wire"
@@ -78,7 +77,7 @@ func (x *ConsumerXfer) Grant(id uint64, lease time.Duration) {
 		return
 	}
 	if id != 0 {
-		x.notif = strconv.AppendUint(append(x.notif, '#'), id, 10)
+		x.notif = wire.AppendNotifGrant(x.notif, id)
 	}
 	if lease > 0 {
 		x.lease = lease
