@@ -64,36 +64,35 @@ func missing(field string) error {
 
 // strs returns parts as strings: old[i] where it holds the same bytes
 // (strings cannot change, so keeping one shares nothing that can), the
-// others copied into one allocation.
+// others copied, into one allocation when several changed.
 func strs[T [2]string | [3]string](old T, parts ...[]byte) (out T) {
-	total := 0
+	var same [3]bool
+	total, changed, last := 0, 0, 0
 	for i, p := range parts {
-		if old[i] == string(p) {
+		if same[i] = old[i] == string(p); same[i] {
 			out[i] = old[i]
 		} else {
-			total += len(p)
+			total, changed, last = total+len(p), changed+1, i
 		}
 	}
-	if total == 0 {
+	switch changed {
+	case 0:
 		return out
-	}
-	for i, p := range parts {
-		if len(p) == total && old[i] != string(p) { // the only one that changed
-			out[i] = string(p)
-			return out
-		}
+	case 1:
+		out[last] = string(parts[last])
+		return out
 	}
 	var sb strings.Builder
 	sb.Grow(total)
 	for i, p := range parts {
-		if old[i] != string(p) {
+		if !same[i] {
 			sb.Write(p)
 		}
 	}
 	all := sb.String()
 	off := 0
 	for i, p := range parts {
-		if old[i] != string(p) {
+		if !same[i] {
 			out[i] = all[off : off+len(p)]
 			off += len(p)
 		}
