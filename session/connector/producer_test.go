@@ -261,6 +261,16 @@ func (m *inlineMemServer) WaitOr(ctx context.Context, ready <-chan struct{}, tim
 	return true
 }
 
+// inlineWorld is a cache holding ready entry "A" (one block) and an
+// inline control plane.
+func inlineWorld() (*cache.EmbeddingCache, *inlineMemServer) {
+	c := cache.NewEmbeddingCache(16)
+	c.Alloc("A", 1)
+	c.MarkReady("A")
+	return c, &inlineMemServer{memServer: memServer{replies: map[string][][]byte{}},
+		hookSet: make(chan struct{}, 1), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
+}
+
 // arrive queues msg and runs the hook where it arrives, as a connection's
 // reader goroutine does, returning the Wakes it caused.
 func (m *inlineMemServer) arrive(msg session.Message) int {
@@ -280,11 +290,7 @@ func (m *inlineMemServer) arrive(msg session.Message) int {
 // (every 5 ms, not the idle second). While a step is under way the hook
 // leaves the request to it.
 func TestProducerServesWhereRequestsArrive(t *testing.T) {
-	c := cache.NewEmbeddingCache(16)
-	c.Alloc("A", 1)
-	c.MarkReady("A")
-	srv := &inlineMemServer{memServer: memServer{replies: map[string][][]byte{}},
-		hookSet: make(chan struct{}, 1), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
+	c, srv := inlineWorld()
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
@@ -365,11 +371,7 @@ func (f *notifyFake) arrive(agent string, msg []byte) bool {
 // under a step already under way the hook leaves it (false: the data
 // plane signals instead); Serve unsets the hook when it returns.
 func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
-	c := cache.NewEmbeddingCache(16)
-	c.Alloc("A", 1)
-	c.MarkReady("A")
-	srv := &inlineMemServer{memServer: memServer{replies: map[string][][]byte{}},
-		hookSet: make(chan struct{}, 1), parked: make(chan struct{}), kick: make(chan struct{}, 1)}
+	c, srv := inlineWorld()
 	data := &notifyFake{Fake: xfertest.New("prod", 16, 8), never: make(chan struct{})}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
 	ctx, cancel := context.WithCancel(context.Background())
