@@ -57,6 +57,11 @@ type Region struct {
 	key       SharedKey // a Shared region's file, in sharedRegions
 }
 
+// SharedSeals are the seals a Shared region's memfd carries: its size
+// cannot change, so a reader that checks them can map it without fear of
+// SIGBUS.
+const SharedSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
+
 // SharedFileName is the name of a Shared region's memfd: /proc shows its
 // descriptor as a link to "/memfd:" + SharedFileName.
 const SharedFileName = "ecxfer-region"
@@ -87,7 +92,7 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		if cfg.Name != "" {
 			return nil, errors.New("cache: a region is Shared or Named, not both")
 		}
-		fd, err := unix.MemfdCreate(SharedFileName, unix.MFD_CLOEXEC)
+		fd, err := unix.MemfdCreate(SharedFileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 		if err != nil {
 			return nil, fmt.Errorf("cache: memfd_create: %w", err)
 		}
@@ -101,6 +106,12 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		if err := r.shared.Truncate(int64(head + mapped)); err != nil {
 			r.shared.Close()
 			return nil, fmt.Errorf("cache: size region file: %w", err)
+		}
+		// Its size is final: a reader's mapping can never run past the
+		// file's end (SIGBUS), whatever this process does later.
+		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, SharedSeals|unix.F_SEAL_SEAL); err != nil {
+			r.shared.Close()
+			return nil, fmt.Errorf("cache: seal region file: %w", err)
 		}
 		r.mapping, err = unix.Mmap(fd, 0, head+mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		if err != nil {

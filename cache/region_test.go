@@ -125,6 +125,17 @@ func TestSharedRegion(t *testing.T) {
 	if len(b) != HeaderSize()+4*4096 || b[0] != 7 || b[HeaderSize()+2*4096+5] != 9 {
 		t.Fatalf("file of %d bytes does not hold the region", len(b))
 	}
+	// Its size is sealed: nobody, the owner included, can shrink it under
+	// a reader's mapping.
+	f, err := os.OpenFile(r.SharedPath(), os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil || seals&SharedSeals != SharedSeals || f.Truncate(4096) == nil {
+		t.Fatalf("seals %#x (%v), or the file could be shrunk", seals, err)
+	}
 	if _, err := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, Shared: true, Name: "x"}); err == nil {
 		t.Fatal("Shared and Name together")
 	}

@@ -61,7 +61,9 @@
 //
 // When the producer's region is cache.RegionConfig.Shared (a memfd), its
 // metadata names the file (/proc/<pid>/fd/<n>). A consumer that can open
-// it (same host, same user, same PID namespace) maps it read-only and
+// it (same host, same user, same PID namespace) and finds its size sealed
+// (so that no copy out of the mapping can run past its end) maps it
+// read-only and
 // proves it by sending the random token the producer wrote in the file's
 // header; the producer then answers a granted READ with "copy" instead of
 // the bytes, holds the grant until the consumer's done (at most IOTimeout,

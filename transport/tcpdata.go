@@ -865,6 +865,11 @@ func (p *peer) mapShared(m agentMeta) error {
 		return err
 	}
 	defer f.Close()
+	// A file that could shrink could make a copy out of our mapping fault
+	// (SIGBUS), so only a sealed one is mapped.
+	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&cache.SharedSeals != cache.SharedSeals {
+		return fmt.Errorf("%w: %s is not sealed against resizing (%v)", ErrBadMeta, m.Shm, err)
+	}
 	st, err := f.Stat()
 	if err != nil {
 		return err

@@ -14,6 +14,7 @@ import (
 	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
+	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
@@ -510,12 +511,26 @@ func TestTCPIdleAfterDeadline(t *testing.T) {
 // Metadata naming a file that is not a producer's region (one of this
 // process's own, say, from a hostile producer on another host) is not
 // mapped, so none of its bytes leave as a token: the READs go over TCP.
+// Nor is a region file whose size is not sealed: shrunk under a copy, it
+// would fault the consumer (SIGBUS).
 func TestSharedRefusesOtherFiles(t *testing.T) {
 	f, err := os.CreateTemp(t.TempDir(), "secret")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer f.Close()
+	fd, err := unix.MemfdCreate(cache.SharedFileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	if err != nil {
+		t.Fatal(err)
+	}
+	unsealed := os.NewFile(uintptr(fd), "unsealed")
+	defer unsealed.Close()
+	for _, f := range []*os.File{f, unsealed} {
+		t.Run(f.Name(), func(t *testing.T) { refusesFile(t, f) })
+	}
+}
+
+func refusesFile(t *testing.T, f *os.File) {
 	f.Write(make([]byte, cache.HeaderSize()+8*4096))
 	pr := newRegion(t, 8, 4096) // not shared: its metadata names no file
 	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
