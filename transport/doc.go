@@ -63,9 +63,8 @@
 // metadata names the file (/proc/<pid>/fd/<n>). A consumer that can open
 // it (same host, same user, same PID namespace) and finds its size sealed
 // (so that no copy out of the mapping can run past its end) maps it
-// read-only and
-// proves it by sending the random token the producer wrote in the file's
-// header; the producer then answers a granted READ with "copy" instead of
+// read-only and proves it by sending the random token the producer wrote
+// in the file's header; the producer then answers a granted READ with "copy" instead of
 // the bytes, holds the grant until the consumer's done (at most IOTimeout,
 // or until the connection closes), and the consumer copies the blocks
 // itself: one memcpy instead of two kernel copies and a socket. Such a
