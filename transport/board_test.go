@@ -160,7 +160,6 @@ func TestGrantBoardBurst(t *testing.T) {
 		local[i], remote[i] = 16+i, big+16+i
 	}
 	p.PublishGrant(200)
-	time.Sleep(2 * fastBurst) // alone, but large
 	h, err := c.PostRead(local, agent, remote, []byte("s:big#200"))
 	if err != nil {
 		t.Fatal(err)
