@@ -54,8 +54,8 @@
 // (StopsReads). The producer holds the grant (its release func) until the
 // READ's bytes have left the region. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
 // "inc" (a new incarnation id on every start), "bs" (block size), "n"
-// (block count), and for the same-host path "shm", "shmoff" and "gt" (the
-// grant table's slots)}.
+// (block count), "push" (it pushes to consumers that ask), and for the
+// same-host path "shm", "shmoff" and "gt" (the grant table's slots)}.
 //
 // # Same host
 //
@@ -91,6 +91,24 @@
 // whose notifications go out in one write. In one process a consumer reads
 // the producer's region through the producer's own mapping
 // (cache.BorrowShared), whose pages are mapped already.
+//
+// # Pushes
+//
+// Between Go peers that share no memory, the READ's round trip is saved
+// another way: a producer session (xfer.Pusher) hands the data plane each
+// grant of a consumer session with at most two grants live, right after
+// its ack, and TCPData writes the blocks on the consumer's first data
+// connection without waiting to be asked (entries up to 1 MiB and a
+// quarter of the consumer's TCPConfig.PushBuffer, while nothing else is
+// being written there), holding the grant's pin until they are out of the
+// region. The consumer keeps them until a READ naming that grant and
+// exactly those blocks claims them; a READ that arrives while they do
+// waits for them, and one that went out before them is landed by them and
+// answered "pushed" by the producer, so the bytes cross once. Unclaimed
+// pushes are evicted oldest first, and a READ of an evicted one asks for
+// the bytes again. A consumer asks for pushes with a stage frame, only
+// from a producer whose metadata says "push", so older peers on either
+// side never see one. PushBuffer < 0 or NoPush turns them off.
 //
 // What it trusts: a process of the producer's user on its host can open
 // the file and read any block, granted or not (as any agent with a

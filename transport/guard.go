@@ -746,6 +746,23 @@ func (w *nbWriter) write(b []byte) (int, error) {
 	return n, err
 }
 
+// writeAll writes what the socket takes of bufs now, in order; it returns
+// what is left (its first element may be a tail). The caller must be the
+// only writer.
+func (w *nbWriter) writeAll(bufs [][]byte) ([][]byte, error) {
+	for i, b := range bufs {
+		n, err := w.write(b)
+		if err != nil {
+			return bufs[i:], err
+		}
+		if n < len(b) {
+			bufs[i] = b[n:]
+			return bufs[i:], nil
+		}
+	}
+	return nil, nil
+}
+
 // writer writes what sendRaw could not, within the write deadline: a peer
 // that does not read for that long is cut off, and no other connection
 // waits for it.

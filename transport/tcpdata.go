@@ -65,7 +65,14 @@ type TCPConfig struct {
 	// NoSharedMemory turns the same-host path off: a producer does not
 	// offer its Shared region, a consumer does not map one.
 	NoSharedMemory bool
-	Logger         *slog.Logger
+	// PushBuffer is how many bytes of pushed blocks a consumer keeps per
+	// producer until its READs claim them: a producer on another host then
+	// sends an entry's blocks with its ack, and the READ needs no round
+	// trip. Default 8 MiB; negative: ask for no pushes.
+	PushBuffer int
+	// NoPush: a producer never pushes, even to consumers that ask.
+	NoPush bool
+	Logger *slog.Logger
 }
 
 func (c TCPConfig) withDefaults() TCPConfig {
@@ -84,6 +91,10 @@ func (c TCPConfig) withDefaults() TCPConfig {
 	if c.Conns <= 0 {
 		c.Conns = 2
 	}
+	if c.PushBuffer == 0 {
+		c.PushBuffer = defaultPushBuffer
+	}
+	c.PushBuffer = max(0, min(c.PushBuffer, 1<<30))
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -113,6 +124,9 @@ type agentMeta struct {
 	// Slots of the region header's grant table (at grantTabOff), when the
 	// producer publishes its grants there (xfer.GrantBoard).
 	Grants int `msgpack:"gt,omitempty"`
+	// Push: the producer pushes a grant's blocks to a consumer that asked
+	// (a stage frame), see push.go.
+	Push bool `msgpack:"push,omitempty"`
 }
 
 const (
@@ -150,6 +164,7 @@ type TCPData struct {
 	notifs  []xfer.Notif
 	ready   chan struct{} // Ready: a READ ended or a notification came
 	served  map[net.Conn]struct{}
+	pushTo  map[string][]*servedConn // producer: connections taking pushes, by agent
 
 	// producer, same-host path: the token in the region's header, and the
 	// header's revocation counter (see revoke)
@@ -166,6 +181,10 @@ type TCPData struct {
 	fastCopies atomic.Uint64 // of those, copied under a published grant, no READ sent
 	precopies  atomic.Uint64 // of those, copied before their answer (precopier)
 	beforeCopy func()        // tests: runs before a copy starts
+
+	pushes     atomic.Uint64 // producer: grants pushed
+	pushLanded atomic.Uint64 // consumer: READs landed from a push, no READ sent
+	pushDrops  atomic.Uint64 // consumer: pushes dropped for want of room, or unclaimed
 }
 
 var _ xfer.DataTransport = (*TCPData)(nil)
@@ -178,7 +197,8 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	d := &TCPData{
 		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
 		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[net.Conn]struct{}{},
-		ready: make(chan struct{}, 1),
+		pushTo: map[string][]*servedConn{},
+		ready:  make(chan struct{}, 1),
 	}
 	if d.name == "" {
 		d.name = "ecxfer-" + inc[:8]
@@ -203,7 +223,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 		go d.accept()
 	}
 	m := agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
-		BlockSize: region.BlockSize(), Blocks: region.Blocks()}
+		BlockSize: region.BlockSize(), Blocks: region.Blocks(), Push: cfg.Listen != "" && !cfg.NoPush}
 	if h := region.Header(); h != nil && cfg.Listen != "" && !cfg.NoSharedMemory {
 		d.token = h[:tokenLen:tokenLen]
 		if _, err := rand.Read(d.token); err != nil {
@@ -279,16 +299,20 @@ func (d *TCPData) ReleaseGrantBoard() {
 	d.boardHeld.Store(false)
 }
 
-// TCPStats counts a TCPData's READs landed from same-host producers.
+// TCPStats counts a TCPData's READs landed without the usual round trip.
 type TCPStats struct {
-	SharedCopies uint64 // READs copied out of a producer's shared region
+	SharedCopies uint64 // READs copied out of a same-host producer's shared region
 	Unasked      uint64 // of those, under a grant the producer published: no READ sent
 	Precopied    uint64 // of those, copied before the producer's answer to the READ
+	Pushed       uint64 // READs landed from blocks the producer pushed: no READ sent
+	PushDrops    uint64 // pushes dropped: no room, or no READ claimed them in time
+	PushesSent   uint64 // as a producer: grants pushed
 }
 
 // Stats returns the counters; it is safe to call from any goroutine.
 func (d *TCPData) Stats() TCPStats {
-	return TCPStats{SharedCopies: d.copies.Load(), Unasked: d.fastCopies.Load(), Precopied: d.precopies.Load()}
+	return TCPStats{SharedCopies: d.copies.Load(), Unasked: d.fastCopies.Load(), Precopied: d.precopies.Load(),
+		Pushed: d.pushLanded.Load(), PushDrops: d.pushDrops.Load(), PushesSent: d.pushes.Load()}
 }
 
 // Name returns the agent name.
@@ -368,6 +392,9 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 				go p.precopier()
 			}
 		}
+		if m.Push && p.shm == nil {
+			p.stageCap = d.cfg.PushBuffer
+		}
 		d.peers[key] = p
 	}
 	p.refs++
@@ -431,6 +458,9 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 	op := &readOp{h: d.next, id: uint64(d.next), n: len(local), local: spans(nil, local), remote: spans(nil, remote),
 		notif: bytes.Clone(notif), peer: p}
 	d.handles[op.h] = op
+	if p.stageCap > 0 && d.postPushed(p, op) {
+		return op.h, nil
+	}
 	if g := p.publishedGrant(notif); g != 0 {
 		// The same-host path under a published grant: copy, check the
 		// grant outlived the copy, notify; no READ round trip. The
@@ -605,7 +635,7 @@ func (d *TCPData) Release(h xfer.Handle) error {
 	if op.state.CompareAndSwap(opPending, opCanceled) || op.state.Load() != opWriting {
 		return nil
 	}
-	if op.fast {
+	if op.fast || op.byPush.Load() {
 		op.mu.Lock() // the copier holds it while bytes land
 		//lint:ignore SA2001 taking the lock was the point: the copier is out of the blocks
 		op.mu.Unlock()
@@ -706,13 +736,19 @@ type readOp struct {
 	fast  bool
 	grant uint64
 	mu    sync.Mutex
+	// byPush: a push is landing (or landed) in it although its READ was
+	// sent; Release waits on mu for it (push.go).
+	byPush atomic.Bool
+	// resend: we dropped its push; the producer sends the bytes again.
+	resend bool
 }
 
-// fail ends an op that has not completed.
+// fail ends an op that has not completed, unless a push is landing in it
+// (its lander ends it: landAsked).
 func (op *readOp) fail() {
 	for {
 		s := op.state.Load()
-		if s == opComplete || s == opFailed {
+		if s == opComplete || s == opFailed || s == opWriting && op.byPush.Load() {
 			return
 		}
 		if op.state.CompareAndSwap(s, opFailed) {
@@ -769,6 +805,16 @@ type peer struct {
 	unmap     func()       // gives the mapping back
 	populates bool         // the first to map the region in this process populates it
 	pre       chan *readOp // large READs for the precopier
+
+	// Pushes kept until READs claim them (push.go), under smu.
+	stageCap    int // bytes; 0: the producer does not push to us
+	smu         sync.Mutex
+	staged      map[uint64]*staged
+	stageOrder  []*staged // oldest first
+	stagedBytes int
+	freeBufs    [][]byte
+	asked       map[uint64]*readOp  // READs sent under a grant, by grant
+	lost        map[uint64]struct{} // grants whose push we dropped
 }
 
 // regionKey names a producer's region file (its inode); borrowed: the
@@ -1017,7 +1063,7 @@ func (l *link) writer() {
 			op.fail()
 			continue
 		}
-		buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote)
+		buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote, op.resend)
 		// Under wmu from here: the order of pending is the order of the
 		// writes, whichever goroutine writes (PostRead may, see tryPost).
 		l.wmu.Lock()
@@ -1074,7 +1120,7 @@ func (p *peer) tryPost(op *readOp) bool {
 			l.wmu.Unlock()
 			continue
 		}
-		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.n, op.remote)
+		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.n, op.remote, op.resend)
 		op.link.Store(l)
 		op.sentAt.Store(time.Now().UnixNano())
 		l.pending = append(l.pending, op)
@@ -1159,6 +1205,17 @@ func (l *link) connect() (net.Conn, error) {
 	if l.p.shm != nil {
 		hello = appendHello2(nil, l.p.d.name, l.p.token)
 	}
+	if l.p.stageCap > 0 {
+		// Pushes come on the first link only, where tryPost sends READs
+		// first: a READ that goes out before its push came is then
+		// answered "pushed", not with the bytes again. The others say
+		// 0: no pushes, but notifications of pushes landed.
+		room := 0
+		if l == l.p.links[0] {
+			room = l.p.stageCap
+		}
+		hello = appendStage(hello, uint32(room))
+	}
 	if _, err := c.Write(hello); err != nil {
 		c.Close()
 		return nil, err
@@ -1228,6 +1285,13 @@ func (l *link) reader(c net.Conn) {
 			fail(err)
 			return
 		}
+		if string(hdr[:4]) == frameMagic && hdr[4] == framePush {
+			if err := l.takePush(c, binary.BigEndian.Uint64(hdr[5:]), binary.BigEndian.Uint64(hdr[14:])); err != nil {
+				fail(err)
+				return
+			}
+			continue
+		}
 		if string(hdr[:4]) != frameMagic || hdr[4] != frameData {
 			fail(errProtocol)
 			return
@@ -1246,6 +1310,23 @@ func (l *link) reader(c net.Conn) {
 		if op == nil {
 			fail(fmt.Errorf("%w: answer %d out of order", errProtocol, id))
 			return
+		}
+		l.p.answered(op)
+		if status == dataPushed {
+			// Its push, earlier on this connection, landed it (or it was
+			// released): done, for its notification.
+			if size != 0 || op.state.Load() != opComplete && !op.byPush.Load() {
+				op.fail()
+				fail(fmt.Errorf("%w: answer %d: pushed, but no push landed", errProtocol, id))
+				return
+			}
+			op.fail() // no-op if complete
+			done = appendDone(done[:0], id)
+			if err := l.write(c, done); err != nil {
+				fail(err)
+				return
+			}
+			continue
 		}
 		if status == dataCopy && l.p.shm != nil {
 			l.copyShared(op, size)
@@ -1283,7 +1364,8 @@ func (l *link) reader(c net.Conn) {
 			l.landing.Unlock()
 		} else {
 			l.landing.Unlock()
-			// Released before its bytes came: drop them.
+			// Released before its bytes came (or a push landed it): drop
+			// them.
 			op.fail()
 			if err := discard(c, int64(size), l.p.d.cfg.IOTimeout); err != nil {
 				fail(err)
@@ -1523,6 +1605,8 @@ func (d *TCPData) serve(c net.Conn) {
 		return
 	}
 	agent := string(nameBuf)
+	s := &servedConn{c: c, agent: agent, raw: newNBWriter(c)}
+	defer d.unservePush(s)
 	// A consumer that read our token from the shared region copies the
 	// blocks itself; one that sent a wrong token is refused.
 	shared := false
@@ -1617,11 +1701,17 @@ func (d *TCPData) serve(c net.Conn) {
 				d.mu.Unlock()
 				pending = true
 			}
+		case frameStage:
+			if _, err := io.ReadFull(r, buf[:4]); err != nil {
+				return
+			}
+			d.offerPush(s, binary.BigEndian.Uint32(buf[:4]), shared)
 		case frameNotify:
 			// A consumer that proved it maps our region copied under a
-			// grant our table showed live; the session matches the
-			// notification to the grant and its agent, as any other.
-			if !shared {
+			// grant our table showed live, or one we push to landed a
+			// push; the session matches the notification to the grant
+			// and its agent, as any other.
+			if !shared && !s.staged {
 				return
 			}
 			nl, ok := readLen(r, buf[:], maxNotifLen)
@@ -1647,6 +1737,8 @@ func (d *TCPData) serve(c net.Conn) {
 			}
 			id := binary.BigEndian.Uint64(buf[:8])
 			nl := int(binary.BigEndian.Uint16(buf[8:]))
+			resend := nl&readResend != 0
+			nl &^= readResend
 			nb := int(binary.BigEndian.Uint32(buf[10:]))
 			if nl > maxNotifLen || nb > maxBlocks || len(awaiting) >= d.cfg.MaxQueued {
 				return
@@ -1671,6 +1763,25 @@ func (d *TCPData) serve(c net.Conn) {
 				}
 				ids = append(ids, b)
 			}
+			if s.pushMax > 0 && !resend {
+				s.wmu.Lock()
+				_, g, _ := wire.SplitNotifGrant(notif[:nl])
+				if s.wasPushed(g, ids) {
+					// Pushed ahead on this connection: the consumer has
+					// the bytes; its done brings the notification.
+					awaiting[id] = bytes.Clone(notif[:nl])
+					head = appendDataHead(head[:0], id, dataPushed, 0)
+					c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
+					_, err := c.Write(head)
+					c.SetWriteDeadline(time.Time{})
+					s.wmu.Unlock()
+					if err != nil {
+						return
+					}
+					continue
+				}
+				s.wmu.Unlock()
+			}
 			status := byte(dataRefused)
 			var release func()
 			if a := d.auth.Load(); a != nil {
@@ -1687,8 +1798,12 @@ func (d *TCPData) serve(c net.Conn) {
 				awaiting[id] = bytes.Clone(notif[:nl])
 				holds[id] = hold{release, time.Now().Add(d.cfg.IOTimeout)}
 				head = appendDataHead(head[:0], id, dataCopy, d.revokes.Load())
+				s.wmu.Lock()
 				c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
-				if _, err := c.Write(head); err != nil {
+				_, err := c.Write(head)
+				c.SetWriteDeadline(time.Time{}) // one left behind would fail a push's raw writes
+				s.wmu.Unlock()
+				if err != nil {
 					return
 				}
 				continue
@@ -1706,8 +1821,11 @@ func (d *TCPData) serve(c net.Conn) {
 				}
 				awaiting[id] = bytes.Clone(notif[:nl])
 			}
+			s.wmu.Lock()
 			c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
 			_, err := out.WriteTo(c)
+			c.SetWriteDeadline(time.Time{})
+			s.wmu.Unlock()
 			if release != nil {
 				release() // the bytes are out of the region (or never will be)
 			}

@@ -204,11 +204,11 @@ func TestTCPHostileDataPort(t *testing.T) {
 	hello := appendHello(nil, "evil")
 	cases := map[string][]byte{
 		"wrong magic":        []byte("HTTP/1.1 GET /\r\n\r\n"),
-		"read before hello":  appendRead(nil, 1, nil, 1, spans(nil, []int{0})),
+		"read before hello":  appendRead(nil, 1, nil, 1, spans(nil, []int{0}), false),
 		"oversize name":      append(appendHead(nil, frameHello), 0xff, 0xff),
 		"oversize notif":     append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0, 0, 0, 1)...),
 		"too many blocks":    append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff)...),
-		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), 1, spans(nil, []int{8}))...),
+		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), 1, spans(nil, []int{8}), false)...),
 		"unknown frame":      append(hello, appendHead(nil, 99)...),
 		"stall mid-frame":    append(hello, frameMagic[:2]...),
 		"stall in the hello": appendHead(nil, frameHello),
@@ -452,7 +452,7 @@ func TestSharedHolds(t *testing.T) {
 	}
 	good := dial(pr.Header()[:tokenLen])
 	defer good.Close()
-	good.Write(appendRead(nil, 1, []byte("s:m"), 1, spans(nil, []int{2})))
+	good.Write(appendRead(nil, 1, []byte("s:m"), 1, spans(nil, []int{2}), false))
 	head := make([]byte, headLen+17)
 	good.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.ReadFull(good, head); err != nil || head[headLen+8] != dataCopy {
@@ -473,7 +473,7 @@ func TestSharedHolds(t *testing.T) {
 	// Too late: no notification. The answer to a second READ shows the
 	// done was read.
 	good.Write(appendDone(nil, 1))
-	good.Write(appendRead(nil, 2, []byte("s:m2"), 1, spans(nil, []int{2})))
+	good.Write(appendRead(nil, 2, []byte("s:m2"), 1, spans(nil, []int{2}), false))
 	if _, err := io.ReadFull(good, head); err != nil || head[headLen+8] != dataCopy {
 		t.Fatalf("second answer %v, %v", head, err)
 	}
@@ -817,8 +817,8 @@ func TestDuplicateReadIDReleasesHolds(t *testing.T) {
 		} else {
 			conn.Write(appendHello(nil, "raw"))
 		}
-		conn.Write(appendRead(nil, 7, []byte("s:a"), 1, spans(nil, []int{2})))
-		conn.Write(appendRead(nil, 7, []byte("s:b"), 1, spans(nil, []int{3})))
+		conn.Write(appendRead(nil, 7, []byte("s:a"), 1, spans(nil, []int{2}), false))
+		conn.Write(appendRead(nil, 7, []byte("s:b"), 1, spans(nil, []int{3}), false))
 		conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 		if _, err := io.Copy(io.Discard, conn); err != nil {
 			t.Fatalf("shared %v: the connection was not closed: %v", shared, err)

@@ -15,13 +15,24 @@ import (
 //	                          the consumer mapped the producer's shared
 //	                          region and read this token from its header)
 //	read   consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
+//	                          (notif len's top bit: the consumer dropped
+//	                          this grant's push, send the bytes again)
 //	done   consumer→producer  id u64                        (all bytes of id landed)
 //	notify consumer→producer  notif len u16, notif          (on a hello2
 //	                          connection: blocks copied under a grant the
-//	                          region's grant table showed live throughout)
+//	                          region's grant table showed live throughout;
+//	                          after a stage frame: a push landed)
+//	stage  consumer→producer  bytes u32                     (after the hello, to
+//	                          a producer whose metadata says "push": the
+//	                          consumer keeps this many bytes of pushes, sent
+//	                          on this connection; 0: none here, but notify
+//	                          frames may come on it)
 //	data   producer→consumer  id u64, status u8, len u64, len bytes
 //	                          (status copy: no bytes follow, len is the
 //	                          region's revocation count at the grant)
+//	push   producer→consumer  grant u64, 0 u8, len u64, len/block size ×
+//	                          block u32, len bytes (a grant's blocks, unasked;
+//	                          see push.go)
 //
 // A producer answers reads in order. It queues a read's notification only
 // when the consumer's done for it arrives, so a notification means every
@@ -35,10 +46,13 @@ const (
 	frameData   = 4
 	frameHello2 = 5
 	frameNotify = 6
+	frameStage  = 7
+	framePush   = 8
 
 	dataOK      = 0
 	dataRefused = 1 // no live grant covers the blocks
 	dataCopy    = 2 // granted and held: copy the blocks from the shared region, then done
+	dataPushed  = 3 // pushed ahead on this connection: no bytes follow; done
 
 	tokenLen = 32
 
@@ -63,11 +77,18 @@ func appendHello2(b []byte, name string, token []byte) []byte {
 	return append(append(b, name...), token...)
 }
 
+// readResend is the READ frame's flag, in notif len's top bit.
+const readResend = 1 << 15
+
 // appendRead appends a READ of n blocks, remote given as runs (spans).
-func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int) []byte {
+func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int, resend bool) []byte {
 	b = appendHead(b, frameRead)
 	b = binary.BigEndian.AppendUint64(b, id)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
+	nl := uint16(len(notif))
+	if resend {
+		nl |= readResend
+	}
+	b = binary.BigEndian.AppendUint16(b, nl)
 	b = binary.BigEndian.AppendUint32(b, uint32(n))
 	b = append(b, notif...)
 	for _, r := range remote {

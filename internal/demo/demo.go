@@ -57,6 +57,7 @@ type Config struct {
 	Data         string // data plane: "shm" (default: TCP with the same-host copy), "tcp" (TCP only) or "nixl"
 	NIXLParams   string // NIXL backend parameters, "k=v,k=v"
 	NIXLProgress string // who drives NIXL agents: goroutine, thread or caller
+	NoPush       bool   // TCP plane: no pushes (a producer sends blocks only when a READ asks)
 }
 
 // Flags registers the shape flags on fs (the default set when nil), with
@@ -78,6 +79,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	fs.StringVar(&c.Data, "data", "shm", "data plane: shm (pure Go: same-host copies out of the producer's shared region, TCP otherwise), tcp (pure Go, TCP only) or nixl (a build with -tags nixl)")
 	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
 	fs.StringVar(&c.NIXLProgress, "nixl-progress", "goroutine", "who drives NIXL agents: goroutine, thread or caller")
+	fs.BoolVar(&c.NoPush, "no-push", false, "TCP plane between processes that share no memory: producers send an entry's blocks only when a READ asks, not with the ack")
 }
 
 // Args returns the flags that give another process this shape.
@@ -85,7 +87,7 @@ func (c Config) Args() []string {
 	return []string{"-items", fmt.Sprint(c.Items), "-blocks-per-item", fmt.Sprint(c.BlocksPerItem),
 		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-rate", fmt.Sprint(c.Rate), "-warmup", c.Warmup.String(),
 		"-fetches", fmt.Sprint(c.Fetches), "-data", c.Data, "-nixl-params", c.NIXLParams,
-		"-nixl-progress", c.NIXLProgress}
+		"-nixl-progress", c.NIXLProgress, fmt.Sprintf("-no-push=%v", c.NoPush)}
 }
 
 // Check reports a shape that cannot run.
@@ -151,7 +153,7 @@ func (c Config) dataPlane(role, listen string, region *cache.Region, log *slog.L
 		return a, "nixl:" + name, nil
 	}
 	t, err := transport.NewTCPData(transport.TCPConfig{Name: name, Listen: listen, Logger: log,
-		NoSharedMemory: c.Data == "tcp"}, region)
+		NoSharedMemory: c.Data == "tcp", NoPush: c.NoPush, PushBuffer: map[bool]int{true: -1}[c.NoPush]}, region)
 	if err != nil {
 		return nil, "", err
 	}

@@ -65,7 +65,8 @@ func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string,
 		}
 		entries.MarkReady(benchHash(i))
 	}
-	pdata, err := transport.NewTCPData(transport.TCPConfig{Listen: dataAddr, Logger: benchQuiet, NoSharedMemory: data != "shm"}, region)
+	pdata, err := transport.NewTCPData(transport.TCPConfig{Listen: dataAddr, Logger: benchQuiet, NoSharedMemory: data != "shm",
+		NoPush: data == "tcp-no-push"}, region)
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -244,7 +245,7 @@ func BenchmarkFetchLatency(b *testing.B) {
 	}{{"16x8KiB", 16, 8 << 10}, {"1x1MiB", 1, 1 << 20}} {
 		for _, twoProcs := range []bool{false, true} {
 			procs := map[bool]string{false: "one-process", true: "two-processes"}[twoProcs]
-			for _, data := range []string{"tcp", "shm"} {
+			for _, data := range []string{"tcp", "tcp-no-push", "shm"} {
 				b.Run(fmt.Sprintf("%s/%s/%s", shape.name, procs, data), func(b *testing.B) {
 					ep, _ := benchProducer(b, shape.blocks, shape.bs, data, twoProcs)
 					benchFetches(b, ep, shape.blocks, shape.bs, data)
@@ -281,7 +282,8 @@ func BenchmarkFetchLatency(b *testing.B) {
 // shared region for "shm"). It closes with the benchmark.
 func benchPool(b *testing.B, blocks, bs int, data string) (*connector.Pool, *cache.Region) {
 	region := must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: bs, NoLock: true}))
-	cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
+	cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm",
+		PushBuffer: map[bool]int{true: -1}[data == "tcp-no-push"]}, region))
 	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
 	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
 	b.Cleanup(func() { pool.Close(); cli.Close(); cdata.Close(); region.Close() })
