@@ -10,6 +10,7 @@ import (
 	"fmt"
 	"io"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -181,6 +182,7 @@ type guardConn struct {
 	raw      *nbWriter
 	omu      sync.Mutex
 	opend    []byte // encoded messages not yet written
+	sbuf     []byte // send's scratch: the message being encoded (under omu)
 	omsgs    int    // messages appended since opend was last empty
 	owriting bool   // the writer goroutine owns the socket's write side
 	obroken  error
@@ -627,7 +629,11 @@ func (g *guardConn) send(frames ...[]byte) error {
 	for _, f := range frames {
 		n += 9 + len(f)
 	}
-	msg := make([]byte, 0, n) // one allocation; sendRaw keeps it only if the socket is full
+	// Encoded into the connection's scratch buffer, under omu: what the
+	// socket does not take is copied to the queue, so nothing is
+	// allocated per message.
+	g.omu.Lock()
+	msg := slices.Grow(g.sbuf[:0], n)
 	for i, f := range frames {
 		flags := byte(0)
 		if i < len(frames)-1 {
@@ -641,7 +647,10 @@ func (g *guardConn) send(frames ...[]byte) error {
 		}
 		msg = append(msg, f...)
 	}
-	return g.sendRaw(msg, true)
+	if cap(msg) <= 64<<10 {
+		g.sbuf = msg // a rare large one is not kept
+	}
+	return g.sendRawLocked(msg, true)
 }
 
 // sendRaw writes msg (whole messages or commands) at once if nothing is
@@ -649,6 +658,11 @@ func (g *guardConn) send(frames ...[]byte) error {
 // writer goroutine. counted messages are subject to maxOut.
 func (g *guardConn) sendRaw(msg []byte, counted bool) error {
 	g.omu.Lock()
+	return g.sendRawLocked(msg, counted)
+}
+
+// sendRawLocked is sendRaw with omu held; it releases it. msg is not kept.
+func (g *guardConn) sendRawLocked(msg []byte, counted bool) error {
 	if e := g.obroken; e != nil {
 		g.omu.Unlock()
 		return e
