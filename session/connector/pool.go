@@ -695,16 +695,27 @@ func (p *Pool) retryDue(now time.Time) {
 // in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
-func (p *Pool) Wait(ctx context.Context) bool {
+func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
+
+// WaitFor is Wait that also returns, true, after d at the latest: for an
+// engine whose next step is due then (an open-loop load generator, a batch
+// deadline), without a context per wait. A negative d is Wait.
+func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
 	}
-	if len(p.fetches) == 0 {
+	if len(p.fetches) == 0 && d < 0 {
 		return p.ctl.Wait(ctx)
 	}
 	wait := p.cfg.PollInterval
 	if p.ready != nil {
 		wait = p.cfg.MaxWait
+	}
+	if len(p.fetches) == 0 {
+		wait = d
+	}
+	if d >= 0 {
+		wait = min(wait, d)
 	}
 	// Retries are due on the caller's clock; measure from the last Step.
 	for _, f := range p.retrying {

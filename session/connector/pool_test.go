@@ -480,3 +480,35 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// WaitFor returns after its duration when nothing happens, idle or with a
+// fetch in flight, over a control plane without WaitOr (the context path)
+// and over the real one (the timer path); a negative one is Wait, which
+// an idle pool leaves to the context.
+func TestPoolWaitFor(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	cli := transport.NewClient(transport.ClientConfig{Logger: quiet})
+	defer cli.Close()
+	real := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8}, cli, w.cdata))
+	for name, p := range map[string]*Pool{"memCtl": w.pool, "transport.Client": real} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if !p.WaitFor(ctx, time.Millisecond) || ctx.Err() != nil {
+			t.Fatalf("%s: idle WaitFor did not return on its own", name)
+		}
+		cancel()
+	}
+	w.entry(t, "A", 1, false) // not ready: the fetch stays in flight, retrying
+	if _, err := w.pool.Fetch(addr, "A", []int{0}, t0.Add(time.Hour), t0); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if !w.pool.WaitFor(ctx, time.Millisecond) || ctx.Err() != nil {
+		t.Fatal("WaitFor with a fetch in flight did not return on its own")
+	}
+	idle, cancelIdle := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	defer cancelIdle()
+	if real.WaitFor(idle, -1) {
+		t.Fatal("an idle Wait returned true with nothing to do")
+	}
+}
