@@ -39,6 +39,7 @@ func main() {
 	role := flag.String("role", "", "internal: this process's role in a -procs run")
 	producerList := flag.String("producer-list", "", "internal: the producers of a -procs consumer")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile to the file (go tool pprof reads it)")
+	memProfile := flag.String("memprofile", "", "write this process's allocation profile to the file at the end (go tool pprof -sample_index=alloc_space)")
 	flag.Parse()
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
@@ -50,6 +51,14 @@ func main() {
 			os.Exit(2)
 		}
 		defer pprof.StopCPUProfile()
+	}
+	if *memProfile != "" {
+		defer func() {
+			if f, err := os.Create(*memProfile); err == nil {
+				pprof.Lookup("allocs").WriteTo(f, 0)
+				f.Close()
+			}
+		}()
 	}
 	if err := cfg.Check(true); err != nil || fc.Producers < 1 || fc.Consumers < 1 {
 		fmt.Fprintln(os.Stderr, "loopback:", err, "(and -producers, -consumers must be positive)")

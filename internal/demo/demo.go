@@ -370,6 +370,10 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 		free[i] = len(free) - 1 - i
 	}
 	want := expected(cfg)
+	hashes := make([]string, cfg.Items)
+	for i := range hashes {
+		hashes[i] = Hash(i)
+	}
 	item := map[string]int{} // mm_hash -> item in flight
 	sum := Summary{FailedWhy: map[string]int{}}
 	var lat latencies
@@ -404,7 +408,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 		}
 		for more(now) && (interval == 0 || !now.Before(due)) && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
 			i := next % cfg.Items
-			h := Hash(i)
+			h := hashes[i]
 			if _, busy := item[h]; busy {
 				break // its previous fetch is still in flight
 			}
@@ -473,13 +477,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 		switch {
 		case interval > 0 && more(now):
 			// Until the next one falls due, or something ends first.
-			wctx, cancel := context.WithDeadline(ctx, due)
-			if len(item) > 0 {
-				pool.Wait(wctx)
-			} else {
-				<-wctx.Done()
-			}
-			cancel()
+			pool.WaitFor(ctx, max(0, time.Until(due)))
 		case len(item) > 0:
 			pool.Wait(ctx) // until a reply, a READ's end or a retry
 		}
