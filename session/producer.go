@@ -118,14 +118,15 @@ const maxPushLive = 2
 // is sans-I/O: requests and the time come in through Poll, replies go out
 // through a Replier. It is not safe for concurrent use, except Authorize.
 type ProducerSession struct {
-	data   xfer.DataTransport
-	driven xfer.Driven     // data, when it must be told of the live grants
-	board  xfer.GrantBoard // data, when it publishes our grants (claimed)
-	pusher xfer.Pusher     // data, when it can push a grant's blocks
-	cache  *cache.EmbeddingCache
-	compat string
-	lease  time.Duration
-	log    *slog.Logger
+	data     xfer.DataTransport
+	driven   xfer.Driven     // data, when it must be told of the live grants
+	board    xfer.GrantBoard // data, when it publishes our grants (claimed)
+	pusher   xfer.Pusher     // data, when it can push a grant's blocks
+	notifBuf []byte          // a pushed grant's notification, reused
+	cache    *cache.EmbeddingCache
+	compat   string
+	lease    time.Duration
+	log      *slog.Logger
 
 	authMu sync.RWMutex        // guards byKey and byID against Authorize
 	byKey  map[string][]*grant // live grants per key, oldest first
@@ -282,7 +283,8 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		// pushes would funnel every byte through this loop (the TCP
 		// loopback at 64 in flight halved).
 		g.hold.Add(1)
-		if p.pusher.Push(g.agent, g.id, g.Blocks, g.release) {
+		p.notifBuf = wire.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id)
+		if p.pusher.Push(g.agent, p.notifBuf, g.Blocks, g.release) {
 			p.stats.Pushes++
 		} else {
 			g.release()

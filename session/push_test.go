@@ -22,8 +22,8 @@ type pushFake struct {
 	releases []func()
 }
 
-func (f *pushFake) Push(agent string, grant uint64, blocks []int, release func()) bool {
-	f.events = append(f.events, fmt.Sprintf("push %s %d %v pins %d replies %d", agent, grant, blocks, f.po.pins("R"), len(f.po.out.msgs)))
+func (f *pushFake) Push(agent string, notif []byte, blocks []int, release func()) bool {
+	f.events = append(f.events, fmt.Sprintf("push %s %s %v pins %d replies %d", agent, notif, blocks, f.po.pins("R"), len(f.po.out.msgs)))
 	if f.refuse {
 		return false
 	}
@@ -61,10 +61,10 @@ func TestPushOffer(t *testing.T) {
 	check("no agent named") // a Python consumer: nothing to push to
 	po.out.msgs = nil
 	acks := po.poll(t, t0, agentReq("R", sid("b"), "cons-b"))
-	check("granted", fmt.Sprintf("push cons-b %d %s pins 2 replies 1", acks[0].Grant, blocks))
+	check("granted", fmt.Sprintf("push cons-b %s:R#%d %s pins 2 replies 1", sid("b"), acks[0].Grant, blocks))
 	po.out.msgs = nil
 	po.poll(t, t0, agentReq("R", sid("b"), "cons-b"))
-	check("second grant of the session", fmt.Sprintf("push cons-b %d %s pins 3 replies 1", acks[0].Grant+1, blocks))
+	check("second grant of the session", fmt.Sprintf("push cons-b %s:R#%d %s pins 3 replies 1", sid("b"), acks[0].Grant+1, blocks))
 	po.out.msgs = nil
 	po.poll(t, t0, agentReq("R", sid("b"), "cons-b"))
 	check("third grant: the session has many") // READs do it
@@ -88,7 +88,7 @@ func TestPushOffer(t *testing.T) {
 	f.refuse = true
 	po.out.msgs = nil
 	acks = po.poll(t, at(3*time.Minute), agentReq("R", sid("d"), "cons-d"))
-	check("offer refused", fmt.Sprintf("push cons-d %d %s pins 1 replies 1", acks[0].Grant, blocks))
+	check("offer refused", fmt.Sprintf("push cons-d %s:R#%d %s pins 1 replies 1", sid("d"), acks[0].Grant, blocks))
 	po.poll(t, at(4*time.Minute))
 	if n := po.pins("R"); n != 0 {
 		t.Fatalf("pins %d: a refused offer kept a hold", n)

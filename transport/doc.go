@@ -101,8 +101,9 @@
 // connection without waiting to be asked (entries up to 1 MiB and a
 // quarter of the consumer's TCPConfig.PushBuffer, while nothing else is
 // being written there), holding the grant's pin until they are out of the
-// region. The consumer keeps them until a READ naming that grant and
-// exactly those blocks claims them; a READ that arrives while they do
+// region. The consumer keeps them until a READ with that grant's
+// notification (session, mm_hash and grant) and exactly those blocks
+// claims them; a READ that arrives while they do
 // waits for them, and one that went out before them is landed by them and
 // answered "pushed" by the producer, so the bytes cross once. Unclaimed
 // pushes are evicted oldest first, and a READ of an evicted one asks for

@@ -21,7 +21,9 @@ import (
 //
 // The bytes are the grant's: the producer holds the grant's pin while it
 // copies them into the socket (xfer.Pusher). A consumer keeps a push until
-// a READ naming its grant and exactly its blocks claims it, then lands it
+// a READ with its notification ("<session>:<mm_hash>#<grant>", so a push
+// of another session, entry or producer session never matches) and
+// exactly its blocks claims it, then lands it
 // and sends the notification, as the same-host path does; a READ posted
 // while its push is still arriving waits for it. Pushes nobody claims (a
 // fetch cancelled, an ack lost) are evicted oldest first when a new one
@@ -50,9 +52,10 @@ type servedConn struct {
 	frame   []byte
 	bufs    [][]byte
 	runs    [][2]int
-	// The last grants pushed (grant, fingerprint of its blocks), under
-	// wmu: a READ of one of them on this connection comes after its push,
-	// so it is answered "pushed", without the bytes again.
+	// The last grants pushed (fingerprints of the notification and of
+	// the blocks), under wmu: a READ of one of them on this connection
+	// comes after its push, so it is answered "pushed", without the bytes
+	// again.
 	recent [64][2]uint64
 	next   int
 }
@@ -66,15 +69,21 @@ func blocksPrint(ids []int) uint64 {
 	return h
 }
 
-// wasPushed reports whether grant, with exactly ids, was pushed on s
-// lately, and forgets it. The caller holds wmu.
-func (s *servedConn) wasPushed(grant uint64, ids []int) bool {
-	if grant == 0 {
-		return false
+// notifPrint fingerprints a notification (FNV-1a); never 0.
+func notifPrint(n []byte) uint64 {
+	h := uint64(14695981039346656037)
+	for _, c := range n {
+		h = (h ^ uint64(c)) * 1099511628211
 	}
-	fp := blocksPrint(ids)
+	return h | 1
+}
+
+// wasPushed reports whether the grant notif names, with exactly ids, was
+// pushed on s lately, and forgets it. The caller holds wmu.
+func (s *servedConn) wasPushed(notif []byte, ids []int) bool {
+	key := [2]uint64{notifPrint(notif), blocksPrint(ids)}
 	for i := range s.recent {
-		if s.recent[i] == [2]uint64{grant, fp} {
+		if s.recent[i] == key {
 			s.recent[i] = [2]uint64{}
 			return true
 		}
@@ -82,14 +91,15 @@ func (s *servedConn) wasPushed(grant uint64, ids []int) bool {
 	return false
 }
 
-// Push implements xfer.Pusher: it writes the grant's blocks on a
+// Push implements xfer.Pusher: it writes the grant's blocks (and notif,
+// which the consumer's READ of them must carry) on a
 // connection of agent's that asked for pushes and that no one is writing
 // to, without waiting; what the socket does not take at once is finished
 // by a goroutine, which ends the hold (release) when the bytes are out of
 // the region. false: nothing pushed, the hold is the caller's.
-func (d *TCPData) Push(agent string, grant uint64, blocks []int, release func()) bool {
+func (d *TCPData) Push(agent string, notif []byte, blocks []int, release func()) bool {
 	size := len(blocks) * d.region.BlockSize()
-	if size == 0 || size > maxPushSize {
+	if size == 0 || size > maxPushSize || len(notif) > maxNotifLen {
 		return false
 	}
 	d.mu.Lock()
@@ -110,13 +120,13 @@ func (d *TCPData) Push(agent string, grant uint64, blocks []int, release func())
 	}
 	d.wg.Add(1) // under mu, not closed: Close waits for it
 	d.mu.Unlock()
-	s.frame = appendPushHead(s.frame[:0], grant, uint64(size), blocks)
+	s.frame = appendPushHead(s.frame[:0], notif, uint64(size), blocks)
 	s.bufs = append(s.bufs[:0], s.frame)
 	s.runs = spans(s.runs[:0], blocks)
 	for _, r := range s.runs {
 		s.bufs = append(s.bufs, d.region.Span(r[0], r[1]))
 	}
-	s.recent[s.next] = [2]uint64{grant, blocksPrint(blocks)}
+	s.recent[s.next] = [2]uint64{notifPrint(notif), blocksPrint(blocks)}
 	s.next = (s.next + 1) % len(s.recent)
 	rest, err := s.raw.writeAll(s.bufs)
 	d.pushes.Add(1)
@@ -186,7 +196,7 @@ func (d *TCPData) unservePush(s *servedConn) {
 
 // staged is a push kept until a READ claims it.
 type staged struct {
-	grant uint64
+	notif string // the grant's notification, which its READ carries
 	ids   []int
 	buf   []byte
 	ready bool    // every byte arrived
@@ -196,10 +206,10 @@ type staged struct {
 // stagePush makes room for a push of size bytes: the oldest unclaimed
 // pushes go if they must. nil: no room (or a push of that grant is kept
 // already); the bytes are to be dropped.
-func (p *peer) stagePush(grant uint64, ids []int, size int) *staged {
+func (p *peer) stagePush(notif string, ids []int, size int) *staged {
 	p.smu.Lock()
 	defer p.smu.Unlock()
-	if p.staged[grant] != nil {
+	if p.staged[notif] != nil {
 		return nil
 	}
 	for i := 0; p.stagedBytes+size > p.stageCap && i < len(p.stageOrder); {
@@ -209,18 +219,18 @@ func (p *peer) stagePush(grant uint64, ids []int, size int) *staged {
 			continue
 		}
 		p.unstageLocked(old)
-		p.lostLocked(old.grant)
+		p.lostLocked(old.notif)
 		p.freeBuf(old.buf)
 	}
 	if p.stagedBytes+size > p.stageCap {
-		p.lostLocked(grant)
+		p.lostLocked(notif)
 		return nil
 	}
-	st := &staged{grant: grant, ids: ids, buf: p.getBuf(size)}
+	st := &staged{notif: notif, ids: ids, buf: p.getBuf(size)}
 	if p.staged == nil {
-		p.staged = map[uint64]*staged{}
+		p.staged = map[string]*staged{}
 	}
-	p.staged[grant] = st
+	p.staged[notif] = st
 	p.stageOrder = append(p.stageOrder, st)
 	p.stagedBytes += size
 	return st
@@ -228,16 +238,16 @@ func (p *peer) stagePush(grant uint64, ids []int, size int) *staged {
 
 // lostLocked notes a push dropped: a READ under its grant asks for the
 // bytes again. Under smu.
-func (p *peer) lostLocked(grant uint64) {
+func (p *peer) lostLocked(notif string) {
 	p.d.pushDrops.Add(1)
 	if p.lost == nil || len(p.lost) >= 4096 {
-		p.lost = map[uint64]struct{}{} // bounded; a READ that misses it gets an error and is retried
+		p.lost = map[string]struct{}{} // bounded; a READ that misses it gets an error and is retried
 	}
-	p.lost[grant] = struct{}{}
+	p.lost[notif] = struct{}{}
 }
 
 func (p *peer) unstageLocked(st *staged) {
-	delete(p.staged, st.grant)
+	delete(p.staged, st.notif)
 	p.stageOrder = slices.DeleteFunc(p.stageOrder, func(t *staged) bool { return t == st })
 	p.stagedBytes -= len(st.buf)
 }
@@ -277,7 +287,7 @@ func (p *peer) pushArrived(st *staged) *readOp {
 func (p *peer) pushFailed(st *staged) {
 	p.smu.Lock()
 	op := st.op
-	if p.staged[st.grant] == st {
+	if p.staged[st.notif] == st {
 		p.unstageLocked(st)
 	}
 	p.smu.Unlock()
@@ -295,31 +305,30 @@ func (p *peer) claimPush(op *readOp, notif []byte) (st *staged, ready bool) {
 	if p.stageCap == 0 {
 		return nil, false
 	}
-	_, g, ok := wire.SplitNotifGrant(notif)
-	if !ok || g == 0 {
-		return nil, false
+	if _, g, ok := wire.SplitNotifGrant(notif); !ok || g == 0 {
+		return nil, false // not a Go consumer's READ: never pushed
 	}
 	p.smu.Lock()
 	defer p.smu.Unlock()
-	st = p.staged[g]
+	st = p.staged[string(notif)]
 	if st == nil || st.op != nil || !sameRuns(st.ids, op.remote) {
 		if p.asked == nil {
-			p.asked = map[uint64]*readOp{}
+			p.asked = map[string]*readOp{}
 		}
 		if n := len(p.asked); n >= 64 && n > 2*int(p.inflight.Load()) {
 			// READs that ended without their answer (a connection broke):
 			// forget them, a few at a time as the map grows.
-			for g, o := range p.asked {
+			for k, o := range p.asked {
 				if s := o.state.Load(); s != opPending && s != opWriting {
-					delete(p.asked, g)
+					delete(p.asked, k)
 				}
 			}
 		}
-		op.grant = g
-		p.asked[g] = op
-		if _, ok := p.lost[g]; ok {
+		op.asked = string(notif)
+		p.asked[op.asked] = op
+		if _, ok := p.lost[op.asked]; ok {
 			// We dropped its push: the producer must send the bytes.
-			delete(p.lost, g)
+			delete(p.lost, op.asked)
 			op.resend = true
 		}
 		return nil, false
@@ -373,20 +382,22 @@ func (p *peer) landPush(op *readOp, buf []byte) bool {
 	return true
 }
 
-// takePush reads a push frame's blocks and bytes off c (its 22-byte head
-// read), and keeps them, lands them in the READ that waits for them, or
-// drops them.
-func (l *link) takePush(c net.Conn, grant, size uint64) error {
+// takePush reads a push frame's notification, blocks and bytes off c (its
+// 22-byte head read: nl is the notification's length), and keeps them,
+// lands them in the READ that waits for them, or drops them.
+func (l *link) takePush(c net.Conn, nl int, size uint64) error {
 	p := l.p
 	bs := uint64(p.d.region.BlockSize())
-	if p.stageCap == 0 || size == 0 || size%bs != 0 || size > uint64(p.stageCap) || size > maxPushSize {
+	if p.stageCap == 0 || nl == 0 || nl > maxNotifLen || size == 0 || size%bs != 0 || size > uint64(p.stageCap) || size > maxPushSize {
 		return errProtocol
 	}
 	n := int(size / bs)
-	raw := make([]byte, 4*n)
+	raw := make([]byte, nl+4*n)
 	if err := readFullDeadline(c, raw, p.d.cfg.IOTimeout); err != nil {
 		return err
 	}
+	notif := string(raw[:nl])
+	raw = raw[nl:]
 	ids := make([]int, n)
 	for i := range ids {
 		b := binary.BigEndian.Uint32(raw[4*i:])
@@ -396,9 +407,9 @@ func (l *link) takePush(c net.Conn, grant, size uint64) error {
 		ids[i] = int(b)
 	}
 	p.smu.Lock()
-	op := p.asked[grant]
+	op := p.asked[notif]
 	if op != nil {
-		delete(p.asked, grant)
+		delete(p.asked, notif)
 	}
 	p.smu.Unlock()
 	if op != nil && sameRuns(ids, op.remote) {
@@ -406,7 +417,7 @@ func (l *link) takePush(c net.Conn, grant, size uint64) error {
 		// answer, when it comes, finds the READ complete).
 		return l.landAsked(c, op, size)
 	}
-	st := p.stagePush(grant, ids, int(size))
+	st := p.stagePush(notif, ids, int(size))
 	if st == nil {
 		return discard(c, int64(size), p.d.cfg.IOTimeout)
 	}
@@ -449,12 +460,12 @@ func (l *link) landAsked(c net.Conn, op *readOp, size uint64) error {
 
 // answered forgets op as asked: its answer came.
 func (p *peer) answered(op *readOp) {
-	if op.grant == 0 || p.stageCap == 0 {
+	if op.asked == "" {
 		return
 	}
 	p.smu.Lock()
-	if p.asked[op.grant] == op {
-		delete(p.asked, op.grant)
+	if p.asked[op.asked] == op {
+		delete(p.asked, op.asked)
 	}
 	p.smu.Unlock()
 }
@@ -480,13 +491,15 @@ func appendStage(b []byte, staging uint32) []byte {
 	return binary.BigEndian.AppendUint32(b, staging)
 }
 
-// appendPushHead appends a push's head, laid out as a data answer's
-// (grant in the id's place, status 0, length), and its block ids.
-func appendPushHead(b []byte, grant, size uint64, blocks []int) []byte {
+// appendPushHead appends a push's head, 22 bytes as a data answer's
+// (notification length u16 and 6 zero bytes in the id's place, status 0,
+// length), its notification and its block ids.
+func appendPushHead(b []byte, notif []byte, size uint64, blocks []int) []byte {
 	b = appendHead(b, framePush)
-	b = binary.BigEndian.AppendUint64(b, grant)
-	b = append(b, 0)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
+	b = append(b, 0, 0, 0, 0, 0, 0, 0)
 	b = binary.BigEndian.AppendUint64(b, size)
+	b = append(b, notif...)
 	for _, id := range blocks {
 		b = binary.BigEndian.AppendUint32(b, uint32(id))
 	}

@@ -2,9 +2,9 @@ package transport
 
 import (
 	"bytes"
-	"encoding/binary"
 	"fmt"
 	"net"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -87,21 +87,22 @@ func (pp *pushPair) read(t *testing.T, local, remote []int, notif string) xfer.P
 	return waitEnd(t, pp.c, pp.post(t, local, remote, notif))
 }
 
-// push pushes grant's blocks and returns a count of its releases.
-func (pp *pushPair) push(t *testing.T, grant uint64, blocks []int) *atomic.Int32 {
+// push pushes the blocks of the grant notif names and returns a count of
+// its releases.
+func (pp *pushPair) push(t *testing.T, notif string, blocks []int) *atomic.Int32 {
 	t.Helper()
 	var released atomic.Int32
-	if !pp.p.Push(pp.c.Name(), grant, blocks, func() { released.Add(1) }) {
-		t.Fatalf("grant %d not pushed", grant)
+	if !pp.p.Push(pp.c.Name(), []byte(notif), blocks, func() { released.Add(1) }) {
+		t.Fatalf("%s not pushed", notif)
 	}
 	return &released
 }
 
-func (pp *pushPair) staged(grant uint64) bool {
+func (pp *pushPair) staged(notif string) bool {
 	pk := pp.c.peers[pp.agent]
 	pk.smu.Lock()
 	defer pk.smu.Unlock()
-	st := pk.staged[grant]
+	st := pk.staged[notif]
 	return st != nil && st.ready
 }
 
@@ -133,8 +134,8 @@ func notified(t *testing.T, p *TCPData, n int) []string {
 // comes as for any READ.
 func TestPushLandsWithoutRead(t *testing.T) {
 	pp := newPushPair(t, 0)
-	released := pp.push(t, 7, []int{3, 4, 9})
-	until(t, "the push is kept", func() bool { return pp.staged(7) })
+	released := pp.push(t, "s:m#7", []int{3, 4, 9})
+	until(t, "the push is kept", func() bool { return pp.staged("s:m#7") })
 	if p := pp.read(t, []int{0, 1, 2}, []int{3, 4, 9}, "s:m#7"); p != xfer.Complete {
 		t.Fatalf("READ ended %v", p)
 	}
@@ -153,20 +154,23 @@ func TestPushLandsWithoutRead(t *testing.T) {
 	}
 }
 
-// A READ of other blocks than the push's, or of another grant, is asked
-// for as usual; the push stays for its own READ.
+// A READ of other blocks than the push's, of another grant, or of the
+// same grant number in another session (a producer session restarted on
+// the same data plane numbers its grants from 1 again) is asked for as
+// usual; the push stays for its own READ.
 func TestPushOnlyForItsBlocks(t *testing.T) {
 	pp := newPushPair(t, 0)
-	pp.push(t, 7, []int{3, 4})
-	until(t, "the push is kept", func() bool { return pp.staged(7) })
-	if pp.read(t, []int{0, 1}, []int{4, 3}, "s:m#7") != xfer.Complete || pp.read(t, []int{2}, []int{3}, "s:m#8") != xfer.Complete {
+	pp.push(t, "s:m#7", []int{3, 4})
+	until(t, "the push is kept", func() bool { return pp.staged("s:m#7") })
+	if pp.read(t, []int{0, 1}, []int{4, 3}, "s:m#7") != xfer.Complete || pp.read(t, []int{2}, []int{3}, "s:m#8") != xfer.Complete ||
+		pp.read(t, []int{3, 4}, []int{3, 4}, "t:m#7") != xfer.Complete {
 		t.Fatal("READ failed")
 	}
-	pp.same(t, []int{0, 1, 2}, []int{4, 3, 3})
-	if n := pp.asked.Load(); n != 2 {
-		t.Fatalf("the producer was asked %d times, want 2", n)
+	pp.same(t, []int{0, 1, 2, 3, 4}, []int{4, 3, 3, 3, 4})
+	if n := pp.asked.Load(); n != 3 {
+		t.Fatalf("the producer was asked %d times, want 3", n)
 	}
-	if !pp.staged(7) {
+	if !pp.staged("s:m#7") {
 		t.Fatal("the push is gone")
 	}
 }
@@ -180,7 +184,7 @@ func TestPushAfterRead(t *testing.T) {
 	gated := pp.post(t, []int{5}, []int{12}, "s:g#100") // holds the producer's serving loop
 	until(t, "the gated READ is at the gate", func() bool { return pp.asked.Load() == 1 })
 	h := pp.post(t, []int{0, 1}, []int{6, 7}, "s:m#9") // queued behind it
-	pp.push(t, 9, []int{6, 7})
+	pp.push(t, "s:m#9", []int{6, 7})
 	until(t, "the push landed", func() bool { return pp.c.Stats().Pushed == 1 })
 	close(pp.gate)
 	if waitEnd(t, pp.c, gated) != xfer.Complete || waitEnd(t, pp.c, h) != xfer.Complete {
@@ -209,7 +213,7 @@ func TestPushAfterReleasedRead(t *testing.T) {
 	if err := pp.c.Release(h); err != nil {
 		t.Fatal(err)
 	}
-	pp.push(t, 9, []int{6})
+	pp.push(t, "s:m#9", []int{6})
 	until(t, "the push dropped", func() bool { return pp.c.Stats().PushDrops == 1 })
 	close(pp.gate)
 	if waitEnd(t, pp.c, gated) != xfer.Complete {
@@ -225,11 +229,12 @@ func TestPushAfterReleasedRead(t *testing.T) {
 // again, although it pushed them on that connection.
 func TestPushEvictedIsResent(t *testing.T) {
 	pp := newPushPair(t, 8*256) // pushes of up to 2 blocks, 4 kept
-	for g := uint64(1); g <= 5; g++ {
-		pp.push(t, 10+g, []int{int(2 * g), int(2*g + 1)})
-		until(t, "the push is kept", func() bool { return pp.staged(10 + g) })
+	for g := 1; g <= 5; g++ {
+		n := fmt.Sprintf("s:m#%d", 10+g)
+		pp.push(t, n, []int{2 * g, 2*g + 1})
+		until(t, "the push is kept", func() bool { return pp.staged(n) })
 	}
-	if pp.staged(11) || pp.c.Stats().PushDrops != 1 {
+	if pp.staged("s:m#11") || pp.c.Stats().PushDrops != 1 {
 		t.Fatalf("the oldest push was not evicted: %+v", pp.c.Stats())
 	}
 	if pp.read(t, []int{0, 1}, []int{2, 3}, "s:m#11") != xfer.Complete {
@@ -242,7 +247,7 @@ func TestPushEvictedIsResent(t *testing.T) {
 	if n := pp.asked.Load(); n != 1 {
 		t.Fatalf("the producer was asked %d times, want 1", n)
 	}
-	if pp.p.Push(pp.c.Name(), 99, []int{0, 1, 2}, func() {}) {
+	if pp.p.Push(pp.c.Name(), []byte("s:m#99"), []int{0, 1, 2}, func() {}) {
 		t.Fatal("pushed more than a quarter of the consumer's room")
 	}
 }
@@ -257,7 +262,7 @@ func TestPushOptOut(t *testing.T) {
 		if readOne(t, c, p) != xfer.Complete {
 			t.Fatal("READ failed")
 		}
-		if p.Push(c.Name(), 1, []int{1}, func() {}) {
+		if p.Push(c.Name(), []byte("s:m#1"), []int{1}, func() {}) {
 			t.Fatalf("%+v: pushed", tc)
 		}
 	}
@@ -298,11 +303,13 @@ func TestPushFirstLinkOnly(t *testing.T) {
 func TestHostilePushes(t *testing.T) {
 	const bs = 256
 	for name, frame := range map[string]func() []byte{
-		"size not whole blocks": func() []byte { return pushFrame(1, bs+1, nil) },
-		"over the room":         func() []byte { return pushFrame(1, 64*bs, nil) },
-		"block out of range":    func() []byte { return pushFrame(1, bs, []int{99}) },
-		"empty":                 func() []byte { return pushFrame(1, 0, nil) },
-		"short":                 func() []byte { return pushFrame(1, 2*bs, []int{1, 2})[:40] },
+		"size not whole blocks": func() []byte { return pushFrame("s:m#1", bs+1, nil) },
+		"over the room":         func() []byte { return pushFrame("s:m#1", 64*bs, nil) },
+		"block out of range":    func() []byte { return pushFrame("s:m#1", bs, []int{99}) },
+		"empty":                 func() []byte { return pushFrame("s:m#1", 0, nil) },
+		"no notification":       func() []byte { return pushFrame("", bs, []int{1}) },
+		"notification too long": func() []byte { return pushFrame(strings.Repeat("n", 2000), bs, []int{1}) },
+		"short":                 func() []byte { return pushFrame("s:m#1", 2*bs, []int{1, 2})[:40] },
 	} {
 		t.Run(name, func(t *testing.T) {
 			ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -366,15 +373,8 @@ func TestHostilePushes(t *testing.T) {
 	}
 }
 
-func pushFrame(grant uint64, size int, ids []int) []byte {
-	b := appendHead(nil, framePush)
-	b = binary.BigEndian.AppendUint64(b, grant)
-	b = append(b, 0)
-	b = binary.BigEndian.AppendUint64(b, uint64(size))
-	for _, id := range ids {
-		b = binary.BigEndian.AppendUint32(b, uint32(id))
-	}
-	return append(b, make([]byte, max(0, size))...)
+func pushFrame(notif string, size int, ids []int) []byte {
+	return append(appendPushHead(nil, []byte(notif), uint64(size), ids), make([]byte, max(0, size))...)
 }
 
 // A consumer's connections that take no pushes (stage 0) still carry the

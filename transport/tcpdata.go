@@ -741,6 +741,7 @@ type readOp struct {
 	byPush atomic.Bool
 	// resend: we dropped its push; the producer sends the bytes again.
 	resend bool
+	asked  string // its notification, while it is in peer.asked
 }
 
 // fail ends an op that has not completed, unless a push is landing in it
@@ -809,12 +810,12 @@ type peer struct {
 	// Pushes kept until READs claim them (push.go), under smu.
 	stageCap    int // bytes; 0: the producer does not push to us
 	smu         sync.Mutex
-	staged      map[uint64]*staged
-	stageOrder  []*staged // oldest first
+	staged      map[string]*staged // by notification
+	stageOrder  []*staged          // oldest first
 	stagedBytes int
 	freeBufs    [][]byte
-	asked       map[uint64]*readOp  // READs sent under a grant, by grant
-	lost        map[uint64]struct{} // grants whose push we dropped
+	asked       map[string]*readOp  // READs sent under a grant, by notification
+	lost        map[string]struct{} // notifications whose push we dropped
 }
 
 // regionKey names a producer's region file (its inode); borrowed: the
@@ -1286,7 +1287,7 @@ func (l *link) reader(c net.Conn) {
 			return
 		}
 		if string(hdr[:4]) == frameMagic && hdr[4] == framePush {
-			if err := l.takePush(c, binary.BigEndian.Uint64(hdr[5:]), binary.BigEndian.Uint64(hdr[14:])); err != nil {
+			if err := l.takePush(c, int(binary.BigEndian.Uint16(hdr[5:])), binary.BigEndian.Uint64(hdr[14:])); err != nil {
 				fail(err)
 				return
 			}
@@ -1765,8 +1766,7 @@ func (d *TCPData) serve(c net.Conn) {
 			}
 			if s.pushMax > 0 && !resend {
 				s.wmu.Lock()
-				_, g, _ := wire.SplitNotifGrant(notif[:nl])
-				if s.wasPushed(g, ids) {
+				if s.wasPushed(notif[:nl], ids) {
 					// Pushed ahead on this connection: the consumer has
 					// the bytes; its done brings the notification.
 					awaiting[id] = bytes.Clone(notif[:nl])

@@ -30,9 +30,9 @@ import (
 //	data   producer→consumer  id u64, status u8, len u64, len bytes
 //	                          (status copy: no bytes follow, len is the
 //	                          region's revocation count at the grant)
-//	push   producer→consumer  grant u64, 0 u8, len u64, len/block size ×
-//	                          block u32, len bytes (a grant's blocks, unasked;
-//	                          see push.go)
+//	push   producer→consumer  notif len u16, 0 [6], 0 u8, len u64, notif,
+//	                          len/block size × block u32, len bytes (a
+//	                          grant's blocks, unasked; see push.go)
 //
 // A producer answers reads in order. It queues a read's notification only
 // when the consumer's done for it arrives, so a notification means every

@@ -150,11 +150,13 @@ type Stoppable interface {
 // the consumer's agent before its READ asks for them (TCPData between Go
 // peers that do not share memory), saving the READ's round trip. A
 // producer session offers each grant whose consumer named its agent, once
-// the ack is out, with a hold on the grant's pin: Push returns false when
-// it does not push, and the hold is the caller's to end; else it calls
-// release exactly once, when the bytes are out of the region. Push must
-// not block. The grant ends as any other: by the consumer's notification,
-// or its lease.
+// the ack is out, with notif, the notification the consumer's READ will
+// carry ("<session_id>:<mm_hash>#<grant>"; the consumer matches the push
+// to its READ by it), and a hold on the grant's pin: Push returns false
+// when it does not push, and the hold is the caller's to end; else it
+// calls release exactly once, when the bytes are out of the region. Push
+// must not block nor keep notif or blocks. The grant ends as any other: by
+// the consumer's notification, or its lease.
 type Pusher interface {
-	Push(agent string, grant uint64, blocks []int, release func()) bool
+	Push(agent string, notif []byte, blocks []int, release func()) bool
 }
