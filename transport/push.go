@@ -203,14 +203,23 @@ type staged struct {
 	op    *readOp // a READ that claimed it before it was ready
 }
 
-// stagePush makes room for a push of size bytes: the oldest unclaimed
-// pushes go if they must. nil: no room (or a push of that grant is kept
-// already); the bytes are to be dropped.
-func (p *peer) stagePush(notif string, ids []int, size int) *staged {
+// stagePush takes a push of size bytes: to the READ sent for it already,
+// if there is one (op: the caller lands it), else kept, the oldest
+// unclaimed pushes going if they must. One critical section with
+// claimPush's: a READ is either asked before the push is kept, or finds
+// it kept. Both nil: no room (or a push of that grant is kept already);
+// the bytes are to be dropped.
+func (p *peer) stagePush(notif string, ids []int, size int) (*staged, *readOp) {
 	p.smu.Lock()
 	defer p.smu.Unlock()
+	if op := p.asked[notif]; op != nil {
+		delete(p.asked, notif)
+		if sameRuns(ids, op.remote) {
+			return nil, op
+		}
+	}
 	if p.staged[notif] != nil {
-		return nil
+		return nil, nil
 	}
 	for i := 0; p.stagedBytes+size > p.stageCap && i < len(p.stageOrder); {
 		old := p.stageOrder[i]
@@ -224,7 +233,7 @@ func (p *peer) stagePush(notif string, ids []int, size int) *staged {
 	}
 	if p.stagedBytes+size > p.stageCap {
 		p.lostLocked(notif)
-		return nil
+		return nil, nil
 	}
 	st := &staged{notif: notif, ids: ids, buf: p.getBuf(size)}
 	if p.staged == nil {
@@ -233,7 +242,7 @@ func (p *peer) stagePush(notif string, ids []int, size int) *staged {
 	p.staged[notif] = st
 	p.stageOrder = append(p.stageOrder, st)
 	p.stagedBytes += size
-	return st
+	return st, nil
 }
 
 // lostLocked notes a push dropped: a READ under its grant asks for the
@@ -406,18 +415,12 @@ func (l *link) takePush(c net.Conn, nl int, size uint64) error {
 		}
 		ids[i] = int(b)
 	}
-	p.smu.Lock()
-	op := p.asked[notif]
+	st, op := p.stagePush(notif, ids, int(size))
 	if op != nil {
-		delete(p.asked, notif)
-	}
-	p.smu.Unlock()
-	if op != nil && sameRuns(ids, op.remote) {
 		// Its READ went out before the push came: land it now (the
 		// answer, when it comes, finds the READ complete).
 		return l.landAsked(c, op, size)
 	}
-	st := p.stagePush(notif, ids, int(size))
 	if st == nil {
 		return discard(c, int64(size), p.d.cfg.IOTimeout)
 	}

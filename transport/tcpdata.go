@@ -1316,12 +1316,14 @@ func (l *link) reader(c net.Conn) {
 		if status == dataPushed {
 			// Its push, earlier on this connection, landed it (or it was
 			// released): done, for its notification.
-			if size != 0 || op.state.Load() != opComplete && !op.byPush.Load() {
+			if size != 0 {
 				op.fail()
-				fail(fmt.Errorf("%w: answer %d: pushed, but no push landed", errProtocol, id))
+				fail(fmt.Errorf("%w: answer %d: pushed, with bytes", errProtocol, id))
 				return
 			}
-			op.fail() // no-op if complete
+			// No-op if the push completed it. Failed if its push was
+			// dropped and forgotten (lost is bounded): retried.
+			op.fail()
 			done = appendDone(done[:0], id)
 			if err := l.write(c, done); err != nil {
 				fail(err)
