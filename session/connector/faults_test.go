@@ -139,24 +139,31 @@ func newFaultWorld(t *testing.T) *faultWorld {
 
 // round fetches every item once; fault runs when the first third has
 // completed (or at once if after is 0). It returns once every fetch ended.
-func (w *consumer) round(after int, fault func()) {
+func (w *consumer) round(after int, fault func()) { w.roundOf(faultItems, after, fault) }
+
+// roundOf is round with at most window fetches in flight: with one or two,
+// the producer pushes each entry with its ack.
+func (w *consumer) roundOf(window, after int, fault func()) {
 	t := w.t
 	t.Helper()
 	item := map[string]int{}
-	blocks := map[string][]int{}
-	now := time.Now()
-	for i := range faultItems {
-		ids := make([]int, faultBlocks)
-		for j := range ids {
-			ids[j] = w.next
-			w.next++
+	started := 0
+	start := func() {
+		now := time.Now()
+		for ; started < faultItems && w.pool.InFlight() < window; started++ {
+			ids := make([]int, faultBlocks)
+			for j := range ids {
+				ids[j] = w.next
+				w.next++
+			}
+			h := benchHash(started)
+			if _, err := w.pool.Fetch(w.endpoint, h, ids, now.Add(20*time.Second), now); err != nil {
+				t.Fatal(err)
+			}
+			item[h] = started
 		}
-		h := benchHash(i)
-		if _, err := w.pool.Fetch(w.endpoint, h, ids, now.Add(20*time.Second), now); err != nil {
-			t.Fatal(err)
-		}
-		item[h], blocks[h] = i, ids
 	}
+	start()
 	ended := map[string]bool{}
 	w.completedThisRound, w.why = 0, nil
 	injected := fault == nil
@@ -213,6 +220,7 @@ func (w *consumer) round(after int, fault func()) {
 		if !injected && w.completedThisRound >= after {
 			inject()
 		}
+		start()
 	}
 	if !injectedAt.IsZero() {
 		w.retried = w.pool.Stats().Retries - before.Retries
@@ -329,6 +337,49 @@ func TestFaultsOnRealSockets(t *testing.T) {
 				t.Fatalf("after the fault, %d of %d fetches completed; failed: %v", w.completedThisRound, faultItems, w.why)
 			}
 			t.Logf("%s: during the fault %d of %d completed; %d failed in all; %s", c.name, faulted, faultItems, w.failed, costs)
+			w.finish()
+		})
+	}
+}
+
+// The data-connection faults again with one fetch at a time, so that every
+// entry is pushed with its ack: a push cut by a reset, held by a black
+// hole or slowed ends its fetch once, with the producer's bytes or a
+// failure, and writes no block handed back.
+func TestFaultsOnPushes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("seconds of real-socket faults")
+	}
+	cases := []struct {
+		name  string
+		fault func(w *faultWorld) (lift func())
+	}{
+		{"latency", func(w *faultWorld) func() {
+			w.data.SetDelay(2 * time.Millisecond)
+			return func() { w.data.SetDelay(0) }
+		}},
+		{"reset-data", func(w *faultWorld) func() { w.data.Reset(); return func() {} }},
+		{"blackhole-data", func(w *faultWorld) func() {
+			w.data.Blackhole(true)
+			done := make(chan struct{})
+			time.AfterFunc(time.Second, func() { w.data.Blackhole(false); close(done) })
+			return func() { <-done }
+		}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w := newFaultWorld(t)
+			var lift func()
+			w.roundOf(1, faultItems/3, func() { lift = c.fault(w) })
+			lift()
+			w.roundOf(1, 0, nil)
+			if w.completedThisRound != faultItems {
+				t.Fatalf("after the fault, %d of %d fetches completed; failed: %v", w.completedThisRound, faultItems, w.why)
+			}
+			if s := w.cdata.Stats(); s.Pushed == 0 {
+				t.Fatalf("nothing was pushed: %+v", s)
+			}
+			t.Logf("%s: %d failed in all; %s; %+v", c.name, w.failed, w.costs(), w.cdata.Stats())
 			w.finish()
 		})
 	}
