@@ -395,7 +395,6 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 		if m.Push && p.shm == nil {
 			p.stageCap = d.cfg.PushBuffer
 		}
-		p.start()
 		d.peers[key] = p
 	}
 	p.refs++
@@ -989,20 +988,12 @@ func newPeer(d *TCPData, m agentMeta, key string) *peer {
 	p := &peer{d: d, name: key, addr: m.Addr, blocks: m.Blocks,
 		ops: make(chan *readOp, d.cfg.MaxQueued), stop: make(chan struct{})}
 	for range d.cfg.Conns {
-		p.links = append(p.links, &link{p: p})
+		l := &link{p: p}
+		p.links = append(p.links, l)
+		d.wg.Add(1)
+		go l.writer()
 	}
 	return p
-}
-
-// start starts the links' writers, once the peer is set up. A producer
-// that pushes does so on the first link only: that one connects at once,
-// not when a READ happens to be queued to it (one fetch at a time might
-// never be).
-func (p *peer) start() {
-	for i, l := range p.links {
-		p.d.wg.Add(1)
-		go l.writer(i == 0 && p.stageCap > 0)
-	}
 }
 
 // shutdown stops the peer's goroutines and fails its READs. Called with d.mu.
@@ -1041,14 +1032,9 @@ func (l *link) breakConnLocked(err error) {
 	l.pending = l.pending[:0]
 }
 
-func (l *link) writer(connect bool) {
+func (l *link) writer() {
 	defer l.p.d.wg.Done()
 	var buf []byte
-	if connect {
-		if _, err := l.connect(); err != nil {
-			l.p.d.log.Debug("ec data: cannot reach producer yet", "peer", l.p.name, "addr", l.p.addr, "err", err)
-		}
-	}
 	for {
 		var op *readOp
 		select {
