@@ -60,23 +60,20 @@ type servedConn struct {
 	next   int
 }
 
-// blocksPrint fingerprints a list of block ids (FNV-1a).
-func blocksPrint(ids []int) uint64 {
+// fnv1a folds words into an FNV-1a fingerprint.
+func fnv1a[T byte | int](ws []T) uint64 {
 	h := uint64(14695981039346656037)
-	for _, id := range ids {
-		h = (h ^ uint64(id)) * 1099511628211
+	for _, w := range ws {
+		h = (h ^ uint64(w)) * 1099511628211
 	}
 	return h
 }
 
-// notifPrint fingerprints a notification (FNV-1a); never 0.
-func notifPrint(n []byte) uint64 {
-	h := uint64(14695981039346656037)
-	for _, c := range n {
-		h = (h ^ uint64(c)) * 1099511628211
-	}
-	return h | 1
-}
+// blocksPrint fingerprints a list of block ids.
+func blocksPrint(ids []int) uint64 { return fnv1a(ids) }
+
+// notifPrint fingerprints a notification; never 0 (an empty slot).
+func notifPrint(n []byte) uint64 { return fnv1a(n) | 1 }
 
 // wasPushed reports whether the grant notif names, with exactly ids, was
 // pushed on s lately, and forgets it. The caller holds wmu.
@@ -92,11 +89,11 @@ func (s *servedConn) wasPushed(notif []byte, ids []int) bool {
 }
 
 // Push implements xfer.Pusher: it writes the grant's blocks (and notif,
-// which the consumer's READ of them must carry) on a
-// connection of agent's that asked for pushes and that no one is writing
-// to, without waiting; what the socket does not take at once is finished
-// by a goroutine, which ends the hold (release) when the bytes are out of
-// the region. false: nothing pushed, the hold is the caller's.
+// which the consumer's READ of them must carry) on a connection of
+// agent's that asked for pushes and that no one is writing to, without
+// waiting; what the socket does not take at once is finished by a
+// goroutine, which ends the hold (release) when the bytes are out of the
+// region. false: nothing pushed, the hold is the caller's.
 func (d *TCPData) Push(agent string, notif []byte, blocks []int, release func()) bool {
 	size := len(blocks) * d.region.BlockSize()
 	if size == 0 || size > maxPushSize || len(notif) > maxNotifLen {
