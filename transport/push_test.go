@@ -297,6 +297,62 @@ func TestPushFirstLinkOnly(t *testing.T) {
 	}
 }
 
+// One READ at a time, whichever writer takes the first READ, the first
+// connection (the one pushes come on) is the one that comes up, and the
+// grants after it are pushed: the READs that follow find their pushes.
+// (Another link's writer used to send it on its own link, which tryPost
+// then kept using: the first link never came up, nothing was pushed.)
+func TestPushFirstLinkComesUp(t *testing.T) {
+	const bs = 256
+	cr, pr := newRegion(t, 16, bs), newRegion(t, 16, bs)
+	for b := range 16 {
+		for i := range pr.Block(b) {
+			pr.Block(b)[i] = byte(b*37 + i)
+		}
+	}
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	c := newTCP(t, cr, TCPConfig{Conns: 4})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	read := func(b int, notif string) {
+		t.Helper()
+		h, err := c.PostRead([]int{b}, peer.Agent, []int{b}, []byte(notif))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if waitEnd(t, c, h) != xfer.Complete {
+			t.Fatalf("READ %s failed", notif)
+		}
+		if !bytes.Equal(cr.Block(b), pr.Block(b)) {
+			t.Fatalf("block %d: wrong bytes", b)
+		}
+	}
+	read(0, "s:m0#1")
+	until(t, "the producer takes pushes", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		return len(p.pushTo[c.Name()]) == 1
+	})
+	for g := 2; g < 10; g++ {
+		notif := fmt.Sprintf("s:m%d#%d", g, g)
+		if !p.Push(c.Name(), []byte(notif), []int{g}, func() {}) {
+			t.Fatalf("%s not pushed", notif)
+		}
+		until(t, "the push is in", func() bool {
+			pk := c.peers[peer.Agent]
+			pk.smu.Lock()
+			defer pk.smu.Unlock()
+			return pk.staged[notif] != nil && pk.staged[notif].ready
+		})
+		read(g, notif)
+	}
+	if st := c.Stats(); st.Pushed != 8 {
+		t.Fatalf("%d READs landed from pushes, want 8", st.Pushed)
+	}
+}
+
 // A producer that pushes badly breaks only its own connection: the READs
 // on it fail, nothing panics, and nothing lands in the consumer's blocks
 // but the failed READ's own.

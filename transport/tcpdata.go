@@ -978,6 +978,7 @@ type link struct {
 	mu      sync.Mutex // guards conn and pending; never held across I/O
 	wmu     sync.Mutex // serialises writes to conn
 	landing sync.Mutex // held by the reader while bytes land in the region
+	dial    sync.Mutex // held while connecting
 	conn    net.Conn
 	raw     *nbWriter // conn's, for writes that must not wait
 	pending []*readOp // sent, answer not read yet, in order
@@ -1058,35 +1059,61 @@ func (l *link) writer() {
 			op.fail()
 			continue
 		}
-		conn, err := l.connect()
-		if err != nil {
-			l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
-			op.fail()
-			continue
-		}
-		buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote, op.resend)
-		// Under wmu from here: the order of pending is the order of the
-		// writes, whichever goroutine writes (PostRead may, see tryPost).
-		l.wmu.Lock()
-		l.mu.Lock()
-		if l.conn != conn { // broken meanwhile
-			l.mu.Unlock()
-			l.wmu.Unlock()
-			op.fail()
-			continue
-		}
-		op.link.Store(l)
-		op.sentAt.Store(time.Now().UnixNano())
-		l.pending = append(l.pending, op)
-		l.mu.Unlock()
-		err = l.writeLocked(conn, buf)
-		l.wmu.Unlock()
-		if err != nil {
-			l.breakIfCurrent(conn, err)
-			continue
-		}
-		l.p.precopy(op)
+		buf = l.sendOn().send(op, buf)
 	}
+}
+
+// sendOn is the link a writer sends its READ on: its own, but the first
+// while that one is down and the producer pushes to us. Pushes come on
+// the first link only, and tryPost keeps using a link that is up: one
+// READ at a time, a READ another writer took could leave the first link
+// down for good, and nothing would be pushed.
+func (l *link) sendOn() *link {
+	first := l.p.links[0]
+	if l == first || l.p.stageCap == 0 {
+		return l
+	}
+	first.mu.Lock()
+	down := first.conn == nil
+	first.mu.Unlock()
+	if down {
+		return first
+	}
+	return l
+}
+
+// send writes op's READ on l, connecting it first if it must; buf is
+// scratch space, returned for the next READ.
+func (l *link) send(op *readOp, buf []byte) []byte {
+	conn, err := l.connect()
+	if err != nil {
+		l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
+		op.fail()
+		return buf
+	}
+	buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote, op.resend)
+	// Under wmu from here: the order of pending is the order of the
+	// writes, whichever goroutine writes (PostRead may, see tryPost).
+	l.wmu.Lock()
+	l.mu.Lock()
+	if l.conn != conn { // broken meanwhile
+		l.mu.Unlock()
+		l.wmu.Unlock()
+		op.fail()
+		return buf
+	}
+	op.link.Store(l)
+	op.sentAt.Store(time.Now().UnixNano())
+	l.pending = append(l.pending, op)
+	l.mu.Unlock()
+	err = l.writeLocked(conn, buf)
+	l.wmu.Unlock()
+	if err != nil {
+		l.breakIfCurrent(conn, err)
+		return buf
+	}
+	l.p.precopy(op)
+	return buf
 }
 
 // notify sends a fast READ's notification, and settles it. One that
@@ -1187,7 +1214,11 @@ func (l *link) breakIfCurrent(conn net.Conn, err error) {
 }
 
 // connect returns the live connection, dialing one if there is none.
+// Two writers may call it at once (sendOn): the second waits for the
+// first's dial and takes its connection.
 func (l *link) connect() (net.Conn, error) {
+	l.dial.Lock()
+	defer l.dial.Unlock()
 	l.mu.Lock()
 	c := l.conn
 	l.mu.Unlock()
