@@ -98,7 +98,8 @@
 // another way: a producer session (xfer.Pusher) hands the data plane each
 // grant of a consumer session with at most two grants live, right after
 // its ack, and TCPData writes the blocks on the consumer's first data
-// connection without waiting to be asked (entries up to 1 MiB and a
+// connection (which a consumer's READs bring up before any other) without
+// waiting to be asked (entries up to 1 MiB and a
 // quarter of the consumer's TCPConfig.PushBuffer, while nothing else is
 // being written there), holding the grant's pin until they are out of the
 // region. The consumer keeps them until a READ with that grant's
