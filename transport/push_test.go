@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"errors"
 	"fmt"
 	"net"
 	"strings"
@@ -299,9 +300,10 @@ func TestPushFirstLinkOnly(t *testing.T) {
 
 // One READ at a time, whichever writer takes the first READ, the first
 // connection (the one pushes come on) is the one that comes up, and the
-// grants after it are pushed: the READs that follow find their pushes.
-// (Another link's writer used to send it on its own link, which tryPost
-// then kept using: the first link never came up, nothing was pushed.)
+// grants after it are pushed. Broken later, it comes up again with the
+// next READ, although other connections are up and free. (A READ used to
+// go on any link up, or on its writer's own: the first could stay down
+// for good, and nothing was pushed.)
 func TestPushFirstLinkComesUp(t *testing.T) {
 	const bs = 256
 	cr, pr := newRegion(t, 16, bs), newRegion(t, 16, bs)
@@ -316,41 +318,75 @@ func TestPushFirstLinkComesUp(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	read := func(b int, notif string) {
+	pk := c.peers[peer.Agent]
+	post := func(b int, notif string) xfer.Handle {
 		t.Helper()
 		h, err := c.PostRead([]int{b}, peer.Agent, []int{b}, []byte(notif))
 		if err != nil {
 			t.Fatal(err)
 		}
-		if waitEnd(t, c, h) != xfer.Complete {
+		return h
+	}
+	read := func(b int, notif string) {
+		t.Helper()
+		if waitEnd(t, c, post(b, notif)) != xfer.Complete {
 			t.Fatalf("READ %s failed", notif)
 		}
 		if !bytes.Equal(cr.Block(b), pr.Block(b)) {
 			t.Fatalf("block %d: wrong bytes", b)
 		}
 	}
-	read(0, "s:m0#1")
-	until(t, "the producer takes pushes", func() bool {
+	pushedTo := func() int {
 		p.mu.Lock()
 		defer p.mu.Unlock()
-		return len(p.pushTo[c.Name()]) == 1
-	})
-	for g := 2; g < 10; g++ {
+		return len(p.pushTo[c.Name()])
+	}
+	pushed := func(g int) { // a grant pushed, then its READ
+		t.Helper()
 		notif := fmt.Sprintf("s:m%d#%d", g, g)
-		if !p.Push(c.Name(), []byte(notif), []int{g}, func() {}) {
-			t.Fatalf("%s not pushed", notif)
-		}
+		// Push declines while the connection is being written to (the
+		// answer to the READ before, just out): try again.
+		until(t, notif+" pushed", func() bool { return p.Push(c.Name(), []byte(notif), []int{g}, func() {}) })
 		until(t, "the push is in", func() bool {
-			pk := c.peers[peer.Agent]
 			pk.smu.Lock()
 			defer pk.smu.Unlock()
 			return pk.staged[notif] != nil && pk.staged[notif].ready
 		})
 		read(g, notif)
 	}
+
+	read(0, "s:m0#1")
+	until(t, "the producer takes pushes", func() bool { return pushedTo() == 1 })
+	for g := 2; g < 10; g++ {
+		pushed(g)
+	}
 	if st := c.Stats(); st.Pushed != 8 {
 		t.Fatalf("%d READs landed from pushes, want 8", st.Pushed)
 	}
+
+	// Other links up: READs queued while the first is being written to.
+	l0 := pk.links[0]
+	l0.wmu.Lock()
+	var hs []xfer.Handle
+	for b := range 8 {
+		hs = append(hs, post(b, fmt.Sprintf("s:burst%d#%d", b, 100+b)))
+	}
+	until(t, "another link up", func() bool { return pk.links[1].up() || pk.links[2].up() || pk.links[3].up() })
+	l0.wmu.Unlock()
+	for _, h := range hs {
+		waitEnd(t, c, h)
+	}
+	// The first breaks; the next READ brings it up again.
+	l0.mu.Lock()
+	l0.breakConnLocked(errors.New("test: broken"))
+	l0.mu.Unlock()
+	until(t, "the producer sees the first link gone", func() bool { return pushedTo() == 0 })
+	read(10, "s:m10#10")
+	if !l0.up() {
+		t.Fatal("the first link is still down")
+	}
+	until(t, "the producer takes pushes again", func() bool { return pushedTo() == 1 })
+	pushed(11)
 }
 
 // A producer that pushes badly breaks only its own connection: the READs

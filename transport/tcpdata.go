@@ -1070,16 +1070,17 @@ func (l *link) writer() {
 // down for good, and nothing would be pushed.
 func (l *link) sendOn() *link {
 	first := l.p.links[0]
-	if l == first || l.p.stageCap == 0 {
+	if l == first || l.p.stageCap == 0 || first.up() {
 		return l
 	}
-	first.mu.Lock()
-	down := first.conn == nil
-	first.mu.Unlock()
-	if down {
-		return first
-	}
-	return l
+	return first
+}
+
+// up reports whether l has a connection.
+func (l *link) up() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn != nil
 }
 
 // send writes op's READ on l, connecting it first if it must; buf is
@@ -1137,6 +1138,12 @@ func (l *link) notify(op *readOp) {
 // A frame the socket takes only in part is finished by a goroutine of its
 // own. false: no link was free, and op goes to the writers' queue.
 func (p *peer) tryPost(op *readOp) bool {
+	if p.stageCap > 0 && !p.links[0].up() {
+		// The link pushes come on is down (never up, or broken): a
+		// writer brings it up with this READ (sendOn). Else the other
+		// links could take every READ, and nothing would be pushed again.
+		return false
+	}
 	for _, l := range p.links {
 		if !l.wmu.TryLock() {
 			continue
