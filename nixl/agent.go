@@ -201,44 +201,51 @@ func (a *Agent) kick() {
 }
 
 // AddRemotePeer implements xfer.DataTransport: it loads the remote agent
-// and prepares its descriptor list from the mem descriptor, which must not
-// be empty.
+// and its blocks from the mem descriptor, which must not be empty. A
+// descriptor of back-to-back blocks of one size (a region's, as
+// wire.AppendBlockDescs writes it) is kept as its shape; any other as a
+// list, which NIXL prepares. NIXL checks the blocks against the remote's
+// registered memory when it prepares a list, else when a READ is posted.
 func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error) {
-	descs, err := wire.DecodeMemDescs(memDescriptor)
+	shape, regular, err := wire.DecodeBlocks(memDescriptor)
 	if err != nil {
 		return xfer.Peer{}, fmt.Errorf("nixl: mem descriptor: %w", err)
 	}
-	if len(descs) == 0 || len(metadata) == 0 {
+	var flat []C.uint64_t
+	n := shape.Count
+	if !regular {
+		if flat, err = flatDescs(memDescriptor); err != nil {
+			return xfer.Peer{}, err
+		}
+		n = len(flat) / 3
+	}
+	if n == 0 || len(metadata) == 0 {
 		return xfer.Peer{}, fmt.Errorf("nixl: %w: empty metadata or descriptor", ErrInvalidParam)
 	}
-	if len(descs) > math.MaxInt32 {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", ErrInvalidParam, len(descs))
-	}
-	flat := make([]C.uint64_t, 0, 3*len(descs))
-	for _, d := range descs {
-		addr, ok1 := d.Addr.Uint64()
-		size, ok2 := d.Size.Uint64()
-		dev, ok3 := d.Device.Uint64()
-		if !ok1 || !ok2 || !ok3 {
-			return xfer.Peer{}, fmt.Errorf("nixl: %w: negative value in the descriptor", ErrInvalidParam)
-		}
-		flat = append(flat, C.uint64_t(addr), C.uint64_t(size), C.uint64_t(dev))
+	if n > math.MaxInt32 {
+		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", ErrInvalidParam, n)
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
-	if agent, ok := a.byMeta[string(metadata)]; ok && a.peers[agent].blocks == len(descs) {
+	if agent, ok := a.byMeta[string(metadata)]; ok && a.peers[agent].blocks == n {
 		// Loaded already by another registration: share it.
 		p := a.peers[agent]
 		p.refs++
 		a.peers[agent] = p
-		return xfer.Peer{Agent: agent, Blocks: len(descs)}, nil
+		return xfer.Peer{Agent: agent, Blocks: n}, nil
 	}
 	var name *C.char
-	st := C.cnixl_load_remote(a.c, unsafe.Pointer(unsafe.SliceData(metadata)), C.size_t(len(metadata)),
-		unsafe.SliceData(flat), C.size_t(len(descs)), &name)
+	md, mdlen := unsafe.Pointer(unsafe.SliceData(metadata)), C.size_t(len(metadata))
+	var st C.int
+	if regular {
+		st = C.cnixl_load_remote_blocks(a.c, md, mdlen, C.uint64_t(shape.Base), C.uint64_t(shape.Size),
+			C.uint64_t(n), C.uint64_t(shape.Device), &name)
+	} else {
+		st = C.cnixl_load_remote(a.c, md, mdlen, unsafe.SliceData(flat), C.size_t(n), &name)
+	}
 	if st != 0 {
 		return xfer.Peer{}, statusErr("load remote metadata", int(st))
 	}
@@ -246,10 +253,29 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	C.cnixl_free(unsafe.Pointer(name))
 	p := a.peers[agent]
 	p.refs++
-	p.blocks = len(descs) // a reload replaces the descriptor list
+	p.blocks = n // a reload replaces the descriptor list
 	a.peers[agent] = p
 	a.byMeta[string(metadata)] = agent
-	return xfer.Peer{Agent: agent, Blocks: len(descs)}, nil
+	return xfer.Peer{Agent: agent, Blocks: n}, nil
+}
+
+// flatDescs decodes a mem descriptor into (addr, len, dev) triples for C.
+func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
+	descs, err := wire.DecodeMemDescs(memDescriptor)
+	if err != nil {
+		return nil, fmt.Errorf("nixl: mem descriptor: %w", err)
+	}
+	flat := make([]C.uint64_t, 0, 3*len(descs))
+	for _, d := range descs {
+		addr, ok1 := d.Addr.Uint64()
+		size, ok2 := d.Size.Uint64()
+		dev, ok3 := d.Device.Uint64()
+		if !ok1 || !ok2 || !ok3 {
+			return nil, fmt.Errorf("nixl: %w: negative value in the descriptor", ErrInvalidParam)
+		}
+		flat = append(flat, C.uint64_t(addr), C.uint64_t(size), C.uint64_t(dev))
+	}
+	return flat, nil
 }
 
 // RemoveRemotePeer implements xfer.DataTransport.

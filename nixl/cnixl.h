@@ -60,6 +60,10 @@ int cnixl_local_md(cnixl_agent *a, void **md, size_t *len);
  * from ndescs (addr, len, dev) triples; returns its name. */
 int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs, size_t ndescs,
                       char **name);
+/* The same for a remote whose blocks are nblocks blocks of block_size
+ * bytes each, back to back from base, on device dev: no list is built. */
+int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint64_t base, uint64_t block_size,
+                             uint64_t nblocks, uint64_t dev, char **name);
 /* Forgets a remote agent. */
 int cnixl_remove_remote(cnixl_agent *a, const char *name);
 

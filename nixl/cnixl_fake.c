@@ -183,9 +183,23 @@ int cnixl_local_md(cnixl_agent *a, void **md, size_t *len) {
 	return CNIXL_SUCCESS;
 }
 
+static int load_remote(cnixl_agent *a, const void *md, size_t mdlen, size_t ndescs, char **name);
+
 int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs, size_t ndescs,
                       char **name) {
 	(void)descs;
+	return load_remote(a, md, mdlen, ndescs, name);
+}
+
+int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint64_t base, uint64_t block_size,
+                             uint64_t nblocks, uint64_t dev, char **name) {
+	(void)base;
+	(void)block_size;
+	(void)dev;
+	return load_remote(a, md, mdlen, nblocks, name);
+}
+
+static int load_remote(cnixl_agent *a, const void *md, size_t mdlen, size_t ndescs, char **name) {
 	static const char prefix[] = "fakenixl:";
 	size_t pl = strlen(prefix);
 	if (mdlen <= pl || memcmp(md, prefix, pl) != 0)

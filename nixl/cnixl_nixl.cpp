@@ -18,6 +18,20 @@
 #include <string>
 #include <vector>
 
+// A remote agent's blocks: a list (and the list NIXL prepared from it), or,
+// for a region of back-to-back blocks of one size, just its shape: a
+// 16,000-block list cost milliseconds to build (fresh pages) for nothing.
+struct remote_blocks {
+    nixlDlistH *prepped = nullptr; // list only
+    std::vector<nixlBasicDesc> list;
+    bool regular = false;
+    uint64_t base = 0, bsize = 0, n = 0;
+    uint32_t dev = 0;
+
+    size_t count() const { return regular ? n : list.size(); }
+    nixlBasicDesc at(size_t i) const { return regular ? nixlBasicDesc(base + i * bsize, bsize, dev) : list[i]; }
+};
+
 struct cnixl_agent {
     std::unique_ptr<nixlAgent> agent;
     nixlBackendH *backend = nullptr;
@@ -26,8 +40,7 @@ struct cnixl_agent {
     nixlDlistH *local = nullptr;
     uintptr_t base = 0;   // of the local region
     uint64_t bsize = 0;   // its block size
-    std::map<std::string, nixlDlistH *> remotes;
-    std::map<std::string, std::vector<nixlBasicDesc>> rblocks; // each remote's blocks
+    std::map<std::string, remote_blocks> remotes;
     std::map<cnixl_handle, nixlXferReqH *> reqs;
     cnixl_handle next = 0;
     std::mutex mu;
@@ -87,7 +100,8 @@ extern "C" void cnixl_agent_destroy(cnixl_agent *a) {
                 quiet = false;
         a->reqs.clear();
         for (auto &r : a->remotes) {
-            a->agent->releasedDlistH(r.second);
+            if (r.second.prepped != nullptr)
+                a->agent->releasedDlistH(r.second.prepped);
             a->agent->invalidateRemoteMD(r.first);
         }
         a->remotes.clear();
@@ -133,36 +147,58 @@ extern "C" int cnixl_local_md(cnixl_agent *a, void **md, size_t *len) {
     });
 }
 
-extern "C" int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs,
-                                 size_t ndescs, char **name) {
+// load_remote loads a remote agent and keeps rb as its blocks, preparing
+// their list with NIXL when there is one.
+static int load_remote(cnixl_agent *a, const void *md, size_t mdlen, remote_blocks rb, char **name) {
     return guarded([&] {
         std::lock_guard<std::mutex> l(a->mu);
         std::string agent;
         nixl_status_t st = a->agent->loadRemoteMD(nixl_blob_t(static_cast<const char *>(md), mdlen), agent);
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
-        nixl_xfer_dlist_t blocks(DRAM_SEG);
-        std::vector<nixlBasicDesc> rb;
-        rb.reserve(ndescs);
-        for (size_t i = 0; i < ndescs; i++) {
-            rb.emplace_back(descs[3 * i], descs[3 * i + 1], descs[3 * i + 2]);
-            blocks.addDesc(rb.back());
-        }
-        nixl_opt_args_t o = a->opts();
-        nixlDlistH *h = nullptr;
-        st = a->agent->prepXferDlist(agent, blocks, h, &o);
-        if (st != NIXL_SUCCESS) {
-            a->agent->invalidateRemoteMD(agent);
-            return static_cast<int>(st);
+        if (!rb.regular) {
+            nixl_xfer_dlist_t blocks(DRAM_SEG);
+            blocks.reserve(rb.list.size());
+            for (auto &d : rb.list)
+                blocks.addDesc(d);
+            nixl_opt_args_t o = a->opts();
+            st = a->agent->prepXferDlist(agent, blocks, rb.prepped, &o);
+            if (st != NIXL_SUCCESS) {
+                a->agent->invalidateRemoteMD(agent);
+                return static_cast<int>(st);
+            }
         }
         auto old = a->remotes.find(agent);
-        if (old != a->remotes.end())
-            a->agent->releasedDlistH(old->second);
-        a->remotes[agent] = h;
-        a->rblocks[agent] = std::move(rb);
+        if (old != a->remotes.end() && old->second.prepped != nullptr)
+            a->agent->releasedDlistH(old->second.prepped);
+        a->remotes[agent] = std::move(rb);
         *name = static_cast<char *>(copy_out(agent));
         return CNIXL_SUCCESS;
     });
+}
+
+extern "C" int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64_t *descs,
+                                 size_t ndescs, char **name) {
+    remote_blocks rb;
+    try {
+        rb.list.reserve(ndescs);
+        for (size_t i = 0; i < ndescs; i++)
+            rb.list.emplace_back(descs[3 * i], descs[3 * i + 1], descs[3 * i + 2]);
+    } catch (...) {
+        return CNIXL_ERR_UNKNOWN;
+    }
+    return load_remote(a, md, mdlen, std::move(rb), name);
+}
+
+extern "C" int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint64_t base,
+                                        uint64_t block_size, uint64_t nblocks, uint64_t dev, char **name) {
+    remote_blocks rb;
+    rb.regular = true;
+    rb.base = base;
+    rb.bsize = block_size;
+    rb.n = nblocks;
+    rb.dev = static_cast<uint32_t>(dev);
+    return load_remote(a, md, mdlen, std::move(rb), name);
 }
 
 extern "C" int cnixl_remove_remote(cnixl_agent *a, const char *name) {
@@ -171,9 +207,9 @@ extern "C" int cnixl_remove_remote(cnixl_agent *a, const char *name) {
         auto it = a->remotes.find(name);
         if (it == a->remotes.end())
             return CNIXL_ERR_NOT_FOUND;
-        a->agent->releasedDlistH(it->second);
+        if (it->second.prepped != nullptr)
+            a->agent->releasedDlistH(it->second.prepped);
         a->remotes.erase(it);
-        a->rblocks.erase(name);
         return static_cast<int>(a->agent->invalidateRemoteMD(name));
     });
 }
@@ -193,35 +229,36 @@ extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32
         // Blocks contiguous on both sides are one descriptor: an entry's
         // blocks usually are, and each descriptor is one operation for
         // the backend (UCX over TCP pays per operation). Without a run to
-        // merge, the prepared lists serve.
-        const std::vector<nixlBasicDesc> &rb = a->rblocks[agent];
+        // merge, the prepared lists serve, when there are.
+        const remote_blocks &rb = it->second;
+        for (int i = 0; i < n; i++)
+            if (remote[i] < 0 || size_t(remote[i]) >= rb.count())
+                return CNIXL_ERR_INVALID_PARAM;
         nixl_xfer_dlist_t ld(DRAM_SEG), rd(DRAM_SEG);
         bool merged = false;
         for (int i = 0; i < n;) {
+            nixlBasicDesc first = rb.at(remote[i]), last = first;
             int k = 1;
-            while (i + k < n && local[i + k] == local[i] + k && remote[i + k] == remote[i] + k &&
-                   size_t(remote[i] + k) < rb.size() &&
-                   rb[remote[i] + k].addr == rb[remote[i] + k - 1].addr + rb[remote[i] + k - 1].len &&
-                   rb[remote[i] + k].devId == rb[remote[i]].devId)
+            while (i + k < n && local[i + k] == local[i] + k && remote[i + k] == remote[i] + k) {
+                nixlBasicDesc next = rb.at(remote[i + k]);
+                if (next.addr != last.addr + last.len || next.devId != first.devId)
+                    break;
+                last = next;
                 k++;
+            }
             if (k > 1)
                 merged = true;
-            if (size_t(remote[i]) >= rb.size())
-                return CNIXL_ERR_INVALID_PARAM;
-            uint64_t rlen = 0;
-            for (int j = 0; j < k; j++)
-                rlen += rb[remote[i] + j].len;
             ld.addDesc(nixlBasicDesc(a->base + uint64_t(local[i]) * a->bsize, uint64_t(k) * a->bsize, 0));
-            rd.addDesc(nixlBasicDesc(rb[remote[i]].addr, rlen, rb[remote[i]].devId));
+            rd.addDesc(nixlBasicDesc(first.addr, last.addr + last.len - first.addr, first.devId));
             i += k;
         }
         nixlXferReqH *req = nullptr;
         nixl_status_t st;
-        if (merged) {
+        if (merged || rb.prepped == nullptr) {
             st = a->agent->createXferReq(NIXL_READ, ld, rd, agent, req, &o);
         } else {
             std::vector<int> li(local, local + n), ri(remote, remote + n);
-            st = a->agent->makeXferReq(NIXL_READ, a->local, li, it->second, ri, req, &o);
+            st = a->agent->makeXferReq(NIXL_READ, a->local, li, rb.prepped, ri, req, &o);
         }
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
@@ -297,6 +334,10 @@ extern "C" void cnixl_agent_destroy(cnixl_agent *) {}
 extern "C" int cnixl_register(cnixl_agent *, uintptr_t, uint64_t, uint64_t) { return CNIXL_ERR_NOT_SUPPORTED; }
 extern "C" int cnixl_local_md(cnixl_agent *, void **, size_t *) { return CNIXL_ERR_NOT_SUPPORTED; }
 extern "C" int cnixl_load_remote(cnixl_agent *, const void *, size_t, const uint64_t *, size_t, char **) {
+    return CNIXL_ERR_NOT_SUPPORTED;
+}
+extern "C" int cnixl_load_remote_blocks(cnixl_agent *, const void *, size_t, uint64_t, uint64_t, uint64_t, uint64_t,
+                                        char **) {
     return CNIXL_ERR_NOT_SUPPORTED;
 }
 extern "C" int cnixl_remove_remote(cnixl_agent *, const char *) { return CNIXL_ERR_NOT_SUPPORTED; }

@@ -3,9 +3,14 @@
 package nixl
 
 import (
+	"bytes"
 	"errors"
 	"os"
 	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // Real NIXL over UCX's TCP and shared-memory transports (the latter needs
@@ -27,4 +32,70 @@ func needNIXL(t *testing.T, err error) {
 	}
 	t.Skipf("no NIXL in this build; to run these tests: export PKG_CONFIG_PATH=$PWD/../shared/nixl/lib/pkgconfig; "+
 		`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)" go test -tags nixl ./nixl/ (%v)`, err)
+}
+
+// A producer's descriptor is kept as its shape when its blocks are back to
+// back (wire.AppendBlockDescs, what every Go producer sends), and as a list
+// NIXL prepares otherwise: here the same region listed in reverse, so that
+// remote id i is the producer's block 15-i. READs of runs (merged), of
+// scattered ids (one descriptor each) and of single blocks land the
+// blocks their ids name under both.
+func TestRemoteShapes(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		const n, bs = 16, 4096
+		p, pr := newAgent(t, v, n, bs, Config{})
+		for i := range n {
+			xfertestFill(pr.Block(i), byte(i))
+		}
+		p.ExpectReads(1)
+		reversed := make([]wire.MemDesc, n)
+		for i := range reversed {
+			reversed[i] = wire.MemDesc{Addr: wire.UintOf(uint64(pr.Base()) + uint64(n-1-i)*bs), Size: wire.UintOf(bs), Device: wire.IntOf(0)}
+		}
+		for _, shape := range []struct {
+			name string
+			desc []byte
+			at   func(id int) int // the producer's block remote id names
+		}{
+			{"back to back", p.MemDescriptor(), func(id int) int { return id }},
+			{"listed in reverse", wire.AppendMemDescs(nil, reversed), func(id int) int { return n - 1 - id }},
+		} {
+			t.Run(shape.name, func(t *testing.T) {
+				c, cr := newAgent(t, v, n, bs, Config{})
+				peer, err := c.AddRemotePeer(p.AgentMetadata(), shape.desc)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if peer.Blocks != n {
+					t.Fatalf("peer %+v", peer)
+				}
+				for _, r := range []struct{ local, remote []int }{
+					{[]int{0, 1, 2, 3, 4, 5, 6, 7}, []int{8, 9, 10, 11, 12, 13, 14, 15}},
+					{[]int{8, 10, 12}, []int{7, 2, 5}},
+					{[]int{15}, []int{0}},
+				} {
+					clear(cr.Bytes())
+					h, err := c.PostRead(r.local, peer.Agent, r.remote, []byte("s:shape"))
+					if err != nil {
+						t.Fatal(err)
+					}
+					for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Microsecond) {
+						pg, err := c.Check(h)
+						if err != nil || pg == xfer.Failed || time.Now().After(deadline) {
+							t.Fatalf("READ %v <- %v: %v, %v", r.local, r.remote, pg, err)
+						}
+						if pg == xfer.Complete {
+							break
+						}
+					}
+					c.Release(h)
+					for i, l := range r.local {
+						if !bytes.Equal(cr.Block(l), pr.Block(shape.at(r.remote[i]))) {
+							t.Fatalf("READ %v <- %v: local block %d does not hold remote id %d", r.local, r.remote, l, r.remote[i])
+						}
+					}
+				}
+			})
+		}
+	})
 }

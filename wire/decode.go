@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"math"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -391,52 +392,109 @@ func itoa(i uint64) string { return UintOf(i).String() }
 // device_id] arrays of integers, as msgspec's
 // Decoder(list[tuple[int, int, int]]) does.
 func DecodeMemDescs(data []byte) ([]MemDesc, error) {
+	var descs []MemDesc
+	err := walkMemDescs(data, func(n uint64) {
+		// A triple takes 4 bytes at least: never trust the declared count.
+		descs = make([]MemDesc, 0, min(n, uint64(len(data))/4))
+	}, func(_ uint64, d MemDesc) bool {
+		descs = append(descs, d)
+		return true
+	})
+	if err != nil {
+		return nil, err
+	}
+	return descs, nil
+}
+
+// Blocks is a mem descriptor that describes Count blocks of Size bytes
+// each, back to back from Base, on device Device: what [AppendBlockDescs]
+// writes, and what a producer's region usually is.
+type Blocks struct {
+	Base, Size uint64
+	Count      int
+	Device     uint64
+}
+
+// DecodeBlocks decodes a mem descriptor that [Blocks] can describe,
+// without building its list (a region's descriptor has one triple per
+// block: 16,000 of them cost more to hold than to check). ok is false for
+// a well-formed descriptor it cannot describe (empty, blocks of different
+// sizes or devices, not back to back, a negative value): decode that one
+// with [DecodeMemDescs]. err is DecodeMemDescs's for a malformed one.
+func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
+	ok = true
+	err = walkMemDescs(data, nil, func(i uint64, d MemDesc) bool {
+		addr, ok1 := d.Addr.Uint64()
+		size, ok2 := d.Size.Uint64()
+		dev, ok3 := d.Device.Uint64()
+		switch {
+		case !ok1 || !ok2 || !ok3 || size == 0:
+			ok = false
+		case i == 0:
+			b = Blocks{Base: addr, Size: size, Device: dev}
+		case size != b.Size || dev != b.Device || i > (math.MaxUint64-b.Base)/b.Size || addr != b.Base+i*b.Size:
+			ok = false
+		}
+		b.Count++
+		return ok
+	})
+	if err != nil || !ok || b.Count == 0 || uint64(b.Count) > (math.MaxUint64-b.Base)/b.Size { // the last block ends in range
+		return Blocks{}, false, err
+	}
+	return b, true, nil
+}
+
+// walkMemDescs checks a mem descriptor and hands each triple to f, in
+// order, until f returns false (the rest is still checked); count, if
+// not nil, gets the declared length first.
+func walkMemDescs(data []byte, count func(n uint64), f func(i uint64, d MemDesc) bool) error {
 	d := reader{b: data}
 	c, err := d.peek()
 	if err != nil {
-		return nil, err
+		return err
 	}
 	if !isArray(c) {
-		return nil, expected("array", c, "")
+		return expected("array", c, "")
 	}
 	n, err := d.containerLen(c)
 	if err != nil {
-		return nil, err
+		return err
 	}
-	// A triple takes 4 bytes at least: never trust the declared count.
-	descs := make([]MemDesc, 0, min(n, uint64(len(data)-d.i)/4))
+	if count != nil {
+		count(n)
+	}
+	more := true
 	for i := uint64(0); i < n; i++ {
 		c, err := d.peek()
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if !isArray(c) {
-			return nil, expected("array", c, "$["+itoa(i)+"]")
+			return expected("array", c, "$["+itoa(i)+"]")
 		}
 		m, err := d.containerLen(c)
 		if err != nil {
-			return nil, err
+			return err
 		}
 		if m != 3 {
-			return nil, invalid("Expected `array` of length 3, got %d - at `$[%d]`", m, i)
+			return invalid("Expected `array` of length 3, got %d - at `$[%d]`", m, i)
 		}
 		var t [3]Int
 		for j := range t {
 			var c byte
 			t[j], c, err = d.int()
 			if err == errNotInt {
-				return nil, expected("int", c, "$["+itoa(i)+"]["+itoa(uint64(j))+"]")
+				return expected("int", c, "$["+itoa(i)+"]["+itoa(uint64(j))+"]")
 			}
 			if err != nil {
-				return nil, err
+				return err
 			}
 		}
-		descs = append(descs, MemDesc{t[0], t[1], t[2]})
+		if more {
+			more = f(i, MemDesc{t[0], t[1], t[2]})
+		}
 	}
-	if err := d.end(); err != nil {
-		return nil, err
-	}
-	return descs, nil
+	return d.end()
 }
 
 // PeekIDs reads only the mm_hash and session_id of a message that did not

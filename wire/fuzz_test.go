@@ -93,10 +93,18 @@ func FuzzDecodeAck(f *testing.F) {
 
 func FuzzDecodeMemDescs(f *testing.F) {
 	seedFuzz(f, "MemDescriptor", "MemDescriptor")
+	f.Add(AppendBlockDescs(nil, 1<<40, 4096, 5, 0))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		d, err := DecodeMemDescs(data)
+		b, ok, berr := DecodeBlocks(data)
+		if (err == nil) != (berr == nil) {
+			t.Fatalf("DecodeMemDescs: %v; DecodeBlocks: %v", err, berr)
+		}
 		if err != nil {
 			return
+		}
+		if ok && !reflect.DeepEqual(d, BlockDescs(b.Base, b.Size, b.Count, int64(b.Device))) {
+			t.Fatalf("%+v does not describe %v", b, d)
 		}
 		enc := AppendMemDescs(nil, d)
 		d2, err := DecodeMemDescs(enc)

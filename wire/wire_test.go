@@ -311,3 +311,45 @@ func TestNotifGrant(t *testing.T) {
 		}
 	}
 }
+
+// DecodeBlocks describes a region's descriptor without its list, and
+// declines, without an error, every well-formed descriptor that is not
+// one region's back-to-back blocks.
+func TestDecodeBlocks(t *testing.T) {
+	const base = 0x7f3a1c000000
+	triple := func(addr, size, dev int64) MemDesc { return MemDesc{IntOf(addr), IntOf(size), IntOf(dev)} }
+	region := BlockDescs(base, 7168, 256, 0)
+	for name, c := range map[string]struct {
+		descs []MemDesc
+		want  Blocks
+		ok    bool
+	}{
+		"a region":         {region, Blocks{Base: base, Size: 7168, Count: 256}, true},
+		"one block":        {region[:1], Blocks{Base: base, Size: 7168, Count: 1}, true},
+		"on device 3":      {BlockDescs(base, 64, 4, 3), Blocks{Base: base, Size: 64, Count: 4, Device: 3}, true},
+		"empty":            {nil, Blocks{}, false},
+		"out of order":     {append([]MemDesc{region[1], region[0]}, region[2:]...), Blocks{}, false},
+		"a gap":            {append(slices.Clone(region[:2]), region[3:]...), Blocks{}, false},
+		"sizes differ":     {append(slices.Clone(region[:2]), triple(base+2*7168, 4096, 0)), Blocks{}, false},
+		"devices differ":   {append(slices.Clone(region[:2]), triple(base+2*7168, 7168, 1)), Blocks{}, false},
+		"negative address": {[]MemDesc{triple(-4096, 4096, 0)}, Blocks{}, false},
+		"size zero":        {[]MemDesc{triple(base, 0, 0), triple(base, 0, 0)}, Blocks{}, false},
+		"ends past 2^64":   {[]MemDesc{{UintOf(math.MaxUint64 - 4095), UintOf(4096), IntOf(0)}}, Blocks{}, false},
+		"wraps around": {[]MemDesc{{UintOf(math.MaxUint64 - 4095), UintOf(4096), IntOf(0)},
+			{UintOf(0), UintOf(4096), IntOf(0)}}, Blocks{}, false},
+	} {
+		t.Run(name, func(t *testing.T) {
+			got, ok, err := DecodeBlocks(AppendMemDescs(nil, c.descs))
+			if err != nil || ok != c.ok || got != c.want {
+				t.Fatalf("got %+v, %v, %v; want %+v, %v", got, ok, err, c.want, c.ok)
+			}
+		})
+	}
+	for _, bad := range [][]byte{{}, {0x91}, {0x91, 0x92, 0x01, 0x02}, {0xc0}} {
+		if _, _, err := DecodeBlocks(bad); err == nil {
+			t.Errorf("%x: no error", bad)
+		} else if _, err2 := DecodeMemDescs(bad); err2 == nil || err.Error() != err2.Error() {
+			t.Errorf("%x: %v, DecodeMemDescs says %v", bad, err, err2)
+		}
+	}
+}
