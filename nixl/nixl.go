@@ -22,9 +22,8 @@
 //
 // Where it differs from the reference's NIXL transport: a producer's
 // descriptor of back-to-back blocks of one size (a region's) is kept as
-// its shape, not as a list NIXL prepares: on a VM where each fresh page
-// costs microseconds, registering a 16,000-block producer took 15–26 ms,
-// now 3.5–4.6 ms, most of it NIXL's loading of the metadata; block ids are
+// its shape, not as a list NIXL prepares (building a 16,000-block list
+// cost more than NIXL's loading of the producer's metadata); block ids are
 // checked against both regions and NIXL's int32 before a READ is posted; a
 // READ released while it runs is kept, reported as possibly writing
 // (xfer.ErrMayStillWrite), and released once it ends, instead of being
