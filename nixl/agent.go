@@ -344,14 +344,18 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	}
 	var h C.cnixl_handle
 	st := C.cnixl_post_read(a.c, &ids[0], &ids[len(local)], C.int(len(local)), n, np, C.size_t(len(notif)), &h)
-	if st != 0 {
+	if st < 0 {
 		return 0, statusErr("post READ", int(st))
 	}
 	a.next++
-	a.handles[a.next] = &req{ch: h}
-	if len(a.handles) == 1 {
-		a.kick()
+	if st == C.CNIXL_SUCCESS {
+		// Done within the post (UCX over shared memory copies there):
+		// nothing to drive, nothing to ask NIXL again.
+		a.handles[a.next] = &req{ch: h, ended: true, seen: true, st: C.CNIXL_SUCCESS}
+		return a.next, nil
 	}
+	a.handles[a.next] = &req{ch: h}
+	a.kick()
 	return a.next, nil
 }
 
@@ -504,6 +508,16 @@ func (a *Agent) checkEndsLocked() bool {
 
 const checksPerRound = 32
 
+// readingLocked says whether a READ posted here may still be moving.
+func (a *Agent) readingLocked() bool {
+	for _, r := range a.handles {
+		if !r.ended {
+			return true
+		}
+	}
+	return false
+}
+
 // busyLocked says whether READs may be moving: ours, or peers' of our
 // memory.
 func (a *Agent) busyLocked() bool {
@@ -540,7 +554,7 @@ func (a *Agent) progressLoop() {
 			a.reapZombiesLocked()
 		}
 		busy := a.busyLocked()
-		reading := len(a.handles) > 0
+		reading := a.readingLocked()
 		a.mu.Unlock()
 		switch {
 		case !busy:

@@ -67,7 +67,10 @@ int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint6
 /* Forgets a remote agent. */
 int cnixl_remove_remote(cnixl_agent *a, const char *name);
 
-/* Posts a READ of remote blocks into local blocks (n each) carrying notif. */
+/* Posts a READ of remote blocks into local blocks (n each) carrying notif:
+ * CNIXL_SUCCESS when it completed within the post (UCX over shared memory
+ * copies there), CNIXL_IN_PROG when it runs on, else an error; *out is set
+ * but on error. */
 int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n, const char *agent,
                     const void *notif, size_t notiflen, cnixl_handle *out);
 /* A posted READ's status. */

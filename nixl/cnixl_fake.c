@@ -344,7 +344,7 @@ int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote,
 	pthread_attr_destroy(&attr);
 	*out = x->h;
 	pthread_mutex_unlock(&g_mu);
-	return CNIXL_SUCCESS;
+	return CNIXL_IN_PROG; /* its thread moves the bytes */
 }
 
 static int find_xfer(cnixl_agent *a, cnixl_handle h) {

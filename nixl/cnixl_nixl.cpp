@@ -269,7 +269,7 @@ extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32
         }
         *out = ++a->next;
         a->reqs[*out] = req;
-        return CNIXL_SUCCESS;
+        return st == NIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
     });
 }
 

@@ -99,3 +99,59 @@ func TestRemoteShapes(t *testing.T) {
 		}
 	})
 }
+
+// Over UCX shared memory a READ's copy runs within the post: PostRead
+// records it ended, so that the first Check says Complete without asking
+// NIXL or waiting for the progress goroutine, and the bytes are there.
+// Over UCX tcp the READ runs on and the progress goroutine ends it.
+func TestReadDoneWithinPost(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		const n, bs = 16, 8192
+		p, pr := newAgent(t, v, n, bs, Config{})
+		c, cr := newAgent(t, v, n, bs, Config{IdlePoll: time.Hour})
+		for i := range n {
+			xfertestFill(pr.Block(i), byte(i))
+		}
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.ExpectReads(1)
+		ids := make([]int, n)
+		for i := range ids {
+			ids[i] = i
+		}
+		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:inline"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		inline := c.handles[h].ended
+		c.mu.Unlock()
+		if want := v.tls == "sm"; inline != want {
+			t.Fatalf("READ done within the post: %v, want %v", inline, want)
+		}
+		if inline {
+			if pg, err := c.Check(h); pg != xfer.Complete || err != nil {
+				t.Fatalf("first Check: %v, %v", pg, err)
+			}
+		}
+		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Microsecond) {
+			pg, err := c.Check(h)
+			if err != nil || pg == xfer.Failed || time.Now().After(deadline) {
+				t.Fatalf("READ: %v, %v", pg, err)
+			}
+			if pg == xfer.Complete {
+				break
+			}
+		}
+		if err := c.Release(h); err != nil {
+			t.Fatal(err)
+		}
+		for i := range n {
+			if !bytes.Equal(cr.Block(i), pr.Block(i)) {
+				t.Fatalf("block %d differs", i)
+			}
+		}
+	})
+}
