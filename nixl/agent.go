@@ -183,9 +183,9 @@ func (a *Agent) ExpectReads(n int) {
 }
 
 // Ready implements xfer.Signaling: the channel receives when the progress
-// goroutine has notifications waiting for DrainNotifs, or saw a READ posted
-// here end. Only the progress goroutine signals: in the other modes it is
-// nil, and loops poll.
+// goroutine has notifications waiting for DrainNotifs, or a READ posted
+// here ended (the goroutine saw it end, or it ended within its post). In
+// the modes without the goroutine it is nil, and loops poll.
 func (a *Agent) Ready() <-chan struct{} {
 	if a.cfg.Progress != ProgressGoroutine {
 		return nil
@@ -350,8 +350,13 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	a.next++
 	if st == C.CNIXL_SUCCESS {
 		// Done within the post (UCX over shared memory copies there):
-		// nothing to drive, nothing to ask NIXL again.
+		// nothing to drive, nothing to ask NIXL again. Ready still says
+		// a READ ended, as for any other.
 		a.handles[a.next] = &req{ch: h, ended: true, seen: true, st: C.CNIXL_SUCCESS}
+		select {
+		case a.ready <- struct{}{}:
+		default:
+		}
 		return a.next, nil
 	}
 	a.handles[a.next] = &req{ch: h}

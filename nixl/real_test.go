@@ -132,6 +132,11 @@ func TestReadDoneWithinPost(t *testing.T) {
 			t.Fatalf("READ done within the post: %v, want %v", inline, want)
 		}
 		if inline {
+			select { // Ready says a READ ended, as for any other
+			case <-c.Ready():
+			case <-time.After(5 * time.Second):
+				t.Fatal("no readiness signal for a READ done within its post")
+			}
 			if pg, err := c.Check(h); pg != xfer.Complete || err != nil {
 				t.Fatalf("first Check: %v, %v", pg, err)
 			}
