@@ -53,6 +53,7 @@ static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
 static cnixl_agent *g_agents[256];
 static int g_nagents;
 static long g_delay_us;
+static int g_inline; /* READs complete within the post, as UCX over shared memory's do */
 static int g_fail_op, g_fail_status, g_fail_count;
 
 static char *dupstr(const char *s) {
@@ -74,6 +75,12 @@ static int injected(int op) {
 void cnixl_fake_set_delay_us(long us) {
 	pthread_mutex_lock(&g_mu);
 	g_delay_us = us;
+	pthread_mutex_unlock(&g_mu);
+}
+
+void cnixl_fake_set_inline(int on) {
+	pthread_mutex_lock(&g_mu);
+	g_inline = on;
 	pthread_mutex_unlock(&g_mu);
 }
 
@@ -243,6 +250,8 @@ int cnixl_remove_remote(cnixl_agent *a, const char *name) {
 	return CNIXL_ERR_NOT_FOUND;
 }
 
+static void do_read(struct xfer *x);
+
 static void *run_read(void *arg) {
 	struct xfer *x = arg;
 	pthread_mutex_lock(&g_mu);
@@ -254,6 +263,14 @@ static void *run_read(void *arg) {
 		}
 	}
 	pthread_mutex_lock(&g_mu);
+	do_read(x);
+	xfer_unref(x);
+	pthread_mutex_unlock(&g_mu);
+	return NULL;
+}
+
+/* do_read moves a READ's bytes and sets its status. Called with g_mu. */
+static void do_read(struct xfer *x) {
 	if (x->canceled) {
 		x->status = CNIXL_ERR_CANCELED;
 	} else {
@@ -290,9 +307,6 @@ static void *run_read(void *arg) {
 			}
 		}
 	}
-	xfer_unref(x);
-	pthread_mutex_unlock(&g_mu);
-	return NULL;
 }
 
 int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n, const char *agent,
@@ -315,7 +329,7 @@ int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote,
 	struct xfer *x = calloc(1, sizeof *x);
 	x->h = ++a->next;
 	x->status = CNIXL_IN_PROG;
-	x->refs = 2;
+	x->refs = g_inline ? 1 : 2; /* the handle's, and the thread's */
 	x->initiator = dupstr(a->name);
 	x->target = dupstr(agent);
 	x->local_base = a->base;
@@ -333,6 +347,13 @@ int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote,
 		a->xfers = realloc(a->xfers, a->capxfers * sizeof *a->xfers);
 	}
 	a->xfers[a->nxfers++] = x;
+	if (g_inline) {
+		do_read(x);
+		*out = x->h;
+		st = x->status == CNIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
 	pthread_t t;
 	pthread_attr_t attr;
 	pthread_attr_init(&attr);

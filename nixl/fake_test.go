@@ -11,8 +11,12 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// The C fake moves bytes on threads of its own after a delay.
-var variants = []variant{{name: "fake"}}
+// The C fake moves bytes on threads of its own after a delay, or, as UCX
+// over shared memory does, within the post.
+var variants = []variant{{name: "fake"}, {name: "fake-inline", inline: true, setup: func(t *testing.T) {
+	FakeSetInline(true)
+	t.Cleanup(func() { FakeSetInline(false) })
+}}}
 
 func needNIXL(t *testing.T, err error) {}
 

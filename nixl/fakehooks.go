@@ -14,6 +14,16 @@ import "time"
 // FakeSetDelay makes every READ take d on its own thread.
 func FakeSetDelay(d time.Duration) { C.cnixl_fake_set_delay_us(C.long(d / time.Microsecond)) }
 
+// FakeSetInline makes READs complete within their post, as UCX over shared
+// memory's do (on), or on their own thread after the delay (off).
+func FakeSetInline(on bool) {
+	v := 0
+	if on {
+		v = 1
+	}
+	C.cnixl_fake_set_inline(C.int(v))
+}
+
 // Fake operations to fail.
 const (
 	FakePost    = C.CNIXL_FAKE_OP_POST
