@@ -76,8 +76,10 @@ func blocksPrint(ids []int) uint64 { return fnv1a(ids) }
 func notifPrint(n []byte) uint64 { return fnv1a(n) | 1 }
 
 // wasPushed reports whether the grant notif names, with exactly ids, was
-// pushed on s lately, and forgets it. The caller holds wmu.
+// pushed on s lately, and forgets it.
 func (s *servedConn) wasPushed(notif []byte, ids []int) bool {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
 	key := [2]uint64{notifPrint(notif), blocksPrint(ids)}
 	for i := range s.recent {
 		if s.recent[i] == key {
@@ -86,6 +88,18 @@ func (s *servedConn) wasPushed(notif []byte, ids []int) bool {
 		}
 	}
 	return false
+}
+
+// writeHead writes an answer's head on s within timeout, taking turns with
+// pushes (wmu). The deadline is cleared after: one left behind would fail
+// a push's raw writes.
+func (s *servedConn) writeHead(head []byte, timeout time.Duration) error {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	s.c.SetWriteDeadline(time.Now().Add(timeout))
+	_, err := s.c.Write(head)
+	s.c.SetWriteDeadline(time.Time{})
+	return err
 }
 
 // Push implements xfer.Pusher: it writes the grant's blocks (and notif,

@@ -1804,23 +1804,15 @@ func (d *TCPData) serve(c net.Conn) {
 				}
 				ids = append(ids, b)
 			}
-			if s.pushMax > 0 && !resend {
-				s.wmu.Lock()
-				if s.wasPushed(notif[:nl], ids) {
-					// Pushed ahead on this connection: the consumer has
-					// the bytes; its done brings the notification.
-					awaiting[id] = bytes.Clone(notif[:nl])
-					head = appendDataHead(head[:0], id, dataPushed, 0)
-					c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
-					_, err := c.Write(head)
-					c.SetWriteDeadline(time.Time{})
-					s.wmu.Unlock()
-					if err != nil {
-						return
-					}
-					continue
+			if s.pushMax > 0 && !resend && s.wasPushed(notif[:nl], ids) {
+				// Pushed ahead on this connection: the consumer has the
+				// bytes; its done brings the notification.
+				awaiting[id] = bytes.Clone(notif[:nl])
+				head = appendDataHead(head[:0], id, dataPushed, 0)
+				if s.writeHead(head, d.cfg.IOTimeout) != nil {
+					return
 				}
-				s.wmu.Unlock()
+				continue
 			}
 			status := byte(dataRefused)
 			var release func()
@@ -1838,12 +1830,7 @@ func (d *TCPData) serve(c net.Conn) {
 				awaiting[id] = bytes.Clone(notif[:nl])
 				holds[id] = hold{release, time.Now().Add(d.cfg.IOTimeout)}
 				head = appendDataHead(head[:0], id, dataCopy, d.revokes.Load())
-				s.wmu.Lock()
-				c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
-				_, err := c.Write(head)
-				c.SetWriteDeadline(time.Time{}) // one left behind would fail a push's raw writes
-				s.wmu.Unlock()
-				if err != nil {
+				if s.writeHead(head, d.cfg.IOTimeout) != nil {
 					return
 				}
 				continue
@@ -1861,7 +1848,7 @@ func (d *TCPData) serve(c net.Conn) {
 				}
 				awaiting[id] = bytes.Clone(notif[:nl])
 			}
-			s.wmu.Lock()
+			s.wmu.Lock() // see writeHead
 			c.SetWriteDeadline(time.Now().Add(d.cfg.IOTimeout))
 			_, err := out.WriteTo(c)
 			c.SetWriteDeadline(time.Time{})

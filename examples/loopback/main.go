@@ -54,10 +54,13 @@ func main() {
 	}
 	if *memProfile != "" {
 		defer func() {
-			if f, err := os.Create(*memProfile); err == nil {
-				pprof.Lookup("allocs").WriteTo(f, 0)
-				f.Close()
+			f, err := os.Create(*memProfile)
+			if err != nil {
+				fmt.Fprintln(os.Stderr, "loopback:", err)
+				return
 			}
+			pprof.Lookup("allocs").WriteTo(f, 0)
+			f.Close()
 		}()
 	}
 	if err := cfg.Check(true); err != nil || fc.Producers < 1 || fc.Consumers < 1 {

@@ -64,16 +64,12 @@ func reactions(s connector.PoolStats) uint64 {
 	return s.Retries + s.AckTimeouts + s.Quarantines + s.PeerDeaths + s.Failed
 }
 
-func newConsumer(t *testing.T, endpoint string) *consumer { return newConsumerConns(t, endpoint, 0) }
-
-// newConsumerConns is newConsumer with conns data connections per
-// producer (0: the default).
-func newConsumerConns(t *testing.T, endpoint string, conns int) *consumer {
+func newConsumer(t *testing.T, endpoint string) *consumer {
 	c := &consumer{t: t, endpoint: endpoint}
 	c.cregion = must(cache.NewRegion(cache.RegionConfig{Blocks: 8 * faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
 	t.Cleanup(func() { c.cregion.Close() })
 	c.cdata = must(transport.NewTCPData(transport.TCPConfig{IOTimeout: 500 * time.Millisecond, DialTimeout: time.Second,
-		Conns: conns, Logger: benchQuiet}, c.cregion))
+		Logger: benchQuiet}, c.cregion))
 	c.cli = transport.NewClient(transport.ClientConfig{Logger: benchQuiet, PingInterval: 100 * time.Millisecond,
 		PeerTimeout: 500 * time.Millisecond, ConnectTimeout: time.Second, HandshakeTimeout: time.Second})
 	c.pool = must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: faultBS, Logger: benchQuiet,
@@ -100,9 +96,7 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
-func newFaultWorld(t *testing.T) *faultWorld { return newFaultWorldConns(t, 0) }
-
-func newFaultWorldConns(t *testing.T, conns int) *faultWorld {
+func newFaultWorld(t *testing.T) *faultWorld {
 	w := &faultWorld{}
 	pregion := must(cache.NewRegion(cache.RegionConfig{Blocks: faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
 	t.Cleanup(func() { pregion.Close() })
@@ -139,7 +133,7 @@ func newFaultWorldConns(t *testing.T, conns int) *faultWorld {
 	w.stopServe = func() { cancel(); <-served; w.prod.Close() }
 	t.Cleanup(func() { w.stopServe() })
 
-	w.consumer = newConsumerConns(t, endpoint, conns)
+	w.consumer = newConsumer(t, endpoint)
 	return w
 }
 
@@ -374,9 +368,7 @@ func TestFaultsOnPushes(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			// One data connection: pushes come on a consumer's first,
-			// which with more might never be up at one fetch at a time.
-			w := newFaultWorldConns(t, 1)
+			w := newFaultWorld(t)
 			var lift func()
 			w.roundOf(1, faultItems/3, func() { lift = c.fault(w) })
 			lift()
