@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"math"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -46,6 +47,7 @@ type Agent struct {
 	dropped uint64           // notifications over maxInbox
 	next    xfer.Handle
 	closed  bool
+	ids     []C.int32_t // PostRead's scratch (a fresh one cost 0.2 ms per 8,192-block READ here)
 
 	expect atomic.Int64  // reads a producer expects (ExpectReads)
 	wake   chan struct{} // wakes an idle progress goroutine
@@ -313,20 +315,23 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	if len(local) == 0 {
 		return 0, fmt.Errorf("nixl: post READ: %w: no blocks", ErrInvalidParam)
 	}
-	nlocal := min(a.region.Blocks(), math.MaxInt32)
-	ids := make([]C.int32_t, 2*len(local))
-	for i, id := range local {
-		if id < 0 || id >= nlocal {
-			return 0, fmt.Errorf("nixl: post READ: %w: local block %d of %d", ErrInvalidParam, id, nlocal)
-		}
-		ids[i] = C.int32_t(id)
-	}
 	n := C.CString(agent)
 	defer C.free(unsafe.Pointer(n))
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return 0, xfer.ErrClosed
+	}
+	ids := slices.Grow(a.ids[:0], 2*len(local))[:2*len(local)]
+	if len(ids) <= 2*a.region.Blocks() { // a READ naming blocks twice is not kept
+		a.ids = ids
+	}
+	nlocal := min(a.region.Blocks(), math.MaxInt32)
+	for i, id := range local {
+		if id < 0 || id >= nlocal {
+			return 0, fmt.Errorf("nixl: post READ: %w: local block %d of %d", ErrInvalidParam, id, nlocal)
+		}
+		ids[i] = C.int32_t(id)
 	}
 	p := a.peers[agent]
 	if p.refs == 0 {

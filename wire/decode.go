@@ -358,7 +358,9 @@ func pathStatus() string { return "$.status" }
 
 // intArray reads src_block_indices: an array of integers. With out nil it
 // only checks them; otherwise it stores them into out, which must be long
-// enough.
+// enough. Block ids take one to three bytes: those it reads inline, and
+// hands anything else (wider, signed, truncated, not an int) to int, so
+// that every error is the one int gives.
 func (r *reader) intArray(out []Int) (int, error) {
 	c, err := r.peek()
 	if err != nil {
@@ -371,16 +373,34 @@ func (r *reader) intArray(out []Int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	for i := uint64(0); i < n; i++ {
-		v, c, err := r.int()
-		if err == errNotInt {
-			return 0, expected("int", c, "$.src_block_indices["+itoa(i)+"]")
-		}
-		if err != nil {
-			return 0, err
+	b := r.b
+	for k := uint64(0); k < n; k++ {
+		i := r.i
+		var v Int
+		switch {
+		case i >= len(b):
+			return 0, errTruncated
+		case b[i] <= 0x7f:
+			v.u = uint64(b[i])
+			r.i++
+		case b[i] == 0xcc && i+1 < len(b):
+			v.u = uint64(b[i+1])
+			r.i += 2
+		case b[i] == 0xcd && i+2 < len(b):
+			v.u = uint64(b[i+1])<<8 | uint64(b[i+2])
+			r.i += 3
+		default:
+			var c byte
+			v, c, err = r.int()
+			if err == errNotInt {
+				return 0, expected("int", c, "$.src_block_indices["+itoa(k)+"]")
+			}
+			if err != nil {
+				return 0, err
+			}
 		}
 		if out != nil {
-			out[i] = v
+			out[k] = v
 		}
 	}
 	return int(n), nil

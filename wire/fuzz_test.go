@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"encoding/hex"
+	"fmt"
 	"reflect"
 	"testing"
 )
@@ -113,6 +114,64 @@ func FuzzDecodeMemDescs(f *testing.F) {
 		}
 		if len(d) != len(d2) || (len(d) > 0 && !reflect.DeepEqual(d, d2)) {
 			t.Fatalf("unstable: %v then %v", d, d2)
+		}
+	})
+}
+
+// intArraySlow is intArray without its inline forms: every element goes
+// through int. The fast loop must agree with it on every input.
+func (r *reader) intArraySlow(out []Int) (int, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isArray(c) {
+		return 0, expected("array", c, "$.src_block_indices")
+	}
+	n, err := r.containerLen(c)
+	if err != nil {
+		return 0, err
+	}
+	for i := uint64(0); i < n; i++ {
+		v, c, err := r.int()
+		if err == errNotInt {
+			return 0, expected("int", c, "$.src_block_indices["+itoa(i)+"]")
+		}
+		if err != nil {
+			return 0, err
+		}
+		if out != nil {
+			out[i] = v
+		}
+	}
+	return int(n), nil
+}
+
+func FuzzIntArray(f *testing.F) {
+	f.Add([]byte{0x93, 0x05, 0xcc, 0x80, 0xcd, 0x01, 0x00})
+	f.Add([]byte{0x94, 0xce, 0, 1, 0, 0, 0xd0, 0xff, 0xe0, 0xcf, 0, 0, 0, 0, 0, 0, 0, 1})
+	f.Add([]byte{0x92, 0xcd, 0x01})             // truncated uint16
+	f.Add([]byte{0x92, 0xcc})                   // truncated uint8
+	f.Add([]byte{0x92, 0x01, 0xc1})             // bad opcode
+	f.Add([]byte{0x92, 0x01, 0xa1, 'x'})        // a str
+	f.Add([]byte{0xdc, 0x00, 0x03, 1, 2, 3})    // array16
+	f.Add([]byte{0xdd, 0xff, 0xff, 0xff, 0xff}) // a count the input cannot hold
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, slow := reader{b: data}, reader{b: data}
+		nf, errf := fast.intArray(nil)
+		ns, errs := slow.intArraySlow(nil)
+		if nf != ns || fmt.Sprint(errf) != fmt.Sprint(errs) || (errf == nil && fast.i != slow.i) {
+			t.Fatalf("check: fast %d %v at %d, slow %d %v at %d", nf, errf, fast.i, ns, errs, slow.i)
+		}
+		if errf != nil {
+			return
+		}
+		of, os := make([]Int, nf), make([]Int, ns)
+		fast, slow = reader{b: data}, reader{b: data}
+		fast.intArray(of)
+		slow.intArraySlow(os)
+		if !reflect.DeepEqual(of, os) {
+			t.Fatalf("values: fast %v, slow %v", of, os)
 		}
 	})
 }
