@@ -304,14 +304,16 @@ func TestTwoProcessFetch(t *testing.T) {
 
 // BenchmarkTwoProcess64MiB measures, in one run, a 64 MiB fetch between two
 // processes: NIXL through Agent with the producer driven continuously
-// (raw), the same through connector.Pool and connector.Producer (session),
-// and the TCP data plane through the same (tcp-plane).
+// (raw), the same with the posting thread fresh from a sleep before each
+// READ (raw-parked: a session's step loop has slept waiting for its ack),
+// the same through connector.Pool and connector.Producer (session), and the
+// TCP data plane through the same (tcp-plane).
 //
 //	go test -tags nixl -run '^$' -bench TwoProcess -benchtime 20x ./nixl/
 func BenchmarkTwoProcess64MiB(b *testing.B) {
 	for _, v := range variants {
 		for _, bs := range []int{8 << 10, 1 << 20} {
-			for _, mode := range []string{"raw", "session"} {
+			for _, mode := range []string{"raw", "raw-parked", "session"} {
 				b.Run(fmt.Sprintf("ucx-%s/%s/%dKiB", v.name, mode, bs>>10), func(b *testing.B) {
 					if v.tls != "" {
 						b.Setenv("UCX_TLS", v.tls)
@@ -327,11 +329,26 @@ func BenchmarkTwoProcess64MiB(b *testing.B) {
 }
 
 func benchFetch(b *testing.B, mode string, bs int, v variant) {
+	parked := mode == "raw-parked"
+	if parked {
+		mode = "raw"
+	}
 	f := newFetcher(b, mode, bs, v)
 	verify(b, f.region(), f.fetch(b, 0), 0) // connects, and checks once
 	b.SetBytes(fetchBytes)
 	b.ResetTimer()
 	for i := range b.N {
+		if parked {
+			// As a step loop waits for its ack: the thread that posts
+			// has just woken from a sleep (not timed).
+			b.StopTimer()
+			time.Sleep(parkFor)
+			b.StartTimer()
+		}
 		f.fetch(b, i%childItems)
 	}
 }
+
+// parkFor is how long raw-parked sleeps before each READ: about a
+// request's round trip here.
+const parkFor = 300 * time.Microsecond
