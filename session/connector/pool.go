@@ -8,12 +8,14 @@ import (
 	"log/slog"
 	"maps"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"sync"
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/logx"
+	"github.com/ecxfer/ecxfer/internal/ptimer"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -230,6 +232,7 @@ type Pool struct {
 	lastStep  time.Time       // the now of the last Step
 	published time.Time       // the now of the last publish
 	timer     *time.Timer     // Wait's, reused
+	ptimer    *ptimer.Timer   // Wait's for waits under preciseBelow
 
 	closedMalformed uint64 // Malformed of sessions closed
 	pubMu           sync.Mutex
@@ -724,6 +727,20 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if wo, ok := p.ctl.(waiterOr); ok {
 		// No goroutine, no context: the loop may wait thousands of times
 		// a second.
+		if wait < preciseBelow {
+			// A Go timer this short fires a millisecond late when the
+			// process is idle (see internal/ptimer).
+			if p.ptimer == nil {
+				p.ptimer = ptimer.New()
+				// Its goroutine and descriptor outlive a Pool dropped
+				// without Close only until the Pool is collected.
+				runtime.AddCleanup(p, func(t *ptimer.Timer) { t.Close() }, p.ptimer)
+			}
+			p.ptimer.Reset(wait)
+			woke := wo.WaitOr(ctx, p.ready, p.ptimer.C)
+			p.ptimer.Stop()
+			return woke
+		}
 		if p.timer == nil {
 			p.timer = time.NewTimer(wait)
 		} else {
@@ -808,8 +825,10 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every session. Fetches in flight fail; blocks of READs that
-// could not be stopped come back as forced Released, after the Failure.
+// Close ends every session and releases the Pool's timer (a goroutine and
+// a descriptor, once a short wait made one). Fetches in flight fail; blocks
+// of READs that could not be stopped come back as forced Released, after
+// the Failure.
 func (p *Pool) Close() *Results {
 	p.res.reset()
 	if p.closed {
@@ -826,6 +845,15 @@ func (p *Pool) Close() *Results {
 		p.fail(h, xfer.Closed, wire.OK, nil, false)
 	}
 	p.peers, p.order, p.draining, p.retrying = nil, nil, nil, nil
+	if p.ptimer != nil {
+		p.ptimer.Close()
+		p.ptimer = nil
+	}
 	p.publish()
 	return &p.res
 }
+
+// preciseBelow is the wait under which WaitFor uses a precise timer: a Go
+// timer's millisecond of lateness would be most of such a wait, and the
+// precise one costs a system call to arm.
+const preciseBelow = 2 * time.Millisecond

@@ -490,6 +490,7 @@ func TestPoolWaitFor(t *testing.T) {
 	cli := transport.NewClient(transport.ClientConfig{Logger: quiet})
 	defer cli.Close()
 	real := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8}, cli, w.cdata))
+	defer real.Close()
 	for name, p := range map[string]*Pool{"memCtl": w.pool, "transport.Client": real} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		if !p.WaitFor(ctx, time.Millisecond) || ctx.Err() != nil {
