@@ -61,9 +61,12 @@ type Config struct {
 	Progress Progress
 	// ProgressDelay is, for ProgressGoroutine, the longest pause between
 	// rounds while a producer expects READs of its memory (the rounds spin
-	// while they find work, then back off to it); default 50 µs. While
-	// READs of this agent's own are outstanding the rounds never pause:
-	// UCX moves their bytes inside the progress calls. For
+	// while they find work, then back off to it); default 50 µs, on a Go
+	// timer, which fires about a millisecond late in a process with
+	// nothing else to run: idle rounds then come about once a
+	// millisecond. While READs of this agent's own are outstanding the
+	// rounds never pause: UCX moves their bytes inside the progress
+	// calls. For
 	// ProgressThread it is NIXL's pthrDelay: the thread wakes on events
 	// and at least this often; default 1 ms. Ignored by ProgressCaller.
 	ProgressDelay time.Duration
