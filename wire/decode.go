@@ -362,14 +362,7 @@ func pathStatus() string { return "$.status" }
 // hands anything else (wider, signed, truncated, not an int) to int, so
 // that every error is the one int gives.
 func (r *reader) intArray(out []Int) (int, error) {
-	c, err := r.peek()
-	if err != nil {
-		return 0, err
-	}
-	if !isArray(c) {
-		return 0, expected("array", c, "$.src_block_indices")
-	}
-	n, err := r.containerLen(c)
+	n, err := r.blocksHeader()
 	if err != nil {
 		return 0, err
 	}
@@ -404,6 +397,18 @@ func (r *reader) intArray(out []Int) (int, error) {
 		}
 	}
 	return int(n), nil
+}
+
+// blocksHeader reads the array header of src_block_indices.
+func (r *reader) blocksHeader() (uint64, error) {
+	c, err := r.peek()
+	if err != nil {
+		return 0, err
+	}
+	if !isArray(c) {
+		return 0, expected("array", c, "$.src_block_indices")
+	}
+	return r.containerLen(c)
 }
 
 func itoa(i uint64) string { return UintOf(i).String() }

@@ -121,23 +121,16 @@ func FuzzDecodeMemDescs(f *testing.F) {
 // intArraySlow is intArray without its inline forms: every element goes
 // through int. The fast loop must agree with it on every input.
 func (r *reader) intArraySlow(out []Int) (int, error) {
-	c, err := r.peek()
-	if err != nil {
-		return 0, err
-	}
-	if !isArray(c) {
-		return 0, expected("array", c, "$.src_block_indices")
-	}
-	n, err := r.containerLen(c)
+	n, err := r.blocksHeader()
 	if err != nil {
 		return 0, err
 	}
 	for i := uint64(0); i < n; i++ {
 		v, c, err := r.int()
-		if err == errNotInt {
-			return 0, expected("int", c, "$.src_block_indices["+itoa(i)+"]")
-		}
 		if err != nil {
+			if err == errNotInt {
+				err = expected("int", c, "$.src_block_indices["+itoa(i)+"]")
+			}
 			return 0, err
 		}
 		if out != nil {

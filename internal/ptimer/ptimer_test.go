@@ -87,28 +87,24 @@ func BenchmarkLateness(b *testing.B) {
 		b.ReportMetric(float64(late[len(late)/2].Microseconds()), "late-p50-µs")
 		b.ReportMetric(float64(late[len(late)*99/100].Microseconds()), "late-p99-µs")
 	}
-	b.Run("ptimer", func(b *testing.B) {
-		tm := New()
-		defer tm.Close()
+	measure := func(b *testing.B, reset func(time.Duration), c <-chan time.Time) {
 		late := make([]time.Duration, 0, b.N)
 		for b.Loop() {
 			s := time.Now()
-			tm.Reset(d)
-			<-tm.C
+			reset(d)
+			<-c
 			late = append(late, time.Since(s)-d)
 		}
 		report(b, late)
+	}
+	b.Run("ptimer", func(b *testing.B) {
+		tm := New()
+		defer tm.Close()
+		measure(b, tm.Reset, tm.C)
 	})
 	b.Run("go-timer", func(b *testing.B) {
 		tm := time.NewTimer(time.Hour)
 		defer tm.Stop()
-		late := make([]time.Duration, 0, b.N)
-		for b.Loop() {
-			s := time.Now()
-			tm.Reset(d)
-			<-tm.C
-			late = append(late, time.Since(s)-d)
-		}
-		report(b, late)
+		measure(b, func(d time.Duration) { tm.Reset(d) }, tm.C)
 	})
 }
