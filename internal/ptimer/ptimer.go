@@ -17,8 +17,9 @@ import "time"
 // or Stop replaced after it fired), so a waiter must treat it as a hint to
 // look at the clock, as a step loop does anyway.
 type Timer struct {
-	C <-chan time.Time
-	c chan time.Time
+	C  <-chan time.Time
+	c  chan time.Time
+	gt *time.Timer // the fallback, where there is no timerfd
 	impl
 }
 
@@ -47,6 +48,21 @@ func (t *Timer) drain() {
 	select {
 	case <-t.c:
 	default:
+	}
+}
+
+// initGo makes the fallback, a stopped Go timer that fires into C.
+func (t *Timer) initGo() {
+	t.gt = time.AfterFunc(time.Hour, t.fire)
+	t.gt.Stop()
+}
+
+// armGo arms the fallback to fire after d; 0 disarms it.
+func (t *Timer) armGo(d time.Duration) {
+	if d == 0 {
+		t.gt.Stop()
+	} else {
+		t.gt.Reset(d)
 	}
 }
 

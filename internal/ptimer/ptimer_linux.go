@@ -13,14 +13,12 @@ type impl struct {
 	fd   int
 	f    *os.File
 	done chan struct{}
-	gt   *time.Timer
 }
 
 func (t *Timer) init() {
 	fd, err := unix.TimerfdCreate(unix.CLOCK_MONOTONIC, unix.TFD_NONBLOCK|unix.TFD_CLOEXEC)
 	if err != nil {
-		t.gt = time.AfterFunc(time.Hour, t.fire)
-		t.gt.Stop()
+		t.initGo()
 		return
 	}
 	t.fd, t.f, t.done = fd, os.NewFile(uintptr(fd), "timerfd"), make(chan struct{})
@@ -41,11 +39,7 @@ func (t *Timer) read(f *os.File, done chan struct{}) {
 // arm sets the timer to fire after d; 0 disarms it.
 func (t *Timer) arm(d time.Duration) {
 	if t.f == nil {
-		if d == 0 {
-			t.gt.Stop()
-		} else {
-			t.gt.Reset(d)
-		}
+		t.armGo(d)
 		return
 	}
 	its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}

@@ -4,20 +4,10 @@ package ptimer
 
 import "time"
 
-type impl struct{ gt *time.Timer }
+type impl struct{}
 
-func (t *Timer) init() {
-	t.gt = time.AfterFunc(time.Hour, t.fire)
-	t.gt.Stop()
-}
-
-func (t *Timer) arm(d time.Duration) {
-	if d == 0 {
-		t.gt.Stop()
-	} else {
-		t.gt.Reset(d)
-	}
-}
+func (t *Timer) init()               { t.initGo() }
+func (t *Timer) arm(d time.Duration) { t.armGo(d) }
 
 // Close stops the timer.
 func (t *Timer) Close() error {

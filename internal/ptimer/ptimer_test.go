@@ -56,14 +56,12 @@ func TestStopDisarms(t *testing.T) {
 		t.Fatal("not armed after Reset")
 	}
 	// A tick that came before Stop does not outlive it.
-	tm.Reset(0)
-	deadline := time.Now().Add(within)
-	for len(tm.c) == 0 && time.Now().Before(deadline) {
-		time.Sleep(time.Millisecond) // waiting on the OS, not on a clock of ours
-	}
+	tm.fire()
 	tm.Stop()
-	if len(tm.c) != 0 {
+	select {
+	case <-tm.C:
 		t.Fatal("a tick survived Stop")
+	default:
 	}
 }
 
