@@ -219,8 +219,6 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 		if addr == "" {
 			addr = ln.Addr().String()
 		}
-		d.wg.Add(1)
-		go d.accept()
 	}
 	m := agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
 		BlockSize: region.BlockSize(), Blocks: region.Blocks(), Push: cfg.Listen != "" && !cfg.NoPush}
@@ -244,6 +242,12 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	if err != nil {
 		d.Close()
 		return nil, err
+	}
+	if d.ln != nil {
+		// Only now: a consumer that connects at once finds the token,
+		// the board and the metadata in place.
+		d.wg.Add(1)
+		go d.accept()
 	}
 	return d, nil
 }
