@@ -195,6 +195,7 @@ type guardConn struct {
 }
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
+	c = quietIO(c)
 	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{}),
 		okick: make(chan struct{}, 1)}
 	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)
@@ -730,7 +731,7 @@ func newNBWriter(c net.Conn) *nbWriter {
 
 func (w *nbWriter) once(fd uintptr) bool {
 	for len(w.b) > 0 {
-		k, err := syscall.Write(int(fd), w.b)
+		k, err := rawWrite(fd, w.b)
 		if err == syscall.EINTR {
 			continue
 		}

@@ -1243,6 +1243,7 @@ func (l *link) connect() (net.Conn, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tuneConn(tc)
 	}
+	c = quietIO(c)
 	c.SetWriteDeadline(time.Now().Add(l.p.d.cfg.IOTimeout))
 	hello := appendHello(nil, l.p.d.name)
 	if l.p.shm != nil {
@@ -1623,17 +1624,18 @@ func (d *TCPData) accept() {
 
 // serve answers one consumer's READs in order. Anything malformed closes
 // this connection only.
-func (d *TCPData) serve(c net.Conn) {
+func (d *TCPData) serve(accepted net.Conn) {
 	defer d.wg.Done()
 	defer func() {
 		d.mu.Lock()
-		delete(d.served, c)
+		delete(d.served, accepted)
 		d.mu.Unlock()
-		c.Close()
+		accepted.Close()
 	}()
-	if tc, ok := c.(*net.TCPConn); ok {
+	if tc, ok := accepted.(*net.TCPConn); ok {
 		tuneConn(tc)
 	}
+	c := quietIO(accepted)
 	var buf [headLen + 14]byte
 	c.SetReadDeadline(time.Now().Add(d.cfg.IOTimeout))
 	r := bufio.NewReaderSize(c, 4096) // frames from a consumer are small
