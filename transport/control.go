@@ -370,6 +370,7 @@ type Client struct {
 	closed bool
 	held   []Inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
+	notify notifiers
 }
 
 // NewClient returns a client.
@@ -525,6 +526,13 @@ func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
+// OnReply adds f, to be called on a connection's reader goroutine each
+// time a reply (or a producer's death) is ready for Drain (or Dead), until
+// stop. A loop that sleeps on something f wakes (connector.Pool wakes its
+// own descriptor) is then not woken through Wait's channels, which on a
+// small host costs a second thread's wakeup per reply. f must not block.
+func (c *Client) OnReply(f func()) (stop func()) { return c.notify.add(f) }
+
 // Dead appends the producer addresses declared dead since the last call to
 // dst. Their DEALERs are gone: the next Send to one builds a new one.
 func (c *Client) Dead(dst []string) []string {
@@ -602,6 +610,7 @@ func (d *dealer) die(err error) {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
+	d.c.notify.call()
 	d.shutdown()
 }
 
@@ -673,6 +682,7 @@ func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
 	}
 	select {
 	case d.c.in <- Inbound{Addr: d.addr, Payload: frames[1]}:
+		d.c.notify.call()
 		return true
 	case <-d.stop:
 		return false

@@ -155,6 +155,7 @@ type TCPData struct {
 	auth   atomic.Pointer[Authorizer]
 	ln     net.Listener
 	wg     sync.WaitGroup
+	notify notifiers // OnReady's
 
 	mu      sync.Mutex
 	closed  bool
@@ -669,7 +670,13 @@ func (d *TCPData) signal() {
 	case d.ready <- struct{}{}:
 	default:
 	}
+	d.notify.call()
 }
+
+// OnReady implements xfer.Notifying: f is called, on the goroutine that
+// ended the READ or took the notification, each time Ready's channel is
+// sent to, until stop.
+func (d *TCPData) OnReady(f func()) (stop func()) { return d.notify.add(f) }
 
 // StopsReads implements xfer.Stoppable: Release stops every READ.
 func (d *TCPData) StopsReads() bool { return true }
@@ -1888,3 +1895,5 @@ func tuneConn(tc *net.TCPConn) {
 	tc.SetReadBuffer(4 << 20)
 	tc.SetWriteBuffer(4 << 20)
 }
+
+var _ xfer.Notifying = (*TCPData)(nil)
