@@ -16,6 +16,7 @@ import (
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
+	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -233,6 +234,10 @@ type Pool struct {
 	published time.Time       // the now of the last publish
 	timer     *time.Timer     // Wait's, reused
 	ptimer    *ptimer.Timer   // Wait's for waits under preciseBelow
+	waiter    *wake.Waiter    // Wait's otherwise, when the planes call it (hooked)
+	wdone     <-chan struct{} // the Done of the context waiter is woken for
+	wstop     func() bool     // stops that
+	unhook    func()          // removes the hooks, closes waiter
 
 	closedMalformed uint64 // Malformed of sessions closed
 	pubMu           sync.Mutex
@@ -271,8 +276,46 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
+	p.hook()
 	p.stats.FailedBy = map[xfer.Reason]uint64{}
 	return p, nil
+}
+
+// replyNotifier is a control plane that calls a function for each reply
+// and death (*transport.Client).
+type replyNotifier interface {
+	OnReply(f func()) (stop func())
+}
+
+// hook makes Wait sleep on a descriptor of its own, which the control
+// plane and the data plane wake, when both can: a goroutine woken through
+// the runtime's poller runs on the waker's thread once the waker parks,
+// where one woken through a channel costs a second thread's wakeup on a
+// host with an idle core, and a fetch has two or three such hand-offs.
+func (p *Pool) hook() {
+	rn, ok := p.ctl.(replyNotifier)
+	if !ok {
+		return
+	}
+	nt, ok := p.data.(xfer.Notifying)
+	if p.ready != nil && !ok {
+		return // a plane that signals only through its channel
+	}
+	w := wake.New()
+	stops := []func(){rn.OnReply(w.Wake)}
+	if p.ready != nil {
+		stops = append(stops, nt.OnReady(w.Wake))
+	}
+	p.waiter = w
+	unhook := func() {
+		for _, stop := range stops {
+			stop()
+		}
+		w.Close()
+	}
+	p.unhook = unhook
+	// A Pool dropped without Close unhooks when it is collected.
+	runtime.AddCleanup(p, func(f func()) { f() }, unhook)
 }
 
 // Stats returns the counters as of the end of the last Step that ended a
@@ -708,6 +751,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 	if len(p.fetches) == 0 && d < 0 {
+		if p.waiter != nil {
+			return p.sleep(ctx, -1)
+		}
 		return p.ctl.Wait(ctx)
 	}
 	wait := p.cfg.PollInterval
@@ -723,6 +769,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	// Retries are due on the caller's clock; measure from the last Step.
 	for _, f := range p.retrying {
 		wait = min(wait, max(0, f.retryAt.Sub(p.lastStep)))
+	}
+	if p.waiter != nil && wait >= preciseBelow {
+		return p.sleep(ctx, wait)
 	}
 	if wo, ok := p.ctl.(waiterOr); ok {
 		// No goroutine, no context: the loop may wait thousands of times
@@ -774,6 +823,24 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.ctl.Wait(wctx) {
 		return true
 	}
+	return ctx.Err() == nil
+}
+
+// sleep waits on p.waiter for d at most (d < 0: no timeout).
+func (p *Pool) sleep(ctx context.Context, d time.Duration) bool {
+	if done := ctx.Done(); done != nil {
+		// Woken when ctx ends: registered once per context, not per wait.
+		if done != p.wdone {
+			if p.wstop != nil {
+				p.wstop()
+			}
+			p.wdone, p.wstop = done, context.AfterFunc(ctx, p.waiter.Wake)
+		}
+		if ctx.Err() != nil {
+			return false
+		}
+	}
+	p.waiter.Wait(d)
 	return ctx.Err() == nil
 }
 
@@ -848,6 +915,14 @@ func (p *Pool) Close() *Results {
 	if p.ptimer != nil {
 		p.ptimer.Close()
 		p.ptimer = nil
+	}
+	if p.wstop != nil {
+		p.wstop()
+		p.wdone, p.wstop = nil, nil
+	}
+	if p.unhook != nil {
+		p.unhook()
+		p.waiter, p.unhook = nil, nil
 	}
 	p.publish()
 	return &p.res
