@@ -20,6 +20,7 @@ import (
 	"unsafe"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -52,6 +53,7 @@ type Agent struct {
 	expect atomic.Int64  // reads a producer expects (ExpectReads)
 	wake   chan struct{} // wakes an idle progress goroutine
 	ready  chan struct{} // notifications wait in the inbox
+	notify wake.Hooks    // OnReady's
 	stop   chan struct{}
 	done   chan struct{} // closed when the progress goroutine returned
 }
@@ -74,6 +76,7 @@ var (
 	_ xfer.DataTransport = (*Agent)(nil)
 	_ xfer.Driven        = (*Agent)(nil)
 	_ xfer.Signaling     = (*Agent)(nil)
+	_ xfer.Notifying     = (*Agent)(nil)
 )
 
 func (c *Config) setDefaults() {
@@ -193,6 +196,19 @@ func (a *Agent) Ready() <-chan struct{} {
 		return nil
 	}
 	return a.ready
+}
+
+// OnReady implements xfer.Notifying: f is called each time Ready's channel
+// is sent to, until stop.
+func (a *Agent) OnReady(f func()) (stop func()) { return a.notify.Add(f) }
+
+// signal tells the loop that there is work (Ready, OnReady).
+func (a *Agent) signal() {
+	select {
+	case a.ready <- struct{}{}:
+	default:
+	}
+	a.notify.Call()
 }
 
 func (a *Agent) kick() {
@@ -358,10 +374,7 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 		// nothing to drive, nothing to ask NIXL again. Ready still says
 		// a READ ended, as for any other.
 		a.handles[a.next] = &req{ch: h, ended: true, seen: true, st: C.CNIXL_SUCCESS}
-		select {
-		case a.ready <- struct{}{}:
-		default:
-		}
+		a.signal()
 		return a.next, nil
 	}
 	a.handles[a.next] = &req{ch: h}
@@ -555,10 +568,7 @@ func (a *Agent) progressLoop() {
 			got = true
 		}
 		if got {
-			select {
-			case a.ready <- struct{}{}:
-			default:
-			}
+			a.signal()
 		}
 		if len(a.zombies) > 0 {
 			a.reapZombiesLocked()

@@ -15,6 +15,7 @@ var (
 	_ xfer.DataTransport = (*Agent)(nil)
 	_ xfer.Driven        = (*Agent)(nil)
 	_ xfer.Signaling     = (*Agent)(nil)
+	_ xfer.Notifying     = (*Agent)(nil)
 )
 
 // New returns ErrNotBuilt: this build has no NIXL.
@@ -31,6 +32,9 @@ func (*Agent) MemDescriptor() []byte { return nil }
 
 // Ready returns nil.
 func (*Agent) Ready() <-chan struct{} { return nil }
+
+// OnReady calls f never.
+func (*Agent) OnReady(func()) (stop func()) { return func() {} }
 
 // ExpectReads does nothing.
 func (*Agent) ExpectReads(int) {}

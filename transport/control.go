@@ -16,6 +16,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/google/uuid"
 
+	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -370,7 +371,7 @@ type Client struct {
 	closed bool
 	held   []Inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
-	notify notifiers
+	notify wake.Hooks
 }
 
 // NewClient returns a client.
@@ -531,7 +532,7 @@ func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 // stop. A loop that sleeps on something f wakes (connector.Pool wakes its
 // own descriptor) is then not woken through Wait's channels, which on a
 // small host costs a second thread's wakeup per reply. f must not block.
-func (c *Client) OnReply(f func()) (stop func()) { return c.notify.add(f) }
+func (c *Client) OnReply(f func()) (stop func()) { return c.notify.Add(f) }
 
 // Dead appends the producer addresses declared dead since the last call to
 // dst. Their DEALERs are gone: the next Send to one builds a new one.
@@ -610,7 +611,7 @@ func (d *dealer) die(err error) {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
-	d.c.notify.call()
+	d.c.notify.Call()
 	d.shutdown()
 }
 
@@ -682,7 +683,7 @@ func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
 	}
 	select {
 	case d.c.in <- Inbound{Addr: d.addr, Payload: frames[1]}:
-		d.c.notify.call()
+		d.c.notify.Call()
 		return true
 	case <-d.stop:
 		return false

@@ -10,23 +10,6 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-func TestNotifiers(t *testing.T) {
-	var n notifiers
-	n.call() // none: no-op
-	var a, b atomic.Int32
-	stopA := n.add(func() { a.Add(1) })
-	stopB := n.add(func() { b.Add(1) })
-	n.call()
-	stopA()
-	stopA() // once
-	n.call()
-	stopB()
-	n.call()
-	if a.Load() != 1 || b.Load() != 2 {
-		t.Fatalf("calls: a %d (want 1), b %d (want 2)", a.Load(), b.Load())
-	}
-}
-
 // TestClientOnReply: a loop that sleeps on a wake.Waiter, woken only by
 // OnReply, sees every reply with Drain and a death with Dead, and after
 // stop the function is no longer called.

@@ -23,6 +23,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -155,7 +156,7 @@ type TCPData struct {
 	auth   atomic.Pointer[Authorizer]
 	ln     net.Listener
 	wg     sync.WaitGroup
-	notify notifiers // OnReady's
+	notify wake.Hooks // OnReady's
 
 	mu      sync.Mutex
 	closed  bool
@@ -670,13 +671,13 @@ func (d *TCPData) signal() {
 	case d.ready <- struct{}{}:
 	default:
 	}
-	d.notify.call()
+	d.notify.Call()
 }
 
 // OnReady implements xfer.Notifying: f is called, on the goroutine that
 // ended the READ or took the notification, each time Ready's channel is
 // sent to, until stop.
-func (d *TCPData) OnReady(f func()) (stop func()) { return d.notify.add(f) }
+func (d *TCPData) OnReady(f func()) (stop func()) { return d.notify.Add(f) }
 
 // StopsReads implements xfer.Stoppable: Release stops every READ.
 func (d *TCPData) StopsReads() bool { return true }

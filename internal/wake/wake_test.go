@@ -102,6 +102,23 @@ func TestWakeAfterClose(t *testing.T) {
 	})
 }
 
+func TestHooks(t *testing.T) {
+	var h Hooks
+	h.Call() // none: no-op
+	var a, b atomic.Int32
+	stopA := h.Add(func() { a.Add(1) })
+	stopB := h.Add(func() { b.Add(1) })
+	h.Call()
+	stopA()
+	stopA() // once
+	h.Call()
+	stopB()
+	h.Call()
+	if a.Load() != 1 || b.Load() != 2 {
+		t.Fatalf("calls: a %d (want 1), b %d (want 2)", a.Load(), b.Load())
+	}
+}
+
 func BenchmarkWakeRoundTrip(b *testing.B) {
 	for _, kind := range []string{"timerfd", "fallback"} {
 		b.Run(kind, func(b *testing.B) {
