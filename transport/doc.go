@@ -38,6 +38,16 @@
 // holds fails with ErrPeerDown (zmq4 and libzmq drop it silently), which
 // ends its grant at once.
 //
+// Both planes read and write their sockets with raw system calls (the
+// sockets never block; the runtime's poller waits for them). The ordinary
+// calls wake the runtime's monitor thread on the first call after the
+// process idled, and it then polls every 20 µs until the process idles
+// again: for a step loop that idles between fetches, a thread wakeup and a
+// few timer sleeps per fetch on each side. Removing them took a
+// two-process fetch's p99 from about 800 to about 300 µs on two cores.
+// Race-detector builds keep the ordinary calls, which tell the detector
+// what the kernel orders.
+//
 // # Data plane
 //
 // TCPData moves a READ's bytes from the producer's region with writev and

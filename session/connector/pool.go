@@ -741,6 +741,14 @@ func (p *Pool) retryDue(now time.Time) {
 // in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
+//
+// Over a control plane and a data plane that call it (transport.Client's
+// OnReply, xfer.Notifying), Wait sleeps on a descriptor of the Pool's own
+// that the runtime's poller watches, rather than on channels: the
+// goroutine that brought a reply hands the loop its own thread when it
+// parks, where a channel would wake a second thread. Like any socket read
+// in Go, such a wake is seen when a processor next polls: at once when one
+// is idle, else when the waker parks.
 func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
 // WaitFor is Wait that also returns, true, after d at the latest: for an
