@@ -103,9 +103,11 @@ func TestQuietConnEnds(t *testing.T) {
 	})
 	t.Run("write deadline", func(t *testing.T) {
 		a, _ := quietPair(t) // the peer never reads
-		a.SetWriteDeadline(time.Now().Add(50 * time.Millisecond))
-		n, err := a.Write(make([]byte, 256<<20))
-		if !errors.Is(err, os.ErrDeadlineExceeded) || n == 0 || n >= 256<<20 {
+		buf := make([]byte, 64<<20) // more than both sockets' buffers hold
+		// Long enough that a loaded machine still writes before it.
+		a.SetWriteDeadline(time.Now().Add(250 * time.Millisecond))
+		n, err := a.Write(buf)
+		if !errors.Is(err, os.ErrDeadlineExceeded) || n == 0 || n >= len(buf) {
 			t.Fatalf("Write = %d, %v; want part written, then a timeout", n, err)
 		}
 	})
