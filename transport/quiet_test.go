@@ -102,7 +102,7 @@ func TestQuietConnEnds(t *testing.T) {
 		}
 	})
 	t.Run("write deadline", func(t *testing.T) {
-		a, _ := quietPair(t) // the peer never reads
+		a, _ := quietPair(t)        // the peer never reads
 		buf := make([]byte, 64<<20) // more than both sockets' buffers hold
 		// Long enough that a loaded machine still writes before it.
 		a.SetWriteDeadline(time.Now().Add(250 * time.Millisecond))
