@@ -175,10 +175,11 @@ func (s *Server) Stats() ControlStats { return s.stats.snapshot() }
 // first is closed (libzmq's ROUTER_HANDOVER): a consumer that reconnects
 // before its old connection timed out is not black-holed.
 func (s *Server) connected(g *guardConn) {
+	s.connMu.Lock()
+	// Under connMu: a Close racing the handshake reads it in disconnected.
 	if len(g.identity) == 0 {
 		g.identity = []byte(uuid.NewString())
 	}
-	s.connMu.Lock()
 	old := s.conns[string(g.identity)]
 	s.conns[string(g.identity)] = g
 	s.connMu.Unlock()
