@@ -3,6 +3,7 @@ package ptimer
 import (
 	"os"
 	"time"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -25,13 +26,30 @@ func (t *Timer) init() {
 	go t.read(t.f, t.done)
 }
 
+// Raw system calls: a timerfd never blocks (the poller waits for it), and
+// the ordinary calls would wake the runtime's monitor thread each time a
+// process idle between waits arms or reads it.
+
 func (t *Timer) read(f *os.File, done chan struct{}) {
 	defer close(done)
+	rc, err := f.SyscallConn()
+	if err != nil {
+		return
+	}
 	var b [8]byte // the count of expiries
-	for {
-		if _, err := f.Read(b[:]); err != nil {
-			return // closed
+	read := func(fd uintptr) bool {
+		for {
+			_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), 8)
+			switch e {
+			case unix.EINTR:
+				continue
+			case unix.EAGAIN:
+				return false // the poller waits
+			}
+			return true
 		}
+	}
+	for rc.Read(read) == nil { // fails once closed
 		t.fire()
 	}
 }
@@ -43,7 +61,8 @@ func (t *Timer) arm(d time.Duration) {
 		return
 	}
 	its := unix.ItimerSpec{Value: unix.NsecToTimespec(int64(d))}
-	if unix.TimerfdSettime(t.fd, 0, &its, nil) != nil {
+	_, _, e := unix.RawSyscall6(unix.SYS_TIMERFD_SETTIME, uintptr(t.fd), 0, uintptr(unsafe.Pointer(&its)), 0, 0, 0)
+	if e != 0 {
 		t.fire() // cannot happen for a valid fd; a wake-up early is safe
 	}
 }
