@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ecxfer/ecxfer/internal/wake"
 )
 
 // impl is a timerfd read by a goroutine through the runtime's poller; the
@@ -36,20 +38,7 @@ func (t *Timer) read(f *os.File, done chan struct{}) {
 	if err != nil {
 		return
 	}
-	var b [8]byte // the count of expiries
-	read := func(fd uintptr) bool {
-		for {
-			_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), 8)
-			switch e {
-			case unix.EINTR:
-				continue
-			case unix.EAGAIN:
-				return false // the poller waits
-			}
-			return true
-		}
-	}
-	for rc.Read(read) == nil { // fails once closed
+	for rc.Read(wake.ReadCounter) == nil { // fails once closed
 		t.fire()
 	}
 }

@@ -38,15 +38,17 @@ func (w *Waiter) init() {
 	// RawConn: a Wake racing Close never writes to a descriptor reused
 	// since.
 	w.f, w.rc = f, rc
-	w.rfn, w.kfn = readCount, addOne
-	w.dfn = func(fd uintptr) { readCount(fd) }
+	w.rfn, w.kfn = ReadCounter, addOne
+	w.dfn = func(fd uintptr) { ReadCounter(fd) }
 }
 
 // Raw calls: an eventfd never blocks, and syscall.Read would wake the
 // runtime's monitor thread (see transport's quietConn).
 
-// readCount consumes the wakes; false: none yet, the poller waits.
-func readCount(fd uintptr) bool {
+// ReadCounter reads the 8-byte counter of an eventfd or a timerfd (the
+// wakes, the expiries), for a RawConn's Read; false: none yet, the poller
+// waits.
+func ReadCounter(fd uintptr) bool {
 	var b [8]byte
 	for {
 		_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), 8)
