@@ -280,12 +280,16 @@ func BenchmarkFetchLatency(b *testing.B) {
 // benchPool is a consumer for a benchmark: a Pool over a region of blocks
 // × bs, on the real control plane and the TCP data plane (which maps a
 // shared region for "shm"). It closes with the benchmark.
-func benchPool(b *testing.B, blocks, bs int, data string) (*connector.Pool, *cache.Region) {
+func benchPool(b *testing.B, blocks, bs int, data string, opts ...func(*connector.PoolConfig)) (*connector.Pool, *cache.Region) {
 	region := must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: bs, NoLock: true}))
 	cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm",
 		PushBuffer: map[bool]int{true: -1}[data == "tcp-no-push"]}, region))
 	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
+	cfg := connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	pool := must(connector.NewPool(cfg, cli, cdata))
 	b.Cleanup(func() { pool.Close(); cli.Close(); cdata.Close(); region.Close() })
 	return pool, region
 }
@@ -337,18 +341,22 @@ func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
 // BenchmarkRequestAck measures request → answer round trips through the
 // sessions on both ends, one outstanding, between two processes: a Pool
 // asks a Producer (in a second process) for an entry it does not hold and
-// waits for the NACK, next to a 200-byte Go TCP ping-pong to that same
-// process. Each reports rtt/s and p50.
+// waits for the NACK (with PoolConfig.WaitOnPoller off and on), next to a
+// 200-byte Go TCP ping-pong to that same process. Each reports rtt/s and
+// p50.
 func BenchmarkRequestAck(b *testing.B) {
 	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
-	b.Run("sessions", func(b *testing.B) {
-		pool, _ := benchPool(b, 1, 4096, "tcp")
-		rtt(b, func() {
-			if fetchOne(b, pool, ep, "not-held", []int{0}) {
-				b.Fatal("an entry the producer does not hold was fetched")
-			}
+	for _, poller := range []bool{false, true} {
+		name := map[bool]string{false: "sessions", true: "sessions-wait-on-poller"}[poller]
+		b.Run(name, func(b *testing.B) {
+			pool, _ := benchPool(b, 1, 4096, "tcp", func(c *connector.PoolConfig) { c.WaitOnPoller = poller })
+			rtt(b, func() {
+				if fetchOne(b, pool, ep, "not-held", []int{0}) {
+					b.Fatal("an entry the producer does not hold was fetched")
+				}
+			})
 		})
-	})
+	}
 	b.Run("tcp-ping-pong", func(b *testing.B) {
 		c, err := net.Dial("tcp", echo)
 		if err != nil {
