@@ -530,9 +530,10 @@ func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 
 // OnReply adds f, to be called on a connection's reader goroutine each
 // time a reply (or a producer's death) is ready for Drain (or Dead), until
-// stop. A loop that sleeps on something f wakes (connector.Pool wakes its
-// own descriptor) is then not woken through Wait's channels, which on a
-// small host costs a second thread's wakeup per reply. f must not block.
+// stop. A loop that sleeps on something f wakes (connector.Pool with
+// WaitOnPoller: a descriptor of its own) is then not woken through Wait's
+// channels, which on a small host costs a second thread's wakeup per
+// reply. f must not block.
 func (c *Client) OnReply(f func()) (stop func()) { return c.notify.Add(f) }
 
 // Dead appends the producer addresses declared dead since the last call to
