@@ -38,8 +38,9 @@
 // holds fails with ErrPeerDown (zmq4 and libzmq drop it silently), which
 // ends its grant at once.
 //
-// Both planes read and write their sockets with raw system calls (the
-// sockets never block; the runtime's poller waits for them). The ordinary
+// Both planes read their sockets, and write them except where a READ's
+// bytes go out with writev, with raw system calls (the sockets never
+// block; the runtime's poller waits for them). The ordinary
 // calls wake the runtime's monitor thread on the first call after the
 // process idled, and it then polls every 20 µs until the process idles
 // again: for a step loop that idles between fetches, a thread wakeup and a

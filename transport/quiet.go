@@ -16,7 +16,9 @@ import (
 // the runtime's monitor thread, which then polls every 20 µs until the
 // process is idle again. A step loop idles between fetches, so that was a
 // thread wakeup and a few timer sleeps per fetch on each side, each taking
-// a core from the peer on a small host.
+// a core from the peer on a small host. net.Buffers.WriteTo still reaches
+// the TCPConn's own writev (ordinary calls): it is used for a READ's bytes,
+// where the call is long anyway.
 type quietConn struct {
 	*net.TCPConn
 	raw syscall.RawConn

@@ -189,7 +189,10 @@ type TCPData struct {
 	pushDrops  atomic.Uint64 // consumer: pushes dropped for want of room, or unclaimed
 }
 
-var _ xfer.DataTransport = (*TCPData)(nil)
+var (
+	_ xfer.DataTransport = (*TCPData)(nil)
+	_ xfer.Notifying     = (*TCPData)(nil)
+)
 
 // NewTCPData returns a data plane over region, serving READs if cfg.Listen is
 // set.
@@ -1896,5 +1899,3 @@ func tuneConn(tc *net.TCPConn) {
 	tc.SetReadBuffer(4 << 20)
 	tc.SetWriteBuffer(4 << 20)
 }
-
-var _ xfer.Notifying = (*TCPData)(nil)

@@ -2,7 +2,7 @@ package wake
 
 import "time"
 
-// fallback is a channel and a Go timer, where there is no timerfd.
+// fallback is a channel and a Go timer, where there is no eventfd.
 type fallback struct {
 	c  chan struct{}
 	gt *time.Timer

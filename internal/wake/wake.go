@@ -7,9 +7,10 @@
 // is idle: on a small host that wakeup, and the thread spinning on a core
 // the peer process needs, cost more than a fetch's round trip. A goroutine
 // parked on a descriptor is picked up by the thread that polls next, which
-// is the waker's own as soon as it parks. On Linux the descriptor is a
-// timerfd, so the timeout is exact as well (see internal/ptimer); elsewhere
-// a channel and a Go timer serve.
+// is the waker's own as soon as it parks. On Linux the descriptor is an
+// eventfd and the timeout its read deadline, a Go timer (so about a
+// millisecond late for short waits; see internal/ptimer); elsewhere a
+// channel and a Go timer serve.
 package wake
 
 import (
