@@ -99,7 +99,12 @@
 // saves the READ's round trip; it relies on loads not passing older loads,
 // so it is used on amd64 only. A lone small READ is copied on the caller's
 // goroutine; large ones, and bursts, on the peer's copier goroutine,
-// whose notifications go out in one write. In one process a consumer reads
+// whose notifications go out in one write.
+//
+// A same-host READ of 2 MiB or more is copied by TCPConfig.CopyWorkers
+// goroutines at once (default GOMAXPROCS, at most 4), taking 512 KiB at a
+// time: one core copies well under what the memory bus carries (here 20-26
+// GB/s alone, 36-42 GB/s on two), and both processes wait on the copy. In one process a consumer reads
 // the producer's region through the producer's own mapping
 // (cache.BorrowShared), whose pages are mapped already.
 //

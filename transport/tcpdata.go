@@ -12,6 +12,7 @@ import (
 	"net"
 	"os"
 	"runtime"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -66,6 +67,11 @@ type TCPConfig struct {
 	// NoSharedMemory turns the same-host path off: a producer does not
 	// offer its Shared region, a consumer does not map one.
 	NoSharedMemory bool
+	// CopyWorkers is how many goroutines copy one same-host READ of
+	// parallelCopyMin (2 MiB) or more; a core copies at most about a
+	// third of what the memory bus carries. Default GOMAXPROCS, at most
+	// 4; 1 copies every READ on one goroutine.
+	CopyWorkers int
 	// PushBuffer is how many bytes of pushed blocks a consumer keeps per
 	// producer until its READs claim them: a producer on another host then
 	// sends an entry's blocks with its ack, and the READ needs no round
@@ -96,6 +102,9 @@ func (c TCPConfig) withDefaults() TCPConfig {
 		c.PushBuffer = defaultPushBuffer
 	}
 	c.PushBuffer = max(0, min(c.PushBuffer, 1<<30))
+	if c.CopyWorkers <= 0 {
+		c.CopyWorkers = min(runtime.GOMAXPROCS(0), 4)
+	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
@@ -1464,23 +1473,96 @@ func (l *link) copyShared(op *readOp, revokes uint64) {
 	op.complete()
 }
 
-// copyBlocks copies op's blocks out of the producer's mapped region.
+// copyBlocks copies op's blocks out of the producer's mapped region; a
+// large READ on CopyWorkers goroutines at once.
 func (p *peer) copyBlocks(op *readOp) {
 	bs := p.d.region.BlockSize()
+	if w := p.d.cfg.CopyWorkers; w > 1 && op.n*bs >= parallelCopyMin {
+		copyParallel(p.spans(op, nil), op.n*bs, min(w, op.n*bs/(parallelCopyMin/2)))
+		return
+	}
+	p.walk(op, func(dst, src []byte) { copy(dst, src) })
+}
+
+// walk calls f for op's runs that are contiguous on both sides, in order:
+// dst in the local region, src in the producer's mapped one.
+func (p *peer) walk(op *readOp, f func(dst, src []byte)) {
+	bs := p.d.region.BlockSize()
 	src := p.shm[p.shmOff:]
-	// Runs contiguous on both sides are one copy: walk both run lists.
 	loc, rem := op.local, op.remote
-	var lo, ro int // blocks of loc[0] and rem[0] already copied
+	var lo, ro int // blocks of loc[0] and rem[0] already walked
 	for len(loc) > 0 && len(rem) > 0 {
 		n := min(loc[0][1]-lo, rem[0][1]-ro)
 		r := (rem[0][0] + ro) * bs
-		copy(p.d.region.Span(loc[0][0]+lo, n), src[r:r+n*bs])
+		f(p.d.region.Span(loc[0][0]+lo, n), src[r:r+n*bs])
 		if lo += n; lo == loc[0][1] {
 			loc, lo = loc[1:], 0
 		}
 		if ro += n; ro == rem[0][1] {
 			rem, ro = rem[1:], 0
 		}
+	}
+}
+
+// copySpan is one contiguous copy of a READ; off is where it starts in
+// the READ's bytes.
+type copySpan struct {
+	dst, src []byte
+	off      int
+}
+
+// spans appends op's contiguous copies to s.
+func (p *peer) spans(op *readOp, s []copySpan) []copySpan {
+	off := 0
+	p.walk(op, func(dst, src []byte) {
+		s = append(s, copySpan{dst, src, off})
+		off += len(dst)
+	})
+	return s
+}
+
+// parallelCopyMin is the smallest READ copied by more than one goroutine,
+// each taking at least half of it: below it waking a helper costs more
+// than the share of the copy it takes.
+const parallelCopyMin = 2 << 20
+
+// copyChunk is the share of a parallel copy a goroutine takes at a time.
+// Helpers start late (waking a processor takes tens of microseconds to a
+// millisecond here), so shares are taken as they go, not split up front.
+const copyChunk = 512 << 10
+
+// copyParallel copies spans, total bytes in all, on w goroutines (this one
+// among them), each taking the next copyChunk bytes until none are left.
+func copyParallel(spans []copySpan, total, w int) {
+	var next atomic.Int64
+	work := func() {
+		for {
+			from := int(next.Add(copyChunk)) - copyChunk
+			if from >= total {
+				return
+			}
+			copyRange(spans, from, min(from+copyChunk, total))
+		}
+	}
+	var wg sync.WaitGroup
+	for range w - 1 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			work()
+		}()
+	}
+	work()
+	wg.Wait()
+}
+
+// copyRange copies bytes [from, to) of the READ spans make up.
+func copyRange(spans []copySpan, from, to int) {
+	i := sort.Search(len(spans), func(i int) bool { return spans[i].off+len(spans[i].dst) > from })
+	for ; i < len(spans) && spans[i].off < to; i++ {
+		s := spans[i]
+		lo, hi := max(from-s.off, 0), min(to-s.off, len(s.dst))
+		copy(s.dst[lo:hi], s.src[lo:hi])
 	}
 }
 
