@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
@@ -79,10 +80,11 @@ func BenchmarkConsumerPoll(b *testing.B) {
 // Producer grants through Poll: decode the request, pin, encode and reply
 // the ack. One grant per op. "first": the consumer session has not
 // completed a READ yet, so every ack carries the region's mem descriptor
-// (each op re-requests, replacing the grant). "steady": it has, so acks
+// (each op re-requests once the previous grant's lease ran out). "steady": it has, so acks
 // leave the descriptor out, and the completion notification ends each
-// grant. "steady-authorize": the same with the grant table locked for a
-// data plane that gates READs (the TCP one); NIXL does not.
+// grant. "steady-authorize": the same with the READ authorized before its
+// notification, as a data plane that gates READs (the TCP one) does; NIXL
+// does not.
 func BenchmarkProducerGrant(b *testing.B) {
 	for _, blocks := range []int{512, 100000} {
 		for _, mode := range []string{"first", "steady", "steady-authorize"} {
@@ -90,13 +92,13 @@ func BenchmarkProducerGrant(b *testing.B) {
 				data := &benchData{meta: []byte(strings.Repeat("m", 200)), desc: wire.AppendBlockDescs(nil, 0x7f0000000000, 7168, blocks, 0)}
 				c := cache.NewEmbeddingCache(blocks)
 				h := strings.Repeat("ab", 32)
-				if _, err := c.Alloc(h, 8); err != nil {
+				e, err := c.Alloc(h, 8)
+				if err != nil {
 					b.Fatal(err)
 				}
 				c.MarkReady(h)
 				p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
-				if mode == "steady-authorize" {
-				}
+				authorize := mode == "steady-authorize"
 				sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
 				msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 				notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
@@ -109,7 +111,17 @@ func BenchmarkProducerGrant(b *testing.B) {
 				var sink countingReplier
 				b.ReportAllocs()
 				for b.Loop() {
+					if !steady {
+						now = now.Add(time.Hour) // the last grant's lease ran out
+					}
 					p.Poll(msgs, now, &sink)
+					if authorize {
+						release, ok := p.Authorize("c", notif[0].Msg, e.Blocks)
+						if !ok {
+							b.Fatal("READ of the grant refused")
+						}
+						release()
+					}
 					if steady {
 						data.notifs = append(data.notifs, notif...)
 					}
@@ -117,6 +129,9 @@ func BenchmarkProducerGrant(b *testing.B) {
 				st := p.Stats()
 				if steady && st.DescsSent > 2 || !steady && st.DescsSent != st.Grants {
 					b.Fatalf("descriptors sent %d of %d grants", st.DescsSent, st.Grants)
+				}
+				if want := uint64(b.N) + map[bool]uint64{true: 1}[steady]; st.Grants != want {
+					b.Fatalf("%d grants in %d ops", st.Grants, b.N)
 				}
 				b.ReportMetric(float64(sink.bytes)/float64(sink.n), "B/ack")
 			})
