@@ -58,14 +58,15 @@ func TestMain(m *testing.M) {
 
 // runChild serves childItems entries of fetchBytes until stdin closes.
 // Modes: "raw" (a NIXL agent, driven continuously; prints its metadata and
-// descriptor), "session" (connector.Producer over NIXL) and "tcp"
-// (connector.Producer over the TCP data plane); the last two print the
+// descriptor), "session" (connector.Producer over NIXL), "tcp"
+// (connector.Producer over the TCP data plane) and "shm" (the same over a
+// Shared region: the consumer copies out of it); the last three print the
 // control endpoint.
 func runChild(mode string) error {
 	var bs int
 	fmt.Sscan(os.Getenv("ECXFER_NIXL_BLOCK"), &bs)
 	per := fetchBytes / bs
-	region, err := cache.NewRegion(cache.RegionConfig{Blocks: childItems * per, BlockSize: bs})
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: childItems * per, BlockSize: bs, Shared: mode == "shm"})
 	if err != nil {
 		return err
 	}
@@ -87,7 +88,7 @@ func runChild(mode string) error {
 		k, v, _ := strings.Cut(p, "=")
 		params = map[string]string{k: v}
 	}
-	if mode == "tcp" {
+	if mode == "tcp" || mode == "shm" {
 		data, err = transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: quiet}, region)
 	} else {
 		data, err = New(Config{Name: fmt.Sprintf("child-%d", os.Getpid()), Params: params}, region)
@@ -245,7 +246,7 @@ func newFetcher(tb testing.TB, mode string, bs int, v variant) fetcher {
 		blocks[i] = i
 	}
 	var data xfer.DataTransport
-	if mode == "tcp" {
+	if mode == "tcp" || mode == "shm" {
 		data, err = transport.NewTCPData(transport.TCPConfig{Logger: quiet}, r)
 	} else {
 		data, err = New(Config{Name: fmt.Sprintf("parent-%d-%d", os.Getpid(), seq.Add(1)), Params: v.params}, r)
@@ -307,7 +308,8 @@ func TestTwoProcessFetch(t *testing.T) {
 // (raw), the same with the posting thread fresh from a sleep before each
 // READ (raw-parked: a session's step loop has slept waiting for its ack),
 // the same through connector.Pool and connector.Producer (session), and the
-// TCP data plane through the same (tcp-plane).
+// TCP data plane through the same (tcp-plane; shm-plane with the producer's
+// region Shared, so the consumer copies out of it).
 //
 //	go test -tags nixl -run '^$' -bench TwoProcess -benchtime 20x ./nixl/
 func BenchmarkTwoProcess64MiB(b *testing.B) {
@@ -325,6 +327,7 @@ func BenchmarkTwoProcess64MiB(b *testing.B) {
 	}
 	for _, bs := range []int{8 << 10, 1 << 20} {
 		b.Run(fmt.Sprintf("tcp-plane/%dKiB", bs>>10), func(b *testing.B) { benchFetch(b, "tcp", bs, variant{}) })
+		b.Run(fmt.Sprintf("shm-plane/%dKiB", bs>>10), func(b *testing.B) { benchFetch(b, "shm", bs, variant{}) })
 	}
 }
 
