@@ -9,6 +9,7 @@ package nixl
 import "C"
 
 import (
+	"bytes"
 	"encoding/binary"
 	"fmt"
 	"math"
@@ -38,17 +39,30 @@ type Agent struct {
 	meta   []byte
 	desc   []byte
 
-	mu      sync.Mutex // every call into C
+	// cmu serializes every call into C; mu guards the state below. Who
+	// needs both takes cmu first. When the progress goroutine posts READs
+	// (Config.AsyncPost), the step loop's calls (PostRead, Check, Release,
+	// and DrainNotifs when C is busy) take mu alone: a long C call, such
+	// as a post over UCX shared memory, which copies there, never holds
+	// up the caller's step.
+	cmu     sync.Mutex
+	mu      sync.Mutex
 	c       *C.cnixl_agent
+	async   bool              // PostRead queues READs for the progress goroutine
 	peers   map[string]peer   // remote agent -> registration
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
 	handles map[xfer.Handle]*req
+	queued  []*req           // accepted by PostRead, not yet posted (async)
+	spare   []*req           // the queue's other buffer
+	ended   []C.cnixl_handle // released after they ended, to release in C (async)
 	zombies []C.cnixl_handle // released while running: released once they end
 	inbox   []xfer.Notif     // drained by the progress goroutine, for DrainNotifs
 	dropped uint64           // notifications over maxInbox
 	next    xfer.Handle
 	closed  bool
 	ids     []C.int32_t // PostRead's scratch (a fresh one cost 0.2 ms per 8,192-block READ here)
+
+	beforePost func() // tests: runs before the progress goroutine posts a READ
 
 	expect atomic.Int64  // reads a producer expects (ExpectReads)
 	wake   chan struct{} // wakes an idle progress goroutine
@@ -58,14 +72,32 @@ type Agent struct {
 	done   chan struct{} // closed when the progress goroutine returned
 }
 
-// req is a posted READ; ended says Check saw it end, so Release need not
-// ask NIXL again.
+// req is a READ; ended says Check saw it end, so Release need not ask
+// NIXL again.
 type req struct {
 	ch    C.cnixl_handle
 	ended bool
 	seen  bool // the progress loop saw it end, with status st
 	st    int
+
+	// Async READs: queued until the progress goroutine posts them.
+	phase    postPhase
+	released bool // released before its post returned
+	refused  bool // NIXL refused its post: no request
+	ids      []C.int32_t
+	agent    string
+	notif    []byte
 }
+
+// postPhase is where an async READ is: queued, being posted (a C call
+// under way), or posted.
+type postPhase uint8
+
+const (
+	posted postPhase = iota
+	queued
+	posting
+)
 
 type peer struct {
 	refs   int // registrations
@@ -141,7 +173,8 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	}
 	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{},
 		handles: map[xfer.Handle]*req{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
-		stop: make(chan struct{}), done: make(chan struct{})}
+		stop: make(chan struct{}), done: make(chan struct{}),
+		async: cfg.Progress == ProgressGoroutine && cfg.AsyncPost}
 	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, delay, &a.c); st != 0 {
 		if st == C.CNIXL_ERR_NOT_BUILT {
 			return nil, ErrNotBuilt
@@ -211,6 +244,10 @@ func (a *Agent) signal() {
 	a.notify.Call()
 }
 
+// lockC takes both locks, for calls into C; unlockC releases them.
+func (a *Agent) lockC()   { a.cmu.Lock(); a.mu.Lock() }
+func (a *Agent) unlockC() { a.mu.Unlock(); a.cmu.Unlock() }
+
 func (a *Agent) kick() {
 	select {
 	case a.wake <- struct{}{}:
@@ -243,8 +280,8 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	if n > math.MaxInt32 {
 		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", ErrInvalidParam, n)
 	}
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lockC()
+	defer a.unlockC()
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
@@ -298,8 +335,8 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 
 // RemoveRemotePeer implements xfer.DataTransport.
 func (a *Agent) RemoveRemotePeer(agent string) error {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lockC()
+	defer a.unlockC()
 	if a.closed {
 		return xfer.ErrClosed
 	}
@@ -323,7 +360,9 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 }
 
 // PostRead implements xfer.DataTransport. Every id must name a block of
-// its region: local ones this agent's, remote ones the peer's (ErrInvalidParam).
+// its region: local ones this agent's, remote ones the peer's
+// (ErrInvalidParam). With Config.AsyncPost it returns once the READ is
+// queued for the progress goroutine, and a READ NIXL refuses ends Failed.
 func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
 		return 0, xfer.ErrLengthMismatch
@@ -331,16 +370,23 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	if len(local) == 0 {
 		return 0, fmt.Errorf("nixl: post READ: %w: no blocks", ErrInvalidParam)
 	}
-	n := C.CString(agent)
-	defer C.free(unsafe.Pointer(n))
+	if !a.async {
+		a.cmu.Lock()
+		defer a.cmu.Unlock()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return 0, xfer.ErrClosed
 	}
-	ids := slices.Grow(a.ids[:0], 2*len(local))[:2*len(local)]
-	if len(ids) <= 2*a.region.Blocks() { // a READ naming blocks twice is not kept
-		a.ids = ids
+	var ids []C.int32_t
+	if a.async {
+		ids = make([]C.int32_t, 2*len(local)) // kept until posted
+	} else {
+		ids = slices.Grow(a.ids[:0], 2*len(local))[:2*len(local)]
+		if len(ids) <= 2*a.region.Blocks() { // a READ naming blocks twice is not kept
+			a.ids = ids
+		}
 	}
 	nlocal := min(a.region.Blocks(), math.MaxInt32)
 	for i, id := range local {
@@ -359,14 +405,17 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 		}
 		ids[len(local)+i] = C.int32_t(id)
 	}
-	var np unsafe.Pointer
-	if len(notif) > 0 {
-		np = unsafe.Pointer(unsafe.SliceData(notif))
+	if a.async {
+		a.next++
+		r := &req{phase: queued, ids: ids, agent: agent, notif: bytes.Clone(notif)}
+		a.handles[a.next] = r
+		a.queued = append(a.queued, r)
+		a.kick()
+		return a.next, nil
 	}
-	var h C.cnixl_handle
-	st := C.cnixl_post_read(a.c, &ids[0], &ids[len(local)], C.int(len(local)), n, np, C.size_t(len(notif)), &h)
+	st, h := a.postLocked(ids, agent, notif)
 	if st < 0 {
-		return 0, statusErr("post READ", int(st))
+		return 0, statusErr("post READ", st)
 	}
 	a.next++
 	if st == C.CNIXL_SUCCESS {
@@ -382,9 +431,84 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	return a.next, nil
 }
 
+// postLocked posts a READ of ids (local, then as many remote) from agent;
+// the caller holds cmu. It returns NIXL's status and, unless negative, the
+// request.
+func (a *Agent) postLocked(ids []C.int32_t, agent string, notif []byte) (int, C.cnixl_handle) {
+	n := C.CString(agent)
+	defer C.free(unsafe.Pointer(n))
+	var np unsafe.Pointer
+	if len(notif) > 0 {
+		np = unsafe.Pointer(unsafe.SliceData(notif))
+	}
+	var h C.cnixl_handle
+	k := len(ids) / 2
+	st := C.cnixl_post_read(a.c, &ids[0], &ids[k], C.int(k), n, np, C.size_t(len(notif)), &h)
+	return int(st), h
+}
+
+// postQueued posts the READs PostRead queued, in order; the caller holds
+// cmu, not mu. It reports whether any ended within its post (done, or
+// refused).
+func (a *Agent) postQueued() bool {
+	a.mu.Lock()
+	if a.closed || len(a.queued) == 0 {
+		a.mu.Unlock()
+		return false
+	}
+	todo := a.queued
+	a.queued, a.spare = a.spare[:0], nil
+	for _, r := range todo {
+		if !r.released {
+			r.phase = posting
+		}
+	}
+	a.mu.Unlock()
+	ended := false
+	for _, r := range todo {
+		if r.phase != posting { // released while queued: never posted
+			continue
+		}
+		if a.beforePost != nil {
+			a.beforePost()
+		}
+		st, h := a.postLocked(r.ids, r.agent, r.notif)
+		a.mu.Lock()
+		r.phase, r.ids, r.notif = posted, nil, nil
+		switch {
+		case st < 0: // refused: nothing runs, and there is no request
+			r.ended, r.seen, r.st, r.refused = true, true, st, true
+			ended = true
+		case st == C.CNIXL_SUCCESS:
+			r.ch, r.ended, r.seen, r.st = h, true, true, st
+			ended = true
+		default:
+			r.ch = h
+		}
+		if r.released && !r.refused {
+			// Released while its post ran: Release said it may still
+			// write; the request goes once it has ended.
+			a.zombies = append(a.zombies, h)
+		}
+		if r == todo[len(todo)-1] {
+			clear(todo)
+			a.spare = todo[:0]
+		}
+		a.mu.Unlock()
+	}
+	return ended
+}
+
 // Check implements xfer.DataTransport. A READ NIXL reports failed is
 // Failed; a request NIXL does not know is an error (the state is unknown).
+// With Config.AsyncPost, Check does not call into NIXL: the progress
+// goroutine, which drives the agent while READs are outstanding, records
+// when each ends.
 func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
+	if !a.async {
+		a.cmu.Lock()
+		defer a.cmu.Unlock()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r, ok := a.handles[h]
@@ -396,6 +520,9 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	}
 	st := r.st
 	if !r.seen {
+		if a.async {
+			return xfer.InProgress, nil
+		}
 		st = int(C.cnixl_check(a.c, r.ch))
 	}
 	switch {
@@ -404,7 +531,7 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	case st == C.CNIXL_SUCCESS:
 		r.ended = true
 		return xfer.Complete, nil
-	case st == C.CNIXL_ERR_NOT_FOUND:
+	case st == C.CNIXL_ERR_NOT_FOUND && !r.refused:
 		return 0, statusErr("check", st)
 	default:
 		r.ended = true
@@ -415,8 +542,13 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 // Release implements xfer.DataTransport. A READ still in progress is not
 // handed to NIXL to abort (UCX cannot be trusted to have stopped a one-sided
 // READ it says it canceled): the request is kept and released once it ends,
-// and Release returns ErrMayStillWrite.
+// and Release returns ErrMayStillWrite. A READ still queued for the
+// progress goroutine is dropped, never posted.
 func (a *Agent) Release(h xfer.Handle) error {
+	if !a.async {
+		a.cmu.Lock()
+		defer a.cmu.Unlock()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	r, ok := a.handles[h]
@@ -428,6 +560,25 @@ func (a *Agent) Release(h xfer.Handle) error {
 		return fmt.Errorf("%w: READ %d: agent closing", xfer.ErrMayStillWrite, h)
 	}
 	delete(a.handles, h)
+	switch {
+	case r.phase == queued:
+		r.released = true // postQueued skips it
+		return nil
+	case r.phase == posting:
+		r.released = true // postQueued keeps its request until it ends
+		return fmt.Errorf("%w: READ %d being posted", xfer.ErrMayStillWrite, h)
+	case r.refused:
+		return nil
+	case a.async:
+		// The progress goroutine makes the calls into C.
+		a.kick()
+		if r.seen {
+			a.ended = append(a.ended, r.ch)
+			return nil
+		}
+		a.zombies = append(a.zombies, r.ch)
+		return fmt.Errorf("%w: READ %d still in progress", xfer.ErrMayStillWrite, h)
+	}
 	if !r.ended && C.cnixl_check(a.c, r.ch) == C.CNIXL_IN_PROG {
 		a.zombies = append(a.zombies, r.ch)
 		return fmt.Errorf("%w: READ %d still in progress", xfer.ErrMayStillWrite, h)
@@ -438,6 +589,20 @@ func (a *Agent) Release(h xfer.Handle) error {
 	}
 	return nil
 }
+
+// releaseEndedLocked releases in C the requests of READs that ended and
+// were released; one NIXL will not release is kept with the zombies.
+func (a *Agent) releaseEndedLocked() {
+	for _, ch := range a.ended {
+		if C.cnixl_release(a.c, ch) != 0 {
+			a.zombies = append(a.zombies, ch)
+		}
+	}
+	clear(a.ended)
+	a.ended = a.ended[:0]
+}
+
+// The functions named ...Locked call into C: the caller holds cmu and mu.
 
 // reapZombiesLocked releases the kept requests that have ended.
 func (a *Agent) reapZombiesLocked() {
@@ -486,14 +651,29 @@ func (a *Agent) pollLocked() (bool, error) {
 }
 
 // DrainNotifs implements xfer.DataTransport.
+// With Config.AsyncPost it drives the agent only if no call into C is
+// under way, and otherwise returns what the progress goroutine drained.
 func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
+	haveC := true
+	if a.async {
+		haveC = a.cmu.TryLock()
+	} else {
+		a.cmu.Lock()
+	}
+	if haveC {
+		defer a.cmu.Unlock()
+	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return dst, xfer.ErrClosed
 	}
-	a.reapZombiesLocked()
-	_, err := a.pollLocked()
+	var err error
+	if haveC {
+		a.releaseEndedLocked()
+		a.reapZombiesLocked()
+		_, err = a.pollLocked()
+	}
 	dst = append(dst, a.inbox...)
 	clear(a.inbox)
 	a.inbox = a.inbox[:0]
@@ -516,7 +696,7 @@ func (a *Agent) DroppedNotifs() uint64 {
 func (a *Agent) checkEndsLocked() bool {
 	ended, looked := false, 0
 	for _, r := range a.handles {
-		if r.ended {
+		if r.ended || r.phase != posted {
 			continue
 		}
 		if looked++; looked > checksPerRound {
@@ -544,7 +724,7 @@ func (a *Agent) readingLocked() bool {
 // busyLocked says whether READs may be moving: ours, or peers' of our
 // memory.
 func (a *Agent) busyLocked() bool {
-	return len(a.handles) > 0 || len(a.zombies) > 0 || a.expect.Load() > 0
+	return len(a.handles) > 0 || len(a.zombies) > 0 || len(a.ended) > 0 || a.expect.Load() > 0
 }
 
 // progressLoop drives the agent for ProgressGoroutine: round after round
@@ -558,24 +738,27 @@ func (a *Agent) progressLoop() {
 	defer pause.Stop()
 	empty := 0
 	for {
+		a.cmu.Lock()
+		ended := a.async && a.postQueued()
 		a.mu.Lock()
 		if a.closed {
-			a.mu.Unlock()
+			a.unlockC()
 			return
 		}
 		got, _ := a.pollLocked()
-		if a.checkEndsLocked() {
+		if a.checkEndsLocked() || ended {
 			got = true
 		}
 		if got {
 			a.signal()
 		}
+		a.releaseEndedLocked()
 		if len(a.zombies) > 0 {
 			a.reapZombiesLocked()
 		}
 		busy := a.busyLocked()
 		reading := a.readingLocked()
-		a.mu.Unlock()
+		a.unlockC()
 		switch {
 		case !busy:
 			empty = 0
@@ -625,8 +808,8 @@ func (a *Agent) Close() error {
 	a.mu.Unlock()
 	<-a.done
 
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lockC()
+	defer a.unlockC()
 	// Quiesce: UCX has aborted the process when agents were destroyed with
 	// READs between them in flight (UCX 1.13), so let them end first.
 	deadline := time.Now().Add(a.cfg.CloseTimeout)
@@ -634,7 +817,8 @@ func (a *Agent) Close() error {
 	for {
 		running = 0
 		for _, r := range a.handles {
-			if C.cnixl_check(a.c, r.ch) == C.CNIXL_IN_PROG {
+			// Queued READs were never posted; a refused one has no request.
+			if r.phase == posted && !r.refused && C.cnixl_check(a.c, r.ch) == C.CNIXL_IN_PROG {
 				running++
 			}
 		}
@@ -651,7 +835,7 @@ func (a *Agent) Close() error {
 	clear(a.handles)
 	clear(a.peers)
 	clear(a.byMeta)
-	a.zombies, a.inbox = nil, nil
+	a.zombies, a.inbox, a.queued, a.ended = nil, nil, nil, nil
 	if running > 0 {
 		return fmt.Errorf("nixl: close: %d READs still running after %v were stopped by destroying the agent", running, a.cfg.CloseTimeout)
 	}

@@ -80,11 +80,15 @@ func forVariants(t *testing.T, f func(t *testing.T, v variant)) {
 
 func TestConformance(t *testing.T) {
 	forVariants(t, func(t *testing.T, v variant) {
-		xfertest.Conformance(t, func(t *testing.T) xfertest.Pair {
-			c, cr := newAgent(t, v, 128, 256, Config{})
-			p, pr := newAgent(t, v, 128, 256, Config{})
-			return xfertest.Pair{Consumer: c, Producer: p, ConsumerBlock: cr.Block, ProducerBlock: pr.Block, Blocks: 128}
-		})
+		for _, async := range []bool{false, true} {
+			t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) {
+				xfertest.Conformance(t, func(t *testing.T) xfertest.Pair {
+					c, cr := newAgent(t, v, 128, 256, Config{AsyncPost: async})
+					p, pr := newAgent(t, v, 128, 256, Config{AsyncPost: async})
+					return xfertest.Pair{Consumer: c, Producer: p, ConsumerBlock: cr.Block, ProducerBlock: pr.Block, Blocks: 128}
+				})
+			})
+		}
 	})
 }
 
@@ -234,14 +238,15 @@ func xfertestFill(b []byte, seed byte) {
 func TestSessionsOverAgents(t *testing.T) {
 	forVariants(t, func(t *testing.T, v variant) {
 		for _, mode := range []Progress{ProgressGoroutine, ProgressThread, ProgressCaller} {
-			t.Run(mode.String(), func(t *testing.T) { sessionsOverAgents(t, v, mode) })
+			t.Run(mode.String(), func(t *testing.T) { sessionsOverAgents(t, v, mode, false) })
 		}
+		t.Run("goroutine-async", func(t *testing.T) { sessionsOverAgents(t, v, ProgressGoroutine, true) })
 	})
 }
 
-func sessionsOverAgents(t *testing.T, v variant, mode Progress) {
+func sessionsOverAgents(t *testing.T, v variant, mode Progress, async bool) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	cdata, cr := newAgent(t, v, 64, 4096, Config{Progress: mode})
+	cdata, cr := newAgent(t, v, 64, 4096, Config{Progress: mode, AsyncPost: async})
 	pdata, pr := newAgent(t, v, 256, 4096, Config{Progress: mode})
 	entries := cache.NewEmbeddingCache(256)
 	held := map[int][]int{}
@@ -410,65 +415,87 @@ func must[T any](v T, err error) T {
 }
 
 // A READ that completes within its post (UCX over shared memory copies
-// there; the fake's inline variant does the same) is recorded ended at
-// once: Ready signals it as any READ that ends, and the first Check says
-// Complete, with the bytes there. Variants that say so must complete
-// within the post; a real UCX may or may not (the bundled one does over
-// sm), and the test logs which.
+// there; the fake's inline variant does the same) is recorded ended with
+// its post: Ready signals it as any READ that ends, and the next Check says
+// Complete, with the bytes there. Posted inline (the default) it is
+// recorded before PostRead returns; posted by the progress goroutine
+// (Config.AsyncPost) PostRead returns first. Variants that say so must
+// complete within the post; a real UCX may or may not (the bundled one
+// does over sm), and the test logs which.
 func TestReadDoneWithinPost(t *testing.T) {
 	forVariants(t, func(t *testing.T, v variant) {
-		const n, bs = 16, 8192
-		p, pr := newAgent(t, v, n, bs, Config{})
-		c, cr := newAgent(t, v, n, bs, Config{IdlePoll: time.Hour})
-		for i := range n {
-			xfertestFill(pr.Block(i), byte(i))
-		}
-		peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
-		if err != nil {
-			t.Fatal(err)
-		}
-		p.ExpectReads(1)
-		ids := make([]int, n)
-		for i := range ids {
-			ids[i] = i
-		}
-		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:inline"))
-		if err != nil {
-			t.Fatal(err)
-		}
-		c.mu.Lock()
-		inline := c.handles[h].ended
-		c.mu.Unlock()
-		t.Logf("READ done within its post: %v", inline)
-		if v.inline && !inline {
-			t.Fatal("READ not recorded done within its post")
-		}
-		if inline {
-			select {
-			case <-c.Ready():
-			case <-time.After(5 * time.Second):
-				t.Fatal("no readiness signal for a READ done within its post")
-			}
-			if pg, err := c.Check(h); pg != xfer.Complete || err != nil {
-				t.Fatalf("first Check: %v, %v", pg, err)
-			}
-		}
-		for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Microsecond) {
-			pg, err := c.Check(h)
-			if err != nil || pg == xfer.Failed || time.Now().After(deadline) {
-				t.Fatalf("READ: %v, %v", pg, err)
-			}
-			if pg == xfer.Complete {
-				break
-			}
-		}
-		if err := c.Release(h); err != nil {
-			t.Fatal(err)
-		}
-		for i := range n {
-			if !bytes.Equal(cr.Block(i), pr.Block(i)) {
-				t.Fatalf("block %d differs", i)
-			}
+		for _, async := range []bool{false, true} {
+			t.Run(fmt.Sprintf("async=%v", async), func(t *testing.T) { readDoneWithinPost(t, v, async) })
 		}
 	})
+}
+
+func readDoneWithinPost(t *testing.T, v variant, async bool) {
+	const n, bs = 16, 8192
+	p, pr := newAgent(t, v, n, bs, Config{})
+	c, cr := newAgent(t, v, n, bs, Config{IdlePoll: time.Hour, AsyncPost: async})
+	for i := range n {
+		xfertestFill(pr.Block(i), byte(i))
+	}
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p.ExpectReads(1)
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:inline"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ended := func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.handles[h].ended
+	}
+	if async {
+		// The progress goroutine posts it, and signals if it ended there.
+		select {
+		case <-c.Ready():
+		case <-time.After(5 * time.Second):
+			t.Fatal("no readiness signal for a READ posted by the progress goroutine")
+		}
+		for end := time.Now().Add(5 * time.Second); !ended() && v.inline && time.Now().Before(end); {
+			<-c.Ready() // a round that saw nothing new may signal first
+		}
+	}
+	inline := ended()
+	t.Logf("READ recorded ended (within its post, if inline): %v", inline)
+	if v.inline && !inline {
+		t.Fatal("READ not recorded done within its post")
+	}
+	if inline && !async {
+		select {
+		case <-c.Ready():
+		case <-time.After(5 * time.Second):
+			t.Fatal("no readiness signal for a READ done within its post")
+		}
+		if pg, err := c.Check(h); pg != xfer.Complete || err != nil {
+			t.Fatalf("first Check: %v, %v", pg, err)
+		}
+	}
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(50 * time.Microsecond) {
+		pg, err := c.Check(h)
+		if err != nil || pg == xfer.Failed || time.Now().After(deadline) {
+			t.Fatalf("READ: %v, %v", pg, err)
+		}
+		if pg == xfer.Complete {
+			break
+		}
+	}
+	if err := c.Release(h); err != nil {
+		t.Fatal(err)
+	}
+	for i := range n {
+		if !bytes.Equal(cr.Block(i), pr.Block(i)) {
+			t.Fatalf("block %d differs", i)
+		}
+	}
 }

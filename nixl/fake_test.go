@@ -4,6 +4,7 @@ package nixl
 
 import (
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -129,5 +130,124 @@ func TestReleaseWhileRunning(t *testing.T) {
 		if time.Now().After(end) {
 			t.Fatal("request still held 5 s after its READ was due to end")
 		}
+	}
+}
+
+// With AsyncPost, the step loop's calls never wait for
+// a call into C (a post over UCX shared memory copies inside it): with C
+// held, PostRead queues, Check says InProgress, DrainNotifs returns, and a
+// READ released while queued is never posted.
+func TestAsyncPostNeverWaitsForC(t *testing.T) {
+	c, cr := newAgent(t, variants[0], 8, 64, Config{AsyncPost: true})
+	p, pr := newAgent(t, variants[0], 8, 64, Config{})
+	xfertestFill(pr.Block(2), 7)
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.cmu.Lock() // as a long post by the progress goroutine would
+	done := make(chan error, 1)
+	go func() {
+		h, err := c.PostRead([]int{1}, peer.Agent, []int{2}, []byte("s:h"))
+		if err != nil {
+			done <- err
+			return
+		}
+		if pg, err := c.Check(h); pg != xfer.InProgress || err != nil {
+			done <- fmt.Errorf("check of a queued READ: %v, %v", pg, err)
+			return
+		}
+		if _, err := c.DrainNotifs(nil); err != nil {
+			done <- err
+			return
+		}
+		done <- c.Release(h) // queued: never posted, nothing to wait for
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a step-loop call waited for C")
+	}
+	c.cmu.Unlock()
+	// A round of the progress goroutine later, nothing was posted.
+	c.kick()
+	time.Sleep(10 * time.Millisecond)
+	if hs, _ := c.FakeLeaks(); hs != 0 {
+		t.Fatalf("%d requests held", hs)
+	}
+	for _, b := range cr.Block(1) {
+		if b != 0 {
+			t.Fatal("the READ released while queued was posted: its block was written")
+		}
+	}
+}
+
+// With AsyncPost, a READ released while the progress goroutine posts it
+// may still write: Release says so, and its request is released once it
+// has ended. One NIXL refuses ends Failed, with nothing to release.
+func TestAsyncPostRelease(t *testing.T) {
+	FakeSetDelay(20 * time.Millisecond)
+	defer FakeSetDelay(100 * time.Microsecond)
+	c, _ := newAgent(t, variants[0], 8, 64, Config{AsyncPost: true})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var h xfer.Handle
+	released := make(chan error, 1)
+	c.beforePost = func() { released <- c.Release(h) }
+	c.cmu.Lock() // h is set before the progress goroutine can post it
+	h, err = c.PostRead([]int{1}, peer.Agent, []int{1}, []byte("s:h"))
+	c.cmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case err := <-released:
+		if !errors.Is(err, xfer.ErrMayStillWrite) {
+			t.Fatalf("release while posting: %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the READ was never posted")
+	}
+	c.beforePost = nil
+	if hs, _ := c.FakeLeaks(); hs != 1 {
+		t.Fatalf("%d requests held while the READ runs", hs)
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if hs, _ := c.FakeLeaks(); hs == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatal("request still held 5 s after its READ was due to end")
+		}
+	}
+
+	FakeFail(FakePost, -3, 1)
+	bad, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for end := time.Now().Add(5 * time.Second); ; <-c.Ready() {
+		pg, err := c.Check(bad)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pg == xfer.Failed {
+			break
+		}
+		if pg != xfer.InProgress || time.Now().After(end) {
+			t.Fatalf("refused READ: %v", pg)
+		}
+	}
+	if err := c.Release(bad); err != nil {
+		t.Fatal(err)
+	}
+	if hs, _ := c.FakeLeaks(); hs != 0 {
+		t.Fatalf("%d requests held after a refused post", hs)
 	}
 }

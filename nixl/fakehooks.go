@@ -37,8 +37,8 @@ func FakeFail(op, st, count int) { C.cnixl_fake_fail(C.int(op), C.int(st), C.int
 
 // FakeLeaks returns the requests and remote agents a still holds in C.
 func (a *Agent) FakeLeaks() (handles, remotes int) {
-	a.mu.Lock()
-	defer a.mu.Unlock()
+	a.lockC()
+	defer a.unlockC()
 	if a.c == nil {
 		return 0, 0
 	}
