@@ -106,11 +106,7 @@ func TestErrorMapping(t *testing.T) {
 // says the blocks may still be written, and the request is released once
 // it has ended.
 func TestReleaseWhileRunning(t *testing.T) {
-	FakeSetDelay(20 * time.Millisecond)
-	defer FakeSetDelay(100 * time.Microsecond)
-	c, _ := newAgent(t, variants[0], 8, 64, Config{Progress: ProgressCaller})
-	p, _ := newAgent(t, variants[0], 8, 64, Config{})
-	peer, _ := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	c, peer := slowPair(t, Config{Progress: ProgressCaller})
 	h, _ := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
 	if err := c.Release(h); !errors.Is(err, xfer.ErrMayStillWrite) {
 		t.Fatalf("release: %v", err)
@@ -189,15 +185,9 @@ func TestAsyncPostNeverWaitsForC(t *testing.T) {
 // may still write: Release says so, and its request is released once it
 // has ended. One NIXL refuses ends Failed, with nothing to release.
 func TestAsyncPostRelease(t *testing.T) {
-	FakeSetDelay(20 * time.Millisecond)
-	defer FakeSetDelay(100 * time.Microsecond)
-	c, _ := newAgent(t, variants[0], 8, 64, Config{AsyncPost: true})
-	p, _ := newAgent(t, variants[0], 8, 64, Config{})
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
-	if err != nil {
-		t.Fatal(err)
-	}
+	c, peer := slowPair(t, Config{AsyncPost: true})
 	var h xfer.Handle
+	var err error
 	released := make(chan error, 1)
 	c.beforePost = func() { released <- c.Release(h) }
 	c.cmu.Lock() // h is set before the progress goroutine can post it
@@ -250,4 +240,19 @@ func TestAsyncPostRelease(t *testing.T) {
 	if hs, _ := c.FakeLeaks(); hs != 0 {
 		t.Fatalf("%d requests held after a refused post", hs)
 	}
+}
+
+// slowPair returns a consumer agent made with cfg and the peer it added,
+// a producer agent, with the fake's READs taking 20 ms.
+func slowPair(t *testing.T, cfg Config) (*Agent, xfer.Peer) {
+	t.Helper()
+	FakeSetDelay(20 * time.Millisecond)
+	t.Cleanup(func() { FakeSetDelay(100 * time.Microsecond) })
+	c, _ := newAgent(t, variants[0], 8, 64, cfg)
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c, peer
 }
