@@ -103,8 +103,8 @@
 //
 // A same-host READ of 2 MiB or more is copied by TCPConfig.CopyWorkers
 // goroutines at once (default GOMAXPROCS, at most 4), taking 512 KiB at a
-// time: one core copies well under what the memory bus carries (here 20-26
-// GB/s alone, 36-42 GB/s on two), and both processes wait on the copy. In one process a consumer reads
+// time: one core copies well under what the memory bus carries, and both
+// processes wait on the copy. In one process a consumer reads
 // the producer's region through the producer's own mapping
 // (cache.BorrowShared), whose pages are mapped already.
 //
