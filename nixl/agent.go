@@ -53,7 +53,6 @@ type Agent struct {
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
 	handles map[xfer.Handle]*req
 	queued  []*req           // accepted by PostRead, not yet posted (async)
-	spare   []*req           // the queue's other buffer
 	ended   []C.cnixl_handle // released after they ended, to release in C (async)
 	zombies []C.cnixl_handle // released while running: released once they end
 	inbox   []xfer.Notif     // drained by the progress goroutine, for DrainNotifs
@@ -457,7 +456,7 @@ func (a *Agent) postQueued() bool {
 		return false
 	}
 	todo := a.queued
-	a.queued, a.spare = a.spare[:0], nil
+	a.queued = nil
 	for _, r := range todo {
 		if !r.released {
 			r.phase = posting
@@ -489,10 +488,6 @@ func (a *Agent) postQueued() bool {
 			// Released while its post ran: Release said it may still
 			// write; the request goes once it has ended.
 			a.zombies = append(a.zombies, h)
-		}
-		if r == todo[len(todo)-1] {
-			clear(todo)
-			a.spare = todo[:0]
 		}
 		a.mu.Unlock()
 	}

@@ -462,8 +462,12 @@ func readDoneWithinPost(t *testing.T, v variant, async bool) {
 		case <-time.After(5 * time.Second):
 			t.Fatal("no readiness signal for a READ posted by the progress goroutine")
 		}
-		for end := time.Now().Add(5 * time.Second); !ended() && v.inline && time.Now().Before(end); {
-			<-c.Ready() // a round that saw nothing new may signal first
+		for !ended() && v.inline { // a round that saw nothing new may signal first
+			select {
+			case <-c.Ready():
+			case <-time.After(5 * time.Second):
+				t.Fatal("READ not recorded ended 5 s after its post")
+			}
 		}
 	}
 	inline := ended()

@@ -84,7 +84,7 @@ type Config struct {
 	// which by default runs in the caller's step; with AsyncPost the step
 	// never does, and none of the step loop's calls waits for a call into
 	// C. It costs a hand-off each way: a lone 64 MiB fetch of 8 KiB blocks
-	// took 0.2-1.4 ms longer here (session-async in BenchmarkTwoProcess64MiB),
+	// took 0.6-1.4 ms longer here (session-async in BenchmarkTwoProcess64MiB),
 	// while the loopback over shared memory, 64 fetches in flight, ran as
 	// fast or faster. NIXL's own errors then
 	// end the READ Failed instead of being returned by PostRead. Over

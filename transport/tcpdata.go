@@ -68,9 +68,9 @@ type TCPConfig struct {
 	// offer its Shared region, a consumer does not map one.
 	NoSharedMemory bool
 	// CopyWorkers is how many goroutines copy one same-host READ of
-	// parallelCopyMin (2 MiB) or more; a core copies at most about a
-	// third of what the memory bus carries. Default GOMAXPROCS, at most
-	// 4; 1 copies every READ on one goroutine.
+	// parallelCopyMin (2 MiB) or more: one core copies well under what the
+	// memory bus carries. Default GOMAXPROCS, at most 4; 1 copies every
+	// READ on one goroutine.
 	CopyWorkers int
 	// PushBuffer is how many bytes of pushed blocks a consumer keeps per
 	// producer until its READs claim them: a producer on another host then
