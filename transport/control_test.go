@@ -313,3 +313,94 @@ func TestLargeRepliesToASlowReader(t *testing.T) {
 		}
 	}
 }
+
+// Connect returns once the handshake is done, and the first Send goes out
+// on that connection; its failures are Send's.
+func TestClientConnect(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer func() { close(stop) }()
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := c.Connect(ctx, s.Endpoint()); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	d := c.peers[s.Endpoint()]
+	c.mu.Unlock()
+	d.qmu.Lock()
+	up := d.g != nil
+	d.qmu.Unlock()
+	if !up {
+		t.Fatal("Connect returned before the handshake was done")
+	}
+	if err := c.Connect(ctx, s.Endpoint()); err != nil {
+		t.Fatalf("again: %v", err)
+	}
+	if err := c.Send(s.Endpoint(), []byte("a")); err != nil {
+		t.Fatal(err)
+	}
+	if got := waitInbound(t, c, 1, 10*time.Second); string(got[0].Payload) != "re:a" {
+		t.Fatalf("reply %q", got[0].Payload)
+	}
+	c.mu.Lock()
+	same := c.peers[s.Endpoint()] == d
+	c.mu.Unlock()
+	if !same || s.Stats().Accepted != 1 {
+		t.Fatalf("Send made a connection of its own (same dealer %v, %d accepted)", same, s.Stats().Accepted)
+	}
+
+	// Nothing listens: ErrPeerDown, and Dead reports it as for Send.
+	c2 := newClient(t, ClientConfig{ConnectTimeout: 500 * time.Millisecond})
+	if err := c2.Connect(ctx, "tcp://127.0.0.1:1"); !errors.Is(err, ErrPeerDown) {
+		t.Fatalf("unreachable: %v", err)
+	}
+	if a, _ := waitDead(t, c2, 5*time.Second); a != "tcp://127.0.0.1:1" {
+		t.Fatalf("dead %q", a)
+	}
+	if err := c2.Connect(ctx, "not an address"); err == nil {
+		t.Fatal("bad address accepted")
+	}
+	c3 := newClient(t, ClientConfig{Allow: func(string) bool { return false }})
+	if err := c3.Connect(ctx, s.Endpoint()); !errors.Is(err, ErrNotAllowed) {
+		t.Fatalf("disallowed: %v", err)
+	}
+	c3.Close()
+	if err := c3.Connect(ctx, s.Endpoint()); !errors.Is(err, ErrClosed) {
+		t.Fatalf("closed client: %v", err)
+	}
+}
+
+// A handshake that never finishes: Connect ends with ctx, and a Close
+// meanwhile ends it with ErrClosed.
+func TestClientConnectWaits(t *testing.T) {
+	ln := silentListener(t)
+	ep := "tcp://" + ln.Addr().String()
+	c := newClient(t, ClientConfig{HandshakeTimeout: time.Minute})
+	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+	defer cancel()
+	if err := c.Connect(ctx, ep); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("ctx ended: %v", err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- c.Connect(context.Background(), ep) }()
+	select {
+	case err := <-done:
+		t.Fatalf("Connect returned %v with the handshake unanswered", err)
+	case <-time.After(20 * time.Millisecond):
+	}
+	c.Close() // before or after that Connect took the dealer: ErrClosed
+	select {
+	case err := <-done:
+		if !errors.Is(err, ErrClosed) {
+			t.Fatalf("closed while connecting: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Connect still waits after Close")
+	}
+	if d := c.Dead(nil); len(d) != 0 {
+		t.Fatalf("a close reported as deaths: %v", d)
+	}
+}

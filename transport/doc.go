@@ -18,7 +18,8 @@
 // deadline, and a full table of pending handshakes evicts its oldest entry.
 //
 // Send, Reply, Drain and Dead never block: queues are bounded and refuse
-// with ErrQueueFull. A producer is reported dead when its connection
+// with ErrQueueFull. A Client connects on the first Send to a producer;
+// Connect, which waits, does it ahead (an engine's start-up). A producer is reported dead when its connection
 // closes, when it stays silent for the peer timeout (hung, SIGSTOPped, cut
 // off), or when the connect or the handshake times out (nothing answers);
 // its DEALER is dropped and the next Send builds a new one with a fresh
