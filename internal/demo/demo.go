@@ -15,6 +15,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"runtime"
 	"slices"
 	"strings"
 	"time"
@@ -376,6 +377,16 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	for i := range hashes {
 		hashes[i] = Hash(i)
 	}
+	// Connected before the clock starts, as an engine connects to the
+	// producers it knows of at start-up.
+	for _, addr := range producers {
+		if err := ctl.Connect(ctx, addr); err != nil {
+			return Summary{}, fmt.Errorf("connect to %s: %w", addr, err)
+		}
+	}
+	// The set-up's garbage (the producer's fill, the sums) is collected
+	// before the clock starts, as testing.B does before a benchmark.
+	runtime.GC()
 	item := map[string]int{} // mm_hash -> item in flight
 	sum := Summary{FailedWhy: map[string]int{}}
 	var lat latencies
