@@ -366,23 +366,23 @@ func (r *reader) intArray(out []Int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
-	b := r.b
+	b, i := r.b, r.i
 	for k := uint64(0); k < n; k++ {
-		i := r.i
 		var v Int
 		switch {
 		case i >= len(b):
 			return 0, errTruncated
 		case b[i] <= 0x7f:
 			v.u = uint64(b[i])
-			r.i++
+			i++
 		case b[i] == 0xcc && i+1 < len(b):
 			v.u = uint64(b[i+1])
-			r.i += 2
+			i += 2
 		case b[i] == 0xcd && i+2 < len(b):
 			v.u = uint64(b[i+1])<<8 | uint64(b[i+2])
-			r.i += 3
+			i += 3
 		default:
+			r.i = i
 			var c byte
 			v, c, err = r.int()
 			if err == errNotInt {
@@ -391,11 +391,13 @@ func (r *reader) intArray(out []Int) (int, error) {
 			if err != nil {
 				return 0, err
 			}
+			i = r.i
 		}
 		if out != nil {
 			out[k] = v
 		}
 	}
+	r.i = i
 	return int(n), nil
 }
 
