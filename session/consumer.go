@@ -253,9 +253,26 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++
 		}
+		if errors.Is(err, xfer.ErrUnknownPeer) {
+			// The data plane no longer knows the producer (a load it
+			// made later failed): register it again on the next ack.
+			c.forget()
+		}
 		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
 	}
+}
+
+// forget drops the registration of the producer's agent.
+func (c *ConsumerSession) forget() {
+	if !c.registered {
+		return
+	}
+	if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil && !errors.Is(err, xfer.ErrUnknownPeer) {
+		c.log.Warn("ec consumer: remove producer agent", "agent", c.agent.Agent, "err", err)
+	}
+	c.registered = false
+	c.agentMeta = c.agentMeta[:0]
 }
 
 // register makes sure the producer's agent is known to the data plane, once

@@ -2,6 +2,7 @@ package session
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -372,5 +373,36 @@ func TestResultsReuse(t *testing.T) {
 	r.Reset()
 	if r.Len() != 0 || cap(r.Completed) == 0 {
 		t.Fatal("reset")
+	}
+}
+
+// A data plane that no longer knows the producer's agent (a load it made
+// after AddRemotePeer returned failed: nixl with AsyncPost) refuses the
+// READ with xfer.ErrUnknownPeer: the session drops the registration and
+// registers the producer again on its next ack, instead of failing every
+// later fetch from it.
+func TestUnknownPeerRegistersAgain(t *testing.T) {
+	co := newConsumer(t)
+	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
+	co.data.SetPostError(fmt.Errorf("%w: its load failed", xfer.ErrUnknownPeer))
+	r := co.poll(at(time.Second), co.ok("H", 3))
+	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed {
+		t.Fatalf("results %+v", r)
+	}
+	if n := len(co.data.Leaks().Peers); n != 0 {
+		t.Fatalf("%d peers still registered after the refusal", n)
+	}
+	co.data.SetPostError(nil)
+	mustStart(t, co.c, "I", []int{1}, at(4*time.Second))
+	r = co.poll(at(3*time.Second), co.ok("I", 4))
+	if !slices.Equal(hashes(r.Completed), []string{"I"}) || co.c.Stats().Registrations != 2 {
+		t.Fatalf("results %+v, %d registrations", r, co.c.Stats().Registrations)
+	}
+	// Any other refusal keeps the registration.
+	mustStart(t, co.c, "J", []int{2}, at(6*time.Second))
+	co.data.SetPostError(errors.New("busy"))
+	co.poll(at(5*time.Second), co.ok("J", 5))
+	if n := len(co.data.Leaks().Peers); n != 1 || co.c.Stats().Registrations != 2 {
+		t.Fatalf("%d peers, %d registrations after another refusal", n, co.c.Stats().Registrations)
 	}
 }
