@@ -53,6 +53,8 @@ type Agent struct {
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
 	handles map[xfer.Handle]*req
 	queued  []*req           // accepted by PostRead, not yet posted (async)
+	peerOps []peerOp         // loads and removals of remote agents, for the progress goroutine (async)
+	loads   uint64           // async peers made, for their keys
 	ended   []C.cnixl_handle // released after they ended, to release in C (async)
 	zombies []C.cnixl_handle // released while running: released once they end
 	inbox   []xfer.Notif     // drained by the progress goroutine, for DrainNotifs
@@ -99,8 +101,24 @@ const (
 )
 
 type peer struct {
-	refs   int // registrations
-	blocks int // valid remote ids are [0, blocks)
+	refs   int    // registrations
+	blocks int    // valid remote ids are [0, blocks)
+	name   string // NIXL's name for it; "" while its load is queued (async)
+	failed error  // its load failed (async): READs are refused
+}
+
+// peerOp is a call into C that AddRemotePeer or RemoveRemotePeer left to
+// the progress goroutine (async): load the remote agent of peer key, or,
+// with remove, remove NIXL's agent name.
+type peerOp struct {
+	key     string
+	remove  bool
+	name    string
+	md      []byte
+	shape   wire.Blocks
+	regular bool
+	flat    []C.uint64_t
+	n       int
 }
 
 var (
@@ -279,6 +297,9 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	if n > math.MaxInt32 {
 		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", ErrInvalidParam, n)
 	}
+	if a.async {
+		return a.addPeerAsync(metadata, shape, regular, flat, n)
+	}
 	a.lockC()
 	defer a.unlockC()
 	if a.closed {
@@ -308,6 +329,7 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	p := a.peers[agent]
 	p.refs++
 	p.blocks = n // a reload replaces the descriptor list
+	p.name = agent
 	a.peers[agent] = p
 	a.byMeta[string(metadata)] = agent
 	return xfer.Peer{Agent: agent, Blocks: n}, nil
@@ -332,10 +354,102 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 	return flat, nil
 }
 
-// RemoveRemotePeer implements xfer.DataTransport.
+// addPeerAsync is AddRemotePeer with Config.AsyncPost: the load (NIXL's
+// loadRemoteMD, 2-8 ms over UCX here) is left to the progress goroutine,
+// so the step that took a producer's first ack never waits for it. The
+// peer's key is ours, not NIXL's name for it, which only the load tells.
+// READs posted meanwhile are queued behind the load; if it fails they end
+// Failed, and PostRead refuses later ones with xfer.ErrUnknownPeer (the
+// consumer session then registers the producer again).
+func (a *Agent) addPeerAsync(metadata []byte, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.closed {
+		return xfer.Peer{}, xfer.ErrClosed
+	}
+	if key, ok := a.byMeta[string(metadata)]; ok {
+		if p := a.peers[key]; p.blocks == n && p.failed == nil {
+			p.refs++
+			a.peers[key] = p
+			return xfer.Peer{Agent: key, Blocks: n}, nil
+		}
+	}
+	a.loads++
+	key := fmt.Sprintf("%s/peer-%d", a.cfg.Name, a.loads)
+	a.peers[key] = peer{refs: 1, blocks: n}
+	a.byMeta[string(metadata)] = key
+	a.peerOps = append(a.peerOps, peerOp{key: key, md: bytes.Clone(metadata), shape: shape, regular: regular, flat: flat, n: n})
+	a.kick()
+	return xfer.Peer{Agent: key, Blocks: n}, nil
+}
+
+// runPeerOp makes op's call into C; the caller holds cmu, not mu.
+func (a *Agent) runPeerOp(op peerOp) {
+	if op.remove {
+		a.mu.Lock()
+		inUse := false
+		for _, p := range a.peers {
+			inUse = inUse || p.name == op.name // loaded again since
+		}
+		a.mu.Unlock()
+		if !inUse {
+			n := C.CString(op.name)
+			C.cnixl_remove_remote(a.c, n)
+			C.free(unsafe.Pointer(n))
+		}
+		return
+	}
+	a.mu.Lock()
+	_, live := a.peers[op.key]
+	a.mu.Unlock()
+	if !live { // removed before its load: nothing to undo
+		return
+	}
+	var name *C.char
+	md, mdlen := unsafe.Pointer(unsafe.SliceData(op.md)), C.size_t(len(op.md))
+	var st C.int
+	if op.regular {
+		st = C.cnixl_load_remote_blocks(a.c, md, mdlen, C.uint64_t(op.shape.Base), C.uint64_t(op.shape.Size),
+			C.uint64_t(op.n), C.uint64_t(op.shape.Device), &name)
+	} else {
+		st = C.cnixl_load_remote(a.c, md, mdlen, unsafe.SliceData(op.flat), C.size_t(op.n), &name)
+	}
+	var agent string
+	if st == 0 {
+		agent = C.GoString(name)
+		C.cnixl_free(unsafe.Pointer(name))
+	}
+	a.mu.Lock()
+	p, live := a.peers[op.key]
+	switch {
+	case st != 0 && live:
+		p.failed = statusErr("load remote metadata", int(st))
+		a.peers[op.key] = p
+		if a.byMeta[string(op.md)] == op.key {
+			delete(a.byMeta, string(op.md))
+		}
+	case st == 0 && live:
+		p.name = agent
+		a.peers[op.key] = p
+	case st == 0:
+		// Removed while it loaded: undo the load, after what is queued.
+		a.peerOps = append(a.peerOps, peerOp{remove: true, name: agent})
+		a.kick()
+	}
+	a.mu.Unlock()
+}
+
+// RemoveRemotePeer implements xfer.DataTransport. With Config.AsyncPost
+// the progress goroutine removes the agent from NIXL, after the loads and
+// READs queued before, and NIXL's error, if any, is not reported.
 func (a *Agent) RemoveRemotePeer(agent string) error {
-	a.lockC()
-	defer a.unlockC()
+	if a.async {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+	} else {
+		a.lockC()
+		defer a.unlockC()
+	}
 	if a.closed {
 		return xfer.ErrClosed
 	}
@@ -352,6 +466,13 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 		if n == agent {
 			delete(a.byMeta, m)
 		}
+	}
+	if a.async {
+		if p.name != "" { // else its load finds it gone
+			a.peerOps = append(a.peerOps, peerOp{remove: true, name: p.name})
+			a.kick()
+		}
+		return nil
 	}
 	n := C.CString(agent)
 	defer C.free(unsafe.Pointer(n))
@@ -397,6 +518,9 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	p := a.peers[agent]
 	if p.refs == 0 {
 		return 0, fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	if p.failed != nil {
+		return 0, fmt.Errorf("%w: %s: %w", xfer.ErrUnknownPeer, agent, p.failed)
 	}
 	for i, id := range remote {
 		if id < 0 || id >= p.blocks {
@@ -446,23 +570,28 @@ func (a *Agent) postLocked(ids []C.int32_t, agent string, notif []byte) (int, C.
 	return int(st), h
 }
 
-// postQueued posts the READs PostRead queued, in order; the caller holds
-// cmu, not mu. It reports whether any ended within its post (done, or
-// refused).
+// postQueued makes the peer loads and removals, then posts the READs,
+// that AddRemotePeer, RemoveRemotePeer and PostRead queued, in order; the
+// caller holds cmu, not mu. Both are taken at once: a READ is never taken
+// without the load of its peer, queued before it. It reports whether any
+// READ ended within its post (done, or refused).
 func (a *Agent) postQueued() bool {
 	a.mu.Lock()
-	if a.closed || len(a.queued) == 0 {
+	if a.closed || len(a.queued)+len(a.peerOps) == 0 {
 		a.mu.Unlock()
 		return false
 	}
-	todo := a.queued
-	a.queued = nil
+	ops, todo := a.peerOps, a.queued
+	a.peerOps, a.queued = nil, nil
 	for _, r := range todo {
 		if !r.released {
 			r.phase = posting
 		}
 	}
 	a.mu.Unlock()
+	for _, op := range ops {
+		a.runPeerOp(op)
+	}
 	ended := false
 	for _, r := range todo {
 		if r.phase != posting { // released while queued: never posted
@@ -471,7 +600,16 @@ func (a *Agent) postQueued() bool {
 		if a.beforePost != nil {
 			a.beforePost()
 		}
-		st, h := a.postLocked(r.ids, r.agent, r.notif)
+		a.mu.Lock()
+		p, live := a.peers[r.agent]
+		a.mu.Unlock()
+		var st int
+		var h C.cnixl_handle
+		if !live || p.failed != nil || p.name == "" {
+			st = int(C.CNIXL_ERR_NOT_FOUND) // its peer is gone, or did not load
+		} else {
+			st, h = a.postLocked(r.ids, p.name, r.notif)
+		}
 		a.mu.Lock()
 		r.phase, r.ids, r.notif = posted, nil, nil
 		switch {
@@ -830,7 +968,7 @@ func (a *Agent) Close() error {
 	clear(a.handles)
 	clear(a.peers)
 	clear(a.byMeta)
-	a.zombies, a.inbox, a.queued, a.ended = nil, nil, nil, nil
+	a.zombies, a.inbox, a.queued, a.ended, a.peerOps = nil, nil, nil, nil, nil
 	if running > 0 {
 		return fmt.Errorf("nixl: close: %d READs still running after %v were stopped by destroying the agent", running, a.cfg.CloseTimeout)
 	}

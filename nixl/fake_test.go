@@ -3,6 +3,7 @@
 package nixl
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"testing"
@@ -269,4 +270,148 @@ func slowPair(t *testing.T, cfg Config) (*Agent, xfer.Peer) {
 		t.Fatal(err)
 	}
 	return c, peer
+}
+
+// With AsyncPost, AddRemotePeer and RemoveRemotePeer leave their calls
+// into C (NIXL's loadRemoteMD takes milliseconds) to the progress
+// goroutine: with C held they return, a READ posted to a peer still
+// loading waits behind its load and lands the right bytes, and a removal
+// happens after what was queued before it.
+func TestAsyncPeerLoad(t *testing.T) {
+	c, cr := newAgent(t, variants[0], 8, 64, Config{AsyncPost: true})
+	p, pr := newAgent(t, variants[0], 8, 64, Config{})
+	q, _ := newAgent(t, variants[0], 8, 64, Config{})
+	for i := range 8 {
+		for j := range pr.Block(i) {
+			pr.Block(i)[j] = byte(i*64 + j)
+		}
+	}
+	c.cmu.Lock() // as a long post by the progress goroutine would
+	held := true
+	defer func() {
+		if held { // a failure below: let Close have C
+			c.cmu.Unlock()
+		}
+	}()
+	type result struct {
+		h   xfer.Handle
+		err error
+	}
+	done := make(chan result, 1)
+	var peer, other xfer.Peer
+	go func() {
+		var err error
+		if peer, err = c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); err != nil {
+			done <- result{err: err}
+			return
+		}
+		if again, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); err != nil || again != peer {
+			done <- result{err: fmt.Errorf("the same metadata again: %+v, %v (first %+v)", again, err, peer)}
+			return
+		}
+		if other, err = c.AddRemotePeer(q.AgentMetadata(), q.MemDescriptor()); err != nil {
+			done <- result{err: err}
+			return
+		}
+		if err := c.RemoveRemotePeer(other.Agent); err != nil { // before its load
+			done <- result{err: err}
+			return
+		}
+		h, err := c.PostRead([]int{1, 2}, peer.Agent, []int{5, 6}, []byte("s:h"))
+		done <- result{h, err}
+	}()
+	var r result
+	select {
+	case r = <-done:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a step-loop call waited for C")
+	}
+	if _, rs := c.FakeLeaksLocked(); rs != 0 {
+		t.Fatalf("%d remote agents loaded while C was held", rs)
+	}
+	held = false
+	c.cmu.Unlock()
+	if pg := waitEnded(t, c, r.h); pg != xfer.Complete {
+		t.Fatalf("READ to a peer that was loading: %v", pg)
+	}
+	if !bytes.Equal(cr.Block(1), pr.Block(5)) || !bytes.Equal(cr.Block(2), pr.Block(6)) {
+		t.Fatal("bytes differ")
+	}
+	c.Release(r.h)
+	// The peer removed before its load was never loaded; the other
+	// holds two registrations.
+	waitLeaks(t, c, 0, 1)
+	for range 2 {
+		if err := c.RemoveRemotePeer(peer.Agent); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := c.RemoveRemotePeer(peer.Agent); !errors.Is(err, xfer.ErrUnknownPeer) {
+		t.Fatalf("removed three times: %v", err)
+	}
+	waitLeaks(t, c, 0, 0)
+}
+
+// With AsyncPost, a load that fails ends the READs queued behind it
+// Failed, and PostRead refuses later ones with xfer.ErrUnknownPeer,
+// naming the cause; registering the metadata again loads it again.
+func TestAsyncPeerLoadFails(t *testing.T) {
+	c, _ := newAgent(t, variants[0], 8, 64, Config{AsyncPost: true})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	c.cmu.Lock() // the failure is injected before the goroutine can load
+	FakeFail(FakeLoad, -10, 1)
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		c.cmu.Unlock()
+		t.Fatal(err)
+	}
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+	c.cmu.Unlock()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg := waitEnded(t, c, h); pg != xfer.Failed {
+		t.Fatalf("READ behind a failed load: %v", pg)
+	}
+	if err := c.Release(h); err != nil {
+		t.Fatal(err)
+	}
+	_, err = c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+	if !errors.Is(err, xfer.ErrUnknownPeer) || !errors.Is(err, ErrRemoteDisconnect) {
+		t.Fatalf("READ after the failed load: %v", err)
+	}
+	if err := c.RemoveRemotePeer(peer.Agent); err != nil {
+		t.Fatal(err)
+	}
+	again, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil || again.Agent == peer.Agent {
+		t.Fatalf("registered again: %+v, %v", again, err)
+	}
+	h, err = c.PostRead([]int{1}, again.Agent, []int{1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg := waitEnded(t, c, h); pg != xfer.Complete {
+		t.Fatalf("READ after loading again: %v", pg)
+	}
+	c.Release(h) // in C by the progress goroutine
+	waitLeaks(t, c, 0, 1)
+}
+
+// waitLeaks waits until a holds hs requests and rs remote agents in C
+// (the progress goroutine makes the calls that release them).
+func waitLeaks(t *testing.T, a *Agent, hs, rs int) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		h, r := a.FakeLeaks()
+		if h == hs && r == rs {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d requests and %d remote agents held, want %d and %d", h, r, hs, rs)
+		}
+	}
 }

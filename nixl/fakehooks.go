@@ -39,6 +39,12 @@ func FakeFail(op, st, count int) { C.cnixl_fake_fail(C.int(op), C.int(st), C.int
 func (a *Agent) FakeLeaks() (handles, remotes int) {
 	a.lockC()
 	defer a.unlockC()
+	return a.FakeLeaksLocked()
+}
+
+// FakeLeaksLocked is FakeLeaks for a caller that holds cmu (the fake
+// keeps its counts under a lock of its own).
+func (a *Agent) FakeLeaksLocked() (handles, remotes int) {
 	if a.c == nil {
 		return 0, 0
 	}

@@ -30,7 +30,7 @@
 // handed to UCX to abort; Close lets READs in flight end before it
 // deregisters the region and destroys the agent; with Config.AsyncPost the
 // progress goroutine posts READs, so the caller's step never runs UCX's
-// shared-memory copy.
+// shared-memory copy, nor waits for the load of a producer's metadata.
 //
 // NIXL does not enforce grants: a peer that has our metadata can READ any
 // registered block. The TCP data plane refuses what was not granted; with
@@ -83,7 +83,10 @@ type Config struct {
 	// NIXL copies the bytes inside the post (about 5 ms for 64 MiB here),
 	// which by default runs in the caller's step; with AsyncPost the step
 	// never does, and none of the step loop's calls waits for a call into
-	// C. It costs a hand-off each way: a lone 64 MiB fetch of 8 KiB blocks
+	// C: AddRemotePeer and RemoveRemotePeer leave theirs (loading a
+	// producer's metadata took 2-8 ms here) to the goroutine too, which
+	// posts a READ after the load of its peer; one whose load failed ends
+	// Failed. It costs a hand-off each way: a lone 64 MiB fetch of 8 KiB blocks
 	// took 0.6-1.4 ms longer here (session-async in BenchmarkTwoProcess64MiB),
 	// while the loopback over shared memory, 64 fetches in flight, ran as
 	// fast or faster. NIXL's own errors then
