@@ -40,11 +40,13 @@ type Agent struct {
 	desc   []byte
 
 	// cmu serializes every call into C; mu guards the state below. Who
-	// needs both takes cmu first. When the progress goroutine posts READs
+	// needs both takes cmu first, and the progress goroutine holds mu
+	// only between its calls into C. When it posts READs
 	// (Config.AsyncPost), the step loop's calls (PostRead, Check, Release,
-	// and DrainNotifs when C is busy) take mu alone: a long C call, such
-	// as a post over UCX shared memory, which copies there, never holds
-	// up the caller's step.
+	// Add/RemoveRemotePeer, and DrainNotifs when C is busy) take mu alone:
+	// a long C call, such as a post over UCX shared memory, which copies
+	// there, or a progress call over UCX tcp, which moves bytes, never
+	// holds up the caller's step.
 	cmu     sync.Mutex
 	mu      sync.Mutex
 	c       *C.cnixl_agent
@@ -62,6 +64,9 @@ type Agent struct {
 	next    xfer.Handle
 	closed  bool
 	ids     []C.int32_t // PostRead's scratch (a fresh one cost 0.2 ms per 8,192-block READ here)
+
+	checking []*req // checkEndsC's scratch, for the progress goroutine
+	checkSts []int
 
 	beforePost func() // tests: runs before the progress goroutine posts a READ
 
@@ -723,36 +728,55 @@ func (a *Agent) Release(h xfer.Handle) error {
 	return nil
 }
 
-// releaseEndedLocked releases in C the requests of READs that ended and
-// were released; one NIXL will not release is kept with the zombies.
-func (a *Agent) releaseEndedLocked() {
-	for _, ch := range a.ended {
+// The functions named ...C call into C: the caller holds cmu, not mu,
+// which they take only around the state they read or write, so that the
+// step loop's calls that take mu alone (Config.AsyncPost) never wait for
+// a call into C. A request's C handle is only ever used under cmu.
+
+// releaseEndedC releases in C the requests of READs that ended and were
+// released; one NIXL will not release is kept with the zombies.
+func (a *Agent) releaseEndedC() {
+	a.mu.Lock()
+	todo := a.ended
+	a.ended = nil
+	a.mu.Unlock()
+	var kept []C.cnixl_handle
+	for _, ch := range todo {
 		if C.cnixl_release(a.c, ch) != 0 {
-			a.zombies = append(a.zombies, ch)
+			kept = append(kept, ch)
 		}
 	}
-	clear(a.ended)
-	a.ended = a.ended[:0]
+	if len(kept) > 0 {
+		a.mu.Lock()
+		a.zombies = append(a.zombies, kept...)
+		a.mu.Unlock()
+	}
 }
 
-// The functions named ...Locked call into C: the caller holds cmu and mu.
-
-// reapZombiesLocked releases the kept requests that have ended.
-func (a *Agent) reapZombiesLocked() {
-	kept := a.zombies[:0]
-	for _, z := range a.zombies {
+// reapZombiesC releases the kept requests that have ended.
+func (a *Agent) reapZombiesC() {
+	a.mu.Lock()
+	zs := a.zombies
+	a.zombies = nil
+	a.mu.Unlock()
+	if len(zs) == 0 {
+		return
+	}
+	kept := zs[:0]
+	for _, z := range zs {
 		if C.cnixl_check(a.c, z) == C.CNIXL_IN_PROG || C.cnixl_release(a.c, z) != 0 {
 			kept = append(kept, z)
 		}
 	}
-	clear(a.zombies[len(kept):])
-	a.zombies = kept
+	a.mu.Lock()
+	a.zombies = append(kept, a.zombies...) // and those released meanwhile
+	a.mu.Unlock()
 }
 
-// pollLocked drives the agent once (NIXL's getNotifs progresses the UCX
+// pollC drives the agent once (NIXL's getNotifs progresses the UCX
 // workers) and keeps what arrived in the inbox. It reports whether anything
 // arrived.
-func (a *Agent) pollLocked() (bool, error) {
+func (a *Agent) pollC() (bool, error) {
 	var buf unsafe.Pointer
 	var n C.size_t
 	if st := C.cnixl_get_notifs(a.c, &buf, &n); st != 0 {
@@ -763,6 +787,8 @@ func (a *Agent) pollLocked() (bool, error) {
 	}
 	b := C.GoBytes(buf, C.int(n))
 	C.cnixl_free(buf)
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	for len(b) >= 8 {
 		nl := int(binary.NativeEndian.Uint32(b))
 		if len(b) < 8+nl {
@@ -797,16 +823,19 @@ func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 		defer a.cmu.Unlock()
 	}
 	a.mu.Lock()
-	defer a.mu.Unlock()
-	if a.closed {
+	closed := a.closed
+	a.mu.Unlock()
+	if closed { // else Close waits for cmu before it destroys the agent
 		return dst, xfer.ErrClosed
 	}
 	var err error
 	if haveC {
-		a.releaseEndedLocked()
-		a.reapZombiesLocked()
-		_, err = a.pollLocked()
+		a.releaseEndedC()
+		a.reapZombiesC()
+		_, err = a.pollC()
 	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	dst = append(dst, a.inbox...)
 	clear(a.inbox)
 	a.inbox = a.inbox[:0]
@@ -821,24 +850,39 @@ func (a *Agent) DroppedNotifs() uint64 {
 	return a.dropped
 }
 
-// checkEndsLocked looks at READs posted here that have not ended and
-// records those that did, so that a loop waiting on Ready wakes the moment
-// one ends. It reports whether any did. It looks at most at checksPerRound
-// of them: the step loop waits for the lock meanwhile, and Go's map order
-// starts each round at a random place, so all are looked at over rounds.
-func (a *Agent) checkEndsLocked() bool {
-	ended, looked := false, 0
+// checkEndsC looks at READs posted here that have not ended and records
+// those that did, so that a loop waiting on Ready wakes the moment one
+// ends. It reports whether any did. It looks at most at checksPerRound of
+// them per round, and Go's map order starts each round at a random place,
+// so all are looked at over rounds.
+func (a *Agent) checkEndsC() bool {
+	a.mu.Lock()
+	rs := a.checking[:0]
 	for _, r := range a.handles {
-		if r.ended || r.phase != posted {
+		if r.ended || r.phase != posted || r.refused {
 			continue
 		}
-		if looked++; looked > checksPerRound {
+		if rs = append(rs, r); len(rs) == checksPerRound {
 			break
 		}
-		if st := int(C.cnixl_check(a.c, r.ch)); st != C.CNIXL_IN_PROG && st != C.CNIXL_ERR_NOT_FOUND {
+	}
+	a.mu.Unlock()
+	// r.ch is set once the READ is posted, and released only by this
+	// goroutine (or under cmu).
+	sts := a.checkSts[:0]
+	for _, r := range rs {
+		sts = append(sts, int(C.cnixl_check(a.c, r.ch)))
+	}
+	ended := false
+	a.mu.Lock()
+	for i, r := range rs {
+		if st := sts[i]; st != C.CNIXL_IN_PROG && st != C.CNIXL_ERR_NOT_FOUND && !r.seen {
 			r.ended, r.seen, r.st, ended = true, true, st, true
 		}
 	}
+	a.mu.Unlock()
+	clear(rs)
+	a.checking, a.checkSts = rs[:0], sts[:0]
 	return ended
 }
 
@@ -874,24 +918,26 @@ func (a *Agent) progressLoop() {
 		a.cmu.Lock()
 		ended := a.async && a.postQueued()
 		a.mu.Lock()
-		if a.closed {
-			a.unlockC()
+		closed := a.closed
+		a.mu.Unlock()
+		if closed {
+			a.cmu.Unlock()
 			return
 		}
-		got, _ := a.pollLocked()
-		if a.checkEndsLocked() || ended {
+		got, _ := a.pollC()
+		if a.checkEndsC() || ended {
 			got = true
 		}
 		if got {
 			a.signal()
 		}
-		a.releaseEndedLocked()
-		if len(a.zombies) > 0 {
-			a.reapZombiesLocked()
-		}
+		a.releaseEndedC()
+		a.reapZombiesC()
+		a.mu.Lock()
 		busy := a.busyLocked()
 		reading := a.readingLocked()
-		a.unlockC()
+		a.mu.Unlock()
+		a.cmu.Unlock()
 		switch {
 		case !busy:
 			empty = 0
@@ -955,12 +1001,16 @@ func (a *Agent) Close() error {
 				running++
 			}
 		}
-		a.reapZombiesLocked()
+		a.mu.Unlock()
+		a.reapZombiesC()
+		a.mu.Lock()
 		running += len(a.zombies)
 		if running == 0 || time.Now().After(deadline) {
 			break
 		}
-		a.pollLocked()
+		a.mu.Unlock()
+		a.pollC()
+		a.mu.Lock()
 		time.Sleep(20 * time.Microsecond)
 	}
 	C.cnixl_agent_destroy(a.c)

@@ -47,6 +47,8 @@ struct cnixl_agent {
 	cnixl_handle next;
 	unsigned char *notifs;
 	size_t notiflen, notifcap;
+	int hold_notifs; /* get_notifs waits while set (tests) */
+	int in_notifs;   /* get_notifs calls waiting */
 };
 
 static pthread_mutex_t g_mu = PTHREAD_MUTEX_INITIALIZER;
@@ -55,6 +57,7 @@ static int g_nagents;
 static long g_delay_us;
 static int g_inline; /* READs complete within the post, as UCX over shared memory's do */
 static int g_fail_op, g_fail_status, g_fail_count;
+static pthread_cond_t g_notifs_cond = PTHREAD_COND_INITIALIZER;
 
 static char *dupstr(const char *s) {
 	size_t n = strlen(s) + 1;
@@ -407,8 +410,26 @@ int cnixl_release(cnixl_agent *a, cnixl_handle h) {
 	return CNIXL_SUCCESS;
 }
 
+void cnixl_fake_hold_notifs(cnixl_agent *a, int on) {
+	pthread_mutex_lock(&g_mu);
+	a->hold_notifs = on;
+	pthread_cond_broadcast(&g_notifs_cond);
+	pthread_mutex_unlock(&g_mu);
+}
+
+int cnixl_fake_in_notifs(cnixl_agent *a) {
+	pthread_mutex_lock(&g_mu);
+	int n = a->in_notifs;
+	pthread_mutex_unlock(&g_mu);
+	return n;
+}
+
 int cnixl_get_notifs(cnixl_agent *a, void **buf, size_t *len) {
 	pthread_mutex_lock(&g_mu);
+	a->in_notifs++;
+	while (a->hold_notifs)
+		pthread_cond_wait(&g_notifs_cond, &g_mu);
+	a->in_notifs--;
 	*len = a->notiflen;
 	*buf = NULL;
 	if (a->notiflen > 0) {

@@ -19,5 +19,9 @@ void cnixl_fake_fail(int op, int status, int count);
 /* What the agent still holds: READ handles not released, remote agents not removed. */
 int cnixl_fake_live_handles(cnixl_agent *a);
 int cnixl_fake_live_remotes(cnixl_agent *a);
+/* on: the agent's get_notifs calls (its progress) wait until it is off. */
+void cnixl_fake_hold_notifs(cnixl_agent *a, int on);
+/* How many get_notifs calls of the agent are waiting. */
+int cnixl_fake_in_notifs(cnixl_agent *a);
 
 #endif

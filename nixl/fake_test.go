@@ -415,3 +415,55 @@ func waitLeaks(t *testing.T, a *Agent, hs, rs int) {
 		}
 	}
 }
+
+// With AsyncPost, the step loop's calls never wait for the progress
+// goroutine's own calls into C either: with it inside a progress call
+// (which over UCX tcp moves bytes, and can take long), Check, PostRead,
+// Release and DrainNotifs return.
+func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
+	c, peer := slowPair(t, Config{AsyncPost: true})
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, []byte("s:h"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.FakeHoldProgress(true)
+	held := true
+	defer func() {
+		if held {
+			c.FakeHoldProgress(false)
+		}
+	}()
+	done := make(chan error, 1)
+	go func() {
+		if _, err := c.Check(h); err != nil {
+			done <- err
+			return
+		}
+		h2, err := c.PostRead([]int{2}, peer.Agent, []int{2}, nil)
+		if err != nil {
+			done <- err
+			return
+		}
+		if err := c.Release(h2); err != nil { // queued: dropped
+			done <- err
+			return
+		}
+		_, err = c.DrainNotifs(nil)
+		done <- err
+	}()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("a step-loop call waited for a progress call in C")
+	}
+	held = false
+	c.FakeHoldProgress(false)
+	if pg := waitEnded(t, c, h); pg != xfer.Complete {
+		t.Fatalf("READ: %v", pg)
+	}
+	c.Release(h)
+	waitLeaks(t, c, 0, 1)
+}

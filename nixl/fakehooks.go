@@ -50,3 +50,17 @@ func (a *Agent) FakeLeaksLocked() (handles, remotes int) {
 	}
 	return int(C.cnixl_fake_live_handles(a.c)), int(C.cnixl_fake_live_remotes(a.c))
 }
+
+// FakeHoldProgress makes a's progress calls (getNotifs) wait inside C
+// until it is called with false, as a long progress call over UCX does;
+// it returns once one waits. a must have a progress goroutine.
+func (a *Agent) FakeHoldProgress(on bool) {
+	v := 0
+	if on {
+		v = 1
+	}
+	C.cnixl_fake_hold_notifs(a.c, C.int(v))
+	for on && C.cnixl_fake_in_notifs(a.c) == 0 {
+		time.Sleep(100 * time.Microsecond)
+	}
+}
