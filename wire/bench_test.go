@@ -134,6 +134,19 @@ func BenchmarkMemDesc256Decode(b *testing.B) {
 	}
 }
 
+// A region's descriptor of 16,384 blocks of 4 KiB (what a consumer
+// checks on a producer's first ack), as DecodeBlocks reads it.
+func BenchmarkDecodeBlocks16k(b *testing.B) {
+	desc := AppendBlockDescs(nil, 0x7f12_3456_0000, 4096, 16384, 0)
+	b.SetBytes(int64(len(desc)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if bl, ok, err := DecodeBlocks(desc); err != nil || !ok || bl.Count != 16384 {
+			b.Fatal(bl, ok, err)
+		}
+	}
+}
+
 func BenchmarkCompatHash(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {

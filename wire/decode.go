@@ -1,7 +1,9 @@
 package wire
 
 import (
+	"encoding/binary"
 	"math"
+	"math/bits"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -449,7 +451,11 @@ type Blocks struct {
 // sizes or devices, not back to back, a negative value): decode that one
 // with [DecodeMemDescs]. err is DecodeMemDescs's for a malformed one.
 func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
+	if b, ok := decodeBlocksFast(data); ok {
+		return b, true, nil
+	}
 	ok = true
+	var next, wrapped uint64 // Base + i*Size, by additions (no division per block); wrapped: it overflowed
 	err = walkMemDescs(data, nil, func(i uint64, d MemDesc) bool {
 		addr, ok1 := d.Addr.Uint64()
 		size, ok2 := d.Size.Uint64()
@@ -459,8 +465,11 @@ func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
 			ok = false
 		case i == 0:
 			b = Blocks{Base: addr, Size: size, Device: dev}
-		case size != b.Size || dev != b.Device || i > (math.MaxUint64-b.Base)/b.Size || addr != b.Base+i*b.Size:
+			next, wrapped = bits.Add64(addr, size, 0)
+		case size != b.Size || dev != b.Device || wrapped != 0 || addr != next:
 			ok = false
+		default:
+			next, wrapped = bits.Add64(next, size, 0)
 		}
 		b.Count++
 		return ok
@@ -492,6 +501,13 @@ func walkMemDescs(data []byte, count func(n uint64), f func(i uint64, d MemDesc)
 	}
 	more := true
 	for i := uint64(0); i < n; i++ {
+		if t, next, ok := fastTriple(d.b, d.i); ok {
+			d.i = next
+			if more {
+				more = f(i, t)
+			}
+			continue
+		}
 		c, err := d.peek()
 		if err != nil {
 			return err
@@ -522,6 +538,85 @@ func walkMemDescs(data []byte, count func(n uint64), f func(i uint64, d MemDesc)
 		}
 	}
 	return d.end()
+}
+
+// fastTriple reads, at b[i:], a triple of unsigned ints as msgpack
+// writes them (a region's descriptor holds thousands); ok is false for any
+// other form, which the general path reads, errors included.
+func fastTriple(b []byte, i int) (t MemDesc, next int, ok bool) {
+	if i >= len(b) || b[i] != 0x93 {
+		return t, i, false
+	}
+	var ok1, ok2, ok3 bool
+	t.Addr.u, i, ok1 = fastUint(b, i+1)
+	t.Size.u, i, ok2 = fastUint(b, i)
+	t.Device.u, i, ok3 = fastUint(b, i)
+	return t, i, ok1 && ok2 && ok3
+}
+
+// fastUint reads an unsigned int that fits an int64 at b[i:]; ok is false
+// for anything else.
+func fastUint(b []byte, i int) (v uint64, next int, ok bool) {
+	if i >= len(b) {
+		return 0, i, false
+	}
+	switch c := b[i]; {
+	case c <= 0x7f:
+		return uint64(c), i + 1, true
+	case c == 0xcc && i+1 < len(b):
+		return uint64(b[i+1]), i + 2, true
+	case c == 0xcd && i+2 < len(b):
+		return uint64(binary.BigEndian.Uint16(b[i+1:])), i + 3, true
+	case c == 0xce && i+4 < len(b):
+		return uint64(binary.BigEndian.Uint32(b[i+1:])), i + 5, true
+	case c == 0xcf && i+8 < len(b) && b[i+1] < 0x80:
+		return binary.BigEndian.Uint64(b[i+1:]), i + 9, true
+	}
+	return 0, i, false
+}
+
+// decodeBlocksFast is DecodeBlocks for a descriptor of back-to-back blocks
+// written as msgpack writes unsigned ints: one pass over the bytes, no
+// call per block. ok is false for anything else, which DecodeBlocks then
+// reads the general way (errors included).
+func decodeBlocksFast(data []byte) (bl Blocks, ok bool) {
+	d := reader{b: data}
+	c, err := d.peek()
+	if err != nil || !isArray(c) {
+		return bl, false
+	}
+	n, err := d.containerLen(c)
+	if err != nil || n == 0 || n > uint64(len(data)) {
+		return bl, false
+	}
+	b, i := data, d.i
+	var next, wrapped uint64
+	for k := uint64(0); k < n; k++ {
+		if i >= len(b) || b[i] != 0x93 {
+			return bl, false
+		}
+		addr, j, ok1 := fastUint(b, i+1)
+		size, j, ok2 := fastUint(b, j)
+		dev, j, ok3 := fastUint(b, j)
+		if !ok1 || !ok2 || !ok3 {
+			return bl, false
+		}
+		if k == 0 {
+			if size == 0 {
+				return bl, false
+			}
+			bl = Blocks{Base: addr, Size: size, Device: dev}
+		} else if size != bl.Size || dev != bl.Device || wrapped != 0 || addr != next {
+			return bl, false
+		}
+		next, wrapped = bits.Add64(addr, size, 0)
+		i = j
+	}
+	if i != len(b) || n > (math.MaxUint64-bl.Base)/bl.Size { // trailing bytes; the last block ends out of range
+		return Blocks{}, false
+	}
+	bl.Count = int(n)
+	return bl, true
 }
 
 // PeekIDs reads only the mm_hash and session_id of a message that did not

@@ -327,6 +327,7 @@ func TestDecodeBlocks(t *testing.T) {
 		"a region":         {region, Blocks{Base: base, Size: 7168, Count: 256}, true},
 		"one block":        {region[:1], Blocks{Base: base, Size: 7168, Count: 1}, true},
 		"on device 3":      {BlockDescs(base, 64, 4, 3), Blocks{Base: base, Size: 64, Count: 4, Device: 3}, true},
+		"across 2^32":      {BlockDescs(1<<32-2*4096, 4096, 4, 0), Blocks{Base: 1<<32 - 2*4096, Size: 4096, Count: 4}, true},
 		"empty":            {nil, Blocks{}, false},
 		"out of order":     {append([]MemDesc{region[1], region[0]}, region[2:]...), Blocks{}, false},
 		"a gap":            {append(slices.Clone(region[:2]), region[3:]...), Blocks{}, false},
@@ -345,7 +346,17 @@ func TestDecodeBlocks(t *testing.T) {
 			}
 		})
 	}
-	for _, bad := range [][]byte{{}, {0x91}, {0x91, 0x92, 0x01, 0x02}, {0xc0}} {
+	// Ints msgpack would write shorter (a 4-byte size) take the general
+	// path, and agree.
+	wide := []byte{0x92, 0x93, 0xce, 0, 0, 0x10, 0, 0xce, 0, 0, 0x10, 0, 0x00, 0x93, 0xce, 0, 0, 0x20, 0, 0xd1, 0x10, 0, 0x00}
+	if got, ok, err := DecodeBlocks(wide); err != nil || !ok || got != (Blocks{Base: 4096, Size: 4096, Count: 2}) {
+		t.Errorf("wide ints: %+v, %v, %v", got, ok, err)
+	}
+	regular := AppendMemDescs(nil, region[:3])
+	for _, bad := range [][]byte{{}, {0x91}, {0x91, 0x92, 0x01, 0x02}, {0xc0},
+		append(slices.Clone(regular), 0x00), // a region, then a byte
+		regular[:len(regular)-1],            // its last int cut short
+	} {
 		if _, _, err := DecodeBlocks(bad); err == nil {
 			t.Errorf("%x: no error", bad)
 		} else if _, err2 := DecodeMemDescs(bad); err2 == nil || err.Error() != err2.Error() {
