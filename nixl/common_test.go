@@ -503,3 +503,54 @@ func readDoneWithinPost(t *testing.T, v variant, async bool) {
 		}
 	}
 }
+
+// BenchmarkAddRemotePeer measures what registering a producer of 16,384
+// blocks costs the step that took its ack: checking its descriptor, and
+// NIXL's loadRemoteMD by default or a queued load with AsyncPost (the
+// progress goroutine loads it, before that producer's READs). Each op adds
+// the same producer again and, untimed, removes it: UCX's connection to
+// it is up, so NIXL's load costs less than on a first contact.
+//
+//	go test -tags nixl -run '^$' -bench AddRemotePeer ./nixl/
+func BenchmarkAddRemotePeer(b *testing.B) {
+	for _, v := range variants {
+		for _, async := range []bool{false, true} {
+			b.Run(fmt.Sprintf("%s/async=%v", v.name, async), func(b *testing.B) {
+				if v.tls != "" {
+					b.Setenv("UCX_TLS", v.tls)
+				}
+				var agents [2]*Agent
+				for i := range agents {
+					r, err := cache.NewRegion(cache.RegionConfig{Blocks: 16384, BlockSize: 4096, NoLock: true})
+					if err != nil {
+						b.Fatal(err)
+					}
+					a, err := New(Config{Name: fmt.Sprintf("bench-%d", seq.Add(1)), Params: v.params, AsyncPost: async && i == 0}, r)
+					if err != nil {
+						r.Close()
+						b.Skip(err)
+					}
+					b.Cleanup(func() { a.Close(); r.Close() })
+					agents[i] = a
+				}
+				c, p := agents[0], agents[1]
+				for b.Loop() {
+					peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+					if err != nil {
+						b.Fatal(err)
+					}
+					b.StopTimer()
+					if err := c.RemoveRemotePeer(peer.Agent); err != nil {
+						b.Fatal(err)
+					}
+					if async { // its load and removal done, not left to the next op
+						c.cmu.Lock()
+						c.postQueued()
+						c.cmu.Unlock()
+					}
+					b.StartTimer()
+				}
+			})
+		}
+	}
+}
