@@ -28,6 +28,10 @@
 //     as local ones, each unique and inside the producer's region. A failed
 //     check or a refused post tombstones that transfer only; nothing escapes
 //     Poll (the reference lets the post's exception escape the engine loop).
+//     A post refused because the data plane no longer knows the producer's
+//     agent (xfer.ErrUnknownPeer: a load NIXL made after registering
+//     failed) also drops the registration, so the next ack registers the
+//     producer again.
 //
 //  2. An ack echoing a session id that is not empty and not ours is ignored
 //     and counted (ForeignAcks).
