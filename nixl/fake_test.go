@@ -142,34 +142,29 @@ func TestAsyncPostNeverWaitsForC(t *testing.T) {
 		t.Fatal(err)
 	}
 	c.cmu.Lock() // as a long post by the progress goroutine would
-	done := make(chan error, 1)
-	go func() {
+	held := true
+	defer func() {
+		if held { // a failure below: let Close have C
+			c.cmu.Unlock()
+		}
+	}()
+	returnsWithin5s(t, "a step-loop call waited for C", func() error {
 		h, err := c.PostRead([]int{1}, peer.Agent, []int{2}, []byte("s:h"))
 		if err != nil {
-			done <- err
-			return
+			return err
 		}
 		if pg, err := c.Check(h); pg != xfer.InProgress || err != nil {
-			done <- fmt.Errorf("check of a queued READ: %v, %v", pg, err)
-			return
+			return fmt.Errorf("check of a queued READ: %v, %v", pg, err)
 		}
 		if _, err := c.DrainNotifs(nil); err != nil {
-			done <- err
-			return
+			return err
 		}
-		done <- c.Release(h) // queued: never posted, nothing to wait for
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a step-loop call waited for C")
-	}
+		return c.Release(h) // queued: never posted, nothing to wait for
+	})
 	// The next post NIXL sees fails: if it is the next READ's, the
 	// released one never reached NIXL.
 	FakeFail(FakePost, -3, 1)
+	held = false
 	c.cmu.Unlock()
 	h, err := c.PostRead([]int{3}, peer.Agent, []int{4}, nil)
 	if err != nil {
@@ -183,6 +178,22 @@ func TestAsyncPostNeverWaitsForC(t *testing.T) {
 	}
 	if hs, _ := c.FakeLeaks(); hs != 0 {
 		t.Fatalf("%d requests held", hs)
+	}
+}
+
+// returnsWithin5s runs f, step-loop calls, on a goroutine, and fails the
+// test with its error, or with what unless it returns within 5 s.
+func returnsWithin5s(t *testing.T, what string, f func() error) {
+	t.Helper()
+	done := make(chan error, 1)
+	go func() { done <- f() }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal(what)
 	}
 }
 
@@ -293,54 +304,37 @@ func TestAsyncPeerLoad(t *testing.T) {
 			c.cmu.Unlock()
 		}
 	}()
-	type result struct {
-		h   xfer.Handle
-		err error
-	}
-	done := make(chan result, 1)
 	var peer, other xfer.Peer
-	go func() {
+	var h xfer.Handle
+	returnsWithin5s(t, "a step-loop call waited for C", func() error {
 		var err error
 		if peer, err = c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); err != nil {
-			done <- result{err: err}
-			return
+			return err
 		}
 		if again, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); err != nil || again != peer {
-			done <- result{err: fmt.Errorf("the same metadata again: %+v, %v (first %+v)", again, err, peer)}
-			return
+			return fmt.Errorf("the same metadata again: %+v, %v (first %+v)", again, err, peer)
 		}
 		if other, err = c.AddRemotePeer(q.AgentMetadata(), q.MemDescriptor()); err != nil {
-			done <- result{err: err}
-			return
+			return err
 		}
 		if err := c.RemoveRemotePeer(other.Agent); err != nil { // before its load
-			done <- result{err: err}
-			return
+			return err
 		}
-		h, err := c.PostRead([]int{1, 2}, peer.Agent, []int{5, 6}, []byte("s:h"))
-		done <- result{h, err}
-	}()
-	var r result
-	select {
-	case r = <-done:
-		if r.err != nil {
-			t.Fatal(r.err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a step-loop call waited for C")
-	}
+		h, err = c.PostRead([]int{1, 2}, peer.Agent, []int{5, 6}, []byte("s:h"))
+		return err
+	})
 	if _, rs := c.FakeLeaksLocked(); rs != 0 {
 		t.Fatalf("%d remote agents loaded while C was held", rs)
 	}
 	held = false
 	c.cmu.Unlock()
-	if pg := waitEnded(t, c, r.h); pg != xfer.Complete {
+	if pg := waitEnded(t, c, h); pg != xfer.Complete {
 		t.Fatalf("READ to a peer that was loading: %v", pg)
 	}
 	if !bytes.Equal(cr.Block(1), pr.Block(5)) || !bytes.Equal(cr.Block(2), pr.Block(6)) {
 		t.Fatal("bytes differ")
 	}
-	c.Release(r.h)
+	c.Release(h)
 	// The peer removed before its load was never loaded; the other
 	// holds two registrations.
 	waitLeaks(t, c, 0, 1)
@@ -433,32 +427,20 @@ func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
 			c.FakeHoldProgress(false)
 		}
 	}()
-	done := make(chan error, 1)
-	go func() {
+	returnsWithin5s(t, "a step-loop call waited for a progress call in C", func() error {
 		if _, err := c.Check(h); err != nil {
-			done <- err
-			return
+			return err
 		}
 		h2, err := c.PostRead([]int{2}, peer.Agent, []int{2}, nil)
 		if err != nil {
-			done <- err
-			return
+			return err
 		}
 		if err := c.Release(h2); err != nil { // queued: dropped
-			done <- err
-			return
+			return err
 		}
 		_, err = c.DrainNotifs(nil)
-		done <- err
-	}()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Fatal(err)
-		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("a step-loop call waited for a progress call in C")
-	}
+		return err
+	})
 	held = false
 	c.FakeHoldProgress(false)
 	if pg := waitEnded(t, c, h); pg != xfer.Complete {
