@@ -3,7 +3,6 @@ package wire
 import (
 	"encoding/binary"
 	"math"
-	"math/bits"
 	"slices"
 	"strings"
 	"unicode/utf8"
@@ -455,7 +454,6 @@ func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
 		return b, true, nil
 	}
 	ok = true
-	var next, wrapped uint64 // Base + i*Size, by additions (no division per block); wrapped: it overflowed
 	err = walkMemDescs(data, nil, func(i uint64, d MemDesc) bool {
 		addr, ok1 := d.Addr.Uint64()
 		size, ok2 := d.Size.Uint64()
@@ -465,11 +463,8 @@ func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
 			ok = false
 		case i == 0:
 			b = Blocks{Base: addr, Size: size, Device: dev}
-			next, wrapped = bits.Add64(addr, size, 0)
-		case size != b.Size || dev != b.Device || wrapped != 0 || addr != next:
+		case size != b.Size || dev != b.Device || i > (math.MaxUint64-b.Base)/b.Size || addr != b.Base+i*b.Size:
 			ok = false
-		default:
-			next, wrapped = bits.Add64(next, size, 0)
 		}
 		b.Count++
 		return ok
@@ -501,13 +496,6 @@ func walkMemDescs(data []byte, count func(n uint64), f func(i uint64, d MemDesc)
 	}
 	more := true
 	for i := uint64(0); i < n; i++ {
-		if t, next, ok := fastTriple(d.b, d.i); ok {
-			d.i = next
-			if more {
-				more = f(i, t)
-			}
-			continue
-		}
 		c, err := d.peek()
 		if err != nil {
 			return err
@@ -538,20 +526,6 @@ func walkMemDescs(data []byte, count func(n uint64), f func(i uint64, d MemDesc)
 		}
 	}
 	return d.end()
-}
-
-// fastTriple reads, at b[i:], a triple of unsigned ints as msgpack
-// writes them (a region's descriptor holds thousands); ok is false for any
-// other form, which the general path reads, errors included.
-func fastTriple(b []byte, i int) (t MemDesc, next int, ok bool) {
-	if i >= len(b) || b[i] != 0x93 {
-		return t, i, false
-	}
-	var ok1, ok2, ok3 bool
-	t.Addr.u, i, ok1 = fastUint(b, i+1)
-	t.Size.u, i, ok2 = fastUint(b, i)
-	t.Device.u, i, ok3 = fastUint(b, i)
-	return t, i, ok1 && ok2 && ok3
 }
 
 // fastUint reads an unsigned int that fits an int64 at b[i:]; ok is false
@@ -589,8 +563,10 @@ func decodeBlocksFast(data []byte) (bl Blocks, ok bool) {
 	if err != nil || n == 0 || n > uint64(len(data)) {
 		return bl, false
 	}
+	// fastUint's values are under 2^63, so no address plus a size wraps,
+	// and the last block ends in range.
 	b, i := data, d.i
-	var next, wrapped uint64
+	var next uint64
 	for k := uint64(0); k < n; k++ {
 		if i >= len(b) || b[i] != 0x93 {
 			return bl, false
@@ -606,13 +582,13 @@ func decodeBlocksFast(data []byte) (bl Blocks, ok bool) {
 				return bl, false
 			}
 			bl = Blocks{Base: addr, Size: size, Device: dev}
-		} else if size != bl.Size || dev != bl.Device || wrapped != 0 || addr != next {
+		} else if size != bl.Size || dev != bl.Device || addr != next {
 			return bl, false
 		}
-		next, wrapped = bits.Add64(addr, size, 0)
+		next = addr + size
 		i = j
 	}
-	if i != len(b) || n > (math.MaxUint64-bl.Base)/bl.Size { // trailing bytes; the last block ends out of range
+	if i != len(b) { // trailing bytes: the general path reports them
 		return Blocks{}, false
 	}
 	bl.Count = int(n)
