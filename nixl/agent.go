@@ -41,16 +41,17 @@ type Agent struct {
 
 	// cmu serializes every call into C; mu guards the state below. Who
 	// needs both takes cmu first, and the progress goroutine holds mu
-	// only between its calls into C. When it posts READs
-	// (Config.AsyncPost), the step loop's calls (PostRead, Check, Release,
-	// Add/RemoveRemotePeer, and DrainNotifs when C is busy) take mu alone:
-	// a long C call, such as a post over UCX shared memory, which copies
-	// there, or a progress call over UCX tcp, which moves bytes, never
-	// holds up the caller's step.
+	// only between its calls into C. Unless Config.SyncPost, the step
+	// loop's calls (PostRead, Check, Release, Add/RemoveRemotePeer, and
+	// DrainNotifs when C is busy) take mu alone, and cmu only with
+	// TryLock: a long C call, such as a post over UCX shared memory, which
+	// copies there, or a progress call over UCX tcp, which moves bytes,
+	// never holds up the caller's step.
 	cmu     sync.Mutex
 	mu      sync.Mutex
 	c       *C.cnixl_agent
-	async   bool              // PostRead queues READs for the progress goroutine
+	async   bool              // the progress goroutine makes the step's calls into C (not SyncPost)
+	inline  int               // async: the most blocks a READ posted in the step may have (InlinePost)
 	peers   map[string]peer   // remote agent -> registration
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
 	handles map[xfer.Handle]*req
@@ -71,6 +72,7 @@ type Agent struct {
 	beforePost func() // tests: runs before the progress goroutine posts a READ
 
 	expect atomic.Int64  // reads a producer expects (ExpectReads)
+	parked atomic.Bool   // tests: the progress goroutine waits, idle, holding no lock
 	wake   chan struct{} // wakes an idle progress goroutine
 	ready  chan struct{} // notifications wait in the inbox
 	notify wake.Hooks    // OnReady's
@@ -150,6 +152,12 @@ func (c *Config) setDefaults() {
 	if c.CloseTimeout <= 0 {
 		c.CloseTimeout = 5 * time.Second
 	}
+	if c.InlinePost == 0 {
+		c.InlinePost = 256 << 10
+		if c.AsyncPost {
+			c.InlinePost = -1
+		}
+	}
 }
 
 // New creates a NIXL agent over region: it registers the region and
@@ -164,6 +172,9 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	}
 	if cfg.Progress < ProgressGoroutine || cfg.Progress > ProgressCaller {
 		return nil, fmt.Errorf("%w: progress mode %d", ErrInvalidParam, int(cfg.Progress))
+	}
+	if cfg.SyncPost && cfg.AsyncPost {
+		return nil, fmt.Errorf("%w: both SyncPost and AsyncPost", ErrInvalidParam)
 	}
 	cfg.setDefaults()
 	params := make(map[string]string, len(cfg.Params)+1)
@@ -196,7 +207,10 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{},
 		handles: map[xfer.Handle]*req{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{}),
-		async: cfg.Progress == ProgressGoroutine && cfg.AsyncPost}
+		async: cfg.Progress == ProgressGoroutine && !cfg.SyncPost, inline: -1}
+	if cfg.InlinePost >= 0 {
+		a.inline = cfg.InlinePost / region.BlockSize()
+	}
 	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, delay, &a.c); st != 0 {
 		if st == C.CNIXL_ERR_NOT_BUILT {
 			return nil, ErrNotBuilt
@@ -359,7 +373,7 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 	return flat, nil
 }
 
-// addPeerAsync is AddRemotePeer with Config.AsyncPost: the load (NIXL's
+// addPeerAsync is AddRemotePeer without Config.SyncPost: the load (NIXL's
 // loadRemoteMD, 2-8 ms over UCX here) is left to the progress goroutine,
 // so the step that took a producer's first ack never waits for it. The
 // peer's key is ours, not NIXL's name for it, which only the load tells.
@@ -444,7 +458,7 @@ func (a *Agent) runPeerOp(op peerOp) {
 	a.mu.Unlock()
 }
 
-// RemoveRemotePeer implements xfer.DataTransport. With Config.AsyncPost
+// RemoveRemotePeer implements xfer.DataTransport. Unless Config.SyncPost,
 // the progress goroutine removes the agent from NIXL, after the loads and
 // READs queued before, and NIXL's error, if any, is not reported.
 func (a *Agent) RemoveRemotePeer(agent string) error {
@@ -486,8 +500,10 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 
 // PostRead implements xfer.DataTransport. Every id must name a block of
 // its region: local ones this agent's, remote ones the peer's
-// (ErrInvalidParam). With Config.AsyncPost it returns once the READ is
-// queued for the progress goroutine, and a READ NIXL refuses ends Failed.
+// (ErrInvalidParam). Unless Config.SyncPost, a READ of more than
+// Config.InlinePost bytes, one from a peer still loading, and any READ
+// while C is busy is queued for the progress goroutine, and PostRead
+// returns at once; a queued READ NIXL refuses ends Failed.
 func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
 		return 0, xfer.ErrLengthMismatch
@@ -504,14 +520,9 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	if a.closed {
 		return 0, xfer.ErrClosed
 	}
-	var ids []C.int32_t
-	if a.async {
-		ids = make([]C.int32_t, 2*len(local)) // kept until posted
-	} else {
-		ids = slices.Grow(a.ids[:0], 2*len(local))[:2*len(local)]
-		if len(ids) <= 2*a.region.Blocks() { // a READ naming blocks twice is not kept
-			a.ids = ids
-		}
+	ids := slices.Grow(a.ids[:0], 2*len(local))[:2*len(local)]
+	if len(ids) <= 2*a.region.Blocks() { // a READ naming blocks twice is not kept
+		a.ids = ids
 	}
 	nlocal := min(a.region.Blocks(), math.MaxInt32)
 	for i, id := range local {
@@ -534,14 +545,19 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 		ids[len(local)+i] = C.int32_t(id)
 	}
 	if a.async {
-		a.next++
-		r := &req{phase: queued, ids: ids, agent: agent, notif: bytes.Clone(notif)}
-		a.handles[a.next] = r
-		a.queued = append(a.queued, r)
-		a.kick()
-		return a.next, nil
+		// In the step only if C is free, the peer loaded, and the READ
+		// small enough that a copy within the post is short.
+		if p.name == "" || len(local) > a.inline || !a.cmu.TryLock() {
+			a.next++
+			r := &req{phase: queued, ids: slices.Clone(ids), agent: agent, notif: bytes.Clone(notif)}
+			a.handles[a.next] = r
+			a.queued = append(a.queued, r)
+			a.kick()
+			return a.next, nil
+		}
+		defer a.cmu.Unlock()
 	}
-	st, h := a.postLocked(ids, agent, notif)
+	st, h := a.postLocked(ids, p.name, notif)
 	if st < 0 {
 		return 0, statusErr("post READ", st)
 	}
@@ -639,7 +655,7 @@ func (a *Agent) postQueued() bool {
 
 // Check implements xfer.DataTransport. A READ NIXL reports failed is
 // Failed; a request NIXL does not know is an error (the state is unknown).
-// With Config.AsyncPost, Check does not call into NIXL: the progress
+// Unless Config.SyncPost, Check does not call into NIXL: the progress
 // goroutine, which drives the agent while READs are outstanding, records
 // when each ends.
 func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
@@ -730,7 +746,7 @@ func (a *Agent) Release(h xfer.Handle) error {
 
 // The functions named ...C call into C: the caller holds cmu, not mu,
 // which they take only around the state they read or write, so that the
-// step loop's calls that take mu alone (Config.AsyncPost) never wait for
+// step loop's calls that take mu alone (not Config.SyncPost) never wait for
 // a call into C. A request's C handle is only ever used under cmu.
 
 // releaseEndedC releases in C the requests of READs that ended and were
@@ -810,7 +826,7 @@ func (a *Agent) pollC() (bool, error) {
 }
 
 // DrainNotifs implements xfer.DataTransport.
-// With Config.AsyncPost it drives the agent only if no call into C is
+// Unless Config.SyncPost, it drives the agent only if no call into C is
 // under way, and otherwise returns what the progress goroutine drained.
 func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	haveC := true
@@ -942,12 +958,14 @@ func (a *Agent) progressLoop() {
 		case !busy:
 			empty = 0
 			idle.Reset(a.cfg.IdlePoll)
+			a.parked.Store(true)
 			select {
 			case <-a.stop:
 				return
 			case <-a.wake:
 			case <-idle.C:
 			}
+			a.parked.Store(false)
 		case got || reading:
 			// Our READs move (UCX copies in progress calls) and end only
 			// as fast as we drive them: no timer, which fires a

@@ -28,9 +28,10 @@
 // READ released while it runs is kept, reported as possibly writing
 // (xfer.ErrMayStillWrite), and released once it ends, instead of being
 // handed to UCX to abort; Close lets READs in flight end before it
-// deregisters the region and destroys the agent; with Config.AsyncPost the
-// progress goroutine posts READs, so the caller's step never runs UCX's
-// shared-memory copy, nor waits for the load of a producer's metadata.
+// deregisters the region and destroys the agent; by default the progress
+// goroutine posts READs of more than Config.InlinePost bytes and loads
+// producers' metadata, so the caller's step never waits for C, runs UCX's
+// shared-memory copy of a large READ, nor waits for the load.
 //
 // NIXL does not enforce grants: a peer that has our metadata can READ any
 // registered block. The TCP data plane refuses what was not granted; with
@@ -78,21 +79,35 @@ type Config struct {
 	// CloseTimeout bounds how long Close waits for READs in flight to end
 	// before it destroys the agent, which stops them; default 5 s.
 	CloseTimeout time.Duration
-	// AsyncPost, with ProgressGoroutine, makes PostRead hand each READ to
-	// the progress goroutine and return at once. Over UCX shared memory
-	// NIXL copies the bytes inside the post (about 5 ms for 64 MiB here),
-	// which by default runs in the caller's step; with AsyncPost the step
-	// never does, and none of the step loop's calls waits for a call into
-	// C: AddRemotePeer and RemoveRemotePeer leave theirs (loading a
-	// producer's metadata took 2-8 ms here) to the goroutine too, which
-	// posts a READ after the load of its peer; one whose load failed ends
-	// Failed. It costs a hand-off each way: a lone 64 MiB fetch of 8 KiB blocks
-	// took 0.6-1.4 ms longer here (session-async in BenchmarkTwoProcess64MiB),
-	// while the loopback over shared memory, 64 fetches in flight, ran as
-	// fast or faster. NIXL's own errors then
-	// end the READ Failed instead of being returned by PostRead. Over
-	// RDMA and TCP the post returns at once anyway. Ignored by the other
-	// Progress modes.
+	// SyncPost makes the step loop's calls call into C themselves,
+	// waiting while the progress goroutine is in a call of its own:
+	// AddRemotePeer loads the producer's metadata (2-18 ms here on the
+	// first ack from a producer), PostRead posts every READ (over UCX
+	// shared memory NIXL copies inside the post: about 5 ms for 64 MiB
+	// here), and Check asks NIXL. NIXL's errors are then returned by the
+	// call that met them.
+	//
+	// By default (ProgressGoroutine without SyncPost) none of those calls
+	// waits for C. The progress goroutine loads and removes remote agents,
+	// and posts a READ after its peer's load; PostRead posts a READ in the
+	// step only when no call into C is under way and the READ moves at
+	// most InlinePost bytes. A READ NIXL refuses on the goroutine ends
+	// Failed, as do those queued behind a load that failed, and PostRead
+	// then refuses READs from that peer with xfer.ErrUnknownPeer (the
+	// consumer session registers it again). The other Progress modes
+	// always call in the step.
+	SyncPost bool
+	// InlinePost is the largest READ, in bytes, that PostRead posts in the
+	// caller's step (when C is free); larger ones are handed to the
+	// progress goroutine. A hand-off added about 30 µs to the median of a
+	// lone fetch of 16 × 8 KiB over UCX shared memory here; a copy within
+	// the post takes 18-52 µs per 256 KiB (5-15 GB/s). Over RDMA and TCP
+	// the post returns at once. Default 256 KiB; negative: every READ is
+	// handed off.
+	InlinePost int
+	// Deprecated: handing READs to the progress goroutine is the default;
+	// AsyncPost now means InlinePost -1 (every READ handed off) where
+	// InlinePost is 0. It cannot be set with SyncPost.
 	AsyncPost bool
 }
 

@@ -235,9 +235,12 @@ func (f *poolFetcher) fetch(tb testing.TB, item int) []int {
 
 func newFetcher(tb testing.TB, mode string, bs int, v variant) fetcher {
 	tb.Helper()
-	async := mode == "session-async"
-	if async {
-		mode = "session"
+	post := "auto"
+	if m, ok := strings.CutPrefix(mode, "session-"); ok {
+		mode, post = "session", m
+	}
+	if mode == "raw" {
+		post = "sync" // NIXL's own: post and check in the caller
 	}
 	c := startChild(tb, mode, bs, v)
 	per := fetchBytes / bs
@@ -253,7 +256,7 @@ func newFetcher(tb testing.TB, mode string, bs int, v variant) fetcher {
 	if mode == "tcp" || mode == "shm" {
 		data, err = transport.NewTCPData(transport.TCPConfig{Logger: quiet}, r)
 	} else {
-		data, err = New(Config{Name: fmt.Sprintf("parent-%d-%d", os.Getpid(), seq.Add(1)), Params: v.params, AsyncPost: async}, r)
+		data, err = New(withPost(post, Config{Name: fmt.Sprintf("parent-%d-%d", os.Getpid(), seq.Add(1)), Params: v.params}), r)
 	}
 	if err != nil {
 		r.Close()
@@ -311,8 +314,9 @@ func TestTwoProcessFetch(t *testing.T) {
 // processes: NIXL through Agent with the producer driven continuously
 // (raw), the same with the posting thread fresh from a sleep before each
 // READ (raw-parked: a session's step loop has slept waiting for its ack),
-// the same through connector.Pool and connector.Producer (session; and
-// session-async, the consumer's agent with Config.AsyncPost), and the TCP
+// the same through connector.Pool and connector.Producer (session, whose
+// 64 MiB READs the progress goroutine posts; and session-sync, the
+// consumer's agent with Config.SyncPost), and the TCP
 // data plane through the same (tcp-plane; shm-plane with the producer's
 // region Shared, so the consumer copies out of it).
 //
@@ -320,7 +324,7 @@ func TestTwoProcessFetch(t *testing.T) {
 func BenchmarkTwoProcess64MiB(b *testing.B) {
 	for _, v := range variants {
 		for _, bs := range []int{8 << 10, 1 << 20} {
-			for _, mode := range []string{"raw", "raw-parked", "session", "session-async"} {
+			for _, mode := range []string{"raw", "raw-parked", "session", "session-sync"} {
 				b.Run(fmt.Sprintf("ucx-%s/%s/%dKiB", v.name, mode, bs>>10), func(b *testing.B) {
 					if v.tls != "" {
 						b.Setenv("UCX_TLS", v.tls)

@@ -376,8 +376,8 @@ func TestResultsReuse(t *testing.T) {
 	}
 }
 
-// A data plane that no longer knows the producer's agent (a load it made
-// after AddRemotePeer returned failed: nixl with AsyncPost) refuses the
+// A data plane that no longer knows the producer's agent (nixl by default
+// loads it after AddRemotePeer returns, and the load can fail) refuses the
 // READ with xfer.ErrUnknownPeer: the session drops the registration and
 // registers the producer again on its next ack, instead of failing every
 // later fetch from it.
