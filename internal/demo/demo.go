@@ -17,6 +17,7 @@ import (
 	"net/http"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 
@@ -58,7 +59,7 @@ type Config struct {
 	Data         string // data plane: "shm" (default: TCP with the same-host copy), "tcp" (TCP only) or "nixl"
 	NIXLParams   string // NIXL backend parameters, "k=v,k=v"
 	NIXLProgress string // who drives NIXL agents: goroutine, thread or caller
-	NIXLAsync    bool   // NIXL: the progress goroutine posts READs (nixl.Config.AsyncPost)
+	NIXLPost     string // NIXL: where READs are posted: auto (the default), sync (nixl.Config.SyncPost) or async (InlinePost -1)
 	NoPush       bool   // TCP plane: no pushes (a producer sends blocks only when a READ asks)
 }
 
@@ -81,7 +82,14 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	fs.StringVar(&c.Data, "data", "shm", "data plane: shm (pure Go: same-host copies out of the producer's shared region, TCP otherwise), tcp (pure Go, TCP only) or nixl (a build with -tags nixl)")
 	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
 	fs.StringVar(&c.NIXLProgress, "nixl-progress", "goroutine", "who drives NIXL agents: goroutine, thread or caller")
-	fs.BoolVar(&c.NIXLAsync, "nixl-async-post", false, "NIXL with -nixl-progress goroutine: the progress goroutine posts READs, so a step never copies (UCX over shared memory copies inside the post)")
+	fs.StringVar(&c.NIXLPost, "nixl-post", "auto", "NIXL with -nixl-progress goroutine, where READs are posted: auto (in the step when no call into NIXL is under way and the READ is at most 256 KiB, else by the progress goroutine), sync (in the step, waiting for NIXL) or async (always by the goroutine)")
+	fs.BoolFunc("nixl-async-post", "the same as -nixl-post async (an earlier name)", func(v string) error {
+		on, err := strconv.ParseBool(v)
+		if on {
+			c.NIXLPost = "async"
+		}
+		return err
+	})
 	fs.BoolVar(&c.NoPush, "no-push", false, "TCP plane between processes that share no memory: producers send an entry's blocks only when a READ asks, not with the ack")
 }
 
@@ -90,7 +98,7 @@ func (c Config) Args() []string {
 	return []string{"-items", fmt.Sprint(c.Items), "-blocks-per-item", fmt.Sprint(c.BlocksPerItem),
 		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-rate", fmt.Sprint(c.Rate), "-warmup", c.Warmup.String(),
 		"-fetches", fmt.Sprint(c.Fetches), "-data", c.Data, "-nixl-params", c.NIXLParams,
-		"-nixl-progress", c.NIXLProgress, fmt.Sprintf("-nixl-async-post=%v", c.NIXLAsync), fmt.Sprintf("-no-push=%v", c.NoPush)}
+		"-nixl-progress", c.NIXLProgress, "-nixl-post", c.NIXLPost, fmt.Sprintf("-no-push=%v", c.NoPush)}
 }
 
 // Check reports a shape that cannot run.
@@ -106,7 +114,16 @@ func (c Config) Check(concurrency bool) error {
 }
 
 func (c Config) nixlConfig(name string) (nixl.Config, error) {
-	nc := nixl.Config{Name: name, Params: map[string]string{}, AsyncPost: c.NIXLAsync}
+	nc := nixl.Config{Name: name, Params: map[string]string{}}
+	switch c.NIXLPost {
+	case "", "auto":
+	case "sync":
+		nc.SyncPost = true
+	case "async":
+		nc.InlinePost = -1
+	default:
+		return nc, fmt.Errorf("-nixl-post %q: want auto, sync or async", c.NIXLPost)
+	}
 	for _, kv := range strings.Split(c.NIXLParams, ",") {
 		if kv == "" {
 			continue
