@@ -15,6 +15,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -63,8 +64,12 @@ func main() {
 			f.Close()
 		}()
 	}
-	if err := cfg.Check(true); err != nil || fc.Producers < 1 || fc.Consumers < 1 {
-		fmt.Fprintln(os.Stderr, "loopback:", err, "(and -producers, -consumers must be positive)")
+	err := cfg.Check(true)
+	if err == nil && (fc.Producers < 1 || fc.Consumers < 1) {
+		err = errors.New("-producers and -consumers must be positive")
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "loopback:", err)
 		os.Exit(2)
 	}
 	level := slog.LevelWarn
