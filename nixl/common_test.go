@@ -381,7 +381,8 @@ func TestRefetchSameEntries(t *testing.T) {
 		// The loop below spins, on two CPUs here, while the agents'
 		// progress goroutines drain the notifications: a re-request can
 		// find more than the default eight earlier grants of its entry
-		// waiting for theirs. That bound is not under test.
+		// waiting for theirs, and be answered NACK_NOT_READY. That bound
+		// is not under test.
 		prod := must(session.NewProducerSession(session.ProducerConfig{Logger: quiet, MaxGrantsPerEntry: fetches}, pdata, cache, "compat"))
 		free := make([]int, 2*inFlight)
 		for i := range free {

@@ -73,9 +73,9 @@
 //     while a data plane serves a READ, past the end of its grant.
 //
 //  10. One session, and one control-plane identity, pins at most
-//     MaxPinnedShare of the cache (NACK_NOT_READY beyond) and holds at
-//     most MaxGrantsPerEntry grants of one entry; requests older than
-//     MaxRequestAge are dropped.
+//     MaxPinnedShare of the cache and holds at most MaxGrantsPerEntry
+//     grants of one entry (NACK_NOT_READY beyond either, which consumers
+//     retry); requests older than MaxRequestAge are dropped.
 //
 //  11. The consumer sends connector_version explicitly, its agent name and
 //     an attempt number; it ignores an ack that echoes another attempt,

@@ -104,7 +104,8 @@ func TestPinnedShare(t *testing.T) {
 	if acks := po.poll(t, at(time.Millisecond), req("E0", sid("a"))); acks[0].Status != wire.OK {
 		t.Fatalf("re-request of a held entry: %s", acks[0].Status)
 	}
-	// Re-requests of one entry: MaxGrantsPerEntry (8) live grants at most.
+	// Re-requests of one entry: MaxGrantsPerEntry (8) live grants at most;
+	// beyond, NACK_NOT_READY, which consumers retry.
 	po3 := newProducer(t)
 	po3.p = must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, po3.data, po3.cache, compat))
 	var reqs [][]byte
@@ -112,7 +113,13 @@ func TestPinnedShare(t *testing.T) {
 		reqs = append(reqs, req("R", sid("a")))
 	}
 	for i := range reqs { // one identity per poll call: keep within the share
-		po3.poll(t, at(time.Duration(i)*time.Millisecond), reqs[i])
+		want := wire.OK
+		if i >= 8 {
+			want = wire.NackNotReady
+		}
+		if acks := po3.poll(t, at(time.Duration(i)*time.Millisecond), reqs[i]); acks[0].Status != want {
+			t.Fatalf("re-request %d: %s, want %s", i, acks[0].Status, want)
+		}
 	}
 	if po3.pins("R") != 8 || po3.p.Stats().OverBound != 2 {
 		t.Fatalf("re-requests pinned %d times", po3.pins("R"))

@@ -42,7 +42,9 @@ type ProducerConfig struct {
 	// MaxGrantsPerEntry bounds the live grants of one consumer session for
 	// one mm_hash: a re-request keeps the earlier grants (each ends with its
 	// own READ's notification or lease), so that a late notification can
-	// never end the grant a newer READ runs under. Default 8.
+	// never end the grant a newer READ runs under. A request over it is
+	// answered NACK_NOT_READY, which consumers retry: the earlier grants
+	// end as their notifications land. Default 8.
 	MaxGrantsPerEntry int
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
@@ -335,9 +337,17 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	}
 	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
 	same := p.byKey[string(p.keyBuf)]
-	if len(p.byID) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess) || len(same) >= p.perEntry {
+	if len(p.byID) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess) {
 		p.stats.OverBound++
 		return nack(wire.NackInternal, "ec producer: grant bound reached; NACK")
+	}
+	if len(same) >= p.perEntry {
+		// The earlier grants end as their READs' notifications land: a
+		// hot entry fetched again and again meets this bound while they
+		// are on their way. Retryable (the reference, which replaces the
+		// earlier grant, would grant it).
+		p.stats.OverBound++
+		return nack(wire.NackNotReady, "ec producer: live grants of the entry at their bound; NACK")
 	}
 	entry, res := p.cache.PinIfReady(string(req.MMHash))
 	switch res {
