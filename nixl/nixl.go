@@ -98,7 +98,7 @@ type Config struct {
 	// always call in the step. The cost: a READ that meets the goroutine
 	// in a call is handed off, and its end reaches the step through a
 	// wake-up between goroutines; at 4 fetches in flight over UCX shared
-	// memory SyncPost ran 15-25 % faster here (see the README).
+	// memory SyncPost ran 15-38 % faster here (see the README).
 	SyncPost bool
 	// InlinePost is the largest READ, in bytes, that PostRead posts in the
 	// caller's step (when C is free); larger ones are handed to the
