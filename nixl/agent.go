@@ -72,7 +72,7 @@ type Agent struct {
 	beforePost func() // tests: runs before the progress goroutine posts a READ
 
 	expect atomic.Int64  // reads a producer expects (ExpectReads)
-	parked atomic.Bool   // tests: the progress goroutine waits, idle, holding no lock
+	parked atomic.Bool   // tests: the progress goroutine waits (idle, or its pause), holding no lock
 	wake   chan struct{} // wakes an idle progress goroutine
 	ready  chan struct{} // notifications wait in the inbox
 	notify wake.Hooks    // OnReady's
@@ -697,7 +697,9 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 // handed to NIXL to abort (UCX cannot be trusted to have stopped a one-sided
 // READ it says it canceled): the request is kept and released once it ends,
 // and Release returns ErrMayStillWrite. A READ still queued for the
-// progress goroutine is dropped, never posted.
+// progress goroutine is dropped, never posted. Unless Config.SyncPost, an
+// ended READ's request is released here if C is free, else by the
+// progress goroutine.
 func (a *Agent) Release(h xfer.Handle) error {
 	if !a.async {
 		a.cmu.Lock()
@@ -724,6 +726,19 @@ func (a *Agent) Release(h xfer.Handle) error {
 	case r.refused:
 		return nil
 	case a.async:
+		if r.seen && a.cmu.TryLock() {
+			// Ended, and C is free: released here. Waking the progress
+			// goroutine for it cost a quarter of the fetches at four in
+			// flight over UCX shared memory here.
+			st := int(C.cnixl_release(a.c, r.ch))
+			a.cmu.Unlock()
+			if st != 0 {
+				a.zombies = append(a.zombies, r.ch)
+				a.kick()
+				return fmt.Errorf("%w: %w", xfer.ErrMayStillWrite, statusErr("release", st))
+			}
+			return nil
+		}
 		// The progress goroutine makes the calls into C.
 		a.kick()
 		if r.seen {
@@ -978,12 +993,14 @@ func (a *Agent) progressLoop() {
 			runtime.Gosched()
 		default:
 			pause.Reset(a.cfg.ProgressDelay)
+			a.parked.Store(true)
 			select {
 			case <-a.stop:
 				return
 			case <-a.wake:
 			case <-pause.C:
 			}
+			a.parked.Store(false)
 		}
 	}
 }

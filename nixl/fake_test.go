@@ -343,6 +343,36 @@ func TestInlinePost(t *testing.T) {
 	waitLeaks(t, c, 0, 1)
 }
 
+// An ended READ is released in C by Release itself when C is free, not
+// left for the progress goroutine to wake for.
+func TestInlineRelease(t *testing.T) {
+	// The goroutine's pause lasts an hour: once the READ has ended it
+	// waits, holding no lock, until something wakes it.
+	c, _ := newAgent(t, variants[0], 8, 64, Config{ProgressDelay: time.Hour, IdlePoll: time.Hour})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg := waitEnded(t, c, h); pg != xfer.Complete {
+		t.Fatalf("READ: %v", pg)
+	}
+	settle(t, c)
+	if err := c.Release(h); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	left := len(c.ended)
+	c.mu.Unlock()
+	if hs, _ := c.FakeLeaksLocked(); left != 0 || hs != 0 { // the fake counts under a lock of its own
+		t.Fatalf("released: %d left for the progress goroutine, %d requests held", left, hs)
+	}
+}
+
 // slowPair returns a consumer agent made with cfg and the peer it added,
 // a producer agent, with the fake's READs taking 20 ms.
 func slowPair(t *testing.T, cfg Config) (*Agent, xfer.Peer) {
