@@ -340,6 +340,27 @@ func TestInlinePost(t *testing.T) {
 		t.Fatalf("two blocks, refused: %v, handed off %d times", pg, handed.Load())
 	}
 	c.Release(h)
+	// With inlineHeld READs held, one block is handed off too.
+	var held []xfer.Handle
+	for len(held) < inlineHeld {
+		h, err := c.PostRead([]int{len(held) % 8}, peer.Agent, []int{1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		waitEnded(t, c, h)
+		held = append(held, h)
+	}
+	handed.Store(0)
+	h, err = c.PostRead([]int{0}, peer.Agent, []int{2}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pg := waitEnded(t, c, h); pg != xfer.Complete || handed.Load() != 1 {
+		t.Fatalf("one block beside %d held READs: %v, handed off %d times", len(held), pg, handed.Load())
+	}
+	for _, h := range append(held, h) {
+		c.Release(h)
+	}
 	waitLeaks(t, c, 0, 1)
 }
 
