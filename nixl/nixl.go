@@ -90,23 +90,20 @@ type Config struct {
 	// By default (ProgressGoroutine without SyncPost) none of those calls
 	// waits for C. The progress goroutine loads and removes remote agents,
 	// and posts a READ after its peer's load; PostRead posts a READ in the
-	// step only when no call into C is under way and the READ moves at
-	// most InlinePost bytes. A READ NIXL refuses on the goroutine ends
-	// Failed, as do those queued behind a load that failed, and PostRead
-	// then refuses READs from that peer with xfer.ErrUnknownPeer (the
-	// consumer session registers it again). The other Progress modes
-	// always call in the step. The cost: a READ that meets the goroutine
-	// in a call is handed off, and its end reaches the step through a
-	// wake-up between goroutines; at 4 fetches in flight over UCX shared
-	// memory SyncPost ran 15-38 % faster here (see the README).
+	// step only when it moves at most InlinePost bytes, fewer than eight
+	// READs are held, and no call into C is under way. A READ NIXL
+	// refuses on the goroutine ends Failed, as do those queued behind a
+	// load that failed, and PostRead then refuses READs from that peer
+	// with xfer.ErrUnknownPeer (the consumer session registers it again).
+	// The other Progress modes always call in the step.
 	SyncPost bool
 	// InlinePost is the largest READ, in bytes, that PostRead posts in the
-	// caller's step (when C is free); larger ones are handed to the
-	// progress goroutine. A hand-off added about 30 µs to the median of a
-	// lone fetch of 16 × 8 KiB over UCX shared memory here; a copy within
-	// the post takes 18-52 µs per 256 KiB (5-15 GB/s). Over RDMA and TCP
-	// the post returns at once. Default 256 KiB; negative: every READ is
-	// handed off.
+	// caller's step (when C is free and fewer than eight READs are held);
+	// larger ones are handed to the progress goroutine. A hand-off added
+	// about 30 µs to the median of a lone fetch of 16 × 8 KiB over UCX
+	// shared memory here; a copy within the post takes 18-52 µs per
+	// 256 KiB (5-15 GB/s). Over RDMA and TCP the post returns at once.
+	// Default 256 KiB; negative: every READ is handed off.
 	InlinePost int
 	// Deprecated: handing READs to the progress goroutine is the default;
 	// AsyncPost now means InlinePost -1 (every READ handed off) where
