@@ -617,7 +617,7 @@ func BenchmarkAddRemotePeer(b *testing.B) {
 }
 
 // settle waits until a's progress goroutine has made the calls queued for
-// it and waits, idle and holding no lock, for more.
+// it and waits (idle, or in its pause), holding no lock.
 func settle(t *testing.T, a *Agent) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
