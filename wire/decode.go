@@ -23,6 +23,21 @@ func (r *reader) structHeader() (uint64, error) {
 // key reads a map key of a message, which must be a str. Its bytes are not
 // checked for UTF-8: a corrupted name is just an unknown key.
 func (r *reader) key() ([]byte, error) {
+	// Keys are short: a fixstr whole in the buffer is read here, anything
+	// else below, where every error is made.
+	if i := r.i; i < len(r.b) {
+		if c := r.b[i]; c&0xe0 == 0xa0 {
+			lo, hi := i+1, i+1+int(c&0x1f)
+			if hi <= len(r.b) {
+				r.i = hi
+				return r.b[lo:hi:hi], nil
+			}
+		}
+	}
+	return r.keySlow()
+}
+
+func (r *reader) keySlow() ([]byte, error) {
 	c, err := r.peek()
 	if err != nil {
 		return nil, err

@@ -168,3 +168,35 @@ func FuzzIntArray(f *testing.F) {
 		}
 	})
 }
+
+// readStr and key read the common strings inline; what they give must be
+// what the general paths give, errors and position included.
+func FuzzReadStr(f *testing.F) {
+	f.Add([]byte{0xa3, 'a', 'b', 'c'})
+	f.Add([]byte{0xa0})
+	f.Add([]byte{0xa3, 'a', 'b'})        // truncated fixstr
+	f.Add([]byte{0xd9, 0x02, 'h', 'i'})  // str8
+	f.Add([]byte{0xd9})                  // str8 without its length
+	f.Add([]byte{0xd9, 0x05, 'h'})       // truncated str8
+	f.Add([]byte{0xda, 0x00, 0x01, 'x'}) // str16
+	f.Add([]byte{0xa2, 0xc3, 0xa9})      // é
+	f.Add([]byte{0xa2, 0xff, 0xfe})      // invalid UTF-8
+	f.Add([]byte{0xd9, 0x01, 0x80})      // invalid UTF-8 in a str8
+	f.Add([]byte{0xc1})                  // bad opcode
+	f.Add([]byte{0xc4, 0x01, 'x'})       // a bin
+	f.Add([]byte{0x01})                  // an int
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fast, slow := reader{b: data}, reader{b: data}
+		sf, errf := fast.readStr("$.x")
+		ss, errs := slow.readStrSlow("$.x")
+		if sf != ss || fmt.Sprint(errf) != fmt.Sprint(errs) || (errf == nil && fast.i != slow.i) {
+			t.Fatalf("readStr: fast %v %v at %d, slow %v %v at %d", sf, errf, fast.i, ss, errs, slow.i)
+		}
+		fast, slow = reader{b: data}, reader{b: data}
+		kf, errf := fast.key()
+		ks, errs := slow.keySlow()
+		if !bytes.Equal(kf, ks) || fmt.Sprint(errf) != fmt.Sprint(errs) || (errf == nil && fast.i != slow.i) {
+			t.Fatalf("key: fast %q %v at %d, slow %q %v at %d", kf, errf, fast.i, ks, errs, slow.i)
+		}
+	})
+}

@@ -261,6 +261,28 @@ func (r *reader) int() (Int, byte, error) {
 
 // readStr reads a str value that must be valid UTF-8.
 func (r *reader) readStr(path string) (span, error) {
+	// The protocol's strings are fixstr or str8 and ASCII: those whole in
+	// the buffer are read here, anything else below, where every error is
+	// made.
+	if i := r.i; i+1 < len(r.b) {
+		lo, n := i+1, 0
+		switch c := r.b[i]; {
+		case c&0xe0 == 0xa0:
+			n = int(c & 0x1f)
+		case c == 0xd9:
+			lo, n = i+2, int(r.b[i+1])
+		default:
+			lo = -1
+		}
+		if lo > 0 && lo+n <= len(r.b) && ascii(r.b[lo:lo+n]) {
+			r.i = lo + n
+			return span{lo, lo + n}, nil
+		}
+	}
+	return r.readStrSlow(path)
+}
+
+func (r *reader) readStrSlow(path string) (span, error) {
 	c, err := r.peek()
 	if err != nil {
 		return span{}, err
