@@ -54,6 +54,14 @@ func (r *reader) keySlow() ([]byte, error) {
 
 // tag checks one occurrence of the "type" key's value.
 func (r *reader) tag(want string) error {
+	if i, n := r.i, len(want); i+1+n <= len(r.b) && r.b[i] == 0xa0|byte(n) && string(r.b[i+1:i+1+n]) == want {
+		r.i = i + 1 + n
+		return nil
+	}
+	return r.tagSlow(want)
+}
+
+func (r *reader) tagSlow(want string) error {
 	c, err := r.peek()
 	if err != nil {
 		return err

@@ -169,9 +169,9 @@ func FuzzIntArray(f *testing.F) {
 	})
 }
 
-// readStr and key read the common strings inline; what they give must be
-// what the general paths give, errors and position included.
-func FuzzReadStr(f *testing.F) {
+// readStr, key, readBin and tag read the common forms inline; what they
+// give must be what the general paths give, errors and position included.
+func FuzzInline(f *testing.F) {
 	f.Add([]byte{0xa3, 'a', 'b', 'c'})
 	f.Add([]byte{0xa0})
 	f.Add([]byte{0xa3, 'a', 'b'})        // truncated fixstr
@@ -185,6 +185,12 @@ func FuzzReadStr(f *testing.F) {
 	f.Add([]byte{0xc1})                  // bad opcode
 	f.Add([]byte{0xc4, 0x01, 'x'})       // a bin
 	f.Add([]byte{0x01})                  // an int
+	f.Add([]byte{0xc4, 0x02, 1, 2})      // bin8
+	f.Add([]byte{0xc5, 0x00, 0x01, 9})   // bin16
+	f.Add([]byte{0xc5, 0x00})            // bin16 without its length
+	f.Add([]byte{0xc6, 0, 0, 0, 1, 7})   // bin32
+	f.Add([]byte{0xa3, 'r', 'e', 'q'})   // the tags
+	f.Add([]byte{0xa3, 'a', 'c', 'k'})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fast, slow := reader{b: data}, reader{b: data}
 		sf, errf := fast.readStr("$.x")
@@ -197,6 +203,19 @@ func FuzzReadStr(f *testing.F) {
 		ks, errs := slow.keySlow()
 		if !bytes.Equal(kf, ks) || fmt.Sprint(errf) != fmt.Sprint(errs) || (errf == nil && fast.i != slow.i) {
 			t.Fatalf("key: fast %q %v at %d, slow %q %v at %d", kf, errf, fast.i, ks, errs, slow.i)
+		}
+		fast, slow = reader{b: data}, reader{b: data}
+		sf, errf = fast.readBin("$.x")
+		ss, errs = slow.readBinSlow("$.x")
+		if sf != ss || fmt.Sprint(errf) != fmt.Sprint(errs) || (errf == nil && fast.i != slow.i) {
+			t.Fatalf("readBin: fast %v %v at %d, slow %v %v at %d", sf, errf, fast.i, ss, errs, slow.i)
+		}
+		for _, want := range []string{"req", "ack"} {
+			fast, slow = reader{b: data}, reader{b: data}
+			errf, errs = fast.tag(want), slow.tagSlow(want)
+			if fmt.Sprint(errf) != fmt.Sprint(errs) || (errf == nil && fast.i != slow.i) {
+				t.Fatalf("tag %s: fast %v at %d, slow %v at %d", want, errf, fast.i, errs, slow.i)
+			}
 		}
 	})
 }

@@ -302,6 +302,24 @@ func (r *reader) readStrSlow(path string) (span, error) {
 
 // readBin reads a bin value.
 func (r *reader) readBin(path string) (span, error) {
+	// bin8 and bin16 whole in the buffer are read here, the rest below.
+	if i := r.i; i+2 < len(r.b) {
+		lo, n := -1, 0
+		switch r.b[i] {
+		case 0xc4:
+			lo, n = i+2, int(r.b[i+1])
+		case 0xc5:
+			lo, n = i+3, int(binary.BigEndian.Uint16(r.b[i+1:]))
+		}
+		if lo > 0 && lo+n <= len(r.b) {
+			r.i = lo + n
+			return span{lo, lo + n}, nil
+		}
+	}
+	return r.readBinSlow(path)
+}
+
+func (r *reader) readBinSlow(path string) (span, error) {
 	c, err := r.peek()
 	if err != nil {
 		return span{}, err
