@@ -1,0 +1,114 @@
+"""msgspec's decode and encode times for the messages wire/bench_test.go
+measures, so the two can be compared in one run (.ci/perf runs both).
+
+vLLM's structs and codec settings restated, as the golden vectors'
+generator does: Encoder() for every message, Decoder(XferReq) and
+Decoder(XferAck), default options. Prints one line per message:
+ns/op, best of 7 timeit repeats, and the same for a no-op call (len) on
+the same buffer, the loop's own overhead.
+
+Usage: msgspec_bench.py [vectors.json [name]]: with the golden vectors,
+first checks that the structs write their bytes; with a name, measures
+only the rows whose name holds it. Needs msgspec (pip install msgspec);
+exits 3 without it.
+"""
+
+import enum
+import json
+import sys
+import timeit
+
+try:
+    import msgspec
+except ImportError:
+    print("msgspec is not installed (pip install msgspec)")
+    sys.exit(3)
+
+
+class XferStatus(enum.IntEnum):
+    OK = 0
+    NACK_MISSING = 1
+    NACK_INCOMPAT = 2
+    NACK_VERSION = 3
+    NACK_INTERNAL = 4
+    NACK_NOT_READY = 5
+
+
+class XferReq(msgspec.Struct, tag="req", omit_defaults=True):
+    mm_hash: str
+    compatibility_hash: str
+    session_id: str = ""
+    connector_version: int = 2
+
+
+class XferAck(msgspec.Struct, tag="ack", omit_defaults=True):
+    mm_hash: str
+    status: XferStatus
+    session_id: str = ""
+    src_block_indices: list[int] = []
+    agent_metadata: bytes = b""
+    mem_descriptor: bytes = b""
+
+
+def check_vectors(path):
+    """Fails unless these structs write the golden vectors' bytes."""
+    enc = msgspec.msgpack.Encoder()
+    for v in json.load(open(path)):
+        f = v["fields"]
+        if v["type"] == "XferReq":
+            m = XferReq(f["mm_hash"], f["compatibility_hash"], f["session_id"],
+                        int(f["connector_version"]))
+        elif v["type"] == "XferAck" and "generated" not in json.dumps(f):
+            try:
+                status = XferStatus(int(f["status"]))
+            except ValueError:
+                continue
+            m = XferAck(f["mm_hash"], status, f["session_id"],
+                        list(f["src_block_indices"]),
+                        bytes.fromhex(f["agent_metadata"]),
+                        bytes.fromhex(f["mem_descriptor"]))
+        else:
+            continue
+        if enc.encode(m).hex() != v["msgpack_hex"]:
+            sys.exit("struct restatement differs from vector " + v["name"])
+
+
+def ns(stmt, env, number):
+    t = timeit.Timer(stmt, globals=env).repeat(repeat=7, number=number)
+    return min(t) / number * 1e9
+
+
+def main():
+    if len(sys.argv) > 1 and sys.argv[1]:
+        check_vectors(sys.argv[1])
+    only = sys.argv[2] if len(sys.argv) > 2 else ""
+    enc = msgspec.msgpack.Encoder()
+    req = XferReq("3d" * 32, "16" * 32, "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d")
+    desc = enc.encode([(0x7F3A1C000000 + i * 7168, 7168, 0) for i in range(256)])
+    ack = XferAck(req.mm_hash, XferStatus.OK, req.session_id,
+                  list(range(10, 18)), b"m" * 200, desc)
+    nack = XferAck(req.mm_hash, XferStatus.NACK_NOT_READY)
+    rows = [
+        ("ReqDecode", "dreq(b)", req),
+        ("AckOKDecode", "dack(b)", ack),
+        ("NackDecode", "dack(b)", nack),
+        ("ReqEncode", "enc(m)", req),
+        ("AckOKEncode", "enc(m)", ack),
+        ("NackEncode", "enc(m)", nack),
+    ]
+    for name, stmt, m in rows:
+        if only not in name:
+            continue
+        env = {
+            "dreq": msgspec.msgpack.Decoder(XferReq).decode,
+            "dack": msgspec.msgpack.Decoder(XferAck).decode,
+            "enc": enc.encode,
+            "m": m,
+            "b": enc.encode(m),
+        }
+        t = ns(stmt, env, 200000)
+        base = ns("len(b)", env, 200000)
+        print(f"msgspec {name:12s} {t:7.1f} ns/op  (loop and call overhead {base:.1f} ns)")
+
+
+main()
