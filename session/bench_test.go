@@ -193,3 +193,73 @@ func BenchmarkAuthorize16K(b *testing.B) {
 		})
 	}
 }
+
+// One 64 MiB entry of 8 KiB blocks (8,192), granted and fetched: the
+// producer's grant (pin, encode and reply the ack; the notification ends
+// it), and the consumer's handling of that ack up to its READ's post.
+// These scale with the blocks: an entry of small blocks is where a
+// per-block cost shows.
+func BenchmarkLargeEntry(b *testing.B) {
+	const n = 8192
+	h := strings.Repeat("ab", 32)
+	sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
+	b.Run("producer-grant", func(b *testing.B) {
+		data := &benchData{meta: []byte(strings.Repeat("m", 200)), desc: wire.AppendBlockDescs(nil, 0x7f0000000000, 8192, 2*n, 0)}
+		c := cache.NewEmbeddingCache(2 * n)
+		if _, err := c.Alloc(h, n); err != nil {
+			b.Fatal(err)
+		}
+		c.MarkReady(h)
+		p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
+		msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
+		notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
+		now := at(0)
+		p.Poll(msgs, now, nopSender{})
+		data.notifs = append(data.notifs, notif...)
+		var sink countingReplier
+		b.ReportAllocs()
+		for b.Loop() {
+			p.Poll(msgs, now, &sink)
+			data.notifs = append(data.notifs, notif...)
+		}
+		if st := p.Stats(); st.Grants != uint64(b.N)+1 {
+			b.Fatalf("%d grants in %d ops", st.Grants, b.N)
+		}
+		b.ReportMetric(float64(sink.bytes)/float64(sink.n), "B/ack")
+	})
+	b.Run("consumer-ack", func(b *testing.B) {
+		data := &doneData{benchData{meta: []byte("m")}}
+		c, err := NewConsumerSession(ConsumerConfig{Logger: quiet}, nopSender{}, data, compat)
+		if err != nil {
+			b.Fatal(err)
+		}
+		local, remote := make([]int, n), make([]int64, n)
+		for i := range local {
+			local[i], remote[i] = i, int64(n+i)
+		}
+		ack := ackOK(h, c.ID(), data.meta, remote...)
+		acks := [][]byte{ack}
+		now := at(0)
+		var r Results
+		b.ReportAllocs()
+		for b.Loop() {
+			if err := c.StartXfer(h, local, now, now.Add(time.Hour)); err != nil {
+				b.Fatal(err)
+			}
+			c.Poll(acks, now)
+			b.StopTimer()
+			c.Poll(nil, now) // its READ completes
+			c.TakeResults(&r)
+			if len(r.Completed) != 1 {
+				b.Fatalf("results %+v", r)
+			}
+			r.Reset()
+			b.StartTimer()
+		}
+	})
+}
+
+// doneData is benchData whose READs are complete when checked.
+type doneData struct{ benchData }
+
+func (d *doneData) Check(xfer.Handle) (xfer.Progress, error) { return xfer.Complete, nil }

@@ -84,7 +84,6 @@ type ConsumerSession struct {
 	stats   ConsumerStats
 	buf     []byte
 	ack     wire.AckView
-	src     []wire.Int
 	sorted  []int
 	closed  bool
 }
@@ -143,12 +142,16 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	if _, ok := c.byHash[mmHash]; ok {
 		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
 	}
-	c.sorted = append(c.sorted[:0], blocks...)
-	slices.Sort(c.sorted)
-	for i, b := range c.sorted {
-		if b < 0 || (i > 0 && b == c.sorted[i-1]) {
-			return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
+	if !increasing(blocks) { // else unique, and none negative if the first is not
+		c.sorted = append(c.sorted[:0], blocks...)
+		slices.Sort(c.sorted)
+		for i, b := range c.sorted {
+			if b < 0 || (i > 0 && b == c.sorted[i-1]) {
+				return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
+			}
 		}
+	} else if len(blocks) > 0 && blocks[0] < 0 {
+		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
 	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
 		Agent: c.agentName, Attempt: c.attempts + 1}
@@ -170,6 +173,18 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	c.active = append(c.active, x)
 	c.stats.Started++
 	return nil
+}
+
+// increasing reports whether every id is above the one before: the blocks
+// an engine takes from its cache usually are, and then they are unique
+// without a sort.
+func increasing(ids []int) bool {
+	for i := 1; i < len(ids); i++ {
+		if ids[i] <= ids[i-1] {
+			return false
+		}
+	}
+	return true
 }
 
 // Poll decodes the payloads received from the producer since the last call,
@@ -247,9 +262,8 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
 		return
 	}
-	c.src = ack.AppendBlocks(c.src[:0])
 	x.Grant(ack.Grant, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
-	if err := x.HandleAck(c.src, peer, now); err != nil {
+	if err := x.HandleAckView(ack, peer, now); err != nil {
 		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++
 		}

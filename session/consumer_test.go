@@ -90,7 +90,7 @@ func TestStartXferSendFails(t *testing.T) { // B34
 
 func TestStartXferBadBlocks(t *testing.T) {
 	co := newConsumer(t)
-	for _, blocks := range [][]int{{1, 1}, {3, -1}, {2, 5, 2}} {
+	for _, blocks := range [][]int{{1, 1}, {3, -1}, {2, 5, 2}, {-1, 2}, {-3}} {
 		if err := co.c.StartXfer("H", blocks, t0, at(time.Second)); !errors.Is(err, ErrBadBlocks) {
 			t.Fatalf("%v: %v", blocks, err)
 		}

@@ -212,3 +212,45 @@ func BenchmarkAckManyBlocksDecodeView(b *testing.B) {
 		out = a.AppendBlocks(out[:0])
 	}
 }
+
+// The same ack's view and its ids as ints in range (AppendBlockIDs), as
+// the consumer session reads an OK ack.
+func BenchmarkAckManyBlocksIDs(b *testing.B) {
+	ids := make([]int, 8192)
+	for i := range ids {
+		ids[i] = 8192 + i
+	}
+	ack := benchAck
+	ack.SrcBlockIndices = Ints(nil, ids)
+	ack.MemDescriptor = nil
+	in := AppendAck(nil, &ack)
+	var a AckView
+	var out []int
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := DecodeAckView(in, &a); err != nil {
+			b.Fatal(err)
+		}
+		var ok bool
+		if out, ok = a.AppendBlockIDs(out[:0], 16384); !ok {
+			b.Fatal("ids out of range")
+		}
+	}
+}
+
+// The producer's side of it: the entry's blocks as the ack's ids, and the
+// ack written.
+func BenchmarkAckManyBlocksEncode(b *testing.B) {
+	ids := make([]int, 8192)
+	for i := range ids {
+		ids[i] = 8192 + i
+	}
+	ack := benchAck
+	ack.MemDescriptor = nil
+	var buf []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		ack.SrcBlockIndices = Ints(ack.SrcBlockIndices[:0], ids)
+		buf = AppendAck(buf[:0], &ack)
+	}
+}

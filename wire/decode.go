@@ -256,6 +256,55 @@ func (a *AckView) AppendBlocks(dst []Int) []Int {
 	return dst
 }
 
+// AppendBlockIDs appends the source block ids to dst as ints, in one pass,
+// if every one is in [0, limit); otherwise it returns dst unchanged and
+// false, and AppendBlocks tells what the ids are.
+func (a *AckView) AppendBlockIDs(dst []int, limit int) ([]int, bool) {
+	if a.nBlocks == 0 {
+		return dst, true
+	}
+	n := len(dst)
+	grown := slices.Grow(dst, a.nBlocks)[:n+a.nBlocks]
+	out := grown[n:]
+	d := reader{b: a.blocks}
+	if _, err := d.blocksHeader(); err != nil {
+		return dst, false // checked when decoded: cannot happen
+	}
+	b, i, lim := d.b, d.i, uint64(max(limit, 0))
+	for k := range out {
+		var v uint64
+		// The view was checked: every id is a whole int, and the forms
+		// not read here go to int.
+		switch c := b[i]; {
+		case c <= 0x7f:
+			v = uint64(c)
+			i++
+		case c == 0xcc:
+			v = uint64(b[i+1])
+			i += 2
+		case c == 0xcd:
+			v = uint64(b[i+1])<<8 | uint64(b[i+2])
+			i += 3
+		case c == 0xce:
+			v = uint64(binary.BigEndian.Uint32(b[i+1:]))
+			i += 5
+		default:
+			d.i = i
+			x, _, err := d.int()
+			u, ok := x.Uint64()
+			if err != nil || !ok {
+				return dst, false
+			}
+			v, i = u, d.i
+		}
+		if v >= lim {
+			return dst, false
+		}
+		out[k] = int(v)
+	}
+	return grown, true
+}
+
 // DecodeAckView decodes like DecodeAck without copying: see AckView.
 func DecodeAckView(data []byte, a *AckView) error {
 	d := reader{b: data}

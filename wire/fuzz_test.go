@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/hex"
 	"fmt"
+	"math"
 	"reflect"
+	"slices"
 	"testing"
 )
 
@@ -61,6 +63,8 @@ func fuzzUsedAck(t *testing.T) XferAck {
 
 func FuzzDecodeAck(f *testing.F) {
 	seedFuzz(f, "XferAck", "XferAck")
+	// Block ids of every width a region's ids take, all in range.
+	f.Add(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, SrcBlockIndices: Ints(nil, []int{1, 200, 70000, 1 << 31, 5})}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var a XferAck
 		into := fuzzUsedAck(t)
@@ -78,6 +82,7 @@ func FuzzDecodeAck(f *testing.F) {
 		if !a.Status.Valid() {
 			t.Fatalf("decoded invalid status %d", a.Status)
 		}
+		checkBlockIDs(t, data, a.SrcBlockIndices)
 		enc := AppendAck(nil, &a)
 		var a2 XferAck
 		if err := DecodeAck(enc, &a2); err != nil {
@@ -90,6 +95,39 @@ func FuzzDecodeAck(f *testing.F) {
 			t.Fatalf("re-encode differs: %x then %x", enc, enc2)
 		}
 	})
+}
+
+// checkBlockIDs holds AppendBlockIDs to the ids DecodeAck read: all of
+// them when each is in [0, limit), none (and false) otherwise, for limits
+// around the largest id.
+func checkBlockIDs(t *testing.T, data []byte, ids []Int) {
+	t.Helper()
+	var v AckView
+	if err := DecodeAckView(data, &v); err != nil {
+		t.Fatal(err)
+	}
+	top := 0
+	for _, id := range ids {
+		if i, ok := id.Int(); ok && i > top {
+			top = i
+		}
+	}
+	for _, limit := range []int{0, 1, top, top + 1, math.MaxInt} {
+		prefix := []int{-7}
+		got, ok := v.AppendBlockIDs(prefix, limit)
+		want, wantOK := []int{-7}, true
+		for _, id := range ids {
+			i, fits := id.Int()
+			if !fits || i < 0 || i >= limit {
+				want, wantOK = []int{-7}, false
+				break
+			}
+			want = append(want, i)
+		}
+		if ok != wantOK || !slices.Equal(got, want) {
+			t.Fatalf("AppendBlockIDs(limit %d) = %v, %v; ids %v", limit, got, ok, ids)
+		}
+	}
 }
 
 func FuzzDecodeMemDescs(f *testing.F) {

@@ -117,6 +117,34 @@ func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) 
 		x.state, x.reason = xfer.ReadFailed, xfer.BadAck
 		return err
 	}
+	return x.post(peer, now)
+}
+
+// HandleAckView is HandleAck reading the source ids from the ack's view
+// straight into ints, in one pass: an entry of 8,192 blocks spends no
+// longer on its ids than on its other fields. Ids out of the producer's
+// range go through HandleAck, which says which.
+func (x *ConsumerXfer) HandleAckView(a *wire.AckView, peer xfer.Peer, now time.Time) error {
+	if x.state != xfer.WaitingAck {
+		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
+	}
+	ids, ok := []int(nil), false
+	if a.NumBlocks() == len(x.Blocks) {
+		ids, ok = a.AppendBlockIDs(x.remote[:0], peer.Blocks)
+	}
+	if !ok {
+		return x.HandleAck(a.AppendBlocks(nil), peer, now)
+	}
+	x.remote = ids
+	if err := x.checkUnique(peer); err != nil {
+		x.state, x.reason = xfer.ReadFailed, xfer.BadAck
+		return err
+	}
+	return x.post(peer, now)
+}
+
+// post posts the READ of x.remote, checked.
+func (x *ConsumerXfer) post(peer xfer.Peer, now time.Time) error {
 	h, err := x.data.PostRead(x.Blocks, peer.Agent, x.remote, x.notif)
 	if err != nil {
 		x.state, x.reason = xfer.ReadFailed, xfer.PostFailed
@@ -139,7 +167,20 @@ func (x *ConsumerXfer) checkAck(src []wire.Int, peer xfer.Peer) error {
 		}
 		x.remote = append(x.remote, id)
 	}
-	// Unique: one pass over a bitmap of the producer's blocks (ids are in
+	return x.checkUnique(peer)
+}
+
+// checkUnique checks that x.remote, whose ids are in the producer's range,
+// names each block once.
+func (x *ConsumerXfer) checkUnique(peer xfer.Peer) error {
+	increasing := true // as a producer's blocks usually are: then unique
+	for i := 1; i < len(x.remote) && increasing; i++ {
+		increasing = x.remote[i] > x.remote[i-1]
+	}
+	if increasing {
+		return nil
+	}
+	// Else one pass over a bitmap of the producer's blocks (ids are in
 	// range by now), or a sort when the producer's region is so large that
 	// the bitmap would outweigh the ack.
 	words := (peer.Blocks + 63) / 64

@@ -2,6 +2,7 @@ package fsm_test
 
 import (
 	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -128,8 +129,22 @@ func TestHandleAckRefusesBadAcks(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
+			// HandleAckView, from the ack's bytes, refuses it as HandleAck
+			// does, with the same words.
+			v := newRig(t)
+			var view wire.AckView
+			if err := wire.DecodeAckView(wire.AppendAck(nil, &wire.XferAck{MMHash: "H", Status: wire.OK, SrcBlockIndices: tt.ack}), &view); err != nil {
+				t.Fatal(err)
+			}
+			errView := v.x.HandleAckView(&view, v.peer, t0)
+			if len(v.cons.Posts()) != 0 || v.x.State() != xfer.ReadFailed || v.x.Reason() != xfer.BadAck {
+				t.Fatalf("view: a READ was posted, or state %s reason %s", v.x.State(), v.x.Reason())
+			}
 			r := newRig(t)
 			err := r.x.HandleAck(tt.ack, r.peer, t0)
+			if fmt.Sprint(errView) != fmt.Sprint(err) {
+				t.Fatalf("view: %v; ids: %v", errView, err)
+			}
 			if tt.name == "repeated id" {
 				// A producer claiming a huge region: the check sorts
 				// instead of allocating a bitmap of it.
@@ -149,6 +164,18 @@ func TestHandleAckRefusesBadAcks(t *testing.T) {
 				t.Fatalf("state %s reason %s", r.x.State(), r.x.Reason())
 			}
 		})
+	}
+	// Repeated out of order (the bitmap), and in order around it.
+	for _, ids := range [][]int64{{7, 5, 7}, {9, 9, 3}} {
+		r := newRig(t)
+		r.x = fsm.NewConsumerXfer("H", []int{10, 11, 12}, "S", t0, t0.Add(2*time.Second), r.cons, &r.cfg)
+		var view wire.AckView
+		if err := wire.DecodeAckView(wire.AppendAck(nil, &wire.XferAck{MMHash: "H", Status: wire.OK, SrcBlockIndices: okAck(ids...)}), &view); err != nil {
+			t.Fatal(err)
+		}
+		if err := r.x.HandleAckView(&view, r.peer, t0); !errors.Is(err, fsm.ErrBadAck) || len(r.cons.Posts()) != 0 {
+			t.Fatalf("%v: err %v, %d posts", ids, err, len(r.cons.Posts()))
+		}
 	}
 	t.Run("post fails", func(t *testing.T) {
 		r := newRig(t)
