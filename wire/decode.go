@@ -439,6 +439,9 @@ func (r *reader) intArray(out []Int) (int, error) {
 	if err != nil {
 		return 0, err
 	}
+	if out == nil {
+		return r.skipInts(n)
+	}
 	b, i := r.b, r.i
 	for k := uint64(0); k < n; k++ {
 		var v Int
@@ -468,6 +471,36 @@ func (r *reader) intArray(out []Int) (int, error) {
 		}
 		if out != nil {
 			out[k] = v
+		}
+	}
+	r.i = i
+	return int(n), nil
+}
+
+// skipInts is intArray's check: the same forms read inline, the same
+// handed to int, no value kept.
+func (r *reader) skipInts(n uint64) (int, error) {
+	b, i := r.b, r.i
+	for k := uint64(0); k < n; k++ {
+		switch {
+		case i >= len(b):
+			return 0, errTruncated
+		case b[i] <= 0x7f:
+			i++
+		case b[i] == 0xcc && i+1 < len(b):
+			i += 2
+		case b[i] == 0xcd && i+2 < len(b):
+			i += 3
+		default:
+			r.i = i
+			_, c, err := r.int()
+			if err == errNotInt {
+				return 0, expected("int", c, "$.src_block_indices["+itoa(k)+"]")
+			}
+			if err != nil {
+				return 0, err
+			}
+			i = r.i
 		}
 	}
 	r.i = i

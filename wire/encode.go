@@ -1,6 +1,9 @@
 package wire
 
-import "encoding/binary"
+import (
+	"encoding/binary"
+	"slices"
+)
 
 // Keys and tags as msgspec writes them: fixstr headers included.
 const (
@@ -84,9 +87,7 @@ func AppendAck(dst []byte, a *XferAck) []byte {
 	if len(a.SrcBlockIndices) > 0 {
 		dst = append(dst, keyBlocks...)
 		dst = appendArrayHeader(dst, len(a.SrcBlockIndices))
-		for _, v := range a.SrcBlockIndices {
-			dst = appendInt(dst, v)
-		}
+		dst = appendIDs(dst, a.SrcBlockIndices)
 	}
 	if len(a.AgentMetadata) > 0 {
 		dst = append(dst, keyMeta...)
@@ -192,6 +193,36 @@ func appendArrayHeader(dst []byte, n int) []byte {
 
 // appendInt writes v in the smallest form; non-negative values always take
 // the unsigned forms, as msgspec does.
+// appendIDs appends vs as appendInt does, block ids of up to three bytes
+// without a capacity check each.
+func appendIDs(dst []byte, vs []Int) []byte {
+	for len(vs) > 0 {
+		dst = slices.Grow(dst, 3*len(vs))
+		b, i := dst[:cap(dst)], len(dst)
+		k := 0
+		for ; k < len(vs) && i+3 <= len(b); k++ {
+			v := vs[k]
+			switch {
+			case v.neg || v.u >= 1<<16:
+				b = appendInt(b[:i], v)
+				i = len(b)
+				b = b[:cap(b)]
+			case v.u < 1<<7:
+				b[i] = byte(v.u)
+				i++
+			case v.u < 1<<8:
+				b[i], b[i+1] = 0xcc, byte(v.u)
+				i += 2
+			default:
+				b[i], b[i+1], b[i+2] = 0xcd, byte(v.u>>8), byte(v.u)
+				i += 3
+			}
+		}
+		dst, vs = b[:i], vs[k:]
+	}
+	return dst
+}
+
 func appendInt(dst []byte, v Int) []byte {
 	if !v.neg {
 		return appendUint(dst, v.u)

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"math"
+	"slices"
 	"strconv"
 )
 
@@ -25,8 +26,11 @@ func UintOf(v uint64) Int { return Int{u: v} }
 
 // Ints converts a slice of ints, appending to dst.
 func Ints(dst []Int, vs []int) []Int {
-	for _, v := range vs {
-		dst = append(dst, IntOf(int64(v)))
+	n := len(dst)
+	dst = slices.Grow(dst, len(vs))[:n+len(vs)]
+	out := dst[n:]
+	for i, v := range vs {
+		out[i] = IntOf(int64(v))
 	}
 	return dst
 }

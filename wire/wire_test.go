@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"math/rand/v2"
 	"runtime"
 	"slices"
 	"strings"
@@ -361,6 +362,32 @@ func TestDecodeBlocks(t *testing.T) {
 			t.Errorf("%x: no error", bad)
 		} else if _, err2 := DecodeMemDescs(bad); err2 == nil || err.Error() != err2.Error() {
 			t.Errorf("%x: %v, DecodeMemDescs says %v", bad, err, err2)
+		}
+	}
+}
+
+// appendIDs writes what appendInt writes, one id after another, whatever
+// the widths and the room dst starts with.
+func TestAppendIDs(t *testing.T) {
+	r := rand.New(rand.NewPCG(1, 2))
+	widths := []Int{IntOf(0), IntOf(127), IntOf(128), IntOf(255), IntOf(256), IntOf(65535), IntOf(65536),
+		IntOf(1 << 40), UintOf(1 << 63), IntOf(-1), IntOf(-33), IntOf(-1 << 40)}
+	for n := range 300 {
+		vs := make([]Int, n)
+		for i := range vs {
+			if r.IntN(4) == 0 {
+				vs[i] = widths[r.IntN(len(widths))]
+			} else {
+				vs[i] = IntOf(int64(r.IntN(1 << 16)))
+			}
+		}
+		var want []byte
+		for _, v := range vs {
+			want = appendInt(want, v)
+		}
+		dst := make([]byte, 1, 1+r.IntN(8))
+		if got := appendIDs(dst, vs); !bytes.Equal(got[1:], want) {
+			t.Fatalf("%d ids: %x, want %x", n, got[1:], want)
 		}
 	}
 }
