@@ -1783,6 +1783,7 @@ func (d *TCPData) serve(accepted net.Conn) {
 	var out net.Buffers
 	var head []byte
 	notif := make([]byte, maxNotifLen)
+	idBuf := make([]byte, 16<<10)
 	maxBlocks := d.region.Blocks()
 	// pending: notifications queued since the last d.notified, which runs
 	// once the frames read so far are handled (a burst is one call).
@@ -1892,16 +1893,23 @@ func (d *TCPData) serve(accepted net.Conn) {
 			if _, err := io.ReadFull(r, notif[:nl]); err != nil {
 				return
 			}
+			// The ids a chunk at a time: a READ of 8,192 blocks read 4
+			// bytes a call kept a core for about 200 us, as the consumer
+			// starts its copy.
 			ids = ids[:0]
-			for range nb {
-				if _, err := io.ReadFull(r, buf[:4]); err != nil {
+			for left := nb; left > 0; {
+				k := min(left, len(idBuf)/4)
+				if _, err := io.ReadFull(r, idBuf[:4*k]); err != nil {
 					return
 				}
-				b := int(binary.BigEndian.Uint32(buf[:4]))
-				if b >= maxBlocks {
-					return
+				for j := range k {
+					b := int(binary.BigEndian.Uint32(idBuf[4*j:]))
+					if b >= maxBlocks {
+						return
+					}
+					ids = append(ids, b)
 				}
-				ids = append(ids, b)
+				left -= k
 			}
 			if s.pushMax > 0 && !resend && s.wasPushed(notif[:nl], ids) {
 				// Pushed ahead on this connection: the consumer has the
