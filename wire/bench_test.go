@@ -191,16 +191,23 @@ func BenchmarkNackDecodeView(b *testing.B) {
 
 // A 64 MiB entry of 8 KiB blocks: 8,192 source ids, the second of two
 // such entries in a producer's region (ids 8192..16383, uint16 each), as
-// the two-process NIXL benchmark fetches. Decoding and appending walk every
-// id: the time is per ack, about 8,192 times a single id's.
-func BenchmarkAckManyBlocksDecodeView(b *testing.B) {
-	ids := make([]int, 8192)
+// the two-process NIXL benchmark fetches; manyBlocksAck is its ack, the
+// descriptor left out.
+func manyBlocksAck() (ids []int, ack XferAck) {
+	ids = make([]int, 8192)
 	for i := range ids {
 		ids[i] = 8192 + i
 	}
-	ack := benchAck
+	ack = benchAck
 	ack.SrcBlockIndices = Ints(nil, ids)
 	ack.MemDescriptor = nil
+	return ids, ack
+}
+
+// Decoding and appending walk every id: the time is per ack, about 8,192
+// times a single id's.
+func BenchmarkAckManyBlocksDecodeView(b *testing.B) {
+	_, ack := manyBlocksAck()
 	in := AppendAck(nil, &ack)
 	var a AckView
 	var out []Int
@@ -216,13 +223,7 @@ func BenchmarkAckManyBlocksDecodeView(b *testing.B) {
 // The same ack's view and its ids as ints in range (AppendBlockIDs), as
 // the consumer session reads an OK ack.
 func BenchmarkAckManyBlocksIDs(b *testing.B) {
-	ids := make([]int, 8192)
-	for i := range ids {
-		ids[i] = 8192 + i
-	}
-	ack := benchAck
-	ack.SrcBlockIndices = Ints(nil, ids)
-	ack.MemDescriptor = nil
+	_, ack := manyBlocksAck()
 	in := AppendAck(nil, &ack)
 	var a AckView
 	var out []int
@@ -241,12 +242,7 @@ func BenchmarkAckManyBlocksIDs(b *testing.B) {
 // The producer's side of it: the entry's blocks as the ack's ids, and the
 // ack written.
 func BenchmarkAckManyBlocksEncode(b *testing.B) {
-	ids := make([]int, 8192)
-	for i := range ids {
-		ids[i] = 8192 + i
-	}
-	ack := benchAck
-	ack.MemDescriptor = nil
+	ids, ack := manyBlocksAck()
 	var buf []byte
 	b.ReportAllocs()
 	for b.Loop() {
