@@ -142,7 +142,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	if _, ok := c.byHash[mmHash]; ok {
 		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
 	}
-	if !increasing(blocks) { // else unique, and none negative if the first is not
+	if !fsm.Increasing(blocks) { // else unique, and none negative if the first is not
 		c.sorted = append(c.sorted[:0], blocks...)
 		slices.Sort(c.sorted)
 		for i, b := range c.sorted {
@@ -173,18 +173,6 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	c.active = append(c.active, x)
 	c.stats.Started++
 	return nil
-}
-
-// increasing reports whether every id is above the one before: the blocks
-// an engine takes from its cache usually are, and then they are unique
-// without a sort.
-func increasing(ids []int) bool {
-	for i := 1; i < len(ids); i++ {
-		if ids[i] <= ids[i-1] {
-			return false
-		}
-	}
-	return true
 }
 
 // Poll decodes the payloads received from the producer since the last call,

@@ -270,37 +270,22 @@ func (a *AckView) AppendBlockIDs(dst []int, limit int) ([]int, bool) {
 	if _, err := d.blocksHeader(); err != nil {
 		return dst, false // checked when decoded: cannot happen
 	}
-	b, i, lim := d.b, d.i, uint64(max(limit, 0))
+	i, lim := d.i, uint64(max(limit, 0))
 	for k := range out {
-		var v uint64
-		// The view was checked: every id is a whole int, and the forms
-		// not read here go to int.
-		switch c := b[i]; {
-		case c <= 0x7f:
-			v = uint64(c)
-			i++
-		case c == 0xcc:
-			v = uint64(b[i+1])
-			i += 2
-		case c == 0xcd:
-			v = uint64(b[i+1])<<8 | uint64(b[i+2])
-			i += 3
-		case c == 0xce:
-			v = uint64(binary.BigEndian.Uint32(b[i+1:]))
-			i += 5
-		default:
+		// The view was checked: every id is a whole int.
+		v, next, ok := fastUint(d.b, i)
+		if !ok { // a form fastUint does not read
 			d.i = i
 			x, _, err := d.int()
-			u, ok := x.Uint64()
-			if err != nil || !ok {
+			if v, ok = x.Uint64(); err != nil || !ok {
 				return dst, false
 			}
-			v, i = u, d.i
+			next = d.i
 		}
 		if v >= lim {
 			return dst, false
 		}
-		out[k] = int(v)
+		out[k], i = int(v), next
 	}
 	return grown, true
 }

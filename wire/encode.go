@@ -191,8 +191,6 @@ func appendArrayHeader(dst []byte, n int) []byte {
 	}
 }
 
-// appendInt writes v in the smallest form; non-negative values always take
-// the unsigned forms, as msgspec does.
 // appendIDs appends vs as appendInt does, block ids of up to three bytes
 // without a capacity check each.
 func appendIDs(dst []byte, vs []Int) []byte {
@@ -223,6 +221,8 @@ func appendIDs(dst []byte, vs []Int) []byte {
 	return dst
 }
 
+// appendInt writes v in the smallest form; non-negative values always take
+// the unsigned forms, as msgspec does.
 func appendInt(dst []byte, v Int) []byte {
 	if !v.neg {
 		return appendUint(dst, v.u)

@@ -173,11 +173,7 @@ func (x *ConsumerXfer) checkAck(src []wire.Int, peer xfer.Peer) error {
 // checkUnique checks that x.remote, whose ids are in the producer's range,
 // names each block once.
 func (x *ConsumerXfer) checkUnique(peer xfer.Peer) error {
-	increasing := true // as a producer's blocks usually are: then unique
-	for i := 1; i < len(x.remote) && increasing; i++ {
-		increasing = x.remote[i] > x.remote[i-1]
-	}
-	if increasing {
+	if Increasing(x.remote) { // as a producer's blocks usually are
 		return nil
 	}
 	// Else one pass over a bitmap of the producer's blocks (ids are in
@@ -320,4 +316,16 @@ func (x *ConsumerXfer) Release() error {
 		return fmt.Errorf("%w: %s: %v", xfer.ErrMayStillWrite, x.MMHash, err)
 	}
 	return nil
+}
+
+// Increasing reports whether every id is above the one before: then they
+// are unique without a sort or a bitmap. The blocks a cache hands out
+// usually are.
+func Increasing(ids []int) bool {
+	for i := 1; i < len(ids); i++ {
+		if ids[i] <= ids[i-1] {
+			return false
+		}
+	}
+	return true
 }
