@@ -374,8 +374,8 @@ func DecodeAck(data []byte, a *XferAck) error {
 	}
 	if lm, ld := len(v.AgentMetadata), len(v.MemDescriptor); lm+ld > 0 {
 		buf := make([]byte, lm+ld)
-		copy(buf, v.AgentMetadata)
-		copy(buf[lm:], v.MemDescriptor)
+		copyBlob(buf, v.AgentMetadata)
+		copyBlob(buf[lm:], v.MemDescriptor)
 		if lm > 0 {
 			a.AgentMetadata = buf[:lm:lm]
 		}
@@ -404,10 +404,10 @@ func DecodeAckInto(data []byte, a *XferAck) error {
 		a.SrcBlockIndices = v.AppendBlocks(blocks)
 	}
 	if len(v.AgentMetadata) > 0 {
-		a.AgentMetadata = append(meta, v.AgentMetadata...)
+		a.AgentMetadata = appendBlob(meta, v.AgentMetadata)
 	}
 	if len(v.MemDescriptor) > 0 {
-		a.MemDescriptor = append(desc, v.MemDescriptor...)
+		a.MemDescriptor = appendBlob(desc, v.MemDescriptor)
 	}
 	return nil
 }
