@@ -132,10 +132,11 @@ type ReqView struct {
 	MMHash, CompatibilityHash, SessionID []byte
 	// Version is the connector version; HasVersion says it was on the
 	// wire (absent means the receiver's own default).
-	Version    Int
-	HasVersion bool
-	Agent      []byte // the ecx_agent extension, or empty
-	Attempt    uint64 // the ecx_attempt extension, or zero
+	Version      Int
+	HasVersion   bool
+	Agent        []byte // the ecx_agent extension, or empty
+	Attempt      uint64 // the ecx_attempt extension, or zero
+	AcceptsShape bool   // the ecx_shape_ok extension
 }
 
 // EffectiveVersion returns the version, ConnectorVersion when absent.
@@ -157,6 +158,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	var haveMM, haveCompat, haveVersion bool
 	var attempt uint64
 	var version Int
+	var shapeOK bool
 	for ; n > 0; n-- {
 		k, err := d.key()
 		if err != nil {
@@ -180,6 +182,8 @@ func DecodeReqView(data []byte, r *ReqView) error {
 			agent, err = d.extStr()
 		case "ecx_attempt":
 			attempt, err = d.extUint()
+		case "ecx_shape_ok":
+			shapeOK, err = d.extBool()
 		default:
 			err = d.skip()
 		}
@@ -198,7 +202,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	}
 	*r = ReqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
 		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion,
-		Agent: data[agent.lo:agent.hi:agent.hi], Attempt: attempt}
+		Agent: data[agent.lo:agent.hi:agent.hi], Attempt: attempt, AcceptsShape: shapeOK}
 	return nil
 }
 
@@ -219,7 +223,7 @@ func DecodeReq(data []byte, r *XferReq) error {
 	if agent != string(v.Agent) {
 		agent = string(v.Agent)
 	}
-	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: agent, Attempt: v.Attempt}
+	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: agent, Attempt: v.Attempt, AcceptsShape: v.AcceptsShape}
 	if v.HasVersion && v.Version != IntOf(ConnectorVersion) {
 		ver := v.Version
 		r.ConnectorVersion = &ver
@@ -239,6 +243,7 @@ type AckView struct {
 	blocks                       []byte // src_block_indices as encoded, checked
 	nBlocks                      int
 	Grant, LeaseMillis, Attempt  uint64 // the extensions, zero when absent
+	Shape                        Blocks // ecx_shape; Count zero when absent
 }
 
 // NumBlocks returns the number of source block indices.
@@ -301,6 +306,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	var haveMM, haveStatus bool
 	var status Int
 	var grant, lease, attempt uint64
+	var shape Blocks
 	nBlocks := 0
 	for ; n > 0; n-- {
 		k, err := d.key()
@@ -337,6 +343,8 @@ func DecodeAckView(data []byte, a *AckView) error {
 			lease, err = d.extUint()
 		case "ecx_attempt":
 			attempt, err = d.extUint()
+		case "ecx_shape":
+			shape, err = d.extShape()
 		default:
 			err = d.skip()
 		}
@@ -355,7 +363,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	}
 	*a = AckView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
 		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
-		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, LeaseMillis: lease, Attempt: attempt}
+		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, LeaseMillis: lease, Attempt: attempt, Shape: shape}
 	return nil
 }
 
@@ -368,7 +376,7 @@ func DecodeAck(data []byte, a *XferAck) error {
 		return err
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
 	}
@@ -399,7 +407,7 @@ func DecodeAckInto(data []byte, a *XferAck) error {
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
 	blocks, meta, desc := a.SrcBlockIndices[:0], a.AgentMetadata[:0], a.MemDescriptor[:0]
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(blocks)
 	}
@@ -739,6 +747,56 @@ func (r *reader) extUint() (uint64, error) {
 		return u, nil
 	}
 	return 0, err
+}
+
+// extBool reads an extension field that should be a bool (see extUint).
+func (r *reader) extBool() (bool, error) {
+	c, err := r.peek()
+	if err != nil {
+		return false, err
+	}
+	if c != 0xc2 && c != 0xc3 {
+		return false, r.skip()
+	}
+	r.i++
+	return c == 0xc3, nil
+}
+
+// extShape reads ecx_shape, [base, size, count, device] (see extUint). A
+// value that is not one reads as absent: four non-negative integers, size
+// and count at least one, count within int32 (NIXL's block ids), and the
+// blocks inside the address space.
+func (r *reader) extShape() (Blocks, error) {
+	start := r.i
+	if b, ok := r.shape(); ok {
+		return b, nil
+	}
+	r.i = start
+	return Blocks{}, r.skip()
+}
+
+func (r *reader) shape() (Blocks, bool) {
+	c, err := r.peek()
+	if err != nil || !isArray(c) {
+		return Blocks{}, false
+	}
+	if n, err := r.containerLen(c); err != nil || n != 4 {
+		return Blocks{}, false
+	}
+	var v [4]uint64
+	for i := range v {
+		x, _, err := r.int()
+		u, ok := x.Uint64()
+		if err != nil || !ok {
+			return Blocks{}, false
+		}
+		v[i] = u
+	}
+	base, size, count := v[0], v[1], v[2]
+	if size == 0 || count == 0 || count > math.MaxInt32 || size > (math.MaxUint64-base)/count {
+		return Blocks{}, false
+	}
+	return Blocks{Base: base, Size: size, Count: int(count), Device: v[3]}, true
 }
 
 // extStr reads an extension field that should be a UTF-8 string (see

@@ -22,6 +22,8 @@ const (
 	keyGrant   = "\xa9ecx_grant"
 	keyLease   = "\xacecx_lease_ms"
 	keyAttempt = "\xabecx_attempt"
+	keyShapeOK = "\xacecx_shape_ok"
+	keyShape   = "\xa9ecx_shape"
 )
 
 // AppendReq appends the msgpack encoding of r to dst, byte for byte as
@@ -40,6 +42,9 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 		n++
 	}
 	if r.Attempt != 0 {
+		n++
+	}
+	if r.AcceptsShape {
 		n++
 	}
 	dst = append(dst, 0x80|byte(n))
@@ -63,6 +68,9 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 		dst = append(dst, keyAttempt...)
 		dst = appendUint(dst, r.Attempt)
 	}
+	if r.AcceptsShape {
+		dst = append(dst, keyShapeOK+"\xc3"...)
+	}
 	return dst
 }
 
@@ -70,7 +78,7 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 // msgspec writes it.
 func AppendAck(dst []byte, a *XferAck) []byte {
 	n := 3
-	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, a.LeaseMillis != 0, a.Attempt != 0} {
+	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, a.LeaseMillis != 0, a.Attempt != 0, a.Shape.Count > 0} {
 		if set {
 			n++
 		}
@@ -108,6 +116,13 @@ func AppendAck(dst []byte, a *XferAck) []byte {
 	if a.Attempt != 0 {
 		dst = append(dst, keyAttempt...)
 		dst = appendUint(dst, a.Attempt)
+	}
+	if a.Shape.Count > 0 {
+		dst = append(dst, keyShape+"\x94"...)
+		dst = appendUint(dst, a.Shape.Base)
+		dst = appendUint(dst, a.Shape.Size)
+		dst = appendUint(dst, uint64(a.Shape.Count))
+		dst = appendUint(dst, a.Shape.Device)
 	}
 	return dst
 }

@@ -32,6 +32,7 @@ func seedFuzz(f *testing.F, vectorType, target string) {
 
 func FuzzDecodeReq(f *testing.F) {
 	seedFuzz(f, "XferReq", "XferReq")
+	f.Add(AppendReq(nil, &XferReq{MMHash: "h", CompatibilityHash: "c", Agent: "a", Attempt: 2, AcceptsShape: true}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r XferReq
 		if err := DecodeReq(data, &r); err != nil {
@@ -65,6 +66,7 @@ func FuzzDecodeAck(f *testing.F) {
 	seedFuzz(f, "XferAck", "XferAck")
 	// Block ids of every width a region's ids take, all in range.
 	f.Add(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, SrcBlockIndices: Ints(nil, []int{1, 200, 70000, 1 << 31, 5})}))
+	f.Add(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, Shape: Blocks{Base: 1 << 40, Size: 8192, Count: 16000}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var a XferAck
 		into := fuzzUsedAck(t)

@@ -25,6 +25,9 @@ type XferReq struct {
 	// in the ack, so that a late or repeated ack of an earlier request for
 	// the same mm_hash is not taken for this one's.
 	Attempt uint64
+	// AcceptsShape ("ecx_shape_ok") says the consumer takes
+	// [XferAck.Shape] in place of the mem descriptor.
+	AcceptsShape bool
 }
 
 // Version returns the effective connector version: [ConnectorVersion] when the
@@ -57,6 +60,13 @@ type XferAck struct {
 	LeaseMillis uint64
 	// Attempt ("ecx_attempt") echoes the request's.
 	Attempt uint64
+	// Shape ("ecx_shape", [base, size, count, device]) stands in for
+	// MemDescriptor, then empty, when the request accepted shapes and the
+	// producer's region is Count back-to-back blocks. A descriptor costs
+	// 14 bytes a block (224 KB for 16,000), and acks carry it until the
+	// consumer has completed a READ: every ack of its first batch. Count
+	// zero: absent.
+	Shape Blocks
 }
 
 // MemDesc addresses one block of a region: one [addr, size, device_id] triple

@@ -170,7 +170,8 @@ func descsFromFields(t testing.TB, raw json.RawMessage) []MemDesc {
 // sameReq compares two requests by their effective values.
 func sameReq(a, b XferReq) bool {
 	return a.MMHash == b.MMHash && a.CompatibilityHash == b.CompatibilityHash &&
-		a.SessionID == b.SessionID && a.Version() == b.Version() && a.Agent == b.Agent && a.Attempt == b.Attempt
+		a.SessionID == b.SessionID && a.Version() == b.Version() && a.Agent == b.Agent && a.Attempt == b.Attempt &&
+		a.AcceptsShape == b.AcceptsShape
 }
 
 // sameAck compares two acks, treating nil and empty slices alike.
@@ -179,7 +180,7 @@ func sameAck(a, b XferAck) bool {
 		len(a.SrcBlockIndices) == len(b.SrcBlockIndices) &&
 		(len(a.SrcBlockIndices) == 0 || reflect.DeepEqual(a.SrcBlockIndices, b.SrcBlockIndices)) &&
 		bytes.Equal(a.AgentMetadata, b.AgentMetadata) && bytes.Equal(a.MemDescriptor, b.MemDescriptor) &&
-		a.Grant == b.Grant && a.LeaseMillis == b.LeaseMillis && a.Attempt == b.Attempt
+		a.Grant == b.Grant && a.LeaseMillis == b.LeaseMillis && a.Attempt == b.Attempt && a.Shape == b.Shape
 }
 
 func TestVectors(t *testing.T) {

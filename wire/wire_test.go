@@ -275,6 +275,56 @@ func TestExtensions(t *testing.T) {
 	}
 }
 
+// A shape round-trips, and the shape offer in a request too; a shape that
+// is not one (wrong type, length, a zero, a block past the address space,
+// more blocks than int32 counts) reads as absent; a truncated one is
+// malformed.
+func TestShapeExtension(t *testing.T) {
+	r := XferReq{MMHash: "h", CompatibilityHash: "c", AcceptsShape: true}
+	var rb XferReq
+	if err := DecodeReq(AppendReq(nil, &r), &rb); err != nil || !rb.AcceptsShape {
+		t.Fatalf("ecx_shape_ok: %v, %+v", err, rb)
+	}
+	want := Blocks{Base: 1 << 40, Size: 8192, Count: 16000, Device: 3}
+	enc := AppendAck(nil, &XferAck{MMHash: "h", Shape: want})
+	var a XferAck
+	if err := DecodeAck(enc, &a); err != nil || a.Shape != want {
+		t.Fatalf("ecx_shape: %v, %+v", err, a.Shape)
+	}
+	if err := DecodeAckView(enc[:len(enc)-1], new(AckView)); err == nil {
+		t.Error("truncated shape accepted")
+	}
+	ack := func(shape string) []byte {
+		return []byte("\x84\xa4type\xa3ack\xa7mm_hash\xa1h\xa6status\x00\xa9ecx_shape" + shape)
+	}
+	for _, odd := range []string{
+		"\x93\x01\x01\x01",         // three values
+		"\x95\x01\x01\x01\x01\x01", // five
+		"\x94\x01\x00\x01\x00",     // size zero
+		"\x94\x01\x01\x00\x00",     // count zero
+		"\x94\x01\x01\xff\x00",     // a negative count
+		"\x94\x01\xa1x\x01\x00",    // a string
+		"\x94\xcf\xff\xff\xff\xff\xff\xff\xf0\x00\xcd\x10\x00\x01\x00", // 4096 bytes from 2^64-4096: the end is past 2^64-1
+		"\x94\x00\x01\xce\x80\x00\x00\x00\x00",                         // 2^31 blocks
+		"\xc3",
+	} {
+		var v AckView
+		if err := DecodeAckView(ack(odd), &v); err != nil || v.Shape != (Blocks{}) {
+			t.Errorf("shape %q: %v, %+v", odd, err, v.Shape)
+		}
+	}
+	// The largest: 2^31-1 blocks that end at 2^64-1.
+	top := Blocks{Base: 1<<64 - 1 - (1<<31-1)*2, Size: 2, Count: 1<<31 - 1}
+	var v AckView
+	if err := DecodeAckView(AppendAck(nil, &XferAck{MMHash: "h", Shape: top}), &v); err != nil || v.Shape != top {
+		t.Errorf("largest shape: %v, %+v", err, v.Shape)
+	}
+	var rv ReqView
+	if err := DecodeReqView([]byte("\x84\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xacecx_shape_ok\x01"), &rv); err != nil || rv.AcceptsShape {
+		t.Errorf("ecx_shape_ok 1: %v, %v", err, rv.AcceptsShape)
+	}
+}
+
 // ascii finds a byte with its high bit set at every position of every
 // length up to 80 (its 32-, 8- and 1-byte steps), and passes plain ASCII.
 func TestASCII(t *testing.T) {
