@@ -26,7 +26,7 @@ struct remote_blocks {
     std::vector<nixlBasicDesc> list;
     bool regular = false;
     uint64_t base = 0, bsize = 0, n = 0;
-    uint32_t dev = 0;
+    uint64_t dev = 0;
 
     size_t count() const { return regular ? n : list.size(); }
     nixlBasicDesc at(size_t i) const { return regular ? nixlBasicDesc(base + i * bsize, bsize, dev) : list[i]; }
@@ -197,7 +197,7 @@ extern "C" int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t m
     rb.base = base;
     rb.bsize = block_size;
     rb.n = nblocks;
-    rb.dev = static_cast<uint32_t>(dev);
+    rb.dev = dev;
     return load_remote(a, md, mdlen, std::move(rb), name);
 }
 
