@@ -133,6 +133,7 @@ var (
 	_ xfer.Driven        = (*Agent)(nil)
 	_ xfer.Signaling     = (*Agent)(nil)
 	_ xfer.Notifying     = (*Agent)(nil)
+	_ xfer.ShapedPeers   = (*Agent)(nil)
 )
 
 func (c *Config) setDefaults() {
@@ -310,6 +311,21 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 		}
 		n = len(flat) / 3
 	}
+	return a.addPeer(metadata, shape, regular, flat, n)
+}
+
+// AddRemotePeerShape implements xfer.ShapedPeers: AddRemotePeer of the
+// descriptor shape stands for, which it never builds.
+func (a *Agent) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
+	if shape.Size == 0 || shape.Count < 0 || shape.Size > (math.MaxUint64-shape.Base)/uint64(max(shape.Count, 1)) {
+		return xfer.Peer{}, fmt.Errorf("nixl: %w: shape %+v", ErrInvalidParam, shape)
+	}
+	return a.addPeer(metadata, shape, true, nil, shape.Count)
+}
+
+// addPeer registers a producer of n blocks: shape's when regular, else
+// flat's (address, length, device) triples.
+func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
 	if n == 0 || len(metadata) == 0 {
 		return xfer.Peer{}, fmt.Errorf("nixl: %w: empty metadata or descriptor", ErrInvalidParam)
 	}

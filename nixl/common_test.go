@@ -16,6 +16,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
@@ -650,4 +651,60 @@ func waitEnded(t *testing.T, a *Agent, h xfer.Handle) xfer.Progress {
 			t.Fatal("READ not ended after 5 s")
 		}
 	}
+}
+
+// A producer registered from its region's shape reads as one registered
+// from its descriptor (the two share the load); a shape that cannot be a
+// region is refused before anything reaches C.
+func TestAddRemotePeerShape(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		const n, bs = 8, 4096
+		p, pr := newAgent(t, v, n, bs, Config{})
+		c, cr := newAgent(t, v, n, bs, Config{})
+		for i := range n {
+			xfertestFill(pr.Block(i), byte(i+1))
+		}
+		shape, regular, err := wire.DecodeBlocks(p.MemDescriptor())
+		if err != nil || !regular || shape.Count != n {
+			t.Fatalf("own descriptor: %+v, %v, %v", shape, regular, err)
+		}
+		peer, err := c.AddRemotePeerShape(p.AgentMetadata(), shape)
+		if err != nil || peer.Blocks != n {
+			t.Fatalf("AddRemotePeerShape: %+v, %v", peer, err)
+		}
+		again, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+		if err != nil || again != peer {
+			t.Fatalf("the descriptor after the shape: %+v, %v (first %+v)", again, err, peer)
+		}
+		p.ExpectReads(1)
+		ids := []int{0, 1, 2, 3, 4, 5, 6, 7}
+		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:shape"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if pg := waitEnded(t, c, h); pg != xfer.Complete {
+			t.Fatalf("READ %v", pg)
+		}
+		c.Release(h)
+		p.ExpectReads(0)
+		for i := range n {
+			if !bytes.Equal(cr.Block(i), pr.Block(i)) {
+				t.Fatalf("block %d differs", i)
+			}
+		}
+		for _, bad := range []wire.Blocks{
+			{Base: shape.Base, Size: 0, Count: n},
+			{Base: shape.Base, Size: bs, Count: 0},
+			{Base: shape.Base, Size: bs, Count: -1},
+			{Base: math.MaxUint64 - bs, Size: bs, Count: 2},
+			{Base: shape.Base, Size: 1, Count: math.MaxInt32 + 1},
+		} {
+			if _, err := c.AddRemotePeerShape(p.AgentMetadata(), bad); !errors.Is(err, ErrInvalidParam) {
+				t.Errorf("shape %+v: %v, want ErrInvalidParam", bad, err)
+			}
+		}
+		if _, err := c.AddRemotePeerShape(nil, shape); !errors.Is(err, ErrInvalidParam) {
+			t.Errorf("no metadata: %v", err)
+		}
+	})
 }

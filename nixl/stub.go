@@ -4,6 +4,7 @@ package nixl
 
 import (
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -16,6 +17,7 @@ var (
 	_ xfer.Driven        = (*Agent)(nil)
 	_ xfer.Signaling     = (*Agent)(nil)
 	_ xfer.Notifying     = (*Agent)(nil)
+	_ xfer.ShapedPeers   = (*Agent)(nil)
 )
 
 // New returns ErrNotBuilt: this build has no NIXL.
@@ -41,6 +43,11 @@ func (*Agent) ExpectReads(int) {}
 
 // AddRemotePeer returns ErrNotBuilt.
 func (*Agent) AddRemotePeer(_, _ []byte) (xfer.Peer, error) { return xfer.Peer{}, ErrNotBuilt }
+
+// AddRemotePeerShape returns ErrNotBuilt.
+func (*Agent) AddRemotePeerShape([]byte, wire.Blocks) (xfer.Peer, error) {
+	return xfer.Peer{}, ErrNotBuilt
+}
 
 // RemoveRemotePeer returns ErrNotBuilt.
 func (*Agent) RemoveRemotePeer(string) error { return ErrNotBuilt }

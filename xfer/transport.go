@@ -3,6 +3,8 @@ package xfer
 import (
 	"errors"
 	"fmt"
+
+	"github.com/ecxfer/ecxfer/wire"
 )
 
 // Handle names one posted READ inside a DataTransport. Zero is never a valid
@@ -104,6 +106,17 @@ type DataTransport interface {
 // otherwise. ExpectReads must not block.
 type Driven interface {
 	ExpectReads(grants int)
+}
+
+// ShapedPeers is implemented by data planes that can register a producer
+// from the shape of its region, back-to-back blocks of one size, instead of
+// its per-block descriptor, which costs an ack 14 bytes a block. A consumer
+// session whose data plane implements it offers to take shapes
+// (wire.XferReq.AcceptsShape), and a Go producer whose own descriptor is
+// one then sends the shape (wire.XferAck.Shape). AddRemotePeerShape is
+// AddRemotePeer of the descriptor wire.AppendBlockDescs writes for shape.
+type ShapedPeers interface {
+	AddRemotePeerShape(metadata []byte, shape wire.Blocks) (Peer, error)
 }
 
 // GrantBoard is implemented by data planes that let a consumer on the

@@ -94,10 +94,13 @@ func (fab *Fabric) New(name string, blocks, blockSize int) *Fake {
 		serving:  map[*read]struct{}{},
 	}
 	f.meta = []byte(fmt.Sprintf("fake:%s:%d:%d", name, gen, blocks))
-	f.desc = wire.AppendBlockDescs(nil, 0x10000, uint64(blockSize), blocks, 0)
+	f.desc = wire.AppendBlockDescs(nil, fakeBase, uint64(blockSize), blocks, 0)
 	fab.agents[peerKey(name, gen)] = f
 	return f
 }
+
+// fakeBase is where every fake's region claims to start.
+const fakeBase = 0x10000
 
 // peerKey is the agent a consumer addresses: the name, and from the second
 // agent of a name on, its generation.
@@ -159,7 +162,10 @@ type Fake struct {
 	closed     bool
 }
 
-var _ xfer.DataTransport = (*Fake)(nil)
+var (
+	_ xfer.DataTransport = (*Fake)(nil)
+	_ xfer.ShapedPeers   = (*Fake)(nil)
+)
 
 // Name returns the agent name.
 func (f *Fake) Name() string { return f.name }
@@ -226,8 +232,10 @@ func (f *Fake) AgentMetadata() []byte { return f.meta }
 func (f *Fake) MemDescriptor() []byte { return f.desc }
 
 // AddRemotePeer implements xfer.DataTransport. The metadata names an agent on
-// the same fabric.
-func (f *Fake) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error) {
+// the same fabric; the descriptor is not read.
+func (f *Fake) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) { return f.addPeer(metadata) }
+
+func (f *Fake) addPeer(metadata []byte) (xfer.Peer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -248,6 +256,25 @@ func (f *Fake) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error) 
 	key := peerKey(parts[1], gen)
 	f.peers[key]++
 	return xfer.Peer{Agent: key, Blocks: n}, nil
+}
+
+// AddRemotePeerShape implements xfer.ShapedPeers: AddRemotePeer, refusing
+// a shape that is not the agent's region's as MemDescriptor gives it (its
+// block size unchecked for an agent on another fabric).
+func (f *Fake) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
+	p, err := f.addPeer(metadata)
+	if err != nil {
+		return p, err
+	}
+	want := wire.Blocks{Base: fakeBase, Size: shape.Size, Count: p.Blocks}
+	if t := f.fab.lookup(p.Agent); t != nil {
+		want.Size = uint64(t.blockSize)
+	}
+	if shape != want {
+		f.RemoveRemotePeer(p.Agent)
+		return xfer.Peer{}, fmt.Errorf("xfertest: shape %+v is not %s's region", shape, p.Agent)
+	}
+	return p, nil
 }
 
 // RemoveRemotePeer implements xfer.DataTransport.
