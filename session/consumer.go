@@ -69,8 +69,9 @@ type ConsumerSession struct {
 	xcfg   xfer.Config
 	log    *slog.Logger
 
-	agentName  string // ours, sent with requests when the data plane has one
-	attempts   uint64 // requests sent, naming each (ecx_attempt)
+	agentName  string           // ours, sent with requests when the data plane has one
+	shapes     xfer.ShapedPeers // the data plane, when it takes producers' shapes
+	attempts   uint64           // requests sent, naming each (ecx_attempt)
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
@@ -119,6 +120,7 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	if n, ok := data.(xfer.Named); ok {
 		c.agentName = n.Name()
 	}
+	c.shapes, _ = data.(xfer.ShapedPeers)
 	return c, nil
 }
 
@@ -154,7 +156,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
 	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
-		Agent: c.agentName, Attempt: c.attempts + 1}
+		Agent: c.agentName, Attempt: c.attempts + 1, AcceptsShape: c.shapes != nil}
 	c.buf = wire.AppendReq(c.buf[:0], &req)
 	if err := c.peer.Send(c.buf); err != nil {
 		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
@@ -244,7 +246,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		}
 		return
 	}
-	peer, err := c.register(ack.AgentMetadata, ack.MemDescriptor)
+	peer, err := c.register(ack)
 	if err != nil {
 		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
@@ -280,8 +282,10 @@ func (c *ConsumerSession) forget() {
 // register makes sure the producer's agent is known to the data plane, once
 // per metadata blob: a different blob means the producer restarted, so the
 // old agent is removed first. The descriptor is ignored while the blob is
-// unchanged, as the reference does.
-func (c *ConsumerSession) register(meta, desc []byte) (xfer.Peer, error) {
+// unchanged, as the reference does; a shape stands in for a descriptor
+// the ack left out.
+func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
+	meta := ack.AgentMetadata
 	if c.registered && bytes.Equal(meta, c.agentMeta) {
 		return c.agent, nil
 	}
@@ -292,7 +296,13 @@ func (c *ConsumerSession) register(meta, desc []byte) (xfer.Peer, error) {
 		}
 		c.registered = false
 	}
-	peer, err := c.data.AddRemotePeer(meta, desc)
+	var peer xfer.Peer
+	var err error
+	if len(ack.MemDescriptor) == 0 && ack.Shape.Count > 0 && c.shapes != nil {
+		peer, err = c.shapes.AddRemotePeerShape(meta, ack.Shape)
+	} else {
+		peer, err = c.data.AddRemotePeer(meta, ack.MemDescriptor)
+	}
 	if err != nil {
 		return xfer.Peer{}, err
 	}

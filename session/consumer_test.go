@@ -406,3 +406,57 @@ func TestUnknownPeerRegistersAgain(t *testing.T) {
 		t.Fatalf("%d peers, %d registrations after another refusal", n, co.c.Stats().Registrations)
 	}
 }
+
+// A consumer whose data plane takes shapes offers to in its requests and
+// registers a producer from the shape when the ack has no descriptor (the
+// fake refuses a shape that is not the producer's region); a descriptor,
+// when there is one, is what registers. One whose plane does not take
+// shapes never offers.
+func TestRegistrationFromShape(t *testing.T) {
+	fab := xfertest.NewFabric()
+	data, prod := fab.New("cons", 64, 16), fab.New("prod", 64, 16)
+	out := &queue{}
+	c := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, data, compat))
+	region, _, _ := wire.DecodeBlocks(prod.MemDescriptor())
+	ack := func(h string, shape wire.Blocks, desc []byte) []byte {
+		return encAck(wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.ID(), AgentMetadata: prod.AgentMetadata(),
+			SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: shape, MemDescriptor: desc})
+	}
+	var r Results
+	step := func(h string, a []byte) {
+		r.Reset()
+		mustStart(t, c, h, []int{1}, at(time.Hour))
+		var req wire.XferReq
+		if err := wire.DecodeReq(out.take()[0], &req); err != nil || !req.AcceptsShape {
+			t.Fatalf("request: %v, %+v", err, req)
+		}
+		c.Poll([][]byte{a}, at(0))
+		c.TakeResults(&r)
+	}
+	wrong := region
+	wrong.Count--
+	step("A", ack("A", wrong, nil))
+	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed {
+		t.Fatalf("a wrong shape: %+v", r)
+	}
+	step("B", ack("B", wrong, prod.MemDescriptor()))
+	if len(r.Tombstoned) != 0 || c.Stats().Registrations != 1 {
+		t.Fatalf("a descriptor and a wrong shape: %+v, %d registrations", r, c.Stats().Registrations)
+	}
+	c2 := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, fab.New("cons2", 64, 16), compat))
+	mustStart(t, c2, "C", []int{1}, at(time.Hour))
+	c3 := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, plainData{fab.New("cons3", 64, 16)}, compat))
+	mustStart(t, c3, "C", []int{1}, at(time.Hour))
+	var req2, req3 wire.XferReq
+	msgs := out.take()
+	if wire.DecodeReq(msgs[0], &req2) != nil || wire.DecodeReq(msgs[1], &req3) != nil || !req2.AcceptsShape || req3.AcceptsShape {
+		t.Fatalf("offers: %v, %v", req2.AcceptsShape, req3.AcceptsShape)
+	}
+	c2.Poll([][]byte{encAck(wire.XferAck{MMHash: "C", Status: wire.OK, SessionID: c2.ID(), AgentMetadata: prod.AgentMetadata(),
+		SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: region})}, at(0))
+	r.Reset()
+	c2.TakeResults(&r)
+	if len(r.Tombstoned) != 0 || c2.Stats().Registrations != 1 {
+		t.Fatalf("the region's shape: %+v", r)
+	}
+}

@@ -90,6 +90,14 @@
 //     host copies without a READ round trip and keeps the bytes only if
 //     the grant outlived the copy.
 //
+//  14. An OK ack carries the mem descriptor only until that consumer
+//     session has completed a READ (or the agent metadata changed): the
+//     consumer registers the producer once per metadata blob, as the
+//     reference's does. To a consumer that offers to take shapes
+//     (ecx_shape_ok: its data plane is an xfer.ShapedPeers) it sends its
+//     region's shape in the descriptor's place (ecx_shape, 32 bytes
+//     against 14 a block), when the descriptor describes one.
+//
 // Also: every deadline comes from the caller's now (the reference mixes in
 // its own monotonic clock); peer death quarantines READs with a real
 // quarantine deadline (in the reference they never settle); a reply the

@@ -82,6 +82,7 @@ type ProducerStats struct {
 	BadSessionIDs uint64 // requests whose session id is not a canonical UUID
 	DescsSent     uint64 // OK acks that carried the mem descriptor
 	DescBytes     uint64 // the bytes of those descriptors
+	ShapesSent    uint64 // OK acks that carried the region's shape instead
 }
 
 type consumerState struct {
@@ -146,6 +147,10 @@ type ProducerSession struct {
 	consumers map[string]*consumerState
 	idents    map[string]int // blocks pinned per control-plane identity
 	lastMeta  []byte
+	// The shape of the data plane's descriptor (shapeOf), if it is one.
+	shapeOf   []byte
+	shape     wire.Blocks
+	shapeOK   bool
 	perSess   int
 	perEntry  int
 	maxGrants int
@@ -408,11 +413,27 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		AgentMetadata: p.lastMeta, Grant: g.id, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
 	if !cs.confirmed {
-		p.ack.MemDescriptor = p.data.MemDescriptor()
-		p.stats.DescsSent++
-		p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
+		if shape, ok := p.regionShape(); ok && req.AcceptsShape {
+			p.ack.Shape = shape
+			p.stats.ShapesSent++
+		} else {
+			p.ack.MemDescriptor = p.data.MemDescriptor()
+			p.stats.DescsSent++
+			p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
+		}
 	}
 	return g
+}
+
+// regionShape returns the shape the data plane's descriptor describes, if
+// it is one, decoding a descriptor only once.
+func (p *ProducerSession) regionShape() (wire.Blocks, bool) {
+	d := p.data.MemDescriptor()
+	if len(d) != len(p.shapeOf) || len(d) > 0 && &d[0] != &p.shapeOf[0] {
+		p.shapeOf = d
+		p.shape, p.shapeOK, _ = wire.DecodeBlocks(d)
+	}
+	return p.shape, p.shapeOK
 }
 
 func (p *ProducerSession) lock()   { p.authMu.Lock() }

@@ -56,12 +56,67 @@ func TestDescriptorOncePerSession(t *testing.T) {
 	}
 }
 
+// A request that offers to take a shape gets the region's shape for the
+// descriptor, until the same completion; a request that does not, and any
+// request to a producer whose descriptor is not a shape (the TCP plane's
+// is empty), gets the descriptor.
+func TestShapeForDescriptor(t *testing.T) {
+	po := newProducer(t)
+	s1, s2 := sid("one"), sid("two")
+	offer := func(h, sid string) []byte {
+		return wire.AppendReq(nil, &wire.XferReq{MMHash: h, CompatibilityHash: compat, SessionID: sid, AcceptsShape: true})
+	}
+	want, _, _ := wire.DecodeBlocks(po.data.MemDescriptor())
+	acks := po.poll(t, t0, offer("R", s1), req("R", s2), offer("R", s1))
+	for i, a := range acks {
+		if shaped := i != 1; len(a.MemDescriptor) == 0 != shaped || shaped && a.Shape != want || !shaped && a.Shape.Count != 0 {
+			t.Fatalf("ack %d: descriptor %d bytes, shape %+v (want %+v)", i, len(a.MemDescriptor), a.Shape, want)
+		}
+	}
+	if st := po.p.Stats(); st.ShapesSent != 2 || st.DescsSent != 1 {
+		t.Fatalf("shapes sent %d, descriptors %d", st.ShapesSent, st.DescsSent)
+	}
+	po.data.InjectNotif("cons", []byte(s1+":R"))
+	po.poll(t, at(time.Second))
+	if a := po.poll(t, at(2*time.Second), offer("R", s1))[0]; a.Shape.Count != 0 || len(a.MemDescriptor) != 0 {
+		t.Fatalf("after s1's completion: %+v", a)
+	}
+
+	irregular := &descData{Fake: po.data, desc: wire.AppendMemDescs(nil, nil)}
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, irregular, po.cache, compat))
+	if a := po.poll(t, at(3*time.Second), offer("R", s2))[0]; a.Shape.Count != 0 || len(a.MemDescriptor) != 1 {
+		t.Fatalf("an empty descriptor: %+v", a)
+	}
+}
+
+// descData is a fake data plane with another descriptor.
+type descData struct {
+	*xfertest.Fake
+	desc []byte
+}
+
+func (d *descData) MemDescriptor() []byte { return d.desc }
+
+// plainData hides the fake's xfer.ShapedPeers, as a data plane without it.
+type plainData struct{ xfer.DataTransport }
+
 // Our consumer, like the reference's, registers a producer once per
 // metadata blob and needs the descriptor only then: descriptor-less acks
-// after the first completion still complete.
+// after the first completion still complete. A consumer whose data plane
+// takes shapes registers from the shape, and no descriptor is sent.
 func TestConsumerWithDescriptorLessAcks(t *testing.T) {
+	for _, shapes := range []bool{false, true} {
+		t.Run(fmt.Sprint("shapes=", shapes), func(t *testing.T) { testDescriptorLessAcks(t, shapes) })
+	}
+}
+
+func testDescriptorLessAcks(t *testing.T, shapes bool) {
 	fab := xfertest.NewFabric()
-	cdata, pdata := fab.New("cons", 64, 16), fab.New("prod", 64, 16)
+	var cdata xfer.DataTransport = fab.New("cons", 64, 16)
+	pdata := fab.New("prod", 64, 16)
+	if !shapes {
+		cdata = plainData{cdata}
+	}
 	pc := cache.NewEmbeddingCache(64)
 	for _, h := range []string{"a", "b", "c"} {
 		pc.Alloc(h, 2)
@@ -83,8 +138,9 @@ func TestConsumerWithDescriptorLessAcks(t *testing.T) {
 		}
 		cons.TakeResults(&r)
 	}
-	if len(r.Completed) != 3 || prod.Stats().DescsSent != 1 || cons.Stats().Registrations != 1 {
-		t.Fatalf("completed %d, descriptors sent %d, registrations %d", len(r.Completed), prod.Stats().DescsSent, cons.Stats().Registrations)
+	st := prod.Stats()
+	if sent := map[bool]uint64{false: st.DescsSent, true: st.ShapesSent}; len(r.Completed) != 3 || sent[shapes] != 1 || sent[!shapes] != 0 || cons.Stats().Registrations != 1 {
+		t.Fatalf("completed %d, descriptors sent %d, shapes %d, registrations %d", len(r.Completed), st.DescsSent, st.ShapesSent, cons.Stats().Registrations)
 	}
 }
 

@@ -101,10 +101,10 @@ func (pc *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 
 // ProducerCollector collects a Producer's metrics, ecxfer_producer_*.
 type ProducerCollector struct {
-	prod                                                      *connector.Producer
-	requests, grants, nacks, completions, expired, rerequests desc
-	malformed, unknown, foreign, bad, stale, refused          desc
-	replyErrors, descs_, descBytes, live, backlog, dropped    desc
+	prod                                                           *connector.Producer
+	requests, grants, nacks, completions, expired, rerequests      desc
+	malformed, unknown, foreign, bad, stale, refused               desc
+	replyErrors, descs_, descBytes, shapes, live, backlog, dropped desc
 }
 
 // NewProducerCollector returns a collector for prod; constLabels (may be
@@ -128,6 +128,7 @@ func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Label
 		replyErrors: newDesc("ecxfer_producer_reply_errors_total", "Replies the control plane refused.", c, nil, constLabels),
 		descs_:      newDesc("ecxfer_producer_descriptors_sent_total", "OK acks that carried the mem descriptor.", c, nil, constLabels),
 		descBytes:   newDesc("ecxfer_producer_descriptor_bytes_sent_total", "Bytes of mem descriptors sent.", c, nil, constLabels),
+		shapes:      newDesc("ecxfer_producer_shapes_sent_total", "OK acks that carried the region's shape for the mem descriptor.", c, nil, constLabels),
 		live:        newDesc("ecxfer_producer_grants", "Grants holding a pin now.", g, nil, constLabels),
 		backlog:     newDesc("ecxfer_producer_backlog", "Requests waiting for a later step.", g, nil, constLabels),
 		dropped:     newDesc("ecxfer_producer_backlog_dropped_total", "Requests dropped because the backlog was full.", c, nil, constLabels),
@@ -136,7 +137,7 @@ func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Label
 
 func (pc *ProducerCollector) descs() []desc {
 	return []desc{pc.requests, pc.grants, pc.nacks, pc.completions, pc.expired, pc.rerequests, pc.malformed, pc.unknown,
-		pc.foreign, pc.bad, pc.stale, pc.refused, pc.replyErrors, pc.descs_, pc.descBytes, pc.live, pc.backlog, pc.dropped}
+		pc.foreign, pc.bad, pc.stale, pc.refused, pc.replyErrors, pc.descs_, pc.descBytes, pc.shapes, pc.live, pc.backlog, pc.dropped}
 }
 
 // Describe implements prometheus.Collector.
@@ -169,6 +170,7 @@ func (pc *ProducerCollector) Collect(ch chan<- prometheus.Metric) {
 	m(pc.replyErrors, s.ReplyErrors)
 	m(pc.descs_, s.DescsSent)
 	m(pc.descBytes, s.DescBytes)
+	m(pc.shapes, s.ShapesSent)
 	m(pc.live, uint64(pc.prod.Grants()))
 	m(pc.backlog, uint64(waiting))
 	m(pc.dropped, dropped)
