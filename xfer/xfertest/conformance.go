@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -127,6 +128,36 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 		if got := waitEnd(t, p, h); got != xfer.Complete {
 			t.Fatalf("READ ended %s", got)
 		}
+	})
+	t.Run("shape", func(t *testing.T) {
+		// A consumer that takes shapes reads as well from a producer it
+		// registered from its region's shape, when the descriptor is one.
+		p := &rig{Pair: newPair(t)}
+		t.Cleanup(func() {
+			p.Consumer.Close()
+			p.Producer.Close()
+		})
+		sp, ok := p.Consumer.(xfer.ShapedPeers)
+		if !ok {
+			t.Skip("the consumer does not implement xfer.ShapedPeers")
+		}
+		shape, regular, err := wire.DecodeBlocks(p.Producer.MemDescriptor())
+		if err != nil || !regular {
+			t.Skipf("the producer's descriptor is not a shape: %v", err)
+		}
+		peer, err := sp.AddRemotePeerShape(p.Producer.AgentMetadata(), shape)
+		if err != nil || peer.Blocks != shape.Count {
+			t.Fatalf("add peer from %+v: %+v, %v", shape, peer, err)
+		}
+		fill(p.ProducerBlock(3), 0x5a)
+		h, err := p.Consumer.PostRead([]int{2}, peer.Agent, []int{3}, []byte("s:shape"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := waitEnd(t, p, h); got != xfer.Complete || !bytes.Equal(p.ConsumerBlock(2), p.ProducerBlock(3)) {
+			t.Fatalf("READ ended %s; bytes equal %v", got, bytes.Equal(p.ConsumerBlock(2), p.ProducerBlock(3)))
+		}
+		p.Consumer.Release(h)
 	})
 	t.Run("release in flight", func(t *testing.T) {
 		p, peer := setup(t, newPair)
