@@ -413,7 +413,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		AgentMetadata: p.lastMeta, Grant: g.id, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
 	if !cs.confirmed {
-		if shape, ok := p.regionShape(); ok && req.AcceptsShape {
+		if shape, ok := p.regionShape(req.AcceptsShape); ok {
 			p.ack.Shape = shape
 			p.stats.ShapesSent++
 		} else {
@@ -425,10 +425,14 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	return g
 }
 
-// regionShape returns the shape the data plane's descriptor describes, if
-// it is one, decoding each descriptor once (16,000 blocks: about 100 µs),
-// even from a data plane that hands out a fresh copy each time.
-func (p *ProducerSession) regionShape() (wire.Blocks, bool) {
+// regionShape returns, when the consumer accepts shapes, the shape the
+// data plane's descriptor describes, if it is one, decoding each
+// descriptor once (16,000 blocks: about 100 µs), even from a data plane
+// that hands out a fresh copy each time.
+func (p *ProducerSession) regionShape(accepted bool) (wire.Blocks, bool) {
+	if !accepted {
+		return wire.Blocks{}, false
+	}
 	d := p.data.MemDescriptor()
 	if len(d) != len(p.shapeOf) || len(d) > 0 && &d[0] != &p.shapeOf[0] {
 		if !bytes.Equal(d, p.shapeOf) {
