@@ -36,6 +36,12 @@ func FuzzConsumerPoll(f *testing.F) {
 	f.Add(frame(ackOK("A", sid, []byte("fake:prod:0:64"), 1), ackOK("B", "", []byte("fake:prod:0:64"), 2, 3)))
 	f.Add(frame(encAck(wire.XferAck{MMHash: "A", Status: wire.NackNotReady}), []byte{0xc1}))
 	f.Add(frame(ackOK("A", sid, []byte("fake:prod:0:64"), 1, 1), ackOK("B", sid, []byte("fake:prod:1:64"), 99)))
+	// Registered from a shape: the producer's region's, then another.
+	shaped := func(h string, b wire.Blocks) []byte {
+		return encAck(wire.XferAck{MMHash: h, Status: wire.OK, SessionID: sid, AgentMetadata: []byte("fake:prod:0:64"),
+			SrcBlockIndices: []wire.Int{wire.IntOf(5)}, Shape: b})
+	}
+	f.Add(frame(shaped("A", wire.Blocks{Base: 0x10000, Size: 8, Count: 64}), shaped("B", wire.Blocks{Base: 0x10000, Size: 8, Count: 63})))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		fab := xfertest.NewFabric()
 		cdata := fab.New("cons", 64, 8)
