@@ -3,6 +3,7 @@ package connector_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -10,6 +11,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"strings"
@@ -342,9 +344,12 @@ func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
 // sessions on both ends, one outstanding, between two processes: a Pool
 // asks a Producer (in a second process) for an entry it does not hold and
 // waits for the NACK (with PoolConfig.WaitOnPoller off and on), next to a
-// 200-byte Go TCP ping-pong to that same process. Each reports rtt/s and
-// p50.
+// 200-byte Go TCP ping-pong to that same process, and to the reference's
+// Python sessions doing the same over pyzmq (python-sessions: they need
+// msgspec, e.g. on PYTHONPATH, and the seed in ../shared). Each reports
+// rtt/s and p50.
 func BenchmarkRequestAck(b *testing.B) {
+	b.Run("python-sessions", pySessions)
 	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
 	for _, poller := range []bool{false, true} {
 		name := map[bool]string{false: "sessions", true: "sessions-wait-on-poller"}[poller]
@@ -493,4 +498,37 @@ func BenchmarkUnpin(b *testing.B) {
 			b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
 		})
 	}
+}
+
+// pySessions runs testdata/py_sessions_bench.py for 2 s (b.N is ignored:
+// the work happens in Python) and reports its numbers.
+func pySessions(b *testing.B) {
+	seeds, _ := filepath.Glob("../../../shared/seed/*.txt")
+	seed := ""
+	for _, f := range seeds {
+		if text, err := os.ReadFile(f); err == nil && strings.Contains(string(text), "class ConsumerSession") {
+			seed = f
+		}
+	}
+	if seed == "" {
+		b.Skip("the reference's session module (../shared/seed) is not here")
+	}
+	for b.Loop() {
+	}
+	out, err := exec.Command("/usr/bin/python3", "testdata/py_sessions_bench.py", seed, "2").Output()
+	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 3 {
+		b.Skipf("python-sessions: %s (it needs msgspec and python3-zmq)", strings.TrimSpace(string(out)))
+	}
+	if err != nil {
+		b.Fatalf("%v: %s", err, out)
+	}
+	var r struct {
+		RTT float64 `json:"rtt_per_s"`
+		P50 float64 `json:"p50_us"`
+	}
+	if err := json.Unmarshal(out, &r); err != nil {
+		b.Fatalf("%s: %v", out, err)
+	}
+	b.ReportMetric(r.RTT, "rtt/s")
+	b.ReportMetric(r.P50, "p50-µs")
 }
