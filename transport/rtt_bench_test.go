@@ -2,9 +2,7 @@ package transport
 
 import (
 	"context"
-	"encoding/json"
 	"net"
-	"os/exec"
 	"slices"
 	"sync"
 	"testing"
@@ -12,6 +10,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/ecxfer/ecxfer/internal/pybench"
 	"github.com/ecxfer/ecxfer/session"
 )
 
@@ -116,24 +115,10 @@ func rtt(b *testing.B, once func()) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 }
 
-// pyRTT runs the pyzmq DEALER benchmark once for 2 s (b.N is ignored: the
-// work happens in Python) and reports its numbers.
+// pyRTT runs the pyzmq DEALER benchmark once for 2 s and reports its
+// numbers.
 func pyRTT(b *testing.B, args ...string) {
-	for b.Loop() {
-	}
-	out, err := exec.Command(python, append([]string{pyScript("py_dealer_bench.py"), args[0], "2"}, args[1:]...)...).Output()
-	if err != nil {
-		b.Fatal(err)
-	}
-	var r struct {
-		RTT float64 `json:"rtt_per_s"`
-		P50 float64 `json:"p50_us"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		b.Fatalf("%s: %v", out, err)
-	}
-	b.ReportMetric(r.RTT, "rtt/s")
-	b.ReportMetric(r.P50, "p50-µs")
+	pybench.Run(b, python, append([]string{pyScript("py_dealer_bench.py"), args[0], "2"}, args[1:]...)...)
 }
 
 // serveEcho answers every request with its own payload until ctx ends,

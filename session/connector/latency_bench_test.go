@@ -3,7 +3,6 @@ package connector_test
 import (
 	"bufio"
 	"context"
-	"encoding/json"
 	"flag"
 	"fmt"
 	"io"
@@ -20,6 +19,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/pybench"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
@@ -500,8 +500,8 @@ func BenchmarkUnpin(b *testing.B) {
 	}
 }
 
-// pySessions runs testdata/py_sessions_bench.py for 2 s (b.N is ignored:
-// the work happens in Python) and reports its numbers.
+// pySessions runs testdata/py_sessions_bench.py for 2 s and reports its
+// numbers.
 func pySessions(b *testing.B) {
 	seeds, _ := filepath.Glob("../../../shared/seed/*.txt")
 	seed := ""
@@ -513,22 +513,5 @@ func pySessions(b *testing.B) {
 	if seed == "" {
 		b.Skip("the reference's session module (../shared/seed) is not here")
 	}
-	for b.Loop() {
-	}
-	out, err := exec.Command("/usr/bin/python3", "testdata/py_sessions_bench.py", seed, "2").Output()
-	if ee, ok := err.(*exec.ExitError); ok && ee.ExitCode() == 3 {
-		b.Skipf("python-sessions: %s (it needs msgspec and python3-zmq)", strings.TrimSpace(string(out)))
-	}
-	if err != nil {
-		b.Fatalf("%v: %s", err, out)
-	}
-	var r struct {
-		RTT float64 `json:"rtt_per_s"`
-		P50 float64 `json:"p50_us"`
-	}
-	if err := json.Unmarshal(out, &r); err != nil {
-		b.Fatalf("%s: %v", out, err)
-	}
-	b.ReportMetric(r.RTT, "rtt/s")
-	b.ReportMetric(r.P50, "p50-µs")
+	pybench.Run(b, "/usr/bin/python3", "testdata/py_sessions_bench.py", seed, "2")
 }

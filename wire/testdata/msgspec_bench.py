@@ -1,8 +1,8 @@
 """msgspec's decode and encode times for the messages wire/bench_test.go
 measures, so the two can be compared in one run (.ci/perf runs both).
 
-vLLM's structs and codec settings restated, as the golden vectors'
-generator does: Encoder() for every message, Decoder(XferReq),
+vLLM's structs and codec settings restated (testdata/python/ec_protocol.py),
+as the golden vectors' generator does: Encoder() for every message, Decoder(XferReq),
 Decoder(XferAck) and Decoder(list[tuple[int, int, int]]) (the mem
 descriptor), default options. Prints one line per message:
 ns/op, best of 7 timeit repeats of about 0.2 s, and the same for a no-op
@@ -14,41 +14,18 @@ only the rows whose name holds it. Needs msgspec (pip install msgspec);
 exits 3 without it.
 """
 
-import enum
 import json
+import os
 import sys
 import timeit
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "testdata", "python"))
 try:
     import msgspec
+    from ec_protocol import XferAck, XferReq, XferStatus
 except ImportError:
     print("msgspec is not installed (pip install msgspec)")
     sys.exit(3)
-
-
-class XferStatus(enum.IntEnum):
-    OK = 0
-    NACK_MISSING = 1
-    NACK_INCOMPAT = 2
-    NACK_VERSION = 3
-    NACK_INTERNAL = 4
-    NACK_NOT_READY = 5
-
-
-class XferReq(msgspec.Struct, tag="req", omit_defaults=True):
-    mm_hash: str
-    compatibility_hash: str
-    session_id: str = ""
-    connector_version: int = 2
-
-
-class XferAck(msgspec.Struct, tag="ack", omit_defaults=True):
-    mm_hash: str
-    status: XferStatus
-    session_id: str = ""
-    src_block_indices: list[int] = []
-    agent_metadata: bytes = b""
-    mem_descriptor: bytes = b""
 
 
 def check_vectors(path):

@@ -3,7 +3,7 @@ BenchmarkRequestAck.
 
 vLLM's ConsumerSession and ProducerSession are loaded from their docs (the
 seed, ../shared/seed, passed as SEED), with the protocol's structs restated
-as in wire/testdata/msgspec_bench.py. A ConsumerSession asks a
+(testdata/python/ec_protocol.py). A ConsumerSession asks a
 ProducerSession in a second process for an entry it does not hold, one
 request outstanding, and waits for the NACK, as the Go benchmark's Pool asks
 its Producer. Both loops sleep in zmq's poll until a message comes, where
@@ -15,44 +15,20 @@ Usage: py_sessions_bench.py SEED SECONDS. Prints one JSON line,
 without them.
 """
 
-import enum
 import json
 import logging
 import multiprocessing
+import os
 import sys
 import time
 
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "..", "testdata", "python"))
 try:
-    import msgspec
     import zmq
+    from ec_protocol import XferAck, XferReq, XferStatus
 except ImportError as e:
     print(f"{e.name} is not installed")
     sys.exit(3)
-
-
-class XferStatus(enum.IntEnum):
-    OK = 0
-    NACK_MISSING = 1
-    NACK_INCOMPAT = 2
-    NACK_VERSION = 3
-    NACK_INTERNAL = 4
-    NACK_NOT_READY = 5
-
-
-class XferReq(msgspec.Struct, tag="req", omit_defaults=True):
-    mm_hash: str
-    compatibility_hash: str
-    session_id: str = ""
-    connector_version: int = 2
-
-
-class XferAck(msgspec.Struct, tag="ack", omit_defaults=True):
-    mm_hash: str
-    status: XferStatus
-    session_id: str = ""
-    src_block_indices: list[int] = []
-    agent_metadata: bytes = b""
-    mem_descriptor: bytes = b""
 
 
 COMPAT = "16" * 32
