@@ -436,8 +436,8 @@ func TestRegistrationFromShape(t *testing.T) {
 	wrong := region
 	wrong.Count--
 	step("A", ack("A", wrong, nil))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed {
-		t.Fatalf("a wrong shape: %+v", r)
+	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed || len(data.Leaks().Peers) != 0 {
+		t.Fatalf("a wrong shape: %+v, peers %v", r, data.Leaks().Peers)
 	}
 	step("B", ack("B", wrong, prod.MemDescriptor()))
 	if len(r.Tombstoned) != 0 || c.Stats().Registrations != 1 {

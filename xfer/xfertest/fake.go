@@ -233,9 +233,18 @@ func (f *Fake) MemDescriptor() []byte { return f.desc }
 
 // AddRemotePeer implements xfer.DataTransport. The metadata names an agent on
 // the same fabric; the descriptor is not read.
-func (f *Fake) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) { return f.addPeer(metadata) }
+func (f *Fake) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) { return f.addPeer(metadata, nil) }
 
-func (f *Fake) addPeer(metadata []byte) (xfer.Peer, error) {
+// AddRemotePeerShape implements xfer.ShapedPeers: AddRemotePeer, refusing
+// a shape that is not the agent's region's as MemDescriptor gives it (its
+// block size unchecked for an agent on another fabric).
+func (f *Fake) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
+	return f.addPeer(metadata, &shape)
+}
+
+// addPeer registers the agent metadata names, if shape (when there is one)
+// is its region's.
+func (f *Fake) addPeer(metadata []byte, shape *wire.Blocks) (xfer.Peer, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.closed {
@@ -254,27 +263,17 @@ func (f *Fake) addPeer(metadata []byte) (xfer.Peer, error) {
 		return xfer.Peer{}, fmt.Errorf("xfertest: bad metadata %q", metadata)
 	}
 	key := peerKey(parts[1], gen)
+	if shape != nil {
+		want := wire.Blocks{Base: fakeBase, Size: shape.Size, Count: n}
+		if t := f.fab.lookup(key); t != nil {
+			want.Size = uint64(t.blockSize)
+		}
+		if *shape != want {
+			return xfer.Peer{}, fmt.Errorf("xfertest: shape %+v is not %s's region", *shape, key)
+		}
+	}
 	f.peers[key]++
 	return xfer.Peer{Agent: key, Blocks: n}, nil
-}
-
-// AddRemotePeerShape implements xfer.ShapedPeers: AddRemotePeer, refusing
-// a shape that is not the agent's region's as MemDescriptor gives it (its
-// block size unchecked for an agent on another fabric).
-func (f *Fake) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
-	p, err := f.addPeer(metadata)
-	if err != nil {
-		return p, err
-	}
-	want := wire.Blocks{Base: fakeBase, Size: shape.Size, Count: p.Blocks}
-	if t := f.fab.lookup(p.Agent); t != nil {
-		want.Size = uint64(t.blockSize)
-	}
-	if shape != want {
-		f.RemoveRemotePeer(p.Agent)
-		return xfer.Peer{}, fmt.Errorf("xfertest: shape %+v is not %s's region", shape, p.Agent)
-	}
-	return p, nil
 }
 
 // RemoveRemotePeer implements xfer.DataTransport.
