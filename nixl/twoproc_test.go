@@ -364,3 +364,49 @@ func benchFetch(b *testing.B, mode string, bs int, v variant) {
 // parkFor is how long raw-parked sleeps before each READ: about a
 // request's round trip here.
 const parkFor = 300 * time.Microsecond
+
+// BenchmarkTwoProcessPaired measures the session path against raw NIXL
+// fetch by fetch: each iteration fetches 64 MiB once through each (from
+// two producer processes, the order alternating), so both see the same
+// moments of a noisy machine. The raw producer's agent is driven
+// continuously throughout, also while the session fetches, which costs
+// the session path a little CPU: the ratio errs against it. It reports
+// both rates and session-% (the session's rate as a percentage of raw's
+// over the same iterations).
+//
+//	go test -tags nixl -run '^$' -bench TwoProcessPaired -benchtime 30x ./nixl/
+func BenchmarkTwoProcessPaired(b *testing.B) {
+	for _, v := range variants {
+		for _, bs := range []int{8 << 10, 1 << 20} {
+			b.Run(fmt.Sprintf("ucx-%s/%dKiB", v.name, bs>>10), func(b *testing.B) {
+				if v.tls != "" {
+					b.Setenv("UCX_TLS", v.tls)
+				}
+				benchPaired(b, bs, v)
+			})
+		}
+	}
+}
+
+func benchPaired(b *testing.B, bs int, v variant) {
+	fs := [2]fetcher{newFetcher(b, "raw", bs, v), newFetcher(b, "session", bs, v)}
+	for _, f := range fs {
+		verify(b, f.region(), f.fetch(b, 0), 0) // connects, and checks once
+	}
+	var took [2]time.Duration
+	b.ResetTimer()
+	for i := range b.N {
+		for k := range 2 {
+			j := (i + k) % 2 // raw first on even iterations
+			t0 := time.Now()
+			fs[j].fetch(b, i%childItems)
+			took[j] += time.Since(t0)
+		}
+	}
+	b.StopTimer()
+	rate := func(d time.Duration) float64 { return float64(b.N) * fetchBytes / d.Seconds() / 1e6 }
+	b.ReportMetric(0, "ns/op") // an op is two fetches: the rates say more
+	b.ReportMetric(rate(took[0]), "raw-MB/s")
+	b.ReportMetric(rate(took[1]), "session-MB/s")
+	b.ReportMetric(100*took[0].Seconds()/took[1].Seconds(), "session-%")
+}
