@@ -34,8 +34,12 @@
 // shared-memory copy of a large READ, nor waits for the load.
 //
 // NIXL does not enforce grants: a peer that has our metadata can READ any
-// registered block. The TCP data plane refuses what was not granted; with
-// NIXL, keep producers on a trusted network.
+// registered block, and NIXL 1.4.0 over UCX 1.22 served READs, through a
+// descriptor list the reading side prepared, of memory past the
+// registration too. The TCP data plane refuses what was not granted; with
+// NIXL, keep producers on a trusted network. A producer's shape or list
+// naming memory it never registered costs a consumer only that READ (or,
+// through a list, the producer's own bytes in the block it named).
 package nixl
 
 import (
