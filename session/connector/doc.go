@@ -40,4 +40,10 @@
 // producer serves vLLM consumers and a Go consumer fetches from vLLM
 // producers, given the same data plane: NIXL between vLLM and Go (build tag
 // nixl), or the TCP data plane between Go peers.
+//
+// The logs are the reference's, at its levels, with one difference: a
+// message at Info or above is let through at most 5 times per 10 s, then
+// once with a count of those suppressed. The reference logs every expected
+// NACK (a cache miss) at Info; at thousands of fetches a second that is
+// thousands of lines. [Pool.Stats] and [Producer.Stats] count every NACK.
 package connector

@@ -89,7 +89,7 @@ type PoolConfig struct {
 	// Seed makes session ids and backoff jitter reproducible (simulation);
 	// zero draws them from crypto/rand.
 	Seed   uint64
-	Logger *slog.Logger // nil: slog.Default(); peer-caused warnings are rate limited
+	Logger *slog.Logger // nil: slog.Default(); records at Info and above are rate limited per message (5 per 10 s, then a count of those suppressed)
 }
 
 func (c PoolConfig) withDefaults() PoolConfig {

@@ -54,7 +54,7 @@ type ProducerConfig struct {
 	// dropped (not answered: the consumer's ack timeout covers them).
 	// Default 16384.
 	MaxBacklog int
-	Logger     *slog.Logger // nil: slog.Default(); peer-caused warnings are rate limited
+	Logger     *slog.Logger // nil: slog.Default(); records at Info and above are rate limited per message (5 per 10 s, then a count of those suppressed)
 }
 
 // Producer serves a cache's entries: it drains the control plane, runs the
