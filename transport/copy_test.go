@@ -3,8 +3,12 @@ package transport
 import (
 	"bytes"
 	"math/rand/v2"
+	"runtime"
 	"slices"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -12,6 +16,7 @@ import (
 // copyParallel lands every byte where one copy per span would, whatever
 // the span sizes, the number of goroutines and where chunks cut spans.
 func TestCopyParallel(t *testing.T) {
+	c := testCopier(t)
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 40 {
 		var spans []copySpan
@@ -30,13 +35,171 @@ func TestCopyParallel(t *testing.T) {
 			total += n
 		}
 		w := 1 + trial%4
-		copyParallel(spans, total, w)
+		c.copy(spans, total, w)
 		for i, s := range spans {
 			if !bytes.Equal(s.dst, s.src) {
 				t.Fatalf("trial %d, %d goroutines: span %d of %d (%d bytes) differs", trial, w, i, len(spans), len(s.src))
 			}
 		}
 	}
+}
+
+// testCopier returns a copier on the real clock whose helpers are gone
+// when the test ends.
+func testCopier(t *testing.T) *copier {
+	var wg sync.WaitGroup
+	c := newCopier(&wg)
+	t.Cleanup(func() {
+		c.close()
+		waitGroup(t, &wg)
+	})
+	return c
+}
+
+// waitGroup waits for wg, failing the test after 10 s.
+func waitGroup(t *testing.T, wg *sync.WaitGroup) {
+	t.Helper()
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("copy helpers still running after 10 s")
+	}
+}
+
+// idleHelpers waits until n helpers linger, failing after 10 s.
+func idleHelpers(t *testing.T, c *copier, n int) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		c.mu.Lock()
+		got := len(c.idle)
+		c.mu.Unlock()
+		if got == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d helpers linger, want %d", got, n)
+		}
+		runtime.Gosched()
+	}
+}
+
+// copyOf returns spans copying src into a new buffer, as one READ of
+// three runs, and the buffer.
+func copyOf(src []byte) ([]copySpan, []byte) {
+	dst := make([]byte, len(src))
+	a, b := len(src)/3, 2*len(src)/3
+	return []copySpan{
+		{dst: dst[:a], src: src[:a], off: 0},
+		{dst: dst[a:b], src: src[a:b], off: a},
+		{dst: dst[b:], src: src[b:], off: b},
+	}, dst
+}
+
+func filled(n int, seed byte) []byte {
+	b := make([]byte, n)
+	for i := range b {
+		b[i] = byte(i*7+i>>11) + seed
+	}
+	return b
+}
+
+// A helper stays after its copy until copyLinger passes on the copier's
+// clock, and the next copy hands it its job instead of starting another.
+func TestCopierLingers(t *testing.T) {
+	var wg sync.WaitGroup
+	c := newCopier(&wg)
+	var clock atomic.Int64
+	c.now = clock.Load
+	src := filled(5*copyChunk, 1)
+	for round := range 3 {
+		spans, dst := copyOf(src)
+		c.copy(spans, len(src), 2)
+		if !bytes.Equal(dst, src) {
+			t.Fatalf("round %d: copy differs", round)
+		}
+		idleHelpers(t, c, 1)
+		if n := c.spawned.Load(); n != 1 {
+			t.Fatalf("round %d: %d helpers started, want the first one only", round, n)
+		}
+		clock.Add(int64(copyLinger) / 4) // within the linger each round
+	}
+	clock.Add(int64(copyLinger))
+	waitGroup(t, &wg)
+	idleHelpers(t, c, 0)
+	c.close()
+}
+
+// Close sends lingering helpers away without waiting out the linger, and
+// copies after it run on their caller alone.
+func TestCopierClose(t *testing.T) {
+	var wg sync.WaitGroup
+	c := newCopier(&wg)
+	c.now = func() int64 { return 0 } // the linger never ends by itself
+	src := filled(4*copyChunk, 2)
+	spans, _ := copyOf(src)
+	wg.Add(1) // the caller, as a data plane's goroutine
+	c.copy(spans, len(src), 3)
+	idleHelpers(t, c, 2)
+	c.close()
+	wg.Done()
+	waitGroup(t, &wg)
+	spans, dst := copyOf(src)
+	c.copy(spans, len(src), 3)
+	if !bytes.Equal(dst, src) || c.spawned.Load() != 2 {
+		t.Fatalf("after close: copied %v, %d helpers started in all", bytes.Equal(dst, src), c.spawned.Load())
+	}
+}
+
+// A copy handed to a helper that never takes it still ends, every byte
+// copied by its caller: it waits only for helpers that joined.
+func TestCopierHelperNeverComes(t *testing.T) {
+	var wg sync.WaitGroup
+	c := newCopier(&wg)
+	stuck := &copyHelper{} // listed as lingering, no goroutine behind it
+	c.idle = append(c.idle, stuck)
+	src := filled(3*copyChunk+5, 3)
+	spans, dst := copyOf(src)
+	done := make(chan struct{})
+	go func() { c.copy(spans, len(src), 2); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("copy waits for a helper that never came")
+	}
+	if !bytes.Equal(dst, src) || stuck.job.Load() == nil || c.spawned.Load() != 0 {
+		t.Fatalf("copied %v, handed %v, %d spawned", bytes.Equal(dst, src), stuck.job.Load() != nil, c.spawned.Load())
+	}
+	// The job reaches its helper late: it has no share left to take.
+	stuck.job.Load().help()
+	c.close()
+	waitGroup(t, &wg)
+}
+
+// Copies from many goroutines at once, helpers handed from one to the
+// next, each land exactly their own bytes.
+func TestCopierConcurrent(t *testing.T) {
+	c := testCopier(t)
+	var callers sync.WaitGroup
+	for g := range 6 {
+		callers.Add(1)
+		go func() {
+			defer callers.Done()
+			rng := rand.New(rand.NewPCG(uint64(g), 9))
+			for i := range 20 {
+				src := filled(1+rng.IntN(3*copyChunk), byte(g*31+i))
+				spans, dst := copyOf(src)
+				c.copy(spans, len(src), 1+rng.IntN(4))
+				if !bytes.Equal(dst, src) {
+					t.Errorf("caller %d copy %d (%d bytes) differs", g, i, len(src))
+					return
+				}
+			}
+		}()
+	}
+	callers.Wait()
 }
 
 // copyRange copies exactly [from, to) of the spans' concatenation.

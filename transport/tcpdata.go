@@ -12,7 +12,6 @@ import (
 	"net"
 	"os"
 	"runtime"
-	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -69,8 +68,10 @@ type TCPConfig struct {
 	NoSharedMemory bool
 	// CopyWorkers is how many goroutines copy one same-host READ of
 	// parallelCopyMin (2 MiB) or more: one core copies well under what the
-	// memory bus carries. Default GOMAXPROCS, at most 4; 1 copies every
-	// READ on one goroutine.
+	// memory bus carries. The helpers stay 500 µs after a copy, yielding,
+	// for the next one (waking an idle core can take a millisecond).
+	// Default GOMAXPROCS, at most 4; 1 copies every READ on one goroutine,
+	// with no helpers.
 	CopyWorkers int
 	// PushBuffer is how many bytes of pushed blocks a consumer keeps per
 	// producer until its READs claim them: a producer on another host then
@@ -166,6 +167,7 @@ type TCPData struct {
 	ln     net.Listener
 	wg     sync.WaitGroup
 	notify wake.Hooks // OnReady's
+	copier *copier    // same-host READs' parallel copies
 
 	mu      sync.Mutex
 	closed  bool
@@ -214,6 +216,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 		pushTo: map[string][]*servedConn{},
 		ready:  make(chan struct{}, 1),
 	}
+	d.copier = newCopier(&d.wg)
 	if d.name == "" {
 		d.name = "ecxfer-" + inc[:8]
 	}
@@ -725,6 +728,7 @@ func (d *TCPData) Close() error {
 	if d.ln != nil {
 		d.ln.Close()
 	}
+	d.copier.close()
 	d.wg.Wait()
 	return nil
 }
@@ -1478,7 +1482,7 @@ func (l *link) copyShared(op *readOp, revokes uint64) {
 func (p *peer) copyBlocks(op *readOp) {
 	bs := p.d.region.BlockSize()
 	if w := p.d.cfg.CopyWorkers; w > 1 && op.n*bs >= parallelCopyMin {
-		copyParallel(p.spans(op, nil), op.n*bs, min(w, op.n*bs/(parallelCopyMin/2)))
+		p.d.copier.copy(p.spans(op, nil), op.n*bs, min(w, op.n*bs/(parallelCopyMin/2)))
 		return
 	}
 	p.walk(op, func(dst, src []byte) { copy(dst, src) })
@@ -1504,13 +1508,6 @@ func (p *peer) walk(op *readOp, f func(dst, src []byte)) {
 	}
 }
 
-// copySpan is one contiguous copy of a READ; off is where it starts in
-// the READ's bytes.
-type copySpan struct {
-	dst, src []byte
-	off      int
-}
-
 // spans appends op's contiguous copies to s.
 func (p *peer) spans(op *readOp, s []copySpan) []copySpan {
 	off := 0
@@ -1519,51 +1516,6 @@ func (p *peer) spans(op *readOp, s []copySpan) []copySpan {
 		off += len(dst)
 	})
 	return s
-}
-
-// parallelCopyMin is the smallest READ copied by more than one goroutine,
-// each taking at least half of it: below it waking a helper costs more
-// than the share of the copy it takes.
-const parallelCopyMin = 2 << 20
-
-// copyChunk is the share of a parallel copy a goroutine takes at a time.
-// Helpers start late (waking a processor takes tens of microseconds to a
-// millisecond here), so shares are taken as they go, not split up front.
-const copyChunk = 512 << 10
-
-// copyParallel copies spans, total bytes in all, on w goroutines (this one
-// among them), each taking the next copyChunk bytes until none are left.
-func copyParallel(spans []copySpan, total, w int) {
-	var next atomic.Int64
-	work := func() {
-		for {
-			from := int(next.Add(copyChunk)) - copyChunk
-			if from >= total {
-				return
-			}
-			copyRange(spans, from, min(from+copyChunk, total))
-		}
-	}
-	var wg sync.WaitGroup
-	for range w - 1 {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			work()
-		}()
-	}
-	work()
-	wg.Wait()
-}
-
-// copyRange copies bytes [from, to) of the READ spans make up.
-func copyRange(spans []copySpan, from, to int) {
-	i := sort.Search(len(spans), func(i int) bool { return spans[i].off+len(spans[i].dst) > from })
-	for ; i < len(spans) && spans[i].off < to; i++ {
-		s := spans[i]
-		lo, hi := max(from-s.off, 0), min(to-s.off, len(s.dst))
-		copy(s.dst[lo:hi], s.src[lo:hi])
-	}
 }
 
 // precopyMin is the smallest READ the precopier takes: below it the hand-off
