@@ -12,6 +12,7 @@ import (
 	"os"
 	"os/exec"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,6 +297,33 @@ func BenchmarkTwoProcess(b *testing.B) {
 		src, dst := newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20)
 		memcpy(b, src, dst)
 	})
+	// And on as many goroutines as the shared path copies with: its
+	// ceiling, one process, no protocol.
+	b.Run("parallel-copy-from-shared", func(b *testing.B) {
+		copyAll := parallelCopy(b, newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20))
+		copyAll()
+		b.SetBytes(64 << 20)
+		for b.Loop() {
+			copyAll()
+		}
+	})
+}
+
+// parallelCopy fills src and returns a copy of it into dst on the
+// default CopyWorkers goroutines, as the shared path does.
+func parallelCopy(b *testing.B, src, dst *cache.Region) func() {
+	for i := range src.Bytes() {
+		src.Bytes()[i] = byte(i)
+	}
+	var wg sync.WaitGroup
+	c := newCopier(&wg)
+	b.Cleanup(func() {
+		c.close()
+		wg.Wait()
+	})
+	spans := []copySpan{{dst: dst.Bytes(), src: src.Bytes()}}
+	w := TCPConfig{}.withDefaults().CopyWorkers
+	return func() { c.copy(spans, len(src.Bytes()), w) }
 }
 
 // memcpy measures a Go copy of src into dst, both faulted in.
@@ -313,10 +341,11 @@ func memcpy(b *testing.B, src, dst *cache.Region) {
 // BenchmarkTwoProcessPaired measures the same-host path against the TCP
 // path and memcpy over the same moments of a noisy machine: each
 // iteration runs pairedBurst 64 MiB fetches back to back from a shared
-// region producer, as many over TCP from another producer process, and
-// as many 64 MiB Go copies in this process, the order rotating. It
-// reports each rate, shm-x-tcp (the shared path's rate over TCP's) and
-// shm-%-memcpy.
+// region producer, as many over TCP from another producer process, as
+// many 64 MiB Go copies in this process, and as many copies out of a
+// shared region on the shared path's goroutines (its ceiling), the order
+// rotating. It reports each rate, shm-x-tcp (the shared path's rate over
+// TCP's), shm-%-memcpy and shm-%-parallel.
 //
 // It is the colder case of the two: in BenchmarkTwoProcess the shared
 // path fetches the same 64 MiB again and again, and source and
@@ -344,11 +373,12 @@ func BenchmarkTwoProcessPaired(b *testing.B) {
 			for i := range src.Bytes() {
 				src.Bytes()[i] = byte(i)
 			}
-			runs := [3]func(){
+			runs := [4]func(){
 				func() { readAll(b, c, agents[0], blocks, blocks, 1) },
 				// As BenchmarkTwoProcess: 1 MiB READs, 8 in flight.
 				func() { readAll(b, c, agents[1], blocks, max(1, (1<<20)/size), 8) },
 				func() { copy(dst.Bytes(), src.Bytes()) },
+				parallelCopy(b, newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20)),
 			}
 			for _, run := range runs {
 				run() // connect, map, fault in
@@ -356,11 +386,11 @@ func BenchmarkTwoProcessPaired(b *testing.B) {
 			if c.copies.Load() == 0 {
 				b.Fatal("the shared region was not copied from")
 			}
-			var took [3]time.Duration
+			var took [len(runs)]time.Duration
 			b.ResetTimer()
 			for i := range b.N {
-				for k := range 3 {
-					j := (i + k) % 3
+				for k := range runs {
+					j := (i + k) % len(runs)
 					t0 := time.Now()
 					for range pairedBurst {
 						runs[j]()
@@ -370,12 +400,14 @@ func BenchmarkTwoProcessPaired(b *testing.B) {
 			}
 			b.StopTimer()
 			rate := func(d time.Duration) float64 { return float64(b.N*pairedBurst) * total / d.Seconds() / 1e6 }
-			b.ReportMetric(0, "ns/op") // an op is nine transfers: the rates say more
+			b.ReportMetric(0, "ns/op") // an op is twelve transfers: the rates say more
 			b.ReportMetric(rate(took[0]), "shm-MB/s")
 			b.ReportMetric(rate(took[1]), "tcp-MB/s")
 			b.ReportMetric(rate(took[2]), "memcpy-MB/s")
+			b.ReportMetric(rate(took[3]), "parallel-copy-MB/s")
 			b.ReportMetric(took[1].Seconds()/took[0].Seconds(), "shm-x-tcp")
 			b.ReportMetric(100*took[2].Seconds()/took[0].Seconds(), "shm-%-memcpy")
+			b.ReportMetric(100*took[3].Seconds()/took[0].Seconds(), "shm-%-parallel")
 		})
 	}
 }
