@@ -33,20 +33,22 @@ const copyChunk = 512 << 10
 const copyLinger = 500 * time.Microsecond
 
 // copier runs one data plane's parallel copies. A helper that finished
-// its share stays a while, yielding in a loop, and the next large copy
-// hands it its job: on the 2-vCPU VMs this was measured on, a goroutine
+// its share stays a while, spinning on its processor, and the next large
+// copy hands it its job: on the 2-vCPU VMs this was measured on, a goroutine
 // started on an idle processor ran 0.1–1.5 ms later, against about 3 ms
 // for a whole 64 MiB copy on two cores, and a READ's copy ran about a
 // sixth faster with helpers kept. Back-to-back large fetches are what
 // this is for; a lone one pays copyLinger of one core per helper.
 type copier struct {
-	mu     sync.Mutex
-	idle   []*copyHelper // lingering, newest last
-	closed atomic.Bool   // set under mu
+	mu      sync.Mutex
+	idle    []*copyHelper // lingering, newest last
+	maxIdle int           // at most this many linger: they hold a processor each
+	closed  atomic.Bool   // set under mu
 
 	wg      *sync.WaitGroup // the data plane's: Close waits for helpers
 	now     func() int64    // monotonic nanoseconds; tests replace it
 	spawned atomic.Uint64   // helpers started (tests)
+	alive   atomic.Int32    // helpers running (tests)
 }
 
 // copyHelper is one helper's mailbox: a copy hands it a job under
@@ -68,7 +70,8 @@ type copyJob struct {
 var monoEpoch = time.Now()
 
 func newCopier(wg *sync.WaitGroup) *copier {
-	return &copier{wg: wg, now: func() int64 { return int64(time.Since(monoEpoch)) }}
+	// Spinning helpers leave at least one processor to everything else.
+	return &copier{wg: wg, maxIdle: runtime.GOMAXPROCS(0) - 1, now: func() int64 { return int64(time.Since(monoEpoch)) }}
 }
 
 // copy copies spans, total bytes in all, on up to w goroutines, this one
@@ -126,6 +129,8 @@ func (j *copyJob) help() {
 
 func (c *copier) helper(j *copyJob) {
 	defer c.wg.Done()
+	c.alive.Add(1)
+	defer c.alive.Add(-1)
 	h := &copyHelper{}
 	for j != nil {
 		j.help()
@@ -137,14 +142,16 @@ func (c *copier) helper(j *copyJob) {
 // or nil: time to go.
 func (c *copier) linger(h *copyHelper, deadline int64) *copyJob {
 	c.mu.Lock()
-	if c.closed.Load() {
+	if c.closed.Load() || len(c.idle) >= c.maxIdle {
 		c.mu.Unlock()
 		return nil
 	}
 	c.idle = append(c.idle, h)
 	c.mu.Unlock()
+	// Spin without yielding: runtime.Gosched would put this goroutine on
+	// the global run queue, where it waited up to 4 ms (traced) while the
+	// processor it left ran the very copy it was to join.
 	for h.job.Load() == nil && c.now() < deadline && !c.closed.Load() {
-		runtime.Gosched() // spin, but let this processor's other goroutines run
 	}
 	if j := h.job.Swap(nil); j != nil {
 		return j

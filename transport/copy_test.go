@@ -113,6 +113,7 @@ func TestCopierLingers(t *testing.T) {
 	c := newCopier(&wg)
 	var clock atomic.Int64
 	c.now = clock.Load
+	c.maxIdle = 1 // whatever GOMAXPROCS is
 	src := filled(5*copyChunk, 1)
 	for round := range 3 {
 		spans, dst := copyOf(src)
@@ -138,19 +139,47 @@ func TestCopierClose(t *testing.T) {
 	var wg sync.WaitGroup
 	c := newCopier(&wg)
 	c.now = func() int64 { return 0 } // the linger never ends by itself
+	c.maxIdle = 1
 	src := filled(4*copyChunk, 2)
 	spans, _ := copyOf(src)
 	wg.Add(1) // the caller, as a data plane's goroutine
-	c.copy(spans, len(src), 3)
-	idleHelpers(t, c, 2)
+	c.copy(spans, len(src), 2)
+	idleHelpers(t, c, 1)
 	c.close()
 	wg.Done()
 	waitGroup(t, &wg)
 	spans, dst := copyOf(src)
-	c.copy(spans, len(src), 3)
-	if !bytes.Equal(dst, src) || c.spawned.Load() != 2 {
+	c.copy(spans, len(src), 2)
+	if !bytes.Equal(dst, src) || c.spawned.Load() != 1 {
 		t.Fatalf("after close: copied %v, %d helpers started in all", bytes.Equal(dst, src), c.spawned.Load())
 	}
+}
+
+// Helpers spin while they linger, a processor each: no more of them stay
+// than maxIdle (GOMAXPROCS-1 by default), and the rest leave at once.
+func TestCopierLingersAtMostMaxIdle(t *testing.T) {
+	var wg sync.WaitGroup
+	c := newCopier(&wg)
+	if want := runtime.GOMAXPROCS(0) - 1; c.maxIdle != want {
+		t.Fatalf("maxIdle %d, want GOMAXPROCS-1 = %d", c.maxIdle, want)
+	}
+	c.now = func() int64 { return 0 } // the linger never ends by itself
+	c.maxIdle = 1
+	src := filled(6*copyChunk, 4)
+	spans, dst := copyOf(src)
+	c.copy(spans, len(src), 4)
+	if !bytes.Equal(dst, src) || c.spawned.Load() != 3 {
+		t.Fatalf("copied %v, %d helpers started, want 3", bytes.Equal(dst, src), c.spawned.Load())
+	}
+	// One lingers, spinning until the clock moves; the other two leave.
+	idleHelpers(t, c, 1)
+	for deadline := time.Now().Add(10 * time.Second); c.alive.Load() != 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d helpers running, want the one lingering", c.alive.Load())
+		}
+	}
+	c.close()
+	waitGroup(t, &wg)
 }
 
 // A copy handed to a helper that never takes it still ends, every byte
