@@ -40,10 +40,14 @@ const copyLinger = 500 * time.Microsecond
 // sixth faster with helpers kept. Back-to-back large fetches are what
 // this is for; a lone one pays copyLinger of one core per helper.
 type copier struct {
-	mu      sync.Mutex
-	idle    []*copyHelper // lingering, newest last
-	maxIdle int           // at most this many linger: they hold a processor each
-	closed  atomic.Bool   // set under mu
+	mu     sync.Mutex
+	idle   []*copyHelper // lingering, newest last
+	closed atomic.Bool   // set under mu
+
+	// At most maxIdle helpers linger in the process, over all data
+	// planes (lingering counts them): each holds a processor.
+	maxIdle   int32
+	lingering *atomic.Int32
 
 	wg      *sync.WaitGroup // the data plane's: Close waits for helpers
 	now     func() int64    // monotonic nanoseconds; tests replace it
@@ -69,9 +73,13 @@ type copyJob struct {
 
 var monoEpoch = time.Now()
 
+// lingering counts the copy helpers spinning in this process.
+var lingering atomic.Int32
+
 func newCopier(wg *sync.WaitGroup) *copier {
 	// Spinning helpers leave at least one processor to everything else.
-	return &copier{wg: wg, maxIdle: runtime.GOMAXPROCS(0) - 1, now: func() int64 { return int64(time.Since(monoEpoch)) }}
+	return &copier{wg: wg, maxIdle: int32(runtime.GOMAXPROCS(0) - 1), lingering: &lingering,
+		now: func() int64 { return int64(time.Since(monoEpoch)) }}
 }
 
 // copy copies spans, total bytes in all, on up to w goroutines, this one
@@ -141,8 +149,13 @@ func (c *copier) helper(j *copyJob) {
 // linger waits until deadline for a copy to hand h a job, and returns it,
 // or nil: time to go.
 func (c *copier) linger(h *copyHelper, deadline int64) *copyJob {
+	if c.lingering.Add(1) > c.maxIdle {
+		c.lingering.Add(-1)
+		return nil
+	}
+	defer c.lingering.Add(-1)
 	c.mu.Lock()
-	if c.closed.Load() || len(c.idle) >= c.maxIdle {
+	if c.closed.Load() {
 		c.mu.Unlock()
 		return nil
 	}

@@ -113,7 +113,7 @@ func TestCopierLingers(t *testing.T) {
 	c := newCopier(&wg)
 	var clock atomic.Int64
 	c.now = clock.Load
-	c.maxIdle = 1 // whatever GOMAXPROCS is
+	c.maxIdle, c.lingering = 1, new(atomic.Int32) // whatever GOMAXPROCS and other tests do
 	src := filled(5*copyChunk, 1)
 	for round := range 3 {
 		spans, dst := copyOf(src)
@@ -139,7 +139,7 @@ func TestCopierClose(t *testing.T) {
 	var wg sync.WaitGroup
 	c := newCopier(&wg)
 	c.now = func() int64 { return 0 } // the linger never ends by itself
-	c.maxIdle = 1
+	c.maxIdle, c.lingering = 1, new(atomic.Int32)
 	src := filled(4*copyChunk, 2)
 	spans, _ := copyOf(src)
 	wg.Add(1) // the caller, as a data plane's goroutine
@@ -156,29 +156,45 @@ func TestCopierClose(t *testing.T) {
 }
 
 // Helpers spin while they linger, a processor each: no more of them stay
-// than maxIdle (GOMAXPROCS-1 by default), and the rest leave at once.
+// than maxIdle (GOMAXPROCS-1 by default) over all the copiers of a
+// process, and the rest leave at once.
 func TestCopierLingersAtMostMaxIdle(t *testing.T) {
 	var wg sync.WaitGroup
-	c := newCopier(&wg)
-	if want := runtime.GOMAXPROCS(0) - 1; c.maxIdle != want {
-		t.Fatalf("maxIdle %d, want GOMAXPROCS-1 = %d", c.maxIdle, want)
+	a, b := newCopier(&wg), newCopier(&wg)
+	if want := int32(runtime.GOMAXPROCS(0) - 1); a.maxIdle != want || a.lingering != &lingering {
+		t.Fatalf("maxIdle %d, want GOMAXPROCS-1 = %d, counted process-wide: %v", a.maxIdle, want, a.lingering == &lingering)
 	}
-	c.now = func() int64 { return 0 } // the linger never ends by itself
-	c.maxIdle = 1
+	stopped := func() int64 { return 0 } // the linger never ends by itself
+	count := new(atomic.Int32)           // the two copiers' process
+	for _, c := range []*copier{a, b} {
+		c.now, c.maxIdle, c.lingering = stopped, 1, count
+	}
 	src := filled(6*copyChunk, 4)
 	spans, dst := copyOf(src)
-	c.copy(spans, len(src), 4)
-	if !bytes.Equal(dst, src) || c.spawned.Load() != 3 {
-		t.Fatalf("copied %v, %d helpers started, want 3", bytes.Equal(dst, src), c.spawned.Load())
+	a.copy(spans, len(src), 4)
+	if !bytes.Equal(dst, src) || a.spawned.Load() != 3 {
+		t.Fatalf("copied %v, %d helpers started, want 3", bytes.Equal(dst, src), a.spawned.Load())
 	}
 	// One lingers, spinning until the clock moves; the other two leave.
-	idleHelpers(t, c, 1)
-	for deadline := time.Now().Add(10 * time.Second); c.alive.Load() != 1; runtime.Gosched() {
+	idleHelpers(t, a, 1)
+	for deadline := time.Now().Add(10 * time.Second); a.alive.Load() != 1; runtime.Gosched() {
 		if time.Now().After(deadline) {
-			t.Fatalf("%d helpers running, want the one lingering", c.alive.Load())
+			t.Fatalf("%d helpers running, want the one lingering", a.alive.Load())
 		}
 	}
-	c.close()
+	// The other copier's helper finds the one place taken, and leaves.
+	spans, dst = copyOf(src)
+	b.copy(spans, len(src), 2)
+	for deadline := time.Now().Add(10 * time.Second); b.alive.Load() != 0 || b.spawned.Load() != 1; runtime.Gosched() {
+		if time.Now().After(deadline) {
+			t.Fatalf("second copier: %d helpers started, %d running, want 1 and 0", b.spawned.Load(), b.alive.Load())
+		}
+	}
+	if !bytes.Equal(dst, src) || count.Load() != 1 {
+		t.Fatalf("second copy: copied %v, %d lingering in all", bytes.Equal(dst, src), count.Load())
+	}
+	a.close()
+	b.close()
 	waitGroup(t, &wg)
 }
 

@@ -68,9 +68,9 @@ type TCPConfig struct {
 	NoSharedMemory bool
 	// CopyWorkers is how many goroutines copy one same-host READ of
 	// parallelCopyMin (2 MiB) or more: one core copies well under what the
-	// memory bus carries. Up to GOMAXPROCS-1 helpers stay 500 µs after a
-	// copy, spinning, for the next one (waking an idle core can take a
-	// millisecond).
+	// memory bus carries. Up to GOMAXPROCS-1 helpers in the process
+	// stay 500 µs after a copy, spinning, for the next one (waking an
+	// idle core can take a millisecond).
 	// Default GOMAXPROCS, at most 4; 1 copies every READ on one goroutine,
 	// with no helpers.
 	CopyWorkers int
