@@ -64,12 +64,15 @@ type copyHelper struct{ job atomic.Pointer[copyJob] }
 // goroutine closes the slots when it runs out of bytes and waits only
 // for the helpers that claimed one, not for those yet to start.
 type copyJob struct {
-	spans  []copySpan
-	total  int
-	next   atomic.Int64
-	slots  atomic.Int32
-	left   atomic.Int32 // helpers that claimed a slot and are not done
-	joined sync.WaitGroup
+	spans []copySpan
+	total int
+	next  atomic.Int64
+	slots atomic.Int32
+	// left counts the slots not given back: unclaimed ones the copy's
+	// goroutine gives back at once, claimed ones their helper when done.
+	// A helper that takes it to zero closes done.
+	left atomic.Int32
+	done chan struct{}
 }
 
 var monoEpoch = time.Now()
@@ -90,10 +93,9 @@ func (c *copier) copy(spans []copySpan, total, w int) {
 		copyRange(spans, 0, total)
 		return
 	}
-	j := &copyJob{spans: spans, total: total}
+	j := &copyJob{spans: spans, total: total, done: make(chan struct{})}
 	j.slots.Store(int32(w - 1))
 	j.left.Store(int32(w - 1))
-	j.joined.Add(w - 1)
 	handed := 0
 	c.mu.Lock()
 	closed := c.closed.Load()
@@ -111,9 +113,9 @@ func (c *copier) copy(spans []copySpan, total, w int) {
 		}
 	}
 	j.work()
-	if n := j.slots.Swap(math.MinInt32 / 2); n > 0 {
-		j.left.Add(-n) // slots no helper claimed
-		j.joined.Add(-int(n))
+	n := max(j.slots.Swap(math.MinInt32/2), 0) // slots no helper claimed
+	if j.left.Add(-n) == 0 {
+		return
 	}
 	// A helper that joined has a chunk at most to go: wait for it
 	// spinning. Parked, this goroutine would be readied onto the
@@ -121,7 +123,7 @@ func (c *copier) copy(spans []copySpan, total, w int) {
 	// With one processor the helpers need this one: park at once.
 	for end := c.now() + int64(joinSpin); c.maxIdle > 0 && j.left.Load() > 0 && c.now() < end; {
 	}
-	j.joined.Wait()
+	<-j.done
 }
 
 // joinSpin bounds the spin for helpers' last chunks, many times what one
@@ -145,8 +147,9 @@ func (j *copyJob) help() {
 		return
 	}
 	j.work()
-	j.joined.Done() // first: once left is zero, Wait does not park
-	j.left.Add(-1)
+	if j.left.Add(-1) == 0 {
+		close(j.done)
+	}
 }
 
 func (c *copier) helper(j *copyJob) {

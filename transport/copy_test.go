@@ -13,8 +13,8 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// copyParallel lands every byte where one copy per span would, whatever
-// the span sizes, the number of goroutines and where chunks cut spans.
+// A copier lands every byte where one copy per span would, whatever the
+// span sizes, the number of goroutines and where chunks cut spans.
 func TestCopyParallel(t *testing.T) {
 	c := testCopier(t)
 	rng := rand.New(rand.NewPCG(1, 2))

@@ -353,7 +353,7 @@ func memcpy(b *testing.B, src, dst *cache.Region) {
 // written on), while here the TCP fetches and copies between its bursts
 // push them out, and the copy runs at what two cores get from memory.
 //
-//	go test -run '^$' -bench TwoProcessPaired -benchtime 20x ./transport/
+//	go test -run '^$' -bench TwoProcessPaired -benchtime 30x ./transport/
 func BenchmarkTwoProcessPaired(b *testing.B) {
 	const total, pairedBurst = 64 << 20, 3
 	for _, size := range []int{8 << 10, 1 << 20} {
