@@ -252,7 +252,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
 		return
 	}
-	x.Grant(ack.Grant, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
+	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.HandleAckView(ack, peer, now); err != nil {
 		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++

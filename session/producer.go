@@ -3,8 +3,12 @@ package session
 import (
 	"bytes"
 	"context"
+	"crypto/rand"
+	"crypto/subtle"
 	"fmt"
+	"io"
 	"log/slog"
+	mrand "math/rand/v2"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -59,6 +63,9 @@ type ProducerConfig struct {
 	// the answer to the consumer's next attempt. Default 2 s.
 	MaxRequestAge time.Duration
 	Logger        *slog.Logger // nil: slog.Default()
+	// Rand seeds the source of grant tokens; nil: crypto/rand. Simulations
+	// set it to replay a run.
+	Rand io.Reader
 }
 
 // ProducerStats counts what a ProducerSession has done.
@@ -83,6 +90,7 @@ type ProducerStats struct {
 	DescsSent     uint64 // OK acks that carried the mem descriptor
 	DescBytes     uint64 // the bytes of those descriptors
 	ShapesSent    uint64 // OK acks that carried the region's shape instead
+	BadTokens     uint64 // notifications naming a live grant without its token
 }
 
 type consumerState struct {
@@ -96,6 +104,7 @@ type consumerState struct {
 type grant struct {
 	fsm.ProducerXfer
 	id    uint64
+	token wire.Token // the grant's capability; zero for a consumer that takes none
 	key   string // "<session_id>:<mm_hash>", the notification's text
 	agent string // the agent allowed to read it; "" while unknown
 	ident string // the control-plane identity that asked
@@ -110,6 +119,11 @@ type grant struct {
 }
 
 const endedBit = 1 << 30
+
+// grantIDs numbers grants across every producer session of the process: a
+// data plane that outlives a session (or serves its successor) never sees
+// an id twice.
+var grantIDs atomic.Uint64
 
 // maxPushLive: a grant is pushed (xfer.Pusher) only while its consumer
 // session holds at most this many live grants, this one included.
@@ -126,6 +140,7 @@ type ProducerSession struct {
 	board    xfer.GrantBoard // data, when it publishes our grants (claimed)
 	pusher   xfer.Pusher     // data, when it can push a grant's blocks
 	notifBuf []byte          // a pushed grant's notification, reused
+	tokens   *mrand.ChaCha8  // grant tokens
 	cache    *cache.EmbeddingCache
 	compat   string
 	lease    time.Duration
@@ -134,7 +149,6 @@ type ProducerSession struct {
 	authMu sync.RWMutex        // guards byKey and byID against Authorize
 	byKey  map[string][]*grant // live grants per key, oldest first
 	byID   map[uint64]*grant
-	nextID uint64
 	lru    grant // sentinel of the lease list: lru.next expires first
 	spare  []*grant
 	// held are grants that ended while a READ was being served under
@@ -205,6 +219,15 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
 		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge,
 		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
+	var seed [32]byte
+	r := cfg.Rand
+	if r == nil {
+		r = rand.Reader
+	}
+	if _, err := io.ReadFull(r, seed[:]); err != nil {
+		return nil, fmt.Errorf("session: token seed: %w", err)
+	}
+	p.tokens = mrand.NewChaCha8(seed)
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	p.driven, _ = data.(xfer.Driven)
 	p.pusher, _ = data.(xfer.Pusher)
@@ -290,7 +313,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		// pushes would funnel every byte through this loop (the TCP
 		// loopback at 64 in flight halved).
 		g.hold.Add(1)
-		p.notifBuf = wire.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id)
+		p.notifBuf = wire.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
 		if p.pusher.Push(g.agent, p.notifBuf, g.Blocks, g.release) {
 			p.stats.Pushes++
 		} else {
@@ -388,9 +411,13 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	}
 	cs.grants++
 	g := p.newGrant()
-	p.nextID++
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
-	g.id, g.key, g.agent, g.cs = p.nextID, key, cs.agent, cs
+	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
+	if req.Attempt != 0 {
+		// A Go consumer: it presents the token with the grant's READs
+		// and notification. vLLM's consumers take none.
+		p.tokens.Read(g.token[:])
+	}
 	if len(same) == 0 {
 		g.ident = string(ident)
 		cs.blocks += n
@@ -410,7 +437,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
 	p.ack = wire.XferAck{
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
-		AgentMetadata: p.lastMeta, Grant: g.id, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
+		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
 	if !cs.confirmed {
 		if shape, ok := p.regionShape(req.AcceptsShape); ok {
@@ -599,7 +626,7 @@ func (p *ProducerSession) pinCounts(dst map[string]int) {
 // loop needs.
 func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (release func(), ok bool) {
 	p.authMu.RLock()
-	g := p.lookup(notif)
+	g, _ := p.lookup(notif)
 	if g != nil {
 		g.hold.Add(1) // before the unlock: endGrant sees it
 	}
@@ -662,18 +689,28 @@ func covers(have, want []int) bool {
 var bitmaps = sync.Pool{New: func() any { return new([]uint64) }}
 
 // lookup finds the grant a notification names: by its grant id when it
-// carries one ("<key>#<id>", and the key must match), else the oldest
-// live grant of the key. Called with authMu held, or on the step loop.
-func (p *ProducerSession) lookup(msg []byte) *grant {
-	if key, id, ok := wire.SplitNotifGrant(msg); ok {
+// carries one ("<key>#<id>.<token>"), where the key must match and the
+// token be the grant's (a grant made without a token takes any), else the
+// oldest live grant of the key made without a token: a grant with one is
+// never ended, nor read, by a notification that does not present it.
+// forged says a live grant was named with a wrong or missing token.
+// Called with authMu held, or on the step loop.
+func (p *ProducerSession) lookup(msg []byte) (g *grant, forged bool) {
+	if key, id, tok, ok := wire.SplitNotifGrant(msg); ok {
 		if g := p.byID[id]; g != nil && g.key == string(key) {
-			return g
+			if g.token.IsZero() || subtle.ConstantTimeCompare(g.token[:], tok[:]) == 1 {
+				return g, false
+			}
+			return nil, true
 		}
 	}
-	if list := p.byKey[string(msg)]; len(list) > 0 {
-		return list[0]
+	for _, g := range p.byKey[string(msg)] {
+		if g.token.IsZero() {
+			return g, false
+		}
+		forged = true
 	}
-	return nil
+	return nil, forged
 }
 
 func (p *ProducerSession) drainNotifs() {
@@ -685,10 +722,13 @@ func (p *ProducerSession) drainNotifs() {
 	}
 	for i := range p.notifs {
 		n := &p.notifs[i]
-		g := p.lookup(n.Msg)
+		g, forged := p.lookup(n.Msg)
 		if g == nil {
 			// Keys are valid UTF-8: only a miss needs the check.
-			if !utf8.Valid(n.Msg) {
+			if forged {
+				p.stats.BadTokens++
+				p.log.Warn("ec producer: notification without its grant's token; ignored", "agent", n.Agent)
+			} else if !utf8.Valid(n.Msg) {
 				p.stats.BadNotifs++
 				p.log.Warn("ec producer: dropped malformed notification", "agent", n.Agent)
 			} else {

@@ -325,7 +325,7 @@ func (p *peer) claimPush(op *readOp, notif []byte) (st *staged, ready bool) {
 	if p.stageCap == 0 {
 		return nil, false
 	}
-	if _, g, ok := wire.SplitNotifGrant(notif); !ok || g == 0 {
+	if _, g, _, ok := wire.SplitNotifGrant(notif); !ok || g == 0 {
 		return nil, false // not a Go consumer's READ: never pushed
 	}
 	p.smu.Lock()

@@ -542,7 +542,7 @@ func (p *peer) publishedGrant(notif []byte) uint64 {
 	if !checkAfterCopy || len(p.grantTab) == 0 {
 		return 0
 	}
-	_, g, ok := wire.SplitNotifGrant(notif)
+	_, g, _, ok := wire.SplitNotifGrant(notif)
 	if !ok || g == 0 || p.grantTab[g%uint64(len(p.grantTab))].Load() != g {
 		return 0
 	}

@@ -243,6 +243,7 @@ type AckView struct {
 	blocks                       []byte // src_block_indices as encoded, checked
 	nBlocks                      int
 	Grant, LeaseMillis, Attempt  uint64 // the extensions, zero when absent
+	Token                        Token  // ecx_token; zero when absent
 	Shape                        Blocks // ecx_shape; Count zero when absent
 }
 
@@ -306,6 +307,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	var haveMM, haveStatus bool
 	var status Int
 	var grant, lease, attempt uint64
+	var token Token
 	var shape Blocks
 	nBlocks := 0
 	for ; n > 0; n-- {
@@ -339,6 +341,8 @@ func DecodeAckView(data []byte, a *AckView) error {
 			desc, err = d.readBin("$.mem_descriptor")
 		case "ecx_grant":
 			grant, err = d.extUint()
+		case "ecx_token":
+			token, err = d.extToken()
 		case "ecx_lease_ms":
 			lease, err = d.extUint()
 		case "ecx_attempt":
@@ -363,7 +367,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	}
 	*a = AckView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
 		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
-		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, LeaseMillis: lease, Attempt: attempt, Shape: shape}
+		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, Token: token, LeaseMillis: lease, Attempt: attempt, Shape: shape}
 	return nil
 }
 
@@ -376,7 +380,7 @@ func DecodeAck(data []byte, a *XferAck) error {
 		return err
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
 	}
@@ -407,7 +411,7 @@ func DecodeAckInto(data []byte, a *XferAck) error {
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
 	blocks, meta, desc := a.SrcBlockIndices[:0], a.AgentMetadata[:0], a.MemDescriptor[:0]
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.AppendBlocks(blocks)
 	}
@@ -760,6 +764,23 @@ func (r *reader) extBool() (bool, error) {
 	}
 	r.i++
 	return c == 0xc3, nil
+}
+
+// extToken reads ecx_token, a bin of exactly 16 bytes (see extUint).
+func (r *reader) extToken() (Token, error) {
+	var t Token
+	c, err := r.peek()
+	if err != nil {
+		return t, err
+	}
+	if c != 0xc4 && c != 0xc5 && c != 0xc6 {
+		return t, r.skip()
+	}
+	s, err := r.binBody(c)
+	if err == nil && s.hi-s.lo == len(t) {
+		copy(t[:], r.b[s.lo:s.hi])
+	}
+	return t, err
 }
 
 // extShape reads ecx_shape, [base, size, count, device] (see extUint). A

@@ -58,7 +58,7 @@
 //     connector_version on the wire even at its default, ecx_agent and
 //     ecx_attempt name the consumer's agent and request, and ecx_shape_ok
 //     offers to take a region's shape for its descriptor; an ack may carry
-//     ecx_grant, ecx_lease_ms, the echoed ecx_attempt and ecx_shape (then
+//     ecx_grant, ecx_token (the grant's capability), ecx_lease_ms, the echoed ecx_attempt and ecx_shape (then
 //     without mem_descriptor, which the offer allowed). Zero values stay
 //     off the wire, so the msgspec-exact encoding (the golden vectors) is
 //     unchanged; an extension of the wrong type reads as absent.

@@ -24,6 +24,7 @@ const (
 	keyAttempt = "\xabecx_attempt"
 	keyShapeOK = "\xacecx_shape_ok"
 	keyShape   = "\xa9ecx_shape"
+	keyToken   = "\xa9ecx_token"
 )
 
 // AppendReq appends the msgpack encoding of r to dst, byte for byte as
@@ -78,7 +79,7 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 // msgspec writes it.
 func AppendAck(dst []byte, a *XferAck) []byte {
 	n := 3
-	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, a.LeaseMillis != 0, a.Attempt != 0, a.Shape.Count > 0} {
+	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, !a.Token.IsZero(), a.LeaseMillis != 0, a.Attempt != 0, a.Shape.Count > 0} {
 		if set {
 			n++
 		}
@@ -108,6 +109,10 @@ func AppendAck(dst []byte, a *XferAck) []byte {
 	if a.Grant != 0 {
 		dst = append(dst, keyGrant...)
 		dst = appendUint(dst, a.Grant)
+	}
+	if !a.Token.IsZero() {
+		dst = append(dst, keyToken+"\xc4\x10"...)
+		dst = append(dst, a.Token[:]...)
 	}
 	if a.LeaseMillis != 0 {
 		dst = append(dst, keyLease...)

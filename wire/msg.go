@@ -55,6 +55,11 @@ type XferAck struct {
 	// notification ("<session_id>:<mm_hash>#<grant>"), so that the producer
 	// ends exactly this grant however notifications are delayed.
 	Grant uint64
+	// Token ("ecx_token", 16 bytes) is the grant's capability: a secret the
+	// producer minted for this grant and sent only to its consumer, which
+	// presents it with every READ and notification of the grant (see
+	// [AppendNotifGrant]). All zero: absent.
+	Token Token
 	// LeaseMillis ("ecx_lease_ms") is the producer's pin lease: a Go
 	// consumer does not trust a READ it sees complete after it.
 	LeaseMillis uint64
@@ -68,6 +73,12 @@ type XferAck struct {
 	// zero: absent.
 	Shape Blocks
 }
+
+// Token is a grant's capability (ecx_token): 128 random bits.
+type Token [16]byte
+
+// IsZero reports whether t is absent.
+func (t Token) IsZero() bool { return t == Token{} }
 
 // MemDesc addresses one block of a region: one [addr, size, device_id] triple
 // of a mem descriptor.

@@ -2,35 +2,70 @@ package wire
 
 import (
 	"bytes"
+	"encoding/hex"
 	"strconv"
 )
 
 // A READ's completion notification is "<session_id>:<mm_hash>", the key the
-// producer matches; a Go consumer appends "#<grant>", the decimal id of the
+// producer matches. A Go consumer appends "#<grant>", the decimal id of the
 // grant its ack carried (ecx_grant), so that the producer ends exactly
-// that grant.
+// that grant, and, when the ack carried a token (ecx_token),
+// ".<token>" in 32 lowercase hex digits: the capability that lets the
+// notification (and a READ that carries it) act on the grant.
 
-// AppendNotifGrant appends "#<id>" to a notification key.
-func AppendNotifGrant(key []byte, id uint64) []byte {
-	return strconv.AppendUint(append(key, '#'), id, 10)
+// tokenHex is the length of a token in hex.
+const tokenHex = 2 * len(Token{})
+
+// AppendNotifGrant appends "#<id>", and ".<token in hex>" unless token is
+// zero, to a notification key.
+func AppendNotifGrant(key []byte, id uint64, token Token) []byte {
+	key = strconv.AppendUint(append(key, '#'), id, 10)
+	if token.IsZero() {
+		return key
+	}
+	return hex.AppendEncode(append(key, '.'), token[:])
 }
 
-// SplitNotifGrant splits "<key>#<decimal id>"; ok is false when msg does
-// not end in a grant id that fits a uint64.
-func SplitNotifGrant(msg []byte) (key []byte, id uint64, ok bool) {
+// SplitNotifGrant splits "<key>#<decimal id>[.<token>]"; ok is false when
+// msg does not end in a grant id that fits a uint64, optionally followed by
+// a token of 32 lowercase hex digits. token is zero when absent.
+func SplitNotifGrant(msg []byte) (key []byte, id uint64, token Token, ok bool) {
 	i := bytes.LastIndexByte(msg, '#')
-	if i < 0 || i == len(msg)-1 || len(msg)-i > 21 {
-		return nil, 0, false
+	if i < 0 {
+		return nil, 0, token, false
 	}
-	for _, c := range msg[i+1:] {
+	num := msg[i+1:]
+	if j := len(num) - tokenHex - 1; j > 0 && num[j] == '.' {
+		if !lowerHex(num[j+1:]) {
+			return nil, 0, token, false
+		}
+		hex.Decode(token[:], num[j+1:])
+		if token.IsZero() {
+			return nil, 0, token, false // a zero token is no token: never on the wire
+		}
+		num = num[:j]
+	}
+	if len(num) == 0 || len(num) > 20 {
+		return nil, 0, Token{}, false
+	}
+	for _, c := range num {
 		if c < '0' || c > '9' {
-			return nil, 0, false
+			return nil, 0, Token{}, false
 		}
 		next := id*10 + uint64(c-'0')
 		if next < id {
-			return nil, 0, false
+			return nil, 0, Token{}, false
 		}
 		id = next
 	}
-	return msg[:i], id, true
+	return msg[:i], id, token, true
+}
+
+func lowerHex(b []byte) bool {
+	for _, c := range b {
+		if (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+			return false
+		}
+	}
+	return true
 }

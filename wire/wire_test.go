@@ -346,19 +346,56 @@ func TestASCII(t *testing.T) {
 	}
 }
 
-// A notification's grant id round-trips; anything but a decimal that fits
-// a uint64 after the last '#' is no grant.
+// A notification's grant id and token round-trip; anything but a decimal
+// that fits a uint64 after the last '#', optionally followed by '.' and 32
+// lowercase hex digits of a nonzero token, is no grant.
 func TestNotifGrant(t *testing.T) {
+	tok := Token{1, 2, 3, 0xab, 15: 0xff}
 	for _, id := range []uint64{0, 7, math.MaxUint64} {
-		msg := AppendNotifGrant([]byte("s#1:m"), id)
-		key, got, ok := SplitNotifGrant(msg)
-		if !ok || got != id || string(key) != "s#1:m" {
-			t.Fatalf("%q: %q %d %v", msg, key, got, ok)
+		for _, want := range []Token{{}, tok} {
+			msg := AppendNotifGrant([]byte("s#1:m"), id, want)
+			key, got, token, ok := SplitNotifGrant(msg)
+			if !ok || got != id || string(key) != "s#1:m" || token != want {
+				t.Fatalf("%q: %q %d %x %v", msg, key, got, token, ok)
+			}
 		}
 	}
-	for _, msg := range []string{"s:m", "s:m#", "s:m#12a", "s:m#-1", "s:m#18446744073709551616", "s:m#000000000000000000001"} {
-		if _, _, ok := SplitNotifGrant([]byte(msg)); ok {
+	hexTok := "0102030b000000000000000000000000"
+	for _, msg := range []string{"s:m", "s:m#", "s:m#12a", "s:m#-1", "s:m#18446744073709551616", "s:m#000000000000000000001",
+		"s:m#7." + hexTok[1:], "s:m#7." + hexTok + "0", "s:m#7.0102030B000000000000000000000000", "s:m#." + hexTok,
+		"s:m#7.00000000000000000000000000000000", "s:m#7:" + hexTok} {
+		if _, _, _, ok := SplitNotifGrant([]byte(msg)); ok {
 			t.Fatalf("%q split", msg)
+		}
+	}
+}
+
+// An ack's token is 16 bytes of bin on the wire, absent when zero; any
+// other value of ecx_token reads as absent.
+func TestAckToken(t *testing.T) {
+	tok := Token{9, 8, 7, 15: 1}
+	a := XferAck{MMHash: "m", Status: OK, SessionID: "s", Grant: 3, Token: tok}
+	b := AppendAck(nil, &a)
+	var v AckView
+	if err := DecodeAckView(b, &v); err != nil || v.Token != tok || v.Grant != 3 {
+		t.Fatalf("%v %x %d", err, v.Token, v.Grant)
+	}
+	var back XferAck
+	if err := DecodeAck(b, &back); err != nil || back.Token != tok {
+		t.Fatalf("%v %x", err, back.Token)
+	}
+	a.Token = Token{}
+	if bytes.Contains(AppendAck(nil, &a), []byte("ecx_token")) {
+		t.Fatal("zero token on the wire")
+	}
+	for _, bad := range [][]byte{{0xc4, 15}, {0xa2, 'h', 'i'}, {0x07}} {
+		msg := append([]byte{0x84}, keyType+tagAck+keyMMHash+"\xa1m"+keyStatus+"\x00"+keyToken...)
+		if bad[0] == 0xc4 {
+			bad = append(bad, make([]byte, 15)...)
+		}
+		msg = append(msg, bad...)
+		if err := DecodeAckView(msg, &v); err != nil || !v.Token.IsZero() {
+			t.Fatalf("%x: %v %x", msg, err, v.Token)
 		}
 	}
 }

@@ -69,15 +69,17 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 }
 
 // Grant applies what a Go producer adds to an OK ack, before HandleAck:
-// a nonzero grant id goes into the notification ("<session_id>:<mm_hash>#<id>"),
-// so that the producer ends exactly this grant; a nonzero lease replaces
-// xfer.Config.PinLease as the producer's pin lease for this READ.
-func (x *ConsumerXfer) Grant(id uint64, lease time.Duration) {
+// a nonzero grant id, and the grant's token, go into the notification
+// ("<session_id>:<mm_hash>#<id>.<token>"), so that the producer ends
+// exactly this grant and knows the READ and notification for the
+// grantee's; a nonzero lease replaces xfer.Config.PinLease as the
+// producer's pin lease for this READ.
+func (x *ConsumerXfer) Grant(id uint64, token wire.Token, lease time.Duration) {
 	if x.state != xfer.WaitingAck {
 		return
 	}
 	if id != 0 {
-		x.notif = wire.AppendNotifGrant(x.notif, id)
+		x.notif = wire.AppendNotifGrant(x.notif, id, token)
 	}
 	if lease > 0 {
 		x.lease = lease
