@@ -105,9 +105,9 @@ type grant struct {
 	fsm.ProducerXfer
 	id    uint64
 	token wire.Token // the grant's capability; zero for a consumer that takes none
-	key   string // "<session_id>:<mm_hash>", the notification's text
-	agent string // the agent allowed to read it; "" while unknown
-	ident string // the control-plane identity that asked
+	key   string     // "<session_id>:<mm_hash>", the notification's text
+	agent string     // the agent allowed to read it; "" while unknown
+	ident string     // the control-plane identity that asked
 	cs    *consumerState
 	// hold counts the READs being served under the grant (Authorize to
 	// their release), plus endedBit once the grant ended. Whoever brings
