@@ -121,8 +121,10 @@ func FuzzProducerPoll(f *testing.F) {
 		p.Poll(msgs, at(time.Second), &queue{})
 		check()
 		p.Close()
+		check()
+		p.Poll(nil, at(time.Hour), &queue{}) // the leases of what Close kept
 		if e, _ := c.Get("R"); e.Pins != 0 {
-			t.Fatalf("%d pins after Close", e.Pins)
+			t.Fatalf("%d pins after Close and the leases", e.Pins)
 		}
 	})
 }

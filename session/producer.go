@@ -18,6 +18,7 @@ import (
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hooks"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -94,6 +95,7 @@ type ProducerStats struct {
 }
 
 type consumerState struct {
+	id        uint64 // names the session to the data plane (plane.Hold.Consumer)
 	grants    int
 	blocks    int    // pinned by its live grants
 	agent     string // the agent its READs come from, once known
@@ -125,7 +127,7 @@ const endedBit = 1 << 30
 // an id twice.
 var grantIDs atomic.Uint64
 
-// maxPushLive: a grant is pushed (xfer.Pusher) only while its consumer
+// maxPushLive: a grant is pushed (plane.Attachment) only while its consumer
 // session holds at most this many live grants, this one included.
 const maxPushLive = 2
 
@@ -136,11 +138,12 @@ const maxPushLive = 2
 // through a Replier. It is not safe for concurrent use, except Authorize.
 type ProducerSession struct {
 	data     xfer.DataTransport
-	driven   xfer.Driven     // data, when it must be told of the live grants
-	board    xfer.GrantBoard // data, when it publishes our grants (claimed)
-	pusher   xfer.Pusher     // data, when it can push a grant's blocks
-	notifBuf []byte          // a pushed grant's notification, reused
-	tokens   *mrand.ChaCha8  // grant tokens
+	driven   xfer.Driven      // data, when it must be told of the live grants
+	att      plane.Attachment // data, when it serves READs through our gate (set once)
+	gating   bool             // data serves only what we grant: Close may unpin at once
+	nextCons uint64           // consumer sessions' ids
+	notifBuf []byte           // a pushed grant's notification, reused
+	tokens   *mrand.ChaCha8   // grant tokens
 	cache    *cache.EmbeddingCache
 	compat   string
 	lease    time.Duration
@@ -230,9 +233,8 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	p.tokens = mrand.NewChaCha8(seed)
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	p.driven, _ = data.(xfer.Driven)
-	p.pusher, _ = data.(xfer.Pusher)
-	if b, ok := data.(xfer.GrantBoard); ok && b.ClaimGrantBoard() {
-		p.board = b
+	if a, ok := data.(plane.Attacher); ok {
+		p.att, p.gating = a.Attach(gate{p}), true
 	}
 	return p, nil
 }
@@ -250,7 +252,14 @@ func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 // answered NACK_INTERNAL when they still name their mm_hash and session.
 func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	if p.closed {
+		// Grants Close left (a data plane that cannot refuse READs) end
+		// as they would have: by notification or lease.
+		p.drainNotifs()
+		p.sweep(now)
 		p.reapHeld()
+		if p.driven != nil {
+			p.driven.ExpectReads(p.Grants())
+		}
 		return
 	}
 	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
@@ -304,7 +313,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		}
 		return
 	}
-	if g != nil && p.pusher != nil && g.agent != "" && g.cs.grants <= maxPushLive {
+	if g != nil && p.att != nil && !g.token.IsZero() && g.cs.grants <= maxPushLive {
 		// The ack is out and the grant live: its blocks follow it at
 		// once, under a hold of the pin until they are out of the region.
 		// (Ahead of the ack they delayed it by as much as they saved.)
@@ -314,7 +323,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		// loopback at 64 in flight halved).
 		g.hold.Add(1)
 		p.notifBuf = wire.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
-		if p.pusher.Push(g.agent, p.notifBuf, g.Blocks, g.release) {
+		if p.att.Push(g.cs.id, p.notifBuf, g.Blocks, g.release) {
 			p.stats.Pushes++
 		} else {
 			g.release()
@@ -403,7 +412,8 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
 	if cs == nil {
 		p.pruneConsumers()
-		cs = &consumerState{}
+		p.nextCons++
+		cs = &consumerState{id: p.nextCons}
 		p.consumers[sid] = cs
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
@@ -430,8 +440,8 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	p.byID[g.id] = g
 	p.unlock()
 	p.link(g)
-	if p.board != nil {
-		p.board.PublishGrant(g.id) // before the ack can leave
+	if p.att != nil {
+		p.att.Publish(g.id) // before the ack can leave
 	}
 	p.stats.Grants++
 	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
@@ -543,10 +553,10 @@ func (p *ProducerSession) link(g *grant) {
 // endGrant drops a grant; its pin goes now, or when the last READ being
 // served under it is released.
 func (p *ProducerSession) endGrant(g *grant) {
-	if p.board != nil {
+	if p.att != nil && !p.closed {
 		// Before the pin goes: a consumer's copy that overlaps the end
 		// sees the grant retired and drops the bytes.
-		p.board.RetireGrant(g.id)
+		p.att.Retire(g.id)
 	}
 	g.prev.next, g.next.prev = g.next, g.prev
 	g.prev, g.next = nil, nil
@@ -599,6 +609,14 @@ func (p *ProducerSession) reapHeld() {
 
 func init() {
 	hooks.SessionPins = func(s any, dst map[string]int) { s.(*ProducerSession).pinCounts(dst) }
+	hooks.OnNotify = func(s any, f func() bool) bool {
+		p := s.(*ProducerSession)
+		if p.att == nil {
+			return false
+		}
+		p.att.OnNotify(f)
+		return true
+	}
 }
 
 // pinCounts adds the pins per mm_hash this session holds for its grants
@@ -616,15 +634,23 @@ func (p *ProducerSession) pinCounts(dst map[string]int) {
 }
 
 // Authorize reports whether a live grant covers a READ by agent: notif
-// names the grant ("<session_id>:<mm_hash>", with "#<grant>" from a Go
-// consumer), every block must be one of its entry's, and the grant must
-// not be bound to another agent. If it does, the entry stays pinned until
-// release is called, even if the grant ends meanwhile: a data plane calls
-// Authorize before serving a READ and release once the bytes are out of
-// the region. It is safe for concurrent use, unlike the rest of
-// ProducerSession; the block comparison runs without the lock the step
-// loop needs.
+// names the grant ("<session_id>:<mm_hash>", with "#<grant>.<token>" from
+// a Go consumer, whose grants take nothing less than their token), every
+// block must be one of its entry's, and the grant must not be bound to
+// another agent. If it does, the entry stays pinned until release is
+// called, even if the grant ends meanwhile: a data plane calls Authorize
+// before serving a READ and release once the bytes are out of the region.
+// It is safe for concurrent use, unlike the rest of ProducerSession; the
+// block comparison runs without the lock the step loop needs.
 func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (release func(), ok bool) {
+	if g := p.authorize(agent, notif, blocks); g != nil {
+		return g.release, true
+	}
+	return nil, false
+}
+
+// authorize is Authorize, returning the grant held.
+func (p *ProducerSession) authorize(agent string, notif []byte, blocks []int) *grant {
 	p.authMu.RLock()
 	g, _ := p.lookup(notif)
 	if g != nil {
@@ -632,13 +658,26 @@ func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (r
 	}
 	p.authMu.RUnlock()
 	if g == nil {
-		return nil, false
+		return nil
 	}
 	if (g.agent != "" && agent != g.agent) || !covers(g.Blocks, blocks) {
 		g.release()
-		return nil, false
+		return nil
 	}
-	return g.release, true
+	return g
+}
+
+// gate is the session's side of a data plane it is attached to.
+type gate struct{ p *ProducerSession }
+
+// Authorize implements plane.Gate; the hold names the grant's consumer
+// session, whose pushes then go to the connection that proved it.
+func (g gate) Authorize(agent string, notif []byte, blocks []int) (plane.Hold, bool) {
+	gr := g.p.authorize(agent, notif, blocks)
+	if gr == nil {
+		return plane.Hold{}, false
+	}
+	return plane.Hold{Release: gr.release, Consumer: gr.cs.id}, true
 }
 
 // covers reports whether every block of want is one of have's, which is
@@ -784,24 +823,31 @@ func (p *ProducerSession) sweep(now time.Time) {
 // Grants reports none.
 func (p *ProducerSession) Drain() { p.draining = true }
 
-// Close ends every grant and returns how many there were. Pins of grants
-// whose READ is still being served go when it is released; later Polls
-// only recycle them. The data plane is not closed: it belongs to the
-// caller.
+// Close stops the session and returns how many grants were live. On a
+// data plane that serves READs only through the session's gate (the TCP
+// plane), it detaches from it (no READ is served, copied or pushed under
+// its grants from then on) and ends every grant: pins of grants whose READ
+// is still being served go when it is released, and later Polls only
+// recycle them. On one that lets any peer READ (NIXL), a READ under a live
+// grant may be running and nothing can stop it: the grants stay, their
+// entries pinned, until their notifications or leases end them, which
+// later Polls see to (they answer no request). The data plane is not
+// closed: it belongs to the caller.
 func (p *ProducerSession) Close() int {
 	if p.closed {
 		return 0
 	}
 	p.closed = true
 	n := len(p.byID)
+	if !p.gating {
+		return n
+	}
+	p.att.Detach() // the board cleared: no grant of ours is retired one by one
 	for g := p.lru.next; g != &p.lru; g = p.lru.next {
 		p.endGrant(g)
 	}
 	if p.driven != nil {
 		p.driven.ExpectReads(0)
-	}
-	if p.board != nil {
-		p.board.ReleaseGrantBoard()
 	}
 	return n
 }

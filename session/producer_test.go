@@ -205,17 +205,20 @@ func TestReplyErrorReleasesPin(t *testing.T) {
 	}
 }
 
-func TestProducerClose(t *testing.T) { // B68
-	po := newProducer(t)
+// Close on a data plane that serves READs only through the session's gate
+// ends every grant at once; a closed session grants nothing.
+func TestProducerClose(t *testing.T) {
+	po, _ := newPlaneProducer(t)
 	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
-	if n := po.p.Close(); n != 2 || po.pins("R") != 0 || po.cache.HasHeldEntries() != true {
+	if n := po.p.Close(); n != 2 || po.pins("R") != 0 {
 		t.Fatalf("closed %d, pins %d", n, po.pins("R"))
 	}
 	if po.p.Close() != 0 {
 		t.Fatal("second close")
 	}
+	po.out.msgs = nil
 	po.poll(t, t0, req("R", sid("c3")))
-	if po.pins("R") != 0 {
+	if po.pins("R") != 0 || len(po.out.msgs) != 0 {
 		t.Fatal("closed session granted")
 	}
 }

@@ -37,7 +37,8 @@ func newStallingProducer(t *testing.T, bs int) *stallingProducer {
 		defer c.Close()
 		var hdr [headLen + 2]byte
 		io.ReadFull(c, hdr[:])
-		io.ReadFull(c, make([]byte, binary.BigEndian.Uint16(hdr[headLen:])))
+		io.ReadFull(c, make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen))
+		c.Write(appendWelcome(nil, nil))
 		var rd [headLen + 14]byte
 		if _, err := io.ReadFull(c, rd[:]); err != nil {
 			return
@@ -56,15 +57,10 @@ func newStallingProducer(t *testing.T, bs int) *stallingProducer {
 }
 
 func (sp *stallingProducer) meta(t *testing.T, bs, blocks int) []byte {
-	m, err := encodeMeta(agentMeta{Version: metaVersion, Name: "stall", Addr: sp.ln.Addr().String(), Incarnation: "i", BlockSize: bs, Blocks: blocks})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return m
+	return agentMetaBytes(t, "stall", sp.ln.Addr().String(), bs, blocks, metaVersion)
 }
 
-// Issue 13 item 10: releasing a READ whose bytes are landing stops it for
-// certain: Release returns nil only once nothing more can be written, and
+// Releasing a READ whose bytes are landing stops it for certain: Release returns nil only once nothing more can be written, and
 // the bytes sent after it never land.
 func TestTCPReleaseStopsALandingRead(t *testing.T) {
 	const bs = 64 << 10
@@ -97,8 +93,8 @@ func TestTCPReleaseStopsALandingRead(t *testing.T) {
 	}
 }
 
-// Issue 13 item 7: a READ posted late in an idle period gets its whole
-// IOTimeout, not what is left of the reader's wait.
+// A READ posted late in an idle period gets its whole IOTimeout, not what
+// is left of the reader's wait.
 func TestTCPReadDeadlineStartsAtPost(t *testing.T) {
 	const timeout = 400 * time.Millisecond
 	cr, pr := newRegion(t, 4, 64), newRegion(t, 4, 64)

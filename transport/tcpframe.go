@@ -10,51 +10,46 @@ import (
 // The TCP data plane's frames. Every frame starts with the 4-byte magic and
 // a type byte; integers are big-endian.
 //
-//	hello  consumer→producer  name len u16, name            (first frame)
-//	hello2 consumer→producer  name len u16, name, token [32] (first frame:
-//	                          the consumer mapped the producer's shared
-//	                          region and read this token from its header)
-//	read   consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
-//	                          (notif len's top bit: the consumer dropped
-//	                          this grant's push, send the bytes again)
-//	done   consumer→producer  id u64                        (all bytes of id landed)
-//	notify consumer→producer  notif len u16, notif          (on a hello2
-//	                          connection: blocks copied under a grant the
-//	                          region's grant table showed live throughout;
-//	                          after a stage frame: a push landed)
-//	stage  consumer→producer  bytes u32                     (after the hello, to
-//	                          a producer whose metadata says "push": the
-//	                          consumer keeps this many bytes of pushes, sent
-//	                          on this connection; 0: none here, but notify
-//	                          frames may come on it)
-//	data   producer→consumer  id u64, status u8, len u64, len bytes
-//	                          (status copy: no bytes follow, len is the
-//	                          region's revocation count at the grant)
-//	push   producer→consumer  notif len u16, 0 [6], 0 u8, len u64, notif,
-//	                          len/block size × block u32, len bytes (a
-//	                          grant's blocks, unasked; see push.go)
+//	hello   consumer→producer  name len u16, name, push room u32,
+//	                           challenge [16]                    (first frame)
+//	welcome producer→consumer  proof [32]                        (first frame)
+//	read    consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
+//	done    consumer→producer  id u64                 (every byte of id landed)
+//	notify  consumer→producer  notif len u16, notif   (a READ landed from the
+//	                           producer's shared region or from a push)
+//	data    producer→consumer  id u64, status u8, len u64, len bytes
+//	push    producer→consumer  notif len u16, n u32, len u64, notif,
+//	                           n × block u32, len bytes (a grant's blocks,
+//	                           unasked: see push.go)
+//
+// The hello names the consumer (a label for logs), says how many bytes of
+// pushes it keeps for this connection (0: none), and carries a random
+// challenge when the consumer mapped the producer's shared region: the
+// welcome answers it with HMAC-SHA256(the region's token, challenge), which
+// only the region's owner can compute (see samehost.go). Every read and
+// notify presents the grant's token inside its notification
+// ("<session>:<mm_hash>#<grant>.<token>"), which the producer's session
+// checks: a connection is never trusted for the name it gives.
 //
 // A producer answers reads in order. It queues a read's notification only
 // when the consumer's done for it arrives, so a notification means every
 // byte was delivered.
 const (
-	frameMagic = "ECX1"
+	frameMagic = "ECX2"
 
-	frameHello  = 1
-	frameRead   = 2
-	frameDone   = 3
-	frameData   = 4
-	frameHello2 = 5
-	frameNotify = 6
-	frameStage  = 7
-	framePush   = 8
+	frameHello   = 1
+	frameRead    = 2
+	frameDone    = 3
+	frameData    = 4
+	frameWelcome = 5
+	frameNotify  = 6
+	framePush    = 8
 
 	dataOK      = 0
 	dataRefused = 1 // no live grant covers the blocks
-	dataCopy    = 2 // granted and held: copy the blocks from the shared region, then done
-	dataPushed  = 3 // pushed ahead on this connection: no bytes follow; done
 
-	tokenLen = 32
+	challengeLen = 16
+	proofLen     = 32
 
 	maxNameLen  = 256
 	maxNotifLen = 1024
@@ -65,30 +60,30 @@ var errProtocol = errors.New("transport: data plane protocol error")
 
 func appendHead(b []byte, typ byte) []byte { return append(append(b, frameMagic...), typ) }
 
-func appendHello(b []byte, name string) []byte {
+func appendHello(b []byte, name string, room uint32, challenge []byte) []byte {
 	b = appendHead(b, frameHello)
 	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
-	return append(b, name...)
+	b = append(b, name...)
+	b = binary.BigEndian.AppendUint32(b, room)
+	if challenge == nil {
+		return append(b, make([]byte, challengeLen)...)
+	}
+	return append(b, challenge...)
 }
 
-func appendHello2(b []byte, name string, token []byte) []byte {
-	b = appendHead(b, frameHello2)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(name)))
-	return append(append(b, name...), token...)
+func appendWelcome(b []byte, proof []byte) []byte {
+	b = appendHead(b, frameWelcome)
+	if proof == nil {
+		return append(b, make([]byte, proofLen)...)
+	}
+	return append(b, proof...)
 }
-
-// readResend is the READ frame's flag, in notif len's top bit.
-const readResend = 1 << 15
 
 // appendRead appends a READ of n blocks, remote given as runs (spans).
-func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int, resend bool) []byte {
+func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int) []byte {
 	b = appendHead(b, frameRead)
 	b = binary.BigEndian.AppendUint64(b, id)
-	nl := uint16(len(notif))
-	if resend {
-		nl |= readResend
-	}
-	b = binary.BigEndian.AppendUint16(b, nl)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
 	b = binary.BigEndian.AppendUint32(b, uint32(n))
 	b = append(b, notif...)
 	for _, r := range remote {
@@ -117,6 +112,19 @@ func appendDataHead(b []byte, id uint64, status byte, n uint64) []byte {
 	return binary.BigEndian.AppendUint64(b, n)
 }
 
+// appendPushHead appends a push's head, its notification and its blocks.
+func appendPushHead(b []byte, notif []byte, size uint64, blocks []int) []byte {
+	b = appendHead(b, framePush)
+	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
+	b = binary.BigEndian.AppendUint32(b, uint32(len(blocks)))
+	b = binary.BigEndian.AppendUint64(b, size)
+	b = append(b, notif...)
+	for _, id := range blocks {
+		b = binary.BigEndian.AppendUint32(b, uint32(id))
+	}
+	return b
+}
+
 // readHead reads a frame's magic and type.
 func readHead(r io.Reader, buf []byte) (byte, error) {
 	if _, err := io.ReadFull(r, buf[:headLen]); err != nil {
@@ -126,6 +134,38 @@ func readHead(r io.Reader, buf []byte) (byte, error) {
 		return 0, fmt.Errorf("%w: bad magic %q", errProtocol, buf[:4])
 	}
 	return buf[4], nil
+}
+
+// readLen reads a frame's u16 length into buf; false: it could not, or the
+// length is over max.
+func readLen(r io.Reader, buf []byte, max int) (int, bool) {
+	if _, err := io.ReadFull(r, buf[:2]); err != nil {
+		return 0, false
+	}
+	n := int(binary.BigEndian.Uint16(buf[:2]))
+	return n, n <= max
+}
+
+// readIDs reads n block ids, each below limit, appending them to dst; a
+// chunk at a time through scratch, so that what a peer declares is never
+// allocated before it arrives. false: a read failed or an id is out of
+// range.
+func readIDs(r io.Reader, dst []int, n, limit int, scratch []byte) ([]int, bool) {
+	for n > 0 {
+		k := min(n, len(scratch)/4)
+		if _, err := io.ReadFull(r, scratch[:4*k]); err != nil {
+			return dst, false
+		}
+		for j := range k {
+			b := int(binary.BigEndian.Uint32(scratch[4*j:]))
+			if b >= limit {
+				return dst, false
+			}
+			dst = append(dst, b)
+		}
+		n -= k
+	}
+	return dst, true
 }
 
 // spans groups block ids into runs of consecutive ids: [start, count) pairs

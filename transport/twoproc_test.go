@@ -12,7 +12,6 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,11 +51,18 @@ func runProducer(shape string) int {
 			blk[i] = pattern(b, i)
 		}
 	}
-	d, err := NewTCPData(TCPConfig{Name: "producer", Listen: "127.0.0.1:0", Logger: quiet, Authorize: allowAll}, r)
+	d, err := NewTCPData(TCPConfig{Name: "producer", Listen: "127.0.0.1:0", Logger: quiet}, r)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
 		return 2
 	}
+	// One grant of every block, shown on the board of a shared region:
+	// its notification is what the consumer's READs carry.
+	all := make([]int, blocks)
+	for i := range all {
+		all[i] = i
+	}
+	notif := attachGate(d).grant(all...)
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -83,16 +89,17 @@ func runProducer(shape string) int {
 			}()
 		}
 	}()
-	fmt.Printf("%s %s\n", raw.Addr(), hex.EncodeToString(d.AgentMetadata()))
+	fmt.Printf("%s %s %s\n", raw.Addr(), hex.EncodeToString(d.AgentMetadata()), hex.EncodeToString(notif))
 	io.Copy(io.Discard, os.Stdin)
 	d.Close()
 	return 0
 }
 
 type producerProc struct {
-	cmd  *exec.Cmd
-	raw  string
-	meta []byte
+	cmd   *exec.Cmd
+	raw   string
+	meta  []byte
+	notif []byte // of the producer's grant of every block
 }
 
 // startProducer starts a producer process; shared puts its region in
@@ -137,12 +144,16 @@ func startProducer(t testing.TB, blocks, size int, shared bool) *producerProc {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return &producerProc{cmd: cmd, raw: f[0], meta: meta}
+	notif, err := hex.DecodeString(f[2])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &producerProc{cmd: cmd, raw: f[0], meta: meta, notif: notif}
 }
 
 // readAll READs every block of the producer into the local region, in
 // batches of batch blocks with up to depth READs in flight.
-func readAll(t testing.TB, c *TCPData, agent string, blocks, batch, depth int) {
+func readAll(t testing.TB, c *TCPData, agent string, notif []byte, blocks, batch, depth int) {
 	t.Helper()
 	var inflight []xfer.Handle
 	wait := func(h xfer.Handle) {
@@ -170,7 +181,7 @@ func readAll(t testing.TB, c *TCPData, agent string, blocks, batch, depth int) {
 		for b := start; b < min(start+batch, blocks); b++ {
 			ids = append(ids, b)
 		}
-		h, err := c.PostRead(ids, agent, ids, []byte("bench:all"))
+		h, err := c.PostRead(ids, agent, ids, notif)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -202,19 +213,22 @@ func TestTwoProcessRead(t *testing.T) {
 				if err != nil {
 					t.Fatal(err)
 				}
-				// One READ of every block, scattered: the remote ids reversed.
+				// A first READ brings the connection up (and proves a
+				// same-host producer); then one READ of every block,
+				// scattered: the remote ids reversed.
+				readAll(t, c, peer.Agent, p.notif, 1, 1, 1)
 				ids, rev := make([]int, blocks), make([]int, blocks)
 				for i := range ids {
 					ids[i], rev[i] = i, blocks-1-i
 				}
-				h, err := c.PostRead(ids, peer.Agent, rev, []byte("s:all"))
+				h, err := c.PostRead(ids, peer.Agent, rev, p.notif)
 				if err != nil {
 					t.Fatal(err)
 				}
 				if waitEnd(t, c, h) != xfer.Complete {
 					t.Fatal("READ failed")
 				}
-				if got := c.copies.Load() == 1; got != shared {
+				if got := c.Stats().BoardCopies == 1; got != shared {
 					t.Fatalf("copied from the shared region: %v", got)
 				}
 				for b := range blocks {
@@ -257,14 +271,17 @@ func BenchmarkTwoProcess(b *testing.B) {
 				if shared {
 					batch, depth = blocks, 1
 				}
-				readAll(b, c, peer.Agent, blocks, batch, depth) // connect and warm up
-				if c.copies.Load() > 0 != shared {
-					b.Fatalf("shared path taken: %v", c.copies.Load() > 0)
+				// Connect and warm up: over the same host, the first READ
+				// goes over TCP, and its welcome proves the region.
+				readAll(b, c, peer.Agent, p.notif, blocks, batch, depth)
+				readAll(b, c, peer.Agent, p.notif, blocks, batch, depth)
+				if c.Stats().BoardCopies > 0 != shared {
+					b.Fatalf("shared path taken: %v", c.Stats().BoardCopies > 0)
 				}
 				b.SetBytes(total)
 				b.ResetTimer()
 				for b.Loop() {
-					readAll(b, c, peer.Agent, blocks, batch, depth)
+					readAll(b, c, peer.Agent, p.notif, blocks, batch, depth)
 				}
 			})
 			if size == 1<<20 && !shared {
@@ -300,7 +317,7 @@ func BenchmarkTwoProcess(b *testing.B) {
 	// And on as many goroutines as the shared path copies with: its
 	// ceiling, one process, no protocol.
 	b.Run("parallel-copy-from-shared", func(b *testing.B) {
-		copyAll := parallelCopy(b, newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20))
+		copyAll := parallelCopier(b, newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20))
 		copyAll()
 		b.SetBytes(64 << 20)
 		for b.Loop() {
@@ -309,21 +326,16 @@ func BenchmarkTwoProcess(b *testing.B) {
 	})
 }
 
-// parallelCopy fills src and returns a copy of it into dst on the
-// default CopyWorkers goroutines, as the shared path does.
-func parallelCopy(b *testing.B, src, dst *cache.Region) func() {
+// parallelCopier fills src and returns a copy of it into dst on the
+// default number of goroutines, as the shared path copies.
+func parallelCopier(b *testing.B, src, dst *cache.Region) func() {
 	for i := range src.Bytes() {
 		src.Bytes()[i] = byte(i)
 	}
-	var wg sync.WaitGroup
-	c := newCopier(&wg)
-	b.Cleanup(func() {
-		c.close()
-		wg.Wait()
-	})
 	spans := []copySpan{{dst: dst.Bytes(), src: src.Bytes()}}
-	w := TCPConfig{}.withDefaults().CopyWorkers
-	return func() { c.copy(spans, len(src.Bytes()), w) }
+	var cfg TCPConfig
+	w := cfg.copyWorkers()
+	return func() { parallelCopy(spans, len(src.Bytes()), w) }
 }
 
 // memcpy measures a Go copy of src into dst, both faulted in.
@@ -362,28 +374,32 @@ func BenchmarkTwoProcessPaired(b *testing.B) {
 			local := newRegion(b, blocks, size)
 			c := newTCP(b, local, TCPConfig{Name: "consumer"})
 			var agents [2]string
+			var notifs [2][]byte
 			for i, shared := range []bool{true, false} {
-				p, err := c.AddRemotePeer(startProducer(b, blocks, size, shared).meta, nil)
+				proc := startProducer(b, blocks, size, shared)
+				p, err := c.AddRemotePeer(proc.meta, nil)
 				if err != nil {
 					b.Fatal(err)
 				}
-				agents[i] = p.Agent
+				agents[i], notifs[i] = p.Agent, proc.notif
 			}
 			src, dst := newRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20)
 			for i := range src.Bytes() {
 				src.Bytes()[i] = byte(i)
 			}
 			runs := [4]func(){
-				func() { readAll(b, c, agents[0], blocks, blocks, 1) },
+				func() { readAll(b, c, agents[0], notifs[0], blocks, blocks, 1) },
 				// As BenchmarkTwoProcess: 1 MiB READs, 8 in flight.
-				func() { readAll(b, c, agents[1], blocks, max(1, (1<<20)/size), 8) },
+				func() { readAll(b, c, agents[1], notifs[1], blocks, max(1, (1<<20)/size), 8) },
 				func() { copy(dst.Bytes(), src.Bytes()) },
-				parallelCopy(b, newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20)),
+				parallelCopier(b, newSharedRegion(b, 64, 1<<20), newRegion(b, 64, 1<<20)),
 			}
-			for _, run := range runs {
-				run() // connect, map, fault in
+			for range 2 {
+				for _, run := range runs {
+					run() // connect, prove, map, fault in
+				}
 			}
-			if c.copies.Load() == 0 {
+			if c.Stats().BoardCopies == 0 {
 				b.Fatal("the shared region was not copied from")
 			}
 			var took [len(runs)]time.Duration

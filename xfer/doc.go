@@ -7,7 +7,7 @@
 // (transport.TCPData) and NIXL (package nixl) implement it; users may write
 // their own and test it with xfertest.Conformance. Optional interfaces tell
 // what a data plane can do beyond: [Driven], [Signaling], [Named],
-// [Stoppable], [GrantBoard], [ShapedPeers].
+// [Stoppable], [ShapedPeers].
 //
 // [Message], [Inbound] and the errors [ErrQueueFull], [ErrPeerDown] and
 // [ErrNotAllowed] are a control plane's side of the contract, so that

@@ -119,22 +119,6 @@ type ShapedPeers interface {
 	AddRemotePeerShape(metadata []byte, shape wire.Blocks) (Peer, error)
 }
 
-// GrantBoard is implemented by data planes that let a consumer on the
-// producer's host check for itself that a grant is live, and so copy its
-// blocks without asking the producer per READ (TCPData over a Shared
-// region). A producer session claims the board once (ClaimGrantBoard false:
-// another holds it, or the plane has none), publishes each grant before
-// its ack leaves, retires it before its pin goes, and releases the board
-// when it closes. A consumer that copied under a grant keeps the bytes only
-// if the grant is still published after the copy: grants only end, so it
-// was live throughout. None of the methods may block.
-type GrantBoard interface {
-	ClaimGrantBoard() bool
-	PublishGrant(id uint64)
-	RetireGrant(id uint64)
-	ReleaseGrantBoard()
-}
-
 // Signaling is implemented by data planes that tell when there is work:
 // Ready's channel receives when notifications wait for DrainNotifs, or a
 // READ posted here ended, since the last receive. A step loop then sleeps
@@ -167,19 +151,4 @@ type Named interface {
 // Elsewhere (NIXL) a canceled READ is followed until it ends.
 type Stoppable interface {
 	StopsReads() bool
-}
-
-// Pusher is implemented by data planes that can send a grant's blocks to
-// the consumer's agent before its READ asks for them (TCPData between Go
-// peers that do not share memory), saving the READ's round trip. A
-// producer session offers each grant whose consumer named its agent, once
-// the ack is out, with notif, the notification the consumer's READ will
-// carry ("<session_id>:<mm_hash>#<grant>"; the consumer matches the push
-// to its READ by it), and a hold on the grant's pin: Push returns false
-// when it does not push, and the hold is the caller's to end; else it
-// calls release exactly once, when the bytes are out of the region. Push
-// must not block nor keep notif or blocks. The grant ends as any other: by
-// the consumer's notification, or its lease.
-type Pusher interface {
-	Push(agent string, notif []byte, blocks []int, release func()) bool
 }

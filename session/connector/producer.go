@@ -24,13 +24,6 @@ type ControlServer interface {
 	Wait(ctx context.Context) bool
 }
 
-// authorizing is a data plane that can gate the READs it serves, like
-// *transport.TCPData.
-type authorizing interface {
-	SetAuthorizer(func(agent string, notif []byte, blocks []int) (release func(), ok bool))
-	Authorizer() func(agent string, notif []byte, blocks []int) (release func(), ok bool)
-}
-
 // ProducerConfig configures a Producer.
 type ProducerConfig struct {
 	CompatHash string        // wire.CompatHash of this producer; required
@@ -90,10 +83,11 @@ var ErrClosed = xfer.ErrClosed
 // NewProducer returns a producer serving c through ctl and data. It fails
 // with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
 //
-// If data can gate the READs it serves (the TCP data plane), it is given
-// the session's grant check, so a consumer can read only what it was
-// granted; a gate the data plane already had (TCPConfig.Authorize) is kept
-// and must agree too.
+// If data serves READs itself (the TCP data plane), the producer's session
+// attaches to it: from then until Close it serves only what the session
+// granted, to the consumer that presents the grant's token (a gate of the
+// data plane's own, TCPConfig.Authorize, must agree too). A producer that
+// replaces a closed one on the same data plane starts clean.
 func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
 	if cfg.CompatHash == "" {
 		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
@@ -122,44 +116,11 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if err != nil {
 		return nil, err
 	}
-	if a, ok := data.(authorizing); ok {
-		a.SetAuthorizer(both(a.Authorizer(), s.Authorize))
-	}
 	p := &Producer{ctl: ctl, data: data, sess: s, cfg: cfg, perPeer: map[string]int{}, done: make(chan struct{})}
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
 	return p, nil
-}
-
-// gate is an authorizer, as transport.Authorizer.
-type gate = func(agent string, notif []byte, blocks []int) (release func(), ok bool)
-
-// both returns a gate that grants what first (if any) and second grant,
-// holding both until released.
-func both(first, second gate) gate {
-	if first == nil {
-		return second
-	}
-	return func(agent string, notif []byte, blocks []int) (func(), bool) {
-		r1, ok := first(agent, notif, blocks)
-		if !ok {
-			return nil, false
-		}
-		r2, ok := second(agent, notif, blocks)
-		if !ok {
-			if r1 != nil {
-				r1()
-			}
-			return nil, false
-		}
-		return func() {
-			if r1 != nil {
-				r1()
-			}
-			r2()
-		}, true
-	}
 }
 
 func init() {
@@ -238,7 +199,7 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 // (transport.Server.OnRequest), the step for a request is taken there, so
 // that it is answered without waking Serve's goroutine; so is the step for
 // completion notifications on a data plane that does the same
-// (transport.TCPData.OnNotify). now is the clock,
+// (transport.TCPData). now is the clock,
 // called from those goroutines too; nil means time.Now. It returns ctx's
 // error, or ErrClosed once the producer or its control plane is closed.
 func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
@@ -257,10 +218,11 @@ func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 	if s, ok := p.ctl.(inlineServer); ok {
 		s.OnRequest(func() { p.serveInline(s, now) })
 		defer s.OnRequest(nil)
-		if n, ok := p.data.(inlineNotifier); ok {
-			// Notifications too: the unpin happens where they arrive.
-			n.OnNotify(func() bool { return p.serveInline(s, now) })
-			defer n.OnNotify(nil)
+		// Notifications too, where the data plane takes them (the unpin
+		// happens there). The hook is this producer's session's, and goes
+		// with it: a producer that replaces this one keeps its own.
+		if hooks.OnNotify(p.sess, func() bool { return p.serveInline(s, now) }) {
+			defer hooks.OnNotify(p.sess, nil)
 		}
 	}
 	for {
@@ -349,12 +311,6 @@ func (p *Producer) waitFor(grants int, next, now time.Time) time.Duration {
 type inlineServer interface {
 	OnRequest(func())
 	Wake()
-}
-
-// inlineNotifier is a data plane that runs a function where completion
-// notifications arrive (*transport.TCPData).
-type inlineNotifier interface {
-	OnNotify(func() bool)
 }
 
 // serveInline steps on the control plane's goroutine that just queued a

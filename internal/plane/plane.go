@@ -1,0 +1,61 @@
+// Package plane is the plumbing between a producer session and a data
+// plane that serves READs itself (the TCP data plane): the gate the
+// session lends the plane while it is attached, and what the plane offers
+// back (a board of live grants for consumers on its host, pushes, a hook
+// where notifications arrive). Engines never see it.
+//
+// A producer session attaches when it starts and detaches when it closes.
+// Everything it installed goes with its attachment: after Detach the plane
+// serves no READ through its gate, shows none of its grants, pushes none,
+// and calls none of its hooks, so a session that replaces it starts clean.
+package plane
+
+// Gate is the producer session's side: it decides which READs are served.
+type Gate interface {
+	// Authorize checks a READ asked for by agent (a label for logs) under
+	// the grant notif names, presenting the grant's token, of the producer
+	// blocks blocks. If it grants, the blocks stay the entry's until
+	// Hold.Release, which the plane calls once the bytes are out of the
+	// region. It is called on the plane's goroutines, concurrently.
+	Authorize(agent string, notif []byte, blocks []int) (Hold, bool)
+}
+
+// Hold is a granted READ's hold on its entry.
+type Hold struct {
+	Release func()
+	// Consumer names the consumer session the grant was made for: a
+	// connection that presented one of its grants' tokens is that
+	// session's, and takes pushes of its grants.
+	Consumer uint64
+}
+
+// Attacher is implemented by data planes a producer session attaches to.
+// A second Attach replaces the first, which is detached.
+type Attacher interface {
+	Attach(g Gate) Attachment
+}
+
+// Attachment is a producer session's hold on a data plane. Its methods
+// must not block; after Detach they do nothing.
+type Attachment interface {
+	// Publish shows a live grant to consumers on this host, so that they
+	// copy its blocks without asking (before its ack leaves); Retire
+	// takes it down (before its pin goes). A grant never published, or
+	// one whose slot another holds, is asked for per READ.
+	Publish(grant uint64)
+	Retire(grant uint64)
+	// Push sends a grant's blocks to a connection of its consumer session
+	// that takes pushes, with notif, the notification its READ will carry.
+	// It returns false when it does not push, and the hold is the
+	// caller's to end; else it calls release exactly once, when the bytes
+	// are out of the region.
+	Push(consumer uint64, notif []byte, blocks []int, release func()) bool
+	// OnNotify installs f, which a plane goroutine runs after it queued
+	// completion notifications, so that the producer takes them where
+	// they arrive; f reports whether it did (else the plane signals its
+	// loop). nil removes it.
+	OnNotify(f func() bool)
+	// Detach ends the attachment: the board is cleared, connections
+	// forget the consumers they served, the hook is removed.
+	Detach()
+}

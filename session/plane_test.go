@@ -1,0 +1,207 @@
+package session
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// planeFake is a data plane that serves READs through the gate of the
+// session attached to it (plane.Attacher), as the TCP plane does. It
+// records each call with the entry's pins and the replies sent so far, and
+// keeps the pushes' holds for the test to end.
+type planeFake struct {
+	*xfertest.Fake
+	po       *producerOnly
+	att      *fakeAttachment
+	refuse   bool // pushes
+	events   []string
+	releases []func()
+}
+
+type fakeAttachment struct {
+	f        *planeFake
+	gate     plane.Gate
+	detached bool
+}
+
+func (f *planeFake) Attach(g plane.Gate) plane.Attachment {
+	if f.att != nil {
+		f.att.detached = true
+	}
+	f.att = &fakeAttachment{f: f, gate: g}
+	f.events = append(f.events, "attach")
+	return f.att
+}
+
+func (a *fakeAttachment) log(format string, args ...any) {
+	if a.detached {
+		format = "detached: " + format
+	}
+	a.f.events = append(a.f.events, fmt.Sprintf(format, args...))
+}
+
+func (a *fakeAttachment) Publish(id uint64) {
+	a.log("publish %d pins %d replies %d", id, a.f.po.pins("R"), len(a.f.po.out.msgs))
+}
+
+func (a *fakeAttachment) Retire(id uint64) { a.log("retire %d pins %d", id, a.f.po.pins("R")) }
+
+func (a *fakeAttachment) Push(consumer uint64, notif []byte, blocks []int, release func()) bool {
+	a.log("push %d %s %v pins %d replies %d", consumer, notif, blocks, a.f.po.pins("R"), len(a.f.po.out.msgs))
+	if a.f.refuse {
+		return false
+	}
+	a.f.releases = append(a.f.releases, release)
+	return true
+}
+
+func (a *fakeAttachment) OnNotify(func() bool) {}
+
+func (a *fakeAttachment) Detach() {
+	a.log("detach pins %d", a.f.po.pins("R"))
+	a.detached = true
+}
+
+func (f *planeFake) take() []string { e := f.events; f.events = nil; return e }
+
+func newPlaneProducer(t *testing.T) (*producerOnly, *planeFake) {
+	t.Helper()
+	po := &producerOnly{cache: cache.NewEmbeddingCache(16), out: &queue{}}
+	po.cache.Alloc("R", 2)
+	po.cache.MarkReady("R")
+	f := &planeFake{Fake: xfertest.New("prod", 16, 8), po: po}
+	po.data = f.Fake
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet, PinLease: 10 * time.Second}, f, po.cache, compat))
+	return po, f
+}
+
+func (f *planeFake) check(t *testing.T, what string, want ...string) {
+	t.Helper()
+	if got := f.take(); !slices.Equal(got, want) {
+		t.Fatalf("%s: %q, want %q", what, got, want)
+	}
+}
+
+// A session attaches as it starts. It publishes each grant before its ack
+// leaves and retires it while its pin is still held, however the grant
+// ends (notification, lease); Close detaches before any pin goes.
+func TestAttachedGrantOrder(t *testing.T) {
+	po, f := newPlaneProducer(t)
+	f.check(t, "start", "attach")
+	acks := po.poll(t, t0, req("R", sid("a")))
+	g := acks[0].Grant
+	f.check(t, "grant", fmt.Sprintf("publish %d pins 1 replies 0", g))
+	f.InjectNotif("", fmt.Appendf(nil, "%s:R#%d", sid("a"), g))
+	po.poll(t, at(time.Second))
+	f.check(t, "notification", fmt.Sprintf("retire %d pins 1", g))
+	if po.pins("R") != 0 {
+		t.Fatal("the notification did not unpin")
+	}
+	g = po.poll(t, at(2*time.Second), req("R", sid("b")))[0].Grant
+	po.poll(t, at(13*time.Second))
+	f.check(t, "lease", fmt.Sprintf("publish %d pins 1 replies 0", g), fmt.Sprintf("retire %d pins 1", g))
+	g = po.poll(t, at(14*time.Second), req("R", sid("c")))[0].Grant
+	po.p.Close()
+	f.check(t, "close", fmt.Sprintf("publish %d pins 1 replies 0", g), "detach pins 1")
+	if po.pins("R") != 0 || po.p.Grants() != 0 {
+		t.Fatalf("after Close: pins %d, grants %d", po.pins("R"), po.p.Grants())
+	}
+	// A session on the same plane attaches anew; the closed one acts on
+	// it no more.
+	next := must(NewProducerSession(ProducerConfig{Logger: quiet}, f, po.cache, compat))
+	f.check(t, "replaced", "attach")
+	po.poll(t, at(15*time.Second), req("R", sid("d")))
+	f.check(t, "the closed session granted nothing")
+	next.Close()
+}
+
+// A grant is offered for a push once its ack is out, only to a Go
+// consumer (its grants carry tokens) that holds few grants, naming its
+// consumer session; a push's hold keeps the pin after the grant ends,
+// until the data plane releases it; a refused offer holds nothing.
+func TestPushOffer(t *testing.T) {
+	po, f := newPlaneProducer(t)
+	f.take()
+	e, _ := po.cache.Get("R")
+	blocks := fmt.Sprint(e.Blocks)
+	po.poll(t, t0, req("R", sid("a")))
+	f.check(t, "a reference consumer", fmt.Sprintf("publish %d pins 1 replies 0", lastGrant(t, po)))
+	po.out.msgs = nil
+	ack := po.poll(t, t0, goReq("R", sid("b"), 1))[0]
+	key := fmt.Sprintf("%s:R#%d.%x", sid("b"), ack.Grant, ack.Token)
+	f.check(t, "granted", fmt.Sprintf("publish %d pins 2 replies 0", ack.Grant), fmt.Sprintf("push 2 %s %s pins 2 replies 1", key, blocks))
+	po.out.msgs = nil
+	ack = po.poll(t, t0, goReq("R", sid("b"), 2))[0]
+	key = fmt.Sprintf("%s:R#%d.%x", sid("b"), ack.Grant, ack.Token)
+	f.check(t, "second grant of the session", fmt.Sprintf("publish %d pins 3 replies 0", ack.Grant), fmt.Sprintf("push 2 %s %s pins 3 replies 1", key, blocks))
+	po.out.msgs = nil
+	ack = po.poll(t, t0, goReq("R", sid("b"), 3))[0]
+	f.check(t, "third grant: the session has many", fmt.Sprintf("publish %d pins 4 replies 0", ack.Grant)) // READs do it
+	po.out.msgs = nil
+	po.poll(t, t0, goReq("Absent", sid("c"), 1))
+	f.check(t, "refused request")
+
+	// Every grant ends (lease); the pushes' holds keep the pin.
+	po.poll(t, at(time.Minute))
+	f.take()
+	if n := po.pins("R"); n != 2 {
+		t.Fatalf("pins %d after the leases, want 2 (the pushes' holds)", n)
+	}
+	for _, r := range f.releases {
+		r()
+	}
+	po.poll(t, at(2*time.Minute))
+	if n := po.pins("R"); n != 0 {
+		t.Fatalf("pins %d after the pushes ended", n)
+	}
+	f.refuse = true
+	po.out.msgs = nil
+	po.poll(t, at(3*time.Minute), goReq("R", sid("d"), 1))
+	f.take()
+	po.poll(t, at(4*time.Minute))
+	if n := po.pins("R"); n != 0 {
+		t.Fatalf("pins %d: a refused offer kept a hold", n)
+	}
+	if s := po.p.Stats(); s.Pushes != 2 {
+		t.Fatalf("stats: %d pushes, want 2", s.Pushes)
+	}
+}
+
+func lastGrant(t *testing.T, po *producerOnly) uint64 {
+	t.Helper()
+	return po.p.lru.prev.id
+}
+
+// On a data plane that lets any peer READ (NIXL, and xfertest's fake), a
+// READ under a live grant may still be running when the producer closes,
+// and nothing can stop it: Close leaves the grants' entries pinned until
+// their notifications or leases, which later Polls see to.
+func TestCloseKeepsPinsOnAPlaneThatCannotRefuse(t *testing.T) {
+	po := newProducer(t)
+	a, b := sid("a"), sid("b")
+	po.poll(t, t0, req("R", a))
+	po.poll(t, t0, req("R", b))
+	if n := po.p.Close(); n != 2 || po.pins("R") != 2 {
+		t.Fatalf("Close: %d grants, pins %d", n, po.pins("R"))
+	}
+	// No new grant after Close, however it is asked for.
+	po.poll(t, at(time.Second), req("R", sid("c")))
+	if po.pins("R") != 2 {
+		t.Fatalf("pins %d after a request to a closed session", po.pins("R"))
+	}
+	po.data.InjectNotif("cons", []byte(a+":R"))
+	po.poll(t, at(2*time.Second))
+	if po.pins("R") != 1 || po.p.Grants() != 1 {
+		t.Fatalf("the notification after Close: pins %d grants %d", po.pins("R"), po.p.Grants())
+	}
+	po.poll(t, at(time.Minute))
+	if po.pins("R") != 0 || po.p.Grants() != 0 {
+		t.Fatalf("the lease after Close: pins %d grants %d", po.pins("R"), po.p.Grants())
+	}
+}

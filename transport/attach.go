@@ -1,0 +1,203 @@
+package transport
+
+import (
+	"net"
+	"slices"
+	"sync"
+	"sync/atomic"
+
+	"github.com/ecxfer/ecxfer/internal/plane"
+)
+
+// attachment is a producer session's hold on the data plane (see package
+// internal/plane): its gate, its grants on the board, the connections
+// proven to be its consumers' (for pushes), its notification hook. All of
+// it goes with Detach, or with the next Attach.
+type attachment struct {
+	d        *TCPData
+	gate     plane.Gate
+	hook     atomic.Pointer[func() bool]
+	detached atomic.Bool
+
+	mu     sync.Mutex
+	pushTo map[uint64][]*servedConn // by consumer session: connections that proved it, taking pushes
+}
+
+// maxBound is how many consumer sessions one connection takes pushes for:
+// a consumer's data plane has a session per producer, or a few.
+const maxBound = 8
+
+// Attach implements plane.Attacher: g gates the READs served from now on,
+// alone or with TCPConfig.Authorize. An attachment already there is
+// detached, and the board starts empty.
+func (d *TCPData) Attach(g plane.Gate) plane.Attachment {
+	a := &attachment{d: d, gate: g, pushTo: map[uint64][]*servedConn{}}
+	if old := d.att.Swap(a); old != nil {
+		old.drop()
+	}
+	d.clearBoard()
+	return a
+}
+
+// Detach implements plane.Attachment.
+func (a *attachment) Detach() {
+	if a.d.att.CompareAndSwap(a, nil) {
+		a.drop()
+		a.d.clearBoard()
+		return
+	}
+	a.drop()
+}
+
+// drop ends what a holds; the board is the caller's to clear.
+func (a *attachment) drop() {
+	a.detached.Store(true)
+	a.hook.Store(nil)
+	a.mu.Lock()
+	clear(a.pushTo) // a connection's list of bindings, its own, is reset as it binds again
+	a.mu.Unlock()
+}
+
+func (d *TCPData) clearBoard() {
+	for i := range d.grantTab {
+		d.grantTab[i].Store(0)
+	}
+}
+
+// Publish implements plane.Attachment: the grant's slot shows its id,
+// unless another live grant holds the slot (its consumer asks per READ).
+func (a *attachment) Publish(id uint64) {
+	t := a.d.grantTab
+	if len(t) == 0 || id == 0 || a.detached.Load() {
+		return
+	}
+	slot := &t[id%uint64(len(t))]
+	if slot.CompareAndSwap(0, id) && a.detached.Load() {
+		slot.CompareAndSwap(id, 0) // detached meanwhile: the board is the next session's
+	}
+}
+
+// Retire implements plane.Attachment.
+func (a *attachment) Retire(id uint64) {
+	if t := a.d.grantTab; len(t) > 0 && id != 0 {
+		t[id%uint64(len(t))].CompareAndSwap(id, 0)
+	}
+}
+
+// OnNotify implements plane.Attachment.
+func (a *attachment) OnNotify(f func() bool) {
+	if f == nil || a.detached.Load() {
+		a.hook.Store(nil)
+		return
+	}
+	a.hook.Store(&f)
+}
+
+// bind notes that s presented a grant of consumer: it takes that
+// session's pushes, if its hello offered room for them.
+func (a *attachment) bind(s *servedConn, consumer uint64) {
+	if s.room == 0 || consumer == 0 || a.detached.Load() {
+		return
+	}
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if s.att != a {
+		s.att, s.bound = a, nil
+	}
+	if slices.Contains(s.bound, consumer) || a.detached.Load() {
+		return
+	}
+	if len(s.bound) == maxBound {
+		a.unbindLocked(s, s.bound[0])
+		s.bound = slices.Delete(s.bound, 0, 1)
+	}
+	s.bound = append(s.bound, consumer)
+	a.pushTo[consumer] = append(a.pushTo[consumer], s)
+}
+
+func (a *attachment) unbindLocked(s *servedConn, consumer uint64) {
+	list := slices.DeleteFunc(a.pushTo[consumer], func(t *servedConn) bool { return t == s })
+	if len(list) == 0 {
+		delete(a.pushTo, consumer)
+	} else {
+		a.pushTo[consumer] = list
+	}
+}
+
+// unbind forgets s, whose connection is closing.
+func (s *servedConn) unbind() {
+	a := s.att
+	if a == nil {
+		return
+	}
+	a.mu.Lock()
+	if s.att == a {
+		for _, k := range s.bound {
+			a.unbindLocked(s, k)
+		}
+		s.bound = nil
+	}
+	a.mu.Unlock()
+}
+
+// Push implements plane.Attachment: it writes the grant's blocks, with
+// notif, on a connection of consumer's that takes pushes of that size and
+// that no one is writing to, without waiting; what the socket does not
+// take at once is finished by a goroutine, which calls release when the
+// bytes are out of the region.
+func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release func()) bool {
+	d := a.d
+	size := len(blocks) * d.region.BlockSize()
+	if size == 0 || size > maxPushSize || len(notif) > maxNotifLen || d.cfg.NoPush || a.detached.Load() {
+		return false
+	}
+	a.mu.Lock()
+	var s *servedConn
+	for _, t := range a.pushTo[consumer] {
+		// A quarter of what the consumer keeps: room for the next ones.
+		if 4*size <= t.room && t.nb != nil && t.wmu.TryLock() {
+			s = t
+			break
+		}
+	}
+	a.mu.Unlock()
+	if s == nil {
+		return false
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		s.wmu.Unlock()
+		return false
+	}
+	d.wg.Add(1) // Close waits for the rest of the write
+	d.mu.Unlock()
+	s.frame = appendPushHead(s.frame[:0], notif, uint64(size), blocks)
+	s.bufs = append(s.bufs[:0], s.frame)
+	s.runs = spans(s.runs[:0], blocks)
+	for _, r := range s.runs {
+		s.bufs = append(s.bufs, d.region.Span(r[0], r[1]))
+	}
+	rest, err := s.nb.writeAll(s.bufs)
+	d.pushes.Add(1)
+	if err != nil || len(rest) == 0 {
+		s.wmu.Unlock()
+		release()
+		if err != nil {
+			s.c.Close() // its serve sees it and ends
+		}
+		d.wg.Done()
+		return true
+	}
+	left := net.Buffers(slices.Clone(rest)) // s.bufs is the next push's
+	go func() {
+		defer d.wg.Done()
+		err := writeFull(s.c, left, d.cfg.IOTimeout)
+		s.wmu.Unlock()
+		release()
+		if err != nil {
+			s.c.Close()
+		}
+	}()
+	return true
+}

@@ -1,0 +1,461 @@
+package transport
+
+import (
+	"bufio"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// link is one connection to a producer.
+type link struct {
+	p     *peer
+	first bool       // pushes come on it: its hello offers to keep them
+	mu    sync.Mutex // guards conn, nb, pending and headAt; never held across I/O
+	wmu   sync.Mutex // one writer of conn at a time
+	dial  sync.Mutex // one dial at a time
+	conn  net.Conn
+	nb    *nbWriter // conn's, for writes that must not wait
+	// pending are the READs sent on conn and not answered, in order;
+	// headAt is when pending[0] became the head: the deadline of its
+	// answer runs from then (see arm).
+	pending []*readOp
+	headAt  time.Time
+	frame   []byte // under wmu
+}
+
+var errReleased = errors.New("transport: READ released while landing")
+
+func (l *link) writer() {
+	defer l.p.d.wg.Done()
+	var buf []byte
+	for {
+		select {
+		case <-l.p.stop:
+			for {
+				select {
+				case op := <-l.p.queue:
+					op.fail()
+				default:
+					return
+				}
+			}
+		case op := <-l.p.queue:
+			if op.state.Load() == opQueued {
+				buf = l.sendOn().send(op, buf)
+			}
+		case n := <-l.p.notes:
+			l.note(n)
+		}
+	}
+}
+
+// sendOn is the link a writer sends its READ on: its own, but the first
+// while that one is down and the producer pushes to us. Pushes come on the
+// first link only, after a READ there showed the producer whose connection
+// it is; were READs to go only on the others, nothing would be pushed.
+func (l *link) sendOn() *link {
+	first := l.p.links[0]
+	if l == first || l.p.push == nil || first.up() {
+		return l
+	}
+	return first
+}
+
+func (l *link) up() bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.conn != nil
+}
+
+// send writes op's READ on l, connecting first if it must; buf is scratch
+// space, returned for the next READ.
+func (l *link) send(op *readOp, buf []byte) []byte {
+	conn, err := l.connect()
+	if err != nil {
+		l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
+		op.fail()
+		return buf
+	}
+	buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote)
+	// Under wmu from the enqueue: the order of pending is the order of
+	// the writes, whichever goroutine writes (PostRead may, see tryPost).
+	l.wmu.Lock()
+	if !l.enqueue(conn, op) {
+		l.wmu.Unlock()
+		return buf
+	}
+	err = writeFull(conn, net.Buffers{buf}, l.p.d.cfg.IOTimeout)
+	l.wmu.Unlock()
+	if err != nil {
+		l.breakIf(conn, err)
+	}
+	return buf
+}
+
+// enqueue moves op from queued to sent on conn, the caller about to write
+// its frame (holding wmu). false: conn broke meanwhile (op failed) or op
+// was released.
+func (l *link) enqueue(conn net.Conn, op *readOp) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conn != conn {
+		op.fail()
+		return false
+	}
+	if !op.state.CompareAndSwap(opQueued, opSent) {
+		return false
+	}
+	op.link.Store(l)
+	op.sentAt = time.Now()
+	l.pending = append(l.pending, op)
+	if len(l.pending) == 1 {
+		l.headAt = op.sentAt
+		l.armLocked()
+	}
+	return true
+}
+
+// armLocked sets conn's read deadline for the answer at the head: the head
+// has IOTimeout from when it became the head (its READ was sent, or the
+// answer ahead of it landed), however long the connection idled before,
+// and however long the READs ahead of it took. No READ waiting: none.
+func (l *link) armLocked() {
+	if l.conn == nil {
+		return
+	}
+	if len(l.pending) == 0 {
+		l.conn.SetReadDeadline(time.Time{})
+		return
+	}
+	l.conn.SetReadDeadline(l.headAt.Add(l.p.d.cfg.IOTimeout))
+}
+
+// tryPost sends op's READ on a connected link that no one is writing to,
+// on the caller's goroutine, when the socket takes the frame without
+// waiting: the READ then leaves without a hand-off to a writer goroutine.
+// false: no link was free, and op goes to the writers' queue.
+func (p *peer) tryPost(op *readOp) bool {
+	if p.push != nil && !p.links[0].up() {
+		// The link pushes come on is down: a writer brings it up with this
+		// READ (sendOn).
+		return false
+	}
+	for _, l := range p.links {
+		if !l.wmu.TryLock() {
+			continue
+		}
+		l.mu.Lock()
+		conn, nb := l.conn, l.nb
+		l.mu.Unlock()
+		if conn == nil || nb == nil {
+			l.wmu.Unlock()
+			continue
+		}
+		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.n, op.remote)
+		if l.enqueue(conn, op) {
+			l.sendFrameLocked(conn, nb)
+		} else {
+			l.wmu.Unlock()
+		}
+		return true
+	}
+	return false
+}
+
+// sendFrameLocked writes l.frame on conn without waiting; the caller holds
+// wmu, which is released at once, or, when the socket took the frame only
+// in part, by a goroutine of its own once it wrote the rest. A write that
+// fails breaks the connection.
+func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
+	n, err := nb.write(l.frame)
+	switch {
+	case err != nil:
+		l.wmu.Unlock()
+		l.breakIf(conn, err)
+	case n < len(l.frame):
+		rest := net.Buffers{append([]byte(nil), l.frame[n:]...)}
+		l.p.d.wg.Add(1)
+		go func() {
+			defer l.p.d.wg.Done()
+			err := writeFull(conn, rest, l.p.d.cfg.IOTimeout)
+			l.wmu.Unlock()
+			if err != nil {
+				l.breakIf(conn, err)
+			}
+		}()
+	default:
+		l.wmu.Unlock()
+	}
+}
+
+// note sends one notification, connecting if it must.
+func (l *link) note(n []byte) {
+	conn, err := l.connect()
+	if err != nil {
+		l.p.d.notesLost.Add(1)
+		return
+	}
+	l.wmu.Lock()
+	err = writeFull(conn, net.Buffers{appendNotify(nil, n)}, l.p.d.cfg.IOTimeout)
+	l.wmu.Unlock()
+	if err != nil {
+		l.breakIf(conn, err)
+	}
+}
+
+// breakIf breaks conn if it is still the link's connection.
+func (l *link) breakIf(conn net.Conn, err error) {
+	l.mu.Lock()
+	if l.conn == conn {
+		l.breakLocked(err)
+	}
+	l.mu.Unlock()
+}
+
+// breakOp breaks the connection op's bytes are landing from (Release).
+func (l *link) breakOp(op *readOp) {
+	l.mu.Lock()
+	if op.link.Load() == l {
+		l.breakLocked(errReleased)
+	}
+	l.mu.Unlock()
+}
+
+// breakLocked closes the connection and fails every READ sent on it that
+// is not landing (its lander fails it, as the connection closed).
+func (l *link) breakLocked(err error) {
+	if l.conn != nil {
+		l.conn.Close()
+		l.conn, l.nb = nil, nil
+		l.p.d.log.Debug("ec data: connection to producer closed", "peer", l.p.name, "err", err)
+	}
+	for _, op := range l.pending {
+		op.fail()
+	}
+	clear(l.pending)
+	l.pending = l.pending[:0]
+}
+
+// connect returns the live connection, dialing one if there is none.
+func (l *link) connect() (net.Conn, error) {
+	l.dial.Lock()
+	defer l.dial.Unlock()
+	l.mu.Lock()
+	c := l.conn
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	if l.p.stopped() {
+		return nil, xfer.ErrClosed
+	}
+	c, err := net.DialTimeout("tcp", l.p.addr, l.p.d.cfg.DialTimeout)
+	if err != nil {
+		return nil, err
+	}
+	if tc, ok := c.(*net.TCPConn); ok {
+		tuneConn(tc)
+	}
+	room := 0
+	if l.first && l.p.push != nil {
+		room = l.p.push.cap
+	}
+	var challenge []byte
+	if l.p.sh != nil {
+		challenge = l.p.sh.challenge[:]
+	}
+	if err := writeFull(c, net.Buffers{appendHello(nil, l.p.d.name, uint32(room), challenge)}, l.p.d.cfg.IOTimeout); err != nil {
+		c.Close()
+		return nil, err
+	}
+	l.mu.Lock()
+	if l.p.stopped() {
+		l.mu.Unlock()
+		c.Close()
+		return nil, xfer.ErrClosed
+	}
+	l.conn, l.nb = c, newNBWriter(c)
+	l.mu.Unlock()
+	l.p.d.wg.Add(1)
+	go l.reader(c)
+	return c, nil
+}
+
+// reader takes the producer's welcome, then its answers in order, landing
+// each READ's bytes straight in the local blocks, and its pushes.
+func (l *link) reader(c net.Conn) {
+	defer l.p.d.wg.Done()
+	in := &deadlineReader{c: c, timeout: l.p.d.cfg.IOTimeout}
+	r := bufio.NewReaderSize(in, 64<<10)
+	err := l.welcome(r, in)
+	for err == nil {
+		// The head's deadline (arm), until a frame starts.
+		in.progress = false
+		l.mu.Lock()
+		if l.conn == c {
+			l.armLocked()
+		}
+		l.mu.Unlock()
+		if _, err = r.Peek(1); err != nil {
+			break
+		}
+		in.progress = true
+		var typ byte
+		var head [headLen]byte
+		if typ, err = readHead(r, head[:]); err != nil {
+			break
+		}
+		switch typ {
+		case frameData:
+			err = l.answer(c, r)
+		case framePush:
+			err = l.takePush(r)
+		default:
+			err = fmt.Errorf("%w: frame %d", errProtocol, typ)
+		}
+	}
+	l.breakIf(c, err)
+}
+
+// welcome reads the producer's first frame: the proof that it owns the
+// shared region we mapped, when we sent a challenge.
+func (l *link) welcome(r *bufio.Reader, in *deadlineReader) error {
+	l.mu.Lock()
+	if l.conn == in.c {
+		l.armLocked()
+	}
+	l.mu.Unlock()
+	var b [headLen + proofLen]byte
+	if _, err := r.Peek(1); err != nil {
+		return err
+	}
+	in.progress = true
+	typ, err := readHead(r, b[:])
+	if err != nil {
+		return err
+	}
+	if typ != frameWelcome {
+		return fmt.Errorf("%w: frame %d before the welcome", errProtocol, typ)
+	}
+	if _, err := io.ReadFull(r, b[:proofLen]); err != nil {
+		return err
+	}
+	if l.p.sh != nil {
+		l.p.sh.verify(b[:proofLen])
+	}
+	return nil
+}
+
+// answer takes one data frame (its head read): the answer to the READ at
+// the head of pending.
+func (l *link) answer(c net.Conn, r *bufio.Reader) error {
+	var b [17]byte
+	if _, err := io.ReadFull(r, b[:]); err != nil {
+		return err
+	}
+	id, status, size := binary.BigEndian.Uint64(b[:]), b[8], binary.BigEndian.Uint64(b[9:])
+	l.mu.Lock()
+	var op *readOp
+	if len(l.pending) > 0 && l.pending[0].id == id {
+		op = l.pending[0]
+		l.pending[0] = nil
+		l.pending = l.pending[1:]
+	}
+	l.mu.Unlock()
+	if op == nil {
+		return fmt.Errorf("%w: answer %d out of order", errProtocol, id)
+	}
+	bs := l.p.d.region.BlockSize()
+	switch {
+	case status == dataRefused && size == 0:
+		op.fail()
+	case status != dataOK || size != uint64(op.n)*uint64(bs):
+		op.fail()
+		return fmt.Errorf("%w: answer %d: status %d, %d bytes for %d blocks", errProtocol, id, status, size, op.n)
+	case op.claim(opSent):
+		err := l.landBytes(r, op)
+		op.land(err == nil)
+		if err != nil {
+			return err
+		}
+	default: // released (or failed) before its bytes came: drop them
+		if _, err := r.Discard(int(size)); err != nil {
+			return err
+		}
+	}
+	if status == dataOK {
+		// Every byte is in: the producer's notification may go.
+		done := appendDone(make([]byte, 0, headLen+8), id)
+		l.wmu.Lock()
+		err := writeFull(c, net.Buffers{done}, l.p.d.cfg.IOTimeout)
+		l.wmu.Unlock()
+		if err != nil {
+			return err
+		}
+	}
+	l.mu.Lock()
+	l.headAt = time.Now() // the next READ's turn starts
+	l.mu.Unlock()
+	return nil
+}
+
+// landBytes reads op's bytes straight into its blocks; the caller is its
+// lander.
+func (l *link) landBytes(r io.Reader, op *readOp) error {
+	for _, run := range op.local {
+		if _, err := io.ReadFull(r, l.p.d.region.Span(run[0], run[1])); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// deadlineReader is a connection read either under the deadline set for it
+// (the head READ's, see armLocked), or, once a frame has started, with
+// IOTimeout from each read: a READ fails when no byte of it moved for
+// IOTimeout, however long it is.
+type deadlineReader struct {
+	c        net.Conn
+	timeout  time.Duration
+	progress bool
+}
+
+func (d *deadlineReader) Read(p []byte) (int, error) {
+	if d.progress {
+		d.c.SetReadDeadline(time.Now().Add(d.timeout))
+	}
+	return d.c.Read(p)
+}
+
+// writeFull writes bufs to c, failing only when no byte left for timeout
+// (a deadline that passes after some progress is set anew).
+func writeFull(c net.Conn, bufs net.Buffers, timeout time.Duration) error {
+	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
+	for len(bufs) > 0 {
+		c.SetWriteDeadline(time.Now().Add(timeout))
+		n, err := bufs.WriteTo(c)
+		if err != nil {
+			var ne net.Error
+			if n > 0 && errors.As(err, &ne) && ne.Timeout() {
+				continue
+			}
+			return err
+		}
+	}
+	return nil
+}
+
+// tuneConn sets a data connection's options: no Nagle delay for the small
+// frames, and socket buffers large enough to keep a READ's bytes moving.
+func tuneConn(tc *net.TCPConn) {
+	tc.SetNoDelay(true)
+	tc.SetReadBuffer(4 << 20)
+	tc.SetWriteBuffer(4 << 20)
+}

@@ -1,0 +1,225 @@
+package transport
+
+import (
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/ecxfer/ecxfer/wire"
+)
+
+// peer is a producer this agent reads from: a few connections (links),
+// each with a writer goroutine taking READs from the peer's queue and a
+// reader goroutine taking the answers in order. Several connections let
+// the producer's writes and our reads of different READs run on different
+// cores.
+type peer struct {
+	d      *TCPData
+	name   string
+	addr   string
+	blocks int
+	refs   int // registrations, under d.mu
+	links  []*link
+	queue  chan *readOp // READs for the links' writers to send
+	notes  chan []byte  // notify frames for the links' writers
+	stop   chan struct{}
+	once   sync.Once
+	// inflight counts READs posted and not ended: at most MaxQueued, so
+	// that a producer that stops answering cannot make them pile up.
+	inflight atomic.Int64
+
+	sh   *sharedPeer // the producer's region, mapped (same host), or nil
+	push *stage      // pushes kept for READs, or nil (the producer does not push to us)
+	// readers counts the goroutines that may read the mapped region; it
+	// is unmapped once they are gone.
+	readers sync.WaitGroup
+}
+
+// The ways a READ can go (route).
+const (
+	viaSocket  = iota // a READ frame, answered with the bytes
+	viaPush           // landed from a push kept for it, now (the caller copies)
+	viaPushing        // landed from a push still arriving, by the link's reader
+	viaBoard          // copied from the producer's region under a published grant, now
+	viaCopier         // the same, by the peer's copy goroutine
+)
+
+func newPeer(d *TCPData, m agentMeta, key string) *peer {
+	p := &peer{d: d, name: key, addr: m.Addr, blocks: m.Blocks,
+		queue: make(chan *readOp, d.cfg.MaxQueued), notes: make(chan []byte, 256), stop: make(chan struct{})}
+	if m.Shm != "" && !d.cfg.NoSharedMemory {
+		sh, err := d.mapShared(m)
+		if err != nil {
+			// Another host, another user, or no /proc: TCP it is.
+			d.log.Debug("ec data: producer's region not mapped, reading over TCP", "peer", key, "err", err)
+		} else {
+			p.sh = sh
+			p.startShared()
+		}
+	}
+	if m.Push && p.sh == nil && d.cfg.PushBuffer > 0 {
+		p.push = newStage(d.cfg.PushBuffer)
+	}
+	for i := range d.cfg.Conns {
+		l := &link{p: p, first: i == 0}
+		p.links = append(p.links, l)
+		d.wg.Add(1)
+		go l.writer()
+	}
+	return p
+}
+
+// route decides how op lands; called with d.mu, so that p is not shut
+// down meanwhile.
+func (p *peer) route(op *readOp) int {
+	if p.push != nil {
+		if st, ready := p.push.claim(op); st != nil {
+			if ready {
+				op.staged = st
+				return viaPush
+			}
+			return viaPushing
+		}
+	}
+	if p.sh != nil {
+		if way := p.sh.route(op); way != viaSocket {
+			p.readers.Add(1) // until the copy is done
+			return way
+		}
+	}
+	return viaSocket
+}
+
+// start sends op on its way (route's), on the caller's goroutine.
+func (p *peer) start(op *readOp, way int) {
+	switch way {
+	case viaPush:
+		st := op.staged
+		op.staged = nil
+		if p.landStaged(op, st) {
+			p.sendNotes([][]byte{op.notif})
+		}
+	case viaPushing: // the reader that takes the push lands it
+	case viaBoard:
+		ok := p.boardCopy(op)
+		p.readers.Done()
+		if ok {
+			p.sendNotes([][]byte{op.notif})
+		}
+	case viaCopier:
+		select {
+		case p.sh.copies <- op:
+		default: // cannot happen while inflight bounds the queue
+			p.readers.Done()
+			op.fail()
+		}
+	default:
+		if p.tryPost(op) {
+			return
+		}
+		select {
+		case p.queue <- op:
+		default: // cannot happen while inflight bounds the queue
+			op.fail()
+		}
+	}
+}
+
+// ended gives op's place in the in-flight bound back (once: every READ
+// reaches one final state) and, unless it was released, wakes the loop.
+func (p *peer) ended(_ *readOp, signal bool) {
+	p.inflight.Add(-1)
+	if signal {
+		p.d.signal()
+	}
+}
+
+// shutdown stops the peer's goroutines and fails its READs. Called with d.mu.
+func (p *peer) shutdown(err error) {
+	p.once.Do(func() {
+		close(p.stop)
+		for _, l := range p.links {
+			l.mu.Lock()
+			l.breakLocked(err)
+			l.mu.Unlock()
+		}
+		if p.push != nil {
+			p.push.shutdown()
+		}
+		if p.sh != nil {
+			// No reader starts after the loop above (connect checks stop
+			// under l.mu, copies start under d.mu); the mapping goes once
+			// the last one left.
+			p.d.wg.Add(1)
+			go func() {
+				defer p.d.wg.Done()
+				p.readers.Wait()
+				p.sh.unmap()
+			}()
+		}
+	})
+}
+
+// stopped reports whether the peer was shut down.
+func (p *peer) stopped() bool {
+	select {
+	case <-p.stop:
+		return true
+	default:
+		return false
+	}
+}
+
+// grantOf returns the grant id a Go consumer's notification names, or 0.
+func grantOf(notif []byte) uint64 {
+	if _, g, tok, ok := wire.SplitNotifGrant(notif); ok && !tok.IsZero() {
+		return g
+	}
+	return 0
+}
+
+// sendNotes sends the notifications of READs that landed without a READ
+// frame, on a link no one is writing to when there is one (in one write),
+// else through the writers. One that cannot be sent is lost, as a data
+// plane's notification may be: the producer's lease ends the grant.
+func (p *peer) sendNotes(notes [][]byte) {
+	if p.tryNotes(notes) {
+		return
+	}
+	for _, n := range notes {
+		select {
+		case p.notes <- n:
+		default:
+			p.d.notesLost.Add(1)
+		}
+	}
+}
+
+// tryNotes writes notes on a connected link without waiting; false: none
+// was free.
+func (p *peer) tryNotes(notes [][]byte) bool {
+	for _, l := range p.links {
+		if !l.wmu.TryLock() {
+			continue
+		}
+		l.mu.Lock()
+		conn, nb := l.conn, l.nb
+		l.mu.Unlock()
+		if conn == nil || nb == nil {
+			l.wmu.Unlock()
+			continue
+		}
+		l.frame = l.frame[:0]
+		for _, n := range notes {
+			l.frame = appendNotify(l.frame, n)
+		}
+		l.sendFrameLocked(conn, nb)
+		return true
+	}
+	return false
+}
+
+// fastBurst: a READ posted within this of the previous one to its peer is
+// part of a burst (a step that took many acks), which the copy goroutine
+// copies while the step goes on; a lone one is copied at once.
+const fastBurst = 50 * time.Microsecond

@@ -1,5 +1,0 @@
-//go:build !race
-
-package transport
-
-const raceEnabled = false

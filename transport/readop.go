@@ -1,0 +1,126 @@
+package transport
+
+import (
+	"sync/atomic"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// A READ on the consumer side is one readOp, in one of these states. The
+// table is all there is to who may change it:
+//
+//	state     entered by                     left by                         to
+//	queued    PostRead                       the link that writes its frame  sent
+//	                                         its one lander (see below)      writing
+//	                                         Release                         released
+//	                                         its peer or link failing        failed
+//	sent      the link that wrote its frame  its link's reader, at its answer writing
+//	                                         Release                         released
+//	                                         its link failing                failed
+//	writing   its lander                     its lander, and no one else     done, failed
+//	done, failed, released: final
+//
+// A lander is whatever moves bytes into the READ's local blocks: its link's
+// reader landing the answer's bytes (from sent), a copy out of a same-host
+// producer's region under a grant its board shows live (from queued), or a
+// push of the grant's blocks (from queued). Exactly one of them can move a
+// READ into writing (a compare-and-swap), and only it moves the READ out.
+// Anyone else may fail a READ that is queued or sent, or break its
+// connection, and wait. Release of a READ in writing breaks its connection
+// (a socket lander then fails at once) and waits until its lander leaves
+// writing: once Release returns, nothing writes into its blocks.
+const (
+	opQueued int32 = iota
+	opSent
+	opWriting
+	opDone
+	opFailed
+	opReleased
+)
+
+type readOp struct {
+	h      xfer.Handle
+	id     uint64 // the READ frame's id
+	n      int    // blocks
+	local  [][2]int
+	remote [][2]int // runs of consecutive ids (start, count)
+	notif  []byte
+	peer   *peer
+
+	state  atomic.Int32
+	landed chan struct{}        // closed by the lander as it leaves writing
+	link   atomic.Pointer[link] // the connection its frame went on, once sent
+	// sentAt: when its frame was written, under its link's mu.
+	sentAt time.Time
+	staged *staged // the push route found for it (between route and start)
+}
+
+func newReadOp(h xfer.Handle, p *peer, local, remote []int, notif []byte) *readOp {
+	return &readOp{h: h, id: uint64(h), n: len(local), local: spans(nil, local), remote: spans(nil, remote),
+		notif: notif, peer: p, landed: make(chan struct{})}
+}
+
+// claim moves op from state from into writing: the caller is its lander.
+func (op *readOp) claim(from int32) bool { return op.state.CompareAndSwap(from, opWriting) }
+
+// land ends op's writing, as its lander: done or failed. It wakes a
+// Release waiting for it, and the consumer's loop.
+func (op *readOp) land(ok bool) {
+	st := opFailed
+	if ok {
+		st = opDone
+	}
+	op.state.Store(st)
+	close(op.landed)
+	op.peer.ended(op, true)
+}
+
+// fail ends op unless it is being written (its lander ends it) or ended.
+func (op *readOp) fail() {
+	for {
+		s := op.state.Load()
+		if s != opQueued && s != opSent {
+			return
+		}
+		if op.state.CompareAndSwap(s, opFailed) {
+			op.peer.ended(op, true)
+			return
+		}
+	}
+}
+
+// release ends op for Release: at once unless a lander is writing into
+// its blocks; then it breaks op's connection, which stops a socket lander,
+// and waits for the lander to leave (a copy runs to its end).
+func (op *readOp) release() {
+	for {
+		s := op.state.Load()
+		switch s {
+		case opQueued, opSent:
+			if op.state.CompareAndSwap(s, opReleased) {
+				op.peer.ended(op, false)
+				return
+			}
+		case opWriting:
+			if l := op.link.Load(); l != nil {
+				l.breakOp(op)
+			}
+			<-op.landed
+			return
+		default:
+			return
+		}
+	}
+}
+
+// progress says what Check reports.
+func (op *readOp) progress() xfer.Progress {
+	switch op.state.Load() {
+	case opDone:
+		return xfer.Complete
+	case opFailed, opReleased:
+		return xfer.Failed
+	}
+	return xfer.InProgress
+}

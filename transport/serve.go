@@ -1,0 +1,299 @@
+package transport
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"time"
+
+	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// The producer's side: one goroutine per consumer connection answers its
+// READs in order, writing the granted blocks straight out of the region.
+// Anything malformed closes that connection only.
+
+// maxQueuedNotifs bounds the notifications waiting for DrainNotifs.
+const maxQueuedNotifs = 1 << 16
+
+// servedConn is a consumer's connection a producer serves: its answers and
+// pushes take turns on it under wmu.
+type servedConn struct {
+	c     net.Conn
+	nb    *nbWriter // for pushes, which must not wait
+	wmu   sync.Mutex
+	agent string // as its hello named it: a label
+	room  int    // bytes of pushes the consumer keeps for it; 0: none
+	// Where it takes pushes: the consumer sessions whose grants it
+	// presented, in att. Its serve goroutine's own.
+	att   *attachment
+	bound []uint64
+	// a push's scratch, under wmu
+	frame []byte
+	bufs  [][]byte
+	runs  [][2]int
+}
+
+func (d *TCPData) accept() {
+	defer d.wg.Done()
+	backoff := time.Millisecond
+	for {
+		c, err := d.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			time.Sleep(backoff) // EMFILE and friends: do not spin
+			backoff = min(2*backoff, time.Second)
+			continue
+		}
+		backoff = time.Millisecond
+		s := &servedConn{c: c}
+		d.mu.Lock()
+		if d.closed {
+			d.mu.Unlock()
+			c.Close()
+			return
+		}
+		d.served[s] = struct{}{}
+		d.wg.Add(1)
+		d.mu.Unlock()
+		go d.serve(s)
+	}
+}
+
+// server is what serve keeps of one connection.
+type server struct {
+	d        *TCPData
+	s        *servedConn
+	r        *bufio.Reader
+	in       *deadlineReader
+	buf      [16]byte
+	awaiting map[uint64][]byte // served READs whose done has not come
+	ids      []int
+	runs     [][2]int
+	out      net.Buffers
+	head     []byte
+	notif    []byte
+	scratch  []byte
+	pending  bool // notifications queued since the last notified
+}
+
+// serve answers one consumer's READs in order.
+func (d *TCPData) serve(s *servedConn) {
+	defer d.wg.Done()
+	defer func() {
+		d.mu.Lock()
+		delete(d.served, s)
+		d.mu.Unlock()
+		s.c.Close()
+		s.unbind()
+	}()
+	if tc, ok := s.c.(*net.TCPConn); ok {
+		tuneConn(tc)
+	}
+	in := &deadlineReader{c: s.c, timeout: d.cfg.IOTimeout, progress: true}
+	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(in, 4096), awaiting: map[uint64][]byte{},
+		notif: make([]byte, maxNotifLen), scratch: make([]byte, 16<<10)}
+	defer func() {
+		if v.pending {
+			d.notified()
+		}
+	}()
+	if !v.hello() {
+		return
+	}
+	for v.frame() {
+	}
+}
+
+// hello reads the consumer's hello and answers the welcome.
+func (v *server) hello() bool {
+	typ, err := readHead(v.r, v.buf[:])
+	if err != nil || typ != frameHello {
+		return false
+	}
+	nl, ok := readLen(v.r, v.buf[:], maxNameLen)
+	if !ok {
+		return false
+	}
+	name := make([]byte, nl)
+	var tail [4 + challengeLen]byte
+	if _, err := io.ReadFull(v.r, name); err != nil {
+		return false
+	}
+	if _, err := io.ReadFull(v.r, tail[:]); err != nil {
+		return false
+	}
+	s := v.s
+	s.agent, s.room = string(name), int(binary.BigEndian.Uint32(tail[:]))
+	if v.d.cfg.NoPush {
+		s.room = 0
+	}
+	if s.room > 0 {
+		s.nb = newNBWriter(s.c)
+	}
+	var answer []byte
+	if challenge := tail[4:]; v.d.token != nil && !bytes.Equal(challenge, make([]byte, challengeLen)) {
+		answer = proof(v.d.token, challenge)
+	}
+	return v.write(net.Buffers{appendWelcome(nil, answer)}) == nil
+}
+
+// frame takes one frame from the consumer; false: the connection ends.
+func (v *server) frame() bool {
+	if v.pending && v.r.Buffered() == 0 {
+		// The frames read so far are handled: one call for a burst.
+		v.pending = false
+		v.d.notified()
+	}
+	// Idle until a frame starts; then no more than IOTimeout without a
+	// byte.
+	v.in.progress = false
+	v.s.c.SetReadDeadline(time.Now().Add(v.d.cfg.IdleTimeout))
+	if _, err := v.r.Peek(1); err != nil {
+		return false
+	}
+	v.in.progress = true
+	typ, err := readHead(v.r, v.buf[:])
+	if err != nil {
+		return false
+	}
+	switch typ {
+	case frameRead:
+		return v.read()
+	case frameDone:
+		if _, err := io.ReadFull(v.r, v.buf[:8]); err != nil {
+			return false
+		}
+		id := binary.BigEndian.Uint64(v.buf[:8])
+		if msg, ok := v.awaiting[id]; ok {
+			delete(v.awaiting, id)
+			return v.queue(msg)
+		}
+		return true
+	case frameNotify:
+		// A READ landed from our shared region or from a push: the
+		// session matches the notification, and its token, to the grant.
+		nl, ok := readLen(v.r, v.buf[:], maxNotifLen)
+		if !ok {
+			return false
+		}
+		if _, err := io.ReadFull(v.r, v.notif[:nl]); err != nil {
+			return false
+		}
+		return v.queue(bytes.Clone(v.notif[:nl]))
+	}
+	return false
+}
+
+// queue queues a notification for DrainNotifs; false: the queue is full
+// (nobody drains it: a consumer flooding us, or a producer that stopped
+// stepping), and this connection is cut off.
+func (v *server) queue(msg []byte) bool {
+	d := v.d
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if len(d.notifs) >= maxQueuedNotifs {
+		return false
+	}
+	d.notifs = append(d.notifs, xfer.Notif{Agent: v.s.agent, Msg: msg})
+	v.pending = true
+	return true
+}
+
+// read takes a READ frame (its head read) and answers it.
+func (v *server) read() bool {
+	d := v.d
+	if _, err := io.ReadFull(v.r, v.buf[:14]); err != nil {
+		return false
+	}
+	id := binary.BigEndian.Uint64(v.buf[:8])
+	nl := int(binary.BigEndian.Uint16(v.buf[8:]))
+	nb := int(binary.BigEndian.Uint32(v.buf[10:]))
+	if nl > maxNotifLen || nb > d.region.Blocks() || len(v.awaiting) >= d.cfg.MaxQueued {
+		return false
+	}
+	if _, dup := v.awaiting[id]; dup {
+		return false // an id in flight again: its notification would be ambiguous
+	}
+	if _, err := io.ReadFull(v.r, v.notif[:nl]); err != nil {
+		return false
+	}
+	var ok bool
+	if v.ids, ok = readIDs(v.r, v.ids[:0], nb, d.region.Blocks(), v.scratch); !ok {
+		return false
+	}
+	hold, a, ok := d.authorize(v.s.agent, v.notif[:nl], v.ids)
+	if !ok {
+		v.head = appendDataHead(v.head[:0], id, dataRefused, 0)
+		return v.write(net.Buffers{v.head}) == nil
+	}
+	if a != nil {
+		a.bind(v.s, hold.Consumer)
+	}
+	v.awaiting[id] = bytes.Clone(v.notif[:nl])
+	v.head = appendDataHead(v.head[:0], id, dataOK, uint64(nb)*uint64(d.region.BlockSize()))
+	v.out = append(v.out[:0], v.head)
+	v.runs = spans(v.runs[:0], v.ids)
+	for _, r := range v.runs {
+		v.out = append(v.out, d.region.Span(r[0], r[1]))
+	}
+	err := v.write(v.out)
+	hold.Release() // the bytes are out of the region (or never will be)
+	return err == nil
+}
+
+// write writes bufs under the connection's write lock (pushes take turns
+// with answers), failing when no byte moved for IOTimeout.
+func (v *server) write(bufs net.Buffers) error {
+	v.s.wmu.Lock()
+	defer v.s.wmu.Unlock()
+	return writeFull(v.s.c, bufs, v.d.cfg.IOTimeout)
+}
+
+// authorize asks the gates: TCPConfig.Authorize's, if set, and the
+// attached session's, if any; with neither nothing is served. a is the
+// attachment that granted.
+func (d *TCPData) authorize(agent string, notif []byte, ids []int) (h plane.Hold, a *attachment, ok bool) {
+	var user func()
+	if f := d.cfg.Authorize; f != nil {
+		if user, ok = f(agent, notif, ids); !ok {
+			return h, nil, false
+		}
+		if user == nil {
+			user = func() {}
+		}
+	}
+	a = d.att.Load()
+	if a == nil {
+		return plane.Hold{Release: user}, nil, user != nil
+	}
+	if h, ok = a.gate.Authorize(agent, notif, ids); !ok {
+		if user != nil {
+			user()
+		}
+		return h, nil, false
+	}
+	if user != nil {
+		session := h.Release
+		h.Release = func() { user(); session() }
+	}
+	return h, a, true
+}
+
+// notified runs the attached session's notification hook, or signals
+// Ready.
+func (d *TCPData) notified() {
+	if a := d.att.Load(); a != nil {
+		if f := a.hook.Load(); f != nil && (*f)() {
+			return
+		}
+	}
+	d.signal()
+}
