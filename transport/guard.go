@@ -166,7 +166,8 @@ type guardConn struct {
 	hdr       [9]byte
 	cmd       []byte
 	readyIn   atomic.Bool
-	lastRecv  atomic.Int64 // unix nanos of the last byte received
+	lastRecv  atomic.Int64  // unix nanos of the last byte received
+	inBytes   atomic.Uint64 // bytes read from the socket, for tests
 
 	// outbound
 	wmu      sync.Mutex
@@ -185,6 +186,7 @@ type guardConn struct {
 	sbuf     []byte // send's scratch: the message being encoded (under omu)
 	omsgs    int    // messages appended since opend was last empty
 	owriting bool   // the writer goroutine owns the socket's write side
+	owlen    int    // bytes the writer is writing
 	obroken  error
 	okick    chan struct{}
 
@@ -254,6 +256,7 @@ func (s guardSrc) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	if n > 0 {
 		g.lastRecv.Store(time.Now().UnixNano())
+		g.inBytes.Add(uint64(n))
 	}
 	return n, err
 }
@@ -798,11 +801,15 @@ func (g *guardConn) writer() {
 			}
 			buf, g.opend = g.opend, buf[:0]
 			g.owriting = true
+			g.owlen = len(buf)
 			g.omu.Unlock()
 			g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
 			_, err := g.Conn.Write(buf)
 			// A deadline left behind would fail sendRaw's next raw write.
 			g.Conn.SetWriteDeadline(time.Time{})
+			g.omu.Lock()
+			g.owlen = 0
+			g.omu.Unlock()
 			if err != nil {
 				g.omu.Lock()
 				g.obroken = fmt.Errorf("%w: %v", net.ErrClosed, err)
@@ -818,6 +825,18 @@ func (g *guardConn) writer() {
 			}
 		}
 	}
+}
+
+// pendingOut returns the bytes the guard holds that the socket has not
+// taken yet, for tests.
+func (g *guardConn) pendingOut() int {
+	g.omu.Lock()
+	n := len(g.opend) + g.owlen
+	g.omu.Unlock()
+	g.wmu.Lock()
+	n += len(g.out) + len(g.pongs)
+	g.wmu.Unlock()
+	return n
 }
 
 // frameParser follows zmq4's outbound stream to know where messages end.
