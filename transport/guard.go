@@ -128,11 +128,20 @@ func (g *goGroup) wait() {
 const (
 	greetingLen = 64
 	maxCommand  = 16 << 10 // READY with metadata is a few hundred bytes
+	// readChunk is the most allocated for bytes that have not arrived: a
+	// larger frame's buffer grows as they do, so a peer that declares a
+	// large frame and sends it slowly makes us hold about twice what it
+	// sent, not what it declared.
+	readChunk   = 64 << 10
 	coalesceMax = 64 << 10 // larger messages are written through
 	flagMore    = 0x01
 	flagLong    = 0x02
 	flagCommand = 0x04
 )
+
+// Commands (READY in the handshakes included) are read whole, at their
+// declared size: this fails to compile if the cap passes readChunk.
+const _ = uint(readChunk - maxCommand)
 
 var errGuard = errors.New("transport: ZMTP peer broke the rules")
 
@@ -421,8 +430,8 @@ func (g *guardConn) messages(flags byte, size uint64) error {
 	var spare [4][]byte // a message's frames; deliver keeps the bodies, not the slice
 	frames := spare[:0]
 	for {
-		body := make([]byte, size)
-		if err := g.srcFull(body); err != nil {
+		body, err := g.readBody(size)
+		if err != nil {
 			return err
 		}
 		frames = append(frames, body)
@@ -451,6 +460,28 @@ func (g *guardConn) messages(flags byte, size uint64) error {
 			return err
 		}
 	}
+}
+
+// readBody reads a data frame's body of the declared size, allocating as
+// its bytes arrive: readChunk at first, then twice what arrived.
+func (g *guardConn) readBody(size uint64) ([]byte, error) {
+	if size <= readChunk {
+		b := make([]byte, size)
+		return b, g.srcFull(b)
+	}
+	b := make([]byte, 0, readChunk)
+	for uint64(len(b)) < size {
+		if len(b) == cap(b) {
+			nb := make([]byte, len(b), min(size, 2*uint64(len(b))))
+			copy(nb, b)
+			b = nb
+		}
+		if err := g.srcFull(b[len(b):cap(b)]); err != nil {
+			return nil, err
+		}
+		b = b[:cap(b)]
+	}
+	return b, nil
 }
 
 // metaProp returns the value of a READY property (names are

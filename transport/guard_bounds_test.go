@@ -3,15 +3,18 @@ package transport
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"io"
 	"net"
+	"runtime"
 	"syscall"
 	"testing"
 	"time"
 )
 
 // What a peer can make the guard hold is bounded by us: one PONG and one
-// PING unwritten however many PINGs arrive.
+// PING unwritten however many PINGs arrive, and a declared frame's buffer
+// grows only as its bytes arrive.
 
 var (
 	floodPing = appendCommand(nil, "PING", append([]byte{0, 0}, "0123456789abcdef"...))
@@ -228,5 +231,86 @@ func TestHeartbeatKeepsOnePing(t *testing.T) {
 		if n := g.pendingOut(); n > limit {
 			t.Fatalf("the guard holds %d bytes unwritten (a PONG and a PING are %d)", n, limit)
 		}
+	}
+}
+
+// trickleFrame declares a frame of size bytes on c, in the message ["",
+// body], and sends its first MiB in 64 KiB pieces, each read by g before
+// the next: what the process has allocated meanwhile must stay far under
+// size. Then it sends the rest and returns the body sent.
+func trickleFrame(t *testing.T, c net.Conn, g *guardConn, size int) []byte {
+	t.Helper()
+	const piece, trickled = 64 << 10, 1 << 20
+	const bound = 8 << 20 // twice what arrived, plus room for the rest of the process
+	body := make([]byte, size)
+	for i := range body {
+		body[i] = byte(i * 7)
+	}
+	hdr := binary.BigEndian.AppendUint64([]byte{flagMore, 0, flagLong}, uint64(size))
+	base := g.inBytes.Load()
+	var m runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m)
+	before := m.TotalAlloc
+	sent, most := 0, uint64(0)
+	send := func(b []byte) {
+		c.SetWriteDeadline(time.Now().Add(30 * time.Second))
+		if _, err := c.Write(b); err != nil {
+			t.Fatal(err)
+		}
+		sent += len(b)
+	}
+	send(hdr)
+	for off := 0; off < trickled; off += piece {
+		send(body[off : off+piece])
+		poll(t, 10*time.Second, "bytes read", func() bool { return g.inBytes.Load() >= base+uint64(sent) })
+		runtime.ReadMemStats(&m)
+		d := m.TotalAlloc - before
+		if d > bound {
+			t.Fatalf("%d bytes of a declared %d-byte frame arrived; %d bytes allocated meanwhile", sent-len(hdr), size, d)
+		}
+		most = d
+	}
+	t.Logf("%d bytes allocated while the first %d of a declared %d arrived", most, trickled, size)
+	send(body[trickled:])
+	return body
+}
+
+// A consumer declaring a 48 MiB request and sending it slowly: the server
+// allocates as the bytes arrive, and the request is delivered whole.
+func TestServerLargeFrameGrowsAsItArrives(t *testing.T) {
+	s, c, g := floodServer(t, ServerConfig{MaxFrame: 64 << 20, PingInterval: time.Hour})
+	marks := serverMarks(s)
+	c.Write(envelope("mark")) // everything before the frame has been read
+	poll(t, 10*time.Second, "mark", func() bool { return marks() > 0 })
+	body := trickleFrame(t, c, g, 48<<20)
+	var got []byte
+	poll(t, 30*time.Second, "request", func() bool {
+		for _, m := range s.Drain(nil) {
+			got = m.Payload
+		}
+		return got != nil
+	})
+	if !bytes.Equal(got, body) {
+		t.Fatalf("request of %d bytes differs from the %d sent", len(got), len(body))
+	}
+}
+
+// The same from a producer to a client (whose frames may be 64 MiB).
+func TestClientLargeFrameGrowsAsItArrives(t *testing.T) {
+	cl, _, c, g := fakeProducer(t, ClientConfig{PingInterval: time.Hour})
+	marks := clientMarks(cl)
+	c.Write(envelope("mark"))
+	poll(t, 10*time.Second, "mark", func() bool { return marks() > 0 })
+	body := trickleFrame(t, c, g, 48<<20)
+	var got []byte
+	poll(t, 30*time.Second, "reply", func() bool {
+		for _, m := range cl.Drain(nil) {
+			got = m.Payload
+		}
+		return got != nil
+	})
+	if !bytes.Equal(got, body) {
+		t.Fatalf("reply of %d bytes differs from the %d sent", len(got), len(body))
 	}
 }
