@@ -26,9 +26,12 @@ import (
 //
 //   - frame and message size caps, checked before zmq4 reads a size, so a
 //     declared 2^62-byte frame closes one connection instead of the process;
-//   - ZMTP heartbeats: every PING is answered with a PONG and no command
+//   - ZMTP heartbeats: PINGs are answered with PONGs and no command
 //     reaches the application; the guard sends its own PINGs and closes a
 //     connection whose peer stays silent;
+//   - what a peer can make it hold is bounded by us: at most one PONG and
+//     one PING of ours wait unwritten, and a frame's buffer grows as its
+//     bytes arrive, not to the size the peer declared;
 //   - a write deadline, so one stalled peer cannot hold a writer forever;
 //   - on the server side, the handshake runs off zmq4's serial accept loop,
 //     with a deadline and a cap on pending handshakes.
@@ -125,11 +128,20 @@ func (g *goGroup) wait() {
 const (
 	greetingLen = 64
 	maxCommand  = 16 << 10 // READY with metadata is a few hundred bytes
+	// readChunk is the most allocated for bytes that have not arrived: a
+	// larger frame's buffer grows as they do, so a peer that declares a
+	// large frame and sends it slowly makes us hold about twice what it
+	// sent, not what it declared.
+	readChunk   = 64 << 10
 	coalesceMax = 64 << 10 // larger messages are written through
 	flagMore    = 0x01
 	flagLong    = 0x02
 	flagCommand = 0x04
 )
+
+// Commands (READY in the handshakes included) are read whole, at their
+// declared size: this fails to compile if the cap passes readChunk.
+const _ = uint(readChunk - maxCommand)
 
 var errGuard = errors.New("transport: ZMTP peer broke the rules")
 
@@ -166,14 +178,16 @@ type guardConn struct {
 	hdr       [9]byte
 	cmd       []byte
 	readyIn   atomic.Bool
-	lastRecv  atomic.Int64 // unix nanos of the last byte received
+	lastRecv  atomic.Int64  // unix nanos of the last byte received
+	inBytes   atomic.Uint64 // bytes read from the socket, for tests
 
 	// outbound
 	wmu      sync.Mutex
 	swallow  int    // bytes of zmq4's greeting not to send (server)
 	out      []byte // message being coalesced
 	outParse frameParser
-	pongs    []byte // PONGs waiting for a message boundary
+	pongs    []byte // a PONG and a PING waiting for a message boundary
+	pqueued  uint8  // which of them pongs holds
 	readyOut atomic.Bool
 	broken   error
 
@@ -182,9 +196,12 @@ type guardConn struct {
 	raw      *nbWriter
 	omu      sync.Mutex
 	opend    []byte // encoded messages not yet written
+	octl     []byte // our commands waiting for the writer, after opend
+	oqueued  uint8  // our commands not yet written: at most one of each
 	sbuf     []byte // send's scratch: the message being encoded (under omu)
 	omsgs    int    // messages appended since opend was last empty
 	owriting bool   // the writer goroutine owns the socket's write side
+	owlen    int    // bytes the writer is writing
 	obroken  error
 	okick    chan struct{}
 
@@ -254,6 +271,7 @@ func (s guardSrc) Read(p []byte) (int, error) {
 	n, err := g.Conn.Read(p)
 	if n > 0 {
 		g.lastRecv.Store(time.Now().UnixNano())
+		g.inBytes.Add(uint64(n))
 	}
 	return n, err
 }
@@ -412,8 +430,8 @@ func (g *guardConn) messages(flags byte, size uint64) error {
 	var spare [4][]byte // a message's frames; deliver keeps the bodies, not the slice
 	frames := spare[:0]
 	for {
-		body := make([]byte, size)
-		if err := g.srcFull(body); err != nil {
+		body, err := g.readBody(size)
+		if err != nil {
 			return err
 		}
 		frames = append(frames, body)
@@ -442,6 +460,28 @@ func (g *guardConn) messages(flags byte, size uint64) error {
 			return err
 		}
 	}
+}
+
+// readBody reads a data frame's body of the declared size, allocating as
+// its bytes arrive: readChunk at first, then twice what arrived.
+func (g *guardConn) readBody(size uint64) ([]byte, error) {
+	if size <= readChunk {
+		b := make([]byte, size)
+		return b, g.srcFull(b)
+	}
+	b := make([]byte, 0, readChunk)
+	for uint64(len(b)) < size {
+		if len(b) == cap(b) {
+			nb := make([]byte, len(b), min(size, 2*uint64(len(b))))
+			copy(nb, b)
+			b = nb
+		}
+		if err := g.srcFull(b[len(b):cap(b)]); err != nil {
+			return nil, err
+		}
+		b = b[:cap(b)]
+	}
+	return b, nil
 }
 
 // metaProp returns the value of a READY property (names are
@@ -493,16 +533,33 @@ func validMetadata(md []byte) bool {
 	return true
 }
 
+// The commands the guard sends on its own. At most one of each waits
+// unwritten, so a peer that PINGs and never reads costs us one PONG. A
+// PING that comes while our PONG is unwritten gets none, rather than
+// replacing it: the waiting PONG answers as well (libzmq takes any byte
+// as a sign of life), and one in the writer's hands could not be replaced
+// anyway. A heartbeat tick while our PING is unwritten sends none either.
+const (
+	ctlPong uint8 = 1 << iota
+	ctlPing
+)
+
 // queuePong answers a PING now if the outbound stream is between messages,
 // else right after the message being written.
 func (g *guardConn) queuePong(ctx []byte) {
+	var buf [2 + 5 + 16]byte // ctx is at most 16 bytes
+	pong := appendCommand(buf[:0], "PONG", ctx)
 	if g.started.Load() && g.cfg.deliver != nil {
-		g.sendRaw(appendCommand(nil, "PONG", ctx), false)
+		g.sendCommand(ctlPong, pong)
 		return
 	}
 	g.wmu.Lock()
 	defer g.wmu.Unlock()
-	g.pongs = appendCommand(g.pongs, "PONG", ctx)
+	if g.pqueued&ctlPong != 0 {
+		return
+	}
+	g.pongs = append(g.pongs, pong...)
+	g.pqueued |= ctlPong
 	if len(g.out) == 0 && g.outParse.atBoundary() {
 		g.flushLocked(nil)
 	}
@@ -563,7 +620,7 @@ func (g *guardConn) flushLocked(extra []byte) error {
 	_, err := bufs.WriteTo(g.Conn)
 	g.out = g.out[:0]
 	if g.outParse.atBoundary() {
-		g.pongs = g.pongs[:0]
+		g.pongs, g.pqueued = g.pongs[:0], 0
 	}
 	if err != nil {
 		var ne net.Error
@@ -609,7 +666,7 @@ func (g *guardConn) heartbeat() {
 				return
 			}
 			if g.cfg.deliver != nil {
-				g.sendRaw(ping, false)
+				g.sendCommand(ctlPing, ping)
 				continue
 			}
 			g.wmu.Lock()
@@ -651,24 +708,39 @@ func (g *guardConn) send(frames ...[]byte) error {
 	if cap(msg) <= 64<<10 {
 		g.sbuf = msg // a rare large one is not kept
 	}
-	return g.sendRawLocked(msg, true)
+	return g.sendRawLocked(msg, 0)
 }
 
-// sendRaw writes msg (whole messages or commands) at once if nothing is
-// queued and the socket takes it without waiting; the rest goes to the
-// writer goroutine. counted messages are subject to maxOut.
-func (g *guardConn) sendRaw(msg []byte, counted bool) error {
+// sendCommand writes cmd, one of our commands of the given kind, like a
+// message, unless one of its kind is still unwritten: then cmd is dropped.
+// A whole command waits in octl, after the messages queued before it.
+func (g *guardConn) sendCommand(kind uint8, cmd []byte) {
 	g.omu.Lock()
-	return g.sendRawLocked(msg, counted)
+	if g.obroken != nil || g.oqueued&kind != 0 {
+		g.omu.Unlock()
+		return
+	}
+	if g.owriting || len(g.opend) > 0 || g.raw == nil {
+		g.octl = append(g.octl, cmd...)
+		g.oqueued |= kind
+		g.omu.Unlock()
+		g.kick()
+		return
+	}
+	g.sendRawLocked(cmd, kind)
 }
 
-// sendRawLocked is sendRaw with omu held; it releases it. msg is not kept.
-func (g *guardConn) sendRawLocked(msg []byte, counted bool) error {
+// sendRawLocked writes msg (whole messages, or one command of kind
+// ctlPong or ctlPing) at once if nothing is queued and the socket takes it
+// without waiting; the rest goes to the writer goroutine. Messages (kind
+// 0) are subject to maxOut. It is called with omu held and releases it.
+// msg is not kept.
+func (g *guardConn) sendRawLocked(msg []byte, kind uint8) error {
 	if e := g.obroken; e != nil {
 		g.omu.Unlock()
 		return e
 	}
-	if counted && g.cfg.maxOut > 0 && g.omsgs >= g.cfg.maxOut {
+	if kind == 0 && g.cfg.maxOut > 0 && g.omsgs >= g.cfg.maxOut {
 		g.omu.Unlock()
 		return ErrQueueFull
 	}
@@ -688,15 +760,21 @@ func (g *guardConn) sendRawLocked(msg []byte, counted bool) error {
 		}
 	}
 	g.opend = append(g.opend, msg...)
-	if counted {
+	if kind == 0 {
 		g.omsgs++
 	}
+	g.oqueued |= kind
 	g.omu.Unlock()
+	g.kick()
+	return nil
+}
+
+// kick wakes the writer.
+func (g *guardConn) kick() {
 	select {
 	case g.okick <- struct{}{}:
 	default:
 	}
-	return nil
 }
 
 // tryWrite writes what the socket takes without waiting.
@@ -778,11 +856,12 @@ func (w *nbWriter) writeAll(bufs [][]byte) ([][]byte, error) {
 	return nil, nil
 }
 
-// writer writes what sendRaw could not, within the write deadline: a peer
-// that does not read for that long is cut off, and no other connection
-// waits for it.
+// writer writes what sendRawLocked and sendCommand could not, within the
+// write deadline: a peer that does not read for that long is cut off, and
+// no other connection waits for it.
 func (g *guardConn) writer() {
 	var buf []byte
+	var took uint8 // our commands in buf
 	for {
 		select {
 		case <-g.done:
@@ -791,22 +870,28 @@ func (g *guardConn) writer() {
 		}
 		for {
 			g.omu.Lock()
-			if len(g.opend) == 0 || g.obroken != nil {
+			g.oqueued &^= took // written
+			took, g.owlen = 0, 0
+			if len(g.opend)+len(g.octl) == 0 || g.obroken != nil {
 				g.owriting, g.omsgs = false, 0
 				g.omu.Unlock()
 				break
 			}
 			buf, g.opend = g.opend, buf[:0]
+			buf = append(buf, g.octl...) // whole commands, after whole messages
+			g.octl = g.octl[:0]
+			took = g.oqueued
 			g.owriting = true
+			g.owlen = len(buf)
 			g.omu.Unlock()
 			g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
 			_, err := g.Conn.Write(buf)
-			// A deadline left behind would fail sendRaw's next raw write.
+			// A deadline left behind would fail a direct write later.
 			g.Conn.SetWriteDeadline(time.Time{})
 			if err != nil {
 				g.omu.Lock()
 				g.obroken = fmt.Errorf("%w: %v", net.ErrClosed, err)
-				g.owriting = false
+				g.owriting, g.owlen = false, 0
 				g.omu.Unlock()
 				var ne net.Error
 				if errors.As(err, &ne) && ne.Timeout() {
@@ -818,6 +903,18 @@ func (g *guardConn) writer() {
 			}
 		}
 	}
+}
+
+// pendingOut returns the bytes the guard holds that the socket has not
+// taken yet, for tests.
+func (g *guardConn) pendingOut() int {
+	g.omu.Lock()
+	n := len(g.opend) + len(g.octl) + g.owlen
+	g.omu.Unlock()
+	g.wmu.Lock()
+	n += len(g.out) + len(g.pongs)
+	g.wmu.Unlock()
+	return n
 }
 
 // frameParser follows zmq4's outbound stream to know where messages end.
