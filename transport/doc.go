@@ -39,101 +39,103 @@
 // holds fails with ErrPeerDown (zmq4 and libzmq drop it silently), which
 // ends its grant at once.
 //
-// Both planes read their sockets, and write them except where a READ's
-// bytes go out with writev, with raw system calls (the sockets never
-// block; the runtime's poller waits for them). The ordinary
-// calls wake the runtime's monitor thread on the first call after the
-// process idled, and it then polls every 20 µs until the process idles
-// again: for a step loop that idles between fetches, a thread wakeup and a
-// few timer sleeps per fetch on each side. Removing them took a
-// two-process fetch's p99 from about 800 to about 300 µs on two cores.
-// Race-detector builds keep the ordinary calls, which tell the detector
-// what the kernel orders.
-//
 // # Data plane
 //
 // TCPData moves a READ's bytes from the producer's region with writev and
-// lands them straight in the consumer's blocks. The producer serves a READ
-// only when its Authorizer (ProducerSession.Authorize) finds a live grant
-// for the READ's notification covering every block asked for; NIXL lets any
-// peer read any registered block. The notification reaches the producer
-// only after the consumer confirms every byte landed. Malformed frames,
-// oversized lengths, out-of-range blocks and stalls close that connection
-// only. Producers are told apart by name, address and incarnation, so two
-// producers configured with one name are two peers. Each READ gets
-// IOTimeout from when it was sent. Release stops a READ whose bytes are
-// landing by closing its connection and waiting for the reader
-// (StopsReads). The producer holds the grant (its release func) until the
-// READ's bytes have left the region. The agent metadata is a msgpack map: {"v": 1, "name", "addr",
-// "inc" (a new incarnation id on every start), "bs" (block size), "n"
-// (block count), "push" (it pushes to consumers that ask), and for the
-// same-host path "shm", "shmoff" and "gt" (the grant table's slots)}.
+// lands them straight in the consumer's blocks. It serves a READ only when
+// the producer session attached to it grants it (a session attaches as it
+// starts and detaches as it closes, taking with it everything it
+// installed: its gate, its grants on the board, its consumers'
+// connections, its notification hook), and TCPConfig.Authorize too if
+// set. Grants are capabilities: a Go consumer's READ carries the grant's
+// token (from the ack's ecx_token) in its notification, and the session
+// checks it; the agent name a connection gives is a label. The
+// notification reaches the producer only after the consumer confirms
+// every byte landed. Malformed frames, oversized lengths, out-of-range
+// blocks and stalls close that connection only. Producers are told apart
+// by name, address and incarnation. The agent metadata is a msgpack map:
+// {"v": 2, "name", "addr", "inc" (a new incarnation id on every start),
+// "bs" (block size), "n" (block count), "push" (it pushes to consumers
+// that ask), and for the same-host path "shm", "shmoff" and "gt" (the
+// grant table's slots)}.
+//
+// A READ on the consumer side is a small state machine; the table is all
+// there is to who may change it:
+//
+//	state     entered by                     left by                          to
+//	queued    PostRead                       the link that writes its frame   sent
+//	                                         its one lander                   writing
+//	                                         Release                          released
+//	                                         its peer or link failing         failed
+//	sent      the link that wrote its frame  its link's reader, at its answer writing
+//	                                         Release                          released
+//	                                         its link failing                 failed
+//	writing   its lander                     its lander, and no one else      done, failed
+//
+// A lander is whatever moves bytes into the READ's blocks: its link's
+// reader (the answer's bytes), a copy out of a same-host producer's region
+// under a grant its board shows live, or a push. Exactly one of them moves
+// a READ into writing. Release of a READ in writing closes its connection
+// (a socket lander then stops) and waits for the lander: nothing writes
+// into its blocks once Release returns.
+//
+// Deadlines count progress, the same on both sides: a READ fails when no
+// byte of it moved for IOTimeout, its clock starting when it reached the
+// head of its connection's queue (the answer ahead of it landed), and the
+// producer's writes follow the same rule.
+//
+// Sockets are read and written through the runtime's ordinary calls (a
+// write that must not wait, through the connection's RawConn), the same in
+// race-detector builds as in others.
 //
 // # Same host
 //
-// When the producer's region is cache.RegionConfig.Shared (a memfd), its
-// metadata names the file (/proc/<pid>/fd/<n>). A consumer that can open
-// it (same host, same user, same PID namespace) and finds its size sealed
-// (so that no copy out of the mapping can run past its end) maps it
-// read-only and proves it by sending the random token the producer wrote
-// in the file's header; the producer then answers a granted READ with "copy" instead of
-// the bytes, holds the grant until the consumer's done (at most IOTimeout,
-// or until the connection closes), and the consumer copies the blocks
-// itself: one memcpy instead of two kernel copies and a socket. Such a
-// READ still goes through the Authorizer, and the notification still
-// reaches the producer only after the copy. A hold the producer gives up
-// before the done (timeout, connection lost) is counted in the header
-// before the blocks are released; the consumer compares that count with
-// the one sent with the grant after its copy and fails the READ if it
-// moved, so torn bytes are never promoted. Any other outcome (no file, a
-// wrong token, NoSharedMemory on either side) is the TCP path.
-//
-// A producer session that claimed the region's grant board
-// (xfer.GrantBoard; not offered when TCPConfig.Authorize is set) also
-// writes each live grant's id into a table in the header before its ack
-// leaves, and clears it before the grant's pin goes. A consumer whose
-// READ names a grant ("#<grant>") the table shows live copies at once,
-// without a READ frame or an answer, then checks the table again: grants
-// only end, so a grant still shown was live throughout and the bytes are
-// the entry's; a grant gone fails the READ. It then sends the notification
-// (a notify frame, taken only on a connection that proved the token). This
-// saves the READ's round trip; it relies on loads not passing older loads,
-// so it is used on amd64 only. A lone small READ is copied on the caller's
-// goroutine; large ones, and bursts, on the peer's copier goroutine,
-// whose notifications go out in one write.
-//
-// A same-host READ of 2 MiB or more is copied by TCPConfig.CopyWorkers
-// goroutines at once (default GOMAXPROCS, at most 4), taking 512 KiB at a
-// time: one core copies well under what the memory bus carries, and both
-// processes wait on the copy. In one process a consumer reads
-// the producer's region through the producer's own mapping
-// (cache.BorrowShared), whose pages are mapped already.
-//
-// # Pushes
-//
-// Between Go peers that share no memory, the READ's round trip is saved
-// another way: a producer session (xfer.Pusher) hands the data plane each
-// grant of a consumer session with at most two grants live, right after
-// its ack, and TCPData writes the blocks on the consumer's first data
-// connection (which a consumer's READs bring up before any other) without
-// waiting to be asked (entries up to 1 MiB and a
-// quarter of the consumer's TCPConfig.PushBuffer, while nothing else is
-// being written there), holding the grant's pin until they are out of the
-// region. The consumer keeps them until a READ with that grant's
-// notification (session, mm_hash and grant) and exactly those blocks
-// claims them; a READ that arrives while they do
-// waits for them, and one that went out before them is landed by them and
-// answered "pushed" by the producer, so the bytes cross once. Unclaimed
-// pushes are evicted oldest first, and a READ of an evicted one asks for
-// the bytes again. A consumer asks for pushes with a stage frame, only
-// from a producer whose metadata says "push", so older peers on either
-// side never see one. PushBuffer < 0 or NoPush turns them off.
+// When the producer's region is cache.RegionConfig.Shared (a sealed
+// memfd), its metadata names the file (/proc/<pid>/fd/<n>), and its
+// header holds a random token and a table of the live grants, which the
+// producer session writes before each ack leaves and clears before the
+// grant's pin goes. A consumer that can open the file (same host, same
+// user, same PID namespace) maps it read-only and sends a random challenge
+// in its hello; only once the producer's welcome answers it with
+// HMAC-SHA256(token, challenge) does the consumer copy, without a READ
+// frame, the blocks of a READ whose grant the table shows live, and then
+// check the table again: grants only end and grant ids never repeat in a
+// process, so a grant still shown was live throughout and the bytes are
+// the entry's; a grant gone fails that READ only. It then sends the
+// notification, with the grant's token. Nothing is revealed to a producer
+// that cannot prove the region is its own: metadata from another host
+// naming a local producer's file gets a random challenge, and TCP. The
+// check relies on loads not passing older loads, so it is used on amd64
+// only. A lone small READ is copied on the caller's goroutine; large ones,
+// and bursts, on the peer's copy goroutine; a READ of 2 MiB or more on
+// TCPConfig.CopyWorkers goroutines started for it, which leave when it is
+// done: nothing spins or lingers. In one process a consumer reads the
+// producer's region through the producer's own mapping
+// (cache.BorrowShared), whose pages are mapped already; that registry of
+// the process's Shared regions is the one thing data planes in a process
+// share.
 //
 // What it trusts: a process of the producer's user on its host can open
 // the file and read any block, granted or not (as any agent with a
 // producer's NIXL metadata can). The file is not in any directory, is
 // opened through /proc (which the kernel limits to the same user, or
 // root), and dies with the producer.
+//
+// # Pushes
+//
+// Between Go peers that share no memory, the READ's round trip is saved
+// another way: the producer session hands the data plane each grant of a
+// consumer session with at most two grants live, right after its ack, and
+// TCPData writes its blocks (up to 1 MiB, and a quarter of what the
+// consumer keeps) on a connection of that consumer session, holding the
+// grant's pin until they are out of the region. Which connection is the
+// consumer's is proven, never claimed: a connection takes pushes for a
+// consumer session only once a READ on it presented one of that session's
+// grant tokens, and only if its hello offered to keep pushes. The consumer
+// keeps a push until a READ with its notification and exactly its blocks
+// claims it (a READ posted while its push arrives waits for it; one posted
+// before it began arriving is asked for as usual, and the push is
+// dropped). PushBuffer < 0 or NoPush turns them off.
 //
 // Differences from the reference's transports: bounded queues instead of
 // unlimited high-water marks; dead-peer detection for hung and

@@ -389,3 +389,28 @@ func TestHostilePushes(t *testing.T) {
 		})
 	}
 }
+
+// What a session installs goes with its attachment: a replaced session
+// removing its notification hook (its Serve returning late) leaves the
+// replacement's in place, which notifications then reach.
+func TestNotifyHookBelongsToItsAttachment(t *testing.T) {
+	pr, cr := newRegion(t, 8, 4096), newRegion(t, 8, 4096)
+	p, old := gatedProducer(t, pr, TCPConfig{})
+	old.att.OnNotify(func() bool { t.Error("the old session's hook ran"); return true })
+	fresh := attachGate(p)
+	called := make(chan struct{}, 8)
+	fresh.att.OnNotify(func() bool { called <- struct{}{}; return true })
+	old.att.OnNotify(nil)
+	old.att.Detach()
+	c := newTCP(t, cr, TCPConfig{})
+	peer, _ := c.AddRemotePeer(p.AgentMetadata(), nil)
+	h, _ := c.PostRead([]int{0}, peer.Agent, []int{1}, fresh.grant(1))
+	if waitEnd(t, c, h) != xfer.Complete {
+		t.Fatal("READ")
+	}
+	select {
+	case <-called:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the replacement's hook was not called")
+	}
+}

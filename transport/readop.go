@@ -7,29 +7,10 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// A READ on the consumer side is one readOp, in one of these states. The
-// table is all there is to who may change it:
-//
-//	state     entered by                     left by                         to
-//	queued    PostRead                       the link that writes its frame  sent
-//	                                         its one lander (see below)      writing
-//	                                         Release                         released
-//	                                         its peer or link failing        failed
-//	sent      the link that wrote its frame  its link's reader, at its answer writing
-//	                                         Release                         released
-//	                                         its link failing                failed
-//	writing   its lander                     its lander, and no one else     done, failed
-//	done, failed, released: final
-//
-// A lander is whatever moves bytes into the READ's local blocks: its link's
-// reader landing the answer's bytes (from sent), a copy out of a same-host
-// producer's region under a grant its board shows live (from queued), or a
-// push of the grant's blocks (from queued). Exactly one of them can move a
-// READ into writing (a compare-and-swap), and only it moves the READ out.
-// Anyone else may fail a READ that is queued or sent, or break its
-// connection, and wait. Release of a READ in writing breaks its connection
-// (a socket lander then fails at once) and waits until its lander leaves
-// writing: once Release returns, nothing writes into its blocks.
+// A READ on the consumer side is one readOp, whose state moves as the
+// package doc's table says: only its lander (the one that moved it into
+// opWriting) moves it out of writing; anyone else may fail it while it is
+// queued or sent, or break its connection and wait.
 const (
 	opQueued int32 = iota
 	opSent
