@@ -340,7 +340,9 @@ func TestHostilePushes(t *testing.T) {
 	const bs = 256
 	for name, frame := range map[string]func(room int) []byte{
 		"over the room": func(room int) []byte { return appendPushHead(nil, []byte("n#1.x"), uint64(room+bs), []int{0}) },
-		"over the max":  func(int) []byte { return appendPushHead(nil, []byte("n"), maxPushSize+bs, make([]int, maxPushSize/bs+1)) },
+		"over the max": func(int) []byte {
+			return appendPushHead(nil, []byte("n"), maxPushSize+bs, make([]int, maxPushSize/bs+1))
+		},
 		"size mismatch": func(int) []byte { return appendPushHead(nil, []byte("n"), 2*bs, []int{0}) },
 		"block range":   func(int) []byte { return append(appendPushHead(nil, []byte("n"), bs, []int{99}), make([]byte, bs)...) },
 		"no notif":      func(int) []byte { return appendPushHead(nil, nil, bs, []int{0}) },
