@@ -172,6 +172,7 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 	}
 	d.wg.Add(1) // Close waits for the rest of the write
 	d.mu.Unlock()
+	s.pushed(notif, blocks)
 	s.frame = appendPushHead(s.frame[:0], notif, uint64(size), blocks)
 	s.bufs = append(s.bufs[:0], s.frame)
 	s.runs = spans(s.runs[:0], blocks)

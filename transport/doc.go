@@ -68,13 +68,15 @@
 //	                                         Release                          released
 //	                                         its peer or link failing         failed
 //	sent      the link that wrote its frame  its link's reader, at its answer writing
+//	                                         (or at its push, which came first)
 //	                                         Release                          released
 //	                                         its link failing                 failed
 //	writing   its lander                     its lander, and no one else      done, failed
 //
 // A lander is whatever moves bytes into the READ's blocks: its link's
-// reader (the answer's bytes), a copy out of a same-host producer's region
-// under a grant its board shows live, or a push. Exactly one of them moves
+// reader (the answer's bytes, or a push that came on that link before the
+// answer), a copy out of a same-host producer's region under a grant its
+// board shows live, or a push kept for it. Exactly one of them moves
 // a READ into writing. Release of a READ in writing closes its connection
 // (a socket lander then stops) and waits for the lander: nothing writes
 // into its blocks once Release returns.
@@ -133,9 +135,11 @@
 // consumer session only once a READ on it presented one of that session's
 // grant tokens, and only if its hello offered to keep pushes. The consumer
 // keeps a push until a READ with its notification and exactly its blocks
-// claims it (a READ posted while its push arrives waits for it; one posted
-// before it began arriving is asked for as usual, and the push is
-// dropped). PushBuffer < 0 or NoPush turns them off.
+// claims it (a READ posted while its push arrives waits for it). A READ of
+// a grant that may be pushed goes on the connection pushes come on: if it
+// leaves before its push arrives, the push lands it there, and the
+// producer answers it "pushed", so the bytes cross once. PushBuffer < 0
+// or NoPush turns them off.
 //
 // Differences from the reference's transports: bounded queues instead of
 // unlimited high-water marks; dead-peer detection for hung and

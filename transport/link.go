@@ -35,12 +35,18 @@ var errReleased = errors.New("transport: READ released while landing")
 func (l *link) writer() {
 	defer l.p.d.wg.Done()
 	var buf []byte
+	var firstq chan *readOp // the first link's own queue
+	if l.first {
+		firstq = l.p.firstq
+	}
 	for {
 		select {
 		case <-l.p.stop:
 			for {
 				select {
 				case op := <-l.p.queue:
+					op.fail()
+				case op := <-firstq:
 					op.fail()
 				default:
 					return
@@ -49,6 +55,10 @@ func (l *link) writer() {
 		case op := <-l.p.queue:
 			if op.state.Load() == opQueued {
 				buf = l.sendOn().send(op, buf)
+			}
+		case op := <-firstq:
+			if op.state.Load() == opQueued {
+				buf = l.send(op, buf)
 			}
 		case n := <-l.p.notes:
 			l.note(n)
@@ -83,7 +93,7 @@ func (l *link) send(op *readOp, buf []byte) []byte {
 		op.fail()
 		return buf
 	}
-	buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote)
+	buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote, op.resend)
 	// Under wmu from the enqueue: the order of pending is the order of
 	// the writes, whichever goroutine writes (PostRead may, see tryPost).
 	l.wmu.Lock()
@@ -148,25 +158,33 @@ func (p *peer) tryPost(op *readOp) bool {
 		return false
 	}
 	for _, l := range p.links {
-		if !l.wmu.TryLock() {
-			continue
+		if l.tryPost(op) {
+			return true
 		}
-		l.mu.Lock()
-		conn, nb := l.conn, l.nb
-		l.mu.Unlock()
-		if conn == nil || nb == nil {
-			l.wmu.Unlock()
-			continue
-		}
-		l.frame = appendRead(l.frame[:0], op.id, op.notif, op.n, op.remote)
-		if l.enqueue(conn, op) {
-			l.sendFrameLocked(conn, nb)
-		} else {
-			l.wmu.Unlock()
-		}
-		return true
 	}
 	return false
+}
+
+// tryPost sends op's READ on l, if it is connected and no one is writing
+// to it, without waiting.
+func (l *link) tryPost(op *readOp) bool {
+	if !l.wmu.TryLock() {
+		return false
+	}
+	l.mu.Lock()
+	conn, nb := l.conn, l.nb
+	l.mu.Unlock()
+	if conn == nil || nb == nil {
+		l.wmu.Unlock()
+		return false
+	}
+	l.frame = appendRead(l.frame[:0], op.id, op.notif, op.n, op.remote, op.resend)
+	if l.enqueue(conn, op) {
+		l.sendFrameLocked(conn, nb)
+	} else {
+		l.wmu.Unlock()
+	}
+	return true
 }
 
 // sendFrameLocked writes l.frame on conn without waiting; the caller holds
@@ -376,6 +394,12 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 	switch {
 	case status == dataRefused && size == 0:
 		op.fail()
+	case status == dataPushed && size == 0:
+		// Its push, earlier on this connection, landed it (or found it
+		// released); one we dropped leaves it to fail, and be asked for
+		// anew.
+		op.fail()
+		status = dataOK // its done brings the notification
 	case status != dataOK || size != uint64(op.n)*uint64(bs):
 		op.fail()
 		return fmt.Errorf("%w: answer %d: status %d, %d bytes for %d blocks", errProtocol, id, status, size, op.n)

@@ -21,6 +21,7 @@ type peer struct {
 	refs   int // registrations, under d.mu
 	links  []*link
 	queue  chan *readOp // READs for the links' writers to send
+	firstq chan *readOp // READs that must go on the first link (see viaFirst)
 	notes  chan []byte  // notify frames for the links' writers
 	stop   chan struct{}
 	once   sync.Once
@@ -38,6 +39,7 @@ type peer struct {
 // The ways a READ can go (route).
 const (
 	viaSocket  = iota // a READ frame, answered with the bytes
+	viaFirst          // the same, on the link pushes come on: its push may land it
 	viaPush           // landed from a push kept for it, now (the caller copies)
 	viaPushing        // landed from a push still arriving, by the link's reader
 	viaBoard          // copied from the producer's region under a published grant, now
@@ -46,7 +48,8 @@ const (
 
 func newPeer(d *TCPData, m agentMeta, key string) *peer {
 	p := &peer{d: d, name: key, addr: m.Addr, blocks: m.Blocks,
-		queue: make(chan *readOp, d.cfg.MaxQueued), notes: make(chan []byte, 256), stop: make(chan struct{})}
+		queue: make(chan *readOp, d.cfg.MaxQueued), firstq: make(chan *readOp, d.cfg.MaxQueued),
+		notes: make(chan []byte, 256), stop: make(chan struct{})}
 	if m.Shm != "" && !d.cfg.NoSharedMemory {
 		sh, err := d.mapShared(m)
 		if err != nil {
@@ -72,13 +75,21 @@ func newPeer(d *TCPData, m agentMeta, key string) *peer {
 // route decides how op lands; called with d.mu, so that p is not shut
 // down meanwhile.
 func (p *peer) route(op *readOp) int {
-	if p.push != nil {
-		if st, ready := p.push.claim(op); st != nil {
+	if p.push != nil && grantOf(op.notif) != 0 {
+		st, ready, resend := p.push.claim(op)
+		op.resend = resend
+		if st != nil {
 			if ready {
 				op.staged = st
 				return viaPush
 			}
 			return viaPushing
+		}
+		if op.n*p.d.region.BlockSize() <= maxPushSize {
+			// Its push may be on its way behind the ack: sent where pushes
+			// come, the push lands it when it comes, and the producer
+			// answers that it pushed.
+			return viaFirst
 		}
 	}
 	if p.sh != nil {
@@ -111,6 +122,15 @@ func (p *peer) start(op *readOp, way int) {
 		case p.sh.copies <- op:
 		default: // cannot happen while inflight bounds the queue
 			p.readers.Done()
+			op.fail()
+		}
+	case viaFirst:
+		if p.links[0].tryPost(op) {
+			return
+		}
+		select {
+		case p.firstq <- op:
+		default: // cannot happen while inflight bounds the queue
 			op.fail()
 		}
 	default:

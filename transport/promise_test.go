@@ -78,8 +78,8 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 	<-released
 	// The impostor tries the grant's id without its token, and a guess.
 	_, id, _, _ := wire.SplitNotifGrant(notif)
-	impostor.Write(appendRead(nil, 1, []byte("00000000-0000-4000-8000-000000000001:h#"+strconv.FormatUint(id, 10)), 2, spans(nil, []int{3, 4})))
-	impostor.Write(appendRead(nil, 2, append(bytes.Clone(notif[:len(notif)-1]), 'x'), 2, spans(nil, []int{3, 4})))
+	impostor.Write(appendRead(nil, 1, []byte("00000000-0000-4000-8000-000000000001:h#"+strconv.FormatUint(id, 10)), 2, spans(nil, []int{3, 4}), false))
+	impostor.Write(appendRead(nil, 2, append(bytes.Clone(notif[:len(notif)-1]), 'x'), 2, spans(nil, []int{3, 4}), false))
 	until(t, "the impostor's READs are refused", func() bool { return g.asked.Load() >= 3 })
 	time.Sleep(20 * time.Millisecond) // its answers are written
 	impostor.Close()
@@ -415,4 +415,37 @@ func TestNotifyHookBelongsToItsAttachment(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("the replacement's hook was not called")
 	}
+}
+
+// A READ sent before its grant's push came is landed by the push, on the
+// connection both share, and answered "pushed": the bytes cross once, and
+// the notification still comes.
+func TestPushLandsAReadSentBeforeIt(t *testing.T) {
+	c, p, cb, pb, g, agent := pushPair(t)
+	hold, go1 := make(chan struct{}), make(chan struct{})
+	notif := g.grant(5, 6)
+	g.before = func(n []byte) {
+		if bytes.Equal(n, notif) {
+			close(hold)
+			<-go1
+		}
+	}
+	h, _ := c.PostRead([]int{2, 3}, agent, []int{5, 6}, notif)
+	<-hold // the READ is at the producer
+	released := make(chan struct{})
+	if !g.att.Push(1, notif, []int{5, 6}, func() { close(released) }) {
+		t.Fatal("not pushed")
+	}
+	<-released
+	close(go1)
+	if waitEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(2), pb(5)) || !bytes.Equal(cb(3), pb(6)) {
+		t.Fatal("the READ")
+	}
+	if c.Stats().Pushed != 1 {
+		t.Fatalf("landed by its push: %d", c.Stats().Pushed)
+	}
+	if n := waitNotifs(t, p, 2); !bytes.Equal(n[1].Msg, notif) {
+		t.Fatalf("notifications %q", n)
+	}
+	until(t, "every hold is given back", func() bool { return g.held.Load() == 0 })
 }

@@ -28,8 +28,11 @@ import (
 // then lands it (a copy out of the staging buffer) and sends the
 // notification, as the same-host path does; a READ posted while its push
 // is arriving waits for it, and its connection's reader lands it. A READ
-// posted before its push began arriving is asked for as usual; the push
-// is then dropped when it comes (its bytes cross twice; nothing waits).
+// posted before its push began arriving goes on the connection pushes
+// come on: the push, when it comes, lands it, and the producer, which
+// knows it pushed that grant on that connection, answers "pushed" with no
+// bytes. A push whose READ went elsewhere, or was answered already, is
+// dropped.
 // Pushes nobody claims (a fetch cancelled, an ack lost) go, oldest first,
 // when a new one needs the room or after pushKeep.
 
@@ -51,9 +54,15 @@ type stage struct {
 	kept  map[string]*staged // by notification
 	order []*staged          // oldest first
 	bytes int
-	asked map[string]struct{} // notifications whose READ went out: their push is dropped
-	free  [][]byte
-	down  bool
+	// asked are the READs posted with no push kept for them, by
+	// notification: a push that comes for one lands it, if it is not
+	// answered yet; else it is dropped.
+	asked map[string]*readOp
+	// lost are notifications whose push was dropped for want of room:
+	// their READ tells the producer to send the bytes (readResend).
+	lost map[string]struct{}
+	free [][]byte
+	down bool
 }
 
 // staged is a push kept until a READ claims it.
@@ -67,46 +76,64 @@ type staged struct {
 }
 
 func newStage(capacity int) *stage {
-	return &stage{cap: capacity, kept: map[string]*staged{}, asked: map[string]struct{}{}}
+	return &stage{cap: capacity, kept: map[string]*staged{}, asked: map[string]*readOp{}, lost: map[string]struct{}{}}
 }
 
 // claim gives op the push of its grant, if one with exactly op's blocks
 // is kept: ready (the caller lands it; it is no longer kept) or still
 // arriving (op waits for it, and the reader lands it). Else op's READ is
-// to be sent, and its notification is noted as asked.
-func (s *stage) claim(op *readOp) (st *staged, ready bool) {
-	if grantOf(op.notif) == 0 {
-		return nil, false // not a Go consumer's READ: never pushed
-	}
+// to be sent, and op is noted as asked; resend says the push of its grant
+// was dropped, and the producer must send the bytes.
+func (s *stage) claim(op *readOp) (st *staged, ready, resend bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	st = s.kept[string(op.notif)]
 	if st == nil || st.op != nil || !sameRuns(st.ids, op.remote) {
 		if len(s.asked) >= 4096 {
-			clear(s.asked) // bounded; a push that then comes is kept and ages out
+			for k, o := range s.asked {
+				if o.state.Load() > opWriting { // ended
+					delete(s.asked, k)
+				}
+			}
 		}
-		s.asked[string(op.notif)] = struct{}{}
-		return nil, false
+		if len(s.asked) < 4096 {
+			s.asked[string(op.notif)] = op
+		}
+		_, resend = s.lost[string(op.notif)]
+		delete(s.lost, string(op.notif))
+		return nil, false, resend
 	}
 	if st.ready {
 		s.unkeepLocked(st)
-		return st, true
+		return st, true, false
 	}
 	st.op = op
-	return st, false
+	return st, false, false
+}
+
+// askedFor returns the READ asked for notif, with exactly ids, that a push
+// of its grant may land (queued, or sent on l), and forgets it.
+func (s *stage) askedFor(notif []byte, ids []int) *readOp {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	op := s.asked[string(notif)]
+	if op == nil {
+		return nil
+	}
+	delete(s.asked, string(notif))
+	if op.n != len(ids) || !sameRuns(ids, op.remote) {
+		return nil
+	}
+	return op
 }
 
 // keep makes room for a push of size bytes and keeps it, or returns nil:
-// its READ went out already, one of that grant is kept, or there is no
-// room. The bytes are then to be dropped.
+// one of that grant is kept, or there is no room (then its READ will ask
+// for the bytes). The bytes are then to be dropped.
 func (s *stage) keep(notif string, ids []int, size int) *staged {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if _, ok := s.asked[notif]; ok || s.down {
-		delete(s.asked, notif)
-		return nil
-	}
-	if s.kept[notif] != nil || size > s.cap {
+	if s.kept[notif] != nil || s.down {
 		return nil
 	}
 	now := time.Now()
@@ -120,6 +147,10 @@ func (s *stage) keep(notif string, ids []int, size int) *staged {
 		s.freeLocked(old.buf)
 	}
 	if s.bytes+size > s.cap {
+		if len(s.lost) >= 4096 {
+			clear(s.lost) // bounded: a READ that misses it fails, and is asked for anew
+		}
+		s.lost[notif] = struct{}{}
 		return nil
 	}
 	st := &staged{notif: notif, ids: ids, buf: s.bufLocked(size), at: now}
@@ -246,9 +277,26 @@ func (l *link) takePush(r *bufio.Reader) error {
 	if _, err := io.ReadFull(r, notif); err != nil {
 		return err
 	}
-	ids, ok := readIDs(r, make([]int, 0, n), n, p.blocks, make([]byte, min(4*n, 16<<10)))
+	ids, ok := readIDs(r, make([]int, 0, min(n, 4096)), n, p.blocks, make([]byte, min(4*n, 16<<10)))
 	if !ok {
 		return errProtocol
+	}
+	if op := p.push.askedFor(notif, ids); op != nil {
+		// Its READ was posted before the push came. Not sent yet, the
+		// push lands it and no READ goes; sent on this connection, the
+		// push lands it as its answer would (the producer answers it
+		// "pushed"). Sent elsewhere, or ended, the push is dropped.
+		if !op.claim(opQueued) && (op.link.Load() != l || !op.claim(opSent)) {
+			p.d.pushDrops.Add(1)
+			_, err := r.Discard(int(size))
+			return err
+		}
+		err := l.landBytes(r, op)
+		if err == nil {
+			p.d.pushLanded.Add(1)
+		}
+		op.land(err == nil)
+		return err
 	}
 	st := p.push.keep(string(notif), ids, int(size))
 	if st == nil {

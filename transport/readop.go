@@ -35,6 +35,7 @@ type readOp struct {
 	// sentAt: when its frame was written, under its link's mu.
 	sentAt time.Time
 	staged *staged // the push route found for it (between route and start)
+	resend bool    // its push was dropped: the producer must send the bytes
 }
 
 func newReadOp(h xfer.Handle, p *peer, local, remote []int, notif []byte) *readOp {

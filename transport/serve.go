@@ -37,6 +37,41 @@ type servedConn struct {
 	frame []byte
 	bufs  [][]byte
 	runs  [][2]int
+	// The last grants pushed on it (fingerprints of the notification and
+	// the blocks), under wmu: a READ of one of them comes after its push
+	// on this connection, and is answered "pushed", without the bytes.
+	recent [64][2]uint64
+	next   int
+}
+
+// fnv1a folds words into an FNV-1a fingerprint.
+func fnv1a[T byte | int](ws []T) uint64 {
+	h := uint64(14695981039346656037)
+	for _, w := range ws {
+		h = (h ^ uint64(w)) * 1099511628211
+	}
+	return h | 1 // never 0: an empty slot
+}
+
+// pushed records a push of notif's grant, of blocks, on s; under wmu.
+func (s *servedConn) pushed(notif []byte, blocks []int) {
+	s.recent[s.next] = [2]uint64{fnv1a(notif), fnv1a(blocks)}
+	s.next = (s.next + 1) % len(s.recent)
+}
+
+// wasPushed reports whether notif's grant, with exactly ids, was pushed on
+// s lately, and forgets it.
+func (s *servedConn) wasPushed(notif []byte, ids []int) bool {
+	s.wmu.Lock()
+	defer s.wmu.Unlock()
+	key := [2]uint64{fnv1a(notif), fnv1a(ids)}
+	for i := range s.recent {
+		if s.recent[i] == key {
+			s.recent[i] = [2]uint64{}
+			return true
+		}
+	}
+	return false
 }
 
 func (d *TCPData) accept() {
@@ -215,6 +250,8 @@ func (v *server) read() bool {
 	}
 	id := binary.BigEndian.Uint64(v.buf[:8])
 	nl := int(binary.BigEndian.Uint16(v.buf[8:]))
+	resend := nl&readResend != 0
+	nl &^= readResend
 	nb := int(binary.BigEndian.Uint32(v.buf[10:]))
 	if nl > maxNotifLen || nb > d.region.Blocks() || len(v.awaiting) >= d.cfg.MaxQueued {
 		return false
@@ -238,6 +275,13 @@ func (v *server) read() bool {
 		a.bind(v.s, hold.Consumer)
 	}
 	v.awaiting[id] = bytes.Clone(v.notif[:nl])
+	if v.s.room > 0 && !resend && v.s.wasPushed(v.notif[:nl], v.ids) {
+		// Its bytes went ahead on this connection: they are the
+		// consumer's already.
+		hold.Release()
+		v.head = appendDataHead(v.head[:0], id, dataPushed, 0)
+		return v.write(net.Buffers{v.head}) == nil
+	}
 	v.head = appendDataHead(v.head[:0], id, dataOK, uint64(nb)*uint64(d.region.BlockSize()))
 	v.out = append(v.out[:0], v.head)
 	v.runs = spans(v.runs[:0], v.ids)

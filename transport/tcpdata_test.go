@@ -227,11 +227,11 @@ func TestTCPHostileDataPort(t *testing.T) {
 	cases := map[string][]byte{
 		"wrong magic":        []byte("HTTP/1.1 GET /\r\n\r\n"),
 		"old version":        append([]byte("ECX1"), frameHello, 0, 1, 'x'),
-		"read before hello":  appendRead(nil, 1, nil, 1, spans(nil, []int{0})),
+		"read before hello":  appendRead(nil, 1, nil, 1, spans(nil, []int{0}), false),
 		"oversize name":      append(appendHead(nil, frameHello), 0xff, 0xff),
 		"oversize notif":     append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0xff, 0xff, 0, 0, 0, 1)...),
 		"too many blocks":    append(hello, append(appendHead(nil, frameRead), 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0xff, 0xff, 0xff, 0xff)...),
-		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), 1, spans(nil, []int{8}))...),
+		"block out of range": append(hello, appendRead(nil, 1, []byte("a:b"), 1, spans(nil, []int{8}), false)...),
 		"unknown frame":      append(hello, appendHead(nil, 99)...),
 		"a data frame":       append(hello, appendDataHead(nil, 1, dataOK, 64)...),
 		"stall mid-frame":    append(hello, frameMagic[:2]...),
@@ -429,8 +429,8 @@ func TestDuplicateReadIDReleasesHolds(t *testing.T) {
 	}
 	defer conn.Close()
 	conn.Write(appendHello(nil, "raw", 0, nil))
-	conn.Write(appendRead(nil, 7, a, 1, spans(nil, []int{2})))
-	conn.Write(appendRead(nil, 7, b, 1, spans(nil, []int{3})))
+	conn.Write(appendRead(nil, 7, a, 1, spans(nil, []int{2}), false))
+	conn.Write(appendRead(nil, 7, b, 1, spans(nil, []int{3}), false))
 	conn.SetReadDeadline(time.Now().Add(5 * time.Second))
 	if _, err := io.Copy(io.Discard, conn); err != nil {
 		t.Fatalf("the connection was not closed: %v", err)

@@ -14,10 +14,15 @@ import (
 //	                           challenge [16]                    (first frame)
 //	welcome producer→consumer  proof [32]                        (first frame)
 //	read    consumer→producer  id u64, notif len u16, n u32, notif, n × block u32
+//	                           (notif len's top bit: the consumer dropped
+//	                           this grant's push, send the bytes)
 //	done    consumer→producer  id u64                 (every byte of id landed)
 //	notify  consumer→producer  notif len u16, notif   (a READ landed from the
 //	                           producer's shared region or from a push)
 //	data    producer→consumer  id u64, status u8, len u64, len bytes
+//	                           (status pushed: the grant's blocks were
+//	                           pushed on this connection before it, and no
+//	                           bytes follow)
 //	push    producer→consumer  notif len u16, n u32, len u64, notif,
 //	                           n × block u32, len bytes (a grant's blocks,
 //	                           unasked: see push.go)
@@ -47,6 +52,7 @@ const (
 
 	dataOK      = 0
 	dataRefused = 1 // no live grant covers the blocks
+	dataPushed  = 2 // pushed ahead on this connection: no bytes follow
 
 	challengeLen = 16
 	proofLen     = 32
@@ -79,11 +85,18 @@ func appendWelcome(b []byte, proof []byte) []byte {
 	return append(b, proof...)
 }
 
+// readResend is the READ frame's flag, in notif len's top bit.
+const readResend = 1 << 15
+
 // appendRead appends a READ of n blocks, remote given as runs (spans).
-func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int) []byte {
+func appendRead(b []byte, id uint64, notif []byte, n int, remote [][2]int, resend bool) []byte {
 	b = appendHead(b, frameRead)
 	b = binary.BigEndian.AppendUint64(b, id)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(notif)))
+	nl := uint16(len(notif))
+	if resend {
+		nl |= readResend
+	}
+	b = binary.BigEndian.AppendUint16(b, nl)
 	b = binary.BigEndian.AppendUint32(b, uint32(n))
 	b = append(b, notif...)
 	for _, r := range remote {
