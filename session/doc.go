@@ -67,10 +67,20 @@
 //     A notification naming a grant ("#<grant>", from the ack's ecx_grant)
 //     ends exactly that grant; one without ends the oldest of its key.
 //
-//  9. Grants are bound to the consumer's agent (the request's ecx_agent,
-//     or the first notification of the session): another agent's
-//     notification or READ is refused. Authorize holds the entry's pin
-//     while a data plane serves a READ, past the end of its grant.
+//  9. A grant made for a Go consumer (its request names its attempt) is a
+//     capability: the ack carries a 128-bit token (ecx_token) that the
+//     consumer puts in its notification ("#<grant>.<token>"), and only a
+//     READ or a notification that presents it acts on the grant; a grant
+//     id alone, a bare key, or a name do not. Grant ids never repeat
+//     across the producer sessions of a process. Grants are also bound to
+//     the consumer's agent (the request's ecx_agent, or the first
+//     notification of the session): another agent's notification or READ
+//     is refused, though a name is a label, never enough by itself. A
+//     vLLM consumer sends neither token nor agent; its grants are ended by
+//     the reference's notification, "<session_id>:<mm_hash>", from the
+//     first agent that sends one for the session. Authorize holds the
+//     entry's pin while a data plane serves a READ, past the end of its
+//     grant.
 //
 //  10. One session, and one control-plane identity, pins at most
 //     MaxPinnedShare of the cache and holds at most MaxGrantsPerEntry
@@ -84,11 +94,18 @@
 //
 //  12. Cancel ends one transfer; Drain stops a producer granting.
 //
-//  13. A producer over a data plane with a grant board (xfer.GrantBoard:
-//     TCPData over a Shared region) publishes each grant before its ack
-//     and retires it before its pin goes, so that a consumer on the same
-//     host copies without a READ round trip and keeps the bytes only if
-//     the grant outlived the copy.
+//  13. A producer attaches to a data plane that serves READs itself (the
+//     TCP plane) as it starts, and detaches as it closes: everything it
+//     installed there (its gate, its grants on the same-host board, the
+//     connections proven to be its consumers', its notification hook) goes
+//     with it, so a session that replaces it on the same plane starts
+//     clean. It publishes each grant on the board before its ack and
+//     retires it before its pin goes, so that a consumer on the same host
+//     copies without a READ round trip and keeps the bytes only if the
+//     grant outlived the copy. On a data plane that lets any peer READ
+//     (NIXL), Close cannot stop a READ under a live grant: it leaves the
+//     grants pinned until their notifications or leases, which later
+//     Polls see to (the reference unpins every grant at once).
 //
 //  14. An OK ack carries the mem descriptor only until that consumer
 //     session has completed a READ (or the agent metadata changed): the
