@@ -255,8 +255,8 @@ func (a *Agent) MemDescriptor() []byte { return a.desc }
 
 // ExpectReads implements xfer.Driven: a producer says how many grants are
 // live, and while any is, the progress goroutine drives the agent (see
-// Config.ProgressDelay). A new grant wakes it from its pause: its READ
-// comes within a round trip.
+// Config.ProgressDelay). A new grant wakes it from its pause, and the
+// pauses start again from their shortest.
 func (a *Agent) ExpectReads(n int) {
 	if old := a.expect.Swap(int64(n)); int64(n) > old {
 		a.kick()
@@ -985,6 +985,12 @@ const (
 	readLag    = 20
 )
 
+// grantPause is the first pause, and a new grant's wake-up spins none,
+// while only a producer's grants are live: a peer's READ, or its
+// notification, comes a round trip and the peer's step after the grant at
+// the earliest, and shorter pauses only cost wake-ups.
+const grantPause = 200 * time.Microsecond
+
 // movedCall is how long a progress call must take to count as one that
 // moved bytes. Over UCX tcp a call here that moved a READ's bytes, on
 // either side, took 0.1-20 ms; an idle one 0.2-1.6 µs back to back, but
@@ -994,11 +1000,12 @@ const movedCall = 200 * time.Microsecond
 
 // progressLoop drives the agent for ProgressGoroutine. After a round that
 // found work (a READ posted or ended, a notification, a progress call
-// that moved bytes, a kick) it goes on round after round, yielding
-// between them, for Config.Spin; then it pauses on a precise timer, each
-// pause twice the last, up to ProgressDelay, and while READs of its own
-// are outstanding up to readPause at first (see above). With nothing to
-// drive it polls every IdlePoll. A kick wakes it from any pause.
+// that moved bytes, a kick while READs of its own are outstanding) it goes
+// on round after round, yielding between them, for Config.Spin; then it
+// pauses on a precise timer, each pause twice the last, up to
+// ProgressDelay, and while READs of its own are outstanding up to
+// readPause at first (see above). With nothing to drive it polls every
+// IdlePoll. A kick wakes it from any pause.
 func (a *Agent) progressLoop() {
 	defer close(a.done)
 	idle := time.NewTimer(a.cfg.IdlePoll)
@@ -1012,6 +1019,7 @@ func (a *Agent) progressLoop() {
 	worked := time.Now() // the last round that found work
 	event := worked      // the last post, end, notification or kick
 	var wait time.Duration
+	kicked := false
 	for {
 		a.cmu.Lock()
 		posted, ended := false, false
@@ -1045,9 +1053,10 @@ func (a *Agent) progressLoop() {
 		if got || posted {
 			event = now
 		}
-		if got || posted || moved {
+		if got || posted || moved || kicked && reading {
 			worked, wait = now, 0
 		}
+		kicked = false
 		switch {
 		case !busy:
 			wait = 0
@@ -1057,7 +1066,7 @@ func (a *Agent) progressLoop() {
 			case <-a.stop:
 				return
 			case <-a.wake:
-				worked, event = time.Now(), time.Now()
+				event, kicked = time.Now(), true
 			case <-idle.C:
 			}
 			a.parked.Store(false)
@@ -1069,7 +1078,11 @@ func (a *Agent) progressLoop() {
 			if reading {
 				limit = min(limit, max(readPause, now.Sub(event)/readLag))
 			}
-			wait = min(max(2*wait, firstPause), limit)
+			first := grantPause
+			if reading {
+				first = firstPause
+			}
+			wait = min(max(2*wait, first), limit)
 			pause.Reset(wait)
 			a.parked.Store(true)
 			select {
@@ -1078,7 +1091,7 @@ func (a *Agent) progressLoop() {
 				return
 			case <-a.wake:
 				pause.Stop()
-				worked, event, wait = time.Now(), time.Now(), 0
+				event, wait, kicked = time.Now(), 0, true
 			case <-pause.C:
 			}
 			a.parked.Store(false)

@@ -620,8 +620,8 @@ func TestExpectedReadsPause(t *testing.T) {
 
 // wakeupsAtMost fails the test if a's progress goroutine wakes more often
 // over the next second than pauses growing to ProgressDelay's default
-// allow: they double from 25 µs (nine wake-ups to 10 ms), then come one
-// per 10 ms, and the timer never fires early. A quarter more allows for a
+// allow: they double from 25 or 200 µs (at most nine wake-ups to 10 ms),
+// then come one per 10 ms, and the timer never fires early. A quarter more allows for a
 // progress call the VM slows past movedCall, which starts them over.
 func wakeupsAtMost(t *testing.T, a *Agent) {
 	t.Helper()

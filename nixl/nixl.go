@@ -71,27 +71,27 @@ type Config struct {
 	Progress Progress
 	// ProgressDelay is, for ProgressGoroutine, the longest pause between
 	// rounds. After a round that found work the rounds go on for Spin,
-	// then pause, each pause twice the last from 25 µs, on a precise
-	// timer, up to ProgressDelay; while READs of this agent's own are
-	// outstanding, up to 1 ms until a twentieth of the time since the
-	// last post, end or notification is longer (an end is seen at most
-	// 1 ms, or 5 %, late). Default 10 ms: an agent whose READ hangs, or a
-	// producer with grants live and nothing happening, wakes about 100
-	// times a second, and a producer's peers' notifications (and, over
-	// UCX tcp, the start of their READs) wait up to one pause. For
-	// ProgressThread it is NIXL's pthrDelay: the thread wakes on events
-	// and at least this often; default 1 ms. Ignored by ProgressCaller.
+	// then pause, on a precise timer, each pause twice the last from 25 µs
+	// (200 µs while only a producer's grants are live) up to
+	// ProgressDelay; while READs of this agent's own are outstanding, up to
+	// 1 ms until a twentieth of the time since the last post, end or
+	// notification is longer (an end is seen at most 1 ms, or 5 %, late).
+	// Default 10 ms: an agent whose READ hangs, or a producer with grants
+	// live and nothing happening, wakes about 100 times a second, and a
+	// producer's peers' notifications (and, over UCX tcp, the start of
+	// their READs) wait up to one pause. For ProgressThread it is NIXL's
+	// pthrDelay: the thread wakes on events and at least this often;
+	// default 1 ms. Ignored by ProgressCaller.
 	ProgressDelay time.Duration
 	// Spin is how long ProgressGoroutine goes on driving the agent round
 	// after round, yielding between rounds but never pausing, after a
 	// round that found work (a READ posted or ended, a notification, a
-	// progress call that moved bytes, a grant added); default 50 µs. A READ
-	// that ends within it is seen at once; one that ends later is seen
-	// within about the time it took, as the pauses double. A longer Spin
-	// costs a core for that long after every such event, also while a
-	// READ hangs: set it only where a core is to spare. A Spin as long as
-	// a READ may take drives READs continuously, a core for as long as
-	// any is outstanding.
+	// progress call that moved bytes); default 50 µs. A READ that ends
+	// within it is seen at once; one that ends later is seen within about
+	// the time it took, as the pauses double. A longer Spin costs a core
+	// for that long after every such event, also while a READ hangs: set
+	// it only where a core is to spare. A Spin as long as a READ may take
+	// drives READs continuously, a core for as long as any is outstanding.
 	Spin time.Duration
 	// IdlePoll is how often ProgressGoroutine drives an agent with nothing
 	// outstanding or expected; default 50 ms.
