@@ -993,9 +993,10 @@ const grantPause = 200 * time.Microsecond
 
 // movedCall is how long a progress call must take to count as one that
 // moved bytes. Over UCX tcp a call here that moved a READ's bytes, on
-// either side, took 0.1-20 ms; an idle one 0.2-1.6 µs back to back, but
-// 20-200 µs as the first call after a pause (a thread fresh from a sleep,
-// on this VM).
+// either side, took 0.1-350 ms; an idle one 0.2-1.6 µs back to back, but
+// mostly 20-100 µs, now and then up to 400 µs, as the first call after a
+// pause (a thread fresh from a sleep, on this VM): such a one costs a
+// spin and pauses started over.
 const movedCall = 200 * time.Microsecond
 
 // progressLoop drives the agent for ProgressGoroutine. After a round that
