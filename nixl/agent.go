@@ -21,6 +21,7 @@ import (
 	"unsafe"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/ptimer"
 	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -71,13 +72,14 @@ type Agent struct {
 
 	beforePost func() // tests: runs before the progress goroutine posts a READ
 
-	expect atomic.Int64  // reads a producer expects (ExpectReads)
-	parked atomic.Bool   // tests: the progress goroutine waits (idle, or its pause), holding no lock
-	wake   chan struct{} // wakes an idle progress goroutine
-	ready  chan struct{} // notifications wait in the inbox
-	notify wake.Hooks    // OnReady's
-	stop   chan struct{}
-	done   chan struct{} // closed when the progress goroutine returned
+	expect  atomic.Int64  // reads a producer expects (ExpectReads)
+	parked  atomic.Bool   // tests: the progress goroutine waits (idle, or its pause), holding no lock
+	wakeups atomic.Uint64 // tests: the progress goroutine's returns from a pause or idle wait
+	wake    chan struct{} // wakes the progress goroutine from a pause or idle wait
+	ready   chan struct{} // notifications wait in the inbox
+	notify  wake.Hooks    // OnReady's
+	stop    chan struct{}
+	done    chan struct{} // closed when the progress goroutine returned
 }
 
 // req is a READ; ended says Check saw it end, so Release need not ask
@@ -144,8 +146,11 @@ func (c *Config) setDefaults() {
 		if c.Progress == ProgressThread {
 			c.ProgressDelay = time.Millisecond
 		} else {
-			c.ProgressDelay = 50 * time.Microsecond
+			c.ProgressDelay = defaultProgressDelay
 		}
+	}
+	if c.Spin <= 0 {
+		c.Spin = 50 * time.Microsecond
 	}
 	if c.IdlePoll <= 0 {
 		c.IdlePoll = 50 * time.Millisecond
@@ -249,10 +254,11 @@ func (a *Agent) AgentMetadata() []byte { return a.meta }
 func (a *Agent) MemDescriptor() []byte { return a.desc }
 
 // ExpectReads implements xfer.Driven: a producer says how many grants are
-// live, and while any is, the progress goroutine drives the agent
-// continuously so that peers' READs move at NIXL's speed.
+// live, and while any is, the progress goroutine drives the agent (see
+// Config.ProgressDelay). A new grant wakes it from its pause, and the
+// pauses start again from their shortest.
 func (a *Agent) ExpectReads(n int) {
-	if old := a.expect.Swap(int64(n)); old == 0 && n > 0 {
+	if old := a.expect.Swap(int64(n)); int64(n) > old {
 		a.kick()
 	}
 }
@@ -612,13 +618,14 @@ func (a *Agent) postLocked(ids []C.int32_t, agent string, notif []byte) (int, C.
 // postQueued makes the peer loads and removals, then posts the READs,
 // that AddRemotePeer, RemoveRemotePeer and PostRead queued, in order; the
 // caller holds cmu, not mu. Both are taken at once: a READ is never taken
-// without the load of its peer, queued before it. It reports whether any
-// READ ended within its post (done, or refused).
-func (a *Agent) postQueued() bool {
+// without the load of its peer, queued before it. It reports whether it
+// had anything to do, and whether any READ ended within its post (done,
+// or refused).
+func (a *Agent) postQueued() (did, ended bool) {
 	a.mu.Lock()
 	if a.closed || len(a.queued)+len(a.peerOps) == 0 {
 		a.mu.Unlock()
-		return false
+		return false, false
 	}
 	ops, todo := a.peerOps, a.queued
 	a.peerOps, a.queued = nil, nil
@@ -631,7 +638,6 @@ func (a *Agent) postQueued() bool {
 	for _, op := range ops {
 		a.runPeerOp(op)
 	}
-	ended := false
 	for _, r := range todo {
 		if r.phase != posting { // released while queued: never posted
 			continue
@@ -668,7 +674,7 @@ func (a *Agent) postQueued() bool {
 		}
 		a.mu.Unlock()
 	}
-	return ended
+	return true, ended
 }
 
 // Check implements xfer.DataTransport. A READ NIXL reports failed is
@@ -955,25 +961,72 @@ func (a *Agent) readingLocked() bool {
 	return false
 }
 
-// busyLocked says whether READs may be moving: ours, or peers' of our
-// memory.
-func (a *Agent) busyLocked() bool {
-	return len(a.handles) > 0 || len(a.zombies) > 0 || len(a.ended) > 0 || a.expect.Load() > 0
+// busyLocked says whether the progress goroutine has something to drive,
+// given whether READs of ours may still move (readingLocked): those,
+// peers' READs of our memory, or requests to release. An ended READ the
+// caller still holds is nothing.
+func (a *Agent) busyLocked(reading bool) bool {
+	return reading || len(a.zombies) > 0 || len(a.ended) > 0 || a.expect.Load() > 0
 }
 
-// progressLoop drives the agent for ProgressGoroutine: round after round
-// while it is busy (yielding between rounds, and backing off to
-// ProgressDelay once rounds find nothing), every IdlePoll otherwise.
+// defaultProgressDelay is ProgressGoroutine's longest pause.
+const defaultProgressDelay = 10 * time.Millisecond
+
+// The progress goroutine's pauses, after its spin: each twice the last,
+// from firstPause. While READs of this agent's own are outstanding they
+// stop growing at readPause, or a readLag-th of the time since the last
+// event (a post, an end, a notification, a kick) if that is longer: an end
+// is seen at most 1 ms, or 5 %, late. Each wake-up cost 45-135 µs of CPU
+// on this VM (a Go timer's or a timerfd's alike, longer sleeps dearer): a
+// READ that hangs would cost a tenth of a core at 1 ms.
+const (
+	firstPause = 25 * time.Microsecond
+	readPause  = time.Millisecond
+	readLag    = 20
+)
+
+// grantPause is the first pause, and a new grant's wake-up spins none,
+// while only a producer's grants are live: a peer's READ, or its
+// notification, comes a round trip and the peer's step after the grant at
+// the earliest, and shorter pauses only cost wake-ups.
+const grantPause = 200 * time.Microsecond
+
+// movedCall is how long a progress call must take to count as one that
+// moved bytes. Over UCX tcp a call here that moved a READ's bytes, on
+// either side, took 0.1-350 ms; an idle one 0.2-1.6 µs back to back, but
+// mostly 20-100 µs, now and then up to 400 µs, as the first call after a
+// pause (a thread fresh from a sleep, on this VM): such a one costs a
+// spin and pauses started over.
+const movedCall = 200 * time.Microsecond
+
+// progressLoop drives the agent for ProgressGoroutine. After a round that
+// found work (a READ posted or ended, a notification, a progress call
+// that moved bytes, a kick while READs of its own are outstanding) it goes
+// on round after round, yielding between them, for Config.Spin; then it
+// pauses on a precise timer, each pause twice the last, up to
+// ProgressDelay, and while READs of its own are outstanding up to
+// readPause at first (see above). With nothing to drive it polls every
+// IdlePoll. A kick wakes it from any pause.
 func (a *Agent) progressLoop() {
 	defer close(a.done)
 	idle := time.NewTimer(a.cfg.IdlePoll)
 	defer idle.Stop()
-	pause := time.NewTimer(a.cfg.ProgressDelay)
-	defer pause.Stop()
-	empty := 0
+	// A Go timer under a millisecond fires about a millisecond late when
+	// the process has nothing else to run: the runtime then waits for it
+	// in epoll_wait, whose timeout is whole milliseconds (Go 1.26: a
+	// 50 µs timer fired 1.01-1.07 ms late here; ptimer's 25-50 µs).
+	pause := ptimer.New()
+	defer pause.Close()
+	worked := time.Now() // the last round that found work
+	event := worked      // the last post, end, notification or kick
+	var wait time.Duration
+	kicked := false
 	for {
 		a.cmu.Lock()
-		ended := a.async && a.postQueued()
+		posted, ended := false, false
+		if a.async {
+			posted, ended = a.postQueued()
+		}
 		a.mu.Lock()
 		closed := a.closed
 		a.mu.Unlock()
@@ -981,7 +1034,9 @@ func (a *Agent) progressLoop() {
 			a.cmu.Unlock()
 			return
 		}
+		t0 := time.Now()
 		got, _ := a.pollC()
+		moved := time.Since(t0) > movedCall
 		if a.checkEndsC() || ended {
 			got = true
 		}
@@ -991,42 +1046,57 @@ func (a *Agent) progressLoop() {
 		a.releaseEndedC()
 		a.reapZombiesC()
 		a.mu.Lock()
-		busy := a.busyLocked()
 		reading := a.readingLocked()
+		busy := a.busyLocked(reading)
 		a.mu.Unlock()
 		a.cmu.Unlock()
+		now := time.Now()
+		if got || posted {
+			event = now
+		}
+		if got || posted || moved || kicked && reading {
+			worked, wait = now, 0
+		}
+		kicked = false
 		switch {
 		case !busy:
-			empty = 0
+			wait = 0
 			idle.Reset(a.cfg.IdlePoll)
 			a.parked.Store(true)
 			select {
 			case <-a.stop:
 				return
 			case <-a.wake:
+				event, kicked = time.Now(), true
 			case <-idle.C:
 			}
 			a.parked.Store(false)
-		case got || reading:
-			// Our READs move (UCX copies in progress calls) and end only
-			// as fast as we drive them: no timer, which fires a
-			// millisecond late on a VM. Only a producer's expected READs
-			// back off.
-			empty = 0
-			runtime.Gosched()
-		case empty < 8:
-			empty++
+			a.wakeups.Add(1)
+		case now.Sub(worked) < a.cfg.Spin:
 			runtime.Gosched()
 		default:
-			pause.Reset(a.cfg.ProgressDelay)
+			limit := a.cfg.ProgressDelay
+			if reading {
+				limit = min(limit, max(readPause, now.Sub(event)/readLag))
+			}
+			first := grantPause
+			if reading {
+				first = firstPause
+			}
+			wait = min(max(2*wait, first), limit)
+			pause.Reset(wait)
 			a.parked.Store(true)
 			select {
 			case <-a.stop:
+				pause.Stop()
 				return
 			case <-a.wake:
+				pause.Stop()
+				event, wait, kicked = time.Now(), 0, true
 			case <-pause.C:
 			}
 			a.parked.Store(false)
+			a.wakeups.Add(1)
 		}
 	}
 }

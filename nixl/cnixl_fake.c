@@ -58,6 +58,8 @@ static long g_delay_us;
 static int g_inline; /* READs complete within the post, as UCX over shared memory's do */
 static int g_fail_op, g_fail_status, g_fail_count;
 static pthread_cond_t g_notifs_cond = PTHREAD_COND_INITIALIZER;
+static int g_hang; /* threaded READs wait, unended, while set (tests) */
+static pthread_cond_t g_hang_cond = PTHREAD_COND_INITIALIZER;
 
 static char *dupstr(const char *s) {
 	size_t n = strlen(s) + 1;
@@ -84,6 +86,13 @@ void cnixl_fake_set_delay_us(long us) {
 void cnixl_fake_set_inline(int on) {
 	pthread_mutex_lock(&g_mu);
 	g_inline = on;
+	pthread_mutex_unlock(&g_mu);
+}
+
+void cnixl_fake_set_hang(int on) {
+	pthread_mutex_lock(&g_mu);
+	g_hang = on;
+	pthread_cond_broadcast(&g_hang_cond);
 	pthread_mutex_unlock(&g_mu);
 }
 
@@ -162,6 +171,7 @@ void cnixl_agent_destroy(cnixl_agent *a) {
 		a->xfers[i]->canceled = 1;
 		xfer_unref(a->xfers[i]);
 	}
+	pthread_cond_broadcast(&g_hang_cond); /* hung READs end, canceled */
 	for (int i = 0; i < a->nremotes; i++)
 		free(a->remotes[i].name);
 	pthread_mutex_unlock(&g_mu);
@@ -266,6 +276,8 @@ static void *run_read(void *arg) {
 		}
 	}
 	pthread_mutex_lock(&g_mu);
+	while (g_hang && !x->canceled)
+		pthread_cond_wait(&g_hang_cond, &g_mu);
 	do_read(x);
 	xfer_unref(x);
 	pthread_mutex_unlock(&g_mu);
@@ -404,6 +416,7 @@ int cnixl_release(cnixl_agent *a, cnixl_handle h) {
 		return st;
 	}
 	x->canceled = 1; /* the copy happens under g_mu: none will follow */
+	pthread_cond_broadcast(&g_hang_cond);
 	a->xfers[i] = a->xfers[--a->nxfers];
 	xfer_unref(x);
 	pthread_mutex_unlock(&g_mu);

@@ -14,6 +14,9 @@ void cnixl_fake_set_delay_us(long us);
 /* on: READs complete within the post (as UCX over shared memory's do),
  * which returns CNIXL_SUCCESS; off: on their own thread after the delay. */
 void cnixl_fake_set_inline(int on);
+/* on: READs on their own thread (not inline) do not end until it is
+ * off, or they are released, or their agent destroyed. */
+void cnixl_fake_set_hang(int on);
 /* The next count calls of op fail with status. */
 void cnixl_fake_fail(int op, int status, int count);
 /* What the agent still holds: READ handles not released, remote agents not removed. */

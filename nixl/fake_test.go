@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -574,4 +575,78 @@ func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
 	}
 	c.Release(h)
 	waitLeaks(t, c, 0, 1)
+}
+
+// A READ that never ends (a hung producer, a link that drops everything)
+// costs the progress goroutine's pauses, not a core: under 5 % of a core
+// over a second from its post, above the same process idle; then its
+// pauses have grown to ProgressDelay.
+func TestHungReadParks(t *testing.T) {
+	FakeSetHang(true)
+	defer FakeSetHang(false) // before the agents close
+	c, peer := slowPair(t, Config{})
+	settle(t, c)
+	const window = time.Second
+	idle := cpuOver(t, window)
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hung := cpuOver(t, window)
+	if pg, err := c.Check(h); pg != xfer.InProgress || err != nil {
+		t.Fatalf("the READ was to hang: %v, %v", pg, err)
+	}
+	if share := (hung - idle).Seconds() / window.Seconds(); share > 0.05 {
+		t.Fatalf("a hung READ cost %.1f %% of a core (%v over %v, %v idle)", 100*share, hung, window, idle)
+	}
+	t.Logf("a hung READ: %v of CPU over %v, %v idle", hung, window, idle)
+	wakeupsAtMost(t, c)
+	FakeSetHang(false)
+	if pg := waitEnded(t, c, h); pg != xfer.Complete {
+		t.Fatalf("READ: %v", pg)
+	}
+	c.Release(h)
+}
+
+// While a producer expects READs and none comes, its progress goroutine
+// wakes about once per ProgressDelay (10 ms), not a thousand times a
+// second.
+func TestExpectedReadsPause(t *testing.T) {
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	p.ExpectReads(1)
+	defer p.ExpectReads(0)
+	wakeupsAtMost(t, p)
+}
+
+// wakeupsAtMost fails the test if a's progress goroutine wakes more often
+// over the next second than pauses growing to ProgressDelay's default
+// allow: they double from 25 or 200 µs (at most nine wake-ups to 10 ms),
+// then come one per 10 ms, and the timer never fires early. A quarter more allows for a
+// progress call the VM slows past movedCall, which starts them over.
+func wakeupsAtMost(t *testing.T, a *Agent) {
+	t.Helper()
+	const window = time.Second
+	most := uint64(window/defaultProgressDelay)*5/4 + 9
+	w0 := a.wakeups.Load()
+	time.Sleep(window)
+	if n := a.wakeups.Load() - w0; n > most {
+		t.Fatalf("%d wake-ups in %v, want at most %d", n, window, most)
+	} else {
+		t.Logf("%d wake-ups in %v", n, window)
+	}
+}
+
+// cpuOver returns the CPU time (user and system) the process used over d.
+func cpuOver(t *testing.T, d time.Duration) time.Duration {
+	t.Helper()
+	used := func() time.Duration {
+		var ru syscall.Rusage
+		if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+			t.Fatal(err)
+		}
+		return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	}
+	u0 := used()
+	time.Sleep(d)
+	return used() - u0
 }

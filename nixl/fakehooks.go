@@ -24,6 +24,17 @@ func FakeSetInline(on bool) {
 	C.cnixl_fake_set_inline(C.int(v))
 }
 
+// FakeSetHang makes READs on their own thread (FakeSetInline off) hang,
+// as over a link that drops everything: they end only once it is called
+// with false, or they are released, or their agent closes.
+func FakeSetHang(on bool) {
+	v := 0
+	if on {
+		v = 1
+	}
+	C.cnixl_fake_set_hang(C.int(v))
+}
+
 // Fake operations to fail.
 const (
 	FakePost    = C.CNIXL_FAKE_OP_POST

@@ -17,8 +17,11 @@
 // Over UCX a READ moves only while both agents are driven, and a producer
 // has nothing of its own to call while a peer reads its memory: see
 // Progress for who drives an agent. The producer session reports its live
-// grants (xfer.Driven), so by default a goroutine drives the agent
-// continuously exactly while a READ may come.
+// grants (xfer.Driven), so by default a goroutine drives the agent exactly
+// while a READ may come: briefly without pause after each event, then
+// with pauses that double. NIXL 1.4.0 exposes no event descriptor to wait
+// on instead: its UCX plugin waits on its workers' descriptors only in
+// its own progress thread (ProgressThread).
 //
 // Where it differs from the reference's NIXL transport: a producer's
 // descriptor of back-to-back blocks of one size (a region's) is kept as
@@ -67,16 +70,29 @@ type Config struct {
 	// its memory. Default ProgressGoroutine.
 	Progress Progress
 	// ProgressDelay is, for ProgressGoroutine, the longest pause between
-	// rounds while a producer expects READs of its memory (the rounds spin
-	// while they find work, then back off to it); default 50 µs, on a Go
-	// timer, which fires about a millisecond late in a process with
-	// nothing else to run: idle rounds then come about once a
-	// millisecond. While READs of this agent's own are outstanding the
-	// rounds never pause: UCX moves their bytes inside the progress
-	// calls. For
-	// ProgressThread it is NIXL's pthrDelay: the thread wakes on events
-	// and at least this often; default 1 ms. Ignored by ProgressCaller.
+	// rounds. After a round that found work the rounds go on for Spin,
+	// then pause, on a precise timer, each pause twice the last from 25 µs
+	// (200 µs while only a producer's grants are live) up to
+	// ProgressDelay; while READs of this agent's own are outstanding, up to
+	// 1 ms until a twentieth of the time since the last post, end or
+	// notification is longer (an end is seen at most 1 ms, or 5 %, late).
+	// Default 10 ms: an agent whose READ hangs, or a producer with grants
+	// live and nothing happening, wakes about 100 times a second, and a
+	// producer's peers' notifications (and, over UCX tcp, the start of
+	// their READs) wait up to one pause. For ProgressThread it is NIXL's
+	// pthrDelay: the thread wakes on events and at least this often;
+	// default 1 ms. Ignored by ProgressCaller.
 	ProgressDelay time.Duration
+	// Spin is how long ProgressGoroutine goes on driving the agent round
+	// after round, yielding between rounds but never pausing, after a
+	// round that found work (a READ posted or ended, a notification, a
+	// progress call that moved bytes); default 50 µs. A READ that ends
+	// within it is seen at once; one that ends later is seen within about
+	// the time it took, as the pauses double. A longer Spin costs a core
+	// for that long after every such event, also while a READ hangs: set
+	// it only where a core is to spare. A Spin as long as a READ may take
+	// drives READs continuously, a core for as long as any is outstanding.
+	Spin time.Duration
 	// IdlePoll is how often ProgressGoroutine drives an agent with nothing
 	// outstanding or expected; default 50 ms.
 	IdlePoll time.Duration
@@ -120,9 +136,11 @@ type Progress int
 
 const (
 	// ProgressGoroutine (the default) drives the agent from a goroutine
-	// of its own, continuously while this agent has READs outstanding or a
-	// producer has grants outstanding (see ExpectReads), and every
-	// IdlePoll otherwise. It costs a core only while transfers run.
+	// of its own while this agent has READs outstanding or a producer has
+	// grants live (see ExpectReads): round after round for Spin after
+	// each event, then with pauses that double up to ProgressDelay (see
+	// there); every IdlePoll otherwise. A READ that never ends costs
+	// about a hundred wake-ups a second, not a core.
 	ProgressGoroutine Progress = iota
 	// ProgressThread starts NIXL's own progress thread, which waits for
 	// UCX events with ProgressDelay as its timeout. (NIXL's own default,

@@ -57,8 +57,8 @@ func TestMain(m *testing.M) {
 }
 
 // runChild serves childItems entries of fetchBytes until stdin closes.
-// Modes: "raw" (a NIXL agent, driven continuously; prints its metadata and
-// descriptor), "session" (connector.Producer over NIXL), "tcp"
+// Modes: "raw" (a NIXL agent expecting READs throughout; prints its
+// metadata and descriptor), "session" (connector.Producer over NIXL), "tcp"
 // (connector.Producer over the TCP data plane) and "shm" (the same over a
 // Shared region: the consumer copies out of it); the last three print the
 // control endpoint.
@@ -100,7 +100,7 @@ func runChild(mode string) error {
 	stdin := make(chan struct{})
 	go func() { io.Copy(io.Discard, os.Stdin); close(stdin) }()
 	if mode == "raw" {
-		data.(*Agent).ExpectReads(1) // driven continuously
+		data.(*Agent).ExpectReads(1) // driven throughout, as under a live grant
 		fmt.Printf("%s %s\n", hex.EncodeToString(data.AgentMetadata()), hex.EncodeToString(data.MemDescriptor()))
 		<-stdin
 		return nil
@@ -311,8 +311,8 @@ func TestTwoProcessFetch(t *testing.T) {
 }
 
 // BenchmarkTwoProcess64MiB measures, in one run, a 64 MiB fetch between two
-// processes: NIXL through Agent with the producer driven continuously
-// (raw), the same with the posting thread fresh from a sleep before each
+// processes: NIXL through Agent with the producer expecting READs
+// throughout (raw), the same with the posting thread fresh from a sleep before each
 // READ (raw-parked: a session's step loop has slept waiting for its ack),
 // the same through connector.Pool and connector.Producer (session, whose
 // 64 MiB READs the progress goroutine posts; and session-sync, the
@@ -368,9 +368,9 @@ const parkFor = 300 * time.Microsecond
 // BenchmarkTwoProcessPaired measures the session path against raw NIXL
 // fetch by fetch: each iteration fetches 64 MiB once through each (from
 // two producer processes, the order alternating), so both see the same
-// moments of a noisy machine. The raw producer's agent is driven
-// continuously throughout, also while the session fetches, which costs
-// the session path a little CPU: the ratio errs against it. It reports
+// moments of a noisy machine. The raw producer expects READs throughout,
+// so its agent is driven also while the session fetches, which costs the
+// session path a little CPU: the ratio errs against it. It reports
 // both rates and session-% (the session's rate as a percentage of raw's
 // over the same iterations).
 //
