@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,7 +33,25 @@ var (
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
 	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
+	// ErrUnanswered: StartXfer of an mm_hash with MaxUnansweredPerHash
+	// requests unanswered (or the session with MaxUnanswered). It is an
+	// xfer.ErrQueueFull: retry once replies have come, or on a new session.
+	ErrUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
 )
+
+// Bounds of the requests a consumer session has sent and not seen
+// answered. Past them StartXfer refuses (ErrUnanswered) rather than
+// forget one: a reply to a forgotten request would be taken for a later
+// request's, whose grant may be younger than the reply's.
+const (
+	MaxUnansweredPerHash = 16
+	MaxUnanswered        = 1 << 16
+)
+
+// attemptIDs numbers the requests of every consumer session of the
+// process: a reply that names an attempt names one request, whichever
+// session it reaches.
+var attemptIDs atomic.Uint64
 
 // ConsumerConfig configures a ConsumerSession. The zero value is usable.
 type ConsumerConfig struct {
@@ -52,8 +71,12 @@ type ConsumerStats struct {
 	Nacks                                                           [6]uint64
 	Malformed                                                       uint64 // payloads that did not decode as an XferAck
 	ForeignAcks                                                     uint64 // acks echoing another session's id
-	StrayAcks                                                       uint64 // acks for no transfer waiting for one
-	Registrations                                                   uint64 // producer agents registered
+	// StrayAcks are replies matched to no transfer waiting for its ack:
+	// they answer an earlier request, or one already answered, or one
+	// this session never sent. Dropped.
+	StrayAcks     uint64
+	LateAcks      uint64 // OK acks handled past their grant's lease: no READ posted, retryable
+	Registrations uint64 // producer agents registered
 }
 
 // ConsumerSession is the consumer's side of one producer: it sends requests,
@@ -71,7 +94,6 @@ type ConsumerSession struct {
 
 	agentName  string           // ours, sent with requests when the data plane has one
 	shapes     xfer.ShapedPeers // the data plane, when it takes producers' shapes
-	attempts   uint64           // requests sent, naming each (ecx_attempt)
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
@@ -80,6 +102,17 @@ type ConsumerSession struct {
 	active      []*cxfer          // in start order
 	quarantined []*cxfer
 	spare       []*cxfer // ended, for reuse
+
+	// unanswered holds per mm_hash the requests sent and not answered yet,
+	// oldest first: what a reply can answer (see the package doc).
+	unanswered  map[string]*fifo
+	nUnanswered int
+	spareFifos  []*fifo
+
+	// High-water marks, for Trim: since the maps were made, and since
+	// the last Trim.
+	hashesMade, hashesSeen   int
+	pendingMade, pendingSeen int
 
 	results Results
 	stats   ConsumerStats
@@ -115,7 +148,7 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	}
 	c := &ConsumerSession{
 		id: u.String(), compat: compatHash, peer: peer, data: data,
-		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{},
+		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, unanswered: map[string]*fifo{},
 	}
 	if n, ok := data.(xfer.Named); ok {
 		c.agentName = n.Name()
@@ -136,7 +169,8 @@ func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 //
 // On error nothing is recorded: ErrClosed after Close; ErrInFlight for an
 // mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
-// for negative or repeated blocks; the Sender's error, wrapped.
+// for negative or repeated blocks; ErrUnanswered when too many requests
+// are unanswered; the Sender's error, wrapped.
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadline time.Time) error {
 	if c.closed {
 		return ErrClosed
@@ -155,12 +189,24 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	} else if len(blocks) > 0 && blocks[0] < 0 {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
+	q := c.unanswered[mmHash]
+	if (q != nil && len(q.sent) >= MaxUnansweredPerHash) || c.nUnanswered >= MaxUnanswered {
+		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
+	}
+	attempt := attemptIDs.Add(1)
 	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
-		Agent: c.agentName, Attempt: c.attempts + 1, AcceptsShape: c.shapes != nil}
+		Agent: c.agentName, Attempt: attempt, AcceptsShape: c.shapes != nil}
 	c.buf = wire.AppendReq(c.buf[:0], &req)
 	if err := c.peer.Send(c.buf); err != nil {
 		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
 	}
+	if q == nil {
+		q = c.newFifo(mmHash)
+	}
+	q.sent = append(q.sent, request{attempt: attempt, at: now})
+	c.nUnanswered++
+	c.pendingSeen = max(c.pendingSeen, len(c.unanswered))
+	c.pendingMade = max(c.pendingMade, len(c.unanswered))
 	var x *cxfer
 	if n := len(c.spare); n > 0 {
 		x, c.spare = c.spare[n-1], c.spare[:n-1]
@@ -169,12 +215,83 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	}
 	x.Reset(mmHash, blocks, c.id, now, ackDeadline, c.data, &c.xcfg)
 	x.ended, x.moved = false, false
-	c.attempts++
-	x.attempt = c.attempts
+	x.attempt = attempt
 	c.byHash[mmHash] = x
+	c.hashesSeen = max(c.hashesSeen, len(c.byHash))
+	c.hashesMade = max(c.hashesMade, len(c.byHash))
 	c.active = append(c.active, x)
 	c.stats.Started++
 	return nil
+}
+
+// request is one XferReq sent and not answered yet.
+type request struct {
+	attempt uint64
+	at      time.Time
+}
+
+// fifo holds the unanswered requests of one mm_hash, oldest first.
+type fifo struct {
+	key  string
+	sent []request
+}
+
+func (c *ConsumerSession) newFifo(mmHash string) *fifo {
+	var q *fifo
+	if n := len(c.spareFifos); n > 0 {
+		q, c.spareFifos = c.spareFifos[n-1], c.spareFifos[:n-1]
+	} else {
+		q = new(fifo)
+	}
+	q.key = mmHash
+	c.unanswered[mmHash] = q
+	return q
+}
+
+// answer matches a reply for mmHash to the request it answers, and
+// consumes that request: the one the reply names (attempt), else the
+// oldest unanswered. Requests before it are consumed too: the producer
+// answers in order, so they will never be answered. It returns the
+// transfer the reply may act on, the one of that request if it still
+// waits for its ack, or nil: the reply is then dropped.
+func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
+	q := c.unanswered[string(mmHash)]
+	if q == nil {
+		return nil
+	}
+	i := 0
+	if attempt != 0 {
+		for i = 0; i < len(q.sent) && q.sent[i].attempt != attempt; i++ {
+		}
+		if i == len(q.sent) {
+			return nil // not ours, or answered already
+		}
+	}
+	answered := q.sent[i].attempt
+	n := copy(q.sent, q.sent[i+1:])
+	q.sent = q.sent[:n]
+	c.nUnanswered -= i + 1
+	if n == 0 {
+		delete(c.unanswered, q.key)
+		q.key = ""
+		c.spareFifos = append(c.spareFifos, q)
+	}
+	x := c.byHash[string(mmHash)]
+	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {
+		return nil
+	}
+	return x
+}
+
+// forgetUnanswered drops every unanswered request: none will be answered
+// on this connection.
+func (c *ConsumerSession) forgetUnanswered() {
+	for _, q := range c.unanswered {
+		q.sent, q.key = q.sent[:0], ""
+		c.spareFifos = append(c.spareFifos, q)
+	}
+	clear(c.unanswered)
+	c.nUnanswered = 0
 }
 
 // Poll decodes the payloads received from the producer since the last call,
@@ -196,17 +313,27 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 	c.advance(now)
 }
 
-// badAck ends at once the transfer an undecodable ack names (a status we
-// do not know, say), rather than leaving it to its ack timeout and retries:
-// the producer has answered, and not with a grant we can use.
+// badAck handles a reply that does not decode (a status we do not know,
+// say) but still names its mm_hash. It answers a request like any other
+// reply; if that request's transfer waits for its ack, it ends at once,
+// rather than after its ack timeout and retries: the producer has
+// answered, and not with a grant we can use. wire.PeekIDs does not read
+// ecx_attempt, so the reply answers the oldest unanswered request.
 func (c *ConsumerSession) badAck(raw []byte) {
 	mm, sid, ok := wire.PeekIDs(raw, "ack")
-	if !ok || (len(sid) != 0 && string(sid) != c.id) {
+	switch {
+	case !ok:
+		return // it names nothing: counted as Malformed only
+	case len(sid) != 0 && string(sid) != c.id:
+		c.stats.ForeignAcks++
 		return
 	}
-	if x, ok := c.byHash[string(mm)]; ok && x.State() == xfer.WaitingAck {
-		c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
+	x := c.answer(mm, 0)
+	if x == nil {
+		c.stats.StrayAcks++
+		return
 	}
+	c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
 }
 
 // cxfer is a transfer as the session holds it.
@@ -214,8 +341,7 @@ type cxfer struct {
 	fsm.ConsumerXfer
 	ended bool // its outcome is recorded; advance drops it
 	moved bool // quarantined by Cancel: advance drops it from active
-	// attempt names its request; an ack echoing another is an earlier
-	// request's, late or repeated, and its grant may be over.
+	// attempt names its request: only a reply that answers it acts.
 	attempt uint64
 }
 
@@ -227,9 +353,9 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
 		return
 	}
-	x, ok := c.byHash[string(ack.MMHash)]
-	if !ok || x.State() != xfer.WaitingAck || (ack.Attempt != 0 && ack.Attempt != x.attempt) {
-		c.stats.StrayAcks++ // unknown mm_hash, a second ack, an earlier request's
+	x := c.answer(ack.MMHash, ack.Attempt)
+	if x == nil {
+		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
 		return
 	}
 	if ack.Status != wire.OK {
@@ -246,13 +372,19 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		}
 		return
 	}
+	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
+	if err := x.CheckLease(now); err != nil {
+		c.stats.LateAcks++
+		c.log.Warn("ec consumer: OK ack past its lease; no READ posted; may retry", "mm_hash", x.MMHash, "err", err)
+		c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
+		return
+	}
 	peer, err := c.register(ack)
 	if err != nil {
 		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
 		return
 	}
-	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.HandleAckView(ack, peer, now); err != nil {
 		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++
@@ -381,11 +513,11 @@ func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, statu
 		c.stats.Completed++
 	case &c.results.Tombstoned:
 		c.stats.Tombstoned++
+		if reason == xfer.LateCompletion {
+			c.stats.LateCompletions++
+		}
 	case &c.results.Retryable:
 		c.stats.Retryable++
-	}
-	if reason == xfer.LateCompletion {
-		c.stats.LateCompletions++
 	}
 	delete(c.byHash, x.MMHash)
 	x.ended = true
@@ -394,11 +526,14 @@ func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, statu
 // PeerDown handles the producer's death: transfers waiting for an ack become
 // Retryable (reason PeerDown); READs in progress are quarantined, since the
 // data plane may still write into their blocks. Quarantined transfers keep
-// being followed by Poll until they settle.
+// being followed by Poll until they settle. The connection is over: no
+// request sent on it will be answered, so the session forgets them. Send
+// no more requests through it; a new connection needs a new session.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
 	}
+	c.forgetUnanswered()
 	for _, x := range c.active {
 		if x.ended {
 			c.spare = append(c.spare, x)
@@ -505,7 +640,7 @@ func (c *ConsumerSession) Close() CloseReport {
 		closeOne(x)
 	}
 	c.active, c.quarantined, c.spare = nil, nil, nil
-	clear(c.byHash)
+	c.byHash, c.unanswered, c.spareFifos, c.nUnanswered = nil, nil, nil, 0
 	if c.registered {
 		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {
 			c.log.Warn("ec consumer: remove producer agent", "agent", c.agent.Agent, "err", err)

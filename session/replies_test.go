@@ -1,0 +1,118 @@
+package session
+
+import (
+	"bytes"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// newConsumerWith is newConsumer with timeouts of its own.
+func newConsumerWith(t *testing.T, cfg xfer.Config) *consumerOnly {
+	t.Helper()
+	fab := xfertest.NewFabric()
+	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
+	co.c = must(NewConsumerSession(ConsumerConfig{Logger: quiet, Xfer: cfg}, co.out, co.data, compat))
+	return co
+}
+
+// lastAttempt returns the attempt the last request sent names.
+func (co *consumerOnly) lastAttempt(t *testing.T) uint64 {
+	t.Helper()
+	var r wire.XferReq
+	if err := wire.DecodeReq(co.out.msgs[len(co.out.msgs)-1], &r); err != nil {
+		t.Fatal(err)
+	}
+	return r.Attempt
+}
+
+// fillProd writes pattern into the producer's blocks.
+func (co *consumerOnly) fillProd(pattern byte, blocks ...int) {
+	for _, b := range blocks {
+		for i := range co.prod.Block(b) {
+			co.prod.Block(b)[i] = pattern
+		}
+	}
+}
+
+// A reference producer names no attempt in its replies. Attempt 1 is
+// granted at t0 (lease 5 s) but its OK ack is delayed; attempt 2 goes out
+// at the ack timeout (3 s); at 5 s the lease of attempt 1 ends and a new
+// save rewrites its blocks, and the producer answers attempt 2
+// NACK_MISSING. At 5.5 s both replies arrive, the ack first. The ack
+// answers attempt 1 (on one connection replies keep order): it is dropped,
+// and the NACK ends attempt 2. No READ is posted, so no rewritten bytes
+// are promoted.
+func TestReferenceAckOfEarlierAttemptDropped(t *testing.T) {
+	co := newConsumerWith(t, xfer.Config{PinLease: 5 * time.Second})
+	co.fillProd(0xaa, 7, 8)
+	mustStart(t, co.c, "H", []int{1, 2}, at(3*time.Second))
+	if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.AckTimedOut {
+		t.Fatalf("attempt 1: %+v", r)
+	}
+	if err := co.c.StartXfer("H", []int{1, 2}, at(3*time.Second+time.Millisecond), at(6*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	co.fillProd(0xbb, 7, 8) // a new save, after the lease of attempt 1
+	late := ackOK("H", co.c.ID(), co.prod.AgentMetadata(), 7, 8)
+	nack := encAck(wire.XferAck{MMHash: "H", Status: wire.NackMissing})
+	r := co.poll(at(5500*time.Millisecond), late, nack)
+	if len(co.data.Posts()) != 0 {
+		t.Fatalf("READ posted for an earlier attempt's ack: %+v", co.data.Posts())
+	}
+	if len(r.Completed) != 0 || len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.Nacked || r.Tombstoned[0].Status != wire.NackMissing {
+		t.Fatalf("results %+v", r)
+	}
+	if bytes.Equal(co.data.Block(1), co.prod.Block(7)) {
+		t.Fatal("the new entry's bytes reached the consumer")
+	}
+}
+
+// A Go producer's NACK of attempt 1, with a status this consumer does not
+// know, arrives while attempt 2 waits for its ack: it names attempt 1, and
+// cannot end attempt 2. Attempt 2's own ack then completes it.
+func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
+	co := newConsumer(t)
+	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
+	first := co.lastAttempt(t)
+	co.poll(at(3 * time.Second)) // attempt 1 times out
+	if err := co.c.StartXfer("H", []int{1}, at(3*time.Second), at(5*time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	second := co.lastAttempt(t)
+	stale, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "ecx_attempt": first})
+	if r := co.poll(at(4*time.Second), stale); r.Len() != 0 {
+		t.Fatalf("attempt 1's NACK ended attempt 2: %+v", r)
+	}
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+		SrcBlockIndices: []wire.Int{wire.IntOf(3)}, Attempt: second}
+	r := co.poll(at(4*time.Second+time.Millisecond), wire.AppendAck(nil, &ack))
+	if !slices.Equal(hashes(r.Completed), []string{"H"}) {
+		t.Fatalf("attempt 2's own ack: %+v", r)
+	}
+}
+
+// An OK ack handled after the lease it advertises has run out (the engine
+// stalled: the ack waited in the inbox past its deadline and the lease)
+// posts no READ: the producer may have reused the blocks, and a posted
+// READ cannot be stopped. The transfer may be retried: a new request is a
+// new grant.
+func TestAckPastItsLeasePostsNoRead(t *testing.T) {
+	co := newConsumer(t)
+	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+		SrcBlockIndices: []wire.Int{wire.IntOf(3)}, LeaseMillis: 5000, Attempt: co.lastAttempt(t)}
+	r := co.poll(at(5*time.Second+time.Millisecond), wire.AppendAck(nil, &ack))
+	if len(co.data.Posts()) != 0 {
+		t.Fatalf("READ posted past the lease: %+v", co.data.Posts())
+	}
+	if len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.LateCompletion || r.Len() != 1 {
+		t.Fatalf("results %+v", r)
+	}
+}
