@@ -2,6 +2,8 @@ package session
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -114,5 +116,92 @@ func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 	}
 	if len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.LateCompletion || r.Len() != 1 {
 		t.Fatalf("results %+v", r)
+	}
+}
+
+// A producer that answers nothing fills the unanswered requests of an
+// mm_hash up to their bound: then StartXfer refuses (ErrUnanswered, an
+// xfer.ErrQueueFull, which the Pool retries) and sends nothing, rather
+// than forget a request whose reply would be taken for a later one's. A
+// reply frees a place.
+func TestUnansweredRequestsBounded(t *testing.T) {
+	co := newConsumer(t)
+	now := t0
+	for range MaxUnansweredPerHash {
+		mustStart(t, co.c, "H", []int{1}, now.Add(time.Second))
+		now = now.Add(2 * time.Second)
+		if r := co.poll(now); len(r.Retryable) != 1 {
+			t.Fatalf("%+v", r)
+		}
+	}
+	sent := len(co.out.msgs)
+	err := co.c.StartXfer("H", []int{1}, now, now.Add(time.Second))
+	if !errors.Is(err, ErrUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.HasInFlight() {
+		t.Fatalf("past the bound: %v, %d sent", err, len(co.out.msgs)-sent)
+	}
+	mustStart(t, co.c, "G", []int{1}, now.Add(time.Second)) // another mm_hash is not refused
+	co.poll(now, encAck(wire.XferAck{MMHash: "H", Status: wire.NackMissing}))
+	if co.c.Stats().StrayAcks != 1 {
+		t.Fatal("the reply of the oldest request acted")
+	}
+	if err := co.c.StartXfer("H", []int{2}, now, now.Add(time.Second)); err != nil {
+		t.Fatalf("after a reply: %v", err)
+	}
+}
+
+// A reply naming an attempt tells that the producer passed the requests
+// of its mm_hash sent before it: they are forgotten, so a later reply
+// naming no attempt (one that did not decode) is matched to its own
+// request, not to a request the producer dropped.
+func TestNamedReplyForgetsEarlierRequests(t *testing.T) {
+	co := newConsumer(t)
+	mustStart(t, co.c, "H", []int{1}, at(time.Second))
+	co.poll(at(2 * time.Second)) // attempt 1 times out: the producer dropped it
+	mustStart(t, co.c, "H", []int{1}, at(3*time.Second))
+	nack := wire.XferAck{MMHash: "H", Status: wire.NackNotReady, Attempt: co.lastAttempt(t)}
+	if r := co.poll(at(2*time.Second), encAck(nack)); len(r.Retryable) != 1 {
+		t.Fatalf("%+v", r)
+	}
+	if co.c.nUnanswered != 0 || len(co.c.unanswered) != 0 {
+		t.Fatalf("%d requests still unanswered", co.c.nUnanswered)
+	}
+	mustStart(t, co.c, "H", []int{1}, at(5*time.Second))
+	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9})
+	if r := co.poll(at(4*time.Second), odd); len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck {
+		t.Fatalf("%+v", r)
+	}
+}
+
+// At PeerDown the connection is over: its unanswered requests are
+// forgotten, and a reply the session still sees answers nothing.
+func TestPeerDownForgetsUnansweredRequests(t *testing.T) {
+	co := newConsumer(t)
+	mustStart(t, co.c, "H", []int{1}, at(time.Second))
+	mustStart(t, co.c, "G", []int{2}, at(time.Second))
+	co.c.PeerDown(at(0))
+	if co.c.nUnanswered != 0 || len(co.c.unanswered) != 0 {
+		t.Fatalf("%d requests still unanswered", co.c.nUnanswered)
+	}
+	co.poll(at(0), co.ok("H", 3))
+	if st := co.c.Stats(); st.StrayAcks != 1 || len(co.data.Posts()) != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+}
+
+// Attempt numbers never repeat across the sessions of a process, so a Go
+// producer's reply naming one cannot be matched to another session's
+// request.
+func TestAttemptsUniqueAcrossSessions(t *testing.T) {
+	a, b := newConsumer(t), newConsumer(t)
+	seen := map[uint64]bool{}
+	for i := range 4 {
+		for _, co := range []*consumerOnly{a, b} {
+			mustStart(t, co.c, fmt.Sprint("H", i), []int{1}, at(time.Second))
+			n := co.lastAttempt(t)
+			if n == 0 || seen[n] {
+				t.Fatalf("attempt %d repeated or absent", n)
+			}
+			seen[n] = true
+		}
 	}
 }
