@@ -45,7 +45,7 @@ var (
 // request's, whose grant may be younger than the reply's.
 const (
 	MaxUnansweredPerHash = 16
-	MaxUnanswered        = 1 << 16
+	MaxUnanswered        = 1 << 20
 )
 
 // attemptIDs numbers the requests of every consumer session of the
@@ -113,6 +113,7 @@ type ConsumerSession struct {
 	// the last Trim.
 	hashesMade, hashesSeen   int
 	pendingMade, pendingSeen int
+	resultsSeen              int
 
 	results Results
 	stats   ConsumerStats
@@ -558,8 +559,69 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 // them. r's slices are the caller's; reuse r across steps (r.Reset) to
 // allocate nothing in steady state.
 func (c *ConsumerSession) TakeResults(r *Results) {
+	c.resultsSeen = max(c.resultsSeen, c.results.Len())
 	c.results.appendTo(r)
 	c.results.Reset()
+}
+
+// Trim gives back the memory kept for a past peak: the maps, buffers and
+// spare transfers sized for more transfers than the session held since
+// the previous Trim shrink to what it held (Go's maps never shrink by
+// themselves). Call it now and then, a few times per minute at most:
+// connector.Pool does, four times per PoolConfig.IdleSession.
+func (c *ConsumerSession) Trim() {
+	if c.closed {
+		return
+	}
+	lately := max(c.hashesSeen, len(c.byHash))
+	c.byHash = refit(c.byHash, &c.hashesMade, lately)
+	c.unanswered = refit(c.unanswered, &c.pendingMade, max(c.pendingSeen, len(c.unanswered)))
+	c.active = fit(c.active, lately)
+	c.quarantined = fit(c.quarantined, lately)
+	c.spare = fit(keep(c.spare, lately), lately)
+	c.spareFifos = fit(keep(c.spareFifos, c.pendingSeen), c.pendingSeen)
+	fitResults(&c.results, max(c.resultsSeen, c.results.Len()))
+	c.hashesSeen, c.pendingSeen, c.resultsSeen = len(c.byHash), len(c.unanswered), c.results.Len()
+}
+
+// refit returns m, or a copy of it sized to its entries when it was made
+// for far more than it held lately (made: the most it held since made).
+func refit[K comparable, V any](m map[K]V, made *int, lately int) map[K]V {
+	if *made < 256 || 4*lately > *made {
+		return m
+	}
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	*made = len(n)
+	return n
+}
+
+// fit returns s, or a copy of it with room for lately elements when its
+// capacity is far beyond.
+func fit[T any](s []T, lately int) []T {
+	if cap(s) <= 4*lately+64 {
+		return s
+	}
+	n := make([]T, len(s), max(len(s), lately))
+	copy(n, s)
+	return n
+}
+
+// fitResults gives back the capacity of r's slices far beyond n outcomes.
+func fitResults(r *Results, n int) {
+	r.Completed, r.Tombstoned, r.Quarantined = fit(r.Completed, n), fit(r.Tombstoned, n), fit(r.Quarantined, n)
+	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
+}
+
+// keep drops the elements of a spare list beyond n (and 16 more).
+func keep[T any](spare []T, n int) []T {
+	if n += 16; len(spare) > n {
+		clear(spare[n:])
+		spare = spare[:n]
+	}
+	return spare
 }
 
 // Cancel ends the transfer of mmHash at now. One waiting for its ack is
