@@ -88,26 +88,6 @@
 // They go as they are answered, at PeerDown, and with the session (the
 // Pool closes a session idle for PoolConfig.IdleSession).
 //
-// On the producer, a notification ends the one grant it answers, or
-// nothing (UnknownNotifs, ForeignNotifs, BadTokens, LateNotifs). A Go
-// consumer's names its grant and presents its token ("#<grant>.<token>"):
-// it ends that grant only, whenever it comes; after the grant's lease it
-// ends nothing. A vLLM consumer's names none ("<session_id>:<mm_hash>"),
-// so it is taken for the oldest grant of its key, and grants lapse in the
-// order they were made: a grant whose lease ran out without a
-// notification is kept on record for twice the lease, and the first such
-// notification of its key ends that record, not a younger live grant
-// whose READ may be running. When the lapsed grant's READ never ran, the
-// live grant's own notification is the one taken: it then holds its pin
-// until its lease, longer, never shorter. Grants are bound to an agent:
-// the request's ecx_agent, or for a vLLM consumer, which sends none, the
-// agent of the first notification of its session. Before that first
-// notification, another agent's notification naming the session's key
-// cannot be told from the consumer's: it ends the oldest grant and binds
-// the session to itself, and the consumer's own notifications are then
-// refused (its grants end by lease). After it, another agent's is
-// refused.
-//
 // One gap is left outside the session: xfer.Inbound names only the
 // producer's address, and transport.Client can hand over a reply read off
 // a connection just after it reported that connection dead, which the
@@ -162,8 +142,7 @@
 //     lease ends it (the reference drops the earlier pin, and the earlier
 //     READ's notification then ends the new grant under a running READ).
 //     A notification naming a grant ("#<grant>", from the ack's ecx_grant)
-//     ends exactly that grant; one without ends the oldest of its key,
-//     counting the grants whose lease ran out without one.
+//     ends exactly that grant; one without ends the oldest of its key.
 //
 //  9. Grants are bound to the consumer's agent (the request's ecx_agent,
 //     or the first notification of the session): another agent's

@@ -77,7 +77,6 @@ type ProducerStats struct {
 	ReRequests    uint64 // grants made while the same session held one for the entry
 	Completions   uint64 // grants ended by their notification
 	UnknownNotifs uint64 // notifications matching no grant (late, foreign)
-	LateNotifs    uint64 // notifications naming no grant, taken for a grant whose lease had run out
 	ForeignNotifs uint64 // notifications from an agent the grant is not bound to
 	Stale         uint64 // requests dropped for waiting past MaxRequestAge
 	OverPinned    uint64 // requests refused by the pinned-block shares
@@ -121,18 +120,6 @@ type grant struct {
 
 const endedBit = 1 << 30
 
-// lapsedKey counts the lapsed grants of a key: those a notification may
-// still end, and those it ended while still listed in lapses.
-type lapsedKey struct {
-	pending, ended int
-	agent          string // the agent the grants were bound to, if known
-}
-
-type lapse struct {
-	key   string
-	until time.Time // forgotten then
-}
-
 // grantIDs numbers grants across every producer session of the process: a
 // data plane that outlives a session (or serves its successor) never sees
 // an id twice.
@@ -167,14 +154,6 @@ type ProducerSession struct {
 	// held are grants that ended while a READ was being served under
 	// them: their pin goes when the last such READ is released.
 	held []*grant
-	// lapsed records, per key, the grants made without a token whose
-	// lease ran out before a notification ended them; lapses lists them
-	// in that order, to forget them. A notification naming no grant ends
-	// the oldest grant of its key, and a lapsed one is older than any
-	// live one.
-	lapsed    map[string]*lapsedKey
-	lapses    []lapse
-	lapseHead int
 
 	// Per consumer session: its live grants, and whether it has completed
 	// a READ since our agent metadata last changed (then it has registered
@@ -236,7 +215,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		cfg.MaxRequestAge = 2 * time.Second
 	}
 	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log,
-		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{}, lapsed: map[string]*lapsedKey{},
+		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{},
 		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
 		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge,
 		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
@@ -743,10 +722,6 @@ func (p *ProducerSession) drainNotifs() {
 	}
 	for i := range p.notifs {
 		n := &p.notifs[i]
-		if p.endLapsed(n) {
-			p.stats.LateNotifs++
-			continue
-		}
 		g, forged := p.lookup(n.Msg)
 		if g == nil {
 			// Keys are valid UTF-8: only a miss needs the check.
@@ -782,75 +757,6 @@ func (p *ProducerSession) drainNotifs() {
 	clear(p.notifs) // drop references to the messages
 }
 
-// endLapsed takes a notification naming no grant for the oldest lapsed
-// grant of its key, if there is one and the notification comes from the
-// agent that grant was bound to (when known); it reports whether it did.
-func (p *ProducerSession) endLapsed(n *xfer.Notif) bool {
-	if len(p.lapsed) == 0 {
-		return false
-	}
-	l := p.lapsed[string(n.Msg)] // a named notification is no key
-	if l == nil || l.pending == 0 || (l.agent != "" && n.Agent != l.agent) {
-		return false
-	}
-	l.pending--
-	l.ended++
-	return true
-}
-
-// lapse records g, whose lease ran out, when a notification naming no
-// grant could still come for it: for twice the lease, at most maxGrants
-// records (the oldest go first). A notification later than that ends the
-// oldest live grant of the key, as one naming no grant always did.
-func (p *ProducerSession) lapse(g *grant, now time.Time) {
-	if !g.token.IsZero() {
-		return // its notification names it
-	}
-	if len(p.lapses)-p.lapseHead >= p.maxGrants {
-		p.forgetLapse()
-	}
-	l := p.lapsed[g.key]
-	if l == nil {
-		l = &lapsedKey{}
-		p.lapsed[g.key] = l
-	}
-	l.pending++
-	if l.agent = g.agent; l.agent == "" {
-		l.agent = g.cs.agent
-	}
-	p.lapses = append(p.lapses, lapse{key: g.key, until: now.Add(2 * p.lease)})
-}
-
-// forgetLapses forgets the records due by now.
-func (p *ProducerSession) forgetLapses(now time.Time) {
-	for p.lapseHead < len(p.lapses) && now.After(p.lapses[p.lapseHead].until) {
-		p.forgetLapse()
-	}
-}
-
-// forgetLapse forgets the oldest record.
-func (p *ProducerSession) forgetLapse() {
-	key := p.lapses[p.lapseHead].key
-	p.lapses[p.lapseHead] = lapse{}
-	p.lapseHead++
-	if p.lapseHead == len(p.lapses) {
-		p.lapses, p.lapseHead = p.lapses[:0], 0
-	} else if p.lapseHead > len(p.lapses)/2 && p.lapseHead > 64 {
-		n := copy(p.lapses, p.lapses[p.lapseHead:])
-		clear(p.lapses[n:])
-		p.lapses, p.lapseHead = p.lapses[:n], 0
-	}
-	l := p.lapsed[key]
-	if l.ended > 0 { // the oldest was ended by its notification
-		l.ended--
-	} else {
-		l.pending--
-	}
-	if l.pending == 0 && l.ended == 0 {
-		delete(p.lapsed, key)
-	}
-}
-
 // NextDeadline returns when the first lease runs out, for a loop that
 // sleeps until something is due; ok is false while no grant is live.
 func (p *ProducerSession) NextDeadline() (deadline time.Time, ok bool) {
@@ -868,10 +774,8 @@ func (p *ProducerSession) sweep(now time.Time) {
 		p.stats.Expired++
 		p.log.Warn("ec producer: consumer did not complete its READ within the pin lease; unpinning",
 			"mm_hash", g.MMHash, "session", g.SessionID)
-		p.lapse(g, now)
 		p.endGrant(g)
 	}
-	p.forgetLapses(now)
 }
 
 // Drain stops granting: from now on every request is answered
@@ -899,6 +803,5 @@ func (p *ProducerSession) Close() int {
 	if p.board != nil {
 		p.board.ReleaseGrantBoard()
 	}
-	p.lapsed, p.lapses, p.lapseHead = nil, nil, 0
 	return n
 }
