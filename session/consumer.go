@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -103,11 +104,13 @@ type ConsumerSession struct {
 	quarantined []*cxfer
 	spare       []*cxfer // ended, for reuse
 
-	// unanswered holds per mm_hash the requests sent and not answered yet,
-	// oldest first: what a reply can answer (see the package doc).
-	unanswered  map[string]*fifo
-	nUnanswered int
-	spareFifos  []*fifo
+	// sent holds the requests sent and not answered yet, from sentHead
+	// on, in the order they were sent (their attempts increase): what a
+	// reply can answer (see the package doc). perHash counts them by
+	// mm_hash.
+	sent     []request
+	sentHead int
+	perHash  map[string]int
 
 	// High-water marks, for Trim: since the maps were made, and since
 	// the last Trim.
@@ -149,7 +152,7 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	}
 	c := &ConsumerSession{
 		id: u.String(), compat: compatHash, peer: peer, data: data,
-		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, unanswered: map[string]*fifo{},
+		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]int{},
 	}
 	if n, ok := data.(xfer.Named); ok {
 		c.agentName = n.Name()
@@ -190,8 +193,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	} else if len(blocks) > 0 && blocks[0] < 0 {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
-	q := c.unanswered[mmHash]
-	if (q != nil && len(q.sent) >= MaxUnansweredPerHash) || c.nUnanswered >= MaxUnanswered {
+	if c.perHash[mmHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
 		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
 	}
 	attempt := attemptIDs.Add(1)
@@ -201,13 +203,10 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	if err := c.peer.Send(c.buf); err != nil {
 		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
 	}
-	if q == nil {
-		q = c.newFifo(mmHash)
-	}
-	q.sent = append(q.sent, request{attempt: attempt, at: now})
-	c.nUnanswered++
-	c.pendingSeen = max(c.pendingSeen, len(c.unanswered))
-	c.pendingMade = max(c.pendingMade, len(c.unanswered))
+	c.sent = append(c.sent, request{mmHash: mmHash, attempt: attempt})
+	c.perHash[mmHash]++
+	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
+	c.pendingMade = max(c.pendingMade, len(c.perHash))
 	var x *cxfer
 	if n := len(c.spare); n > 0 {
 		x, c.spare = c.spare[n-1], c.spare[:n-1]
@@ -227,56 +226,39 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 
 // request is one XferReq sent and not answered yet.
 type request struct {
+	mmHash  string
 	attempt uint64
-	at      time.Time
 }
 
-// fifo holds the unanswered requests of one mm_hash, oldest first.
-type fifo struct {
-	key  string
-	sent []request
-}
-
-func (c *ConsumerSession) newFifo(mmHash string) *fifo {
-	var q *fifo
-	if n := len(c.spareFifos); n > 0 {
-		q, c.spareFifos = c.spareFifos[n-1], c.spareFifos[:n-1]
-	} else {
-		q = new(fifo)
-	}
-	q.key = mmHash
-	c.unanswered[mmHash] = q
-	return q
-}
+// unanswered returns how many requests are unanswered.
+func (c *ConsumerSession) unanswered() int { return len(c.sent) - c.sentHead }
 
 // answer matches a reply for mmHash to the request it answers, and
-// consumes that request: the one the reply names (attempt), else the
-// oldest unanswered. Requests before it are consumed too: the producer
-// answers in order, so they will never be answered. It returns the
-// transfer the reply may act on, the one of that request if it still
-// waits for its ack, or nil: the reply is then dropped.
+// forgets that request: the one the reply names (attempt), else the
+// oldest unanswered of mmHash. The requests sent before it, of any
+// mm_hash, are forgotten too: the producer answers in order, so it has
+// answered or dropped them. It returns the transfer the reply may act on,
+// the one of that request if it still waits for its ack; else nil, and
+// the reply is to be dropped.
 func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
-	q := c.unanswered[string(mmHash)]
-	if q == nil {
+	if c.perHash[string(mmHash)] == 0 {
 		return nil
 	}
+	q := c.sent[c.sentHead:]
 	i := 0
 	if attempt != 0 {
-		for i = 0; i < len(q.sent) && q.sent[i].attempt != attempt; i++ {
-		}
-		if i == len(q.sent) {
+		var found bool
+		i, found = slices.BinarySearchFunc(q, attempt, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
+		if !found || q[i].mmHash != string(mmHash) {
 			return nil // not ours, or answered already
 		}
+	} else {
+		for q[i].mmHash != string(mmHash) {
+			i++
+		}
 	}
-	answered := q.sent[i].attempt
-	n := copy(q.sent, q.sent[i+1:])
-	q.sent = q.sent[:n]
-	c.nUnanswered -= i + 1
-	if n == 0 {
-		delete(c.unanswered, q.key)
-		q.key = ""
-		c.spareFifos = append(c.spareFifos, q)
-	}
+	answered := q[i].attempt
+	c.forgetSent(i + 1)
 	x := c.byHash[string(mmHash)]
 	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {
 		return nil
@@ -284,15 +266,23 @@ func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
 	return x
 }
 
-// forgetUnanswered drops every unanswered request: none will be answered
-// on this connection.
-func (c *ConsumerSession) forgetUnanswered() {
-	for _, q := range c.unanswered {
-		q.sent, q.key = q.sent[:0], ""
-		c.spareFifos = append(c.spareFifos, q)
+// forgetSent forgets the n oldest unanswered requests.
+func (c *ConsumerSession) forgetSent(n int) {
+	for _, r := range c.sent[c.sentHead : c.sentHead+n] {
+		if c.perHash[r.mmHash]--; c.perHash[r.mmHash] == 0 {
+			delete(c.perHash, r.mmHash)
+		}
 	}
-	clear(c.unanswered)
-	c.nUnanswered = 0
+	clear(c.sent[c.sentHead : c.sentHead+n])
+	c.sentHead += n
+	switch {
+	case c.sentHead == len(c.sent):
+		c.sent, c.sentHead = c.sent[:0], 0
+	case c.sentHead >= 64 && c.sentHead > len(c.sent)/2:
+		k := copy(c.sent, c.sent[c.sentHead:])
+		clear(c.sent[k:])
+		c.sent, c.sentHead = c.sent[:k], 0
+	}
 }
 
 // Poll decodes the payloads received from the producer since the last call,
@@ -534,7 +524,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
 	}
-	c.forgetUnanswered()
+	c.forgetSent(c.unanswered()) // none will be answered on this connection
 	for _, x := range c.active {
 		if x.ended {
 			c.spare = append(c.spare, x)
@@ -575,13 +565,13 @@ func (c *ConsumerSession) Trim() {
 	}
 	lately := max(c.hashesSeen, len(c.byHash))
 	c.byHash = refit(c.byHash, &c.hashesMade, lately)
-	c.unanswered = refit(c.unanswered, &c.pendingMade, max(c.pendingSeen, len(c.unanswered)))
+	c.perHash = refit(c.perHash, &c.pendingMade, max(c.pendingSeen, len(c.perHash)))
+	c.sent = fit(c.sent, c.unanswered())
 	c.active = fit(c.active, lately)
 	c.quarantined = fit(c.quarantined, lately)
 	c.spare = fit(keep(c.spare, lately), lately)
-	c.spareFifos = fit(keep(c.spareFifos, c.pendingSeen), c.pendingSeen)
 	fitResults(&c.results, max(c.resultsSeen, c.results.Len()))
-	c.hashesSeen, c.pendingSeen, c.resultsSeen = len(c.byHash), len(c.unanswered), c.results.Len()
+	c.hashesSeen, c.pendingSeen, c.resultsSeen = len(c.byHash), len(c.perHash), c.results.Len()
 }
 
 // refit returns m, or a copy of it sized to its entries when it was made
@@ -702,7 +692,7 @@ func (c *ConsumerSession) Close() CloseReport {
 		closeOne(x)
 	}
 	c.active, c.quarantined, c.spare = nil, nil, nil
-	c.byHash, c.unanswered, c.spareFifos, c.nUnanswered = nil, nil, nil, 0
+	c.byHash, c.perHash, c.sent, c.sentHead = nil, nil, nil, 0
 	if c.registered {
 		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {
 			c.log.Warn("ec consumer: remove producer agent", "agent", c.agent.Agent, "err", err)

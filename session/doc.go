@@ -40,21 +40,23 @@
 // answering, a request that waited too long or that its backlog or its
 // control plane refused.
 //
-// The consumer session keeps, per mm_hash, the requests it sent and has
-// not seen answered, oldest first. Each names its attempt (ecx_attempt), a
-// number no other request of the process carries.
+// The consumer session keeps the requests it sent and has not seen
+// answered, in the order it sent them. Each names its attempt
+// (ecx_attempt), a number no other request of the process carries.
 //
 //   - A reply echoing another session's id is not ours: dropped
 //     (ForeignAcks), answering nothing.
 //   - A reply naming an attempt (a Go producer echoes it in its OK acks
-//     and NACKs) answers that request, and the requests of its mm_hash
-//     sent before it are forgotten: the producer answers in order, so it
-//     dropped them. An attempt not among ours (answered already, another
-//     session's, never sent) answers nothing: dropped (StrayAcks).
+//     and NACKs) answers that request. An attempt not among ours
+//     (answered already, another session's, never sent) answers nothing:
+//     dropped (StrayAcks).
 //   - A reply naming no attempt (vLLM's producer: its OK ack echoes the
 //     session id, its NACK carries mm_hash and status only), and a reply
 //     that does not decode but names its mm_hash (wire.PeekIDs reads no
 //     ecx_attempt), answers the oldest unanswered request of its mm_hash.
+//   - The requests sent before the one a reply answers, of any mm_hash,
+//     are forgotten: the producer answers in order, so it has answered
+//     or dropped them.
 //   - A reply acts only if the request it answers is the current attempt
 //     of a transfer waiting for its ack; any other is dropped
 //     (StrayAcks). One that names no mm_hash is dropped (Malformed).
@@ -66,11 +68,12 @@
 // if the producer dropped one, to an earlier one, never to a later one.
 // An OK ack's lease is counted from the send time of the request it is
 // matched to, so it is never overestimated; a dropped request costs
-// liveness (the next reply of its mm_hash is dropped as an earlier
-// attempt's, and that attempt times out and is retried), never bytes.
-// The alternative, refusing an ack that names no attempt while an earlier
-// request is unanswered, comes to the same: such an ack is matched to
-// that earlier request.
+// liveness, never bytes: the replies of its mm_hash are each taken for
+// the request before their own (and dropped, that attempt timing out)
+// until a reply of a request sent after them comes and the requests
+// before it are forgotten. The alternative, refusing an ack that names no
+// attempt while an earlier request is unanswered, comes to the same:
+// such an ack is matched to that earlier request.
 //
 // An OK ack that acts posts its READ only if it is handled by the end of
 // its grant's lease: the send time of the request it answers plus the
@@ -85,8 +88,8 @@
 // and MaxUnanswered in all. Past either, StartXfer refuses with
 // ErrUnanswered (an xfer.ErrQueueFull, which the Pool retries) rather than
 // forget a request: its reply would then be matched to a later request.
-// They go as they are answered, at PeerDown, and with the session (the
-// Pool closes a session idle for PoolConfig.IdleSession).
+// They go as they or later requests are answered, at PeerDown, and with
+// the session (the Pool closes a session idle for PoolConfig.IdleSession).
 //
 // One gap is left outside the session: xfer.Inbound names only the
 // producer's address, and transport.Client can hand over a reply read off

@@ -162,8 +162,8 @@ func TestNamedReplyForgetsEarlierRequests(t *testing.T) {
 	if r := co.poll(at(2*time.Second), encAck(nack)); len(r.Retryable) != 1 {
 		t.Fatalf("%+v", r)
 	}
-	if co.c.nUnanswered != 0 || len(co.c.unanswered) != 0 {
-		t.Fatalf("%d requests still unanswered", co.c.nUnanswered)
+	if co.c.unanswered() != 0 || len(co.c.perHash) != 0 {
+		t.Fatalf("%d requests still unanswered", co.c.unanswered())
 	}
 	mustStart(t, co.c, "H", []int{1}, at(5*time.Second))
 	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9})
@@ -179,8 +179,8 @@ func TestPeerDownForgetsUnansweredRequests(t *testing.T) {
 	mustStart(t, co.c, "H", []int{1}, at(time.Second))
 	mustStart(t, co.c, "G", []int{2}, at(time.Second))
 	co.c.PeerDown(at(0))
-	if co.c.nUnanswered != 0 || len(co.c.unanswered) != 0 {
-		t.Fatalf("%d requests still unanswered", co.c.nUnanswered)
+	if co.c.unanswered() != 0 || len(co.c.perHash) != 0 {
+		t.Fatalf("%d requests still unanswered", co.c.unanswered())
 	}
 	co.poll(at(0), co.ok("H", 3))
 	if st := co.c.Stats(); st.StrayAcks != 1 || len(co.data.Posts()) != 0 {
@@ -203,5 +203,32 @@ func TestAttemptsUniqueAcrossSessions(t *testing.T) {
 			}
 			seen[n] = true
 		}
+	}
+}
+
+// A producer answers in the order of the requests, whatever their
+// mm_hash: a reply tells that every request sent before the one it
+// answers is answered or dropped. So a request the producer dropped
+// costs its mm_hash one reply (taken for the dropped request's) until a
+// reply of a request sent later comes, not every reply after it.
+func TestReplyForgetsRequestsSentBefore(t *testing.T) {
+	co := newConsumer(t)
+	ok := func(h string, src int64) []byte { return co.ok(h, src) }
+	mustStart(t, co.c, "G", []int{1}, at(time.Second)) // the producer drops it
+	co.poll(at(2 * time.Second))
+	mustStart(t, co.c, "G", []int{1}, at(4*time.Second))
+	mustStart(t, co.c, "H", []int{2}, at(4*time.Second))
+	// G's answer is taken for the dropped request's; H's, sent after both,
+	// tells the producer has passed them.
+	r := co.poll(at(3*time.Second), ok("G", 5), ok("H", 6))
+	if !slices.Equal(hashes(r.Completed), []string{"H"}) || co.c.unanswered() != 0 {
+		t.Fatalf("%+v, %d unanswered", r, co.c.unanswered())
+	}
+	if r := co.poll(at(5 * time.Second)); !slices.Equal(hashes(r.Retryable), []string{"G"}) {
+		t.Fatalf("%+v", r)
+	}
+	mustStart(t, co.c, "G", []int{1}, at(7*time.Second))
+	if r := co.poll(at(6*time.Second), ok("G", 5)); !slices.Equal(hashes(r.Completed), []string{"G"}) {
+		t.Fatalf("G's next attempt: %+v", r)
 	}
 }
