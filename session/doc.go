@@ -91,6 +91,26 @@
 // They go as they or later requests are answered, at PeerDown, and with
 // the session (the Pool closes a session idle for PoolConfig.IdleSession).
 //
+// On the producer, a notification ends one grant or nothing (counted:
+// UnknownNotifs, ForeignNotifs, BadTokens, BadNotifs). A Go consumer's
+// names its grant and presents the grant's token ("#<grant>.<token>"):
+// it ends that grant and no other, however late; after the grant's lease
+// it ends nothing. A vLLM consumer's names none ("<session_id>:<mm_hash>"):
+// it ends the oldest live grant of that key. While grant N of a key is
+// live, N's notification ends N, even after N+1 was made. Once N's lease
+// has run out, N's late notification cannot be told from N+1's own and
+// ends N+1; a READ being served under N+1 keeps the entry pinned until it
+// is released (Authorize, on data planes that authorize READs), but over
+// NIXL the pin goes with the grant, as it does in the reference. The
+// notification's agent is checked against the session's: the request's
+// ecx_agent, or for a vLLM consumer, which sends none, the agent of the
+// first notification of its session. Before that first one, another
+// agent's notification naming the session's key cannot be told from the
+// consumer's: it ends the oldest grant of the key and binds the session
+// to itself, and the consumer's own notifications are then refused
+// (ForeignNotifs), its grants ending by lease. After it, another agent's
+// is refused.
+//
 // One gap is left outside the session: xfer.Inbound names only the
 // producer's address, and transport.Client can hand over a reply read off
 // a connection just after it reported that connection dead, which the
