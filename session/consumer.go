@@ -115,8 +115,8 @@ type ConsumerSession struct {
 	// High-water marks, for Trim: since the maps were made, and since
 	// the last Trim.
 	hashesMade, hashesSeen   int
-	pendingMade, pendingSeen int
-	resultsSeen              int
+	pendingMade, pendingSeen int // mm_hashes with requests unanswered
+	sentSeen, resultsSeen    int
 
 	results Results
 	stats   ConsumerStats
@@ -205,6 +205,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	}
 	c.sent = append(c.sent, request{mmHash: mmHash, attempt: attempt})
 	c.perHash[mmHash]++
+	c.sentSeen = max(c.sentSeen, c.unanswered())
 	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
 	c.pendingMade = max(c.pendingMade, len(c.perHash))
 	var x *cxfer
@@ -275,14 +276,16 @@ func (c *ConsumerSession) forgetSent(n int) {
 	}
 	clear(c.sent[c.sentHead : c.sentHead+n])
 	c.sentHead += n
-	switch {
-	case c.sentHead == len(c.sent):
-		c.sent, c.sentHead = c.sent[:0], 0
-	case c.sentHead >= 64 && c.sentHead > len(c.sent)/2:
-		k := copy(c.sent, c.sent[c.sentHead:])
-		clear(c.sent[k:])
-		c.sent, c.sentHead = c.sent[:k], 0
+	if c.sentHead >= 64 && c.sentHead > len(c.sent)/2 || c.sentHead == len(c.sent) {
+		c.compactSent()
 	}
+}
+
+// compactSent moves the unanswered requests to the front of c.sent.
+func (c *ConsumerSession) compactSent() {
+	k := copy(c.sent, c.sent[c.sentHead:])
+	clear(c.sent[k:])
+	c.sent, c.sentHead = c.sent[:k], 0
 }
 
 // Poll decodes the payloads received from the producer since the last call,
@@ -566,12 +569,13 @@ func (c *ConsumerSession) Trim() {
 	lately := max(c.hashesSeen, len(c.byHash))
 	c.byHash = refit(c.byHash, &c.hashesMade, lately)
 	c.perHash = refit(c.perHash, &c.pendingMade, max(c.pendingSeen, len(c.perHash)))
-	c.sent = fit(c.sent, c.unanswered())
+	c.compactSent()
+	c.sent = fit(c.sent, max(c.sentSeen, c.unanswered()))
 	c.active = fit(c.active, lately)
 	c.quarantined = fit(c.quarantined, lately)
 	c.spare = fit(keep(c.spare, lately), lately)
 	fitResults(&c.results, max(c.resultsSeen, c.results.Len()))
-	c.hashesSeen, c.pendingSeen, c.resultsSeen = len(c.byHash), len(c.perHash), c.results.Len()
+	c.hashesSeen, c.pendingSeen, c.sentSeen, c.resultsSeen = len(c.byHash), len(c.perHash), c.unanswered(), c.results.Len()
 }
 
 // refit returns m, or a copy of it sized to its entries when it was made
