@@ -376,8 +376,16 @@ func (s *sim) startProducer(p *producer) {
 	p.scribbled = map[string]bool{}
 	p.srv = &simServer{s: s, p: p}
 	var err error
-	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
-		MaxPerPeerPerStep: 16}, p.srv, p.data, p.cache)
+	pcfg := connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log, MaxPerPeerPerStep: 16}
+	if p.vllm {
+		// vLLM's producer bounds no consumer's pins. (Ours, serving a
+		// consumer that names no grant, ends the oldest grant of a key
+		// per notification: grants whose acks the consumer dropped then
+		// stay live while the key is fetched more often than the lease,
+		// and the bounds would refuse ready entries.)
+		pcfg.MaxGrantsPerEntry, pcfg.MaxPinnedShare = 1<<16, 1
+	}
+	p.prod, err = connector.NewProducer(pcfg, p.srv, p.data, p.cache)
 	if err != nil {
 		s.fail("producer: %v", err)
 		return
