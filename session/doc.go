@@ -24,8 +24,11 @@
 //
 // # Which request a reply answers
 //
-// Every message either side handles acts on the one request or grant it
-// answers, or is dropped and counted. Nothing else acts on a fetch.
+// Every message either side handles (an OK ack, a NACK of any status, a
+// reply that does not decode, a READ's completion, a notification) is
+// matched to one request or grant, or dropped and counted; only a matched
+// message acts on a fetch. What follows says how, per message and per kind
+// of peer, and what cannot be told apart.
 //
 // A ConsumerSession is one control-plane connection: it sends through one
 // Sender and forgets its unanswered requests at PeerDown. connector.Pool
@@ -118,7 +121,11 @@
 // dropped (it echoes the old session's id), and so is a Go producer's
 // NACK (it names an attempt of the old session); a vLLM producer's NACK
 // names neither, and is taken for the answer to the new session's oldest
-// request of its mm_hash.
+// request of its mm_hash. That can end the request's transfer early, and
+// the next reply of that mm_hash is then taken for a request later than
+// its own, whose send time may be later than its grant's. Closing the gap
+// needs the control plane to say which connection a reply came on, or to
+// hand over nothing of a connection once it has reported it dead.
 //
 // # Where this package deliberately differs from the reference
 //
