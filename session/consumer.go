@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -9,6 +10,7 @@ import (
 	"log/slog"
 	"math"
 	"slices"
+	"sync/atomic"
 	"time"
 
 	"github.com/google/uuid"
@@ -32,7 +34,25 @@ var (
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
 	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
+	// ErrUnanswered: StartXfer of an mm_hash with MaxUnansweredPerHash
+	// requests unanswered (or the session with MaxUnanswered). It is an
+	// xfer.ErrQueueFull: retry once replies have come, or on a new session.
+	ErrUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
 )
+
+// Bounds of the requests a consumer session has sent and not seen
+// answered. Past them StartXfer refuses (ErrUnanswered) rather than
+// forget one: a reply to a forgotten request would be taken for a later
+// request's, whose grant may be younger than the reply's.
+const (
+	MaxUnansweredPerHash = 16
+	MaxUnanswered        = 1 << 20
+)
+
+// attemptIDs numbers the requests of every consumer session of the
+// process: a reply that names an attempt names one request, whichever
+// session it reaches.
+var attemptIDs atomic.Uint64
 
 // ConsumerConfig configures a ConsumerSession. The zero value is usable.
 type ConsumerConfig struct {
@@ -52,8 +72,12 @@ type ConsumerStats struct {
 	Nacks                                                           [6]uint64
 	Malformed                                                       uint64 // payloads that did not decode as an XferAck
 	ForeignAcks                                                     uint64 // acks echoing another session's id
-	StrayAcks                                                       uint64 // acks for no transfer waiting for one
-	Registrations                                                   uint64 // producer agents registered
+	// StrayAcks are replies matched to no transfer waiting for its ack:
+	// they answer an earlier request, or one already answered, or one
+	// this session never sent. Dropped.
+	StrayAcks     uint64
+	LateAcks      uint64 // OK acks handled past their grant's lease: no READ posted, retryable
+	Registrations uint64 // producer agents registered
 }
 
 // ConsumerSession is the consumer's side of one producer: it sends requests,
@@ -71,7 +95,6 @@ type ConsumerSession struct {
 
 	agentName  string           // ours, sent with requests when the data plane has one
 	shapes     xfer.ShapedPeers // the data plane, when it takes producers' shapes
-	attempts   uint64           // requests sent, naming each (ecx_attempt)
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
@@ -80,6 +103,20 @@ type ConsumerSession struct {
 	active      []*cxfer          // in start order
 	quarantined []*cxfer
 	spare       []*cxfer // ended, for reuse
+
+	// sent holds the requests sent and not answered yet, from sentHead
+	// on, in the order they were sent (their attempts increase): what a
+	// reply can answer (see the package doc). perHash counts them by
+	// mm_hash.
+	sent     []request
+	sentHead int
+	perHash  map[string]int
+
+	// High-water marks, for Trim: since the maps were made, and since
+	// the last Trim.
+	hashesMade, hashesSeen   int
+	pendingMade, pendingSeen int // mm_hashes with requests unanswered
+	sentSeen, resultsSeen    int
 
 	results Results
 	stats   ConsumerStats
@@ -115,7 +152,7 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	}
 	c := &ConsumerSession{
 		id: u.String(), compat: compatHash, peer: peer, data: data,
-		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{},
+		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]int{},
 	}
 	if n, ok := data.(xfer.Named); ok {
 		c.agentName = n.Name()
@@ -136,7 +173,8 @@ func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 //
 // On error nothing is recorded: ErrClosed after Close; ErrInFlight for an
 // mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
-// for negative or repeated blocks; the Sender's error, wrapped.
+// for negative or repeated blocks; ErrUnanswered when too many requests
+// are unanswered; the Sender's error, wrapped.
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadline time.Time) error {
 	if c.closed {
 		return ErrClosed
@@ -155,12 +193,21 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	} else if len(blocks) > 0 && blocks[0] < 0 {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
+	if c.perHash[mmHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
+		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
+	}
+	attempt := attemptIDs.Add(1)
 	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
-		Agent: c.agentName, Attempt: c.attempts + 1, AcceptsShape: c.shapes != nil}
+		Agent: c.agentName, Attempt: attempt, AcceptsShape: c.shapes != nil}
 	c.buf = wire.AppendReq(c.buf[:0], &req)
 	if err := c.peer.Send(c.buf); err != nil {
 		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
 	}
+	c.sent = append(c.sent, request{mmHash: mmHash, attempt: attempt})
+	c.perHash[mmHash]++
+	c.sentSeen = max(c.sentSeen, c.unanswered())
+	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
+	c.pendingMade = max(c.pendingMade, len(c.perHash))
 	var x *cxfer
 	if n := len(c.spare); n > 0 {
 		x, c.spare = c.spare[n-1], c.spare[:n-1]
@@ -169,12 +216,76 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	}
 	x.Reset(mmHash, blocks, c.id, now, ackDeadline, c.data, &c.xcfg)
 	x.ended, x.moved = false, false
-	c.attempts++
-	x.attempt = c.attempts
+	x.attempt = attempt
 	c.byHash[mmHash] = x
+	c.hashesSeen = max(c.hashesSeen, len(c.byHash))
+	c.hashesMade = max(c.hashesMade, len(c.byHash))
 	c.active = append(c.active, x)
 	c.stats.Started++
 	return nil
+}
+
+// request is one XferReq sent and not answered yet.
+type request struct {
+	mmHash  string
+	attempt uint64
+}
+
+// unanswered returns how many requests are unanswered.
+func (c *ConsumerSession) unanswered() int { return len(c.sent) - c.sentHead }
+
+// answer matches a reply for mmHash to the request it answers, and
+// forgets that request: the one the reply names (attempt), else the
+// oldest unanswered of mmHash. The requests sent before it, of any
+// mm_hash, are forgotten too: the producer answers in order, so it has
+// answered or dropped them. It returns the transfer the reply may act on,
+// the one of that request if it still waits for its ack; else nil, and
+// the reply is to be dropped.
+func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
+	if c.perHash[string(mmHash)] == 0 {
+		return nil
+	}
+	q := c.sent[c.sentHead:]
+	i := 0
+	if attempt != 0 {
+		var found bool
+		i, found = slices.BinarySearchFunc(q, attempt, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
+		if !found || q[i].mmHash != string(mmHash) {
+			return nil // not ours, or answered already
+		}
+	} else {
+		for q[i].mmHash != string(mmHash) {
+			i++
+		}
+	}
+	answered := q[i].attempt
+	c.forgetSent(i + 1)
+	x := c.byHash[string(mmHash)]
+	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {
+		return nil
+	}
+	return x
+}
+
+// forgetSent forgets the n oldest unanswered requests.
+func (c *ConsumerSession) forgetSent(n int) {
+	for _, r := range c.sent[c.sentHead : c.sentHead+n] {
+		if c.perHash[r.mmHash]--; c.perHash[r.mmHash] == 0 {
+			delete(c.perHash, r.mmHash)
+		}
+	}
+	clear(c.sent[c.sentHead : c.sentHead+n])
+	c.sentHead += n
+	if c.sentHead >= 64 && c.sentHead > len(c.sent)/2 || c.sentHead == len(c.sent) {
+		c.compactSent()
+	}
+}
+
+// compactSent moves the unanswered requests to the front of c.sent.
+func (c *ConsumerSession) compactSent() {
+	k := copy(c.sent, c.sent[c.sentHead:])
+	clear(c.sent[k:])
+	c.sent, c.sentHead = c.sent[:k], 0
 }
 
 // Poll decodes the payloads received from the producer since the last call,
@@ -196,17 +307,27 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 	c.advance(now)
 }
 
-// badAck ends at once the transfer an undecodable ack names (a status we
-// do not know, say), rather than leaving it to its ack timeout and retries:
-// the producer has answered, and not with a grant we can use.
+// badAck handles a reply that does not decode (a status we do not know,
+// say) but still names its mm_hash. It answers a request like any other
+// reply; if that request's transfer waits for its ack, it ends at once,
+// rather than after its ack timeout and retries: the producer has
+// answered, and not with a grant we can use. wire.PeekIDs does not read
+// ecx_attempt, so the reply answers the oldest unanswered request.
 func (c *ConsumerSession) badAck(raw []byte) {
 	mm, sid, ok := wire.PeekIDs(raw, "ack")
-	if !ok || (len(sid) != 0 && string(sid) != c.id) {
+	switch {
+	case !ok:
+		return // it names nothing: counted as Malformed only
+	case len(sid) != 0 && string(sid) != c.id:
+		c.stats.ForeignAcks++
 		return
 	}
-	if x, ok := c.byHash[string(mm)]; ok && x.State() == xfer.WaitingAck {
-		c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
+	x := c.answer(mm, 0)
+	if x == nil {
+		c.stats.StrayAcks++
+		return
 	}
+	c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
 }
 
 // cxfer is a transfer as the session holds it.
@@ -214,8 +335,7 @@ type cxfer struct {
 	fsm.ConsumerXfer
 	ended bool // its outcome is recorded; advance drops it
 	moved bool // quarantined by Cancel: advance drops it from active
-	// attempt names its request; an ack echoing another is an earlier
-	// request's, late or repeated, and its grant may be over.
+	// attempt names its request: only a reply that answers it acts.
 	attempt uint64
 }
 
@@ -227,9 +347,9 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
 		return
 	}
-	x, ok := c.byHash[string(ack.MMHash)]
-	if !ok || x.State() != xfer.WaitingAck || (ack.Attempt != 0 && ack.Attempt != x.attempt) {
-		c.stats.StrayAcks++ // unknown mm_hash, a second ack, an earlier request's
+	x := c.answer(ack.MMHash, ack.Attempt)
+	if x == nil {
+		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
 		return
 	}
 	if ack.Status != wire.OK {
@@ -246,13 +366,19 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		}
 		return
 	}
+	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
+	if err := x.CheckLease(now); err != nil {
+		c.stats.LateAcks++
+		c.log.Warn("ec consumer: OK ack past its lease; no READ posted; may retry", "mm_hash", x.MMHash, "err", err)
+		c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
+		return
+	}
 	peer, err := c.register(ack)
 	if err != nil {
 		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
 		return
 	}
-	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.HandleAckView(ack, peer, now); err != nil {
 		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++
@@ -381,11 +507,11 @@ func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, statu
 		c.stats.Completed++
 	case &c.results.Tombstoned:
 		c.stats.Tombstoned++
+		if reason == xfer.LateCompletion {
+			c.stats.LateCompletions++
+		}
 	case &c.results.Retryable:
 		c.stats.Retryable++
-	}
-	if reason == xfer.LateCompletion {
-		c.stats.LateCompletions++
 	}
 	delete(c.byHash, x.MMHash)
 	x.ended = true
@@ -394,11 +520,14 @@ func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, statu
 // PeerDown handles the producer's death: transfers waiting for an ack become
 // Retryable (reason PeerDown); READs in progress are quarantined, since the
 // data plane may still write into their blocks. Quarantined transfers keep
-// being followed by Poll until they settle.
+// being followed by Poll until they settle. The connection is over: no
+// request sent on it will be answered, so the session forgets them. Send
+// no more requests through it; a new connection needs a new session.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
 	}
+	c.forgetSent(c.unanswered()) // none will be answered on this connection
 	for _, x := range c.active {
 		if x.ended {
 			c.spare = append(c.spare, x)
@@ -423,8 +552,70 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 // them. r's slices are the caller's; reuse r across steps (r.Reset) to
 // allocate nothing in steady state.
 func (c *ConsumerSession) TakeResults(r *Results) {
+	c.resultsSeen = max(c.resultsSeen, c.results.Len())
 	c.results.appendTo(r)
 	c.results.Reset()
+}
+
+// Trim gives back the memory kept for a past peak: the maps, buffers and
+// spare transfers sized for more transfers than the session held since
+// the previous Trim shrink to what it held (Go's maps never shrink by
+// themselves). Call it now and then, a few times per minute at most:
+// connector.Pool does, four times per PoolConfig.IdleSession.
+func (c *ConsumerSession) Trim() {
+	if c.closed {
+		return
+	}
+	lately := max(c.hashesSeen, len(c.byHash))
+	c.byHash = refit(c.byHash, &c.hashesMade, lately)
+	c.perHash = refit(c.perHash, &c.pendingMade, max(c.pendingSeen, len(c.perHash)))
+	c.compactSent()
+	c.sent = fit(c.sent, max(c.sentSeen, c.unanswered()))
+	c.active = fit(c.active, lately)
+	c.quarantined = fit(c.quarantined, lately)
+	c.spare = fit(keep(c.spare, lately), lately)
+	fitResults(&c.results, max(c.resultsSeen, c.results.Len()))
+	c.hashesSeen, c.pendingSeen, c.sentSeen, c.resultsSeen = len(c.byHash), len(c.perHash), c.unanswered(), c.results.Len()
+}
+
+// refit returns m, or a copy of it sized to its entries when it was made
+// for far more than it held lately (made: the most it held since made).
+func refit[K comparable, V any](m map[K]V, made *int, lately int) map[K]V {
+	if *made < 256 || 4*lately > *made {
+		return m
+	}
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	*made = len(n)
+	return n
+}
+
+// fit returns s, or a copy of it with room for lately elements when its
+// capacity is far beyond.
+func fit[T any](s []T, lately int) []T {
+	if cap(s) <= 4*lately+64 {
+		return s
+	}
+	n := make([]T, len(s), max(len(s), lately))
+	copy(n, s)
+	return n
+}
+
+// fitResults gives back the capacity of r's slices far beyond n outcomes.
+func fitResults(r *Results, n int) {
+	r.Completed, r.Tombstoned, r.Quarantined = fit(r.Completed, n), fit(r.Tombstoned, n), fit(r.Quarantined, n)
+	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
+}
+
+// keep drops the elements of a spare list beyond n (and 16 more).
+func keep[T any](spare []T, n int) []T {
+	if n += 16; len(spare) > n {
+		clear(spare[n:])
+		spare = spare[:n]
+	}
+	return spare
 }
 
 // Cancel ends the transfer of mmHash at now. One waiting for its ack is
@@ -505,7 +696,7 @@ func (c *ConsumerSession) Close() CloseReport {
 		closeOne(x)
 	}
 	c.active, c.quarantined, c.spare = nil, nil, nil
-	clear(c.byHash)
+	c.byHash, c.perHash, c.sent, c.sentHead = nil, nil, nil, 0
 	if c.registered {
 		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {
 			c.log.Warn("ec consumer: remove producer agent", "agent", c.agent.Agent, "err", err)

@@ -22,6 +22,111 @@
 // them, retry allowed), Quarantined (a READ may still write: keep them) and
 // Settled (a quarantined READ ended: free them now).
 //
+// # Which request a reply answers
+//
+// Every message either side handles (an OK ack, a NACK of any status, a
+// reply that does not decode, a READ's completion, a notification) is
+// matched to one request or grant, or dropped and counted; only a matched
+// message acts on a fetch. What follows says how, per message and per kind
+// of peer, and what cannot be told apart.
+//
+// A ConsumerSession is one control-plane connection: it sends through one
+// Sender and forgets its unanswered requests at PeerDown. connector.Pool
+// keeps it so: transport.Client dials one DEALER per producer address and
+// never reconnects it (a broken connection is reported dead and the next
+// send dials anew), and the Pool makes a new session, with a new id, for
+// an address once its producer is reported dead. On one connection,
+// replies come in the order of their requests (ZeroMQ), a reply answers
+// a request sent on its own connection only, and none is duplicated.
+// Neither producer answers a request twice: vLLM's answers every request
+// it can decode, in order; ours the same, except that it drops, never
+// answering, a request that waited too long or that its backlog or its
+// control plane refused.
+//
+// The consumer session keeps the requests it sent and has not seen
+// answered, in the order it sent them. Each names its attempt
+// (ecx_attempt), a number no other request of the process carries.
+//
+//   - A reply echoing another session's id is not ours: dropped
+//     (ForeignAcks), answering nothing.
+//   - A reply naming an attempt (a Go producer echoes it in its OK acks
+//     and NACKs) answers that request. An attempt not among ours
+//     (answered already, another session's, never sent) answers nothing:
+//     dropped (StrayAcks).
+//   - A reply naming no attempt (vLLM's producer: its OK ack echoes the
+//     session id, its NACK carries mm_hash and status only), and a reply
+//     that does not decode but names its mm_hash (wire.PeekIDs reads no
+//     ecx_attempt), answers the oldest unanswered request of its mm_hash.
+//   - The requests sent before the one a reply answers, of any mm_hash,
+//     are forgotten: the producer answers in order, so it has answered
+//     or dropped them.
+//   - A reply acts only if the request it answers is the current attempt
+//     of a transfer waiting for its ack; any other is dropped
+//     (StrayAcks). One that names no mm_hash is dropped (Malformed).
+//   - A READ's completion acts on the transfer that posted it: the data
+//     plane reports it by handle.
+//
+// Why the oldest: when a producer answers each request at most once and
+// in order, a reply matched this way is matched to its own request or,
+// if the producer dropped one, to an earlier one, never to a later one.
+// An OK ack's lease is counted from the send time of the request it is
+// matched to, so it is never overestimated; a dropped request costs
+// liveness, never bytes: the replies of its mm_hash are each taken for
+// the request before their own (and dropped, that attempt timing out)
+// until a reply of a request sent after them comes and the requests
+// before it are forgotten. The alternative, refusing an ack that names no
+// attempt while an earlier request is unanswered, comes to the same:
+// such an ack is matched to that earlier request.
+//
+// An OK ack that acts posts its READ only if it is handled by the end of
+// its grant's lease: the send time of the request it answers plus the
+// lease the ack advertises (ecx_lease_ms), else xfer.Config.PinLease.
+// Past it, no READ is posted (over NIXL a posted READ cannot be stopped,
+// and the producer may have reused the blocks): the transfer ends
+// Retryable with reason late-completion (LateAcks), and connector.Pool
+// asks again, for a new grant. A READ seen complete after the same moment
+// is tombstoned (LateCompletion).
+//
+// The unanswered requests are bounded, MaxUnansweredPerHash per mm_hash
+// and MaxUnanswered in all. Past either, StartXfer refuses with
+// ErrUnanswered (an xfer.ErrQueueFull, which the Pool retries) rather than
+// forget a request: its reply would then be matched to a later request.
+// They go as they or later requests are answered, at PeerDown, and with
+// the session (the Pool closes a session idle for PoolConfig.IdleSession).
+//
+// On the producer, a notification ends one grant or nothing (counted:
+// UnknownNotifs, ForeignNotifs, BadTokens, BadNotifs). A Go consumer's
+// names its grant and presents the grant's token ("#<grant>.<token>"):
+// it ends that grant and no other, however late; after the grant's lease
+// it ends nothing. A vLLM consumer's names none ("<session_id>:<mm_hash>"):
+// it ends the oldest live grant of that key. While grant N of a key is
+// live, N's notification ends N, even after N+1 was made. Once N's lease
+// has run out, N's late notification cannot be told from N+1's own and
+// ends N+1; a READ being served under N+1 keeps the entry pinned until it
+// is released (Authorize, on data planes that authorize READs), but over
+// NIXL the pin goes with the grant, as it does in the reference. The
+// notification's agent is checked against the session's: the request's
+// ecx_agent, or for a vLLM consumer, which sends none, the agent of the
+// first notification of its session. Before that first one, another
+// agent's notification naming the session's key cannot be told from the
+// consumer's: it ends the oldest grant of the key and binds the session
+// to itself, and the consumer's own notifications are then refused
+// (ForeignNotifs), its grants ending by lease. After it, another agent's
+// is refused.
+//
+// One gap is left outside the session: xfer.Inbound names only the
+// producer's address, and transport.Client can hand over a reply read off
+// a connection just after it reported that connection dead, which the
+// Pool then passes to the address's next session. There an OK ack is
+// dropped (it echoes the old session's id), and so is a Go producer's
+// NACK (it names an attempt of the old session); a vLLM producer's NACK
+// names neither, and is taken for the answer to the new session's oldest
+// request of its mm_hash. That can end the request's transfer early, and
+// the next reply of that mm_hash is then taken for a request later than
+// its own, whose send time may be later than its grant's. Closing the gap
+// needs the control plane to say which connection a reply came on, or to
+// hand over nothing of a connection once it has reported it dead.
+//
 // # Where this package deliberately differs from the reference
 //
 //  1. An OK ack is checked before the READ is posted: as many source blocks
@@ -33,8 +138,9 @@
 //     failed) also drops the registration, so the next ack registers the
 //     producer again.
 //
-//  2. An ack echoing a session id that is not empty and not ours is ignored
-//     and counted (ForeignAcks).
+//  2. Replies are matched to requests as above: an ack echoing a session
+//     id that is not ours is ignored (ForeignAcks); one answering an
+//     earlier attempt, late or repeated, cannot act on a later one.
 //
 //  3. StartXfer for an mm_hash already in flight (waiting, reading or in
 //     quarantine) returns ErrInFlight instead of overwriting a live
@@ -54,11 +160,12 @@
 //  6. Close reports what it abandons: the pending results, the transfers
 //     whose blocks may be reused, and those whose READ could not be stopped.
 //
-//  7. An ack that does not decode but names our session and a transfer
-//     waiting for its ack (a status we do not know, say) ends that transfer
-//     at once as bad-ack; a request that does not decode but names its
-//     mm_hash and session is answered NACK_INTERNAL (the reference drops
-//     both, and the consumer waits out its ack timeout and retries).
+//  7. An ack that does not decode but names its mm_hash (a status we do
+//     not know, say) answers a request as any reply; if that request's
+//     transfer waits for its ack, it ends at once as bad-ack. A request
+//     that does not decode but names its mm_hash and session is answered
+//     NACK_INTERNAL (the reference drops both, and the consumer waits out
+//     its ack timeout and retries).
 //
 //  8. A re-request of an entry by the same session is a grant of its own;
 //     the earlier grant stays until its own READ's notification or its
@@ -88,9 +195,9 @@
 //     retry); requests older than MaxRequestAge are dropped.
 //
 //  11. The consumer sends connector_version explicitly, its agent name and
-//     an attempt number; it ignores an ack that echoes another attempt,
-//     and trusts a READ only within the lease the ack advertises
-//     (ecx_lease_ms), else within xfer.Config.PinLease.
+//     an attempt number; it posts a READ, and trusts its completion, only
+//     within the lease the ack advertises (ecx_lease_ms), else within
+//     xfer.Config.PinLease, counted from the request the ack answers.
 //
 //  12. Cancel ends one transfer; Drain stops a producer granting.
 //

@@ -20,6 +20,9 @@ var (
 	ErrBadAck = errors.New("xfer: OK ack does not fit the request")
 	// ErrNotWaiting: the operation needs a transfer still waiting for its ack.
 	ErrNotWaiting = errors.New("xfer: transfer is not waiting for an ack")
+	// ErrLeaseOver: an OK ack handled after its grant's lease could have
+	// run out.
+	ErrLeaseOver = errors.New("xfer: OK ack handled after its grant's lease")
 )
 
 // ConsumerXfer is the state machine of one fetch on the consumer side: from
@@ -100,6 +103,29 @@ func (x *ConsumerXfer) Forced() bool { return x.forced }
 // Deadline returns the deadline of the current state.
 func (x *ConsumerXfer) Deadline() time.Time { return x.deadline }
 
+// SentAt returns when the request went out.
+func (x *ConsumerXfer) SentAt() time.Time { return x.sentAt }
+
+// LeaseEnd returns the earliest moment the producer's pin lease of this
+// transfer's grant can end: the producer granted after the request went
+// out, so its lease ends no earlier than the send time plus the lease
+// (the ack's, see Grant, else xfer.Config.PinLease). Past it, the
+// producer may have reused the blocks.
+func (x *ConsumerXfer) LeaseEnd() time.Time { return x.sentAt.Add(x.lease) }
+
+// CheckLease ends a transfer waiting for its ack, retry allowed
+// (xfer.AckTimeout, reason xfer.LateCompletion), when an ack handled at
+// now would come after LeaseEnd, and then returns ErrLeaseOver: no READ
+// may be posted, since over NIXL a posted READ cannot be stopped and the
+// blocks may hold another entry by now. A new request is a new grant.
+func (x *ConsumerXfer) CheckLease(now time.Time) error {
+	if x.state != xfer.WaitingAck || !now.After(x.LeaseEnd()) {
+		return nil
+	}
+	x.state, x.reason = xfer.AckTimeout, xfer.LateCompletion
+	return fmt.Errorf("%w: %s at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
+}
+
 // HasHandle reports whether a READ handle is held.
 func (x *ConsumerXfer) HasHandle() bool { return x.handle != 0 }
 
@@ -107,13 +133,17 @@ func (x *ConsumerXfer) HasHandle() bool { return x.handle != 0 }
 func (x *ConsumerXfer) Notif() []byte { return x.notif }
 
 // HandleAck posts the READ for an OK ack from peer whose source blocks are
-// src. They are checked first: as many as the local blocks, each unique and
-// inside the peer's region. A failed check or a refused post ends the
-// transfer as xfer.ReadFailed (xfer.BadAck or xfer.PostFailed) and returns the error; no
-// READ runs.
+// src. An ack past LeaseEnd posts nothing (see CheckLease). The blocks are
+// checked first: as many as the local blocks, each unique and inside the
+// peer's region. A failed check or a refused post ends the transfer as
+// xfer.ReadFailed (xfer.BadAck or xfer.PostFailed) and returns the error;
+// no READ runs.
 func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) error {
 	if x.state != xfer.WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
+	}
+	if err := x.CheckLease(now); err != nil {
+		return err
 	}
 	if err := x.checkAck(src, peer); err != nil {
 		x.state, x.reason = xfer.ReadFailed, xfer.BadAck
@@ -129,6 +159,9 @@ func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) 
 func (x *ConsumerXfer) HandleAckView(a *wire.AckView, peer xfer.Peer, now time.Time) error {
 	if x.state != xfer.WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
+	}
+	if err := x.CheckLease(now); err != nil {
+		return err
 	}
 	ids, ok := []int(nil), false
 	if a.NumBlocks() == len(x.Blocks) {
@@ -227,10 +260,8 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 		x.quarantine(now, xfer.CheckFailed)
 	case p == xfer.Complete:
 		x.releaseEnded()
-		// The producer granted after we sent, so its lease ended no
-		// earlier than sentAt + PinLease: past that, its blocks may hold
-		// something else.
-		if now.After(x.sentAt.Add(x.lease)) {
+		// Past LeaseEnd the blocks may hold something else.
+		if now.After(x.LeaseEnd()) {
 			x.state, x.reason = xfer.ReadFailed, xfer.LateCompletion
 		} else {
 			x.state = xfer.Done

@@ -399,3 +399,47 @@ func TestLateCompletionCountsFromTheRequest(t *testing.T) {
 		t.Fatalf("reason %s", r.x.Reason())
 	}
 }
+
+// An OK ack handled after the lease posts no READ: the transfer ends with
+// a retry allowed. At the lease's end exactly it still posts. The lease is
+// the one the ack advertises, else the configured one, counted from the
+// request.
+func TestAckPastTheLeasePostsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		lease time.Duration // advertised; zero: none
+		end   time.Duration // from t0, the request's send time
+	}{
+		{"configured", 0, 30 * time.Second},
+		{"advertised", 5 * time.Second, 5 * time.Second},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			for _, late := range []bool{false, true} {
+				r := newRig(t)
+				r.x.Grant(0, wire.Token{}, tc.lease)
+				if got := r.x.LeaseEnd(); !got.Equal(t0.Add(tc.end)) || !r.x.SentAt().Equal(t0) {
+					t.Fatalf("lease end +%v, sent +%v", got.Sub(t0), r.x.SentAt().Sub(t0))
+				}
+				now := t0.Add(tc.end)
+				if late {
+					now = now.Add(time.Nanosecond)
+				}
+				err := r.x.HandleAck(okAck(5, 6), r.peer, now)
+				switch {
+				case !late && (err != nil || r.x.State() != xfer.Reading):
+					t.Fatalf("at the lease's end: %v, %s", err, r.x.State())
+				case late && (!errors.Is(err, fsm.ErrLeaseOver) || r.x.State() != xfer.AckTimeout || r.x.Reason() != xfer.LateCompletion):
+					t.Fatalf("past the lease: %v, %s %s", err, r.x.State(), r.x.Reason())
+				case late && (len(r.cons.Posts()) != 0 || r.x.HasHandle()):
+					t.Fatal("a READ was posted past the lease")
+				}
+			}
+		})
+	}
+	// CheckLease alone acts only on a transfer waiting for its ack.
+	r := newRig(t)
+	r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
+	if err := r.x.CheckLease(t0.Add(time.Hour)); err != nil || r.x.State() != xfer.Reading {
+		t.Fatalf("reading: %v, %s", err, r.x.State())
+	}
+}

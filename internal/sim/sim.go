@@ -6,14 +6,20 @@
 // stopped, and notifications that come late and out of order. Producers
 // crash, restart, are drained, share agent names, and keep saving new
 // entries that evict old ones and overwrite their blocks, so a pin dropped
-// too early shows as wrong bytes. After every step the invariants are
-// checked; a violation carries the seed and the events that led to it, and
-// Run with that seed replays it exactly.
+// too early shows as wrong bytes. Some producers speak as vLLM's does:
+// their replies name no attempt, grant, token or lease, and their
+// connections keep ZeroMQ's guarantees (order, no duplicates), while
+// replies are still lost or delayed past the consumer's retries. Every
+// write of a producer block carries its time, so a completion is checked
+// to carry no byte written after its grant's lease ended. After every step
+// the invariants are checked; a violation carries the seed and the events
+// that led to it, and Run with that seed replays it exactly.
 package sim
 
 import (
 	"bytes"
 	"context"
+	"encoding/binary"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -55,6 +61,7 @@ type Faults struct {
 	ProducerDrain    float64 // per producer per step: drained, then restarted
 	Churn            float64 // per producer per step: a new entry is saved, evicting
 	Cancel           float64 // per consumer per step: one fetch in flight is canceled
+	LateReply        float64 // a reply waits 0.25-1.2 s: past its attempt's ack timeout and retry
 }
 
 // DefaultFaults are the rates CI runs with.
@@ -62,7 +69,7 @@ func DefaultFaults() Faults {
 	return Faults{Drop: 0.03, Dup: 0.03, Delay: 0.1, MaxDelay: 20, ReadStall: 0.05, ReadFail: 0.05, ReadSlow: 0.1,
 		CheckFail: 0.03, Unstoppable: 0.3, ProducerRestart: 0.001, ConsumerRestart: 0.0005, SpuriousDown: 0.001,
 		ClockJump: 0.002, LateSave: 0.2, SendRefuse: 0.02, SendDie: 0.002, NotifDelay: 0.2, ProducerDrain: 0.001,
-		Churn: 0.05, Cancel: 0.01}
+		Churn: 0.05, Cancel: 0.01, LateReply: 0.03}
 }
 
 // Config shapes one run.
@@ -76,12 +83,15 @@ type Config struct {
 	Blocks    int // per consumer
 	Faults    Faults
 	Trace     int // events kept for a violation report
+	// VLLM producers (the last ones) speak as vLLM's: they see requests
+	// without this library's extensions and send replies without them.
+	VLLM int
 }
 
 // DefaultConfig is the shape CI runs, for seed.
 func DefaultConfig(seed uint64) Config {
 	return Config{Seed: seed, Steps: 2000, Quiet: 1500, Producers: 3, Consumers: 3, Entries: 24, Blocks: 24,
-		Faults: DefaultFaults(), Trace: 40}
+		Faults: DefaultFaults(), Trace: 40, VLLM: 1}
 }
 
 // The simulated timeouts keep the reference's order (ack < read < lease <
@@ -89,8 +99,8 @@ func DefaultConfig(seed uint64) Config {
 const (
 	stepLen    = 10 * time.Millisecond
 	ackTimeout = 200 * time.Millisecond
-	blockSize  = 16
-	churnSlack = 6 // producer blocks beyond its base entries: saves evict
+	blockSize  = 16 // 8 bytes of the entry, then when they were written
+	churnSlack = 6  // producer blocks beyond its base entries: saves evict
 )
 
 var xcfg = xfer.Config{ReadTimeout: time.Second, QuarantineTimeout: 3 * time.Second, PinLease: 1500 * time.Millisecond}
@@ -113,6 +123,7 @@ type Stats struct {
 	Messages, Dropped, Duplicated                int
 	ProducerRestarts, ConsumerRestarts, Jumps    int
 	Stalls, Refused, Drains, Saves, Canceled     int
+	LateReplies                                  int
 }
 
 func (s *Stats) add(o Stats) {
@@ -132,21 +143,28 @@ func (s *Stats) add(o Stats) {
 	s.Drains += o.Drains
 	s.Saves += o.Saves
 	s.Canceled += o.Canceled
+	s.LateReplies += o.LateReplies
 }
 
 type msg struct {
 	due     int
+	seq     int // sending order: an ordered connection delivers in it
 	toProd  bool
+	ordered bool   // on a connection that keeps ZeroMQ's order (vLLM's peers)
 	addr    string // the producer
 	cons    int    // the consumer
 	conn    int    // the consumer's connection generation to addr
 	payload []byte
+	// An OK ack's grant: its lease's end, and the grant's key.
+	leaseEnd time.Time
+	grantKey string // "<session_id>:<mm_hash>"
 }
 
 type producer struct {
 	addr    string
 	name    string // the data plane's agent name: producers may share one
 	label   string // names its entries: unique
+	vllm    bool   // speaks as vLLM's producer
 	gen     int
 	saves   int      // churn entries saved so far
 	extra   []string // churn entries it may hold
@@ -179,6 +197,16 @@ type consumer struct {
 	poisoned []int            // forced out while a READ may write: kept out of use
 	inflight map[string]*fetch
 	stuck    map[xfer.Handle]int // READs the simulator ends later: step
+	// granted: per "<session_id>:<mm_hash>", the latest end of a lease
+	// among the OK acks delivered to it. reads: per mm_hash, the last
+	// READ posted, and the end of its grant's lease.
+	granted map[string]time.Time
+	reads   map[string]read
+}
+
+type read struct {
+	local    []int
+	leaseEnd time.Time
 }
 
 type sim struct {
@@ -200,6 +228,15 @@ type sim struct {
 	tock  chan struct{} // a step began: the watcher reads
 	// retired agents of drained producers, closed later
 	retired []retiredAgent
+	seq     int
+	lastDue map[connKey]int      // ordered connections: the due step of the last message
+	grants  map[uint64]time.Time // the end of each Go grant's lease, by id
+}
+
+type connKey struct {
+	toProd     bool
+	addr       string
+	cons, conn int
 }
 
 // simLogger discards, unless ECXFER_SIM_LOG is set (replaying a seed).
@@ -213,7 +250,7 @@ func simLogger() *slog.Logger {
 // Run simulates cfg and returns its stats, or the first violation.
 func Run(cfg Config) (Stats, error) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed*0x9e3779b97f4a7c15+1)),
-		now: time.Unix(1_700_000_000, 0), fab: xfertest.NewFabric(),
+		now: time.Unix(1_700_000_000, 0), fab: xfertest.NewFabric(), lastDue: map[connKey]int{}, grants: map[uint64]time.Time{},
 		log: simLogger(), watch: make(chan *connector.Producer, 64), tock: make(chan struct{}, 1)}
 	watched := make(chan struct{})
 	go func() {
@@ -244,7 +281,8 @@ func Run(cfg Config) (Stats, error) {
 		if i%3 == 2 {
 			name = "p0"
 		}
-		p := &producer{addr: fmt.Sprintf("tcp://producer-%d:5555", i), name: name, label: fmt.Sprintf("p%d", i), drainAt: -1}
+		p := &producer{addr: fmt.Sprintf("tcp://producer-%d:5555", i), name: name, label: fmt.Sprintf("p%d", i), drainAt: -1,
+			vllm: i >= cfg.Producers-cfg.VLLM}
 		for j := range cfg.Entries + 2 {
 			p.names = append(p.names, fmt.Sprintf("%s-e%02d", p.label, j))
 		}
@@ -253,7 +291,8 @@ func Run(cfg Config) (Stats, error) {
 	}
 	for i := range cfg.Consumers {
 		c := &consumer{id: i, data: s.fab.New(fmt.Sprintf("c%d", i), cfg.Blocks, blockSize),
-			held: map[string][]int{}, inflight: map[string]*fetch{}, stuck: map[xfer.Handle]int{}}
+			held: map[string][]int{}, inflight: map[string]*fetch{}, stuck: map[xfer.Handle]int{},
+			granted: map[string]time.Time{}, reads: map[string]read{}}
 		for b := range cfg.Blocks {
 			c.free = append(c.free, b)
 		}
@@ -295,7 +334,8 @@ func (s *sim) fail(format string, args ...any) {
 }
 
 // entry sizes and contents are fixed functions of the producer and index,
-// so a restarted producer saves the same bytes again.
+// so a restarted producer saves the same bytes again. A block holds 8
+// bytes of its entry, then the time they were written (stamp).
 func entryName(p *producer, i int) string {
 	if i < len(p.names) {
 		return p.names[i]
@@ -306,11 +346,23 @@ func entrySize(i int) int { return 1 + i%3 }
 func fill(b []byte, hash string, j int) {
 	h := fnv.New64a()
 	h.Write([]byte(hash))
-	x := h.Sum64() + uint64(j)*0x9e3779b97f4a7c15
-	for k := range b {
-		b[k] = byte(x>>(8*(k%8))) + byte(k/8)
-	}
+	binary.LittleEndian.PutUint64(b, h.Sum64()+uint64(j)*0x9e3779b97f4a7c15)
 }
+
+// write writes block j of entry hash into b at now; scribble writes
+// zeros, as a reuse of the block.
+func write(b []byte, hash string, j int, now time.Time) {
+	fill(b, hash, j)
+	binary.LittleEndian.PutUint64(b[8:], uint64(now.UnixNano()))
+}
+
+func scribble(b []byte, now time.Time) {
+	clear(b[:8])
+	binary.LittleEndian.PutUint64(b[8:], uint64(now.UnixNano()))
+}
+
+// stamp returns when b's bytes were written.
+func stamp(b []byte) time.Time { return time.Unix(0, int64(binary.LittleEndian.Uint64(b[8:]))) }
 
 func (s *sim) startProducer(p *producer) {
 	blocks := churnSlack
@@ -324,8 +376,16 @@ func (s *sim) startProducer(p *producer) {
 	p.scribbled = map[string]bool{}
 	p.srv = &simServer{s: s, p: p}
 	var err error
-	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log,
-		MaxPerPeerPerStep: 16}, p.srv, p.data, p.cache)
+	pcfg := connector.ProducerConfig{CompatHash: "sim", PinLease: xcfg.PinLease, Logger: s.log, MaxPerPeerPerStep: 16}
+	if p.vllm {
+		// vLLM's producer bounds no consumer's pins. (Ours, serving a
+		// consumer that names no grant, ends the oldest grant of a key
+		// per notification: grants whose acks the consumer dropped then
+		// stay live while the key is fetched more often than the lease,
+		// and the bounds would refuse ready entries.)
+		pcfg.MaxGrantsPerEntry, pcfg.MaxPinnedShare = 1<<16, 1
+	}
+	p.prod, err = connector.NewProducer(pcfg, p.srv, p.data, p.cache)
 	if err != nil {
 		s.fail("producer: %v", err)
 		return
@@ -343,7 +403,7 @@ func (s *sim) startProducer(p *producer) {
 			return
 		}
 		for j, b := range e.Blocks {
-			fill(p.data.Block(b), h, j)
+			write(p.data.Block(b), h, j, s.now)
 		}
 		if s.chance(s.cfg.Faults.LateSave) {
 			p.pending = append(p.pending, h)
@@ -364,8 +424,24 @@ func (s *sim) startPool(c *consumer) {
 	}
 }
 
-// readOutcome draws how a READ ends.
+// readOutcome draws how a READ ends, and notes the end of the lease of
+// the grant it reads under: the one its notification names, else the
+// latest delivered to its session for its mm_hash (no earlier than the
+// grant the consumer took).
 func (s *sim) readOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
+	key, id, _, named := wire.SplitNotifGrant([]byte(p.Notif))
+	end, ok := c.granted[p.Notif]
+	if named {
+		end, ok = s.grants[id]
+	}
+	if !ok {
+		s.fail("c%d: READ %s posted with no grant delivered for it", c.id, p.Notif)
+	}
+	_, h, _ := strings.Cut(string(key), ":")
+	if !named {
+		_, h, _ = strings.Cut(p.Notif, ":")
+	}
+	c.reads[h] = read{local: p.Local, leaseEnd: end}
 	o := s.drawOutcome(c, p)
 	if s.chance(s.cfg.Faults.NotifDelay) {
 		o.NotifDelay = 1 + s.rng.IntN(40)
@@ -507,9 +583,9 @@ func (s *sim) rest(p *producer) {
 		p.scribbled[h] = e.Pins == 0
 		for j, b := range e.Blocks {
 			if e.Pins == 0 {
-				clear(p.data.Block(b))
+				scribble(p.data.Block(b), s.now)
 			} else {
-				fill(p.data.Block(b), h, j)
+				write(p.data.Block(b), h, j, s.now)
 			}
 		}
 	}
@@ -526,7 +602,7 @@ func (s *sim) save(p *producer) {
 	}
 	s.stats.Saves++
 	for j, b := range e.Blocks {
-		fill(p.data.Block(b), h, j)
+		write(p.data.Block(b), h, j, s.now)
 	}
 	p.cache.MarkReady(h)
 	delete(p.scribbled, h)
@@ -558,7 +634,7 @@ func (s *sim) retire(p *producer) {
 	p.prod.Close()
 	old := p.data
 	for b := range old.Blocks() {
-		clear(old.Block(b))
+		scribble(old.Block(b), s.now)
 	}
 	s.retired = append(s.retired, retiredAgent{old, s.step + 300})
 	p.data = nil
@@ -653,11 +729,20 @@ func (s *sim) collect(c *consumer, r *connector.Results) {
 		s.event("c%d completed %s", c.id, d.MMHash)
 		// The producer's bytes for that entry, never another's: a pin
 		// dropped under a READ shows here once a save reuses the blocks.
+		// And none written after the lease of the grant read under.
 		want := make([]byte, blockSize)
+		rd, ok := c.reads[d.MMHash]
+		if !ok || !slices.Equal(rd.local, d.Blocks) {
+			s.fail("c%d: completion of %s into %v, not the READ posted last (%v)", c.id, d.MMHash, d.Blocks, rd.local)
+		}
 		for j, b := range d.Blocks {
 			fill(want, d.MMHash, j)
-			if !bytes.Equal(c.data.Block(b), want) {
-				s.fail("c%d: %s block %d holds the wrong bytes (%x, want %x)", c.id, d.MMHash, j, c.data.Block(b)[:4], want[:4])
+			got := c.data.Block(b)
+			if !bytes.Equal(got[:8], want[:8]) {
+				s.fail("c%d: %s block %d holds the wrong bytes (%x, want %x)", c.id, d.MMHash, j, got[:4], want[:4])
+			}
+			if at := stamp(got); at.After(rd.leaseEnd) {
+				s.fail("c%d: %s block %d holds bytes written %v after its grant's lease ended", c.id, d.MMHash, j, at.Sub(rd.leaseEnd))
 			}
 		}
 		s.free(c, d.Blocks, "completed "+d.MMHash)
@@ -824,7 +909,10 @@ func (s *sim) finish() {
 
 // ---- the in-memory control plane ----
 
-// send puts a message on the network, with faults.
+// send puts a message on the network, with faults. A message may be lost,
+// delayed, late past a retry (a reply), and, except on a connection that
+// keeps ZeroMQ's guarantees, duplicated and overtaken; on such a
+// connection a delayed message delays those behind it.
 func (s *sim) send(m msg) {
 	s.stats.Messages++
 	if s.chance(s.cfg.Faults.Drop) {
@@ -835,8 +923,19 @@ func (s *sim) send(m msg) {
 	if s.chance(s.cfg.Faults.Delay) {
 		m.due += s.rng.IntN(s.cfg.Faults.MaxDelay + 1)
 	}
+	if !m.toProd && s.chance(s.cfg.Faults.LateReply) {
+		s.stats.LateReplies++
+		m.due += 25 + s.rng.IntN(96)
+	}
+	s.seq++
+	m.seq = s.seq
+	if m.ordered {
+		k := connKey{m.toProd, m.addr, m.cons, m.conn}
+		m.due = max(m.due, s.lastDue[k])
+		s.lastDue[k] = m.due
+	}
 	s.net = append(s.net, m)
-	if s.chance(s.cfg.Faults.Dup) {
+	if !m.ordered && s.chance(s.cfg.Faults.Dup) {
 		s.stats.Duplicated++
 		d := m
 		d.due += s.rng.IntN(5)
@@ -844,7 +943,8 @@ func (s *sim) send(m msg) {
 	}
 }
 
-// deliver hands out the messages due, in a random order (reordering).
+// deliver hands out the messages due, in a random order (reordering),
+// except that an ordered connection's keep their sending order.
 func (s *sim) deliver() {
 	var due []msg
 	s.net = slices.DeleteFunc(s.net, func(m msg) bool {
@@ -856,6 +956,17 @@ func (s *sim) deliver() {
 	})
 	if s.faulty() {
 		s.rng.Shuffle(len(due), func(i, j int) { due[i], due[j] = due[j], due[i] })
+		var at []int
+		var ordered []msg
+		for i, m := range due {
+			if m.ordered {
+				at, ordered = append(at, i), append(ordered, m)
+			}
+		}
+		slices.SortFunc(ordered, func(a, b msg) int { return a.seq - b.seq })
+		for i, m := range ordered {
+			due[at[i]] = m
+		}
 	}
 	for _, m := range due {
 		if m.toProd {
@@ -868,6 +979,11 @@ func (s *sim) deliver() {
 		}
 		c := s.cons[m.cons]
 		if c.ctl.conn[m.addr] == m.conn && !c.ctl.down[m.addr] {
+			if m.grantKey != "" {
+				if end, ok := c.granted[m.grantKey]; !ok || m.leaseEnd.After(end) {
+					c.granted[m.grantKey] = m.leaseEnd
+				}
+			}
 			c.ctl.in = append(c.ctl.in, transport.Inbound{Addr: m.addr, Payload: m.payload})
 		}
 	}
@@ -890,13 +1006,32 @@ func (v *simServer) Reply(identity, payload []byte) error {
 	if _, err := fmt.Sscanf(string(identity), "c%d/%d", &cons, &conn); err != nil {
 		return err
 	}
-	if v.s.cfg.Trace > 0 {
-		var a wire.AckView
-		if wire.DecodeAckView(payload, &a) == nil {
-			v.s.event("%s -> c%d ack %s %s grant %d attempt %d blocks %d", v.p.label, cons, a.MMHash, a.Status, a.Grant, a.Attempt, a.NumBlocks())
+	m := msg{addr: v.p.addr, cons: cons, conn: conn, ordered: v.p.vllm}
+	var a wire.XferAck
+	if err := wire.DecodeAck(payload, &a); err != nil {
+		return err
+	}
+	v.s.event("%s -> c%d ack %s %s grant %d attempt %d blocks %d", v.p.label, cons, a.MMHash, a.Status, a.Grant, a.Attempt, len(a.SrcBlockIndices))
+	if a.Status == wire.OK {
+		// Granted now: the lease runs from this step.
+		m.leaseEnd = v.s.now.Add(xcfg.PinLease)
+		v.s.grants[a.Grant] = m.leaseEnd
+		if v.p.vllm {
+			m.grantKey = a.SessionID + ":" + a.MMHash
 		}
 	}
-	v.s.send(msg{addr: v.p.addr, cons: cons, conn: conn, payload: bytes.Clone(payload)})
+	if v.p.vllm {
+		// vLLM's producer: a NACK carries mm_hash and status only, an
+		// OK ack the reference's fields.
+		a = wire.XferAck{MMHash: a.MMHash, Status: a.Status, SessionID: a.SessionID, SrcBlockIndices: a.SrcBlockIndices,
+			AgentMetadata: a.AgentMetadata, MemDescriptor: a.MemDescriptor}
+		if a.Status != wire.OK {
+			a.SessionID = ""
+		}
+		payload = wire.AppendAck(nil, &a)
+	}
+	m.payload = bytes.Clone(payload)
+	v.s.send(m)
 	return nil
 }
 
@@ -925,7 +1060,20 @@ func (v *simClient) Send(addr string, payload []byte) error {
 		v.peerDown(addr)
 		return transport.ErrPeerDown
 	}
-	v.s.send(msg{toProd: true, addr: addr, cons: v.c.id, conn: v.conn[addr], payload: bytes.Clone(payload)})
+	m := msg{toProd: true, addr: addr, cons: v.c.id, conn: v.conn[addr], payload: bytes.Clone(payload)}
+	for _, p := range v.s.prods {
+		if p.addr == addr && p.vllm {
+			// vLLM's producer reads none of the extensions: ours grants
+			// as it would (no token, no attempt to echo).
+			var r wire.XferReq
+			if err := wire.DecodeReq(payload, &r); err != nil {
+				return err
+			}
+			r.Agent, r.Attempt, r.AcceptsShape = "", 0, false
+			m.payload, m.ordered = wire.AppendReq(nil, &r), true
+		}
+	}
+	v.s.send(m)
 	return nil
 }
 

@@ -3,6 +3,9 @@ package sim
 import (
 	"flag"
 	"fmt"
+	"os"
+	"runtime"
+	"strconv"
 	"testing"
 )
 
@@ -10,12 +13,21 @@ var raceEnabled bool
 
 var (
 	seed  = flag.Uint64("sim.seed", 0, "replay one seed")
-	seeds = flag.Int("sim.seeds", 200, "seeds to run")
+	seeds = flag.Int("sim.seeds", defaultSeeds(), "seeds to run (default: $ECXFER_SIM_SEEDS, else 40)")
 	first = flag.Uint64("sim.first", 1, "first seed")
 )
 
+// defaultSeeds is $ECXFER_SIM_SEEDS (CI sets it, see .ci/run), else a set
+// small enough for a quick go test.
+func defaultSeeds() int {
+	if n, err := strconv.Atoi(os.Getenv("ECXFER_SIM_SEEDS")); err == nil && n > 0 {
+		return n
+	}
+	return 40
+}
+
 // TestSimulation runs a fixed set of seeds (flags: -sim.seeds, -sim.first;
-// -sim.seed replays one, with its trace on failure).
+// -sim.seed replays one, with its trace on failure), on every processor.
 func TestSimulation(t *testing.T) {
 	if *seed != 0 {
 		st, err := Run(DefaultConfig(*seed))
@@ -31,20 +43,24 @@ func TestSimulation(t *testing.T) {
 		// full set without it as well.
 		n = min(n, 20)
 	}
-	const workers = 4
+	workers := max(runtime.GOMAXPROCS(0), 2)
 	for w := range workers {
 		t.Run(fmt.Sprint(w), func(t *testing.T) {
 			t.Parallel()
 			var total Stats
+			runs := 0
 			for i := w; i < n; i += workers {
 				s := *first + uint64(i)
 				st, err := Run(DefaultConfig(s))
 				if err != nil {
-					t.Fatalf("%v\nreplay: go test ./internal/sim -run TestSimulation -sim.seed %d", err, s)
+					// The other seeds still run: a long set reports
+					// every failing seed.
+					t.Errorf("%v\nreplay: go test ./internal/sim -run TestSimulation -sim.seed %d", err, s)
 				}
 				total.add(st)
+				runs++
 			}
-			t.Logf("worker %d: %+v", w, total)
+			t.Logf("worker %d: %d seeds, %+v", w, runs, total)
 		})
 	}
 }

@@ -84,7 +84,9 @@ type PoolConfig struct {
 	// IdleSession closes the session (and the control-plane connection) of
 	// a producer address with nothing in flight for this long, so that a
 	// consumer that fetched from many producers keeps no state for those
-	// it no longer uses. Default 1 min.
+	// it no longer uses. Default 1 min. Four times per IdleSession the
+	// pool and its sessions also give back the memory they kept for a
+	// past burst of fetches: within half of it once the burst is over.
 	IdleSession time.Duration
 	// Seed makes session ids and backoff jitter reproducible (simulation);
 	// zero draws them from crypto/rand.
@@ -241,6 +243,9 @@ type Pool struct {
 	stats   PoolStats
 	closed  bool
 	reapAt  time.Time // the next look for idle sessions
+	// For trim: the most fetches, replies or results a step held since
+	// the last trim, and the most fetches since the map was made.
+	lately, fetchesMade int
 
 	ready     <-chan struct{} // the data plane's, if it signals (xfer.Signaling)
 	lastStep  time.Time       // the now of the last Step
@@ -415,6 +420,8 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 		}
 	}
 	p.fetches[mmHash] = f
+	p.lately = max(p.lately, len(p.fetches))
+	p.fetchesMade = max(p.fetchesMade, len(p.fetches))
 	p.stats.Fetches++
 	return false, nil
 }
@@ -478,6 +485,7 @@ func (p *Pool) Step(now time.Time) *Results {
 		return &p.res
 	}
 	p.inbound = p.ctl.Drain(p.inbound[:0])
+	p.lately = max(p.lately, len(p.inbound))
 	for _, in := range p.inbound {
 		if pe := p.peers[in.Addr]; pe != nil {
 			pe.msgs = append(pe.msgs, in.Payload)
@@ -509,6 +517,7 @@ func (p *Pool) Step(now time.Time) *Results {
 	clear(p.draining[len(kept):])
 	p.draining = kept
 	p.retryDue(now)
+	p.lately = max(p.lately, len(p.res.Completed)+len(p.res.Failed)+len(p.res.Released), len(p.retrying))
 	p.reapIdle(now)
 	// Publish for Stats when the step ended something, else at most once
 	// a millisecond of the caller's clock: an idle loop steps often.
@@ -538,6 +547,7 @@ func (p *Pool) reapIdle(now time.Time) {
 		return
 	}
 	p.reapAt = now.Add(p.cfg.IdleSession / 4)
+	defer p.trim()
 	for i := 0; i < len(p.order); {
 		pe := p.order[i]
 		if pe.s.HasInFlight() || now.Sub(pe.lastUsed) < p.cfg.IdleSession {
@@ -547,6 +557,52 @@ func (p *Pool) reapIdle(now time.Time) {
 		p.stats.Reaped++
 		p.dropPeer(pe)
 	}
+}
+
+// trim gives back the memory kept for a past burst: the maps and buffers
+// of the pool and of its sessions that are sized for far more than the
+// steps since the last trim held shrink to fit (Go's maps never shrink by
+// themselves). It runs with reapIdle, four times per IdleSession, so a
+// burst's memory is back within half an IdleSession of its end.
+func (p *Pool) trim() {
+	n := max(p.lately, len(p.fetches))
+	p.fetches = refit(p.fetches, &p.fetchesMade, n)
+	p.inbound = fit(p.inbound, n)
+	p.retrying, p.spareRetry = fit(p.retrying, n), fit(p.spareRetry, n)
+	p.res.Completed, p.res.Failed, p.res.Released = fit(p.res.Completed, n), fit(p.res.Failed, n), fit(p.res.Released, n)
+	r := &p.sres
+	r.Completed, r.Tombstoned, r.Quarantined = fit(r.Completed, n), fit(r.Tombstoned, n), fit(r.Quarantined, n)
+	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
+	for _, pe := range p.allPeers() {
+		pe.msgs = fit(pe.msgs, n)
+		pe.s.Trim()
+	}
+	p.lately = len(p.fetches)
+}
+
+// refit returns m, or a copy of it sized to its entries when it was made
+// for far more than it held lately (made: the most it held since made).
+func refit[K comparable, V any](m map[K]V, made *int, lately int) map[K]V {
+	if *made < 256 || 4*lately > *made {
+		return m
+	}
+	n := make(map[K]V, len(m))
+	for k, v := range m {
+		n[k] = v
+	}
+	*made = len(n)
+	return n
+}
+
+// fit returns s, or a copy of it with room for lately elements when its
+// capacity is far beyond.
+func fit[T any](s []T, lately int) []T {
+	if cap(s) <= 4*lately+64 {
+		return s
+	}
+	n := make([]T, len(s), max(len(s), lately))
+	copy(n, s)
+	return n
 }
 
 // Sessions returns how many producer sessions the pool holds: live ones,
