@@ -311,10 +311,10 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 // say) but still names its mm_hash. It answers a request like any other
 // reply; if that request's transfer waits for its ack, it ends at once,
 // rather than after its ack timeout and retries: the producer has
-// answered, and not with a grant we can use. wire.PeekIDs does not read
-// ecx_attempt, so the reply answers the oldest unanswered request.
+// answered, and not with a grant we can use. It answers the attempt it
+// names, or else the oldest unanswered request of its mm_hash.
 func (c *ConsumerSession) badAck(raw []byte) {
-	mm, sid, ok := wire.PeekIDs(raw, "ack")
+	mm, sid, attempt, ok := wire.PeekIDs(raw, "ack")
 	switch {
 	case !ok:
 		return // it names nothing: counted as Malformed only
@@ -322,7 +322,7 @@ func (c *ConsumerSession) badAck(raw []byte) {
 		c.stats.ForeignAcks++
 		return
 	}
-	x := c.answer(mm, 0)
+	x := c.answer(mm, attempt)
 	if x == nil {
 		c.stats.StrayAcks++
 		return

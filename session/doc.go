@@ -50,13 +50,13 @@
 //   - A reply echoing another session's id is not ours: dropped
 //     (ForeignAcks), answering nothing.
 //   - A reply naming an attempt (a Go producer echoes it in its OK acks
-//     and NACKs) answers that request. An attempt not among ours
+//     and NACKs), whether or not the rest of it decodes, answers that
+//     request. An attempt not among ours
 //     (answered already, another session's, never sent) answers nothing:
 //     dropped (StrayAcks).
 //   - A reply naming no attempt (vLLM's producer: its OK ack echoes the
-//     session id, its NACK carries mm_hash and status only), and a reply
-//     that does not decode but names its mm_hash (wire.PeekIDs reads no
-//     ecx_attempt), answers the oldest unanswered request of its mm_hash.
+//     session id, its NACK carries mm_hash and status only), decoded or
+//     not, answers the oldest unanswered request of its mm_hash.
 //   - The requests sent before the one a reply answers, of any mm_hash,
 //     are forgotten: the producer answers in order, so it has answered
 //     or dropped them.

@@ -173,12 +173,11 @@ func TestReplyMatchingTable(t *testing.T) {
 					after := co.c.Stats()
 
 					// What the rule says: only a reply that answers
-					// attempt 2 acts, and only while it waits. A reply
-					// whose attempt cannot be read (it does not decode)
-					// answers the oldest unanswered request: attempt 1's
-					// here, which it consumes.
+					// attempt 2 acts, and only while it waits, whether
+					// or not the rest of it decodes (its attempt is read
+					// either way).
 					decodable := k.broken == ""
-					acts := st == waiting && (w == unnamed || (w == current && decodable))
+					acts := st == waiting && (w == unnamed || w == current)
 					dropped := len(msgs)
 					if acts {
 						dropped--

@@ -290,8 +290,8 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		p.log.Warn("ec producer: malformed XferReq", "err", err)
 		// Answer what can still be named, so the consumer need not wait
 		// out its ack timeout.
-		if mm, sid, ok := wire.PeekIDs(m.Payload, "req"); ok {
-			p.ack = wire.XferAck{MMHash: string(mm), SessionID: string(sid), Status: wire.NackInternal}
+		if mm, sid, attempt, ok := wire.PeekIDs(m.Payload, "req"); ok {
+			p.ack = wire.XferAck{MMHash: string(mm), SessionID: string(sid), Status: wire.NackInternal, Attempt: attempt}
 			p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 			if out.Reply(m.Identity, p.buf) != nil {
 				p.stats.ReplyErrors++

@@ -397,14 +397,22 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 	case status == dataPushed && size == 0:
 		// Its push, earlier on this connection, landed it (or found it
 		// released); one we dropped leaves it to fail, and be asked for
-		// anew.
+		// anew. Its done brings the notification.
 		op.fail()
-		status = dataOK // its done brings the notification
+		if err := l.done(c, id); err != nil {
+			return err
+		}
 	case status != dataOK || size != uint64(op.n)*uint64(bs):
 		op.fail()
 		return fmt.Errorf("%w: answer %d: status %d, %d bytes for %d blocks", errProtocol, id, status, size, op.n)
 	case op.claim(opSent):
 		err := l.landBytes(r, op)
+		if err == nil {
+			// Every byte is in: the producer's notification goes before
+			// the READ is seen done, so that a consumer that then drops
+			// the producer (or closes) does not lose it.
+			err = l.done(c, id)
+		}
 		op.land(err == nil)
 		if err != nil {
 			return err
@@ -413,14 +421,7 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 		if _, err := r.Discard(int(size)); err != nil {
 			return err
 		}
-	}
-	if status == dataOK {
-		// Every byte is in: the producer's notification may go.
-		done := appendDone(make([]byte, 0, headLen+8), id)
-		l.wmu.Lock()
-		err := writeFull(c, net.Buffers{done}, l.p.d.cfg.IOTimeout)
-		l.wmu.Unlock()
-		if err != nil {
+		if err := l.done(c, id); err != nil {
 			return err
 		}
 	}
@@ -428,6 +429,14 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 	l.headAt = time.Now() // the next READ's turn starts
 	l.mu.Unlock()
 	return nil
+}
+
+// done tells the producer every byte of READ id is in.
+func (l *link) done(c net.Conn, id uint64) error {
+	b := appendDone(make([]byte, 0, headLen+8), id)
+	l.wmu.Lock()
+	defer l.wmu.Unlock()
+	return writeFull(c, net.Buffers{b}, l.p.d.cfg.IOTimeout)
 }
 
 // landBytes reads op's bytes straight into its blocks; the caller is its

@@ -107,15 +107,16 @@ func (p *peer) start(op *readOp, way int) {
 	case viaPush:
 		st := op.staged
 		op.staged = nil
-		if p.landStaged(op, st) {
-			p.sendNotes([][]byte{op.notif})
-		}
+		p.landStaged(op, st)
 	case viaPushing: // the reader that takes the push lands it
 	case viaBoard:
-		ok := p.boardCopy(op)
+		claimed, live := p.boardCopy(op)
 		p.readers.Done()
-		if ok {
-			p.sendNotes([][]byte{op.notif})
+		if claimed {
+			if live {
+				p.sendNotes([][]byte{op.notif})
+			}
+			op.land(live)
 		}
 	case viaCopier:
 		select {

@@ -242,12 +242,12 @@ func sameRuns(ids []int, runs [][2]int) bool {
 }
 
 // landStaged copies a push kept for op into its blocks (its bytes are in
-// op's remote order). true: op is done, and its notification is the
-// caller's to send.
-func (p *peer) landStaged(op *readOp, st *staged) bool {
+// op's remote order), sends its notification and lands it, unless op was
+// released first.
+func (p *peer) landStaged(op *readOp, st *staged) {
 	defer p.push.done(st.buf)
 	if !op.claim(opQueued) {
-		return false // released before it landed
+		return // released before it landed
 	}
 	bs := p.d.region.BlockSize()
 	off := 0
@@ -255,8 +255,8 @@ func (p *peer) landStaged(op *readOp, st *staged) bool {
 		off += copy(p.d.region.Span(r[0], r[1]), st.buf[off:off+r[1]*bs])
 	}
 	p.d.pushLanded.Add(1)
+	p.sendNotes([][]byte{op.notif})
 	op.land(true)
-	return true
 }
 
 // takePush reads a push frame (its head read) and keeps it, lands it in
@@ -285,8 +285,10 @@ func (l *link) takePush(r *bufio.Reader) error {
 		// Its READ was posted before the push came. Not sent yet, the
 		// push lands it and no READ goes; sent on this connection, the
 		// push lands it as its answer would (the producer answers it
-		// "pushed"). Sent elsewhere, or ended, the push is dropped.
-		if !op.claim(opQueued) && (op.link.Load() != l || !op.claim(opSent)) {
+		// "pushed", and its done brings the notification). Sent
+		// elsewhere, or ended, the push is dropped.
+		unsent := op.claim(opQueued)
+		if !unsent && (op.link.Load() != l || !op.claim(opSent)) {
 			p.d.pushDrops.Add(1)
 			_, err := r.Discard(int(size))
 			return err
@@ -294,6 +296,9 @@ func (l *link) takePush(r *bufio.Reader) error {
 		err := l.landBytes(r, op)
 		if err == nil {
 			p.d.pushLanded.Add(1)
+			if unsent {
+				p.sendNotes([][]byte{op.notif})
+			}
 		}
 		op.land(err == nil)
 		return err
@@ -310,8 +315,8 @@ func (l *link) takePush(r *bufio.Reader) error {
 	case op == nil:
 	case err != nil:
 		op.fail()
-	case p.landStaged(op, st):
-		p.sendNotes([][]byte{op.notif})
+	default:
+		p.landStaged(op, st)
 	}
 	return err
 }

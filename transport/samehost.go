@@ -124,23 +124,22 @@ const copyOnCallerMax = 256 << 10
 
 // boardCopy copies op out of the producer's region under the grant its
 // notification names, then checks that the grant is still live. The
-// caller holds a readers reference. true: op is done, and its
-// notification is the caller's to send.
-func (p *peer) boardCopy(op *readOp) bool {
+// caller holds a readers reference. claimed: the caller is op's lander,
+// and lands it (live: done, after its notification is on its way).
+func (p *peer) boardCopy(op *readOp) (claimed, live bool) {
 	if !op.claim(opQueued) {
-		return false // released before the copy
+		return false, false // released before the copy
 	}
 	if f := p.d.beforeCopy; f != nil {
 		f()
 	}
 	p.copyShared(op)
 	g := grantOf(op.notif)
-	live := p.sh.table[g%uint64(len(p.sh.table))].Load() == g
+	live = p.sh.table[g%uint64(len(p.sh.table))].Load() == g
 	if live {
 		p.d.boardCopies.Add(1)
 	}
-	op.land(live)
-	return live
+	return true, live
 }
 
 // copyShared copies op's blocks out of the producer's mapped region; a
@@ -208,8 +207,12 @@ func (p *peer) copier() {
 				}
 			}
 		case op := <-p.sh.copies:
-			if p.boardCopy(op) {
-				done = append(done, op.notif)
+			// A burst's notifications go in one write, once it is copied.
+			if claimed, live := p.boardCopy(op); claimed {
+				op.land(live)
+				if live {
+					done = append(done, op.notif)
+				}
 			}
 			p.readers.Done()
 		}

@@ -697,25 +697,26 @@ func decodeBlocksFast(data []byte) (bl Blocks, ok bool) {
 	return bl, true
 }
 
-// PeekIDs reads only the mm_hash and session_id of a message that did not
-// decode (a status we do not know, a field of the wrong type), so that its
-// sender can still be answered or its transfer ended. It requires a map
+// PeekIDs reads only the mm_hash, session_id and ecx_attempt (zero when
+// absent) of a message that did not decode (a status we do not know, a
+// field of the wrong type), so that its sender can still be answered or
+// its transfer ended. It requires a map
 // whose keys are strings and whose values are well-formed msgpack; the two
 // fields must be strings, and a "type" tag, if present, must be tag ("req"
 // or "ack"): a message of the other kind is not answered. The slices alias
 // data.
-func PeekIDs(data []byte, tag string) (mmHash, sessionID []byte, ok bool) {
+func PeekIDs(data []byte, tag string) (mmHash, sessionID []byte, attempt uint64, ok bool) {
 	d := reader{b: data}
 	n, err := d.structHeader()
 	if err != nil {
-		return nil, nil, false
+		return nil, nil, 0, false
 	}
 	var mm, sess span
 	haveMM := false
 	for ; n > 0; n-- {
 		k, err := d.key()
 		if err != nil {
-			return nil, nil, false
+			return nil, nil, 0, false
 		}
 		switch string(k) {
 		case "mm_hash":
@@ -723,19 +724,21 @@ func PeekIDs(data []byte, tag string) (mmHash, sessionID []byte, ok bool) {
 			haveMM = err == nil
 		case "session_id":
 			sess, err = d.readStr("$.session_id")
+		case "ecx_attempt":
+			attempt, err = d.extUint()
 		case "type":
 			err = d.tag(tag)
 		default:
 			err = d.skip()
 		}
 		if err != nil {
-			return nil, nil, false
+			return nil, nil, 0, false
 		}
 	}
 	if !haveMM || mm.hi == mm.lo {
-		return nil, nil, false
+		return nil, nil, 0, false
 	}
-	return data[mm.lo:mm.hi:mm.hi], data[sess.lo:sess.hi:sess.hi], true
+	return data[mm.lo:mm.hi:mm.hi], data[sess.lo:sess.hi:sess.hi], attempt, true
 }
 
 // extUint reads an extension field that should be a non-negative integer.
