@@ -114,18 +114,13 @@
 // (ForeignNotifs), its grants ending by lease. After it, another agent's
 // is refused.
 //
-// One gap is left outside the session: xfer.Inbound names only the
-// producer's address, and transport.Client can hand over a reply read off
-// a connection just after it reported that connection dead, which the
-// Pool then passes to the address's next session. There an OK ack is
-// dropped (it echoes the old session's id), and so is a Go producer's
-// NACK (it names an attempt of the old session); a vLLM producer's NACK
-// names neither, and is taken for the answer to the new session's oldest
-// request of its mm_hash. That can end the request's transfer early, and
-// the next reply of that mm_hash is then taken for a request later than
-// its own, whose send time may be later than its grant's. Closing the gap
-// needs the control plane to say which connection a reply came on, or to
-// hand over nothing of a connection once it has reported it dead.
+// The session relies on its control plane for one thing it cannot check:
+// that a reply read off a connection never reaches the session that
+// replaced it. transport.Client hands over nothing of a connection once
+// Dead has reported it, or Remove dropped it; a control plane of an
+// engine's own must do the same, else a vLLM producer's NACK, which names
+// neither session nor attempt, could be taken for the answer to the next
+// session's request.
 //
 // # Where this package deliberately differs from the reference
 //

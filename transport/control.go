@@ -362,7 +362,7 @@ type Client struct {
 	cfg   ClientConfig
 	gcfg  *guardConfig
 	log   *slog.Logger
-	in    chan Inbound
+	in    chan inbound
 	stats controlCounters
 	wg    sync.WaitGroup
 
@@ -370,7 +370,7 @@ type Client struct {
 	peers  map[string]*dealer
 	dead   []string
 	closed bool
-	held   []Inbound // taken by Wait, handed out by the next Drain
+	held   []inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
 	notify wake.Hooks
 }
@@ -392,7 +392,7 @@ func NewClient(cfg ClientConfig) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan Inbound, 4096), peers: map[string]*dealer{},
+	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan inbound, 4096), peers: map[string]*dealer{},
 		wake: make(chan struct{}, 1)}
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
@@ -518,24 +518,43 @@ func (d *dealer) send(payload []byte) error {
 	return nil
 }
 
+// inbound is a payload and the DEALER it came on.
+type inbound struct {
+	Inbound
+	d *dealer
+}
+
 // Drain appends the payloads received since the last call to dst, without
-// blocking.
+// blocking. A payload comes only from the connection that is the address's
+// now: one that came on a connection whose death Dead has reported, or
+// that Remove dropped, is dropped, so that it can never be taken for a
+// reply on the connection that replaced it.
 func (c *Client) Drain(dst []Inbound) []Inbound {
 	c.mu.Lock()
-	dst = append(dst, c.held...)
-	c.stats.received.Add(uint64(len(c.held)))
+	defer c.mu.Unlock()
+	for _, m := range c.held {
+		dst = c.take(dst, m)
+	}
 	clear(c.held)
 	c.held = c.held[:0]
-	c.mu.Unlock()
 	for {
 		select {
 		case m := <-c.in:
-			c.stats.received.Add(1)
-			dst = append(dst, m)
+			dst = c.take(dst, m)
 		default:
 			return dst
 		}
 	}
+}
+
+// take appends m to dst if its DEALER is still its address's; under mu.
+func (c *Client) take(dst []Inbound, m inbound) []Inbound {
+	if c.peers[m.d.addr] != m.d {
+		c.stats.dropped.Add(1)
+		return dst
+	}
+	c.stats.received.Add(1)
+	return append(dst, m.Inbound)
 }
 
 // Wait blocks until a payload or a death is waiting, or ctx ends, and
@@ -727,7 +746,7 @@ func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
 		return true
 	}
 	select {
-	case d.c.in <- Inbound{Addr: d.addr, Payload: frames[1]}:
+	case d.c.in <- inbound{Inbound{Addr: d.addr, Payload: frames[1]}, d}:
 		d.c.notify.Call()
 		return true
 	case <-d.stop:

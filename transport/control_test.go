@@ -404,3 +404,33 @@ func TestClientConnectWaits(t *testing.T) {
 		t.Fatalf("a close reported as deaths: %v", d)
 	}
 }
+
+// A reply that came on a connection whose death Dead reported, or that
+// Remove dropped, is never handed out: the Pool would take it for a reply
+// on the connection that replaced it.
+func TestClientDropsRepliesOfAReplacedConnection(t *testing.T) {
+	c := NewClient(ClientConfig{Logger: quiet})
+	defer c.Close()
+	old := &dealer{c: c, addr: "tcp://127.0.0.1:1"}
+	cur := &dealer{c: c, addr: old.addr}
+	c.mu.Lock()
+	c.peers[old.addr] = cur
+	c.mu.Unlock()
+	c.in <- inbound{Inbound{Addr: old.addr, Payload: []byte("late")}, old}
+	c.in <- inbound{Inbound{Addr: old.addr, Payload: []byte("now")}, cur}
+	got := c.Drain(nil)
+	if len(got) != 1 || string(got[0].Payload) != "now" || c.Stats().Dropped != 1 {
+		t.Fatalf("drained %+v, stats %+v", got, c.Stats())
+	}
+	// Held by Wait, then the connection goes: dropped as well.
+	c.in <- inbound{Inbound{Addr: old.addr, Payload: []byte("held")}, cur}
+	if !c.WaitOr(context.Background(), nil, nil) {
+		t.Fatal("Wait")
+	}
+	c.mu.Lock()
+	delete(c.peers, old.addr)
+	c.mu.Unlock()
+	if got := c.Drain(nil); len(got) != 0 {
+		t.Fatalf("a removed connection's reply handed out: %+v", got)
+	}
+}
