@@ -417,7 +417,9 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.consumers[sid] = cs
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
+		p.lock() // Authorize reads it
 		cs.agent = string(req.Agent)
+		p.unlock()
 	}
 	cs.grants++
 	g := p.newGrant()
@@ -653,14 +655,21 @@ func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (r
 func (p *ProducerSession) authorize(agent string, notif []byte, blocks []int) *grant {
 	p.authMu.RLock()
 	g, _ := p.lookup(notif)
+	bound := ""
 	if g != nil {
 		g.hold.Add(1) // before the unlock: endGrant sees it
+		// The agent it is bound to: its request's, or the one its
+		// session's first notification came from (a consumer that named
+		// none).
+		if bound = g.agent; bound == "" {
+			bound = g.cs.agent
+		}
 	}
 	p.authMu.RUnlock()
 	if g == nil {
 		return nil
 	}
-	if (g.agent != "" && agent != g.agent) || !covers(g.Blocks, blocks) {
+	if (bound != "" && agent != bound) || !covers(g.Blocks, blocks) {
 		g.release()
 		return nil
 	}
@@ -787,7 +796,9 @@ func (p *ProducerSession) drainNotifs() {
 			continue
 		}
 		if cs.agent == "" {
+			p.lock() // Authorize reads it
 			cs.agent = n.Agent // the first READ tells which agent is this session's
+			p.unlock()
 		}
 		p.stats.Completions++
 		cs.confirmed = true // it READ from us: it has our agent registered

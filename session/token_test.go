@@ -112,3 +112,25 @@ func TestGrantIDsAndTokensNeverRepeat(t *testing.T) {
 		p.Close()
 	}
 }
+
+// A consumer that names no agent is bound to the agent of its session's
+// first notification: from then on another agent's READ is refused, under
+// the grants made before too.
+func TestAuthorizeFollowsTheSessionsBoundAgent(t *testing.T) {
+	po := newProducer(t)
+	a := sid("a")
+	po.poll(t, t0, req("R", a), req("N2", a))
+	po.poll(t, t0, req("R", a)) // a second grant of R, made before any notification
+	e, _ := po.cache.Get("R")
+	po.data.InjectNotif("cons", []byte(a+":R"))
+	po.poll(t, at(time.Second)) // binds the session to "cons"; ends R's oldest grant
+	if release, ok := po.p.Authorize("thief", []byte(a+":R"), e.Blocks); ok {
+		release()
+		t.Fatal("another agent's READ served under a grant made before the session was bound")
+	}
+	release, ok := po.p.Authorize("cons", []byte(a+":R"), e.Blocks)
+	if !ok {
+		t.Fatal("the bound agent's READ refused")
+	}
+	release()
+}

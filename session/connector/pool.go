@@ -29,7 +29,10 @@ type ControlClient interface {
 	// blocking; refusals wrap xfer.ErrQueueFull, xfer.ErrPeerDown or
 	// xfer.ErrNotAllowed.
 	Send(addr string, payload []byte) error
-	// Drain appends the payloads received since the last call.
+	// Drain appends the payloads received since the last call. It must
+	// never return a payload read on a connection whose death Dead has
+	// reported (or that Remove dropped): a reply that names no request
+	// would be taken for one on the connection that replaced it.
 	Drain(dst []xfer.Inbound) []xfer.Inbound
 	// Dead appends the producers declared dead since the last call.
 	Dead(dst []string) []string
