@@ -5,10 +5,11 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
-	"sync"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
+
+	"github.com/ecxfer/ecxfer/internal/shm"
 )
 
 // RegionConfig describes a block region.
@@ -31,12 +32,12 @@ type RegionConfig struct {
 	// Shared backs the region with an anonymous memory file (memfd) that
 	// same-host processes of the same user can map read-only through
 	// SharedPath: TCPData's same-host path copies blocks straight out of
-	// it. The file's first HeaderSize bytes are a header the data plane
-	// owns (a token proving a reader mapped this very file, a revocation
-	// counter, a table of the live grants); the blocks follow. The kernel
-	// frees the file with the last process holding it, so a crash leaves
-	// nothing in /dev/shm. It excludes Name, and shared memory is on base
-	// pages (shmem transparent huge pages are usually off).
+	// it. The file starts with a header the data plane owns (a random
+	// token, a table of the live grants, 128 KiB); the blocks follow. The
+	// kernel frees the file with the last process holding it, so a crash
+	// leaves nothing in /dev/shm. It excludes Name, shared memory is on
+	// base pages (shmem transparent huge pages are usually off), and it
+	// needs Linux: elsewhere NewRegion fails.
 	Shared bool
 }
 
@@ -54,22 +55,8 @@ type Region struct {
 	lockErr   error
 	shared    *os.File // the memfd of a Shared region
 	header    []byte
-	key       SharedKey // a Shared region's file, in sharedRegions
+	key       shm.Key // a Shared region's file, in shm's registry
 }
-
-// SharedSeals are the seals a Shared region's memfd carries: its size
-// cannot change, so a reader that checks them can map it without fear of
-// SIGBUS.
-const SharedSeals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
-
-// SharedFileName is the name of a Shared region's memfd: /proc shows its
-// descriptor as a link to "/memfd:" + SharedFileName.
-const SharedFileName = "ecxfer-region"
-
-// HeaderSize is the size of a Shared region's header: 128 KiB, or a page
-// if pages are larger. Its pages are touched only as the data plane uses
-// them.
-func HeaderSize() int { return max(128<<10, os.Getpagesize()) }
 
 const hugePage = 2 << 20
 
@@ -92,27 +79,11 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		if cfg.Name != "" {
 			return nil, errors.New("cache: a region is Shared or Named, not both")
 		}
-		fd, err := unix.MemfdCreate(SharedFileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-		if err != nil {
-			return nil, fmt.Errorf("cache: memfd_create: %w", err)
+		head := shm.HeaderSize()
+		if r.shared, err = shm.Create(head + mapped); err != nil {
+			return nil, fmt.Errorf("cache: shared region: %w", err)
 		}
-		r.shared = os.NewFile(uintptr(fd), SharedFileName)
-		// /proc/<pid>/fd already keeps other users out; the mode too.
-		if err := unix.Fchmod(fd, 0o600); err != nil {
-			r.shared.Close()
-			return nil, fmt.Errorf("cache: chmod region file: %w", err)
-		}
-		head := HeaderSize()
-		if err := r.shared.Truncate(int64(head + mapped)); err != nil {
-			r.shared.Close()
-			return nil, fmt.Errorf("cache: size region file: %w", err)
-		}
-		// Its size is final: a reader's mapping can never run past the
-		// file's end (SIGBUS), whatever this process does later.
-		if _, err := unix.FcntlInt(uintptr(fd), unix.F_ADD_SEALS, SharedSeals|unix.F_SEAL_SEAL); err != nil {
-			r.shared.Close()
-			return nil, fmt.Errorf("cache: seal region file: %w", err)
-		}
+		fd := int(r.shared.Fd())
 		r.mapping, err = unix.Mmap(fd, 0, head+mapped, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 		if err != nil {
 			r.shared.Close()
@@ -122,10 +93,8 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		r.mem = r.mapping[head:]
 		var st unix.Stat_t
 		if unix.Fstat(fd, &st) == nil {
-			r.key = SharedKey{uint64(st.Dev), st.Ino}
-			sharedRegions.Lock()
-			sharedRegions.m[r.key] = &sharedMapping{mem: r.mapping, refs: 1}
-			sharedRegions.Unlock()
+			r.key = shm.Key{Dev: uint64(st.Dev), Ino: st.Ino}
+			shm.Register(r.key, r.mapping)
 		}
 	case cfg.Name == "":
 		huge := !cfg.NoHugePages && mapped >= hugePage
@@ -144,7 +113,7 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 		}
 		r.mem = r.mapping[off : off+mapped]
 		if huge {
-			_ = unix.Madvise(r.mem, unix.MADV_HUGEPAGE) // best effort: THP may be off
+			shm.AdviseHuge(r.mem)
 		}
 	default:
 		if cfg.Name != filepath.Base(cfg.Name) || cfg.Name == "." || cfg.Name == ".." {
@@ -234,67 +203,11 @@ func (r *Region) Close() error {
 	r.mem, r.mapping, r.header = nil, nil, nil
 	if r.shared != nil {
 		r.shared.Close()
-		if r.key != (SharedKey{}) && !dropShared(r.key, m, true) {
+		if r.key != (shm.Key{}) && !shm.Closed(r.key, m) {
 			return nil // borrowed: the last Return unmaps it
 		}
 	}
 	return unix.Munmap(m)
-}
-
-// SharedKey names a Shared region's file: its device and inode.
-type SharedKey struct{ Dev, Ino uint64 }
-
-// sharedRegions are this process's Shared regions, by file, so that a
-// consumer in the same process reads a producer's region through the
-// producer's own mapping: its pages are in the page tables already.
-var sharedRegions = struct {
-	sync.Mutex
-	m map[SharedKey]*sharedMapping
-}{m: map[SharedKey]*sharedMapping{}}
-
-type sharedMapping struct {
-	mem    []byte // header and blocks, as the file lays them out
-	refs   int    // the Region's own, until Close, and each Borrow's
-	closed bool   // the Region closed: lent to no one new
-}
-
-// BorrowShared returns the mapping of a Shared region of this process whose
-// file is key (header and blocks, laid out as in the file), and true; the
-// mapping stays valid, even past the Region's Close, until ReturnShared.
-// False: no open Region of this process has that file.
-func BorrowShared(key SharedKey) ([]byte, bool) {
-	sharedRegions.Lock()
-	defer sharedRegions.Unlock()
-	m := sharedRegions.m[key]
-	if m == nil || m.closed {
-		return nil, false
-	}
-	m.refs++
-	return m.mem, true
-}
-
-// ReturnShared gives back a mapping BorrowShared lent.
-func ReturnShared(key SharedKey, mem []byte) {
-	if dropShared(key, mem, false) {
-		unix.Munmap(mem)
-	}
-}
-
-// dropShared drops a reference to key's mapping mem, the owner's if
-// owner; true: it was the last, and the caller unmaps it.
-func dropShared(key SharedKey, mem []byte, owner bool) bool {
-	sharedRegions.Lock()
-	defer sharedRegions.Unlock()
-	m := sharedRegions.m[key]
-	if m == nil || unsafe.SliceData(m.mem) != unsafe.SliceData(mem) {
-		return true
-	}
-	m.closed = m.closed || owner
-	if m.refs--; m.refs > 0 {
-		return false
-	}
-	delete(sharedRegions.m, key)
-	return true
 }
 
 // SharedPath returns the path through which a same-host process of the
@@ -303,11 +216,10 @@ func (r *Region) SharedPath() string {
 	if r.shared == nil {
 		return ""
 	}
-	return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), r.shared.Fd())
+	return shm.Path(r.shared)
 }
 
-// Header returns a Shared region's header (HeaderSize bytes, zeroed at
-// creation), or nil.
+// Header returns a Shared region's header (zeroed at creation), or nil.
 func (r *Region) Header() []byte { return r.header }
 
 // Unlink removes the backing file; mappings stay valid until closed.

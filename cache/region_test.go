@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"os"
 	"testing"
-
-	"golang.org/x/sys/unix"
 )
 
 func TestRegionAnonymous(t *testing.T) {
@@ -102,79 +100,5 @@ func TestRegionHugeAlignment(t *testing.T) {
 	defer small.Close()
 	if small.Base()%uintptr(os.Getpagesize()) != 0 {
 		t.Fatal("small region not page-aligned")
-	}
-}
-
-// A Shared region is one file: what the owner writes, a reader of
-// SharedPath sees; the header is apart from the blocks.
-func TestSharedRegion(t *testing.T) {
-	r, err := NewRegion(RegionConfig{Blocks: 4, BlockSize: 4096, NoLock: true, Shared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer r.Close()
-	if len(r.Header()) != HeaderSize() {
-		t.Fatalf("header of %d bytes", len(r.Header()))
-	}
-	r.Header()[0] = 7
-	r.Block(2)[5] = 9
-	b, err := os.ReadFile(r.SharedPath())
-	if err != nil {
-		t.Fatal(err)
-	}
-	if len(b) != HeaderSize()+4*4096 || b[0] != 7 || b[HeaderSize()+2*4096+5] != 9 {
-		t.Fatalf("file of %d bytes does not hold the region", len(b))
-	}
-	// Its size is sealed: nobody, the owner included, can shrink it under
-	// a reader's mapping.
-	f, err := os.OpenFile(r.SharedPath(), os.O_RDWR, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
-	if err != nil || seals&SharedSeals != SharedSeals || f.Truncate(4096) == nil {
-		t.Fatalf("seals %#x (%v), or the file could be shrunk", seals, err)
-	}
-	if _, err := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, Shared: true, Name: "x"}); err == nil {
-		t.Fatal("Shared and Name together")
-	}
-	plain, _ := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, NoLock: true})
-	defer plain.Close()
-	if plain.SharedPath() != "" || plain.Header() != nil {
-		t.Fatal("a plain region is shared")
-	}
-}
-
-// A Shared region lends its own mapping to readers in this process; the
-// mapping outlives the Region's Close until the last one gives it back,
-// and a closed region lends to no one new.
-func TestBorrowShared(t *testing.T) {
-	r, err := NewRegion(RegionConfig{Blocks: 4, BlockSize: 4096, NoLock: true, Shared: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	var st unix.Stat_t
-	if err := unix.Stat(r.SharedPath(), &st); err != nil {
-		t.Fatal(err)
-	}
-	key := SharedKey{uint64(st.Dev), st.Ino}
-	mem, ok := BorrowShared(key)
-	if !ok || &mem[HeaderSize()] != &r.Block(0)[0] || len(mem) != HeaderSize()+4*4096 {
-		t.Fatal("not the region's own mapping")
-	}
-	r.Block(3)[1] = 5
-	r.Close()
-	if mem[HeaderSize()+3*4096+1] != 5 { // still mapped
-		t.Fatal("bytes lost at Close")
-	}
-	if _, ok := BorrowShared(key); ok {
-		t.Fatal("a closed region lent its mapping")
-	}
-	ReturnShared(key, mem)
-	sharedRegions.Lock()
-	defer sharedRegions.Unlock()
-	if sharedRegions.m[key] != nil {
-		t.Fatal("the mapping is still registered after the last return")
 	}
 }

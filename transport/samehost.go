@@ -14,7 +14,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
-	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/shm"
 )
 
 // The same-host path. A producer whose region is Shared (a sealed memfd)
@@ -270,7 +270,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	}
 	// Only a producer's region file: metadata could name any file of
 	// ours.
-	if target, err := os.Readlink(m.Shm); err != nil || !strings.HasPrefix(target, "/memfd:"+cache.SharedFileName) {
+	if target, err := os.Readlink(m.Shm); err != nil || !strings.HasPrefix(target, "/memfd:"+shm.FileName) {
 		return nil, fmt.Errorf("%w: %s is not a shared region (%s)", ErrBadMeta, m.Shm, target)
 	}
 	f, err := os.Open(m.Shm)
@@ -280,7 +280,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	defer f.Close()
 	// A file that could shrink could make a copy out of our mapping fault
 	// (SIGBUS), so only a sealed one is mapped.
-	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&cache.SharedSeals != cache.SharedSeals {
+	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&shm.Seals != shm.Seals {
 		return nil, fmt.Errorf("%w: %s is not sealed against resizing (%v)", ErrBadMeta, m.Shm, err)
 	}
 	var st unix.Stat_t
@@ -293,14 +293,21 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	}
 	sh := &sharedPeer{off: m.ShmOff}
 	key := regionKey{uint64(st.Dev), st.Ino}
-	if mem, ok := cache.BorrowShared(cache.SharedKey{Dev: key.dev, Ino: key.ino}); ok && borrowOwn && len(mem) == int(st.Size) {
+	skey := shm.Key{Dev: key.dev, Ino: key.ino}
+	if mem, ok := shm.Borrow(skey); ok && borrowOwn && len(mem) == int(st.Size) {
 		// Our own process's region: read it through its mapping, whose
 		// pages are in the page tables already.
 		sh.mem = mem
-		sh.unmap = func() { cache.ReturnShared(cache.SharedKey{Dev: key.dev, Ino: key.ino}, mem) }
+		sh.unmap = func() {
+			if shm.Return(skey, mem) {
+				unix.Munmap(mem)
+			}
+		}
 	} else {
 		if ok {
-			cache.ReturnShared(cache.SharedKey{Dev: key.dev, Ino: key.ino}, mem)
+			if shm.Return(skey, mem) {
+				unix.Munmap(mem)
+			}
 		}
 		if sh.mem, sh.populates, err = d.mapRegion(f, key, int(st.Size)); err != nil {
 			return nil, err

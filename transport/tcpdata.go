@@ -238,7 +238,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 			d.Close()
 			return nil, err
 		}
-		m.Shm, m.ShmOff = region.SharedPath(), cache.HeaderSize()
+		m.Shm, m.ShmOff = region.SharedPath(), len(h)
 		if cfg.Authorize == nil && len(h) > grantTabOff {
 			// With a gate of the user's every READ must go through it:
 			// no board then.

@@ -17,6 +17,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/shm"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
@@ -535,7 +536,7 @@ func TestSharedRefusesOtherFiles(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer f.Close()
-	fd, err := unix.MemfdCreate(cache.SharedFileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
+	fd, err := unix.MemfdCreate(shm.FileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -547,14 +548,14 @@ func TestSharedRefusesOtherFiles(t *testing.T) {
 }
 
 func refusesFile(t *testing.T, f *os.File) {
-	f.Write(make([]byte, cache.HeaderSize()+8*4096))
+	f.Write(make([]byte, shm.HeaderSize()+8*4096))
 	pr := newRegion(t, 8, 4096) // not shared: its metadata names no file
 	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
 	var m agentMeta
 	if err := msgpack.Unmarshal(p.AgentMetadata(), &m); err != nil {
 		t.Fatal(err)
 	}
-	m.Shm, m.ShmOff = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), cache.HeaderSize()
+	m.Shm, m.ShmOff = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), shm.HeaderSize()
 	meta, _ := msgpack.Marshal(&m)
 	c := newTCP(t, newRegion(t, 8, 4096), TCPConfig{})
 	peer, err := c.AddRemotePeer(meta, nil)
