@@ -34,7 +34,6 @@ func (*Agent) MemDescriptor() []byte { return nil }
 // Ready returns nil.
 func (*Agent) Ready() <-chan struct{} { return nil }
 
-
 // ExpectReads does nothing.
 func (*Agent) ExpectReads(int) {}
 

@@ -128,7 +128,6 @@ type Signaling interface {
 	Ready() <-chan struct{}
 }
 
-
 // Named is implemented by data planes whose agent has a name its peers see
 // on notifications. A consumer sends it with its requests, so that a Go
 // producer lets only this agent read and complete its grants.
