@@ -22,7 +22,6 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
-	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -77,7 +76,6 @@ type Agent struct {
 	wakeups atomic.Uint64 // tests: the progress goroutine's returns from a pause or idle wait
 	wake    chan struct{} // wakes the progress goroutine from a pause or idle wait
 	ready   chan struct{} // notifications wait in the inbox
-	notify  wake.Hooks    // OnReady's
 	stop    chan struct{}
 	done    chan struct{} // closed when the progress goroutine returned
 }
@@ -134,7 +132,6 @@ var (
 	_ xfer.DataTransport = (*Agent)(nil)
 	_ xfer.Driven        = (*Agent)(nil)
 	_ xfer.Signaling     = (*Agent)(nil)
-	_ xfer.Notifying     = (*Agent)(nil)
 	_ xfer.ShapedPeers   = (*Agent)(nil)
 )
 
@@ -274,17 +271,12 @@ func (a *Agent) Ready() <-chan struct{} {
 	return a.ready
 }
 
-// OnReady implements xfer.Notifying: f is called each time Ready's channel
-// is sent to, until stop.
-func (a *Agent) OnReady(f func()) (stop func()) { return a.notify.Add(f) }
-
-// signal tells the loop that there is work (Ready, OnReady).
+// signal tells the loop that there is work (Ready).
 func (a *Agent) signal() {
 	select {
 	case a.ready <- struct{}{}:
 	default:
 	}
-	a.notify.Call()
 }
 
 // lockC takes both locks, for calls into C; unlockC releases them.

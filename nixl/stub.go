@@ -16,7 +16,6 @@ var (
 	_ xfer.DataTransport = (*Agent)(nil)
 	_ xfer.Driven        = (*Agent)(nil)
 	_ xfer.Signaling     = (*Agent)(nil)
-	_ xfer.Notifying     = (*Agent)(nil)
 	_ xfer.ShapedPeers   = (*Agent)(nil)
 )
 
@@ -34,9 +33,6 @@ func (*Agent) MemDescriptor() []byte { return nil }
 
 // Ready returns nil.
 func (*Agent) Ready() <-chan struct{} { return nil }
-
-// OnReady calls f never.
-func (*Agent) OnReady(func()) (stop func()) { return func() {} }
 
 // ExpectReads does nothing.
 func (*Agent) ExpectReads(int) {}

@@ -16,7 +16,6 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/google/uuid"
 
-	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -372,7 +371,6 @@ type Client struct {
 	closed bool
 	held   []inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
-	notify wake.Hooks
 }
 
 // NewClient returns a client.
@@ -588,14 +586,6 @@ func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
-// OnReply adds f, to be called on a connection's reader goroutine each
-// time a reply (or a producer's death) is ready for Drain (or Dead), until
-// stop. A loop that sleeps on something f wakes (connector.Pool with
-// WaitOnPoller: a descriptor of its own) is then not woken through Wait's
-// channels, which on a small host costs a second thread's wakeup per
-// reply. f must not block.
-func (c *Client) OnReply(f func()) (stop func()) { return c.notify.Add(f) }
-
 // Dead appends the producer addresses declared dead since the last call to
 // dst. Their DEALERs are gone: the next Send to one builds a new one.
 func (c *Client) Dead(dst []string) []string {
@@ -674,7 +664,6 @@ func (d *dealer) die(err error) {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
-	d.c.notify.Call()
 	d.shutdown()
 }
 
@@ -747,7 +736,6 @@ func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
 	}
 	select {
 	case d.c.in <- inbound{Inbound{Addr: d.addr, Payload: frames[1]}, d}:
-		d.c.notify.Call()
 		return true
 	case <-d.stop:
 		return false

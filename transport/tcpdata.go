@@ -18,7 +18,6 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
-	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -170,7 +169,6 @@ type TCPData struct {
 	log    *slog.Logger
 	ln     net.Listener
 	wg     sync.WaitGroup
-	notify wake.Hooks // OnReady's
 	ready  chan struct{}
 
 	mu      sync.Mutex
@@ -198,7 +196,6 @@ type TCPData struct {
 
 var (
 	_ xfer.DataTransport = (*TCPData)(nil)
-	_ xfer.Notifying     = (*TCPData)(nil)
 	_ xfer.Stoppable     = (*TCPData)(nil)
 	_ plane.Attacher     = (*TCPData)(nil)
 )
@@ -452,13 +449,7 @@ func (d *TCPData) signal() {
 	case d.ready <- struct{}{}:
 	default:
 	}
-	d.notify.Call()
 }
-
-// OnReady implements xfer.Notifying: f is called, on the goroutine that
-// ended the READ or took the notification, each time Ready's channel is
-// sent to, until stop.
-func (d *TCPData) OnReady(f func()) (stop func()) { return d.notify.Add(f) }
 
 // StopsReads implements xfer.Stoppable: Release stops every READ.
 func (d *TCPData) StopsReads() bool { return true }

@@ -382,23 +382,6 @@ func silentListener(t testing.TB) net.Listener {
 	return ln
 }
 
-// readOne posts one READ of producer block 3 into local block 0 under
-// notif and waits for its end.
-func readOne(t *testing.T, c, p *TCPData, notif []byte) xfer.Progress {
-	t.Helper()
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.RemoveRemotePeer(peer.Agent)
-	h, err := c.PostRead([]int{0}, peer.Agent, []int{3}, notif)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.Release(h)
-	return waitEnd(t, c, h)
-}
-
 // A write deadline left on a connection by a blocking write (each READ's
 // done frame) must not fail a later READ written without waiting.
 func TestTCPIdleAfterDeadline(t *testing.T) {

@@ -128,16 +128,6 @@ type Signaling interface {
 	Ready() <-chan struct{}
 }
 
-// Notifying is implemented by Signaling data planes that also call a
-// function where they signal, so that a loop can sleep on something of
-// its own (connector.Pool with WaitOnPoller sleeps on a descriptor the
-// runtime's poller watches) instead of Ready's channel. f is called, until
-// stop, each time Ready's channel is sent to, after the work can be taken;
-// it must not block.
-type Notifying interface {
-	OnReady(f func()) (stop func())
-}
-
 // Named is implemented by data planes whose agent has a name its peers see
 // on notifications. A consumer sends it with its requests, so that a Go
 // producer lets only this agent read and complete its grants.

@@ -22,6 +22,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"runtime/trace"
 	"strings"
 	"time"
 
@@ -41,7 +42,19 @@ func main() {
 	producerList := flag.String("producer-list", "", "internal: the producers of a -procs consumer")
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile to the file (go tool pprof reads it)")
 	memProfile := flag.String("memprofile", "", "write this process's allocation profile to the file at the end (go tool pprof -sample_index=alloc_space)")
+	traceFile := flag.String("trace", "", "write this process's execution trace to the file (go tool trace reads it)")
 	flag.Parse()
+	if *traceFile != "" {
+		f, err := os.Create(*traceFile)
+		if err == nil {
+			err = trace.Start(f)
+		}
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "loopback:", err)
+			os.Exit(2)
+		}
+		defer trace.Stop()
+	}
 	if *cpuProfile != "" {
 		f, err := os.Create(*cpuProfile)
 		if err == nil {

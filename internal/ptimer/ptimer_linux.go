@@ -6,8 +6,6 @@ import (
 	"unsafe"
 
 	"golang.org/x/sys/unix"
-
-	"github.com/ecxfer/ecxfer/internal/wake"
 )
 
 // impl is a timerfd read by a goroutine through the runtime's poller; the
@@ -38,8 +36,24 @@ func (t *Timer) read(f *os.File, done chan struct{}) {
 	if err != nil {
 		return
 	}
-	for rc.Read(wake.ReadCounter) == nil { // fails once closed
+	for rc.Read(readExpiries) == nil { // fails once closed
 		t.fire()
+	}
+}
+
+// readExpiries reads a timerfd's 8-byte count of expiries, for a RawConn's
+// Read; false: none yet, the poller waits.
+func readExpiries(fd uintptr) bool {
+	var b [8]byte
+	for {
+		_, _, e := unix.RawSyscall(unix.SYS_READ, fd, uintptr(unsafe.Pointer(&b[0])), 8)
+		switch e {
+		case unix.EINTR:
+			continue
+		case unix.EAGAIN:
+			return false
+		}
+		return true // read, or an error that waiting will not fix: do not spin
 	}
 }
 

@@ -343,25 +343,21 @@ func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
 // BenchmarkRequestAck measures request → answer round trips through the
 // sessions on both ends, one outstanding, between two processes: a Pool
 // asks a Producer (in a second process) for an entry it does not hold and
-// waits for the NACK (with PoolConfig.WaitOnPoller off and on), next to a
-// 200-byte Go TCP ping-pong to that same process, and to the reference's
-// Python sessions doing the same over pyzmq (python-sessions: they need
-// msgspec, e.g. on PYTHONPATH, and the seed in ../shared). Each reports
-// rtt/s and p50.
+// waits for the NACK, next to a 200-byte Go TCP ping-pong to that same
+// process, and to the reference's Python sessions doing the same over
+// pyzmq (python-sessions: they need msgspec, e.g. on PYTHONPATH, and the
+// seed in ../shared). Each reports rtt/s and p50.
 func BenchmarkRequestAck(b *testing.B) {
 	b.Run("python-sessions", pySessions)
 	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
-	for _, poller := range []bool{false, true} {
-		name := map[bool]string{false: "sessions", true: "sessions-wait-on-poller"}[poller]
-		b.Run(name, func(b *testing.B) {
-			pool, _ := benchPool(b, 1, 4096, "tcp", func(c *connector.PoolConfig) { c.WaitOnPoller = poller })
-			rtt(b, func() {
-				if fetchOne(b, pool, ep, "not-held", []int{0}) {
-					b.Fatal("an entry the producer does not hold was fetched")
-				}
-			})
+	b.Run("sessions", func(b *testing.B) {
+		pool, _ := benchPool(b, 1, 4096, "tcp")
+		rtt(b, func() {
+			if fetchOne(b, pool, ep, "not-held", []int{0}) {
+				b.Fatal("an entry the producer does not hold was fetched")
+			}
 		})
-	}
+	})
 	b.Run("tcp-ping-pong", func(b *testing.B) {
 		c, err := net.Dial("tcp", echo)
 		if err != nil {

@@ -13,6 +13,9 @@ func TestMain(m *testing.M) {
 	if spec := os.Getenv("ECXFER_BENCH_PRODUCER"); spec != "" {
 		os.Exit(benchProducerMain(spec)) // a producer process (benchmarks, process faults)
 	}
+	if spec := os.Getenv("ECXFER_ENGINE_PRODUCER"); spec != "" {
+		os.Exit(engineProducerMain(spec)) // BenchmarkEngine's producer process
+	}
 	if ep := os.Getenv("ECXFER_FAULT_CONSUMER"); ep != "" {
 		os.Exit(consumerMain(ep)) // TestProcessFaults's consumer process
 	}

@@ -16,7 +16,6 @@ import (
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
-	"github.com/ecxfer/ecxfer/internal/wake"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -71,19 +70,6 @@ type PoolConfig struct {
 	// MaxWait bounds Wait on a data plane that signals: deadlines (ack,
 	// READ, quarantine) are noticed within it. Default 10 ms.
 	MaxWait time.Duration
-	// WaitOnPoller makes Wait sleep on a descriptor of the Pool's own,
-	// which the runtime's network poller watches, instead of on channels,
-	// when the control plane and the data plane can wake it
-	// (transport.Client's OnReply, xfer.Notifying). A reply then runs the
-	// loop on the thread that read it once that goroutine parks, where a
-	// channel wakes a second thread: in a process with little else to run
-	// (two processes on two cores here) round trips were 25 % faster. But
-	// like any socket read in Go, the wake is seen only when a processor
-	// next polls: in a process whose processors have other goroutines to
-	// run, the loop waits behind them (one process here: fetches without
-	// pushes 40 % slower at the median, and 30-fetch stalls). Off by
-	// default.
-	WaitOnPoller bool
 	// IdleSession closes the session (and the control-plane connection) of
 	// a producer address with nothing in flight for this long, so that a
 	// consumer that fetched from many producers keeps no state for those
@@ -255,10 +241,6 @@ type Pool struct {
 	published time.Time       // the now of the last publish
 	timer     *time.Timer     // Wait's, reused
 	ptimer    *ptimer.Timer   // Wait's for waits under preciseBelow
-	waiter    *wake.Waiter    // Wait's otherwise, when the planes call it (hooked)
-	wdone     <-chan struct{} // the Done of the context waiter is woken for
-	wstop     func() bool     // stops that
-	unhook    func()          // removes the hooks, closes waiter
 
 	closedMalformed uint64 // Malformed of sessions closed
 	pubMu           sync.Mutex
@@ -297,48 +279,8 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
-	if cfg.WaitOnPoller {
-		p.hook()
-	}
 	p.stats.FailedBy = map[xfer.Reason]uint64{}
 	return p, nil
-}
-
-// replyNotifier is a control plane that calls a function for each reply
-// and death (*transport.Client).
-type replyNotifier interface {
-	OnReply(f func()) (stop func())
-}
-
-// hook makes Wait sleep on a descriptor of its own, which the control
-// plane and the data plane wake, when both can: a goroutine woken through
-// the runtime's poller runs on the waker's thread once the waker parks,
-// where one woken through a channel costs a second thread's wakeup on a
-// host with an idle core, and a fetch has two or three such hand-offs.
-func (p *Pool) hook() {
-	rn, ok := p.ctl.(replyNotifier)
-	if !ok {
-		return
-	}
-	nt, ok := p.data.(xfer.Notifying)
-	if p.ready != nil && !ok {
-		return // a plane that signals only through its channel
-	}
-	w := wake.New()
-	stops := []func(){rn.OnReply(w.Wake)}
-	if p.ready != nil {
-		stops = append(stops, nt.OnReady(w.Wake))
-	}
-	p.waiter = w
-	unhook := func() {
-		for _, stop := range stops {
-			stop()
-		}
-		w.Close()
-	}
-	p.unhook = unhook
-	// A Pool dropped without Close unhooks when it is collected.
-	runtime.AddCleanup(p, func(f func()) { f() }, unhook)
 }
 
 // Stats returns the counters as of the end of the last Step that ended a
@@ -815,7 +757,6 @@ func (p *Pool) retryDue(now time.Time) {
 // in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
-// With PoolConfig.WaitOnPoller it sleeps on a descriptor of its own.
 func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
 // WaitFor is Wait that also returns, true, after d at the latest: for an
@@ -826,9 +767,6 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 		return false
 	}
 	if len(p.fetches) == 0 && d < 0 {
-		if p.waiter != nil {
-			return p.sleep(ctx, -1)
-		}
 		return p.ctl.Wait(ctx)
 	}
 	wait := p.cfg.PollInterval
@@ -844,9 +782,6 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	// Retries are due on the caller's clock; measure from the last Step.
 	for _, f := range p.retrying {
 		wait = min(wait, max(0, f.retryAt.Sub(p.lastStep)))
-	}
-	if p.waiter != nil && wait >= preciseBelow {
-		return p.sleep(ctx, wait)
 	}
 	if wo, ok := p.ctl.(waiterOr); ok {
 		// No goroutine, no context: the loop may wait thousands of times
@@ -898,24 +833,6 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.ctl.Wait(wctx) {
 		return true
 	}
-	return ctx.Err() == nil
-}
-
-// sleep waits on p.waiter for d at most (d < 0: no timeout).
-func (p *Pool) sleep(ctx context.Context, d time.Duration) bool {
-	if done := ctx.Done(); done != nil {
-		// Woken when ctx ends: registered once per context, not per wait.
-		if done != p.wdone {
-			if p.wstop != nil {
-				p.wstop()
-			}
-			p.wdone, p.wstop = done, context.AfterFunc(ctx, p.waiter.Wake)
-		}
-		if ctx.Err() != nil {
-			return false
-		}
-	}
-	p.waiter.Wait(d)
 	return ctx.Err() == nil
 }
 
@@ -990,14 +907,6 @@ func (p *Pool) Close() *Results {
 	if p.ptimer != nil {
 		p.ptimer.Close()
 		p.ptimer = nil
-	}
-	if p.wstop != nil {
-		p.wstop()
-		p.wdone, p.wstop = nil, nil
-	}
-	if p.unhook != nil {
-		p.unhook()
-		p.waiter, p.unhook = nil, nil
 	}
 	p.publish()
 	return &p.res

@@ -512,18 +512,15 @@ func TestPoolWaitFor(t *testing.T) {
 	if real.WaitFor(idle, -1) {
 		t.Fatal("an idle Wait returned true with nothing to do")
 	}
-	// With WaitOnPoller over both real planes Wait sleeps on its own
-	// descriptor, which the context's end must wake too: first an idle Wait, then one with a
-	// fetch in flight (an address where nothing answers).
+	// Over both real planes the context's end wakes Wait too: first an
+	// idle Wait, then one with a fetch in flight (an address where nothing
+	// answers).
 	region := must(cache.NewRegion(cache.RegionConfig{Blocks: 4, BlockSize: 8, NoLock: true}))
 	defer region.Close()
 	tdata := must(transport.NewTCPData(transport.TCPConfig{Logger: quiet}, region))
 	defer tdata.Close()
-	hooked := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8, MaxWait: time.Hour, WaitOnPoller: true}, cli, tdata))
+	hooked := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8, MaxWait: time.Hour}, cli, tdata))
 	defer hooked.Close()
-	if hooked.waiter == nil {
-		t.Fatal("a Pool over transport.Client and TCPData does not sleep on its waiter")
-	}
 	for _, fetch := range []bool{false, true} {
 		if fetch {
 			if _, err := hooked.Fetch("tcp://127.0.0.1:1", "B", []int{0}, time.Now().Add(time.Hour), time.Now()); err != nil {

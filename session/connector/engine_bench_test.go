@@ -1,0 +1,575 @@
+package connector_test
+
+import (
+	"bufio"
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"syscall"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+var (
+	engineFor  = flag.Duration("engine.for", 2*time.Second, "how long BenchmarkEngine measures each phase")
+	engineWork = flag.Duration("engine.work", 200*time.Microsecond, "BenchmarkEngine: CPU work of each engine goroutine per step")
+)
+
+// engineItems is how many entries the engine benchmark's producer holds.
+const engineItems = 16
+
+// engine is an inference engine's step loop, for the library to run
+// beside: each step, its GOMAXPROCS goroutines do a fixed share of CPU
+// work (a parallel forward pass), and the loop calls the library once.
+// It counts its steps and the thread CPU time its shares took, so that
+// what the process used beyond them can be told apart.
+type engine struct {
+	iters   int   // loop iterations of one share
+	perNs   int64 // its thread CPU time, calibrated
+	helpers []chan struct{}
+	wg      sync.WaitGroup
+	steps   atomic.Int64
+	workNs  atomic.Int64
+	sink    atomic.Uint64
+}
+
+// newEngine starts an engine's helpers (GOMAXPROCS-1 of them; the
+// stepping goroutine takes a share too), with shares of about work each.
+func newEngine(work time.Duration) *engine {
+	e := &engine{}
+	// Calibrated on thread CPU time, which a loaded machine does not
+	// stretch.
+	const probe = 1 << 20
+	t0 := threadCPU()
+	e.spin(probe)
+	per := float64(threadCPU()-t0) / probe
+	e.iters = max(int(float64(work.Nanoseconds())/per), 1)
+	e.perNs = int64(float64(e.iters) * per)
+	for range runtime.GOMAXPROCS(0) - 1 {
+		c := make(chan struct{})
+		e.helpers = append(e.helpers, c)
+		go func() {
+			for range c {
+				e.share()
+				e.wg.Done()
+			}
+		}()
+	}
+	return e
+}
+
+func threadCPU() int64 {
+	var ts unix.Timespec
+	unix.ClockGettime(unix.CLOCK_THREAD_CPUTIME_ID, &ts)
+	return ts.Nano()
+}
+
+// spin is the work: n rounds of a xorshift, kept from the compiler.
+func (e *engine) spin(n int) {
+	x := uint64(n) | 1
+	for range n {
+		x ^= x << 13
+		x ^= x >> 7
+		x ^= x << 17
+	}
+	e.sink.Add(x)
+}
+
+// share does one goroutine's share of a step, timing its CPU on its
+// thread; when it was moved to another (preempted for the garbage
+// collector, say), the calibrated time stands in.
+func (e *engine) share() {
+	tid, t0 := unix.Gettid(), threadCPU()
+	e.spin(e.iters)
+	t1 := threadCPU()
+	if unix.Gettid() != tid {
+		t1 = t0 + e.perNs
+	}
+	e.workNs.Add(t1 - t0)
+}
+
+// step does one step's work on every goroutine and waits for all.
+func (e *engine) step() {
+	e.wg.Add(len(e.helpers))
+	for _, c := range e.helpers {
+		c <- struct{}{}
+	}
+	e.share()
+	e.wg.Wait()
+	e.steps.Add(1)
+}
+
+func (e *engine) close() {
+	for _, c := range e.helpers {
+		close(c)
+	}
+}
+
+// engineSnap is a process's engine and CPU counters at one moment.
+type engineSnap struct {
+	at          time.Time
+	steps       int64
+	cpuNs, work int64 // the process's user+system time; the engine's shares'
+}
+
+func (e *engine) snap() engineSnap {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return engineSnap{at: time.Now(), steps: e.steps.Load(), cpuNs: ru.Utime.Nano() + ru.Stime.Nano(), work: e.workNs.Load()}
+}
+
+func (s engineSnap) String() string {
+	return fmt.Sprintf("%d %d %d %d", s.at.UnixNano(), s.steps, s.cpuNs, s.work)
+}
+
+func parseSnap(line string) (engineSnap, error) {
+	var at int64
+	var s engineSnap
+	_, err := fmt.Sscanf(line, "%d %d %d %d", &at, &s.steps, &s.cpuNs, &s.work)
+	s.at = time.Unix(0, at)
+	return s, err
+}
+
+// enginePhase is what one process did between two snapshots.
+type enginePhase struct {
+	secs, steps, cpu, work float64 // cpu and work in seconds
+}
+
+func phaseOf(a, b engineSnap) enginePhase {
+	return enginePhase{secs: b.at.Sub(a.at).Seconds(), steps: float64(b.steps - a.steps),
+		cpu: float64(b.cpuNs-a.cpuNs) / 1e9, work: float64(b.work-a.work) / 1e9}
+}
+
+func (p enginePhase) add(q enginePhase) enginePhase {
+	return enginePhase{p.secs + q.secs, p.steps + q.steps, p.cpu + q.cpu, p.work + q.work}
+}
+
+// own is the CPU the engine itself used in phase f, judged by base (a phase
+// without fetches): its shares' time as measured, and per step what the
+// process used beyond its shares in base (the loop's hand-offs, the
+// library idling).
+func (base enginePhase) own(f enginePhase) float64 {
+	return f.work + f.steps*(base.cpu-base.work)/base.steps
+}
+
+// engineProducerMain is the second process of BenchmarkEngine: a Producer
+// stepped by an engine, with spec <blocks>x<bs>,<data>,<work ns>: it
+// serves engineItems entries; it prints its control endpoint, then a snapshot for each
+// line it reads, until its stdin closes.
+func engineProducerMain(spec string) int {
+	var blocks, bs int
+	var data string
+	var work time.Duration
+	if _, err := fmt.Sscanf(strings.ReplaceAll(spec, ",", " "), "%dx%d %s %d", &blocks, &bs, &data, &work); err != nil {
+		fmt.Fprintln(os.Stderr, "bad spec", spec, err)
+		return 2
+	}
+	region := must(cache.NewRegion(cache.RegionConfig{Blocks: engineItems * blocks, BlockSize: bs, NoLock: true, Shared: data == "shm"}))
+	entries := cache.NewEmbeddingCache(region.Blocks())
+	for i := range engineItems {
+		e := must(entries.Alloc(benchHash(i), blocks))
+		for j, b := range e.Blocks {
+			benchFill(region.Block(b), i, j)
+		}
+		entries.MarkReady(benchHash(i))
+	}
+	pdata := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
+	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
+	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries))
+	e := newEngine(work)
+	var stop atomic.Bool
+	done := make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() { // the engine: one Producer.Step per step
+		defer close(done)
+		if work == 0 { // an idle engine: the README's Serve
+			prod.Serve(ctx, nil)
+			return
+		}
+		for !stop.Load() {
+			prod.Step(time.Now())
+			e.step()
+		}
+	}()
+	echo := must(net.Listen("tcp", "127.0.0.1:0"))
+	go serveEcho(echo)
+	defer echo.Close()
+	fmt.Println(srv.Endpoint(), echo.Addr())
+	in := bufio.NewScanner(os.Stdin)
+	for in.Scan() {
+		fmt.Println(e.snap())
+	}
+	stop.Store(true)
+	cancel()
+	<-done
+	e.close()
+	prod.Close()
+	srv.Close()
+	pdata.Close()
+	region.Close()
+	return 0
+}
+
+// BenchmarkEngine runs the library beside an engine, as an engine embeds
+// it: in each of two processes an engine of GOMAXPROCS goroutines does
+// -engine.work of CPU work per goroutine per step, and its loop calls
+// Pool.Step (this process) or Producer.Step (the second) once per step,
+// never waiting. Fetches of 16 × 8 KiB (1,000/s) and of 1 × 4 MiB
+// (100/s) fall due at a fixed rate and are asked for at the next step;
+// over the TCP data plane (tcp) and the same-host copy (shm). Each runs
+// three phases of -engine.for (no fetches, fetches, no fetches) and
+// reports:
+//
+//   - steps/s-idle and steps/s: both engines' steps a second without and
+//     with the fetches;
+//   - cpu-µs/fetch: the CPU both processes used (getrusage) less the
+//     engines' own (their shares' thread CPU time, and per step the rest
+//     of what a step used without fetches), per fetch;
+//   - lost-µs/fetch: the engine steps lost to the fetches, at what a step
+//     cost without them, per fetch: above cpu-µs/fetch when the library
+//     costs the engines more than its CPU;
+//   - p50-µs, p99-µs: from when a fetch fell due to the step that saw it
+//     complete.
+//
+// waiting/<plane> is the same with idle engines: the consumer's loop
+// waits between steps (Pool.WaitFor until the next fetch is due, the
+// README's loop) and the producer runs Serve, so all the CPU beyond the
+// idle library's is the fetches'.
+//
+// Anchors, in the same run: memmove (the CPU of copying the same bytes,
+// cycling over the same number of entries); tcp-ping-pong (both
+// processes' CPU per 200-byte TCP round trip at 1,000/s, sleeping
+// between: what waking each side once costs on this machine); and
+// request → answer, one outstanding, back to back: sessions (a Pool
+// asking a Producer, idle engines, for an entry it does not hold) and
+// python-sessions (the reference's sessions doing the same, as
+// BenchmarkRequestAck's; it needs msgspec). b.N is ignored.
+//
+//	go test -run '^$' -bench Engine ./session/connector [-engine.for=2s]
+func BenchmarkEngine(b *testing.B) {
+	shapes := []struct {
+		name       string
+		blocks, bs int
+		rate       float64
+	}{{"16x8KiB", 16, 8 << 10, 1000}, {"1x4MiB", 1, 4 << 20, 100}}
+	for _, sh := range shapes {
+		for _, data := range []string{"tcp", "shm"} {
+			b.Run(sh.name+"/"+data, func(b *testing.B) {
+				engineRun(b, sh.blocks, sh.bs, data, sh.rate, *engineWork)
+			})
+			b.Run(sh.name+"/waiting/"+data, func(b *testing.B) {
+				engineRun(b, sh.blocks, sh.bs, data, sh.rate, 0)
+			})
+		}
+		b.Run(sh.name+"/memmove", func(b *testing.B) {
+			engineMemmove(b, sh.blocks, sh.bs)
+		})
+	}
+	b.Run("tcp-ping-pong", func(b *testing.B) { enginePingPong(b, shapes[0].rate) })
+	b.Run("request-answer/sessions", func(b *testing.B) { engineRun(b, 1, 4096, "missing", 0, 0) })
+	b.Run("request-answer/python-sessions", pySessions)
+}
+
+// startEngineProducer starts BenchmarkEngine's second process; it returns
+// its control endpoint, its echo address, and a function that takes its
+// snapshot.
+func startEngineProducer(b *testing.B, blocks, bs int, data string, work time.Duration) (string, string, func() engineSnap) {
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), fmt.Sprintf("ECXFER_ENGINE_PRODUCER=%dx%d,%s,%d", blocks, bs, data, work.Nanoseconds()))
+	cmd.Stderr = os.Stderr
+	stdin := must(cmd.StdinPipe())
+	stdout := must(cmd.StdoutPipe())
+	if err := cmd.Start(); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { stdin.Close(); cmd.Wait() })
+	out := bufio.NewReader(stdout)
+	line := func() string {
+		l, err := out.ReadString('\n')
+		if err != nil {
+			b.Fatalf("engine producer: %v", err)
+		}
+		return strings.TrimSpace(l)
+	}
+	addrs := strings.Fields(line())
+	remote := func() engineSnap {
+		io.WriteString(stdin, "snap\n")
+		s, err := parseSnap(line())
+		if err != nil {
+			b.Fatal(err)
+		}
+		return s
+	}
+	return addrs[0], addrs[1], remote
+}
+
+// serveEcho answers each 200 bytes with themselves: the ping-pong anchor.
+func serveEcho(ln net.Listener) {
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			buf := make([]byte, 200)
+			for {
+				if _, err := io.ReadFull(c, buf); err != nil {
+					return
+				}
+				if _, err := c.Write(buf); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// enginePingPong reports the CPU both processes use per 200-byte TCP round
+// trip at rate, sleeping between (a Go timer): what waking each side once
+// costs here.
+func enginePingPong(b *testing.B, rate float64) {
+	_, echo, remote := startEngineProducer(b, 1, 4096, "tcp", 0)
+	c := must(net.Dial("tcp", echo))
+	defer c.Close()
+	buf := make([]byte, 200)
+	e := newEngine(0)
+	defer e.close()
+	interval := time.Duration(float64(time.Second) / rate)
+	n := 0
+	run := func(d time.Duration) {
+		until := time.Now().Add(d)
+		for next := time.Now(); time.Now().Before(until); next = next.Add(interval) {
+			time.Sleep(time.Until(next))
+			c.Write(buf)
+			if _, err := io.ReadFull(c, buf); err != nil {
+				b.Fatal(err)
+			}
+			n++
+		}
+	}
+	run(*engineFor / 4)
+	r0, l0 := remote(), e.snap()
+	time.Sleep(*engineFor)
+	l1, r1, r2, l2 := e.snap(), remote(), remote(), e.snap()
+	n = 0
+	run(*engineFor)
+	l3, r3 := e.snap(), remote()
+	cb, pb, cf, pf := phaseOf(l0, l1), phaseOf(r0, r1), phaseOf(l2, l3), phaseOf(r2, r3)
+	lib := cf.cpu - cb.cpu*cf.secs/cb.secs + pf.cpu - pb.cpu*pf.secs/pb.secs
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(n)/cf.secs, "rtt/s")
+	b.ReportMetric(lib/float64(n)*1e6, "cpu-µs/rtt")
+}
+
+// engineMemmove reports the CPU of copying an entry's bytes between two
+// regions, cycling over engineItems sources as the fetches do.
+func engineMemmove(b *testing.B, blocks, bs int) {
+	src := must(cache.NewRegion(cache.RegionConfig{Blocks: engineItems * blocks, BlockSize: bs, NoLock: true}))
+	dst := must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: bs, NoLock: true}))
+	defer src.Close()
+	defer dst.Close()
+	n := blocks * bs
+	for i := range engineItems {
+		copy(dst.Bytes(), src.Bytes()[i*n:(i+1)*n])
+	}
+	const copies = 2000
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t0 := threadCPU()
+	for i := range copies {
+		copy(dst.Bytes(), src.Bytes()[i%engineItems*n:][:n])
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(threadCPU()-t0)/copies/1e3, "cpu-µs/fetch")
+}
+
+// engineRun is one shape over one data plane: see BenchmarkEngine.
+func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work time.Duration) {
+	waiting := work == 0
+	// "missing": request → answer, one outstanding, back to back: the
+	// producer holds no such entry and NACKs it.
+	missing := data == "missing"
+	if missing {
+		data = "tcp"
+	}
+	ep, _, remote := startEngineProducer(b, blocks, bs, data, work)
+	const slots = 64
+	pool, region := benchPool(b, slots*blocks, bs, data)
+	e := newEngine(work)
+	defer e.close()
+
+	free := make([]int, 0, slots)
+	for i := range slots {
+		free = append(free, i)
+	}
+	slotOf := map[string]int{}
+	dueOf := map[string]time.Time{}
+	var lat []time.Duration
+	fetches, failed, skipped, item := 0, 0, 0, 0
+	var interval time.Duration
+	if rate > 0 {
+		interval = time.Duration(float64(time.Second) / rate)
+	}
+	var due, until time.Time
+	ctx := context.Background()
+	want := make([]byte, bs)
+	// step is one engine step: the fetches due (when asking), Pool.Step,
+	// its outcomes, the work. record counts what it asks for and sees.
+	step := func(asking, record bool) {
+		now := time.Now()
+		for asking && !now.Before(due) && (!missing || len(slotOf) == 0) {
+			d := due
+			due = due.Add(interval)
+			h := benchHash(item % engineItems)
+			if missing {
+				d, h = now, "missing"
+			}
+			if _, busy := slotOf[h]; busy || len(free) == 0 {
+				skipped++
+				continue
+			}
+			s := free[len(free)-1]
+			ids := make([]int, blocks)
+			for j := range ids {
+				ids[j] = s*blocks + j
+			}
+			if _, err := pool.Fetch(ep, h, ids, now.Add(10*time.Second), now); err != nil {
+				b.Fatal(err)
+			}
+			item++
+			free = free[:len(free)-1]
+			slotOf[h], dueOf[h] = s, d
+			if record {
+				fetches++
+			}
+		}
+		r := pool.Step(now)
+		for _, d := range r.Completed {
+			if item <= engineItems { // every entry's bytes, in the warm-up
+				var i int
+				fmt.Sscanf(d.MMHash, "bench-%d", &i)
+				for j, blk := range d.Blocks {
+					benchFill(want, i, j)
+					if string(region.Block(blk)) != string(want) {
+						b.Fatalf("%s block %d: bytes differ", d.MMHash, j)
+					}
+				}
+			}
+			if record {
+				lat = append(lat, now.Sub(dueOf[d.MMHash]))
+			}
+			free = append(free, slotOf[d.MMHash])
+			delete(slotOf, d.MMHash)
+			delete(dueOf, d.MMHash)
+		}
+		for _, f := range r.Failed {
+			if missing && f.Reason == xfer.Nacked {
+				if record {
+					lat = append(lat, now.Sub(dueOf[f.MMHash]))
+				}
+				free = append(free, slotOf[f.MMHash])
+				delete(slotOf, f.MMHash)
+				delete(dueOf, f.MMHash)
+				continue
+			}
+			failed++
+			if f.BlocksHeld {
+				b.Fatalf("%s failed with its blocks held: %v", f.MMHash, f.Reason)
+			}
+			free = append(free, slotOf[f.MMHash])
+			delete(slotOf, f.MMHash)
+			delete(dueOf, f.MMHash)
+		}
+		if !waiting {
+			e.step()
+			return
+		}
+		// An idle engine waits for the library, or the next fetch due.
+		e.steps.Add(1)
+		switch {
+		case asking && missing:
+			if len(slotOf) > 0 {
+				pool.Wait(ctx)
+			}
+		case asking:
+			pool.WaitFor(ctx, max(0, time.Until(due)))
+		case len(slotOf) > 0:
+			pool.Wait(ctx)
+		default:
+			pool.WaitFor(ctx, max(0, time.Until(until)))
+		}
+	}
+	// run steps for d, asking for fetches if asking; settle steps until
+	// none is in flight.
+	run := func(d time.Duration, asking bool) {
+		until = time.Now().Add(d)
+		due = time.Now()
+		for time.Now().Before(until) {
+			step(asking, asking)
+		}
+	}
+	settle := func() {
+		for len(slotOf) > 0 {
+			step(false, false)
+		}
+	}
+	// Warm-up: connections, mappings, first touches; not recorded.
+	until = time.Now().Add(*engineFor / 4)
+	due = time.Now()
+	for time.Now().Before(until) {
+		step(true, false)
+	}
+	settle()
+	measure := func(asking bool) (enginePhase, enginePhase) {
+		r0, l0 := remote(), e.snap()
+		run(*engineFor, asking)
+		l1, r1 := e.snap(), remote()
+		settle()
+		return phaseOf(l0, l1), phaseOf(r0, r1)
+	}
+	cb1, pb1 := measure(false)
+	cf, pf := measure(true)
+	cb2, pb2 := measure(false)
+	cb, pb := cb1.add(cb2), pb1.add(pb2)
+	if failed > 0 || fetches == 0 {
+		b.Fatalf("%d fetches, %d failed", fetches, failed)
+	}
+	b.Logf("consumer: without fetches %+v, with %+v; producer: %+v, %+v", cb, cf, pb, pf)
+	lib := (cf.cpu - cb.own(cf)) + (pf.cpu - pb.own(pf))
+	if waiting { // all but the idle library's CPU is the fetches'
+		lib = cf.cpu - cb.cpu*cf.secs/cb.secs + pf.cpu - pb.cpu*pf.secs/pb.secs
+	}
+	lost := (cb.steps/cb.secs-cf.steps/cf.secs)*cb.cpu/cb.steps + (pb.steps/pb.secs-pf.steps/pf.secs)*pb.cpu/pb.steps
+	perSec := float64(fetches) / cf.secs
+	slices.Sort(lat)
+	b.ReportMetric(0, "ns/op")
+	if !waiting {
+		b.ReportMetric(cb.steps/cb.secs+pb.steps/pb.secs, "steps/s-idle")
+		b.ReportMetric(cf.steps/cf.secs+pf.steps/pf.secs, "steps/s")
+		b.ReportMetric(lost/perSec*1e6, "lost-µs/fetch")
+	}
+	b.ReportMetric(perSec, "fetches/s")
+	b.ReportMetric(lib/float64(fetches)*1e6, "cpu-µs/fetch")
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+	if skipped > 0 {
+		b.ReportMetric(float64(skipped), "skipped")
+	}
+}
