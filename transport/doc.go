@@ -108,8 +108,8 @@
 // that cannot prove the region is its own: metadata from another host
 // naming a local producer's file gets a random challenge, and TCP. The
 // check relies on loads not passing older loads, so it is used on amd64
-// only. A READ under 256 KiB is copied on the caller's goroutine; larger
-// ones on the peer's copy goroutine; a READ of 2 MiB or more on
+// only. A lone small READ is copied on the caller's goroutine; large ones,
+// and bursts, on the peer's copy goroutine; a READ of 2 MiB or more on
 // TCPConfig.CopyWorkers goroutines started for it, which leave when it is
 // done: nothing spins or lingers. In one process a consumer reads the
 // producer's region through the producer's own mapping

@@ -3,6 +3,7 @@ package transport
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -238,3 +239,8 @@ func (p *peer) tryNotes(notes [][]byte) bool {
 	}
 	return false
 }
+
+// fastBurst: a READ posted within this of the previous one to its peer is
+// part of a burst (a step that took many acks), which the copy goroutine
+// copies while the step goes on; a lone one is copied at once.
+const fastBurst = 50 * time.Microsecond

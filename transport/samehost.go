@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
+	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -74,7 +75,8 @@ type sharedPeer struct {
 	verified  atomic.Bool    // a welcome carried it
 	populates bool           // our mapping is new: fault its pages in ahead of the copies
 	unmap     func()
-	copies    chan *readOp // large READs, for the copy goroutine
+	copies    chan *readOp // large READs, and bursts, for the copy goroutine
+	lastPost  time.Time    // of the last READ copied, under d.mu: bursts
 }
 
 // proof is the welcome's answer to a challenge from the token's owner.
@@ -94,10 +96,9 @@ func (sh *sharedPeer) verify(got []byte) {
 }
 
 // route says whether op is copied out of the region, and on which
-// goroutine: a READ under copyOnCallerMax on the caller's (in a busy
-// engine no core waits idle for a hand-off, and a copy handed to another
-// goroutine waited behind the engine's for a processor), larger ones on
-// the copy goroutine, off the caller's loop. Called with d.mu.
+// goroutine: a small READ that comes alone on the caller's (latency),
+// large ones and bursts (a step that took many acks) on the copy
+// goroutine, off the caller's loop. Called with d.mu.
 func (sh *sharedPeer) route(op *readOp) int {
 	if !checkAfterCopy || !sh.verified.Load() || len(sh.table) == 0 {
 		return viaSocket
@@ -106,7 +107,10 @@ func (sh *sharedPeer) route(op *readOp) int {
 	if g == 0 || sh.table[g%uint64(len(sh.table))].Load() != g {
 		return viaSocket
 	}
-	if op.n*op.peer.d.region.BlockSize() < copyOnCallerMax {
+	now := time.Now()
+	burst := now.Sub(sh.lastPost) < fastBurst
+	sh.lastPost = now
+	if op.n*op.peer.d.region.BlockSize() < copyOnCallerMax && !burst {
 		return viaBoard
 	}
 	if len(sh.copies) == cap(sh.copies) {
@@ -184,8 +188,8 @@ func (p *peer) startShared() {
 	go p.copier()
 }
 
-// copier copies large READs under published grants, and sends their
-// notifications once those queued are copied, in one write.
+// copier copies large READs, and bursts, under published grants, and sends
+// their notifications once a burst is copied, in one write.
 func (p *peer) copier() {
 	defer p.d.wg.Done()
 	defer p.readers.Done()
