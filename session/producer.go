@@ -796,7 +796,7 @@ func (p *ProducerSession) drainNotifs() {
 			continue
 		}
 		if cs.agent == "" {
-			p.lock() // Authorize reads it
+			p.lock()           // Authorize reads it
 			cs.agent = n.Agent // the first READ tells which agent is this session's
 			p.unlock()
 		}
