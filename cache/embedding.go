@@ -88,6 +88,7 @@ type EmbeddingCache struct {
 	notReady  int
 	pinned    int
 	evictions uint64
+	maxSave   int // the most blocks an Alloc asked for
 }
 
 // NewEmbeddingCache returns a cache of numBlocks blocks, ids 0..numBlocks-1.
@@ -119,6 +120,7 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	if n < 0 || n > c.capacity {
 		return Entry{}, fmt.Errorf("%w: %d blocks asked, capacity %d", ErrTooLarge, n, c.capacity)
 	}
+	c.maxSave = max(c.maxSave, n)
 	if len(c.free)+c.evictable < n {
 		return Entry{}, ErrNoSpace
 	}
@@ -271,6 +273,16 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 		return Entry{}, false
 	}
 	return e.snapshot(), true
+}
+
+// Room returns how many blocks a save could have now (the free ones and
+// those of ready, unpinned entries, which Alloc evicts) and the most
+// blocks a save has asked for so far: a producer refuses pins beyond a
+// consumer's share only when they would leave no room for such a save.
+func (c *EmbeddingCache) Room() (room, largestSave int) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.free) + c.evictable, c.maxSave
 }
 
 // HasHeldEntries reports whether any entry is not ready or pinned.

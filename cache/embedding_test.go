@@ -324,3 +324,27 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("blocks do not add up: %+v", st)
 	}
 }
+
+// Room counts the free blocks and those a save would evict, and
+// remembers the largest save asked for, even one refused.
+func TestRoom(t *testing.T) {
+	c := NewEmbeddingCache(10)
+	if room, save := c.Room(); room != 10 || save != 0 {
+		t.Fatalf("empty: room %d, largest save %d", room, save)
+	}
+	mustAlloc(t, c, "a", 3) // not ready: no room of a save's
+	mustAlloc(t, c, "b", 4)
+	mustReady(t, c, "b")
+	if room, save := c.Room(); room != 7 || save != 4 {
+		t.Fatalf("room %d, largest save %d; want 7, 4", room, save)
+	}
+	if err := c.Pin("b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Alloc("c", 5); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("save of 5 with 3 free: %v", err)
+	}
+	if room, save := c.Room(); room != 3 || save != 5 {
+		t.Fatalf("pinned: room %d, largest save %d; want 3, 5", room, save)
+	}
+}

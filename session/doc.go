@@ -40,8 +40,8 @@
 // a request sent on its own connection only, and none is duplicated.
 // Neither producer answers a request twice: vLLM's answers every request
 // it can decode, in order; ours the same, except that it drops, never
-// answering, a request that waited too long or that its backlog or its
-// control plane refused.
+// answering, a request that its backlog or its control plane refused (one
+// that waited too long is answered NACK_NOT_READY).
 //
 // The consumer session keeps the requests it sent and has not seen
 // answered, in the order it sent them. Each names its attempt
@@ -185,9 +185,11 @@
 //     grant.
 //
 //  10. One session, and one control-plane identity, pins at most
-//     MaxPinnedShare of the cache and holds at most MaxGrantsPerEntry
-//     grants of one entry (NACK_NOT_READY beyond either, which consumers
-//     retry); requests older than MaxRequestAge are dropped.
+//     MaxPinnedShare of the cache while a pin beyond it would leave no
+//     room for a save, and holds at most MaxGrantsPerEntry grants of one
+//     entry (NACK_NOT_READY beyond either, which consumers retry);
+//     requests older than MaxRequestAge are answered NACK_NOT_READY, not
+//     granted.
 //
 //  11. The consumer sends connector_version explicitly, its agent name and
 //     an attempt number; it posts a READ, and trusts its completion, only

@@ -54,14 +54,20 @@ type ProducerConfig struct {
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
 	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. A request over it is answered
-	// NACK_NOT_READY, which consumers retry after a backoff. Default 0.5.
+	// and make every save fail. It applies under pressure only: a request
+	// over it is answered NACK_NOT_READY, which consumers retry after a
+	// backoff, when its pin would leave less room than the largest save
+	// yet (cache.EmbeddingCache.Room), or this entry's size, asks for;
+	// while the cache has that room it is granted. Default 0.5.
 	MaxPinnedShare float64
-	// MaxRequestAge drops requests that waited longer than this between
-	// their arrival (Message.At) and their turn: their consumer has given up
-	// (its ack timeout, 2 s by default) and a grant would only pin blocks
-	// for nobody. Dropped, not answered: a late answer would be taken for
-	// the answer to the consumer's next attempt. Default 2 s.
+	// MaxRequestAge refuses requests that waited longer than this between
+	// their arrival (Message.At) and their turn: their consumer may have
+	// given up (its ack timeout, 2 s by default), and a grant would pin
+	// blocks for nobody. They are answered NACK_NOT_READY, which a
+	// consumer still waiting retries at once instead of waiting out its
+	// ack timeout; a Go consumer that gave up drops the answer by its
+	// attempt, and a vLLM consumer takes it for its current attempt's,
+	// which it then retries. Default 2 s.
 	MaxRequestAge time.Duration
 	Logger        *slog.Logger // nil: slog.Default()
 	// Rand seeds the source of grant tokens; nil: crypto/rand. Simulations
@@ -79,7 +85,7 @@ type ProducerStats struct {
 	Completions   uint64 // grants ended by their notification
 	UnknownNotifs uint64 // notifications matching no grant (late, foreign)
 	ForeignNotifs uint64 // notifications from an agent the grant is not bound to
-	Stale         uint64 // requests dropped for waiting past MaxRequestAge
+	Stale         uint64 // requests refused (NACK_NOT_READY) for waiting past MaxRequestAge
 	OverPinned    uint64 // requests refused by the pinned-block shares
 	BadNotifs     uint64 // notifications that are not UTF-8
 	Expired       uint64 // grants ended by the lease
@@ -281,10 +287,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 }
 
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
-	if !m.At.IsZero() && now.Sub(m.At) > p.maxAge {
-		p.stats.Stale++
-		return
-	}
+	stale := !m.At.IsZero() && now.Sub(m.At) > p.maxAge
 	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
 		p.log.Warn("ec producer: malformed XferReq", "err", err)
@@ -301,7 +304,18 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		return
 	}
 	p.stats.Requests++
-	g := p.grantOrNack(&p.req, m.Identity, now)
+	var g *grant
+	if stale {
+		// Its consumer may have given up: no grant, whose pin would wait
+		// out a lease for nobody. But an answer, retryable, so that one
+		// still waiting need not wait out its ack timeout; a Go consumer
+		// that gave up drops it by its attempt.
+		p.stats.Stale++
+		p.ack = wire.XferAck{MMHash: string(p.req.MMHash), Status: wire.NackNotReady, Attempt: p.req.Attempt}
+		p.stats.Nacks[wire.NackNotReady]++
+	} else {
+		g = p.grantOrNack(&p.req, m.Identity, now)
+	}
 	p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 	if err := out.Reply(m.Identity, p.buf); err != nil {
 		p.stats.ReplyErrors++
@@ -394,13 +408,19 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
 	// The shares count the blocks a session (and an identity) keeps
-	// pinned: a second grant of an entry it holds adds none.
+	// pinned: a second grant of an entry it holds adds none. They bite
+	// only under pressure: while a save the size of the largest yet (or
+	// of this entry) still finds room, a pin over a share costs nobody
+	// (a consumer's pins outlive its READs by the notification's way back,
+	// so a share counts READs that are done).
 	n := len(entry.Blocks)
 	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
-		p.unpin(entry.Key)
-		p.stats.OverPinned++
-		// Retryable: the consumer backs off until its own grants end.
-		return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
+		if room, save := p.cache.Room(); room < max(save, n) {
+			p.unpin(entry.Key)
+			p.stats.OverPinned++
+			// Retryable: the consumer backs off until its own grants end.
+			return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
+		}
 	}
 	var key string
 	if len(same) > 0 {
@@ -796,7 +816,7 @@ func (p *ProducerSession) drainNotifs() {
 			continue
 		}
 		if cs.agent == "" {
-			p.lock() // Authorize reads it
+			p.lock()           // Authorize reads it
 			cs.agent = n.Agent // the first READ tells which agent is this session's
 			p.unlock()
 		}
