@@ -517,17 +517,20 @@ func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, statu
 	x.ended = true
 }
 
-// PeerDown handles the producer's death: transfers waiting for an ack become
-// Retryable (reason PeerDown); READs in progress are quarantined, since the
-// data plane may still write into their blocks. Quarantined transfers keep
-// being followed by Poll until they settle. The connection is over: no
-// request sent on it will be answered, so the session forgets them. Send
-// no more requests through it; a new connection needs a new session.
+// PeerDown handles the death of the control connection to the producer:
+// transfers waiting for an ack become Retryable (reason PeerDown). READs in
+// progress run on, on their data connection, and Poll follows them to
+// their end as before: a READ that completes within its grant's lease is
+// Completed, one that fails is Tombstoned (its blocks are free), one past
+// its deadline is Quarantined. The connection is over: no request sent on
+// it will be answered, so the session forgets them. Send no more requests
+// through it; a new connection needs a new session.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
 	}
 	c.forgetSent(c.unanswered()) // none will be answered on this connection
+	kept := c.active[:0]
 	for _, x := range c.active {
 		if x.ended {
 			c.spare = append(c.spare, x)
@@ -536,16 +539,15 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 		if x.moved {
 			continue
 		}
-		switch x.PeerDown(now) {
-		case xfer.AckTimeout:
+		if x.PeerDown(now) == xfer.AckTimeout {
 			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.Quarantined:
-			c.enterQuarantine(x)
+			continue
 		}
+		kept = append(kept, x) // reading
 	}
-	clear(c.active)
-	c.active = c.active[:0]
+	clear(c.active[len(kept):])
+	c.active = kept
 }
 
 // TakeResults appends the outcomes since the last call to r and forgets

@@ -220,9 +220,10 @@
 //     against 14 a block), when the descriptor describes one.
 //
 // Also: every deadline comes from the caller's now (the reference mixes in
-// its own monotonic clock); peer death quarantines READs with a real
-// quarantine deadline (in the reference they never settle); a reply the
-// control plane refuses releases the grant's pin at once instead of holding
-// it for a whole lease; results are slices in event order, reusable across
-// steps, and carry the blocks and the reason.
+// its own monotonic clock); at a control connection's death READs run on
+// to their end on their data connections, and one that completes is a
+// completed fetch (in the reference they are quarantined and never
+// settle); a reply the control plane refuses releases the grant's pin at
+// once instead of holding it for a whole lease; results are slices in
+// event order, reusable across steps, and carry the blocks and the reason.
 package session

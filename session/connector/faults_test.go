@@ -470,3 +470,34 @@ func TestProcessFaults(t *testing.T) {
 		noPins(t, w.prod)
 	})
 }
+
+// A control connection reset while READs run on a healthy data
+// connection: the READs run on to their end, and every one that completes
+// is a completed fetch. The data connection is slowed so that most of the
+// round's READs are under way when the control connection goes.
+func TestControlResetLetsReadsFinish(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a second of real-socket faults")
+	}
+	w := newFaultWorld(t)
+	w.data.SetRate(1 << 20)
+	var deathAt int
+	w.round(1, func() {
+		deathAt = w.completedThisRound
+		w.ctl.Reset()
+	})
+	if w.pool.Stats().PeerDeaths == 0 {
+		t.Fatal("the reset was not noticed: the test did not exercise the case")
+	}
+	if w.failed != 0 || w.completedThisRound != faultItems {
+		t.Fatalf("%d of %d completed, %d failed (%v); %d had completed at the reset",
+			w.completedThisRound, faultItems, w.failed, w.why, deathAt)
+	}
+	if deathAt > faultItems/2 {
+		t.Fatalf("%d of %d had completed at the reset: too few READs under way", deathAt, faultItems)
+	}
+	t.Logf("%d completed at the reset; %s", deathAt, w.costs())
+	w.data.SetRate(0)
+	w.round(0, nil)
+	w.finish()
+}

@@ -221,8 +221,9 @@ type peer struct {
 
 // Pool fetches entries from producers: it owns one ConsumerSession per
 // producer address over a shared control-plane client and data plane,
-// retries what may succeed later, and keeps sessions whose READs are in
-// quarantine alive until they settle, so no block is ever leaked. It is
+// retries what may succeed later, and keeps the sessions of dead control
+// connections alive while their READs run (a READ that completes is a
+// completed fetch) or sit in quarantine, so no block is ever leaked. It is
 // driven by Step and not safe for concurrent use.
 type Pool struct {
 	cfg   PoolConfig
@@ -233,7 +234,8 @@ type Pool struct {
 	ids   io.Reader
 	peers map[string]*peer
 	order []*peer // the live sessions, in creation order: steps are deterministic
-	// draining holds sessions of dead producers with READs in quarantine.
+	// draining holds the sessions of dead control connections whose READs
+	// run on, or sit in quarantine.
 	draining   []*peer
 	fetches    map[string]*fetch
 	retrying   []*fetch
@@ -609,12 +611,14 @@ func fit[T any](s []T, lately int) []T {
 }
 
 // Sessions returns how many producer sessions the pool holds: live ones,
-// and those of dead producers still following quarantined READs.
+// and those of dead control connections still following their READs.
 func (p *Pool) Sessions() int { return len(p.order) + len(p.draining) }
 
 // peerDown moves the producer's session out of the pool: waiting transfers
-// become retryable, READs go to quarantine and are followed until they
-// settle; the next fetch to addr starts a new session on a new socket.
+// become retryable; READs run on, on their data connections, and are
+// followed to their end, a READ that completes a completed fetch (a
+// control connection that broke says nothing of the data's); the next
+// fetch to addr starts a new session on a new socket.
 func (p *Pool) peerDown(addr string, now time.Time) {
 	pe := p.peers[addr]
 	if pe == nil {
