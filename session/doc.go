@@ -114,6 +114,21 @@
 // (ForeignNotifs), its grants ending by lease. After it, another agent's
 // is refused.
 //
+// A data plane that serves READs through the session's gate (the TCP
+// plane) also tells it of READs it served that cannot complete: their
+// connection closed before the consumer confirmed every byte. Such a
+// report ends the grant it names with its token, if it is still live and
+// bound to the READ's agent, at the next Poll (BrokenReads), instead of at
+// its lease: the consumer, whose READ failed, asks anew for a new grant.
+// It is safe to unpin then: the plane wrote every byte of that READ out
+// of the region before it saw the connection close (it holds the entry
+// while it writes), a consumer that did get them all keeps them whatever
+// becomes of the blocks, a push of the grant keeps its own hold until its
+// bytes are out, and a same-host copy under the grant sees it retired
+// from the board and drops what it copied. A report naming no grant, or
+// without its token, ends nothing: a bare key would name the oldest
+// grant of the key, maybe not the READ's.
+//
 // The session relies on its control plane for one thing it cannot check:
 // that a reply read off a connection never reaches the session that
 // replaced it. transport.Client hands over nothing of a connection once

@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -98,6 +99,10 @@ type ProducerStats struct {
 	DescBytes     uint64 // the bytes of those descriptors
 	ShapesSent    uint64 // OK acks that carried the region's shape instead
 	BadTokens     uint64 // notifications naming a live grant without its token
+	// BrokenReads are grants ended before their lease because the data
+	// plane served their READ on a connection that closed before the
+	// consumer confirmed it (plane.Attachment.Broken).
+	BrokenReads uint64
 }
 
 type consumerState struct {
@@ -279,6 +284,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 		p.handle(&msgs[i], now, out)
 	}
 	p.drainNotifs()
+	p.drainBroken()
 	p.sweep(now)
 	p.reapHeld()
 	if p.driven != nil {
@@ -825,6 +831,38 @@ func (p *ProducerSession) drainNotifs() {
 		p.endGrant(g)
 	}
 	clear(p.notifs) // drop references to the messages
+}
+
+// drainBroken ends the grants whose READ the data plane served on a
+// connection that closed before the consumer confirmed every byte: that
+// READ cannot complete, and the consumer asks anew (a new grant) if it
+// wants the entry. Only a grant the notification names with its token
+// (a Go consumer's), bound to the READ's agent, ends: a bare key would
+// name the oldest grant of the key, maybe not the READ's. The pin may
+// go at once: every byte served left the region before the connection's
+// end was seen (the plane holds the entry while it writes), and a push
+// or a READ still being served keeps its own hold.
+func (p *ProducerSession) drainBroken() {
+	if p.att == nil {
+		return
+	}
+	p.notifs = p.att.Broken(p.notifs[:0])
+	for i := range p.notifs {
+		n := &p.notifs[i]
+		if _, _, tok, ok := wire.SplitNotifGrant(n.Msg); !ok || tok.IsZero() {
+			continue
+		}
+		g, _ := p.lookup(n.Msg)
+		if g == nil {
+			continue // ended already: by its notification, its lease, or another READ's end
+		}
+		if want := cmp.Or(g.agent, g.cs.agent); want != "" && n.Agent != want {
+			continue
+		}
+		p.stats.BrokenReads++
+		p.endGrant(g)
+	}
+	clear(p.notifs)
 }
 
 // NextDeadline returns when the first lease runs out, for a loop that

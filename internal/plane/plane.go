@@ -10,6 +10,8 @@
 // and calls none of its hooks, so a session that replaces it starts clean.
 package plane
 
+import "github.com/ecxfer/ecxfer/xfer"
+
 // Gate is the producer session's side: it decides which READs are served.
 type Gate interface {
 	// Authorize checks a READ asked for by agent (a label for logs) under
@@ -55,6 +57,13 @@ type Attachment interface {
 	// they arrive; f reports whether it did (else the plane signals its
 	// loop). nil removes it.
 	OnNotify(f func() bool)
+	// Broken appends to dst, and forgets, the notifications of READs the
+	// plane served through this attachment's gate that cannot complete:
+	// their connection closed before the consumer confirmed that every
+	// byte landed. Every byte had left the region (or never will) by
+	// then: the session may end their grants at once instead of at the
+	// lease. The hook is run when some are queued.
+	Broken(dst []xfer.Notif) []xfer.Notif
 	// Detach ends the attachment: the board is cleared, connections
 	// forget the consumers they served, the hook is removed.
 	Detach()
