@@ -103,6 +103,7 @@ type ProducerStats struct {
 	// plane served their READ on a connection that closed before the
 	// consumer confirmed it (plane.Attachment.Broken).
 	BrokenReads uint64
+	Contacts    uint64 // contact requests answered (wire.XferReq.Contact)
 }
 
 type consumerState struct {
@@ -172,9 +173,10 @@ type ProducerSession struct {
 	// Per consumer session: its live grants, and whether it has completed
 	// a READ since our agent metadata last changed (then it has registered
 	// our agent, and acks can leave the mem descriptor out).
-	consumers map[string]*consumerState
-	idents    map[string]int // blocks pinned per control-plane identity
-	lastMeta  []byte
+	consumers  map[string]*consumerState
+	idents     map[string]int // blocks pinned per control-plane identity
+	lastMeta   []byte
+	metaDigest uint64 // wire.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
 	// The shape of the data plane's descriptor (shapeOf), if it is one.
 	shapeOf   []byte
 	shape     wire.Blocks
@@ -276,6 +278,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
 		// A new incarnation of our agent: every consumer registers anew.
 		p.lastMeta = append(p.lastMeta[:0], meta...)
+		p.metaDigest = wire.MetaDigest(p.lastMeta)
 		for _, c := range p.consumers {
 			c.confirmed = false
 		}
@@ -385,6 +388,17 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	if p.draining {
 		return nack(wire.NackInternal, "ec producer: draining; NACK")
 	}
+	if req.Contact {
+		// Only the data-plane contact: what a first OK ack would carry,
+		// without a grant.
+		p.stats.Contacts++
+		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: wire.OK, SessionID: string(req.SessionID),
+			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt}
+		if !p.known(req.Known) {
+			p.describe(req.AcceptsShape)
+		}
+		return nil
+	}
 	cs := p.consumers[string(req.SessionID)]
 	if cs != nil && len(req.Agent) > 0 && cs.agent != "" && string(req.Agent) != cs.agent {
 		// A session's READs come from one agent: another claiming it is
@@ -477,17 +491,29 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
-	if !cs.confirmed {
-		if shape, ok := p.regionShape(req.AcceptsShape); ok {
-			p.ack.Shape = shape
-			p.stats.ShapesSent++
-		} else {
-			p.ack.MemDescriptor = p.data.MemDescriptor()
-			p.stats.DescsSent++
-			p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
-		}
+	if !cs.confirmed && !p.known(req.Known) {
+		p.describe(req.AcceptsShape)
 	}
 	return g
+}
+
+// known reports whether a request's ecx_known names our agent metadata as
+// it is: the consumer has it registered.
+func (p *ProducerSession) known(digest uint64) bool {
+	return digest != 0 && len(p.lastMeta) > 0 && digest == p.metaDigest
+}
+
+// describe puts the region's shape, when the consumer takes one, or else
+// the mem descriptor into p.ack.
+func (p *ProducerSession) describe(acceptsShape bool) {
+	if shape, ok := p.regionShape(acceptsShape); ok {
+		p.ack.Shape = shape
+		p.stats.ShapesSent++
+		return
+	}
+	p.ack.MemDescriptor = p.data.MemDescriptor()
+	p.stats.DescsSent++
+	p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
 }
 
 // regionShape returns, when the consumer accepts shapes, the shape the
