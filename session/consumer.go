@@ -100,6 +100,7 @@ type ConsumerSession struct {
 	agentMeta  []byte
 	known      uint64 // wire.MetaDigest(agentMeta), sent while registered (ecx_known)
 	contact    contact
+	replied    bool // a reply answered one of our requests
 
 	byHash      map[string]*cxfer // active and quarantined
 	active      []*cxfer          // in start order
@@ -290,11 +291,12 @@ func (c *ConsumerSession) Contacted() (done bool, st wire.Status, err error) {
 // ack (or a contact answer) registered it.
 func (c *ConsumerSession) Registered() (xfer.Peer, bool) { return c.agent, c.registered }
 
-// Probing reports whether a request is unanswered while the producer is
-// not registered: its answer will register it, and connector.Pool holds
-// the other requests to that producer until then, so that the producer
-// sends its region's description once, not once per request.
-func (c *ConsumerSession) Probing() bool { return !c.registered && c.unanswered() > 0 }
+// Probing reports whether the session's first request (or contact) is
+// unanswered: its answer, if it is an OK ack, registers the producer, and
+// connector.Pool holds the other requests to that producer until then, so
+// that the producer sends its region's description once, not once per
+// request.
+func (c *ConsumerSession) Probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
 
 // answered handles the reply to the contact request: ack is its decoded
 // answer, or nil for one that does not decode.
@@ -350,6 +352,7 @@ func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) (*cxfer, uint64)
 		}
 	}
 	answered := q[i].attempt
+	c.replied = true
 	c.forgetSent(i + 1)
 	x := c.byHash[string(mmHash)]
 	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {

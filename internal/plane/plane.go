@@ -10,7 +10,11 @@
 // and calls none of its hooks, so a session that replaces it starts clean.
 package plane
 
-import "github.com/ecxfer/ecxfer/xfer"
+import (
+	"context"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
 
 // Gate is the producer session's side: it decides which READs are served.
 type Gate interface {
@@ -67,4 +71,34 @@ type Attachment interface {
 	// Detach ends the attachment: the board is cleared, connections
 	// forget the consumers they served, the hook is removed.
 	Detach()
+}
+
+// Contacter is a data plane that can make contact with a producer it has
+// registered ahead of the first READ, so that the first fetch pays for no
+// set-up: the TCP plane's connections, their hello and welcome (with the
+// same-host proof, and the mapped region's pages faulted in), NIXL's
+// loading of the producer's metadata and its connection.
+type Contacter interface {
+	// Contact makes the contact with the registered producer agent and
+	// waits until it is made, it failed, or ctx ended.
+	Contact(ctx context.Context, agent string) error
+}
+
+// contacters are the data planes' packages' ways to a Contacter, each
+// registered in its package's init: the planes' own types keep no method
+// for it in their public API.
+var contacters []func(data any) Contacter
+
+// RegisterContacter adds a way to a data plane's Contacter: f returns it
+// for a data plane of its package, else nil. For init functions only.
+func RegisterContacter(f func(data any) Contacter) { contacters = append(contacters, f) }
+
+// ContacterOf returns data's Contacter, or nil when it has none.
+func ContacterOf(data any) Contacter {
+	for _, f := range contacters {
+		if c := f(data); c != nil {
+			return c
+		}
+	}
+	return nil
 }
