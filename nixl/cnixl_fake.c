@@ -33,6 +33,7 @@ struct xfer {
 struct remote {
 	char *name;
 	size_t ndescs;
+	int connected; /* cnixl_make_connection was called for it */
 };
 
 struct cnixl_agent {
@@ -243,10 +244,36 @@ static int load_remote(cnixl_agent *a, const void *md, size_t mdlen, size_t ndes
 	a->remotes = realloc(a->remotes, (a->nremotes + 1) * sizeof *a->remotes);
 	a->remotes[a->nremotes].name = n;
 	a->remotes[a->nremotes].ndescs = ndescs;
+	a->remotes[a->nremotes].connected = 0;
 	a->nremotes++;
 	pthread_mutex_unlock(&g_mu);
 	*name = dupstr(n);
 	return CNIXL_SUCCESS;
+}
+
+int cnixl_make_connection(cnixl_agent *a, const char *name) {
+	pthread_mutex_lock(&g_mu);
+	for (int i = 0; i < a->nremotes; i++) {
+		if (strcmp(a->remotes[i].name, name) == 0) {
+			a->remotes[i].connected = 1;
+			pthread_mutex_unlock(&g_mu);
+			return CNIXL_SUCCESS;
+		}
+	}
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_ERR_NOT_FOUND;
+}
+
+int cnixl_fake_connected(cnixl_agent *a, const char *name) {
+	int c = 0;
+	pthread_mutex_lock(&g_mu);
+	for (int i = 0; i < a->nremotes; i++) {
+		if (strcmp(a->remotes[i].name, name) == 0) {
+			c = a->remotes[i].connected;
+		}
+	}
+	pthread_mutex_unlock(&g_mu);
+	return c;
 }
 
 int cnixl_remove_remote(cnixl_agent *a, const char *name) {
