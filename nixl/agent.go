@@ -546,7 +546,9 @@ func (a *Agent) contact(ctx context.Context, key string) error {
 type agentContact struct{ a *Agent }
 
 // Contact implements plane.Contacter.
-func (c agentContact) Contact(ctx context.Context, agent string) error { return c.a.contact(ctx, agent) }
+func (c agentContact) Contact(ctx context.Context, agent string) error {
+	return c.a.contact(ctx, agent)
+}
 
 func init() {
 	plane.RegisterContacter(func(data any) plane.Contacter {
