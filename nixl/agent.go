@@ -545,8 +545,9 @@ func (a *Agent) contact(ctx context.Context, key string) error {
 // agentContact is an Agent's plane.Contacter.
 type agentContact struct{ a *Agent }
 
-// Contact implements plane.Contacter.
-func (c agentContact) Contact(ctx context.Context, agent string) error {
+// Contact implements plane.Contacter. A producer over NIXL makes no
+// contact grant (it does not attach), so notif is nil.
+func (c agentContact) Contact(ctx context.Context, agent string, _ []byte) error {
 	return c.a.contact(ctx, agent)
 }
 

@@ -28,14 +28,14 @@ func TestContactBeforeTheFirstRead(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				if err := c.Contact(ctx, "nobody"); !errors.Is(err, xfer.ErrUnknownPeer) {
+				if err := c.Contact(ctx, "nobody", nil); !errors.Is(err, xfer.ErrUnknownPeer) {
 					t.Fatalf("contact with an unknown peer: %v", err)
 				}
 				peer, err := cdata.AddRemotePeer(pdata.AgentMetadata(), pdata.MemDescriptor())
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := c.Contact(ctx, peer.Agent); err != nil {
+				if err := c.Contact(ctx, peer.Agent, nil); err != nil {
 					t.Fatal(err)
 				}
 				if !cdata.fakeConnected(peer.Agent) {
@@ -51,7 +51,7 @@ func TestContactBeforeTheFirstRead(t *testing.T) {
 				}
 				cdata.Release(h)
 				cdata.Close()
-				if err := c.Contact(ctx, peer.Agent); !errors.Is(err, xfer.ErrClosed) {
+				if err := c.Contact(ctx, peer.Agent, nil); !errors.Is(err, xfer.ErrClosed) {
 					t.Fatalf("contact on a closed agent: %v", err)
 				}
 			})

@@ -248,6 +248,7 @@ type contact struct {
 	done     bool
 	status   wire.Status
 	err      error
+	notif    []byte // the contact grant's notification, when the answer made one
 }
 
 // Errors of a contact request (Contacted).
@@ -315,8 +316,16 @@ func (c *ConsumerSession) answered(ack *wire.AckView) {
 		if _, err := c.register(ack); err != nil {
 			k.err = fmt.Errorf("session: register the producer from its contact answer: %w", err)
 		}
+		if ack.Grant != 0 && !ack.Token.IsZero() {
+			k.notif = wire.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
+		}
 	}
 }
+
+// ContactNotif returns the notification of the grant a Go producer made
+// with its contact answer, or nil: a grant of no blocks, which the data
+// plane's contact ends with a READ of nothing (plane.Contacter).
+func (c *ConsumerSession) ContactNotif() []byte { return c.contact.notif }
 
 // request is one XferReq sent and not answered yet.
 type request struct {

@@ -3,6 +3,7 @@ package session
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -255,5 +256,44 @@ func TestBrokenReadEndsItsGrant(t *testing.T) {
 	po.poll(t, at(3*time.Second))
 	if po.pins("R") != 0 || po.p.Grants() != 0 {
 		t.Fatalf("after the push: pins %d, grants %d", po.pins("R"), po.p.Grants())
+	}
+}
+
+// On a plane that serves through the session's gate, a Go consumer's
+// contact request gets a grant of no blocks: it pins nothing, a READ of
+// blocks under it is refused, a READ of none is served, and its
+// notification ends it.
+func TestContactGrant(t *testing.T) {
+	po, f := newPlaneProducer(t)
+	f.take()
+	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: wire.ContactHash, CompatibilityHash: compat, SessionID: sid("a"),
+		Attempt: 3, Agent: "cons", Contact: true})
+	ack := po.poll(t, t0, raw)[0]
+	if ack.Status != wire.OK || ack.Grant == 0 || ack.Token.IsZero() || len(ack.SrcBlockIndices) != 0 || ack.Attempt != 3 {
+		t.Fatalf("contact answer %+v", ack)
+	}
+	if po.pins("R") != 0 || po.p.Grants() != 1 {
+		t.Fatalf("pins %d, grants %d", po.pins("R"), po.p.Grants())
+	}
+	f.check(t, "no publish, no push")
+	notif := wire.AppendNotifGrant([]byte(sid("a")+":"+wire.ContactHash), ack.Grant, ack.Token)
+	if _, ok := f.att.gate.Authorize("cons", notif, []int{0}); ok {
+		t.Fatal("a READ of blocks under a contact grant was served")
+	}
+	h, ok := f.att.gate.Authorize("cons", notif, nil)
+	if !ok {
+		t.Fatal("the contact READ was refused")
+	}
+	h.Release()
+	f.InjectNotif("cons", notif)
+	po.poll(t, at(time.Millisecond))
+	if po.p.Grants() != 0 || po.p.Stats().Completions != 1 || po.pins("R") != 0 {
+		t.Fatalf("after its notification: grants %d, stats %+v", po.p.Grants(), po.p.Stats())
+	}
+	// Its session is known: a fetch is granted and offered for a push.
+	f.take()
+	po.poll(t, at(2*time.Millisecond), goReq("R", sid("a"), 4))
+	if ev := f.take(); len(ev) != 2 || !strings.HasPrefix(ev[1], "push ") {
+		t.Fatalf("events %q", ev)
 	}
 }

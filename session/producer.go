@@ -336,7 +336,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		}
 		return
 	}
-	if g != nil && p.att != nil && !g.token.IsZero() && g.cs.grants <= maxPushLive {
+	if g != nil && p.att != nil && !g.token.IsZero() && g.cs.grants <= maxPushLive && len(g.Blocks) > 0 {
 		// The ack is out and the grant live: its blocks follow it at
 		// once, under a hold of the pin until they are out of the region.
 		// (Ahead of the ack they delayed it by as much as they saved.)
@@ -388,23 +388,34 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	if p.draining {
 		return nack(wire.NackInternal, "ec producer: draining; NACK")
 	}
-	if req.Contact {
-		// Only the data-plane contact: what a first OK ack would carry,
-		// without a grant.
-		p.stats.Contacts++
-		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: wire.OK, SessionID: string(req.SessionID),
-			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt}
-		if !p.known(req.Known) {
-			p.describe(req.AcceptsShape)
-		}
-		return nil
-	}
 	cs := p.consumers[string(req.SessionID)]
 	if cs != nil && len(req.Agent) > 0 && cs.agent != "" && string(req.Agent) != cs.agent {
 		// A session's READs come from one agent: another claiming it is
 		// not that consumer.
 		p.stats.OverBound++
 		return nack(wire.NackInternal, "ec producer: session bound to another agent; NACK")
+	}
+	if req.Contact {
+		// Only the data-plane contact: what a first OK ack would carry,
+		// and, to a Go consumer of a plane that serves through our gate,
+		// a grant of no blocks (it pins nothing): its data plane's contact
+		// READs nothing under it, which proves its connection to be this
+		// consumer session's (pushes go there), and ends it.
+		p.stats.Contacts++
+		var g *grant
+		if req.Attempt != 0 && p.att != nil && (cs == nil || cs.grants < p.perSess) && len(p.byID) < p.maxGrants {
+			g = p.contactGrant(req, cs, ident, now)
+		}
+		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: wire.OK, SessionID: string(req.SessionID),
+			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt}
+		if g != nil {
+			p.ack.MMHash, p.ack.SessionID = g.MMHash, g.SessionID
+			p.ack.Grant, p.ack.Token = g.id, g.token
+		}
+		if !p.known(req.Known) {
+			p.describe(req.AcceptsShape)
+		}
+		return g
 	}
 	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
 	same := p.byKey[string(p.keyBuf)]
@@ -516,6 +527,41 @@ func (p *ProducerSession) describe(acceptsShape bool) {
 	p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
 }
 
+// contactGrant makes a grant of no blocks for req, a contact request of a
+// Go consumer: a token for its data plane's contact READ, which ends it.
+func (p *ProducerSession) contactGrant(req *wire.ReqView, cs *consumerState, ident []byte, now time.Time) *grant {
+	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
+	same := p.byKey[string(p.keyBuf)]
+	key := string(p.keyBuf)
+	if len(same) > 0 {
+		key = same[0].key
+	}
+	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
+	if cs == nil {
+		p.pruneConsumers()
+		p.nextCons++
+		cs = &consumerState{id: p.nextCons}
+		p.consumers[sid] = cs
+	}
+	if cs.agent == "" && len(req.Agent) > 0 {
+		p.lock()
+		cs.agent = string(req.Agent)
+		p.unlock()
+	}
+	cs.grants++
+	g := p.newGrant()
+	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
+	g.id, g.key, g.agent, g.cs, g.ident = grantIDs.Add(1), key, cs.agent, cs, string(ident)
+	p.tokens.Read(g.token[:])
+	p.lock()
+	p.byKey[key] = append(same, g)
+	p.byID[g.id] = g
+	p.unlock()
+	p.link(g)
+	p.stats.Grants++
+	return g
+}
+
 // regionShape returns, when the consumer accepts shapes, the shape the
 // data plane's descriptor describes, if it is one, decoding each
 // descriptor once (16,000 blocks: about 100 µs), even from a data plane
@@ -590,8 +636,8 @@ func (p *ProducerSession) newGrant() *grant {
 	g.release = func() {
 		// Read before the hold drops: once it is endedBit, the step loop
 		// may recycle g.
-		mm := g.MMHash
-		if g.hold.Add(-1) == endedBit {
+		mm, pinned := g.MMHash, len(g.Blocks) > 0
+		if g.hold.Add(-1) == endedBit && pinned {
 			p.unpin(mm) // the cache is safe for concurrent use
 		}
 	}
@@ -636,7 +682,9 @@ func (p *ProducerSession) endGrant(g *grant) {
 		p.held = append(p.held, g) // a READ is still being served
 		return
 	}
-	p.unpin(g.MMHash)
+	if len(g.Blocks) > 0 { // a contact grant pins nothing
+		p.unpin(g.MMHash)
+	}
 	p.recycle(g)
 }
 
@@ -678,10 +726,12 @@ func init() {
 // the simulator's invariant checks (internal/hooks).
 func (p *ProducerSession) pinCounts(dst map[string]int) {
 	for g := p.lru.next; g != &p.lru; g = g.next {
-		dst[g.MMHash]++
+		if len(g.Blocks) > 0 {
+			dst[g.MMHash]++
+		}
 	}
 	for _, g := range p.held {
-		if g.hold.Load() != endedBit {
+		if g.hold.Load() != endedBit && len(g.Blocks) > 0 {
 			dst[g.MMHash]++
 		}
 	}

@@ -2,12 +2,14 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -120,5 +122,52 @@ func TestBrokenReadsGoWithTheAttachment(t *testing.T) {
 	})
 	if got := g.att.Broken(nil); len(got) != 0 {
 		t.Fatalf("a detached attachment was handed %+v", got)
+	}
+}
+
+// A consumer's contact (plane.Contacter) with a producer brings its
+// connections up and, given the notification of a contact grant (no
+// blocks), READs nothing under it on the connection pushes come on: the
+// producer's gate grants it, the connection takes that consumer
+// session's pushes from then on, and the READ's notification reaches the
+// producer, which ends the grant.
+func TestContactProvesTheConnection(t *testing.T) {
+	pr, cr := newRegion(t, 8, 4096), newRegion(t, 8, 4096)
+	p, g := gatedProducer(t, pr, TCPConfig{IOTimeout: 5 * time.Second})
+	c := newTCP(t, cr, TCPConfig{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notif := g.grantFor(7) // no blocks
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ct := plane.ContacterOf(c)
+	if ct == nil {
+		t.Fatal("a TCPData has no Contacter")
+	}
+	if err := ct.Contact(ctx, peer.Agent, notif); err != nil {
+		t.Fatal(err)
+	}
+	if g.asked.Load() != 1 {
+		t.Fatalf("the gate was asked %d times", g.asked.Load())
+	}
+	a := g.att.(*attachment)
+	a.mu.Lock()
+	bound := len(a.pushTo[7])
+	a.mu.Unlock()
+	if bound != 1 {
+		t.Fatalf("%d connections take the consumer session's pushes", bound)
+	}
+	var n []xfer.Notif
+	until(t, "the contact READ's notification", func() bool { n, _ = p.DrainNotifs(n); return len(n) > 0 })
+	if !bytes.Equal(n[0].Msg, notif) {
+		t.Fatalf("notification %q", n[0].Msg)
+	}
+	c.mu.Lock()
+	left := len(c.handles)
+	c.mu.Unlock()
+	if left != 0 || g.held.Load() != 0 {
+		t.Fatalf("%d handles, %d holds left", left, g.held.Load())
 	}
 }

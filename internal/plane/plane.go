@@ -80,8 +80,12 @@ type Attachment interface {
 // loading of the producer's metadata and its connection.
 type Contacter interface {
 	// Contact makes the contact with the registered producer agent and
-	// waits until it is made, it failed, or ctx ended.
-	Contact(ctx context.Context, agent string) error
+	// waits until it is made, it failed, or ctx ended. notif, if set, is
+	// the notification of the grant of no blocks the producer made with
+	// its contact answer: a READ of nothing under it ends it, and on a
+	// plane that takes pushes proves the connection it went on to be the
+	// consumer session's.
+	Contact(ctx context.Context, agent string, notif []byte) error
 }
 
 // contacters are the data planes' packages' ways to a Contacter, each

@@ -535,7 +535,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 	}
 	if c := plane.ContacterOf(p.data); c != nil {
-		return c.Contact(ctx, agent)
+		return c.Contact(ctx, agent, p.peers[addr].s.ContactNotif())
 	}
 	return nil
 }
