@@ -88,7 +88,8 @@ type EmbeddingCache struct {
 	notReady  int
 	pinned    int
 	evictions uint64
-	maxSave   int // the most blocks an Alloc asked for
+	maxSave   int  // the most blocks an Alloc asked for
+	starved   bool // the last Alloc found no room
 }
 
 // NewEmbeddingCache returns a cache of numBlocks blocks, ids 0..numBlocks-1.
@@ -122,8 +123,10 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	}
 	c.maxSave = max(c.maxSave, n)
 	if len(c.free)+c.evictable < n {
+		c.starved = true
 		return Entry{}, ErrNoSpace
 	}
+	c.starved = false
 	for len(c.free) < n {
 		c.evictLocked(c.lru.next)
 	}
@@ -275,14 +278,16 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 	return e.snapshot(), true
 }
 
-// Room returns how many blocks a save could have now (the free ones and
-// those of ready, unpinned entries, which Alloc evicts) and the most
-// blocks a save has asked for so far: a producer refuses pins beyond a
-// consumer's share only when they would leave no room for such a save.
-func (c *EmbeddingCache) Room() (room, largestSave int) {
+// Pressure reports whether saves are short of room: the last save found
+// none, or saves are under way (entries not ready) and the blocks a save
+// could have now (free, or held by ready unpinned entries, which Alloc
+// evicts) are fewer than the largest save yet asked for, or than n. A
+// producer refuses pins beyond a consumer's share only then: while no
+// save is short of room, they cost nobody.
+func (c *EmbeddingCache) Pressure(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.free) + c.evictable, c.maxSave
+	return c.starved || c.notReady > 0 && len(c.free)+c.evictable < max(c.maxSave, n)
 }
 
 // HasHeldEntries reports whether any entry is not ready or pinned.

@@ -325,26 +325,38 @@ func TestConcurrentUse(t *testing.T) {
 	}
 }
 
-// Room counts the free blocks and those a save would evict, and
-// remembers the largest save asked for, even one refused.
-func TestRoom(t *testing.T) {
-	c := NewEmbeddingCache(10)
-	if room, save := c.Room(); room != 10 || save != 0 {
-		t.Fatalf("empty: room %d, largest save %d", room, save)
+// Pressure: a save found no room, or saves are under way and a save as
+// large as the largest yet (or as n) would not find it.
+func TestPressure(t *testing.T) {
+	c := NewEmbeddingCache(12)
+	if c.Pressure(12) {
+		t.Fatal("an empty cache under pressure")
 	}
-	mustAlloc(t, c, "a", 3) // not ready: no room of a save's
-	mustAlloc(t, c, "b", 4)
-	mustReady(t, c, "b")
-	if room, save := c.Room(); room != 7 || save != 4 {
-		t.Fatalf("room %d, largest save %d; want 7, 4", room, save)
+	mustAlloc(t, c, "a", 4)
+	mustReady(t, c, "a")
+	if err := c.Pin("a"); err != nil {
+		t.Fatal(err)
+	}
+	mustAlloc(t, c, "b", 3) // under way: 5 blocks free
+	if c.Pressure(3) || !c.Pressure(6) {
+		t.Fatalf("5 free, largest save 4: pressure(3) %v, pressure(6) %v", c.Pressure(3), c.Pressure(6))
+	}
+	mustReady(t, c, "b") // none under way, none refused: no pressure
+	if c.Pressure(8) {
+		t.Fatal("pressure with no save under way or refused")
 	}
 	if err := c.Pin("b"); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.Alloc("c", 5); !errors.Is(err, ErrNoSpace) {
-		t.Fatalf("save of 5 with 3 free: %v", err)
+	if _, err := c.Alloc("c", 6); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("save of 6 with 5 free: %v", err)
 	}
-	if room, save := c.Room(); room != 3 || save != 5 {
-		t.Fatalf("pinned: room %d, largest save %d; want 3, 5", room, save)
+	if !c.Pressure(1) {
+		t.Fatal("no pressure after a save found no room")
+	}
+	mustAlloc(t, c, "d", 3)
+	mustReady(t, c, "d")
+	if c.Pressure(1) {
+		t.Fatal("pressure after a save found room")
 	}
 }

@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -63,40 +64,38 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 }
 
 // One consumer session cannot pin more than its share of the cache when
-// that would leave no room for a save; while the cache has room, a pin
-// over the share is granted. The live grants of one entry per session are
-// bounded.
+// saves are short of room; while they are not, a pin over the share is
+// granted. The live grants of one entry per session are bounded.
 func TestPinnedShare(t *testing.T) {
-	c := cache.NewEmbeddingCache(16)
-	for i := range 3 {
+	c := cache.NewEmbeddingCache(20)
+	for i := range 4 {
 		c.Alloc(fmt.Sprint("E", i), 4)
 		c.MarkReady(fmt.Sprint("E", i))
 	}
-	po := &producerOnly{data: xfertest.New("prod", 16, 8), cache: c, out: &queue{}}
+	po := &producerOnly{data: xfertest.New("prod", 20, 8), cache: c, out: &queue{}}
 	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat))
-	// "a" pins 12 blocks, over its share of 8, while 4 stay free: room
-	// for a save as large as any yet.
+	// "a" pins 12 blocks, over its share of 10: no save is short of room.
 	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")))
 	for i, a := range acks {
 		if a.Status != wire.OK {
-			t.Fatalf("ack %d: %s while the cache has room", i, a.Status)
+			t.Fatalf("ack %d: %s while no save is short of room", i, a.Status)
 		}
 	}
-	if _, err := c.Alloc("new", 4); err != nil {
+	// A save under way takes the free blocks: a pin over the share would
+	// now leave no room for the next. Refused, retryable, its pin
+	// dropped; another session within its share is granted.
+	if _, err := c.Alloc("saving", 4); err != nil {
 		t.Fatalf("save failed: %v", err)
 	}
-	c.MarkReady("new")
-	// Now a pin over the share would leave no room for a save: refused,
-	// retryable, and its pin dropped. Another session within its share is
-	// granted.
-	acks = po.poll(t, at(time.Millisecond), req("new", sid("a")), req("new", sid("b")))
+	acks = po.poll(t, at(time.Millisecond), req("E3", sid("a")), req("E3", sid("b")))
 	if acks[0].Status != wire.NackNotReady || acks[1].Status != wire.OK {
 		t.Fatalf("under pressure: %s for the session over its share, %s for the other", acks[0].Status, acks[1].Status)
 	}
-	if e, _ := c.Get("new"); e.Pins != 1 || po.p.Stats().OverPinned != 1 {
+	if e, _ := c.Get("E3"); e.Pins != 1 || po.p.Stats().OverPinned != 1 {
 		t.Fatalf("refused grant left a pin (%d pins) or was not counted (%d)", e.Pins, po.p.Stats().OverPinned)
 	}
-	// One identity under many session ids is bounded too, under pressure.
+	// One identity under many session ids is bounded too, once a save
+	// found no room.
 	po2 := &producerOnly{data: xfertest.New("prod", 8, 8), cache: cache.NewEmbeddingCache(8), out: &queue{}}
 	for _, h := range []string{"R", "X"} {
 		po2.cache.Alloc(h, 4)
@@ -106,11 +105,20 @@ func TestPinnedShare(t *testing.T) {
 	po2.p.Poll([]Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s0"))},
 		{Identity: []byte("one"), Payload: req("X", sid("s1"))},
-		{Identity: []byte("two"), Payload: req("X", sid("s2"))},
 	}, t0, po2.out)
-	if po2.pins("R") != 1 || po2.pins("X") != 1 || po2.p.Stats().OverPinned != 1 {
-		t.Fatalf("pins R %d X %d, refused %d: one identity pinned the whole cache, or the other was refused",
-			po2.pins("R"), po2.pins("X"), po2.p.Stats().OverPinned)
+	if po2.pins("R") != 1 || po2.pins("X") != 1 {
+		t.Fatalf("pins R %d X %d while no save was short of room", po2.pins("R"), po2.pins("X"))
+	}
+	if _, err := po2.cache.Alloc("S", 4); !errors.Is(err, cache.ErrNoSpace) {
+		t.Fatalf("save into a pinned cache: %v", err)
+	}
+	po2.p.Poll([]Message{
+		{Identity: []byte("one"), Payload: req("R", sid("s2"))},
+		{Identity: []byte("two"), Payload: req("R", sid("s3"))},
+	}, at(time.Millisecond), po2.out)
+	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 1 {
+		t.Fatalf("pins R %d, refused %d: the identity over its share was granted, or the other refused",
+			po2.pins("R"), po2.p.Stats().OverPinned)
 	}
 	// A second grant of an entry the session holds pins no new block: it
 	// is not refused by the share.

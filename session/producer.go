@@ -55,11 +55,12 @@ type ProducerConfig struct {
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
 	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. It applies under pressure only: a request
-	// over it is answered NACK_NOT_READY, which consumers retry after a
-	// backoff, when its pin would leave less room than the largest save
-	// yet (cache.EmbeddingCache.Room), or this entry's size, asks for;
-	// while the cache has that room it is granted. Default 0.5.
+	// and make every save fail. It applies under pressure only
+	// (cache.EmbeddingCache.Pressure: the cache's last save found no room,
+	// or saves are under way and a save as large as the largest yet would
+	// not find it): a request over it is then answered NACK_NOT_READY,
+	// which consumers retry after a backoff; otherwise it is granted.
+	// Default 0.5.
 	MaxPinnedShare float64
 	// MaxRequestAge refuses requests that waited longer than this between
 	// their arrival (Message.At) and their turn: their consumer may have
@@ -440,13 +441,13 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	}
 	// The shares count the blocks a session (and an identity) keeps
 	// pinned: a second grant of an entry it holds adds none. They bite
-	// only under pressure: while a save the size of the largest yet (or
-	// of this entry) still finds room, a pin over a share costs nobody
-	// (a consumer's pins outlive its READs by the notification's way back,
-	// so a share counts READs that are done).
+	// only under pressure (cache.EmbeddingCache.Pressure: the last save
+	// found no room, or saves under way would not): otherwise a pin over
+	// a share costs nobody, and a consumer's pins outlive its READs by
+	// the notification's way back, so a share counts READs that are done.
 	n := len(entry.Blocks)
 	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
-		if room, save := p.cache.Room(); room < max(save, n) {
+		if p.cache.Pressure(n) {
 			p.unpin(entry.Key)
 			p.stats.OverPinned++
 			// Retryable: the consumer backs off until its own grants end.
