@@ -135,6 +135,16 @@ type grant struct {
 
 const endedBit = 1 << 30
 
+// contactDrive is how long a producer drives a data plane that must be
+// driven (xfer.Driven) after a contact request, as if a READ were
+// expected: the consumer's data plane connects to ours meanwhile (over
+// UCX, its connection's set-up moves only while both agents are driven).
+const contactDrive = time.Second
+
+// contactSuffix ends the notification a consumer's data plane sends as it
+// makes contact, naming no grant (NIXL's, see plane.Contacter).
+var contactSuffix = []byte(":" + wire.ContactHash)
+
 // grantIDs numbers grants across every producer session of the process: a
 // data plane that outlives a session (or serves its successor) never sees
 // an id twice.
@@ -188,6 +198,9 @@ type ProducerSession struct {
 	maxPinned int
 	maxAge    time.Duration
 	draining  bool
+	// contactUntil: a consumer asked for contact (its data plane connects
+	// to ours): a data plane that must be driven is, until then.
+	contactUntil time.Time
 
 	req    wire.ReqView
 	ack    wire.XferAck
@@ -292,7 +305,11 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	p.sweep(now)
 	p.reapHeld()
 	if p.driven != nil {
-		p.driven.ExpectReads(p.Grants())
+		n := p.Grants()
+		if now.Before(p.contactUntil) {
+			n++ // a consumer's data plane connects: drive ours for it
+		}
+		p.driven.ExpectReads(n)
 	}
 }
 
@@ -397,6 +414,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		return nack(wire.NackInternal, "ec producer: session bound to another agent; NACK")
 	}
 	if req.Contact {
+		p.contactUntil = now.Add(contactDrive)
 		// Only the data-plane contact: what a first OK ack would carry,
 		// and, to a Go consumer of a plane that serves through our gate,
 		// a grant of no blocks (it pins nothing): its data plane's contact
@@ -876,6 +894,9 @@ func (p *ProducerSession) drainNotifs() {
 		g, forged := p.lookup(n.Msg)
 		if g == nil {
 			// Keys are valid UTF-8: only a miss needs the check.
+			if bytes.HasSuffix(n.Msg, contactSuffix) {
+				continue // a consumer's data plane set up its way to us (Contact)
+			}
 			if forged {
 				p.stats.BadTokens++
 				p.log.Warn("ec producer: notification without its grant's token; ignored", "agent", n.Agent)
