@@ -88,6 +88,8 @@ type EmbeddingCache struct {
 	notReady  int
 	pinned    int
 	evictions uint64
+	maxSave   int  // the most blocks an Alloc asked for
+	starved   bool // the last Alloc found no room
 }
 
 // NewEmbeddingCache returns a cache of numBlocks blocks, ids 0..numBlocks-1.
@@ -119,9 +121,12 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	if n < 0 || n > c.capacity {
 		return Entry{}, fmt.Errorf("%w: %d blocks asked, capacity %d", ErrTooLarge, n, c.capacity)
 	}
+	c.maxSave = max(c.maxSave, n)
 	if len(c.free)+c.evictable < n {
+		c.starved = true
 		return Entry{}, ErrNoSpace
 	}
+	c.starved = false
 	for len(c.free) < n {
 		c.evictLocked(c.lru.next)
 	}
@@ -271,6 +276,18 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 		return Entry{}, false
 	}
 	return e.snapshot(), true
+}
+
+// Pressure reports whether saves are short of room: the last save found
+// none, or saves are under way (entries not ready) and the blocks a save
+// could have now (free, or held by ready unpinned entries, which Alloc
+// evicts) are fewer than the largest save yet asked for, or than n. A
+// producer refuses pins beyond a consumer's share only then: while no
+// save is short of room, they cost nobody.
+func (c *EmbeddingCache) Pressure(n int) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.starved || c.notReady > 0 && len(c.free)+c.evictable < max(c.maxSave, n)
 }
 
 // HasHeldEntries reports whether any entry is not ready or pinned.

@@ -324,3 +324,39 @@ func TestConcurrentUse(t *testing.T) {
 		t.Fatalf("blocks do not add up: %+v", st)
 	}
 }
+
+// Pressure: a save found no room, or saves are under way and a save as
+// large as the largest yet (or as n) would not find it.
+func TestPressure(t *testing.T) {
+	c := NewEmbeddingCache(12)
+	if c.Pressure(12) {
+		t.Fatal("an empty cache under pressure")
+	}
+	mustAlloc(t, c, "a", 4)
+	mustReady(t, c, "a")
+	if err := c.Pin("a"); err != nil {
+		t.Fatal(err)
+	}
+	mustAlloc(t, c, "b", 3) // under way: 5 blocks free
+	if c.Pressure(3) || !c.Pressure(6) {
+		t.Fatalf("5 free, largest save 4: pressure(3) %v, pressure(6) %v", c.Pressure(3), c.Pressure(6))
+	}
+	mustReady(t, c, "b") // none under way, none refused: no pressure
+	if c.Pressure(8) {
+		t.Fatal("pressure with no save under way or refused")
+	}
+	if err := c.Pin("b"); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Alloc("c", 6); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("save of 6 with 5 free: %v", err)
+	}
+	if !c.Pressure(1) {
+		t.Fatal("no pressure after a save found no room")
+	}
+	mustAlloc(t, c, "d", 3)
+	mustReady(t, c, "d")
+	if c.Pressure(1) {
+		t.Fatal("pressure after a save found room")
+	}
+}

@@ -66,6 +66,12 @@ int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint6
                              uint64_t nblocks, uint64_t dev, char **name);
 /* Forgets a remote agent. */
 int cnixl_remove_remote(cnixl_agent *a, const char *name);
+/* Connects to a loaded remote agent now (NIXL's makeConnection), instead of
+ * at the first READ towards it. */
+int cnixl_make_connection(cnixl_agent *a, const char *name);
+/* Sends a notification, bound to no transfer, to a loaded remote agent
+ * (NIXL's genNotif). */
+int cnixl_gen_notif(cnixl_agent *a, const char *name, const void *msg, size_t len);
 
 /* Posts a READ of remote blocks into local blocks (n each) carrying notif:
  * CNIXL_SUCCESS when it completed within the post (UCX over shared memory

@@ -33,6 +33,7 @@ struct xfer {
 struct remote {
 	char *name;
 	size_t ndescs;
+	int connected; /* cnixl_make_connection was called for it */
 };
 
 struct cnixl_agent {
@@ -243,10 +244,63 @@ static int load_remote(cnixl_agent *a, const void *md, size_t mdlen, size_t ndes
 	a->remotes = realloc(a->remotes, (a->nremotes + 1) * sizeof *a->remotes);
 	a->remotes[a->nremotes].name = n;
 	a->remotes[a->nremotes].ndescs = ndescs;
+	a->remotes[a->nremotes].connected = 0;
 	a->nremotes++;
 	pthread_mutex_unlock(&g_mu);
 	*name = dupstr(n);
 	return CNIXL_SUCCESS;
+}
+
+int cnixl_make_connection(cnixl_agent *a, const char *name) {
+	pthread_mutex_lock(&g_mu);
+	for (int i = 0; i < a->nremotes; i++) {
+		if (strcmp(a->remotes[i].name, name) == 0) {
+			a->remotes[i].connected = 1;
+			pthread_mutex_unlock(&g_mu);
+			return CNIXL_SUCCESS;
+		}
+	}
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_ERR_NOT_FOUND;
+}
+
+int cnixl_gen_notif(cnixl_agent *a, const char *name, const void *msg, size_t len) {
+	pthread_mutex_lock(&g_mu);
+	int known = 0;
+	for (int i = 0; i < a->nremotes; i++)
+		if (strcmp(a->remotes[i].name, name) == 0)
+			known = 1;
+	cnixl_agent *t = known ? find_agent(name) : NULL;
+	if (t == NULL) {
+		pthread_mutex_unlock(&g_mu);
+		return known ? CNIXL_ERR_REMOTE_DISCONNECT : CNIXL_ERR_NOT_FOUND;
+	}
+	uint32_t nl = strlen(a->name), ml = len;
+	size_t need = t->notiflen + 8 + nl + ml;
+	if (need > t->notifcap) {
+		t->notifcap = need * 2;
+		t->notifs = realloc(t->notifs, t->notifcap);
+	}
+	unsigned char *p = t->notifs + t->notiflen;
+	memcpy(p, &nl, 4);
+	memcpy(p + 4, a->name, nl);
+	memcpy(p + 4 + nl, &ml, 4);
+	memcpy(p + 8 + nl, msg, ml);
+	t->notiflen = need;
+	pthread_mutex_unlock(&g_mu);
+	return CNIXL_SUCCESS;
+}
+
+int cnixl_fake_connected(cnixl_agent *a, const char *name) {
+	int c = 0;
+	pthread_mutex_lock(&g_mu);
+	for (int i = 0; i < a->nremotes; i++) {
+		if (strcmp(a->remotes[i].name, name) == 0) {
+			c = a->remotes[i].connected;
+		}
+	}
+	pthread_mutex_unlock(&g_mu);
+	return c;
 }
 
 int cnixl_remove_remote(cnixl_agent *a, const char *name) {

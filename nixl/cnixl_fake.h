@@ -26,5 +26,7 @@ int cnixl_fake_live_remotes(cnixl_agent *a);
 void cnixl_fake_hold_notifs(cnixl_agent *a, int on);
 /* How many get_notifs calls of the agent are waiting. */
 int cnixl_fake_in_notifs(cnixl_agent *a);
+/* Whether cnixl_make_connection was called for the loaded remote name. */
+int cnixl_fake_connected(cnixl_agent *a, const char *name);
 
 #endif

@@ -214,6 +214,30 @@ extern "C" int cnixl_remove_remote(cnixl_agent *a, const char *name) {
     });
 }
 
+extern "C" int cnixl_make_connection(cnixl_agent *a, const char *name) {
+    return guarded([&] {
+        {
+            std::lock_guard<std::mutex> l(a->mu);
+            if (a->remotes.find(name) == a->remotes.end())
+                return CNIXL_ERR_NOT_FOUND;
+        }
+        return static_cast<int>(a->agent->makeConnection(name));
+    });
+}
+
+extern "C" int cnixl_gen_notif(cnixl_agent *a, const char *name, const void *msg, size_t len) {
+    return guarded([&] {
+        nixl_opt_args_t o;
+        {
+            std::lock_guard<std::mutex> l(a->mu);
+            if (a->remotes.find(name) == a->remotes.end())
+                return CNIXL_ERR_NOT_FOUND;
+            o = a->opts();
+        }
+        return static_cast<int>(a->agent->genNotif(name, std::string(static_cast<const char *>(msg), len), &o));
+    });
+}
+
 extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n,
                                const char *agent, const void *notif, size_t notiflen, cnixl_handle *out) {
     return guarded([&] {
@@ -341,6 +365,8 @@ extern "C" int cnixl_load_remote_blocks(cnixl_agent *, const void *, size_t, uin
     return CNIXL_ERR_NOT_SUPPORTED;
 }
 extern "C" int cnixl_remove_remote(cnixl_agent *, const char *) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_make_connection(cnixl_agent *, const char *) { return CNIXL_ERR_NOT_SUPPORTED; }
+extern "C" int cnixl_gen_notif(cnixl_agent *, const char *, const void *, size_t) { return CNIXL_ERR_NOT_SUPPORTED; }
 extern "C" int cnixl_post_read(cnixl_agent *, const int32_t *, const int32_t *, int, const char *, const void *,
                                size_t, cnixl_handle *) {
     return CNIXL_ERR_NOT_SUPPORTED;

@@ -3,11 +3,15 @@
 package nixl
 
 /*
+#include <stdlib.h>
 #include "cnixl_fake.h"
 */
 import "C"
 
-import "time"
+import (
+	"time"
+	"unsafe"
+)
 
 // Test hooks of the nixlfake build: they drive the C fake.
 
@@ -74,4 +78,20 @@ func (a *Agent) FakeHoldProgress(on bool) {
 	for on && C.cnixl_fake_in_notifs(a.c) == 0 {
 		time.Sleep(100 * time.Microsecond)
 	}
+}
+
+// fakeConnected reports whether NIXL was asked to connect to the remote
+// agent key names (its load done).
+func (a *Agent) fakeConnected(key string) bool {
+	a.mu.Lock()
+	name := a.peers[key].name
+	a.mu.Unlock()
+	if name == "" {
+		return false
+	}
+	n := C.CString(name)
+	defer C.free(unsafe.Pointer(n))
+	a.cmu.Lock()
+	defer a.cmu.Unlock()
+	return C.cnixl_fake_connected(a.c, n) != 0
 }

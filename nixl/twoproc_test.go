@@ -65,6 +65,9 @@ func TestMain(m *testing.M) {
 func runChild(mode string) error {
 	var bs int
 	fmt.Sscan(os.Getenv("ECXFER_NIXL_BLOCK"), &bs)
+	if mode == "many" {
+		return runManyChild(bs)
+	}
 	per := fetchBytes / bs
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: childItems * per, BlockSize: bs, Shared: mode == "shm"})
 	if err != nil {

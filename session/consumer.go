@@ -98,6 +98,9 @@ type ConsumerSession struct {
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
+	known      uint64 // wire.MetaDigest(agentMeta), sent while registered (ecx_known)
+	contact    contact
+	replied    bool // a reply answered one of our requests
 
 	byHash      map[string]*cxfer // active and quarantined
 	active      []*cxfer          // in start order
@@ -196,18 +199,10 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	if c.perHash[mmHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
 		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
 	}
-	attempt := attemptIDs.Add(1)
-	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
-		Agent: c.agentName, Attempt: attempt, AcceptsShape: c.shapes != nil}
-	c.buf = wire.AppendReq(c.buf[:0], &req)
-	if err := c.peer.Send(c.buf); err != nil {
-		return fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
+	attempt, err := c.send(mmHash, false)
+	if err != nil {
+		return err
 	}
-	c.sent = append(c.sent, request{mmHash: mmHash, attempt: attempt})
-	c.perHash[mmHash]++
-	c.sentSeen = max(c.sentSeen, c.unanswered())
-	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
-	c.pendingMade = max(c.pendingMade, len(c.perHash))
 	var x *cxfer
 	if n := len(c.spare); n > 0 {
 		x, c.spare = c.spare[n-1], c.spare[:n-1]
@@ -225,6 +220,113 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	return nil
 }
 
+// send sends a request for mmHash (a contact request: see Contact) and
+// records it as unanswered; it returns its attempt.
+func (c *ConsumerSession) send(mmHash string, contact bool) (uint64, error) {
+	attempt := attemptIDs.Add(1)
+	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
+		Agent: c.agentName, Attempt: attempt, AcceptsShape: c.shapes != nil, Contact: contact}
+	if c.registered {
+		req.Known = c.known
+	}
+	c.buf = wire.AppendReq(c.buf[:0], &req)
+	if err := c.peer.Send(c.buf); err != nil {
+		return 0, fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
+	}
+	c.sent = append(c.sent, request{mmHash: mmHash, attempt: attempt})
+	c.perHash[mmHash]++
+	c.sentSeen = max(c.sentSeen, c.unanswered())
+	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
+	c.pendingMade = max(c.pendingMade, len(c.perHash))
+	return attempt, nil
+}
+
+// contact is the last contact request (Contact) and what came of it.
+type contact struct {
+	attempt  uint64 // zero: none sent
+	deadline time.Time
+	done     bool
+	status   wire.Status
+	err      error
+	notif    []byte // the contact grant's notification, when the answer made one
+}
+
+// Errors of a contact request (Contacted).
+var (
+	ErrNoContactAnswer = errors.New("session: no answer to the contact request in time")
+	ErrContactLost     = errors.New("session: the connection died before the contact request was answered")
+)
+
+// Contact asks the producer, at now, for its data-plane contact ahead of
+// any fetch (wire.XferReq.Contact): a Go producer answers with its agent
+// metadata and region, which the session registers as it would a first
+// OK ack's, and a producer that does not read the request (vLLM's, or a
+// Go producer before it) answers NACK_MISSING. Contacted says what came
+// of it, by deadline at the latest. A contact sent while another waits
+// replaces it (the earlier answer is dropped). It fails as StartXfer does.
+func (c *ConsumerSession) Contact(now, deadline time.Time) error {
+	if c.closed {
+		return ErrClosed
+	}
+	if c.perHash[wire.ContactHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
+		return fmt.Errorf("%w: contact", ErrUnanswered)
+	}
+	attempt, err := c.send(wire.ContactHash, true)
+	if err != nil {
+		return err
+	}
+	c.contact = contact{attempt: attempt, deadline: deadline}
+	return nil
+}
+
+// Contacted reports the outcome of the last contact request: done is
+// false while it waits for its answer (and before any was sent); once
+// done, err says why it ended without an answer (ErrNoContactAnswer,
+// ErrContactLost) or why the answer could not be used, and otherwise st
+// is the answer's status: wire.OK, the producer is registered (Registered).
+func (c *ConsumerSession) Contacted() (done bool, st wire.Status, err error) {
+	return c.contact.done, c.contact.status, c.contact.err
+}
+
+// Registered returns the producer as the data plane knows it, once an
+// ack (or a contact answer) registered it.
+func (c *ConsumerSession) Registered() (xfer.Peer, bool) { return c.agent, c.registered }
+
+// Probing reports whether the session's first request (or contact) is
+// unanswered: its answer, if it is an OK ack, registers the producer, and
+// connector.Pool holds the other requests to that producer until then, so
+// that the producer sends its region's description once, not once per
+// request.
+func (c *ConsumerSession) Probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
+
+// answered handles the reply to the contact request: ack is its decoded
+// answer, or nil for one that does not decode.
+func (c *ConsumerSession) answered(ack *wire.AckView) {
+	k := &c.contact
+	k.done = true
+	switch {
+	case ack == nil:
+		k.err = fmt.Errorf("session: contact answer: %w", fsm.ErrBadAck)
+	case ack.Status != wire.OK:
+		k.status = ack.Status
+	case len(ack.AgentMetadata) == 0:
+		k.err = fmt.Errorf("session: contact answer without agent metadata: %w", fsm.ErrBadAck)
+	default:
+		k.status = wire.OK
+		if _, err := c.register(ack); err != nil {
+			k.err = fmt.Errorf("session: register the producer from its contact answer: %w", err)
+		}
+		if ack.Grant != 0 && !ack.Token.IsZero() {
+			k.notif = wire.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
+		}
+	}
+}
+
+// ContactNotif returns the notification of the grant a Go producer made
+// with its contact answer, or nil: a grant of no blocks, which the data
+// plane's contact ends with a READ of nothing (plane.Contacter).
+func (c *ConsumerSession) ContactNotif() []byte { return c.contact.notif }
+
 // request is one XferReq sent and not answered yet.
 type request struct {
 	mmHash  string
@@ -241,9 +343,9 @@ func (c *ConsumerSession) unanswered() int { return len(c.sent) - c.sentHead }
 // answered or dropped them. It returns the transfer the reply may act on,
 // the one of that request if it still waits for its ack; else nil, and
 // the reply is to be dropped.
-func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
+func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) (*cxfer, uint64) {
 	if c.perHash[string(mmHash)] == 0 {
-		return nil
+		return nil, 0
 	}
 	q := c.sent[c.sentHead:]
 	i := 0
@@ -251,7 +353,7 @@ func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
 		var found bool
 		i, found = slices.BinarySearchFunc(q, attempt, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
 		if !found || q[i].mmHash != string(mmHash) {
-			return nil // not ours, or answered already
+			return nil, 0 // not ours, or answered already
 		}
 	} else {
 		for q[i].mmHash != string(mmHash) {
@@ -259,12 +361,13 @@ func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) *cxfer {
 		}
 	}
 	answered := q[i].attempt
+	c.replied = true
 	c.forgetSent(i + 1)
 	x := c.byHash[string(mmHash)]
 	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {
-		return nil
+		return nil, answered
 	}
-	return x
+	return x, answered
 }
 
 // forgetSent forgets the n oldest unanswered requests.
@@ -322,12 +425,21 @@ func (c *ConsumerSession) badAck(raw []byte) {
 		c.stats.ForeignAcks++
 		return
 	}
-	x := c.answer(mm, attempt)
+	x, answered := c.answer(mm, attempt)
 	if x == nil {
+		if c.isContact(answered) {
+			c.answered(nil)
+			return
+		}
 		c.stats.StrayAcks++
 		return
 	}
 	c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
+}
+
+// isContact reports whether attempt is the contact request's, waiting.
+func (c *ConsumerSession) isContact(attempt uint64) bool {
+	return attempt != 0 && attempt == c.contact.attempt && !c.contact.done
 }
 
 // cxfer is a transfer as the session holds it.
@@ -347,8 +459,12 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
 		return
 	}
-	x := c.answer(ack.MMHash, ack.Attempt)
+	x, answered := c.answer(ack.MMHash, ack.Attempt)
 	if x == nil {
+		if c.isContact(answered) {
+			c.answered(ack)
+			return
+		}
 		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
 		return
 	}
@@ -434,12 +550,16 @@ func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
 	}
 	c.registered, c.agent = true, peer
 	c.agentMeta = append(c.agentMeta[:0], meta...)
+	c.known = wire.MetaDigest(c.agentMeta)
 	c.stats.Registrations++
 	return peer, nil
 }
 
 // advance polls every transfer, moving ended ones to the results.
 func (c *ConsumerSession) advance(now time.Time) {
+	if k := &c.contact; k.attempt != 0 && !k.done && now.After(k.deadline) {
+		k.done, k.err = true, ErrNoContactAnswer
+	}
 	kept := c.active[:0]
 	for _, x := range c.active {
 		if x.ended {
@@ -517,17 +637,23 @@ func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, statu
 	x.ended = true
 }
 
-// PeerDown handles the producer's death: transfers waiting for an ack become
-// Retryable (reason PeerDown); READs in progress are quarantined, since the
-// data plane may still write into their blocks. Quarantined transfers keep
-// being followed by Poll until they settle. The connection is over: no
-// request sent on it will be answered, so the session forgets them. Send
-// no more requests through it; a new connection needs a new session.
+// PeerDown handles the death of the control connection to the producer:
+// transfers waiting for an ack become Retryable (reason PeerDown). READs in
+// progress run on, on their data connection, and Poll follows them to
+// their end as before: a READ that completes within its grant's lease is
+// Completed, one that fails is Tombstoned (its blocks are free), one past
+// its deadline is Quarantined. The connection is over: no request sent on
+// it will be answered, so the session forgets them. Send no more requests
+// through it; a new connection needs a new session.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
 	}
 	c.forgetSent(c.unanswered()) // none will be answered on this connection
+	if k := &c.contact; k.attempt != 0 && !k.done {
+		k.done, k.err = true, ErrContactLost
+	}
+	kept := c.active[:0]
 	for _, x := range c.active {
 		if x.ended {
 			c.spare = append(c.spare, x)
@@ -536,16 +662,15 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 		if x.moved {
 			continue
 		}
-		switch x.PeerDown(now) {
-		case xfer.AckTimeout:
+		if x.PeerDown(now) == xfer.AckTimeout {
 			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.Quarantined:
-			c.enterQuarantine(x)
+			continue
 		}
+		kept = append(kept, x) // reading
 	}
-	clear(c.active)
-	c.active = c.active[:0]
+	clear(c.active[len(kept):])
+	c.active = kept
 }
 
 // TakeResults appends the outcomes since the last call to r and forgets

@@ -176,36 +176,57 @@ func TestAckTimeout(t *testing.T) { // B38, B39, B46
 	}
 }
 
+// At the control connection's death, a transfer waiting for its ack is
+// retryable; READs run on, on their data connection, and end as any
+// other: one that completes is Completed, one that fails Tombstoned, one
+// past its deadline Quarantined until it settles.
 func TestPeerDown(t *testing.T) { // B40, B41, B47; reference weakness 3
 	co := newConsumer(t)
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
 	mustStart(t, co.c, "W", []int{1}, at(2*time.Second))
 	mustStart(t, co.c, "R", []int{2, 3}, at(2*time.Second))
-	co.poll(at(time.Second), co.ok("R", 5, 6))
+	mustStart(t, co.c, "F", []int{4}, at(2*time.Second))
+	mustStart(t, co.c, "S", []int{5}, at(2*time.Second))
+	co.poll(at(time.Second), co.ok("R", 5, 6), co.ok("F", 7), co.ok("S", 8))
 	co.c.PeerDown(at(time.Second))
 	var r Results
 	co.c.TakeResults(&r)
 	if !slices.Equal(hashes(r.Retryable), []string{"W"}) || r.Retryable[0].Reason != xfer.PeerDown {
 		t.Fatalf("retryable %+v", r.Retryable)
 	}
-	if !slices.Equal(hashes(r.Quarantined), []string{"R"}) || len(r.Tombstoned) != 0 {
-		t.Fatalf("quarantined %+v", r)
+	if r.Len() != 1 || co.c.InFlight() != 3 {
+		t.Fatalf("READs judged at the control connection's death: %+v, %d in flight", r, co.c.InFlight())
 	}
-	if !co.c.HasInFlight() {
-		t.Fatal("a quarantined READ is in flight")
-	}
-	// It is followed on every poll until it settles.
-	h := co.data.Posts()[0].Handle
+	posts := co.data.Posts()
 	if r := co.poll(at(10 * time.Second)); r.Len() != 0 {
 		t.Fatalf("%+v", r)
 	}
-	co.data.Finish(h)
+	co.data.Finish(posts[0].Handle)
+	co.data.FailRead(posts[1].Handle)
 	r = co.poll(at(11 * time.Second))
-	if len(r.Settled) != 1 || r.Settled[0].MMHash != "R" || !slices.Equal(r.Settled[0].Blocks, []int{2, 3}) || r.Settled[0].Forced {
+	if !slices.Equal(hashes(r.Completed), []string{"R"}) || !slices.Equal(r.Completed[0].Blocks, []int{2, 3}) {
+		t.Fatalf("completed %+v", r)
+	}
+	if !slices.Equal(hashes(r.Tombstoned), []string{"F"}) || r.Tombstoned[0].Reason != xfer.ReadError {
+		t.Fatalf("tombstoned %+v", r)
+	}
+	// S outlives its deadline: quarantined, followed until it settles.
+	r = co.poll(at(22 * time.Second))
+	if !slices.Equal(hashes(r.Quarantined), []string{"S"}) || r.Quarantined[0].Reason != xfer.ReadTimedOut {
+		t.Fatalf("quarantined %+v", r)
+	}
+	co.data.Finish(posts[2].Handle)
+	r = co.poll(at(23 * time.Second))
+	if len(r.Settled) != 1 || r.Settled[0].MMHash != "S" || r.Settled[0].Forced {
 		t.Fatalf("settled %+v", r.Settled)
 	}
-	if co.c.HasInFlight() || co.data.Releases(h) != 1 {
+	if co.c.HasInFlight() {
 		t.Fatal("not cleaned up")
+	}
+	for _, p := range posts {
+		if co.data.Releases(p.Handle) != 1 {
+			t.Fatalf("handle %d released %d times", p.Handle, co.data.Releases(p.Handle))
+		}
 	}
 }
 
@@ -339,13 +360,13 @@ func TestClose(t *testing.T) { // B49, improvement 6
 	mustStart(t, co.c, "Q", []int{2}, at(2*time.Second))
 	mustStart(t, co.c, "W", []int{3}, at(time.Hour))
 	co.c.Poll([][]byte{co.ok("R", 1), co.ok("Q", 2)}, at(time.Second))
-	co.c.PeerDown(at(time.Second)) // R and Q quarantined; W retryable
+	co.c.PeerDown(at(time.Second)) // R and Q read on; W retryable
 	mustStart(t, co.c, "W2", []int{4}, at(time.Hour))
 	rep := co.c.Close()
-	if len(rep.Pending.Retryable) != 1 || len(rep.Pending.Quarantined) != 2 {
+	if len(rep.Pending.Retryable) != 1 || len(rep.Pending.Quarantined) != 0 {
 		t.Fatalf("pending %+v", rep.Pending)
 	}
-	if !slices.Equal(hashes(rep.Freed), []string{"W2", "R"}) || !slices.Equal(hashes(rep.Unsafe), []string{"Q"}) {
+	if !slices.Equal(hashes(rep.Freed), []string{"R", "W2"}) || !slices.Equal(hashes(rep.Unsafe), []string{"Q"}) {
 		t.Fatalf("freed %v unsafe %v", hashes(rep.Freed), hashes(rep.Unsafe))
 	}
 	for _, p := range co.data.Posts() {

@@ -40,8 +40,8 @@
 // a request sent on its own connection only, and none is duplicated.
 // Neither producer answers a request twice: vLLM's answers every request
 // it can decode, in order; ours the same, except that it drops, never
-// answering, a request that waited too long or that its backlog or its
-// control plane refused.
+// answering, a request that its backlog or its control plane refused (one
+// that waited too long is answered NACK_NOT_READY).
 //
 // The consumer session keeps the requests it sent and has not seen
 // answered, in the order it sent them. Each names its attempt
@@ -114,6 +114,21 @@
 // (ForeignNotifs), its grants ending by lease. After it, another agent's
 // is refused.
 //
+// A data plane that serves READs through the session's gate (the TCP
+// plane) also tells it of READs it served that cannot complete: their
+// connection closed before the consumer confirmed every byte. Such a
+// report ends the grant it names with its token, if it is still live and
+// bound to the READ's agent, at the next Poll (BrokenReads), instead of at
+// its lease: the consumer, whose READ failed, asks anew for a new grant.
+// It is safe to unpin then: the plane wrote every byte of that READ out
+// of the region before it saw the connection close (it holds the entry
+// while it writes), a consumer that did get them all keeps them whatever
+// becomes of the blocks, a push of the grant keeps its own hold until its
+// bytes are out, and a same-host copy under the grant sees it retired
+// from the board and drops what it copied. A report naming no grant, or
+// without its token, ends nothing: a bare key would name the oldest
+// grant of the key, maybe not the READ's.
+//
 // The session relies on its control plane for one thing it cannot check:
 // that a reply read off a connection never reaches the session that
 // replaced it. transport.Client hands over nothing of a connection once
@@ -185,9 +200,11 @@
 //     grant.
 //
 //  10. One session, and one control-plane identity, pins at most
-//     MaxPinnedShare of the cache and holds at most MaxGrantsPerEntry
-//     grants of one entry (NACK_NOT_READY beyond either, which consumers
-//     retry); requests older than MaxRequestAge are dropped.
+//     MaxPinnedShare of the cache while a pin beyond it would leave no
+//     room for a save, and holds at most MaxGrantsPerEntry grants of one
+//     entry (NACK_NOT_READY beyond either, which consumers retry);
+//     requests older than MaxRequestAge are answered NACK_NOT_READY, not
+//     granted.
 //
 //  11. The consumer sends connector_version explicitly, its agent name and
 //     an attempt number; it posts a READ, and trusts its completion, only
@@ -218,9 +235,10 @@
 //     against 14 a block), when the descriptor describes one.
 //
 // Also: every deadline comes from the caller's now (the reference mixes in
-// its own monotonic clock); peer death quarantines READs with a real
-// quarantine deadline (in the reference they never settle); a reply the
-// control plane refuses releases the grant's pin at once instead of holding
-// it for a whole lease; results are slices in event order, reusable across
-// steps, and carry the blocks and the reason.
+// its own monotonic clock); at a control connection's death READs run on
+// to their end on their data connections, and one that completes is a
+// completed fetch (in the reference they are quarantined and never
+// settle); a reply the control plane refuses releases the grant's pin at
+// once instead of holding it for a whole lease; results are slices in
+// event order, reusable across steps, and carry the blocks and the reason.
 package session

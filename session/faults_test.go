@@ -1,6 +1,7 @@
 package session
 
 import (
+	"errors"
 	"fmt"
 	"testing"
 	"time"
@@ -62,42 +63,62 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 	}
 }
 
-// Issue 13 item 5: one consumer session cannot pin more than its share of
-// the cache, and the live grants of one entry per session are bounded.
+// One consumer session cannot pin more than its share of the cache when
+// saves are short of room; while they are not, a pin over the share is
+// granted. The live grants of one entry per session are bounded.
 func TestPinnedShare(t *testing.T) {
-	c := cache.NewEmbeddingCache(16)
+	c := cache.NewEmbeddingCache(20)
 	for i := range 4 {
 		c.Alloc(fmt.Sprint("E", i), 4)
 		c.MarkReady(fmt.Sprint("E", i))
 	}
-	po := &producerOnly{data: xfertest.New("prod", 16, 8), cache: c, out: &queue{}}
+	po := &producerOnly{data: xfertest.New("prod", 20, 8), cache: c, out: &queue{}}
 	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat))
-	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")), req("E3", sid("b")))
-	want := []wire.Status{wire.OK, wire.OK, wire.NackNotReady, wire.OK}
-	for i := range want {
-		if acks[i].Status != want[i] {
-			t.Fatalf("ack %d: %s, want %s", i, acks[i].Status, want[i])
+	// "a" pins 12 blocks, over its share of 10: no save is short of room.
+	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")))
+	for i, a := range acks {
+		if a.Status != wire.OK {
+			t.Fatalf("ack %d: %s while no save is short of room", i, a.Status)
 		}
 	}
-	if e, _ := c.Get("E2"); e.Pins != 0 || po.p.Stats().OverPinned != 1 {
-		t.Fatalf("refused grant left a pin (%d) or was not counted", e.Pins)
+	// A save under way takes the free blocks: a pin over the share would
+	// now leave no room for the next. Refused, retryable, its pin
+	// dropped; another session within its share is granted.
+	if _, err := c.Alloc("saving", 4); err != nil {
+		t.Fatalf("save failed: %v", err)
 	}
-	// A new save still finds room: E2 is evictable.
-	if _, err := c.Alloc("new", 4); err != nil {
-		t.Fatalf("save failed with one consumer holding its share: %v", err)
+	acks = po.poll(t, at(time.Millisecond), req("E3", sid("a")), req("E3", sid("b")))
+	if acks[0].Status != wire.NackNotReady || acks[1].Status != wire.OK {
+		t.Fatalf("under pressure: %s for the session over its share, %s for the other", acks[0].Status, acks[1].Status)
 	}
-	// One identity under many session ids is bounded too.
-	po2 := &producerOnly{data: xfertest.New("prod", 16, 8), cache: cache.NewEmbeddingCache(16), out: &queue{}}
-	po2.cache.Alloc("R", 4)
-	po2.cache.MarkReady("R")
+	if e, _ := c.Get("E3"); e.Pins != 1 || po.p.Stats().OverPinned != 1 {
+		t.Fatalf("refused grant left a pin (%d pins) or was not counted (%d)", e.Pins, po.p.Stats().OverPinned)
+	}
+	// One identity under many session ids is bounded too, once a save
+	// found no room.
+	po2 := &producerOnly{data: xfertest.New("prod", 8, 8), cache: cache.NewEmbeddingCache(8), out: &queue{}}
+	for _, h := range []string{"R", "X"} {
+		po2.cache.Alloc(h, 4)
+		po2.cache.MarkReady(h)
+	}
 	po2.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po2.data, po2.cache, compat))
-	var msgs []Message
-	for i := range 4 {
-		msgs = append(msgs, Message{Identity: []byte("one"), Payload: req("R", sid(fmt.Sprint("s", i)))})
+	po2.p.Poll([]Message{
+		{Identity: []byte("one"), Payload: req("R", sid("s0"))},
+		{Identity: []byte("one"), Payload: req("X", sid("s1"))},
+	}, t0, po2.out)
+	if po2.pins("R") != 1 || po2.pins("X") != 1 {
+		t.Fatalf("pins R %d X %d while no save was short of room", po2.pins("R"), po2.pins("X"))
 	}
-	po2.p.Poll(msgs, t0, po2.out)
-	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 2 {
-		t.Fatalf("one identity pinned %d times 4 of 16 blocks", po2.pins("R"))
+	if _, err := po2.cache.Alloc("S", 4); !errors.Is(err, cache.ErrNoSpace) {
+		t.Fatalf("save into a pinned cache: %v", err)
+	}
+	po2.p.Poll([]Message{
+		{Identity: []byte("one"), Payload: req("R", sid("s2"))},
+		{Identity: []byte("two"), Payload: req("R", sid("s3"))},
+	}, at(time.Millisecond), po2.out)
+	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 1 {
+		t.Fatalf("pins R %d, refused %d: the identity over its share was granted, or the other refused",
+			po2.pins("R"), po2.p.Stats().OverPinned)
 	}
 	// A second grant of an entry the session holds pins no new block: it
 	// is not refused by the share.
@@ -126,16 +147,23 @@ func TestPinnedShare(t *testing.T) {
 	}
 }
 
-// Issue 13 item 6: a request that waited past MaxRequestAge is dropped,
-// not granted and not answered.
-func TestStaleRequestDropped(t *testing.T) {
+// A request that waited past MaxRequestAge is not granted but answered
+// NACK_NOT_READY (its attempt echoed), so that a consumer still waiting
+// retries instead of waiting out its ack timeout.
+func TestStaleRequestAnsweredNotReady(t *testing.T) {
 	po := newProducer(t)
-	po.p.Poll([]Message{
-		{Identity: []byte("a"), Payload: req("R", sid("a")), At: t0},
-		{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)},
-	}, at(2500*time.Millisecond), po.out)
-	if len(po.out.msgs) != 1 || po.pins("R") != 1 || po.p.Stats().Stale != 1 {
-		t.Fatalf("replies %d pins %d stale %d", len(po.out.msgs), po.pins("R"), po.p.Stats().Stale)
+	old := wire.AppendReq(nil, &wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Attempt: 41})
+	acks := po.poll2(t, at(2500*time.Millisecond),
+		Message{Identity: []byte("a"), Payload: old, At: t0},
+		Message{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)})
+	if len(acks) != 2 || po.pins("R") != 1 || po.p.Stats().Stale != 1 {
+		t.Fatalf("replies %d pins %d stale %d", len(acks), po.pins("R"), po.p.Stats().Stale)
+	}
+	if a := acks[0]; a.Status != wire.NackNotReady || a.MMHash != "R" || a.Attempt != 41 || a.Grant != 0 {
+		t.Fatalf("stale request answered %+v", a)
+	}
+	if acks[1].Status != wire.OK {
+		t.Fatalf("fresh request answered %s", acks[1].Status)
 	}
 }
 

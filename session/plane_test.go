@@ -3,11 +3,14 @@ package session
 import (
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -28,6 +31,7 @@ type fakeAttachment struct {
 	f        *planeFake
 	gate     plane.Gate
 	detached bool
+	broken   []xfer.Notif // for Broken
 }
 
 func (f *planeFake) Attach(g plane.Gate) plane.Attachment {
@@ -62,6 +66,12 @@ func (a *fakeAttachment) Push(consumer uint64, notif []byte, blocks []int, relea
 }
 
 func (a *fakeAttachment) OnNotify(func() bool) {}
+
+func (a *fakeAttachment) Broken(dst []xfer.Notif) []xfer.Notif {
+	dst = append(dst, a.broken...)
+	a.broken = nil
+	return dst
+}
 
 func (a *fakeAttachment) Detach() {
 	a.log("detach pins %d", a.f.po.pins("R"))
@@ -203,5 +213,87 @@ func TestCloseKeepsPinsOnAPlaneThatCannotRefuse(t *testing.T) {
 	po.poll(t, at(time.Minute))
 	if po.pins("R") != 0 || po.p.Grants() != 0 {
 		t.Fatalf("the lease after Close: pins %d grants %d", po.pins("R"), po.p.Grants())
+	}
+}
+
+// A READ the data plane served on a connection that closed before the
+// consumer confirmed it cannot complete: the plane says so (Broken), and
+// the session ends the grant at its next Poll instead of at its lease,
+// if the notification names the grant with its token and comes from the
+// grant's agent. A bare key, a wrong token or another agent end nothing.
+func TestBrokenReadEndsItsGrant(t *testing.T) {
+	po, f := newPlaneProducer(t)
+	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Attempt: 1, Agent: "cons"})
+	ack := po.poll(t, t0, raw)[0]
+	if ack.Status != wire.OK || po.pins("R") != 1 {
+		t.Fatalf("ack %+v, pins %d", ack, po.pins("R"))
+	}
+	f.take()
+	key := sid("a") + ":R"
+	named := wire.AppendNotifGrant([]byte(key), ack.Grant, ack.Token)
+	wrong := ack.Token
+	wrong[0] ^= 1
+	f.att.broken = []xfer.Notif{
+		{Agent: "cons", Msg: []byte(key)},
+		{Agent: "cons", Msg: wire.AppendNotifGrant([]byte(key), ack.Grant, wrong)},
+		{Agent: "other", Msg: named},
+	}
+	po.poll(t, at(time.Second))
+	if po.pins("R") != 1 || po.p.Grants() != 1 || po.p.Stats().BrokenReads != 0 {
+		t.Fatalf("ended by a notification that does not name it with its token from its agent: pins %d", po.pins("R"))
+	}
+	f.att.broken = []xfer.Notif{{Agent: "cons", Msg: named}, {Agent: "cons", Msg: named}}
+	po.poll(t, at(2*time.Second))
+	f.check(t, "retired", fmt.Sprintf("retire %d pins 1", ack.Grant))
+	if st := po.p.Stats(); st.BrokenReads != 1 || st.Completions != 0 || len(po.p.byID) != 0 {
+		t.Fatalf("after its READ broke: %d live grants, stats %+v", len(po.p.byID), st)
+	}
+	// The grant's push, under way, holds the pin until its bytes are out.
+	if len(f.releases) != 1 || po.pins("R") != 1 {
+		t.Fatalf("pushes %d, pins %d", len(f.releases), po.pins("R"))
+	}
+	f.releases[0]()
+	po.poll(t, at(3*time.Second))
+	if po.pins("R") != 0 || po.p.Grants() != 0 {
+		t.Fatalf("after the push: pins %d, grants %d", po.pins("R"), po.p.Grants())
+	}
+}
+
+// On a plane that serves through the session's gate, a Go consumer's
+// contact request gets a grant of no blocks: it pins nothing, a READ of
+// blocks under it is refused, a READ of none is served, and its
+// notification ends it.
+func TestContactGrant(t *testing.T) {
+	po, f := newPlaneProducer(t)
+	f.take()
+	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: wire.ContactHash, CompatibilityHash: compat, SessionID: sid("a"),
+		Attempt: 3, Agent: "cons", Contact: true})
+	ack := po.poll(t, t0, raw)[0]
+	if ack.Status != wire.OK || ack.Grant == 0 || ack.Token.IsZero() || len(ack.SrcBlockIndices) != 0 || ack.Attempt != 3 {
+		t.Fatalf("contact answer %+v", ack)
+	}
+	if po.pins("R") != 0 || po.p.Grants() != 1 {
+		t.Fatalf("pins %d, grants %d", po.pins("R"), po.p.Grants())
+	}
+	f.check(t, "no publish, no push")
+	notif := wire.AppendNotifGrant([]byte(sid("a")+":"+wire.ContactHash), ack.Grant, ack.Token)
+	if _, ok := f.att.gate.Authorize("cons", notif, []int{0}); ok {
+		t.Fatal("a READ of blocks under a contact grant was served")
+	}
+	h, ok := f.att.gate.Authorize("cons", notif, nil)
+	if !ok {
+		t.Fatal("the contact READ was refused")
+	}
+	h.Release()
+	f.InjectNotif("cons", notif)
+	po.poll(t, at(time.Millisecond))
+	if po.p.Grants() != 0 || po.p.Stats().Completions != 1 || po.pins("R") != 0 {
+		t.Fatalf("after its notification: grants %d, stats %+v", po.p.Grants(), po.p.Stats())
+	}
+	// Its session is known: a fetch is granted and offered for a push.
+	f.take()
+	po.poll(t, at(2*time.Millisecond), goReq("R", sid("a"), 4))
+	if ev := f.take(); len(ev) != 2 || !strings.HasPrefix(ev[1], "push ") {
+		t.Fatalf("events %q", ev)
 	}
 }

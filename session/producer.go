@@ -2,6 +2,7 @@ package session
 
 import (
 	"bytes"
+	"cmp"
 	"context"
 	"crypto/rand"
 	"crypto/subtle"
@@ -54,14 +55,21 @@ type ProducerConfig struct {
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
 	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. A request over it is answered
-	// NACK_NOT_READY, which consumers retry after a backoff. Default 0.5.
+	// and make every save fail. It applies under pressure only
+	// (cache.EmbeddingCache.Pressure: the cache's last save found no room,
+	// or saves are under way and a save as large as the largest yet would
+	// not find it): a request over it is then answered NACK_NOT_READY,
+	// which consumers retry after a backoff; otherwise it is granted.
+	// Default 0.5.
 	MaxPinnedShare float64
-	// MaxRequestAge drops requests that waited longer than this between
-	// their arrival (Message.At) and their turn: their consumer has given up
-	// (its ack timeout, 2 s by default) and a grant would only pin blocks
-	// for nobody. Dropped, not answered: a late answer would be taken for
-	// the answer to the consumer's next attempt. Default 2 s.
+	// MaxRequestAge refuses requests that waited longer than this between
+	// their arrival (Message.At) and their turn: their consumer may have
+	// given up (its ack timeout, 2 s by default), and a grant would pin
+	// blocks for nobody. They are answered NACK_NOT_READY, which a
+	// consumer still waiting retries at once instead of waiting out its
+	// ack timeout; a Go consumer that gave up drops the answer by its
+	// attempt, and a vLLM consumer takes it for its current attempt's,
+	// which it then retries. Default 2 s.
 	MaxRequestAge time.Duration
 	Logger        *slog.Logger // nil: slog.Default()
 	// Rand seeds the source of grant tokens; nil: crypto/rand. Simulations
@@ -79,7 +87,7 @@ type ProducerStats struct {
 	Completions   uint64 // grants ended by their notification
 	UnknownNotifs uint64 // notifications matching no grant (late, foreign)
 	ForeignNotifs uint64 // notifications from an agent the grant is not bound to
-	Stale         uint64 // requests dropped for waiting past MaxRequestAge
+	Stale         uint64 // requests refused (NACK_NOT_READY) for waiting past MaxRequestAge
 	OverPinned    uint64 // requests refused by the pinned-block shares
 	BadNotifs     uint64 // notifications that are not UTF-8
 	Expired       uint64 // grants ended by the lease
@@ -92,6 +100,11 @@ type ProducerStats struct {
 	DescBytes     uint64 // the bytes of those descriptors
 	ShapesSent    uint64 // OK acks that carried the region's shape instead
 	BadTokens     uint64 // notifications naming a live grant without its token
+	// BrokenReads are grants ended before their lease because the data
+	// plane served their READ on a connection that closed before the
+	// consumer confirmed it (plane.Attachment.Broken).
+	BrokenReads uint64
+	Contacts    uint64 // contact requests answered (wire.XferReq.Contact)
 }
 
 type consumerState struct {
@@ -121,6 +134,16 @@ type grant struct {
 }
 
 const endedBit = 1 << 30
+
+// contactDrive is how long a producer drives a data plane that must be
+// driven (xfer.Driven) after a contact request, as if a READ were
+// expected: the consumer's data plane connects to ours meanwhile (over
+// UCX, its connection's set-up moves only while both agents are driven).
+const contactDrive = time.Second
+
+// contactSuffix ends the notification a consumer's data plane sends as it
+// makes contact, naming no grant (NIXL's, see plane.Contacter).
+var contactSuffix = []byte(":" + wire.ContactHash)
 
 // grantIDs numbers grants across every producer session of the process: a
 // data plane that outlives a session (or serves its successor) never sees
@@ -161,9 +184,10 @@ type ProducerSession struct {
 	// Per consumer session: its live grants, and whether it has completed
 	// a READ since our agent metadata last changed (then it has registered
 	// our agent, and acks can leave the mem descriptor out).
-	consumers map[string]*consumerState
-	idents    map[string]int // blocks pinned per control-plane identity
-	lastMeta  []byte
+	consumers  map[string]*consumerState
+	idents     map[string]int // blocks pinned per control-plane identity
+	lastMeta   []byte
+	metaDigest uint64 // wire.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
 	// The shape of the data plane's descriptor (shapeOf), if it is one.
 	shapeOf   []byte
 	shape     wire.Blocks
@@ -174,6 +198,9 @@ type ProducerSession struct {
 	maxPinned int
 	maxAge    time.Duration
 	draining  bool
+	// contactUntil: a consumer asked for contact (its data plane connects
+	// to ours): a data plane that must be driven is, until then.
+	contactUntil time.Time
 
 	req    wire.ReqView
 	ack    wire.XferAck
@@ -265,6 +292,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
 		// A new incarnation of our agent: every consumer registers anew.
 		p.lastMeta = append(p.lastMeta[:0], meta...)
+		p.metaDigest = wire.MetaDigest(p.lastMeta)
 		for _, c := range p.consumers {
 			c.confirmed = false
 		}
@@ -273,18 +301,20 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 		p.handle(&msgs[i], now, out)
 	}
 	p.drainNotifs()
+	p.drainBroken()
 	p.sweep(now)
 	p.reapHeld()
 	if p.driven != nil {
-		p.driven.ExpectReads(p.Grants())
+		n := p.Grants()
+		if now.Before(p.contactUntil) {
+			n++ // a consumer's data plane connects: drive ours for it
+		}
+		p.driven.ExpectReads(n)
 	}
 }
 
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
-	if !m.At.IsZero() && now.Sub(m.At) > p.maxAge {
-		p.stats.Stale++
-		return
-	}
+	stale := !m.At.IsZero() && now.Sub(m.At) > p.maxAge
 	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
 		p.log.Warn("ec producer: malformed XferReq", "err", err)
@@ -301,7 +331,18 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		return
 	}
 	p.stats.Requests++
-	g := p.grantOrNack(&p.req, m.Identity, now)
+	var g *grant
+	if stale {
+		// Its consumer may have given up: no grant, whose pin would wait
+		// out a lease for nobody. But an answer, retryable, so that one
+		// still waiting need not wait out its ack timeout; a Go consumer
+		// that gave up drops it by its attempt.
+		p.stats.Stale++
+		p.ack = wire.XferAck{MMHash: string(p.req.MMHash), Status: wire.NackNotReady, Attempt: p.req.Attempt}
+		p.stats.Nacks[wire.NackNotReady]++
+	} else {
+		g = p.grantOrNack(&p.req, m.Identity, now)
+	}
 	p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 	if err := out.Reply(m.Identity, p.buf); err != nil {
 		p.stats.ReplyErrors++
@@ -313,7 +354,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		}
 		return
 	}
-	if g != nil && p.att != nil && !g.token.IsZero() && g.cs.grants <= maxPushLive {
+	if g != nil && p.att != nil && !g.token.IsZero() && g.cs.grants <= maxPushLive && len(g.Blocks) > 0 {
 		// The ack is out and the grant live: its blocks follow it at
 		// once, under a hold of the pin until they are out of the region.
 		// (Ahead of the ack they delayed it by as much as they saved.)
@@ -372,6 +413,29 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.stats.OverBound++
 		return nack(wire.NackInternal, "ec producer: session bound to another agent; NACK")
 	}
+	if req.Contact {
+		p.contactUntil = now.Add(contactDrive)
+		// Only the data-plane contact: what a first OK ack would carry,
+		// and, to a Go consumer of a plane that serves through our gate,
+		// a grant of no blocks (it pins nothing): its data plane's contact
+		// READs nothing under it, which proves its connection to be this
+		// consumer session's (pushes go there), and ends it.
+		p.stats.Contacts++
+		var g *grant
+		if req.Attempt != 0 && p.att != nil && (cs == nil || cs.grants < p.perSess) && len(p.byID) < p.maxGrants {
+			g = p.contactGrant(req, cs, ident, now)
+		}
+		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: wire.OK, SessionID: string(req.SessionID),
+			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt}
+		if g != nil {
+			p.ack.MMHash, p.ack.SessionID = g.MMHash, g.SessionID
+			p.ack.Grant, p.ack.Token = g.id, g.token
+		}
+		if !p.known(req.Known) {
+			p.describe(req.AcceptsShape)
+		}
+		return g
+	}
 	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
 	same := p.byKey[string(p.keyBuf)]
 	if len(p.byID) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess) {
@@ -394,13 +458,19 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
 	// The shares count the blocks a session (and an identity) keeps
-	// pinned: a second grant of an entry it holds adds none.
+	// pinned: a second grant of an entry it holds adds none. They bite
+	// only under pressure (cache.EmbeddingCache.Pressure: the last save
+	// found no room, or saves under way would not): otherwise a pin over
+	// a share costs nobody, and a consumer's pins outlive its READs by
+	// the notification's way back, so a share counts READs that are done.
 	n := len(entry.Blocks)
 	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
-		p.unpin(entry.Key)
-		p.stats.OverPinned++
-		// Retryable: the consumer backs off until its own grants end.
-		return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
+		if p.cache.Pressure(n) {
+			p.unpin(entry.Key)
+			p.stats.OverPinned++
+			// Retryable: the consumer backs off until its own grants end.
+			return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
+		}
 	}
 	var key string
 	if len(same) > 0 {
@@ -451,16 +521,63 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
-	if !cs.confirmed {
-		if shape, ok := p.regionShape(req.AcceptsShape); ok {
-			p.ack.Shape = shape
-			p.stats.ShapesSent++
-		} else {
-			p.ack.MemDescriptor = p.data.MemDescriptor()
-			p.stats.DescsSent++
-			p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
-		}
+	if !cs.confirmed && !p.known(req.Known) {
+		p.describe(req.AcceptsShape)
 	}
+	return g
+}
+
+// known reports whether a request's ecx_known names our agent metadata as
+// it is: the consumer has it registered.
+func (p *ProducerSession) known(digest uint64) bool {
+	return digest != 0 && len(p.lastMeta) > 0 && digest == p.metaDigest
+}
+
+// describe puts the region's shape, when the consumer takes one, or else
+// the mem descriptor into p.ack.
+func (p *ProducerSession) describe(acceptsShape bool) {
+	if shape, ok := p.regionShape(acceptsShape); ok {
+		p.ack.Shape = shape
+		p.stats.ShapesSent++
+		return
+	}
+	p.ack.MemDescriptor = p.data.MemDescriptor()
+	p.stats.DescsSent++
+	p.stats.DescBytes += uint64(len(p.ack.MemDescriptor))
+}
+
+// contactGrant makes a grant of no blocks for req, a contact request of a
+// Go consumer: a token for its data plane's contact READ, which ends it.
+func (p *ProducerSession) contactGrant(req *wire.ReqView, cs *consumerState, ident []byte, now time.Time) *grant {
+	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
+	same := p.byKey[string(p.keyBuf)]
+	key := string(p.keyBuf)
+	if len(same) > 0 {
+		key = same[0].key
+	}
+	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
+	if cs == nil {
+		p.pruneConsumers()
+		p.nextCons++
+		cs = &consumerState{id: p.nextCons}
+		p.consumers[sid] = cs
+	}
+	if cs.agent == "" && len(req.Agent) > 0 {
+		p.lock()
+		cs.agent = string(req.Agent)
+		p.unlock()
+	}
+	cs.grants++
+	g := p.newGrant()
+	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
+	g.id, g.key, g.agent, g.cs, g.ident = grantIDs.Add(1), key, cs.agent, cs, string(ident)
+	p.tokens.Read(g.token[:])
+	p.lock()
+	p.byKey[key] = append(same, g)
+	p.byID[g.id] = g
+	p.unlock()
+	p.link(g)
+	p.stats.Grants++
 	return g
 }
 
@@ -538,8 +655,8 @@ func (p *ProducerSession) newGrant() *grant {
 	g.release = func() {
 		// Read before the hold drops: once it is endedBit, the step loop
 		// may recycle g.
-		mm := g.MMHash
-		if g.hold.Add(-1) == endedBit {
+		mm, pinned := g.MMHash, len(g.Blocks) > 0
+		if g.hold.Add(-1) == endedBit && pinned {
 			p.unpin(mm) // the cache is safe for concurrent use
 		}
 	}
@@ -584,7 +701,9 @@ func (p *ProducerSession) endGrant(g *grant) {
 		p.held = append(p.held, g) // a READ is still being served
 		return
 	}
-	p.unpin(g.MMHash)
+	if len(g.Blocks) > 0 { // a contact grant pins nothing
+		p.unpin(g.MMHash)
+	}
 	p.recycle(g)
 }
 
@@ -626,10 +745,12 @@ func init() {
 // the simulator's invariant checks (internal/hooks).
 func (p *ProducerSession) pinCounts(dst map[string]int) {
 	for g := p.lru.next; g != &p.lru; g = g.next {
-		dst[g.MMHash]++
+		if len(g.Blocks) > 0 {
+			dst[g.MMHash]++
+		}
 	}
 	for _, g := range p.held {
-		if g.hold.Load() != endedBit {
+		if g.hold.Load() != endedBit && len(g.Blocks) > 0 {
 			dst[g.MMHash]++
 		}
 	}
@@ -773,6 +894,9 @@ func (p *ProducerSession) drainNotifs() {
 		g, forged := p.lookup(n.Msg)
 		if g == nil {
 			// Keys are valid UTF-8: only a miss needs the check.
+			if bytes.HasSuffix(n.Msg, contactSuffix) {
+				continue // a consumer's data plane set up its way to us (Contact)
+			}
 			if forged {
 				p.stats.BadTokens++
 				p.log.Warn("ec producer: notification without its grant's token; ignored", "agent", n.Agent)
@@ -805,6 +929,38 @@ func (p *ProducerSession) drainNotifs() {
 		p.endGrant(g)
 	}
 	clear(p.notifs) // drop references to the messages
+}
+
+// drainBroken ends the grants whose READ the data plane served on a
+// connection that closed before the consumer confirmed every byte: that
+// READ cannot complete, and the consumer asks anew (a new grant) if it
+// wants the entry. Only a grant the notification names with its token
+// (a Go consumer's), bound to the READ's agent, ends: a bare key would
+// name the oldest grant of the key, maybe not the READ's. The pin may
+// go at once: every byte served left the region before the connection's
+// end was seen (the plane holds the entry while it writes), and a push
+// or a READ still being served keeps its own hold.
+func (p *ProducerSession) drainBroken() {
+	if p.att == nil {
+		return
+	}
+	p.notifs = p.att.Broken(p.notifs[:0])
+	for i := range p.notifs {
+		n := &p.notifs[i]
+		if _, _, tok, ok := wire.SplitNotifGrant(n.Msg); !ok || tok.IsZero() {
+			continue
+		}
+		g, _ := p.lookup(n.Msg)
+		if g == nil {
+			continue // ended already: by its notification, its lease, or another READ's end
+		}
+		if want := cmp.Or(g.agent, g.cs.agent); want != "" && n.Agent != want {
+			continue
+		}
+		p.stats.BrokenReads++
+		p.endGrant(g)
+	}
+	clear(p.notifs)
 }
 
 // NextDeadline returns when the first lease runs out, for a loop that

@@ -62,6 +62,21 @@ func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []
 	return acks
 }
 
+// poll2 is poll of messages as given (identities, arrival times).
+func (po *producerOnly) poll2(t *testing.T, now time.Time, msgs ...Message) []wire.XferAck {
+	t.Helper()
+	po.p.Poll(msgs, now, po.out)
+	var acks []wire.XferAck
+	for _, raw := range po.out.take() {
+		var a wire.XferAck
+		if err := wire.DecodeAck(raw, &a); err != nil {
+			t.Fatalf("reply does not decode: %v", err)
+		}
+		acks = append(acks, a)
+	}
+	return acks
+}
+
 func (po *producerOnly) pins(key string) int {
 	e, _ := po.cache.Get(key)
 	return e.Pins

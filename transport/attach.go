@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // attachment is a producer session's hold on the data plane (see package
@@ -21,6 +22,7 @@ type attachment struct {
 
 	mu     sync.Mutex
 	pushTo map[uint64][]*servedConn // by consumer session: connections that proved it, taking pushes
+	broken []xfer.Notif             // READs served under its grants that cannot complete (Broken)
 }
 
 // maxBound is how many consumer sessions one connection takes pushes for:
@@ -55,7 +57,32 @@ func (a *attachment) drop() {
 	a.hook.Store(nil)
 	a.mu.Lock()
 	clear(a.pushTo) // a connection's list of bindings, its own, is reset as it binds again
+	clear(a.broken)
+	a.broken = nil
 	a.mu.Unlock()
+}
+
+// Broken implements plane.Attachment.
+func (a *attachment) Broken(dst []xfer.Notif) []xfer.Notif {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	dst = append(dst, a.broken...)
+	clear(a.broken)
+	a.broken = a.broken[:0]
+	return dst
+}
+
+// broke queues the notification of a READ served under a's gate whose
+// connection closed before its done; false when there is no room (its
+// grant then ends with its lease) or a is detached.
+func (a *attachment) broke(agent string, notif []byte) bool {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.detached.Load() || len(a.broken) >= maxQueuedNotifs {
+		return false
+	}
+	a.broken = append(a.broken, xfer.Notif{Agent: agent, Msg: notif})
+	return true
 }
 
 func (d *TCPData) clearBoard() {

@@ -51,7 +51,13 @@
 // token (from the ack's ecx_token) in its notification, and the session
 // checks it; the agent name a connection gives is a label. The
 // notification reaches the producer only after the consumer confirms
-// every byte landed. Malformed frames, oversized lengths, out-of-range
+// every byte landed. A READ served on a connection that closes before
+// that confirmation needs its grant no more: it failed on the consumer,
+// or every byte had landed already (a consumer keeps a READ's answer only
+// once its confirmation is written, a pushed one once the push is in).
+// The plane hands its notification to the session whose gate granted it
+// (plane.Attachment.Broken), which ends its grant at once instead of at
+// its lease. Malformed frames, oversized lengths, out-of-range
 // blocks and stalls close that connection only. Producers are told apart
 // by name, address and incarnation. The agent metadata is a msgpack map:
 // {"v": 2, "name", "addr", "inc" (a new incarnation id on every start),

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bufio"
+	"context"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -22,6 +23,9 @@ type link struct {
 	dial  sync.Mutex // one dial at a time
 	conn  net.Conn
 	nb    *nbWriter // conn's, for writes that must not wait
+	// welcomed is conn's: closed once its reader took the producer's
+	// welcome (and its proof), or gave up on it.
+	welcomed chan struct{}
 	// pending are the READs sent on conn and not answered, in order;
 	// headAt is when pending[0] became the head: the deadline of its
 	// answer runs from then (see arm).
@@ -87,7 +91,7 @@ func (l *link) up() bool {
 // send writes op's READ on l, connecting first if it must; buf is scratch
 // space, returned for the next READ.
 func (l *link) send(op *readOp, buf []byte) []byte {
-	conn, err := l.connect()
+	conn, err := l.connect(context.Background())
 	if err != nil {
 		l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
 		op.fail()
@@ -215,7 +219,7 @@ func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
 
 // note sends one notification, connecting if it must.
 func (l *link) note(n []byte) {
-	conn, err := l.connect()
+	conn, err := l.connect(context.Background())
 	if err != nil {
 		l.p.d.notesLost.Add(1)
 		return
@@ -261,8 +265,9 @@ func (l *link) breakLocked(err error) {
 	l.pending = l.pending[:0]
 }
 
-// connect returns the live connection, dialing one if there is none.
-func (l *link) connect() (net.Conn, error) {
+// connect returns the live connection, dialing one if there is none (ctx
+// bounds the dial, with DialTimeout).
+func (l *link) connect(ctx context.Context) (net.Conn, error) {
 	l.dial.Lock()
 	defer l.dial.Unlock()
 	l.mu.Lock()
@@ -274,7 +279,8 @@ func (l *link) connect() (net.Conn, error) {
 	if l.p.stopped() {
 		return nil, xfer.ErrClosed
 	}
-	c, err := net.DialTimeout("tcp", l.p.addr, l.p.d.cfg.DialTimeout)
+	dialer := net.Dialer{Timeout: l.p.d.cfg.DialTimeout}
+	c, err := dialer.DialContext(ctx, "tcp", l.p.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -299,20 +305,52 @@ func (l *link) connect() (net.Conn, error) {
 		c.Close()
 		return nil, xfer.ErrClosed
 	}
-	l.conn, l.nb = c, newNBWriter(c)
+	welcomed := make(chan struct{})
+	l.conn, l.nb, l.welcomed = c, newNBWriter(c), welcomed
 	l.mu.Unlock()
 	l.p.d.wg.Add(1)
-	go l.reader(c)
+	go l.reader(c, welcomed)
 	return c, nil
+}
+
+// contact brings the link's connection up and waits for the producer's
+// welcome on it: once it returns nil, a READ on the link pays for no
+// connection, and a same-host producer's proof is in. It fails when the
+// connection broke first.
+func (l *link) contact(ctx context.Context) error {
+	c, err := l.connect(ctx)
+	if err != nil {
+		return err
+	}
+	l.mu.Lock()
+	welcomed := l.welcomed
+	up := l.conn == c
+	l.mu.Unlock()
+	if !up {
+		return fmt.Errorf("transport: connection to %s closed before its welcome", l.p.addr)
+	}
+	select {
+	case <-welcomed:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if !l.up() {
+		return fmt.Errorf("transport: connection to %s closed before its welcome", l.p.addr)
+	}
+	return nil
 }
 
 // reader takes the producer's welcome, then its answers in order, landing
 // each READ's bytes straight in the local blocks, and its pushes.
-func (l *link) reader(c net.Conn) {
+func (l *link) reader(c net.Conn, welcomed chan struct{}) {
 	defer l.p.d.wg.Done()
 	in := &deadlineReader{c: c, timeout: l.p.d.cfg.IOTimeout}
 	r := bufio.NewReaderSize(in, 64<<10)
 	err := l.welcome(r, in)
+	if err != nil {
+		l.breakIf(c, err) // before the close: contact sees the link down
+	}
+	close(welcomed)
 	for err == nil {
 		// The head's deadline (arm), until a frame starts.
 		in.progress = false

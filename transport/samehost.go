@@ -74,6 +74,7 @@ type sharedPeer struct {
 	want      [proofLen]byte // the proof that answers it
 	verified  atomic.Bool    // a welcome carried it
 	populates bool           // our mapping is new: fault its pages in ahead of the copies
+	populated chan struct{}  // closed once its pages are faulted in (or that gave up)
 	unmap     func()
 	copies    chan *readOp // large READs, and bursts, for the copy goroutine
 	lastPost  time.Time    // of the last READ copied, under d.mu: bursts
@@ -178,7 +179,10 @@ func walk(op *readOp, _ int, f func(li, ri, n int)) {
 // goroutine, and the one that faults its pages in.
 func (p *peer) startShared() {
 	p.sh.copies = make(chan *readOp, p.d.cfg.MaxQueued)
-	if p.sh.populates {
+	p.sh.populated = make(chan struct{})
+	if !p.sh.populates {
+		close(p.sh.populated)
+	} else {
 		p.readers.Add(1)
 		p.d.wg.Add(1)
 		go p.populate()
@@ -232,6 +236,7 @@ func (p *peer) copier() {
 func (p *peer) populate() {
 	defer p.d.wg.Done()
 	defer p.readers.Done()
+	defer close(p.sh.populated)
 	const chunk = 16 << 20
 	for off := 0; off < len(p.sh.mem); off += chunk {
 		if p.stopped() {

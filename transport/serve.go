@@ -109,7 +109,7 @@ type server struct {
 	r        *bufio.Reader
 	in       *deadlineReader
 	buf      [16]byte
-	awaiting map[uint64][]byte // served READs whose done has not come
+	awaiting map[uint64]awaited // served READs whose done has not come
 	ids      []int
 	runs     [][2]int
 	out      net.Buffers
@@ -133,10 +133,10 @@ func (d *TCPData) serve(s *servedConn) {
 		tuneConn(tc)
 	}
 	in := &deadlineReader{c: s.c, timeout: d.cfg.IOTimeout, progress: true}
-	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(in, 4096), awaiting: map[uint64][]byte{},
+	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(in, 4096), awaiting: map[uint64]awaited{},
 		notif: make([]byte, maxNotifLen), scratch: make([]byte, 16<<10)}
 	defer func() {
-		if v.pending {
+		if v.brokeAll() || v.pending {
 			d.notified()
 		}
 	}()
@@ -207,9 +207,9 @@ func (v *server) frame() bool {
 			return false
 		}
 		id := binary.BigEndian.Uint64(v.buf[:8])
-		if msg, ok := v.awaiting[id]; ok {
+		if w, ok := v.awaiting[id]; ok {
 			delete(v.awaiting, id)
-			return v.queue(msg)
+			return v.queue(w.notif)
 		}
 		return true
 	case frameNotify:
@@ -225,6 +225,30 @@ func (v *server) frame() bool {
 		return v.queue(bytes.Clone(v.notif[:nl]))
 	}
 	return false
+}
+
+// awaited is a READ served and not confirmed: the attachment whose gate
+// granted it (nil: TCPConfig.Authorize's alone), and its notification.
+type awaited struct {
+	notif []byte
+	att   *attachment
+}
+
+// brokeAll hands the READs served on this connection whose done never
+// came to the attachments that granted them, as the connection closes:
+// none can complete now (the consumer lands a READ only once its done is
+// written, and nothing more comes on this connection), and every byte
+// served is out of the region (the hold of each ended after its write).
+// It reports whether any was handed over.
+func (v *server) brokeAll() bool {
+	any := false
+	for id, w := range v.awaiting {
+		if w.att != nil && w.att.broke(v.s.agent, w.notif) {
+			any = true
+		}
+		delete(v.awaiting, id)
+	}
+	return any
 }
 
 // queue queues a notification for DrainNotifs; false: the queue is full
@@ -274,7 +298,7 @@ func (v *server) read() bool {
 	if a != nil {
 		a.bind(v.s, hold.Consumer)
 	}
-	v.awaiting[id] = bytes.Clone(v.notif[:nl])
+	v.awaiting[id] = awaited{bytes.Clone(v.notif[:nl]), a}
 	if v.s.room > 0 && !resend && v.s.wasPushed(v.notif[:nl], v.ids) {
 		// Its bytes went ahead on this connection: they are the
 		// consumer's already.

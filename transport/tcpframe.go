@@ -38,7 +38,10 @@ import (
 //
 // A producer answers reads in order. It queues a read's notification only
 // when the consumer's done for it arrives, so a notification means every
-// byte was delivered.
+// byte was delivered. A consumer lands a read only once it wrote its done:
+// a read whose connection closes before its done arrived either failed on
+// the consumer, or landed every byte already; the producer's session ends
+// its grant either way (see plane.Attachment.Broken).
 const (
 	frameMagic = "ECX2"
 

@@ -137,6 +137,8 @@ type ReqView struct {
 	Agent        []byte // the ecx_agent extension, or empty
 	Attempt      uint64 // the ecx_attempt extension, or zero
 	AcceptsShape bool   // the ecx_shape_ok extension
+	Contact      bool   // the ecx_contact extension
+	Known        uint64 // the ecx_known extension, or zero
 }
 
 // EffectiveVersion returns the version, ConnectorVersion when absent.
@@ -158,7 +160,8 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	var haveMM, haveCompat, haveVersion bool
 	var attempt uint64
 	var version Int
-	var shapeOK bool
+	var shapeOK, contact bool
+	var known uint64
 	for ; n > 0; n-- {
 		k, err := d.key()
 		if err != nil {
@@ -184,6 +187,10 @@ func DecodeReqView(data []byte, r *ReqView) error {
 			attempt, err = d.extUint()
 		case "ecx_shape_ok":
 			shapeOK, err = d.extBool()
+		case "ecx_contact":
+			contact, err = d.extBool()
+		case "ecx_known":
+			known, err = d.extUint()
 		default:
 			err = d.skip()
 		}
@@ -202,7 +209,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	}
 	*r = ReqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
 		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion,
-		Agent: data[agent.lo:agent.hi:agent.hi], Attempt: attempt, AcceptsShape: shapeOK}
+		Agent: data[agent.lo:agent.hi:agent.hi], Attempt: attempt, AcceptsShape: shapeOK, Contact: contact, Known: known}
 	return nil
 }
 
@@ -223,7 +230,8 @@ func DecodeReq(data []byte, r *XferReq) error {
 	if agent != string(v.Agent) {
 		agent = string(v.Agent)
 	}
-	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: agent, Attempt: v.Attempt, AcceptsShape: v.AcceptsShape}
+	*r = XferReq{MMHash: s[0], CompatibilityHash: s[1], SessionID: s[2], Agent: agent, Attempt: v.Attempt,
+		AcceptsShape: v.AcceptsShape, Contact: v.Contact, Known: v.Known}
 	if v.HasVersion && v.Version != IntOf(ConnectorVersion) {
 		ver := v.Version
 		r.ConnectorVersion = &ver

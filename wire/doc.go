@@ -56,8 +56,13 @@
 //   - Go peers add fields msgspec skips (it ignores unknown fields), so
 //     vLLM's peers are unaffected: [XferReq.VersionOnWire] puts
 //     connector_version on the wire even at its default, ecx_agent and
-//     ecx_attempt name the consumer's agent and request, and ecx_shape_ok
-//     offers to take a region's shape for its descriptor; an ack may carry
+//     ecx_attempt name the consumer's agent and request, ecx_shape_ok
+//     offers to take a region's shape for its descriptor, ecx_known says
+//     which producer metadata the consumer has registered (its
+//     [MetaDigest]: no descriptor needed), and ecx_contact asks for the
+//     producer's data-plane contact alone, ahead of any fetch (vLLM's
+//     producer answers it NACK_MISSING: [ContactHash] names no entry);
+//     an ack may carry
 //     ecx_grant, ecx_token (the grant's capability), ecx_lease_ms, the echoed ecx_attempt and ecx_shape (then
 //     without mem_descriptor, which the offer allowed). Zero values stay
 //     off the wire, so the msgspec-exact encoding (the golden vectors) is

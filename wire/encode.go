@@ -25,6 +25,8 @@ const (
 	keyShapeOK = "\xacecx_shape_ok"
 	keyShape   = "\xa9ecx_shape"
 	keyToken   = "\xa9ecx_token"
+	keyContact = "\xabecx_contact"
+	keyKnown   = "\xa9ecx_known"
 )
 
 // AppendReq appends the msgpack encoding of r to dst, byte for byte as
@@ -46,6 +48,12 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 		n++
 	}
 	if r.AcceptsShape {
+		n++
+	}
+	if r.Contact {
+		n++
+	}
+	if r.Known != 0 {
 		n++
 	}
 	dst = append(dst, 0x80|byte(n))
@@ -71,6 +79,13 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 	}
 	if r.AcceptsShape {
 		dst = append(dst, keyShapeOK+"\xc3"...)
+	}
+	if r.Contact {
+		dst = append(dst, keyContact+"\xc3"...)
+	}
+	if r.Known != 0 {
+		dst = append(dst, keyKnown...)
+		dst = appendUint(dst, r.Known)
 	}
 	return dst
 }

@@ -33,6 +33,7 @@ func seedFuzz(f *testing.F, vectorType, target string) {
 func FuzzDecodeReq(f *testing.F) {
 	seedFuzz(f, "XferReq", "XferReq")
 	f.Add(AppendReq(nil, &XferReq{MMHash: "h", CompatibilityHash: "c", Agent: "a", Attempt: 2, AcceptsShape: true}))
+	f.Add(AppendReq(nil, &XferReq{MMHash: ContactHash, CompatibilityHash: "c", Attempt: 3, Contact: true, Known: 1 << 40}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r XferReq
 		if err := DecodeReq(data, &r); err != nil {

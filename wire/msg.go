@@ -1,5 +1,10 @@
 package wire
 
+import (
+	"crypto/sha256"
+	"encoding/binary"
+)
+
 // XferReq asks a producer for one entry (tag "req"), consumer to producer.
 type XferReq struct {
 	MMHash            string
@@ -28,7 +33,22 @@ type XferReq struct {
 	// AcceptsShape ("ecx_shape_ok") says the consumer takes
 	// [XferAck.Shape] in place of the mem descriptor.
 	AcceptsShape bool
+	// Contact ("ecx_contact") asks for the producer's data-plane contact
+	// only, ahead of any fetch: a Go producer answers OK with its agent
+	// metadata and its mem descriptor (or shape), no blocks and no grant.
+	// vLLM's producer reads the request as one for MMHash, which names no
+	// entry ([ContactHash]), and answers NACK_MISSING.
+	Contact bool
+	// Known ("ecx_known") is the [MetaDigest] of the producer's agent
+	// metadata the consumer has registered: a Go producer whose metadata
+	// it is leaves the mem descriptor and the shape out of its OK ack.
+	Known uint64
 }
+
+// ContactHash is the mm_hash of a contact request ([XferReq.Contact]):
+// not a content hash, so that a producer that does not read the
+// extension holds no entry of it.
+const ContactHash = "ecxfer-contact"
 
 // Version returns the effective connector version: [ConnectorVersion] when the
 // field is absent.
@@ -84,4 +104,11 @@ func (t Token) IsZero() bool { return t == Token{} }
 // of a mem descriptor.
 type MemDesc struct {
 	Addr, Size, Device Int
+}
+
+// MetaDigest is the digest of a producer's agent metadata a consumer
+// sends as [XferReq.Known]: the first 8 bytes of its SHA-256, never zero.
+func MetaDigest(meta []byte) uint64 {
+	sum := sha256.Sum256(meta)
+	return binary.BigEndian.Uint64(sum[:]) | 1
 }

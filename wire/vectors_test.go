@@ -171,7 +171,7 @@ func descsFromFields(t testing.TB, raw json.RawMessage) []MemDesc {
 func sameReq(a, b XferReq) bool {
 	return a.MMHash == b.MMHash && a.CompatibilityHash == b.CompatibilityHash &&
 		a.SessionID == b.SessionID && a.Version() == b.Version() && a.Agent == b.Agent && a.Attempt == b.Attempt &&
-		a.AcceptsShape == b.AcceptsShape
+		a.AcceptsShape == b.AcceptsShape && a.Contact == b.Contact && a.Known == b.Known
 }
 
 // sameAck compares two acks, treating nil and empty slices alike.

@@ -478,3 +478,25 @@ func TestAppendIDs(t *testing.T) {
 		}
 	}
 }
+
+// The contact request and the registered-metadata digest round-trip; a
+// value of the wrong type reads as absent; a zero digest stays off the
+// wire.
+func TestContactAndKnownExtensions(t *testing.T) {
+	r := XferReq{MMHash: ContactHash, CompatibilityHash: "c", SessionID: "s", Attempt: 9, Contact: true, Known: MetaDigest([]byte("meta"))}
+	var rb XferReq
+	if err := DecodeReq(AppendReq(nil, &r), &rb); err != nil || !sameReq(r, rb) {
+		t.Fatalf("round trip: %v, %+v", err, rb)
+	}
+	if bytes.Contains(AppendReq(nil, &XferReq{MMHash: "h", CompatibilityHash: "c"}), []byte("ecx_")) {
+		t.Fatal("a plain request carries an extension")
+	}
+	if MetaDigest(nil) == 0 || MetaDigest([]byte("a")) == MetaDigest([]byte("b")) {
+		t.Fatal("digest zero, or two blobs alike")
+	}
+	var rv ReqView
+	odd := []byte("\x85\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xabecx_contact\x01\xa9ecx_known\xa1x")
+	if err := DecodeReqView(odd, &rv); err != nil || rv.Contact || rv.Known != 0 {
+		t.Errorf("wrong types: %v, %+v", err, rv)
+	}
+}

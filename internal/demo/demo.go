@@ -394,10 +394,11 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	for i := range hashes {
 		hashes[i] = Hash(i)
 	}
-	// Connected before the clock starts, as an engine connects to the
-	// producers it knows of at start-up.
+	// Connected before the clock starts (the control connection and the
+	// data plane's contact), as an engine connects to the producers it
+	// knows of at start-up.
 	for _, addr := range producers {
-		if err := ctl.Connect(ctx, addr); err != nil {
+		if err := pool.Connect(ctx, addr); err != nil {
 			return Summary{}, fmt.Errorf("connect to %s: %w", addr, err)
 		}
 	}

@@ -303,15 +303,17 @@ func (x *ConsumerXfer) releaseEnded() {
 	x.handle = 0
 }
 
-// PeerDown handles the death of the producer: a transfer waiting for its ack
-// ends as xfer.AckTimeout (reason xfer.PeerDown: retry allowed); a READ in progress is
-// quarantined, since the data plane may still write. It returns the new state.
-func (x *ConsumerXfer) PeerDown(now time.Time) xfer.State {
-	switch x.state {
-	case xfer.WaitingAck:
+// PeerDown handles the death of the producer's control connection: a
+// transfer waiting for its ack ends as xfer.AckTimeout (reason
+// xfer.PeerDown: retry allowed), since its ack will not come. A READ in
+// progress runs on: it moves on the data plane, which is not that
+// connection, under a grant the producer keeps until its notification or
+// lease, and it is judged when it ends (done within the lease: the entry;
+// failed: nothing more writes) or at its deadline (quarantine), as any
+// other. It returns the new state.
+func (x *ConsumerXfer) PeerDown(_ time.Time) xfer.State {
+	if x.state == xfer.WaitingAck {
 		x.state, x.reason = xfer.AckTimeout, xfer.PeerDown
-	case xfer.Reading:
-		x.quarantine(now, xfer.PeerDown)
 	}
 	return x.state
 }

@@ -10,6 +10,12 @@
 // and calls none of its hooks, so a session that replaces it starts clean.
 package plane
 
+import (
+	"context"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
 // Gate is the producer session's side: it decides which READs are served.
 type Gate interface {
 	// Authorize checks a READ asked for by agent (a label for logs) under
@@ -55,7 +61,48 @@ type Attachment interface {
 	// they arrive; f reports whether it did (else the plane signals its
 	// loop). nil removes it.
 	OnNotify(f func() bool)
+	// Broken appends to dst, and forgets, the notifications of READs the
+	// plane served through this attachment's gate that cannot complete:
+	// their connection closed before the consumer confirmed that every
+	// byte landed. Every byte had left the region (or never will) by
+	// then: the session may end their grants at once instead of at the
+	// lease. The hook is run when some are queued.
+	Broken(dst []xfer.Notif) []xfer.Notif
 	// Detach ends the attachment: the board is cleared, connections
 	// forget the consumers they served, the hook is removed.
 	Detach()
+}
+
+// Contacter is a data plane that can make contact with a producer it has
+// registered ahead of the first READ, so that the first fetch pays for no
+// set-up: the TCP plane's connections, their hello and welcome (with the
+// same-host proof, and the mapped region's pages faulted in), NIXL's
+// loading of the producer's metadata and its connection.
+type Contacter interface {
+	// Contact makes the contact with the registered producer agent and
+	// waits until it is made, it failed, or ctx ended. notif, if set, is
+	// the notification of the grant of no blocks the producer made with
+	// its contact answer: a READ of nothing under it ends it, and on a
+	// plane that takes pushes proves the connection it went on to be the
+	// consumer session's.
+	Contact(ctx context.Context, agent string, notif []byte) error
+}
+
+// contacters are the data planes' packages' ways to a Contacter, each
+// registered in its package's init: the planes' own types keep no method
+// for it in their public API.
+var contacters []func(data any) Contacter
+
+// RegisterContacter adds a way to a data plane's Contacter: f returns it
+// for a data plane of its package, else nil. For init functions only.
+func RegisterContacter(f func(data any) Contacter) { contacters = append(contacters, f) }
+
+// ContacterOf returns data's Contacter, or nil when it has none.
+func ContacterOf(data any) Contacter {
+	for _, f := range contacters {
+		if c := f(data); c != nil {
+			return c
+		}
+	}
+	return nil
 }

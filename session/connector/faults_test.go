@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -469,4 +470,106 @@ func TestProcessFaults(t *testing.T) {
 		w.closeAndCheck() // this test's own consumer did nothing
 		noPins(t, w.prod)
 	})
+}
+
+// A control connection reset while READs run on a healthy data
+// connection: the READs run on to their end, and every one that completes
+// is a completed fetch. The data connection is slowed so that most of the
+// round's READs are under way when the control connection goes.
+func TestControlResetLetsReadsFinish(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a second of real-socket faults")
+	}
+	w := newFaultWorld(t)
+	w.data.SetRate(1 << 20)
+	var deathAt int
+	w.round(1, func() {
+		deathAt = w.completedThisRound
+		w.ctl.Reset()
+	})
+	if w.pool.Stats().PeerDeaths == 0 {
+		t.Fatal("the reset was not noticed: the test did not exercise the case")
+	}
+	if w.failed != 0 || w.completedThisRound != faultItems {
+		t.Fatalf("%d of %d completed, %d failed (%v); %d had completed at the reset",
+			w.completedThisRound, faultItems, w.failed, w.why, deathAt)
+	}
+	if deathAt > faultItems/2 {
+		t.Fatalf("%d of %d had completed at the reset: too few READs under way", deathAt, faultItems)
+	}
+	t.Logf("%d completed at the reset; %s", deathAt, w.costs())
+	w.data.SetRate(0)
+	w.round(0, nil)
+	w.finish()
+}
+
+// A data connection reset while the producer has served READs whose
+// consumer has not yet confirmed them: those READs cannot complete, and
+// the producer ends their grants as its data plane sees the connection
+// close, not at the lease (30 s here). The consumer asks anew for what
+// failed; every pin is gone within a few seconds of the round.
+func TestBrokenReadsEndTheirGrants(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real-socket faults")
+	}
+	pregion := must(cache.NewRegion(cache.RegionConfig{Blocks: faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
+	t.Cleanup(func() { pregion.Close() })
+	entries := cache.NewEmbeddingCache(pregion.Blocks())
+	for i := range faultItems {
+		e := must(entries.Alloc(benchHash(i), faultBlocks))
+		for j, b := range e.Blocks {
+			benchFill(pregion.Block(b), i, j)
+		}
+		entries.MarkReady(benchHash(i))
+	}
+	dataAddr := freeAddr(t)
+	proxy := must(faultproxy.New(dataAddr))
+	t.Cleanup(func() { proxy.Close() })
+	var served atomic.Int64 // READ frames the producer took
+	pdata := must(transport.NewTCPData(transport.TCPConfig{Listen: dataAddr, Advertise: proxy.Addr(), NoPush: true,
+		IOTimeout: 5 * time.Second, Logger: benchQuiet,
+		Authorize: func(string, []byte, []int) (func(), bool) { served.Add(1); return func() {}, true }}, pregion))
+	t.Cleanup(func() { pdata.Close() })
+	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
+	t.Cleanup(func() { srv.Close() })
+	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", PinLease: 30 * time.Second,
+		MaxPinnedShare: 1, Logger: benchQuiet}, srv, pdata, entries))
+	ctx, cancel := context.WithCancel(context.Background())
+	stopped := make(chan struct{})
+	go func() { prod.Serve(ctx, nil); close(stopped) }()
+	t.Cleanup(func() { cancel(); <-stopped; prod.Close() })
+
+	c := newConsumer(t, srv.Endpoint())
+	proxy.SetRate(64 << 10) // the answers crawl: READs stay unconfirmed
+	reset := make(chan struct{})
+	c.round(0, func() {
+		go func() {
+			defer close(reset)
+			for served.Load() < faultItems {
+				time.Sleep(time.Millisecond)
+			}
+			proxy.Reset()
+			proxy.SetRate(0)
+		}()
+	})
+	<-reset
+	if c.completed == faultItems && c.pool.Stats().Retries == 0 {
+		t.Fatal("every READ completed: the reset broke none")
+	}
+	if c.failed != 0 {
+		t.Fatalf("%d fetches failed (%v)", c.failed, c.why)
+	}
+	end := time.Now().Add(5 * time.Second)
+	for prod.Grants() > 0 {
+		if time.Now().After(end) {
+			t.Fatalf("%d grants still pinned 5 s after the round (lease 30 s); stats %+v", prod.Grants(), prod.Stats())
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	st := prod.Stats()
+	if st.BrokenReads == 0 || st.Expired != 0 || st.Grants != st.Completions+st.BrokenReads {
+		t.Fatalf("stats %+v", st)
+	}
+	t.Logf("%d grants: %d completed, %d ended by their broken READ; %d fetches retried", st.Grants, st.Completions, st.BrokenReads, c.pool.Stats().Retries)
+	c.closeAndCheck()
 }

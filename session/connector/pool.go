@@ -15,6 +15,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/logx"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
@@ -195,20 +196,26 @@ type fetch struct {
 	lastWhy  xfer.Reason
 	lastSt   wire.Status
 	pe       *peer // the session of the current attempt
+	// heldOn is the session f waits on while its producer's first
+	// answer is on its way (see hold); held says f waited once.
+	heldOn *peer
+	held   bool
 }
 
 // peer is one consumer session and the address it talks to.
 type peer struct {
-	addr     string
-	s        *session.ConsumerSession
-	msgs     [][]byte
-	lastUsed time.Time // the last attempt started on it
+	contacting bool // Connect's contact request was sent on it
+	addr       string
+	s          *session.ConsumerSession
+	msgs       [][]byte
+	lastUsed   time.Time // the last attempt started on it
 }
 
 // Pool fetches entries from producers: it owns one ConsumerSession per
 // producer address over a shared control-plane client and data plane,
-// retries what may succeed later, and keeps sessions whose READs are in
-// quarantine alive until they settle, so no block is ever leaked. It is
+// retries what may succeed later, and keeps the sessions of dead control
+// connections alive while their READs run (a READ that completes is a
+// completed fetch) or sit in quarantine, so no block is ever leaked. It is
 // driven by Step and not safe for concurrent use.
 type Pool struct {
 	cfg   PoolConfig
@@ -219,7 +226,8 @@ type Pool struct {
 	ids   io.Reader
 	peers map[string]*peer
 	order []*peer // the live sessions, in creation order: steps are deterministic
-	// draining holds sessions of dead producers with READs in quarantine.
+	// draining holds the sessions of dead control connections whose READs
+	// run on, or sit in quarantine.
 	draining   []*peer
 	fetches    map[string]*fetch
 	retrying   []*fetch
@@ -243,6 +251,7 @@ type Pool struct {
 	ptimer    *ptimer.Timer   // Wait's for waits under preciseBelow
 
 	closedMalformed uint64 // Malformed of sessions closed
+	kept            bool   // p.res holds outcomes of Connect's steps, for the next Step
 	pubMu           sync.Mutex
 	pub             PoolStats // what Stats returns
 }
@@ -371,12 +380,117 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 	return false, nil
 }
 
-// attempt sends one request for f.
+// connecter is a control plane that can connect ahead of the first send
+// (*transport.Client).
+type connecter interface {
+	Connect(ctx context.Context, addr string) error
+}
+
+// ErrContactRefused wraps the NACK a producer answered Connect's contact
+// request with: NACK_INCOMPAT, NACK_VERSION (it speaks another version),
+// NACK_INTERNAL (it drains, say).
+var ErrContactRefused = errors.New("connector: the producer refused contact")
+
+// Connect makes contact with the producer at addr ahead of the first
+// fetch, and returns once it is made, it failed, or ctx ended: an engine
+// calls it at start-up for each producer it knows of, so that its first
+// fetch from each pays for no set-up. It opens the control connection
+// (when the control plane can connect ahead, as transport.Client does),
+// asks the producer for its data-plane contact (wire.XferReq.Contact) and
+// registers it as a first OK ack would, then has the data plane make its
+// own contact where it has one (the TCP plane's connections and its
+// same-host proof and mapping; NIXL's load of the producer's metadata
+// and its connection). A producer that does not answer such a request
+// (vLLM's, or an older Go one, answer NACK_MISSING) leaves the data-plane
+// contact to the first fetch, and Connect returns nil once the control
+// connection is up. An answer that goes unanswered, or a connection that
+// dies, is asked again until ctx ends. It fails with ErrContactRefused
+// (wrapping the status) for any other NACK, with the control plane's or
+// the data plane's error, or ctx's.
+//
+// Connect steps the pool while it waits (it must not run concurrently
+// with the other methods, as Step): outcomes of fetches that end
+// meanwhile come with the next Step's. The session it opens is reaped as
+// any other once idle for IdleSession.
+func (p *Pool) Connect(ctx context.Context, addr string) error {
+	if p.closed {
+		return ErrClosed
+	}
+	if c, ok := p.ctl.(connecter); ok {
+		if err := c.Connect(ctx, addr); err != nil {
+			return err
+		}
+	}
+	var agent string
+	for agent == "" {
+		if err := ctx.Err(); err != nil {
+			return err
+		}
+		now := time.Now()
+		pe, err := p.peer(addr)
+		if err != nil {
+			return err
+		}
+		pe.lastUsed = now
+		if peer, ok := pe.s.Registered(); ok {
+			agent = peer.Agent
+			break
+		}
+		if done, _, _ := pe.s.Contacted(); done || !pe.contacting {
+			if err := pe.s.Contact(now, now.Add(p.cfg.AckTimeout)); err != nil {
+				if !errors.Is(err, xfer.ErrPeerDown) && !errors.Is(err, xfer.ErrQueueFull) {
+					return err
+				}
+				// Its death is reported in a step to come; or a full
+				// queue: wait a little.
+				p.WaitFor(ctx, p.cfg.PollInterval)
+				p.kept = true
+				p.step(time.Now())
+				continue
+			}
+			pe.contacting = true
+		}
+		for {
+			if !p.WaitFor(ctx, p.cfg.AckTimeout) && ctx.Err() != nil {
+				return ctx.Err()
+			}
+			p.kept = true
+			p.step(time.Now())
+			done, st, err := pe.s.Contacted()
+			if p.peers[addr] != pe || !done {
+				if p.peers[addr] != pe {
+					break // it died: a new session asks again
+				}
+				continue
+			}
+			pe.contacting = false
+			switch {
+			case err != nil && (errors.Is(err, session.ErrNoContactAnswer) || errors.Is(err, session.ErrContactLost)):
+			case err != nil:
+				return err
+			case st == wire.NackMissing:
+				return nil // it takes no contact request: the first fetch registers it
+			case st != wire.OK:
+				return fmt.Errorf("%w: %s: %s", ErrContactRefused, addr, st)
+			}
+			break
+		}
+	}
+	if c := plane.ContacterOf(p.data); c != nil {
+		return c.Contact(ctx, agent, p.peers[addr].s.ContactNotif())
+	}
+	return nil
+}
+
+// attempt sends one request for f, or holds it (see hold).
 func (p *Pool) attempt(f *fetch, now time.Time) error {
 	_, existed := p.peers[f.addr]
 	pe, err := p.peer(f.addr)
 	if err != nil {
 		return err
+	}
+	if p.hold(f, pe, now) {
+		return nil
 	}
 	ackBy := now.Add(p.cfg.AckTimeout)
 	if f.deadline.Before(ackBy) {
@@ -393,8 +507,36 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	pe.lastUsed = now
 	f.attempts++
 	f.retryAt = time.Time{}
-	f.pe = pe
+	f.pe, f.heldOn = pe, nil
 	return nil
+}
+
+// hold makes f wait, once, while a request to its producer is unanswered
+// and the producer not registered yet (Connect's contact, or a first
+// fetch): that answer registers it, and the requests sent after say so
+// (ecx_known), so that a Go producer describes its region (224 KB for
+// 16,000 blocks, to a consumer that takes no shapes) once, not in every
+// ack of the first wave. f goes once the producer is registered, its
+// first answer came otherwise, its session is gone, or an ack timeout
+// passed.
+func (p *Pool) hold(f *fetch, pe *peer, now time.Time) bool {
+	if f.held || !pe.s.Probing() {
+		return false
+	}
+	f.held, f.heldOn = true, pe
+	f.retryAt = now.Add(p.cfg.AckTimeout)
+	if f.deadline.Before(f.retryAt) {
+		f.retryAt = f.deadline
+	}
+	p.retrying = append(p.retrying, f)
+	return true
+}
+
+// waits reports whether f, held, still waits on its producer's first
+// answer.
+func (p *Pool) waits(f *fetch) bool {
+	pe := f.heldOn
+	return pe != nil && p.peers[pe.addr] == pe && pe.s.Probing()
 }
 
 func (p *Pool) peer(addr string) (*peer, error) {
@@ -424,7 +566,16 @@ func (s sender) Send(b []byte) error { return s.ctl.Send(s.addr, b) }
 // due, and returns the outcomes. The Results are the pool's, valid until the
 // next Step.
 func (p *Pool) Step(now time.Time) *Results {
-	p.res.reset()
+	if p.kept {
+		p.kept = false // Connect's steps' outcomes go out with this one's
+	} else {
+		p.res.reset()
+	}
+	return p.step(now)
+}
+
+// step is Step, adding to p.res.
+func (p *Pool) step(now time.Time) *Results {
 	p.lastStep = now
 	if p.closed {
 		return &p.res
@@ -551,12 +702,14 @@ func fit[T any](s []T, lately int) []T {
 }
 
 // Sessions returns how many producer sessions the pool holds: live ones,
-// and those of dead producers still following quarantined READs.
+// and those of dead control connections still following their READs.
 func (p *Pool) Sessions() int { return len(p.order) + len(p.draining) }
 
 // peerDown moves the producer's session out of the pool: waiting transfers
-// become retryable, READs go to quarantine and are followed until they
-// settle; the next fetch to addr starts a new session on a new socket.
+// become retryable; READs run on, on their data connections, and are
+// followed to their end, a READ that completes a completed fetch (a
+// control connection that broke says nothing of the data's); the next
+// fetch to addr starts a new session on a new socket.
 func (p *Pool) peerDown(addr string, now time.Time) {
 	pe := p.peers[addr]
 	if pe == nil {
@@ -734,7 +887,7 @@ func (p *Pool) retryDue(now time.Time) {
 		if p.fetches[f.mmHash] != f { // ended meanwhile (Close)
 			continue
 		}
-		if now.Before(f.retryAt) {
+		if now.Before(f.retryAt) && (f.heldOn == nil || p.waits(f)) {
 			p.retrying = append(p.retrying, f)
 			continue
 		}

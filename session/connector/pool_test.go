@@ -202,38 +202,61 @@ func TestPoolTerminalNack(t *testing.T) {
 	}
 }
 
-// A producer that dies while a READ is running: the fetch fails with its
-// blocks held; the dead producer's session lives on until the READ ends,
-// then the blocks come back. A new fetch meanwhile uses a new session.
+// A producer's control connection dies while a READ is running: the READ
+// runs on, on its data connection, and a READ that completes is a
+// completed fetch; the dead connection's session lives on until it ends.
+// A new fetch meanwhile uses a new session.
 func TestPoolPeerDeathDuringRead(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 1, true)
 	w.entry(t, "G", 1, true)
+	e, _ := w.cache.Get("H")
+	copy(w.pdata.Block(e.Blocks[0]), "entry H!")
 	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck})
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond) // READ posted, stuck
 	w.ctl.dead = append(w.ctl.dead, addr)
-	r := w.step(time.Millisecond)
-	if len(r.Failed) != 1 || !r.Failed[0].BlocksHeld || r.Failed[0].Reason != xfer.PeerDown {
-		t.Fatalf("%+v", r)
+	if r := w.step(time.Millisecond); len(r.Completed)+len(r.Failed)+len(r.Released) != 0 {
+		t.Fatalf("judged at the control connection's death: %+v", r)
 	}
 	// A fetch to the same address starts on a fresh session.
 	w.pool.Fetch(addr, "G", []int{4}, w.now.Add(time.Minute), w.now)
-	r = w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Completed) > 0 })
-	if r.Completed[0].MMHash != "G" {
+	r := w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Completed) > 0 })
+	if r.Completed[0].MMHash != "G" || len(r.Failed) != 0 {
 		t.Fatalf("%+v", r)
 	}
 	w.cdata.Finish(w.cdata.Posts()[0].Handle)
-	r = w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Released) > 0 })
-	if !slices.Equal(r.Released[0].Blocks, []int{3}) || r.Released[0].Forced {
-		t.Fatalf("%+v", r.Released)
+	r = w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Completed) > 0 })
+	if r.Completed[0].MMHash != "H" || !slices.Equal(r.Completed[0].Blocks, []int{3}) || len(r.Failed)+len(r.Released) != 0 {
+		t.Fatalf("%+v", r)
+	}
+	if string(w.cdata.Block(3)) != "entry H!" {
+		t.Fatalf("completed with %q", w.cdata.Block(3))
 	}
 	if len(w.pool.draining) != 0 {
-		t.Fatal("the settled session was not closed")
+		t.Fatal("the ended session was not closed")
 	}
-	if st := w.pool.Stats(); st.PeerDeaths != 1 || st.Quarantines != 1 || st.Released != 1 {
+	if st := w.pool.Stats(); st.PeerDeaths != 1 || st.Quarantines != 0 || st.Completed != 2 || st.Failed != 0 {
 		t.Fatalf("stats %+v", st)
+	}
+}
+
+// A READ that fails after its control connection died frees its blocks
+// and is asked for anew, on a new session.
+func TestPoolPeerDeathThenReadFails(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 1, true)
+	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck})
+	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond)
+	w.ctl.dead = append(w.ctl.dead, addr)
+	w.step(time.Millisecond)
+	w.cdata.FailRead(w.cdata.Posts()[0].Handle)
+	r := w.until(t, 10*time.Millisecond, 20, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
+	if len(r.Completed) != 1 || len(r.Failed) != 0 || w.pool.Stats().Retries != 1 {
+		t.Fatalf("%+v, stats %+v", r, w.pool.Stats())
 	}
 }
 

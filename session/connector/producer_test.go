@@ -14,6 +14,7 @@ import (
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -364,6 +365,7 @@ func (notifyAttachment) Retire(uint64)                           {}
 func (notifyAttachment) Push(uint64, []byte, []int, func()) bool { return false }
 func (notifyAttachment) Detach()                                 {}
 func (a notifyAttachment) OnNotify(h func() bool)                { a.f.OnNotify(h) }
+func (notifyAttachment) Broken(dst []xfer.Notif) []xfer.Notif    { return dst }
 
 // Ready: it signals (never, here), so Serve sleeps until the lease rather
 // than polling every 5 ms.

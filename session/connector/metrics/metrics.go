@@ -123,7 +123,7 @@ func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Label
 		unknown:     newDesc("ecxfer_producer_unknown_notifications_total", "Notifications matching no grant.", c, nil, constLabels),
 		foreign:     newDesc("ecxfer_producer_foreign_notifications_total", "Notifications from an agent the grant is not bound to.", c, nil, constLabels),
 		bad:         newDesc("ecxfer_producer_bad_notifications_total", "Notifications that are not UTF-8.", c, nil, constLabels),
-		stale:       newDesc("ecxfer_producer_stale_requests_total", "Requests dropped for waiting past MaxRequestAge.", c, nil, constLabels),
+		stale:       newDesc("ecxfer_producer_stale_requests_total", "Requests refused NACK_NOT_READY for waiting past MaxRequestAge.", c, nil, constLabels),
 		refused:     newDesc("ecxfer_producer_refused_total", "Requests refused by a bound, by bound (grants, pinned).", c, []string{"bound"}, constLabels),
 		replyErrors: newDesc("ecxfer_producer_reply_errors_total", "Replies the control plane refused.", c, nil, constLabels),
 		descs_:      newDesc("ecxfer_producer_descriptors_sent_total", "OK acks that carried the mem descriptor.", c, nil, constLabels),

@@ -1,0 +1,152 @@
+package session
+
+import (
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// contactPair is a consumer session and a producer session over a fabric,
+// their messages carried by hand.
+type contactPair struct {
+	toP, toC *queue
+	c        *ConsumerSession
+	p        *ProducerSession
+	pdata    *xfertest.Fake
+	pc       *cache.EmbeddingCache
+}
+
+func newContactPair(t *testing.T) *contactPair {
+	t.Helper()
+	fab := xfertest.NewFabric()
+	cp := &contactPair{toP: &queue{}, toC: &queue{}, pdata: fab.New("prod", 16, 8), pc: cache.NewEmbeddingCache(16)}
+	cp.pc.Alloc("R", 2)
+	cp.pc.MarkReady("R")
+	cp.c = must(NewConsumerSession(ConsumerConfig{Logger: quiet}, cp.toP, fab.New("cons", 16, 8), compat))
+	cp.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, cp.pdata, cp.pc, compat))
+	return cp
+}
+
+// exchange carries the consumer's requests to the producer, through strip
+// if set (a producer that reads none of the extensions), and the answers
+// back, at now.
+func (cp *contactPair) exchange(now time.Time, strip bool) {
+	var msgs []Message
+	for _, raw := range cp.toP.take() {
+		if strip {
+			var r wire.XferReq
+			wire.DecodeReq(raw, &r)
+			raw = wire.AppendReq(nil, &wire.XferReq{MMHash: r.MMHash, CompatibilityHash: r.CompatibilityHash, SessionID: r.SessionID})
+		}
+		msgs = append(msgs, Message{Identity: []byte("c"), Payload: raw})
+	}
+	cp.p.Poll(msgs, now, cp.toC)
+	var acks [][]byte
+	for _, raw := range cp.toC.take() {
+		if strip { // its answers name no attempt either
+			var a wire.XferAck
+			wire.DecodeAck(raw, &a)
+			a.Attempt, a.Grant, a.Token, a.LeaseMillis = 0, 0, wire.Token{}, 0
+			raw = wire.AppendAck(nil, &a)
+		}
+		acks = append(acks, raw)
+	}
+	cp.c.Poll(acks, now)
+}
+
+// A contact request registers a Go producer before any fetch: its answer
+// carries the producer's metadata and region, no grant and no pin. The
+// requests after it say the consumer has the producer registered
+// (ecx_known), and their acks carry no description of the region.
+func TestContactRegistersTheProducer(t *testing.T) {
+	cp := newContactPair(t)
+	if done, _, _ := cp.c.Contacted(); done {
+		t.Fatal("done before any contact")
+	}
+	if err := cp.c.Contact(t0, at(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	if !cp.c.Probing() {
+		t.Fatal("not probing while the contact waits")
+	}
+	cp.exchange(at(time.Millisecond), false)
+	done, st, err := cp.c.Contacted()
+	if !done || st != wire.OK || err != nil {
+		t.Fatalf("contacted: %v %s %v", done, st, err)
+	}
+	if peer, ok := cp.c.Registered(); !ok || peer.Blocks != 16 || cp.c.Probing() {
+		t.Fatalf("registered %v %+v, probing %v", ok, peer, cp.c.Probing())
+	}
+	ps := cp.p.Stats()
+	if ps.Contacts != 1 || ps.Grants != 0 || ps.DescsSent+ps.ShapesSent != 1 || cp.p.Grants() != 0 {
+		t.Fatalf("producer %+v, %d grants", ps, cp.p.Grants())
+	}
+	if e, _ := cp.pc.Get("R"); e.Pins != 0 {
+		t.Fatal("a contact pinned an entry")
+	}
+	mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
+	var r wire.ReqView
+	if err := wire.DecodeReqView(cp.toP.msgs[0], &r); err != nil || r.Known != wire.MetaDigest(cp.pdata.AgentMetadata()) || r.Contact {
+		t.Fatalf("request after the contact: %v %+v", err, r)
+	}
+	cp.exchange(at(2*time.Millisecond), false)
+	if ps := cp.p.Stats(); ps.Grants != 1 || ps.DescsSent+ps.ShapesSent != 1 {
+		t.Fatalf("the ack described the region again: %+v", ps)
+	}
+	if cp.c.Stats().Registrations != 1 {
+		t.Fatalf("registered %d times", cp.c.Stats().Registrations)
+	}
+	res := cp.poll(at(3 * time.Millisecond))
+	if len(res.Completed) != 1 {
+		t.Fatalf("%+v", res)
+	}
+}
+
+func (cp *contactPair) poll(now time.Time) Results {
+	cp.c.Poll(nil, now)
+	var r Results
+	cp.c.TakeResults(&r)
+	return r
+}
+
+// A producer that does not read the contact request (vLLM's, which
+// answers NACK_MISSING, and names no attempt) leaves the session
+// unregistered, and the first fetch registers it as before. No answer by
+// the deadline, or a dead connection, end the contact with an error.
+func TestContactWithoutTheExtension(t *testing.T) {
+	cp := newContactPair(t)
+	cp.c.Contact(t0, at(time.Second))
+	cp.exchange(at(time.Millisecond), true)
+	if done, st, err := cp.c.Contacted(); !done || st != wire.NackMissing || err != nil {
+		t.Fatalf("contacted: %v %s %v", done, st, err)
+	}
+	if _, ok := cp.c.Registered(); ok || cp.c.Stats().StrayAcks != 0 {
+		t.Fatalf("registered %v, stray %d", ok, cp.c.Stats().StrayAcks)
+	}
+	mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
+	cp.exchange(at(2*time.Millisecond), true)
+	if _, ok := cp.c.Registered(); !ok {
+		t.Fatal("the first ack did not register the producer")
+	}
+
+	cp = newContactPair(t)
+	cp.c.Contact(t0, at(time.Second))
+	cp.toP.take()
+	cp.poll(at(time.Second))
+	if done, _, _ := cp.c.Contacted(); done {
+		t.Fatal("done at its deadline")
+	}
+	cp.poll(at(time.Second + time.Nanosecond))
+	if done, _, err := cp.c.Contacted(); !done || !errors.Is(err, ErrNoContactAnswer) {
+		t.Fatalf("past its deadline: %v %v", done, err)
+	}
+	cp.c.Contact(at(2*time.Second), at(3*time.Second))
+	cp.c.PeerDown(at(2 * time.Second))
+	if done, _, err := cp.c.Contacted(); !done || !errors.Is(err, ErrContactLost) {
+		t.Fatalf("after PeerDown: %v %v", done, err)
+	}
+}
