@@ -99,8 +99,15 @@ type ConsumerSession struct {
 	agent      xfer.Peer
 	agentMeta  []byte
 	known      uint64 // wire.MetaDigest(agentMeta), sent while registered (ecx_known)
-	contact    contact
-	replied    bool // a reply answered one of our requests
+	rand       io.Reader
+	// ownIDs: the producer granted without naming the grant (vLLM's
+	// does), so it tells a READ's notification by "<session_id>:<mm_hash>"
+	// alone, and a late one of an earlier grant of the key would end the
+	// next grant of it under its READ. Each request then carries a
+	// session id of its own, which no other grant shares.
+	ownIDs  bool
+	contact contact
+	replied bool // a reply answered one of our requests
 
 	byHash      map[string]*cxfer // active and quarantined
 	active      []*cxfer          // in start order
@@ -154,7 +161,7 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 		log = slog.Default()
 	}
 	c := &ConsumerSession{
-		id: u.String(), compat: compatHash, peer: peer, data: data,
+		id: u.String(), rand: r, compat: compatHash, peer: peer, data: data,
 		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]int{},
 	}
 	if n, ok := data.(xfer.Named); ok {
@@ -199,7 +206,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	if c.perHash[mmHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
 		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
 	}
-	attempt, err := c.send(mmHash, false)
+	attempt, sid, err := c.send(mmHash, false)
 	if err != nil {
 		return err
 	}
@@ -209,7 +216,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	} else {
 		x = new(cxfer)
 	}
-	x.Reset(mmHash, blocks, c.id, now, ackDeadline, c.data, &c.xcfg)
+	x.Reset(mmHash, blocks, sid, now, ackDeadline, c.data, &c.xcfg)
 	x.ended, x.moved = false, false
 	x.attempt = attempt
 	c.byHash[mmHash] = x
@@ -221,24 +228,38 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 }
 
 // send sends a request for mmHash (a contact request: see Contact) and
-// records it as unanswered; it returns its attempt.
-func (c *ConsumerSession) send(mmHash string, contact bool) (uint64, error) {
+// records it as unanswered; it returns its attempt and the session id it
+// carries: the session's, or one of its own once the producer is known to
+// name no grant (see ownIDs).
+func (c *ConsumerSession) send(mmHash string, contact bool) (uint64, string, error) {
 	attempt := attemptIDs.Add(1)
-	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: c.id, VersionOnWire: true,
+	sid := c.id
+	if c.ownIDs && !contact {
+		u, err := uuid.NewRandomFromReader(c.rand)
+		if err != nil {
+			return 0, "", fmt.Errorf("session: request's session id: %w", err)
+		}
+		sid = u.String()
+	}
+	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: sid, VersionOnWire: true,
 		Agent: c.agentName, Attempt: attempt, AcceptsShape: c.shapes != nil, Contact: contact}
 	if c.registered {
 		req.Known = c.known
 	}
 	c.buf = wire.AppendReq(c.buf[:0], &req)
 	if err := c.peer.Send(c.buf); err != nil {
-		return 0, fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
+		return 0, "", fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
 	}
-	c.sent = append(c.sent, request{mmHash: mmHash, attempt: attempt})
+	r := request{mmHash: mmHash, attempt: attempt}
+	if sid != c.id {
+		r.sid = sid
+	}
+	c.sent = append(c.sent, r)
 	c.perHash[mmHash]++
 	c.sentSeen = max(c.sentSeen, c.unanswered())
 	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
 	c.pendingMade = max(c.pendingMade, len(c.perHash))
-	return attempt, nil
+	return attempt, sid, nil
 }
 
 // contact is the last contact request (Contact) and what came of it.
@@ -271,7 +292,7 @@ func (c *ConsumerSession) Contact(now, deadline time.Time) error {
 	if c.perHash[wire.ContactHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
 		return fmt.Errorf("%w: contact", ErrUnanswered)
 	}
-	attempt, err := c.send(wire.ContactHash, true)
+	attempt, _, err := c.send(wire.ContactHash, true)
 	if err != nil {
 		return err
 	}
@@ -331,31 +352,47 @@ func (c *ConsumerSession) ContactNotif() []byte { return c.contact.notif }
 type request struct {
 	mmHash  string
 	attempt uint64
+	sid     string // its own session id (ownIDs), or "" for the session's
 }
 
 // unanswered returns how many requests are unanswered.
 func (c *ConsumerSession) unanswered() int { return len(c.sent) - c.sentHead }
 
-// answer matches a reply for mmHash to the request it answers, and
-// forgets that request: the one the reply names (attempt), else the
-// oldest unanswered of mmHash. The requests sent before it, of any
-// mm_hash, are forgotten too: the producer answers in order, so it has
-// answered or dropped them. It returns the transfer the reply may act on,
-// the one of that request if it still waits for its ack; else nil, and
-// the reply is to be dropped.
-func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) (*cxfer, uint64) {
+// answer matches a reply for mmHash, echoing session id sid (or none),
+// to the request it answers, and forgets that request: the one the reply
+// names (attempt, or a request's own session id), else the oldest
+// unanswered of mmHash. The requests sent before it, of any mm_hash, are
+// forgotten too: the producer answers in order, so it has answered or
+// dropped them. It returns the transfer the reply may act on, the one of
+// that request if it still waits for its ack; else nil, and the reply is
+// to be dropped.
+func (c *ConsumerSession) answer(mmHash, sid []byte, attempt uint64) (*cxfer, uint64) {
 	if c.perHash[string(mmHash)] == 0 {
 		return nil, 0
 	}
 	q := c.sent[c.sentHead:]
 	i := 0
-	if attempt != 0 {
+	switch {
+	case attempt != 0:
 		var found bool
 		i, found = slices.BinarySearchFunc(q, attempt, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
 		if !found || q[i].mmHash != string(mmHash) {
 			return nil, 0 // not ours, or answered already
 		}
-	} else {
+	case len(sid) != 0:
+		// The session's id answers a request that carried it, a
+		// request's own id exactly that request.
+		own := ""
+		if string(sid) != c.id {
+			own = string(sid)
+		}
+		for i < len(q) && (q[i].sid != own || q[i].mmHash != string(mmHash)) {
+			i++
+		}
+		if i == len(q) {
+			return nil, 0
+		}
+	default:
 		for q[i].mmHash != string(mmHash) {
 			i++
 		}
@@ -421,11 +458,11 @@ func (c *ConsumerSession) badAck(raw []byte) {
 	switch {
 	case !ok:
 		return // it names nothing: counted as Malformed only
-	case len(sid) != 0 && string(sid) != c.id:
+	case !c.ours(sid):
 		c.stats.ForeignAcks++
 		return
 	}
-	x, answered := c.answer(mm, attempt)
+	x, answered := c.answer(mm, sid, attempt)
 	if x == nil {
 		if c.isContact(answered) {
 			c.answered(nil)
@@ -435,6 +472,21 @@ func (c *ConsumerSession) badAck(raw []byte) {
 		return
 	}
 	c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
+}
+
+// ours reports whether a reply echoing session id sid (or none) may be
+// this session's: sid is the session's, or the own id of a request not
+// answered yet.
+func (c *ConsumerSession) ours(sid []byte) bool {
+	if len(sid) == 0 || string(sid) == c.id {
+		return true
+	}
+	for _, r := range c.sent[c.sentHead:] {
+		if r.sid == string(sid) {
+			return true
+		}
+	}
+	return false
 }
 
 // isContact reports whether attempt is the contact request's, waiting.
@@ -454,12 +506,12 @@ type cxfer struct {
 // dispatch handles one ack. Its fields alias the payload: nothing of it is
 // kept without a copy.
 func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
-	if len(ack.SessionID) != 0 && string(ack.SessionID) != c.id {
+	if !c.ours(ack.SessionID) {
 		c.stats.ForeignAcks++
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
 		return
 	}
-	x, answered := c.answer(ack.MMHash, ack.Attempt)
+	x, answered := c.answer(ack.MMHash, ack.SessionID, ack.Attempt)
 	if x == nil {
 		if c.isContact(answered) {
 			c.answered(ack)
@@ -506,6 +558,13 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		}
 		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
 		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
+		return
+	}
+	if ack.Grant == 0 {
+		// A producer that names no grant tells this READ's notification
+		// by "<session_id>:<mm_hash>" alone: from now on every request
+		// carries a session id of its own (see ownIDs).
+		c.ownIDs = true
 	}
 }
 

@@ -35,7 +35,19 @@ func newConsumer(t *testing.T) *consumerOnly {
 }
 
 func (co *consumerOnly) ok(h string, ids ...int64) []byte {
-	return ackOK(h, co.c.ID(), co.prod.AgentMetadata(), ids...)
+	return ackOK(h, sidOf(co.out.msgs, h), co.prod.AgentMetadata(), ids...)
+}
+
+// sidOf returns the session id of the last request for h in sent, as a
+// producer echoes it.
+func sidOf(sent [][]byte, h string) string {
+	for i := len(sent) - 1; i >= 0; i-- {
+		var r wire.XferReq
+		if wire.DecodeReq(sent[i], &r) == nil && r.MMHash == h {
+			return r.SessionID
+		}
+	}
+	return ""
 }
 
 func (co *consumerOnly) poll(now time.Time, msgs ...[]byte) Results {
@@ -293,7 +305,7 @@ func TestRegistration(t *testing.T) { // B44, B45
 	var r Results
 	step := func(h string, meta []byte, now time.Time) {
 		mustStart(t, c, h, []int{1}, now.Add(time.Second))
-		c.Poll([][]byte{ackOK(h, c.ID(), meta, 2)}, now)
+		c.Poll([][]byte{ackOK(h, sidOf(out.msgs, h), meta, 2)}, now)
 		c.TakeResults(&r)
 	}
 	step("A", prod.AgentMetadata(), at(0))

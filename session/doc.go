@@ -48,7 +48,10 @@
 // (ecx_attempt), a number no other request of the process carries.
 //
 //   - A reply echoing another session's id is not ours: dropped
-//     (ForeignAcks), answering nothing.
+//     (ForeignAcks), answering nothing. A reply echoing the id of one of
+//     our requests that carried an id of its own (see below) answers that
+//     request or nothing; one echoing the session's id answers only a
+//     request that carried the session's.
 //   - A reply naming an attempt (a Go producer echoes it in its OK acks
 //     and NACKs), whether or not the rest of it decodes, answers that
 //     request. An attempt not among ours
@@ -77,6 +80,20 @@
 // before it are forgotten. The alternative, refusing an ack that names no
 // attempt while an earlier request is unanswered, comes to the same:
 // such an ack is matched to that earlier request.
+//
+// A producer that names no grant in its OK acks (vLLM's) tells a READ's
+// notification by "<session_id>:<mm_hash>" alone: a late notification of
+// an earlier grant of a key, arriving after the producer granted the key
+// again to the same session, would end the new grant under its READ (and
+// vLLM's producer drops the earlier grant's pin at the re-request). So
+// once a READ was posted under such an ack, every later request of the
+// session carries a session id of its own, a fresh UUID4, which no other
+// grant shares: a notification then ends only the grant of the request
+// that carried its id. The cost, on such a producer, is that the grant of
+// a request the consumer gave up on (its ack came late) keeps its pin
+// until its notification or its lease, rather than going at the
+// re-request. Go producers name their grants; requests to them keep the
+// session's id.
 //
 // An OK ack that acts posts its READ only if it is handled by the end of
 // its grant's lease: the send time of the request it answers plus the

@@ -232,3 +232,71 @@ func TestReplyForgetsRequestsSentBefore(t *testing.T) {
 		t.Fatalf("G's next attempt: %+v", r)
 	}
 }
+
+// A producer that names no grant (vLLM's) ends a grant by the READ's
+// notification "<session_id>:<mm_hash>" alone, so a late notification of
+// an earlier grant of a key would end the next grant of it under its READ
+// (over NIXL nothing else holds the entry). The rule: once such a producer
+// granted, no two requests of the session carry the same session id; a
+// READ's notification names its own request's, and a reply echoing
+// another request's id acts on nothing else.
+func TestOwnSessionIDsForAProducerThatNamesNoGrant(t *testing.T) {
+	co := newConsumer(t)
+	meta := co.prod.AgentMetadata()
+	req := func() wire.XferReq {
+		t.Helper()
+		var r wire.XferReq
+		if err := wire.DecodeReq(co.out.msgs[len(co.out.msgs)-1], &r); err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	mustStart(t, co.c, "H", []int{1, 2}, at(2*time.Second))
+	first := req()
+	if first.SessionID != co.c.ID() {
+		t.Fatalf("before any grant: session id %q, want the session's %q", first.SessionID, co.c.ID())
+	}
+	if r := co.poll(at(time.Millisecond), ackOK("H", first.SessionID, meta, 7, 8)); len(r.Completed) != 1 {
+		t.Fatalf("first fetch: %+v", r)
+	}
+	if n := co.data.Posts()[0].Notif; n != first.SessionID+":H" {
+		t.Fatalf("first READ's notification %q", n)
+	}
+	seen := map[string]bool{first.SessionID: true}
+	var sids []string
+	for i, h := range []string{"H", "G", "H"} {
+		if err := co.c.StartXfer(h, []int{3 + i}, at(3*time.Millisecond), at(2*time.Second)); err != nil && i < 2 {
+			t.Fatal(err)
+		}
+		if i == 2 {
+			break // "H" is in flight: refused
+		}
+		r := req()
+		if seen[r.SessionID] || r.SessionID == "" {
+			t.Fatalf("request %d for %s carries session id %q again", i+2, h, r.SessionID)
+		}
+		seen[r.SessionID] = true
+		sids = append(sids, r.SessionID)
+	}
+	// A late ack echoing the first request's id acts on nothing.
+	if r := co.poll(at(4*time.Millisecond), ackOK("H", first.SessionID, meta, 9)); r.Len() != 0 || len(co.data.Posts()) != 1 {
+		t.Fatalf("an ack of the first request acted: %+v, posts %d", r, len(co.data.Posts()))
+	}
+	if st := co.c.Stats(); st.StrayAcks != 1 {
+		t.Fatalf("StrayAcks %d, want 1", st.StrayAcks)
+	}
+	// An ack echoing G's request's id does not answer H's.
+	if r := co.poll(at(5*time.Millisecond), ackOK("H", sids[1], meta, 9)); r.Len() != 0 || len(co.data.Posts()) != 1 {
+		t.Fatalf("an ack naming G's request acted on H: %+v", r)
+	}
+	co.poll(at(6*time.Millisecond), ackOK("H", sids[0], meta, 10))
+	posts := co.data.Posts()
+	if len(posts) != 2 || posts[1].Notif != sids[0]+":H" {
+		t.Fatalf("second READ of H: %+v", posts)
+	}
+	// A NACK names no session: it answers the oldest request of its key.
+	r := co.poll(at(7*time.Millisecond), encAck(wire.XferAck{MMHash: "G", Status: wire.NackMissing}))
+	if len(r.Tombstoned) != 1 || r.Tombstoned[0].MMHash != "G" {
+		t.Fatalf("G's NACK: %+v", r)
+	}
+}

@@ -32,7 +32,8 @@ import (
 //
 // Each seed replays exactly as far as the random choices go (goroutines
 // interleave as they will). ECXFER_STRESS_SEEDS sets how many seeds run
-// (CI runs 1,000), ECXFER_STRESS_SEED runs one.
+// (CI runs 1,000), ECXFER_STRESS_FIRST the first of them, and
+// ECXFER_STRESS_SEED runs one.
 func TestStress(t *testing.T) {
 	seeds := 40
 	if raceEnabled || testing.Short() {
@@ -46,6 +47,13 @@ func TestStress(t *testing.T) {
 		seeds = n
 	}
 	first := uint64(1)
+	if s := os.Getenv("ECXFER_STRESS_FIRST"); s != "" {
+		n, err := strconv.ParseUint(s, 10, 64)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first = n
+	}
 	if s := os.Getenv("ECXFER_STRESS_SEED"); s != "" {
 		n, err := strconv.ParseUint(s, 10, 64)
 		if err != nil {

@@ -1069,7 +1069,7 @@ func (v *simClient) Send(addr string, payload []byte) error {
 			if err := wire.DecodeReq(payload, &r); err != nil {
 				return err
 			}
-			r.Agent, r.Attempt, r.AcceptsShape = "", 0, false
+			r.Agent, r.Attempt, r.AcceptsShape, r.Contact, r.Known = "", 0, false, false, 0
 			m.payload, m.ordered = wire.AppendReq(nil, &r), true
 		}
 	}
