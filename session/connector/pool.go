@@ -1042,7 +1042,11 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 // of READs that could not be stopped come back as forced Released, after
 // the Failure.
 func (p *Pool) Close() *Results {
-	p.res.reset()
+	if p.kept {
+		p.kept = false // Connect's steps' outcomes go out with Close's
+	} else {
+		p.res.reset()
+	}
 	if p.closed {
 		return &p.res
 	}

@@ -1,0 +1,36 @@
+package connector
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer/xfertest"
+)
+
+// Outcomes of fetches that end during Connect's steps are kept for the
+// next Step (p.kept). Close, called instead of a Step, resets the
+// results first: those outcomes are lost, and a fetch ends neither in
+// Completed nor in Failed (its blocks are never handed back).
+func TestCloseAfterConnectKeepsItsOutcomes(t *testing.T) {
+	w := newWorld(t, PoolConfig{AckTimeout: 20 * time.Millisecond})
+	w.entry(t, "H", 1, true)
+	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.CompleteAfter, After: 2})
+	// Caller's clock on the wall clock, so that Connect's own steps (on
+	// time.Now()) judge nothing late.
+	w.now = time.Now()
+	if _, err := w.pool.Fetch(addr, "H", []int{7}, w.now.Add(time.Minute), w.now); err != nil {
+		t.Fatal(err)
+	}
+	w.step(time.Millisecond) // granted; the READ is posted
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+	defer cancel()
+	w.pool.Connect(ctx, "tcp://other:1") // H's READ completes during it
+	if w.pool.InFlight() != 0 {
+		t.Fatalf("H did not end during Connect (%d in flight)", w.pool.InFlight())
+	}
+	r := w.pool.Close()
+	if len(r.Completed)+len(r.Failed) != 1 {
+		t.Fatalf("fetch H ended during Connect and its outcome is lost at Close: %+v", *r)
+	}
+}
