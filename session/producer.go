@@ -521,7 +521,11 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
 	}
-	if !cs.confirmed && !p.known(req.Known) {
+	// A Go consumer (its request names its attempt) says whether it has
+	// our metadata registered (ecx_known), and it may have dropped it (a
+	// READ refused as ErrUnknownPeer): its word alone decides. A vLLM
+	// consumer says nothing: one that READ from us has us registered.
+	if !p.known(req.Known) && (req.Attempt != 0 || !cs.confirmed) {
 		p.describe(req.AcceptsShape)
 	}
 	return g
