@@ -367,7 +367,7 @@ type Client struct {
 
 	mu     sync.Mutex
 	peers  map[string]*dealer
-	dead   []string
+	dead   []*dealer // declared dead, not yet reported by Dead
 	closed bool
 	held   []inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
@@ -588,15 +588,19 @@ func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 
 // Dead appends the producer addresses declared dead since the last call to
 // dst. Their DEALERs are gone: the next Send to one builds a new one.
+// A death is reported only while the connection that died is still the
+// address's: one Remove dropped, or a later connection replaced, is not
+// (its session is gone; the new one's is healthy).
 func (c *Client) Dead(dst []string) []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	for _, a := range c.dead {
-		if d := c.peers[a]; d != nil && d.dead.Load() {
-			delete(c.peers, a)
+	for i, d := range c.dead {
+		if c.peers[d.addr] == d {
+			delete(c.peers, d.addr)
+			dst = append(dst, d.addr)
 		}
+		c.dead[i] = nil
 	}
-	dst = append(dst, c.dead...)
 	c.dead = c.dead[:0]
 	return dst
 }
@@ -657,7 +661,7 @@ func (d *dealer) die(err error) {
 	d.c.log.Warn("ec control: producer declared dead", "addr", d.addr, "err", err)
 	d.c.mu.Lock()
 	if d.c.peers[d.addr] == d {
-		d.c.dead = append(d.c.dead, d.addr)
+		d.c.dead = append(d.c.dead, d)
 	}
 	d.c.mu.Unlock()
 	select {
