@@ -398,7 +398,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	// data plane's contact), as an engine connects to the producers it
 	// knows of at start-up.
 	for _, addr := range producers {
-		if err := pool.Connect(ctx, addr); err != nil {
+		if err := pool.Connect(ctx, addr, nil); err != nil { // its Steps run on time.Now
 			return Summary{}, fmt.Errorf("connect to %s: %w", addr, err)
 		}
 	}

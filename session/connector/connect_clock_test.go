@@ -45,7 +45,7 @@ func TestConnectJudgesFetchesOnTheCallersClock(t *testing.T) {
 	// The engine warms up another producer, which does not answer.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
 	defer cancel()
-	w.pool.Connect(ctx, "tcp://other:1")
+	w.pool.Connect(ctx, "tcp://other:1", func() time.Time { return w.now })
 
 	r := w.pool.Step(w.now)
 	for _, d := range r.Completed {

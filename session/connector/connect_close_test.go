@@ -25,7 +25,7 @@ func TestCloseAfterConnectKeepsItsOutcomes(t *testing.T) {
 	w.step(time.Millisecond) // granted; the READ is posted
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
 	defer cancel()
-	w.pool.Connect(ctx, "tcp://other:1") // H's READ completes during it
+	w.pool.Connect(ctx, "tcp://other:1", func() time.Time { return w.now }) // H's READ completes during it
 	if w.pool.InFlight() != 0 {
 		t.Fatalf("H did not end during Connect (%d in flight)", w.pool.InFlight())
 	}

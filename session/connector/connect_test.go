@@ -52,7 +52,7 @@ func newLoopWorld(t *testing.T, strip bool) *world {
 func TestConnectRegistersBeforeTheFirstFetch(t *testing.T) {
 	w := newLoopWorld(t, false)
 	w.entry(t, "H", 2, true)
-	if err := w.pool.Connect(context.Background(), addr); err != nil {
+	if err := w.pool.Connect(context.Background(), addr, nil); err != nil {
 		t.Fatal(err)
 	}
 	pe := w.pool.peers[addr]
@@ -81,7 +81,7 @@ func TestConnectRegistersBeforeTheFirstFetch(t *testing.T) {
 func TestConnectWithoutContact(t *testing.T) {
 	w := newLoopWorld(t, true)
 	w.entry(t, "H", 1, true)
-	if err := w.pool.Connect(context.Background(), addr); err != nil {
+	if err := w.pool.Connect(context.Background(), addr, nil); err != nil {
 		t.Fatal(err)
 	}
 	if _, ok := w.pool.peers[addr].s.Registered(); ok {
@@ -94,7 +94,7 @@ func TestConnectWithoutContact(t *testing.T) {
 
 	w = newLoopWorld(t, false)
 	w.prod = must(session.NewProducerSession(session.ProducerConfig{Logger: quiet}, w.pdata, w.cache, "other"))
-	err := w.pool.Connect(context.Background(), addr)
+	err := w.pool.Connect(context.Background(), addr, nil)
 	if !errors.Is(err, ErrContactRefused) {
 		t.Fatalf("Connect to an incompatible producer: %v", err)
 	}
@@ -105,7 +105,7 @@ func TestConnectEndsWithItsContext(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := w.pool.Connect(ctx, addr); !errors.Is(err, context.DeadlineExceeded) {
+	if err := w.pool.Connect(ctx, addr, nil); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Connect with no producer: %v", err)
 	}
 	if n := len(w.ctl.out[addr]); n < 2 {

@@ -409,12 +409,17 @@ var ErrContactRefused = errors.New("connector: the producer refused contact")
 // the data plane's error, or ctx's.
 //
 // Connect steps the pool while it waits (it must not run concurrently
-// with the other methods, as Step): outcomes of fetches that end
+// with the other methods, as Step), at the times now gives: the clock the
+// caller's Steps run on (nil: time.Now), so that every deadline of the
+// fetches under way is judged on one clock. Outcomes of fetches that end
 // meanwhile come with the next Step's. The session it opens is reaped as
 // any other once idle for IdleSession.
-func (p *Pool) Connect(ctx context.Context, addr string) error {
+func (p *Pool) Connect(ctx context.Context, addr string, now func() time.Time) error {
 	if p.closed {
 		return ErrClosed
+	}
+	if now == nil {
+		now = time.Now
 	}
 	if c, ok := p.ctl.(connecter); ok {
 		if err := c.Connect(ctx, addr); err != nil {
@@ -426,18 +431,18 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		if err := ctx.Err(); err != nil {
 			return err
 		}
-		now := time.Now()
+		t := now()
 		pe, err := p.peer(addr)
 		if err != nil {
 			return err
 		}
-		pe.lastUsed = now
+		pe.lastUsed = t
 		if peer, ok := pe.s.Registered(); ok {
 			agent = peer.Agent
 			break
 		}
 		if done, _, _ := pe.s.Contacted(); done || !pe.contacting {
-			if err := pe.s.Contact(now, now.Add(p.cfg.AckTimeout)); err != nil {
+			if err := pe.s.Contact(t, t.Add(p.cfg.AckTimeout)); err != nil {
 				if !errors.Is(err, xfer.ErrPeerDown) && !errors.Is(err, xfer.ErrQueueFull) {
 					return err
 				}
@@ -445,7 +450,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				// queue: wait a little.
 				p.WaitFor(ctx, p.cfg.PollInterval)
 				p.kept = true
-				p.step(time.Now())
+				p.step(now())
 				continue
 			}
 			pe.contacting = true
@@ -455,7 +460,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				return ctx.Err()
 			}
 			p.kept = true
-			p.step(time.Now())
+			p.step(now())
 			done, st, err := pe.s.Contacted()
 			if p.peers[addr] != pe || !done {
 				if p.peers[addr] != pe {
@@ -470,6 +475,9 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				return err
 			case st == wire.NackMissing:
 				return nil // it takes no contact request: the first fetch registers it
+			case st.Retryable():
+				// Busy (its backlog answered late): ask again.
+				p.WaitFor(ctx, p.cfg.PollInterval)
 			case st != wire.OK:
 				return fmt.Errorf("%w: %s: %s", ErrContactRefused, addr, st)
 			}
