@@ -106,6 +106,8 @@ type ConsumerSession struct {
 	// next grant of it under its READ. Each request then carries a
 	// session id of its own, which no other grant shares.
 	ownIDs  bool
+	ownSent map[string]struct{} // the own ids of unanswered requests
+	ownMade int                 // ownSent's size when made (Trim)
 	contact contact
 	replied bool // a reply answered one of our requests
 
@@ -253,6 +255,11 @@ func (c *ConsumerSession) send(mmHash string, contact bool) (uint64, string, err
 	r := request{mmHash: mmHash, attempt: attempt}
 	if sid != c.id {
 		r.sid = sid
+		if c.ownSent == nil {
+			c.ownSent = map[string]struct{}{}
+		}
+		c.ownSent[sid] = struct{}{}
+		c.ownMade = max(c.ownMade, len(c.ownSent))
 	}
 	c.sent = append(c.sent, r)
 	c.perHash[mmHash]++
@@ -410,6 +417,9 @@ func (c *ConsumerSession) answer(mmHash, sid []byte, attempt uint64) (*cxfer, ui
 // forgetSent forgets the n oldest unanswered requests.
 func (c *ConsumerSession) forgetSent(n int) {
 	for _, r := range c.sent[c.sentHead : c.sentHead+n] {
+		if r.sid != "" {
+			delete(c.ownSent, r.sid)
+		}
 		if c.perHash[r.mmHash]--; c.perHash[r.mmHash] == 0 {
 			delete(c.perHash, r.mmHash)
 		}
@@ -481,12 +491,8 @@ func (c *ConsumerSession) ours(sid []byte) bool {
 	if len(sid) == 0 || string(sid) == c.id {
 		return true
 	}
-	for _, r := range c.sent[c.sentHead:] {
-		if r.sid == string(sid) {
-			return true
-		}
-	}
-	return false
+	_, ok := c.ownSent[string(sid)]
+	return ok
 }
 
 // isContact reports whether attempt is the contact request's, waiting.
@@ -753,6 +759,9 @@ func (c *ConsumerSession) Trim() {
 	lately := max(c.hashesSeen, len(c.byHash))
 	c.byHash = refit(c.byHash, &c.hashesMade, lately)
 	c.perHash = refit(c.perHash, &c.pendingMade, max(c.pendingSeen, len(c.perHash)))
+	if c.ownSent != nil {
+		c.ownSent = refit(c.ownSent, &c.ownMade, len(c.ownSent))
+	}
 	c.compactSent()
 	c.sent = fit(c.sent, max(c.sentSeen, c.unanswered()))
 	c.active = fit(c.active, lately)
@@ -880,7 +889,7 @@ func (c *ConsumerSession) Close() CloseReport {
 		closeOne(x)
 	}
 	c.active, c.quarantined, c.spare = nil, nil, nil
-	c.byHash, c.perHash, c.sent, c.sentHead = nil, nil, nil, 0
+	c.byHash, c.perHash, c.sent, c.sentHead, c.ownSent = nil, nil, nil, 0, nil
 	if c.registered {
 		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {
 			c.log.Warn("ec consumer: remove producer agent", "agent", c.agent.Agent, "err", err)
