@@ -97,10 +97,11 @@ func DefaultConfig(seed uint64) Config {
 // The simulated timeouts keep the reference's order (ack < read < lease <
 // read + quarantine) at a scale a few thousand 10 ms steps cover.
 const (
-	stepLen    = 10 * time.Millisecond
-	ackTimeout = 200 * time.Millisecond
-	blockSize  = 16 // 8 bytes of the entry, then when they were written
-	churnSlack = 6  // producer blocks beyond its base entries: saves evict
+	stepLen     = 10 * time.Millisecond
+	ackTimeout  = 200 * time.Millisecond
+	idleSession = 2 * time.Second
+	blockSize   = 16 // 8 bytes of the entry, then when they were written
+	churnSlack  = 6  // producer blocks beyond its base entries: saves evict
 )
 
 var xcfg = xfer.Config{ReadTimeout: time.Second, QuarantineTimeout: 3 * time.Second, PinLease: 1500 * time.Millisecond}
@@ -124,6 +125,7 @@ type Stats struct {
 	ProducerRestarts, ConsumerRestarts, Jumps    int
 	Stalls, Refused, Drains, Saves, Canceled     int
 	LateReplies                                  int
+	Reaped                                       int // idle sessions the pools closed
 }
 
 func (s *Stats) add(o Stats) {
@@ -137,6 +139,7 @@ func (s *Stats) add(o Stats) {
 	s.Duplicated += o.Duplicated
 	s.ProducerRestarts += o.ProducerRestarts
 	s.ConsumerRestarts += o.ConsumerRestarts
+	s.Reaped += o.Reaped
 	s.Jumps += o.Jumps
 	s.Stalls += o.Stalls
 	s.Refused += o.Refused
@@ -418,7 +421,10 @@ func (s *sim) startPool(c *consumer) {
 	var err error
 	c.pool, err = connector.NewPool(connector.PoolConfig{CompatHash: "sim", Xfer: xcfg, AckTimeout: ackTimeout,
 		Retry:     connector.RetryConfig{MaxAttempts: 4, MaxElapsed: 2 * time.Second, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
-		BlockSize: blockSize, Seed: s.rng.Uint64() | 1, Logger: s.log}, c.ctl, c.data)
+		BlockSize: blockSize, Seed: s.rng.Uint64() | 1, Logger: s.log,
+		// Short, so that sessions are reaped (and their connections
+		// dropped) in a run, some while a death is on its way.
+		IdleSession: idleSession}, c.ctl, c.data)
 	if err != nil {
 		s.fail("pool: %v", err)
 	}
@@ -666,6 +672,7 @@ func (s *sim) restartProducer(p *producer) {
 func (s *sim) restartConsumer(c *consumer) {
 	s.stats.ConsumerRestarts++
 	s.event("c%d restarts", c.id)
+	s.stats.Reaped += int(c.pool.Stats().Reaped)
 	s.collect(c, c.pool.Close())
 	if len(c.inflight) > 0 {
 		s.fail("c%d: %d fetches without an outcome after Close", c.id, len(c.inflight))
@@ -882,6 +889,7 @@ func (s *sim) finish() {
 	}
 	s.check()
 	for _, c := range s.cons {
+		s.stats.Reaped += int(c.pool.Stats().Reaped)
 		if len(c.inflight) > 0 {
 			for h := range c.inflight {
 				s.fail("c%d: fetch of %s never ended", c.id, h)
@@ -1104,6 +1112,14 @@ func (v *simClient) Dead(dst []string) []string {
 	return dst
 }
 
-func (v *simClient) Remove(string) {}
+// Remove drops the connection to addr, as transport.Client does: what was
+// in flight on it is lost, a death not yet reported is not reported, and
+// the next Send connects anew.
+func (v *simClient) Remove(addr string) {
+	v.conn[addr]++
+	delete(v.down, addr)
+	v.dead = slices.DeleteFunc(v.dead, func(a string) bool { return a == addr })
+	v.in = slices.DeleteFunc(v.in, func(m transport.Inbound) bool { return m.Addr == addr })
+}
 
 func (v *simClient) Wait(context.Context) bool { return true }

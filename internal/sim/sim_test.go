@@ -72,7 +72,7 @@ func TestDeterministic(t *testing.T) {
 	if (errA == nil) != (errB == nil) || a != b {
 		t.Fatalf("two runs of seed 42 differ:\n%+v %v\n%+v %v", a, errA, b, errB)
 	}
-	if a.Fetches == 0 || a.Completed == 0 || a.Failed == 0 {
+	if a.Fetches == 0 || a.Completed == 0 || a.Failed == 0 || a.Reaped == 0 {
 		t.Fatalf("the run did nothing interesting: %+v", a)
 	}
 }
