@@ -293,7 +293,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress, post string) {
 	for i := range 100 {
 		now := time.Now()
 		local := []int{(2 * i) % 64, (2*i + 1) % 64}
-		if err := cons.StartXfer(fmt.Sprint(i), local, now, now.Add(time.Minute)); err != nil {
+		if err := cons.StartXfer(fmt.Sprint(i), local, now.Add(time.Minute), now); err != nil {
 			t.Fatal(err)
 		}
 		for step := 0; cons.HasInFlight(); step++ {
@@ -314,7 +314,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress, post string) {
 		t.Fatalf("results %+v", r)
 	}
 	for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-		prod.Poll(nil, time.Now(), link)
+		prod.Poll(nil, link, time.Now())
 	}
 	if prod.Grants() != 0 || entries.HasHeldEntries() {
 		t.Fatalf("%d grants left", prod.Grants())
@@ -346,7 +346,7 @@ func (l *memLink) step(prod *session.ProducerSession, cons *session.ConsumerSess
 		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
 	}
 	l.toP = nil
-	prod.Poll(msgs, time.Now(), l)
+	prod.Poll(msgs, l, time.Now())
 	cons.Poll(l.toC, time.Now())
 	l.toC = nil
 }
@@ -402,7 +402,7 @@ func TestRefetchSameEntries(t *testing.T) {
 					break
 				}
 				now := time.Now()
-				if err := cons.StartXfer(h, slices.Clone(free[len(free)-2:]), now, now.Add(time.Minute)); err != nil {
+				if err := cons.StartXfer(h, slices.Clone(free[len(free)-2:]), now.Add(time.Minute), now); err != nil {
 					t.Fatal(err)
 				}
 				free = free[:len(free)-2]
@@ -426,7 +426,7 @@ func TestRefetchSameEntries(t *testing.T) {
 			}
 		}
 		for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			prod.Poll(nil, time.Now(), link)
+			prod.Poll(nil, link, time.Now())
 		}
 		st := prod.Stats()
 		if prod.Grants() != 0 || st.Grants != st.Completions+st.Expired || st.Expired != 0 || cache.HasHeldEntries() {

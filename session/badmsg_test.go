@@ -31,7 +31,7 @@ func TestUndecodableRequestIsNacked(t *testing.T) {
 // once (bad-ack, tombstoned), not after an ack timeout and retries.
 func TestUnknownAckStatusEndsTheTransfer(t *testing.T) {
 	co := newConsumer(t)
-	if err := co.c.StartXfer("H", []int{1}, t0, at(2*time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{1}, at(2*time.Second), t0); err != nil {
 		t.Fatal(err)
 	}
 	other, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": "someone-else"})

@@ -59,7 +59,7 @@ func BenchmarkConsumerPoll(b *testing.B) {
 			var acks [][]byte
 			for i := range n {
 				h := fmt.Sprintf("%064x", i)
-				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(0), at(1<<40)); err != nil {
+				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(1<<40), at(0)); err != nil {
 					b.Fatal(err)
 				}
 				acks = append(acks, ackOK(h, c.ID(), data.meta, int64(2*i), int64(2*i+1)))
@@ -105,7 +105,7 @@ func BenchmarkProducerGrant(b *testing.B) {
 				now := at(0)
 				steady := mode != "first"
 				if steady {
-					p.Poll(msgs, now, nopSender{})
+					p.Poll(msgs, nopSender{}, now)
 					data.notifs = append(data.notifs, notif...)
 				}
 				var sink countingReplier
@@ -114,7 +114,7 @@ func BenchmarkProducerGrant(b *testing.B) {
 					if !steady {
 						now = now.Add(time.Hour) // the last grant's lease ran out
 					}
-					p.Poll(msgs, now, &sink)
+					p.Poll(msgs, &sink, now)
 					if authorize {
 						release, ok := p.Authorize("c", notif[0].Msg, e.Blocks)
 						if !ok {
@@ -178,7 +178,7 @@ func BenchmarkAuthorize16K(b *testing.B) {
 			c.MarkReady("big")
 			data := xfertest.New("prod", 2*n, 8)
 			p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat))
-			p.Poll([]Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, t0, &queue{})
+			p.Poll([]Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
 			want := slices.Clone(e.Blocks)
 			tc.order(want)
 			notif := []byte(sid("a") + ":big")
@@ -214,12 +214,12 @@ func BenchmarkLargeEntry(b *testing.B) {
 		msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 		notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
 		now := at(0)
-		p.Poll(msgs, now, nopSender{})
+		p.Poll(msgs, nopSender{}, now)
 		data.notifs = append(data.notifs, notif...)
 		var sink countingReplier
 		b.ReportAllocs()
 		for b.Loop() {
-			p.Poll(msgs, now, &sink)
+			p.Poll(msgs, &sink, now)
 			data.notifs = append(data.notifs, notif...)
 		}
 		if st := p.Stats(); st.Grants != uint64(b.N)+1 {
@@ -243,7 +243,7 @@ func BenchmarkLargeEntry(b *testing.B) {
 		var r Results
 		b.ReportAllocs()
 		for b.Loop() {
-			if err := c.StartXfer(h, local, now, now.Add(time.Hour)); err != nil {
+			if err := c.StartXfer(h, local, now.Add(time.Hour), now); err != nil {
 				b.Fatal(err)
 			}
 			c.Poll(acks, now)

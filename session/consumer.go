@@ -171,14 +171,15 @@ func (c *ConsumerSession) ID() string { return c.id }
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
 // StartXfer asks the producer for mmHash at now, to be read into blocks,
-// and waits for its ack until ackDeadline. The session keeps blocks (it is
+// and waits for its ack until ackDeadline (the deadline, then now: the
+// order of every call of this module that takes both). The session keeps blocks (it is
 // handed back in the outcome): do not modify it until then.
 //
 // On error nothing is recorded: ErrClosed after Close; ErrInFlight for an
 // mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
 // for negative or repeated blocks; ErrUnanswered when too many requests
 // are unanswered; the Sender's error, wrapped.
-func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadline time.Time) error {
+func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, now time.Time) error {
 	if c.closed {
 		return ErrClosed
 	}
@@ -264,7 +265,7 @@ var (
 // Go producer before it) answers NACK_MISSING. Contacted says what came
 // of it, by deadline at the latest. A contact sent while another waits
 // replaces it (the earlier answer is dropped). It fails as StartXfer does.
-func (c *ConsumerSession) Contact(now, deadline time.Time) error {
+func (c *ConsumerSession) Contact(deadline, now time.Time) error {
 	if c.closed {
 		return ErrClosed
 	}

@@ -78,7 +78,7 @@ func TestStartXferSendsRequest(t *testing.T) { // B33
 func TestStartXferSendFails(t *testing.T) { // B34
 	co := newConsumer(t)
 	co.out.err = errSend
-	if err := co.c.StartXfer("H", []int{1}, t0, at(time.Second)); !errors.Is(err, errSend) {
+	if err := co.c.StartXfer("H", []int{1}, at(time.Second), t0); !errors.Is(err, errSend) {
 		t.Fatalf("err %v", err)
 	}
 	if co.c.HasInFlight() {
@@ -91,7 +91,7 @@ func TestStartXferSendFails(t *testing.T) { // B34
 func TestStartXferBadBlocks(t *testing.T) {
 	co := newConsumer(t)
 	for _, blocks := range [][]int{{1, 1}, {3, -1}, {2, 5, 2}, {-1, 2}, {-3}} {
-		if err := co.c.StartXfer("H", blocks, t0, at(time.Second)); !errors.Is(err, ErrBadBlocks) {
+		if err := co.c.StartXfer("H", blocks, at(time.Second), t0); !errors.Is(err, ErrBadBlocks) {
 			t.Fatalf("%v: %v", blocks, err)
 		}
 	}
@@ -103,14 +103,14 @@ func TestStartXferBadBlocks(t *testing.T) {
 func TestStartXferInFlight(t *testing.T) { // improvement 3
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	if err := co.c.StartXfer("H", []int{2}, t0, at(2*time.Second)); !errors.Is(err, ErrInFlight) {
+	if err := co.c.StartXfer("H", []int{2}, at(2*time.Second), t0); !errors.Is(err, ErrInFlight) {
 		t.Fatalf("err %v", err)
 	}
 	// Also while its READ is quarantined.
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
 	co.poll(at(time.Second), co.ok("H", 3))
 	co.c.PeerDown(at(2 * time.Second))
-	if err := co.c.StartXfer("H", []int{2}, t0, at(3*time.Second)); !errors.Is(err, ErrInFlight) {
+	if err := co.c.StartXfer("H", []int{2}, at(3*time.Second), t0); !errors.Is(err, ErrInFlight) {
 		t.Fatalf("quarantined: err %v", err)
 	}
 	if len(co.out.msgs) != 1 {
@@ -378,7 +378,7 @@ func TestClose(t *testing.T) { // B49, improvement 6
 	if again := co.c.Close(); len(again.Freed)+len(again.Unsafe)+again.Pending.Len() != 0 {
 		t.Fatal("second close reported something")
 	}
-	if err := co.c.StartXfer("X", nil, t0, at(time.Hour)); !errors.Is(err, ErrClosed) {
+	if err := co.c.StartXfer("X", nil, at(time.Hour), t0); !errors.Is(err, ErrClosed) {
 		t.Fatalf("start after close: %v", err)
 	}
 	co.c.Poll([][]byte{co.ok("X")}, at(time.Hour)) // no panic, nothing

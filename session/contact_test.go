@@ -44,7 +44,7 @@ func (cp *contactPair) exchange(now time.Time, strip bool) {
 		}
 		msgs = append(msgs, Message{Identity: []byte("c"), Payload: raw})
 	}
-	cp.p.Poll(msgs, now, cp.toC)
+	cp.p.Poll(msgs, cp.toC, now)
 	var acks [][]byte
 	for _, raw := range cp.toC.take() {
 		if strip { // its answers name no attempt either
@@ -67,7 +67,7 @@ func TestContactRegistersTheProducer(t *testing.T) {
 	if done, _, _ := cp.c.Contacted(); done {
 		t.Fatal("done before any contact")
 	}
-	if err := cp.c.Contact(t0, at(time.Second)); err != nil {
+	if err := cp.c.Contact(at(time.Second), t0); err != nil {
 		t.Fatal(err)
 	}
 	if !cp.c.Probing() {
@@ -119,7 +119,7 @@ func (cp *contactPair) poll(now time.Time) Results {
 // the deadline, or a dead connection, end the contact with an error.
 func TestContactWithoutTheExtension(t *testing.T) {
 	cp := newContactPair(t)
-	cp.c.Contact(t0, at(time.Second))
+	cp.c.Contact(at(time.Second), t0)
 	cp.exchange(at(time.Millisecond), true)
 	if done, st, err := cp.c.Contacted(); !done || st != wire.NackMissing || err != nil {
 		t.Fatalf("contacted: %v %s %v", done, st, err)
@@ -134,7 +134,7 @@ func TestContactWithoutTheExtension(t *testing.T) {
 	}
 
 	cp = newContactPair(t)
-	cp.c.Contact(t0, at(time.Second))
+	cp.c.Contact(at(time.Second), t0)
 	cp.toP.take()
 	cp.poll(at(time.Second))
 	if done, _, _ := cp.c.Contacted(); done {
@@ -144,7 +144,7 @@ func TestContactWithoutTheExtension(t *testing.T) {
 	if done, _, err := cp.c.Contacted(); !done || !errors.Is(err, ErrNoContactAnswer) {
 		t.Fatalf("past its deadline: %v %v", done, err)
 	}
-	cp.c.Contact(at(2*time.Second), at(3*time.Second))
+	cp.c.Contact(at(3*time.Second), at(2*time.Second))
 	cp.c.PeerDown(at(2 * time.Second))
 	if done, _, err := cp.c.Contacted(); !done || !errors.Is(err, ErrContactLost) {
 		t.Fatalf("after PeerDown: %v %v", done, err)

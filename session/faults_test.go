@@ -105,7 +105,7 @@ func TestPinnedShare(t *testing.T) {
 	po2.p.Poll([]Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s0"))},
 		{Identity: []byte("one"), Payload: req("X", sid("s1"))},
-	}, t0, po2.out)
+	}, po2.out, t0)
 	if po2.pins("R") != 1 || po2.pins("X") != 1 {
 		t.Fatalf("pins R %d X %d while no save was short of room", po2.pins("R"), po2.pins("X"))
 	}
@@ -115,7 +115,7 @@ func TestPinnedShare(t *testing.T) {
 	po2.p.Poll([]Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s2"))},
 		{Identity: []byte("two"), Payload: req("R", sid("s3"))},
-	}, at(time.Millisecond), po2.out)
+	}, po2.out, at(time.Millisecond))
 	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 1 {
 		t.Fatalf("pins R %d, refused %d: the identity over its share was granted, or the other refused",
 			po2.pins("R"), po2.p.Stats().OverPinned)
@@ -182,7 +182,7 @@ func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	}
 	// A producer of another version NACKs it instead of granting.
 	po := newProducer(t)
-	po.p.Poll([]Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, t0, po.out)
+	po.p.Poll([]Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, po.out, t0)
 	var a wire.XferAck
 	wire.DecodeAck(po.out.msgs[0], &a)
 	if a.Status != wire.NackVersion {

@@ -115,14 +115,14 @@ func FuzzProducerPoll(f *testing.F) {
 				t.Fatalf("%d grants over the bound", p.Grants())
 			}
 		}
-		p.Poll(msgs, at(0), &queue{})
+		p.Poll(msgs, &queue{}, at(0))
 		check()
 		pdata.InjectNotif("c", data2) // the bytes as a notification too
-		p.Poll(msgs, at(time.Second), &queue{})
+		p.Poll(msgs, &queue{}, at(time.Second))
 		check()
 		p.Close()
 		check()
-		p.Poll(nil, at(time.Hour), &queue{}) // the leases of what Close kept
+		p.Poll(nil, &queue{}, at(time.Hour)) // the leases of what Close kept
 		if e, _ := c.Get("R"); e.Pins != 0 {
 			t.Fatalf("%d pins after Close and the leases", e.Pins)
 		}

@@ -77,7 +77,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 				break
 			}
 			blocks := slices.Clone(free[len(free)-n:])
-			if err := cons.StartXfer(k, blocks, now, now.Add(2*time.Second)); err != nil {
+			if err := cons.StartXfer(k, blocks, now.Add(2*time.Second), now); err != nil {
 				continue // in flight: try later
 			}
 			free = free[:len(free)-n]
@@ -91,7 +91,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 			for _, m := range toP.take() {
 				in = append(in, Message{Identity: []byte("c"), Payload: m})
 			}
-			prod.Poll(in, now, toC)
+			prod.Poll(in, toC, now)
 		}
 		cons.Poll(toC.take(), now)
 		r.Reset()
@@ -134,7 +134,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 		t.Fatalf("completed %d, tombstoned %d", completed, nacked)
 	}
 	// Drain the last notifications, then nothing may be held.
-	prod.Poll(nil, now, toC)
+	prod.Poll(nil, toC, now)
 	if st := pc.Stats(); st.Pinned != 0 || prod.Grants() != 0 {
 		t.Fatalf("pins left: %+v, grants %d", st, prod.Grants())
 	}

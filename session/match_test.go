@@ -102,7 +102,7 @@ func TestReplyMatchingTable(t *testing.T) {
 					if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 {
 						t.Fatalf("attempt 1: %+v", r)
 					}
-					if err := co.c.StartXfer("H", []int{1, 2}, sent2, at(7500*time.Millisecond)); err != nil {
+					if err := co.c.StartXfer("H", []int{1, 2}, at(7500*time.Millisecond), sent2); err != nil {
 						t.Fatal(err)
 					}
 					a2 := co.lastAttempt(t)

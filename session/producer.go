@@ -277,7 +277,7 @@ func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 // data plane's completion notifications and ends the grants whose lease ran
 // out by now. It never fails: malformed requests are counted, logged and
 // answered NACK_INTERNAL when they still name their mm_hash and session.
-func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
+func (p *ProducerSession) Poll(msgs []Message, out Replier, now time.Time) {
 	if p.closed {
 		// Grants Close left (a data plane that cannot refuse READs) end
 		// as they would have: by notification or lease.

@@ -49,7 +49,7 @@ func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []
 	for i, p := range payloads {
 		msgs = append(msgs, Message{Identity: []byte{'i', 'd', byte('0' + i)}, Payload: p})
 	}
-	po.p.Poll(msgs, now, po.out)
+	po.p.Poll(msgs, po.out, now)
 	var acks []wire.XferAck
 	for _, raw := range po.out.msgs {
 		var a wire.XferAck
@@ -65,7 +65,7 @@ func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []
 // poll2 is poll of messages as given (identities, arrival times).
 func (po *producerOnly) poll2(t *testing.T, now time.Time, msgs ...Message) []wire.XferAck {
 	t.Helper()
-	po.p.Poll(msgs, now, po.out)
+	po.p.Poll(msgs, po.out, now)
 	var acks []wire.XferAck
 	for _, raw := range po.out.take() {
 		var a wire.XferAck
@@ -202,7 +202,7 @@ func TestMalformedAndOrder(t *testing.T) { // B66, B67
 	for i, p := range [][]byte{req("R", sid("a")), {0x93, 1, 2, 3}, req("X", sid("b")), wire.AppendAck(nil, &wire.XferAck{MMHash: "R"}), req("N", sid("c"))} {
 		msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: p})
 	}
-	po.p.Poll(msgs, t0, po.out)
+	po.p.Poll(msgs, po.out, t0)
 	if !slices.EqualFunc(po.out.ids, [][]byte{{0}, {2}, {4}}, bytes.Equal) {
 		t.Fatalf("replies went to %v", po.out.ids)
 	}

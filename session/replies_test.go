@@ -58,7 +58,7 @@ func TestReferenceAckOfEarlierAttemptDropped(t *testing.T) {
 	if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.AckTimedOut {
 		t.Fatalf("attempt 1: %+v", r)
 	}
-	if err := co.c.StartXfer("H", []int{1, 2}, at(3*time.Second+time.Millisecond), at(6*time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{1, 2}, at(6*time.Second), at(3*time.Second+time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	co.fillProd(0xbb, 7, 8) // a new save, after the lease of attempt 1
@@ -84,7 +84,7 @@ func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	first := co.lastAttempt(t)
 	co.poll(at(3 * time.Second)) // attempt 1 times out
-	if err := co.c.StartXfer("H", []int{1}, at(3*time.Second), at(5*time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{1}, at(5*time.Second), at(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	second := co.lastAttempt(t)
@@ -135,7 +135,7 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 		}
 	}
 	sent := len(co.out.msgs)
-	err := co.c.StartXfer("H", []int{1}, now, now.Add(time.Second))
+	err := co.c.StartXfer("H", []int{1}, now.Add(time.Second), now)
 	if !errors.Is(err, ErrUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.HasInFlight() {
 		t.Fatalf("past the bound: %v, %d sent", err, len(co.out.msgs)-sent)
 	}
@@ -144,7 +144,7 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 	if co.c.Stats().StrayAcks != 1 {
 		t.Fatal("the reply of the oldest request acted")
 	}
-	if err := co.c.StartXfer("H", []int{2}, now, now.Add(time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{2}, now.Add(time.Second), now); err != nil {
 		t.Fatalf("after a reply: %v", err)
 	}
 }

@@ -133,7 +133,7 @@ func testDescriptorLessAcks(t *testing.T, shapes bool) {
 			for _, m := range toP.take() {
 				in = append(in, Message{Identity: []byte("c"), Payload: m})
 			}
-			prod.Poll(in, at(time.Duration(i)*time.Second), toC)
+			prod.Poll(in, toC, at(time.Duration(i)*time.Second))
 			cons.Poll(toC.take(), at(time.Duration(i)*time.Second))
 		}
 		cons.TakeResults(&r)
@@ -347,7 +347,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 	for i := range 2000 {
 		now = now.Add(time.Millisecond)
 		h := fmt.Sprint("E", i%8)
-		p.Poll([]Message{{Identity: []byte("c"), Payload: req(h, sid("a"))}}, now, out)
+		p.Poll([]Message{{Identity: []byte("c"), Payload: req(h, sid("a"))}}, out, now)
 		out.take()
 		if i%3 == 0 {
 			data.InjectNotif("cons", []byte(sid("a")+":"+h))
@@ -355,7 +355,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	p.Poll(nil, now.Add(time.Second), out)
+	p.Poll(nil, out, now.Add(time.Second))
 	if p.Grants() != 0 || c.HasHeldEntries() {
 		t.Fatalf("grants %d, pinned entries %d", p.Grants(), c.Stats().Pinned)
 	}

@@ -97,7 +97,7 @@ func TestGrantIDsAndTokensNeverRepeat(t *testing.T) {
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
 		out := &queue{}
 		for i := range 4 {
-			p.Poll([]Message{{Identity: []byte("id"), Payload: goReq("R", sid(fmt.Sprint("s", i)), 1)}}, t0, out)
+			p.Poll([]Message{{Identity: []byte("id"), Payload: goReq("R", sid(fmt.Sprint("s", i)), 1)}}, out, t0)
 		}
 		for _, raw := range out.take() {
 			var ack wire.XferAck

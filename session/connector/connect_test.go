@@ -26,7 +26,7 @@ func (l *loopCtl) Send(a string, p []byte) error {
 		p = wire.AppendReq(nil, &wire.XferReq{MMHash: r.MMHash, CompatibilityHash: r.CompatibilityHash, SessionID: r.SessionID})
 	}
 	n := len(l.in)
-	l.w.prod.Poll([]session.Message{{Identity: []byte("c"), Payload: p}}, l.w.now, replier{l.memCtl, a})
+	l.w.prod.Poll([]session.Message{{Identity: []byte("c"), Payload: p}}, replier{l.memCtl, a}, l.w.now)
 	if l.strip {
 		for i := n; i < len(l.in); i++ {
 			var ack wire.XferAck

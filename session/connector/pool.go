@@ -437,7 +437,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			break
 		}
 		if done, _, _ := pe.s.Contacted(); done || !pe.contacting {
-			if err := pe.s.Contact(now, now.Add(p.cfg.AckTimeout)); err != nil {
+			if err := pe.s.Contact(now.Add(p.cfg.AckTimeout), now); err != nil {
 				if !errors.Is(err, xfer.ErrPeerDown) && !errors.Is(err, xfer.ErrQueueFull) {
 					return err
 				}
@@ -496,7 +496,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	if f.deadline.Before(ackBy) {
 		ackBy = f.deadline
 	}
-	if err := pe.s.StartXfer(f.mmHash, f.blocks, now, ackBy); err != nil {
+	if err := pe.s.StartXfer(f.mmHash, f.blocks, ackBy, now); err != nil {
 		if !existed && !pe.s.HasInFlight() {
 			// Refused before anything was sent (an address the allowlist
 			// refuses, say): leave nothing behind.

@@ -113,7 +113,7 @@ func (w *world) step(d time.Duration) Results {
 		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: p})
 	}
 	delete(w.ctl.out, addr)
-	w.prod.Poll(msgs, w.now, replier{w.ctl, addr})
+	w.prod.Poll(msgs, replier{w.ctl, addr}, w.now)
 	r := w.pool.Step(w.now)
 	return Results{slices.Clone(r.Completed), slices.Clone(r.Failed), slices.Clone(r.Released)}
 }

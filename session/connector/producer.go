@@ -149,7 +149,7 @@ func (p *Producer) Step(now time.Time) {
 
 func (p *Producer) step(now time.Time) {
 	if p.closed {
-		p.sess.Poll(nil, now, p.ctl) // recycles grants whose READ was being served
+		p.sess.Poll(nil, p.ctl, now) // recycles grants whose READ was being served
 		return
 	}
 	n := len(p.backlog)
@@ -176,7 +176,7 @@ func (p *Producer) step(now time.Time) {
 			p.rest = append(p.rest, m)
 		}
 	}
-	p.sess.Poll(p.batch, now, p.ctl)
+	p.sess.Poll(p.batch, p.ctl, now)
 	clear(p.batch)
 	clear(p.backlog)
 	p.backlog, p.rest = p.rest, p.backlog[:0]
