@@ -64,7 +64,7 @@ func runManyChild(bs int) error {
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), Logger: quiet}, srv, data, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(done) }()
+	go func() { prod.Serve(ctx); close(done) }()
 	fmt.Println(srv.Endpoint())
 	io.Copy(io.Discard, os.Stdin)
 	cancel()

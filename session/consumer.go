@@ -781,45 +781,44 @@ func (c *ConsumerSession) HasInFlight() bool { return len(c.byHash) > 0 }
 // InFlight returns how many transfers are waiting, reading or quarantined.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
-// CloseReport says what Close did with the transfers still in flight.
-type CloseReport struct {
-	// Pending are the outcomes not yet taken with TakeResults.
-	Pending Results
-	// Freed transfers ended with Close and their blocks may be reused:
-	// they were waiting for an ack, or their READ was stopped.
-	Freed []Outcome
-	// Unsafe transfers had a READ the data plane could not stop: their
-	// blocks may still be written and must not be reused.
-	Unsafe []Outcome
-}
-
-// Close ends the session: every READ handle is released, the producer's
-// agent is removed from the data plane. Nothing is dropped silently: the
-// report says which blocks may be reused and which may still be written.
-// Close is idempotent; the second call reports nothing.
-func (c *ConsumerSession) Close() CloseReport {
-	var rep CloseReport
+// Close ends the session: every READ is stopped where the data plane can
+// stop it, its handle released, and the producer's agent removed from the
+// data plane. Nothing is dropped silently: every transfer still in flight
+// ends with reason xfer.Closed in the results the next TakeResults returns,
+// with what came before Close. One that waited for its ack, or whose READ
+// was stopped, is Retryable (its blocks are free); one already in
+// quarantine is Settled. One whose READ the data plane could not stop
+// enters quarantine and is settled at once, Forced: its blocks may still
+// be written. Close is idempotent and returns nil; the data plane is the
+// caller's.
+func (c *ConsumerSession) Close() error {
 	if c.closed {
-		return rep
+		return nil
 	}
 	c.closed = true
-	c.TakeResults(&rep.Pending)
-	closeOne := func(x *cxfer) {
+	closeOne := func(x *cxfer, quarantined bool) {
 		o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: xfer.Closed}
-		if err := x.Release(); err != nil {
+		switch err := x.Release(); {
+		case err != nil:
 			c.log.Warn("ec consumer: READ could not be stopped at close; blocks unsafe", "mm_hash", x.MMHash, "err", err)
-			rep.Unsafe = append(rep.Unsafe, o)
-			return
+			if !quarantined {
+				c.results.Quarantined = append(c.results.Quarantined, o)
+			}
+			o.Forced = true
+			c.results.Settled = append(c.results.Settled, o)
+		case quarantined:
+			c.results.Settled = append(c.results.Settled, o)
+		default:
+			c.results.Retryable = append(c.results.Retryable, o)
 		}
-		rep.Freed = append(rep.Freed, o)
 	}
 	for _, x := range c.active {
 		if !x.ended && !x.moved {
-			closeOne(x)
+			closeOne(x, false)
 		}
 	}
 	for _, x := range c.quarantined {
-		closeOne(x)
+		closeOne(x, true)
 	}
 	c.active, c.quarantined, c.spare = nil, nil, nil
 	c.byHash, c.perHash, c.sent, c.sentHead = nil, nil, nil, 0
@@ -829,5 +828,5 @@ func (c *ConsumerSession) Close() CloseReport {
 		}
 		c.registered = false
 	}
-	return rep
+	return nil
 }

@@ -350,7 +350,7 @@ func TestLateCompletion(t *testing.T) { // improvement 5
 	}
 }
 
-func TestClose(t *testing.T) { // B49, improvement 6
+func TestClose(t *testing.T) {
 	co := newConsumer(t)
 	co.data.QueueOutcomes(
 		xfertest.Outcome{Kind: xfertest.Stuck},                    // R: reading, stoppable
@@ -362,12 +362,24 @@ func TestClose(t *testing.T) { // B49, improvement 6
 	co.c.Poll([][]byte{co.ok("R", 1), co.ok("Q", 2)}, at(time.Second))
 	co.c.PeerDown(at(time.Second)) // R and Q read on; W retryable
 	mustStart(t, co.c, "W2", []int{4}, at(time.Hour))
-	rep := co.c.Close()
-	if len(rep.Pending.Retryable) != 1 || len(rep.Pending.Quarantined) != 0 {
-		t.Fatalf("pending %+v", rep.Pending)
+	if err := co.c.Close(); err != nil {
+		t.Fatal(err)
 	}
-	if !slices.Equal(hashes(rep.Freed), []string{"R", "W2"}) || !slices.Equal(hashes(rep.Unsafe), []string{"Q"}) {
-		t.Fatalf("freed %v unsafe %v", hashes(rep.Freed), hashes(rep.Unsafe))
+	var rep Results
+	co.c.TakeResults(&rep)
+	// W ended retryable at PeerDown, before Close; R (its READ stopped) and
+	// W2 (waiting) end retryable at Close; Q's READ could not be stopped:
+	// quarantined and settled at once, forced.
+	if got := hashes(rep.Retryable); !slices.Equal(got, []string{"W", "R", "W2"}) {
+		t.Fatalf("retryable %v", got)
+	}
+	if !slices.Equal(hashes(rep.Quarantined), []string{"Q"}) || !slices.Equal(hashes(rep.Settled), []string{"Q"}) || !rep.Settled[0].Forced {
+		t.Fatalf("quarantined %v settled %+v", hashes(rep.Quarantined), rep.Settled)
+	}
+	for _, o := range rep.Retryable[1:] {
+		if o.Reason != xfer.Closed {
+			t.Fatalf("%s ended %v, not closed", o.MMHash, o.Reason)
+		}
 	}
 	for _, p := range co.data.Posts() {
 		if co.data.Releases(p.Handle) != 1 {
@@ -375,7 +387,11 @@ func TestClose(t *testing.T) { // B49, improvement 6
 		}
 	}
 	co.data.CheckNoLeaks(t)
-	if again := co.c.Close(); len(again.Freed)+len(again.Unsafe)+again.Pending.Len() != 0 {
+	rep.Reset()
+	if err := co.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if co.c.TakeResults(&rep); rep.Len() != 0 {
 		t.Fatal("second close reported something")
 	}
 	if err := co.c.StartXfer("X", nil, at(time.Hour), t0); !errors.Is(err, ErrClosed) {

@@ -211,7 +211,7 @@
 //     within the lease the ack advertises (ecx_lease_ms), else within
 //     xfer.Config.PinLease, counted from the request the ack answers.
 //
-//  12. Cancel ends one transfer; Drain stops a producer granting.
+//  12. Cancel ends one transfer; StopGranting stops a producer granting.
 //
 //  13. A producer attaches to a data plane that serves READs itself (the
 //     TCP plane) as it starts, and detaches as it closes: everything it

@@ -66,11 +66,12 @@ func FuzzConsumerPoll(f *testing.F) {
 		take()
 		c.Poll(split(data), at(500*time.Millisecond)) // the same bytes again
 		take()
-		rep := c.Close()
-		for _, o := range append(rep.Freed, rep.Unsafe...) {
-			ended[o.MMHash]++
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
 		}
-		for _, set := range [][]Outcome{rep.Pending.Completed, rep.Pending.Tombstoned, rep.Pending.Retryable} {
+		r.Reset()
+		c.TakeResults(&r)
+		for _, set := range [][]Outcome{r.Completed, r.Tombstoned, r.Retryable, r.Settled} {
 			for _, o := range set {
 				ended[o.MMHash]++
 			}

@@ -141,8 +141,12 @@ func TestConsumerProducerLoop(t *testing.T) {
 	if s := prod.Stats(); s.Nacks[5] == 0 || s.Nacks[1] == 0 || s.Completions == 0 {
 		t.Fatalf("the run did not exercise NACKs and completions: %+v", s)
 	}
-	rep := cons.Close()
-	if len(rep.Freed)+len(rep.Unsafe) != 0 {
+	if err := cons.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var rep Results
+	cons.TakeResults(&rep)
+	if rep.Len() != 0 {
 		t.Fatalf("close found transfers: %+v", rep)
 	}
 	cdata.CheckNoLeaks(t)

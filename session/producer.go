@@ -984,30 +984,29 @@ func (p *ProducerSession) sweep(now time.Time) {
 	}
 }
 
-// Drain stops granting: from now on every request is answered
-// NACK_INTERNAL (consumers fall back to encoding locally), while live
-// grants still end through their notifications or leases. Close once
+// StopGranting starts a graceful shutdown: from now on every request is
+// answered NACK_INTERNAL (consumers fall back to encoding locally), while
+// live grants still end through their notifications or leases. Close once
 // Grants reports none.
-func (p *ProducerSession) Drain() { p.draining = true }
+func (p *ProducerSession) StopGranting() { p.draining = true }
 
-// Close stops the session and returns how many grants were live. On a
-// data plane that serves READs only through the session's gate (the TCP
-// plane), it detaches from it (no READ is served, copied or pushed under
-// its grants from then on) and ends every grant: pins of grants whose READ
-// is still being served go when it is released, and later Polls only
-// recycle them. On one that lets any peer READ (NIXL), a READ under a live
-// grant may be running and nothing can stop it: the grants stay, their
-// entries pinned, until their notifications or leases end them, which
-// later Polls see to (they answer no request). The data plane is not
-// closed: it belongs to the caller.
-func (p *ProducerSession) Close() int {
+// Close stops the session. On a data plane that serves READs only through
+// the session's gate (the TCP plane), it detaches from it (no READ is
+// served, copied or pushed under its grants from then on) and ends every
+// grant: pins of grants whose READ is still being served go when it is
+// released, and later Polls only recycle them. On one that lets any peer
+// READ (NIXL), a READ under a live grant may be running and nothing can
+// stop it: the grants stay (Grants counts them), their entries pinned,
+// until their notifications or leases end them, which later Polls see to
+// (they answer no request). The data plane is not closed: it belongs to
+// the caller. Close is idempotent and returns nil.
+func (p *ProducerSession) Close() error {
 	if p.closed {
-		return 0
+		return nil
 	}
 	p.closed = true
-	n := len(p.byID)
 	if !p.gating {
-		return n
+		return nil
 	}
 	p.att.Detach() // the board cleared: no grant of ours is retired one by one
 	for g := p.lru.next; g != &p.lru; g = p.lru.next {
@@ -1016,5 +1015,5 @@ func (p *ProducerSession) Close() int {
 	if p.driven != nil {
 		p.driven.ExpectReads(0)
 	}
-	return n
+	return nil
 }

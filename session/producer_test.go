@@ -225,11 +225,11 @@ func TestReplyErrorReleasesPin(t *testing.T) {
 func TestProducerClose(t *testing.T) {
 	po, _ := newPlaneProducer(t)
 	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
-	if n := po.p.Close(); n != 2 || po.pins("R") != 0 {
-		t.Fatalf("closed %d, pins %d", n, po.pins("R"))
+	if err := po.p.Close(); err != nil || po.p.Grants() != 0 || po.pins("R") != 0 {
+		t.Fatalf("close: %v, %d grants, pins %d", err, po.p.Grants(), po.pins("R"))
 	}
-	if po.p.Close() != 0 {
-		t.Fatal("second close")
+	if err := po.p.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
 	}
 	po.out.msgs = nil
 	po.poll(t, t0, req("R", sid("c3")))

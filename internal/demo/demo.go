@@ -274,7 +274,7 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 	p.cancel = cancel
 	go func() {
 		defer close(p.done)
-		p.prod.Serve(ctx, nil)
+		p.prod.Serve(ctx)
 	}()
 	return p, nil
 }

@@ -154,7 +154,7 @@ func TestProbeNotReady(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(done) }()
+	go func() { prod.Serve(ctx); close(done) }()
 	defer func() { cancel(); <-done; prod.Close() }()
 	rep, out := probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", MMHash: "pending", Timeout: 5 * time.Second})
 	if rep.Status != wire.NackNotReady || !strings.Contains(out, "NACK_NOT_READY") {

@@ -666,7 +666,8 @@ func (s *sim) restartProducer(p *producer) {
 func (s *sim) restartConsumer(c *consumer) {
 	s.stats.ConsumerRestarts++
 	s.event("c%d restarts", c.id)
-	s.collect(c, c.pool.Close())
+	c.pool.Close()
+	s.collect(c, c.pool.Step(s.now)) // what Close ended
 	if len(c.inflight) > 0 {
 		s.fail("c%d: %d fetches without an outcome after Close", c.id, len(c.inflight))
 	}
@@ -892,7 +893,8 @@ func (s *sim) finish() {
 			s.fail("c%d: blocks of %d failed fetches never came back", c.id, len(c.held))
 			return
 		}
-		s.collect(c, c.pool.Close())
+		c.pool.Close()
+	s.collect(c, c.pool.Step(s.now)) // what Close ended
 		if l := c.data.Leaks(); len(l.Handles) > 0 || len(l.Peers) > 0 {
 			s.fail("c%d leaks handles %v, peers %v", c.id, l.Handles, l.Peers)
 		}

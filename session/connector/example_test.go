@@ -51,7 +51,7 @@ func producerDemo(ctx context.Context) (string, error) {
 		return "", err
 	}
 	go func() {
-		p.Serve(ctx, nil)
+		p.Serve(ctx)
 		p.Close()
 		ctl.Close()
 		data.Close()
@@ -168,7 +168,7 @@ func ExampleProducer() {
 }
 
 // A producer for an engine that does not step while idle: Serve runs the
-// loop; at shutdown, Drain stops granting and waits for the READs under
+// loop; at shutdown, Shutdown stops granting and waits for the READs under
 // way before closing.
 func ExampleProducer_Serve() {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
@@ -196,16 +196,16 @@ func ExampleProducer_Serve() {
 		return
 	}
 	served := make(chan error, 1)
-	go func() { served <- p.Serve(context.Background(), nil) }()
+	go func() { served <- p.Serve(context.Background()) }()
 
 	// ... serving until shutdown. Then: let the READs under way finish,
 	// for at most 30 s.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	left, err := p.Drain(ctx, nil)
-	fmt.Println("grants cut short:", left, "drain error:", err)
+	if err := p.Shutdown(ctx); err != nil {
+		fmt.Println(err) // the READs outlived ctx; Close ended their grants
+	}
 	fmt.Println("Serve returned ErrClosed:", errors.Is(<-served, connector.ErrClosed))
 	// Output:
-	// grants cut short: 0 drain error: <nil>
 	// Serve returned ErrClosed: true
 }

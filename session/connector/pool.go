@@ -734,17 +734,25 @@ func (p *Pool) peerDown(addr string, now time.Time) {
 
 func (p *Pool) closeSession(pe *peer) {
 	p.closedMalformed += pe.s.Stats().Malformed
-	rep := pe.s.Close()
 	// Nothing should be left; whatever is, is reported, never dropped.
-	p.apply(pe, &rep.Pending, time.Time{})
-	p.abandon(pe, rep.Freed, false)
-	p.abandon(pe, rep.Unsafe, true)
+	r := new(session.Results)
+	pe.s.TakeResults(r)
+	p.apply(pe, r, time.Time{})
+	r.Reset()
+	_ = pe.s.Close() // never fails
+	pe.s.TakeResults(r)
+	// What Close ended: Retryable (blocks free), Settled (Forced: a READ
+	// that could not be stopped); Quarantined only announces the latter.
+	p.abandon(pe, r.Retryable)
+	p.abandon(pe, r.Settled)
 }
 
 // abandon reports transfers a closed session gave up: a fetch still on
 // that session fails; blocks already reported held come back as Released.
-func (p *Pool) abandon(pe *peer, os []session.Outcome, unsafe bool) {
+// A Forced outcome's blocks may still be written.
+func (p *Pool) abandon(pe *peer, os []session.Outcome) {
 	for _, o := range os {
+		unsafe := o.Forced
 		if f := p.fetches[o.MMHash]; f != nil && f.pe == pe {
 			p.fail(o.MMHash, xfer.Closed, wire.OK, nil, unsafe)
 		} else if !unsafe {
@@ -1037,15 +1045,21 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every session and releases the Pool's timer (a goroutine and
-// a descriptor, once a short wait made one). Fetches in flight fail; blocks
-// of READs that could not be stopped come back as forced Released, after
-// the Failure.
-func (p *Pool) Close() *Results {
-	p.res.reset()
+// Close ends every session and every fetch in flight, and releases the
+// Pool's timer (a goroutine and a descriptor, once a short wait made one).
+// The fetches' Failures (reason xfer.Closed), and after them the blocks of
+// READs that could not be stopped (forced Released), come in the next
+// Step's Results; any later Step's are empty. Close is idempotent and
+// returns nil; the control and data planes are the caller's to close,
+// after the Pool.
+func (p *Pool) Close() error {
 	if p.closed {
-		return &p.res
+		return nil
 	}
+	if !p.kept {
+		p.res.reset() // the last Step's, handed out already
+	}
+	p.kept = true
 	p.closed = true
 	for _, pe := range p.order {
 		p.ctl.Remove(pe.addr)
@@ -1062,7 +1076,7 @@ func (p *Pool) Close() *Results {
 		p.ptimer = nil
 	}
 	p.publish()
-	return &p.res
+	return nil
 }
 
 // preciseBelow is the wait under which WaitFor uses a precise timer: a Go

@@ -348,7 +348,10 @@ func TestPoolClose(t *testing.T) {
 	w.pool.Fetch(addr, "W", []int{4}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond)
-	r := w.pool.Close()
+	if err := w.pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := w.pool.Step(w.now) // what Close ended
 	var held []string
 	for _, f := range r.Failed {
 		if f.BlocksHeld {
@@ -361,8 +364,11 @@ func TestPoolClose(t *testing.T) {
 	if !slices.Equal(w.ctl.removed, []string{addr}) {
 		t.Fatalf("removed %v", w.ctl.removed)
 	}
-	if _, err := w.pool.Fetch(addr, "X", nil, w.now, w.now); err == nil {
-		t.Fatal("fetch after close")
+	if _, err := w.pool.Fetch(addr, "X", nil, w.now, w.now); !errors.Is(err, ErrClosed) {
+		t.Fatalf("fetch after close: %v", err)
+	}
+	if r := w.pool.Step(w.now); len(r.Failed)+len(r.Released)+len(r.Completed) != 0 {
+		t.Fatalf("a later step repeats what Close ended: %+v", r)
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -123,21 +124,21 @@ func TestProducerServeStops(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := p.Serve(ctx, nil); err == nil {
+	if err := p.Serve(ctx); err == nil {
 		t.Fatal("Serve returned nil")
 	}
-	if p.Close() != 0 {
-		t.Fatal("grants left")
+	if err := p.Close(); err != nil || p.Grants() != 0 {
+		t.Fatalf("close: %v, %d grants left", err, p.Grants())
 	}
 }
 
-// Issue 13 item 3: Close stops a running Serve, and a closed control plane
+// Close stops a running Serve, and a closed control plane
 // ends Serve instead of spinning on a Wait that returns at once.
 func TestProducerCloseStopsServe(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	done := make(chan error)
-	go func() { done <- p.Serve(context.Background(), nil) }()
+	go func() { done <- p.Serve(context.Background()) }()
 	p.Close()
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("Serve after Close: %v", err)
@@ -145,76 +146,72 @@ func TestProducerCloseStopsServe(t *testing.T) {
 
 	srv2 := &memServer{replies: map[string][][]byte{}, closed: true}
 	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
-	if err := p2.Serve(context.Background(), nil); !errors.Is(err, ErrClosed) {
+	if err := p2.Serve(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Serve on a closed control plane: %v", err)
 	}
 }
 
-// Drain stops granting, lets the live grant end through
+// Shutdown stops granting, lets the live grant end through
 // its notification, then closes; nothing is unpinned under a READ.
-func TestProducerDrain(t *testing.T) {
+func TestProducerShutdown(t *testing.T) {
 	c := cache.NewEmbeddingCache(16)
 	c.Alloc("A", 1)
 	c.MarkReady("A")
 	data := xfertest.New("prod", 16, 8)
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
+	clock := t0
+	var clockMu sync.Mutex
+	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: now}, srv, data, c))
 	reqA := func(n int) session.Message {
 		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
 	}
 	srv.push(reqA(1))
-	clock := t0
-	var clockMu sync.Mutex
-	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
 	p.Step(now())
 	if p.Grants() != 1 {
 		t.Fatal("no grant")
 	}
-	type result struct {
-		left int
-		err  error
-	}
-	done := make(chan result)
-	go func() { l, err := p.Drain(context.Background(), now); done <- result{l, err} }()
+	done := make(chan error)
+	go func() { done <- p.Shutdown(context.Background()) }()
 	srv.push(reqA(2))
 	for len(srv.replyTo("c")) < 2 {
-		time.Sleep(time.Millisecond) // Drain's steps answer it
+		time.Sleep(time.Millisecond) // Shutdown's steps answer it
 	}
 	var a wire.XferAck
 	wire.DecodeAck(srv.replyTo("c")[1], &a)
 	if a.Status != wire.NackInternal {
-		t.Fatalf("request while draining: %s", a.Status)
+		t.Fatalf("request while shutting down: %s", a.Status)
 	}
 	if e, _ := c.Get("A"); e.Pins != 1 {
-		t.Fatalf("pins while draining: %d", e.Pins)
+		t.Fatalf("pins while shutting down: %d", e.Pins)
 	}
 	select {
-	case r := <-done:
-		t.Fatalf("Drain returned with a grant live: %+v", r)
+	case err := <-done:
+		t.Fatalf("Shutdown returned with a grant live: %v", err)
 	default:
 	}
 	data.InjectNotif("cons", []byte(uuidN(1)+":A"))
-	r := <-done
-	if r.err != nil || r.left != 0 {
-		t.Fatalf("Drain: %+v", r)
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
 	}
 	if e, _ := c.Get("A"); e.Pins != 0 || p.Stats().Completions != 1 {
-		t.Fatalf("after Drain: pins %d", e.Pins)
+		t.Fatalf("after Shutdown: pins %d", e.Pins)
 	}
 
-	// A grant whose notification never comes: the context ends the drain.
+	// A grant whose notification never comes: the context ends the
+	// shutdown.
 	c2 := cache.NewEmbeddingCache(16)
 	c2.Alloc("A", 1)
 	c2.MarkReady("A")
 	srv2 := &memServer{replies: map[string][][]byte{}}
-	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), c2))
+	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: func() time.Time { return t0 }}, srv2, xfertest.New("prod", 16, 8), c2))
 	srv2.push(reqA(3))
 	p2.Step(t0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	left, err := p2.Drain(ctx, func() time.Time { return t0 })
-	if left != 1 || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Drain past its context: %d %v", left, err)
+	err := p2.Shutdown(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "grants left: 1") {
+		t.Fatalf("Shutdown past its context: %v", err)
 	}
 	// A data plane that lets any peer READ (as NIXL): the READ may still
 	// run, so the pin stays until the lease, which later steps end.
@@ -302,7 +299,7 @@ func TestProducerServesWhereRequestsArrive(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
-	go func() { served <- p.Serve(ctx, nil) }()
+	go func() { served <- p.Serve(ctx) }()
 	<-srv.hookSet
 	<-srv.parked
 	req := func(mm string, n int) session.Message {
@@ -395,7 +392,7 @@ func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
-	go func() { served <- p.Serve(ctx, nil) }()
+	go func() { served <- p.Serve(ctx) }()
 	<-srv.hookSet
 	<-srv.parked
 	grant := func(n int) uint64 {
