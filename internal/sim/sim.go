@@ -894,7 +894,7 @@ func (s *sim) finish() {
 			return
 		}
 		c.pool.Close()
-	s.collect(c, c.pool.Step(s.now)) // what Close ended
+		s.collect(c, c.pool.Step(s.now)) // what Close ended
 		if l := c.data.Leaks(); len(l.Handles) > 0 || len(l.Peers) > 0 {
 			s.fail("c%d leaks handles %v, peers %v", c.id, l.Handles, l.Peers)
 		}
