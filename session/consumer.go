@@ -493,7 +493,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 	peer, err := c.register(ack)
 	if err != nil {
 		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
+		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK, err)
 		return
 	}
 	if err := x.HandleAckView(ack, peer, now); err != nil {
@@ -506,7 +506,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 			c.forget()
 		}
 		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
+		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK, err)
 	}
 }
 
@@ -621,8 +621,12 @@ func (c *ConsumerSession) drainQuarantine(now time.Time) {
 
 // end records the outcome of an active transfer and forgets its mm_hash. The
 // transfer leaves c.active in the next pass of advance.
-func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, status wire.Status) {
-	*to = append(*to, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status})
+func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, status wire.Status, cause ...error) {
+	o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status}
+	if len(cause) > 0 {
+		o.Err = cause[0]
+	}
+	*to = append(*to, o)
 	switch to {
 	case &c.results.Completed:
 		c.stats.Completed++

@@ -11,6 +11,10 @@ type Outcome struct {
 	Blocks []int       // the local blocks given to StartXfer
 	Reason xfer.Reason // why, when it is not the happy path
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
+	// Err is the cause, where there is one beyond Reason and Status: why
+	// the producer could not be registered (xfer.RegisterFailed) or the
+	// READ not posted. Nil otherwise.
+	Err error
 	// Forced is set on a Settled outcome whose READ was given up at the
 	// quarantine deadline without the data plane confirming it ended: its
 	// blocks may still be written. Keep them out of use if you can.

@@ -136,7 +136,12 @@ type Failure struct {
 	Blocks []int
 	Reason xfer.Reason
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	Err    error       // the send error, if the control plane refused
+	// Err says why in words, and is never nil. It matches Reason
+	// (errors.Is(f.Err, xfer.Nacked)), the NACK's Status when Nacked
+	// (errors.Is(f.Err, wire.NackMissing)), and the cause, where there is
+	// one: the data plane's error when the producer could not be
+	// registered or the READ posted, the control plane's refusal of a send.
+	Err error
 	// BlocksHeld says a READ may still write into Blocks: do not reuse
 	// them until they come back in Results.Released.
 	BlocksHeld bool
@@ -818,7 +823,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 				continue
 			}
 		}
-		p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+		p.fail(o.MMHash, o.Reason, o.Status, o.Err, false)
 	}
 	for _, o := range r.Retryable {
 		p.countNack(o)
@@ -831,13 +836,13 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		}
 		f.lastWhy, f.lastSt = o.Reason, o.Status
 		if now.IsZero() || !p.scheduleRetry(f, now) {
-			p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+			p.fail(o.MMHash, o.Reason, o.Status, o.Err, false)
 		}
 	}
 	for _, o := range r.Quarantined {
 		p.stats.Quarantines++
 		if p.current(pe, o.MMHash) != nil {
-			p.fail(o.MMHash, o.Reason, wire.OK, nil, true)
+			p.fail(o.MMHash, o.Reason, wire.OK, o.Err, true)
 		}
 	}
 	for _, o := range r.Settled {
@@ -861,7 +866,24 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 	delete(p.fetches, mmHash)
 	p.stats.Failed++
 	p.stats.FailedBy[why]++
-	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st, Err: err, BlocksHeld: held})
+	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st,
+		Err: failErr(mmHash, f.addr, why, st, err), BlocksHeld: held})
+}
+
+// failErr is a Failure's Err: it says what failed in words, and matches
+// the reason, the NACK's status and the cause.
+func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) error {
+	at := "connector: fetch of " + mmHash + " from " + addr
+	switch {
+	case why == xfer.Nacked:
+		return fmt.Errorf("%s: %w: %w", at, why, st)
+	case why == xfer.RegisterFailed && cause != nil:
+		return fmt.Errorf("%s: %w: cannot use the producer's data-plane contact; is it on this consumer's data plane? "+
+			"(the TCP data plane and NIXL cannot read from each other): %w", at, why, cause)
+	case cause != nil:
+		return fmt.Errorf("%s: %w: %w", at, why, cause)
+	}
+	return fmt.Errorf("%s: %w", at, why)
 }
 
 // scheduleRetry plans the next attempt of f, if the budget allows one.
@@ -1004,7 +1026,8 @@ type waiterOr interface {
 }
 
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
-var ErrNotInFlight = errors.New("connector: no fetch in flight for this mm_hash")
+// It is session.ErrNotInFlight.
+var ErrNotInFlight = session.ErrNotInFlight
 
 // Cancel ends the fetch of mmHash at now and returns its Failure (reason
 // Canceled). Its blocks are free at once when no READ runs, or when the

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -571,5 +572,42 @@ func TestPoolWaitFor(t *testing.T) {
 			t.Fatalf("fetch %v: Wait did not return when its context ended", fetch)
 		}
 		cancel()
+	}
+}
+
+// A Failure's Err matches its reason, its NACK's status and its cause.
+func TestFailureErr(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.pool.Fetch(addr, "absent", []int{1}, w.now.Add(time.Minute), w.now)
+	r := w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Failed) > 0 })
+	f := r.Failed[0]
+	var st wire.Status
+	var why xfer.Reason
+	if !errors.Is(f.Err, xfer.Nacked) || !errors.Is(f.Err, wire.NackMissing) || errors.Is(f.Err, wire.NackNotReady) ||
+		!errors.As(f.Err, &st) || st != wire.NackMissing || !errors.As(f.Err, &why) || why != xfer.Nacked {
+		t.Fatalf("%v: status %v, reason %v", f.Err, st, why)
+	}
+	if got := f.Err.Error(); !strings.Contains(got, "absent") || !strings.Contains(got, "NACK_MISSING") {
+		t.Fatalf("error says %q", got)
+	}
+
+	// The producer's contact cannot be registered: the data plane's error
+	// is the cause.
+	w.entry(t, "H", 1, true)
+	bad := errors.New("not this plane's metadata")
+	w.cdata.SetAddPeerError(bad)
+	w.pool.Fetch(addr, "H", []int{2}, w.now.Add(time.Minute), w.now)
+	r = w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Failed) > 0 })
+	f = r.Failed[0]
+	if f.Reason != xfer.RegisterFailed || !errors.Is(f.Err, xfer.RegisterFailed) || !errors.Is(f.Err, bad) ||
+		!strings.Contains(f.Err.Error(), "data plane") {
+		t.Fatalf("%+v", f)
+	}
+	w.cdata.SetAddPeerError(nil)
+
+	w.entry(t, "C", 1, false)
+	w.pool.Fetch(addr, "C", []int{3}, w.now.Add(time.Minute), w.now)
+	if f, err := w.pool.Cancel("C", w.now); err != nil || !errors.Is(f.Err, xfer.Canceled) {
+		t.Fatalf("cancel: %v %v", f.Err, err)
 	}
 }
