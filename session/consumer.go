@@ -69,7 +69,7 @@ type ConsumerStats struct {
 	ForcedSettles                                                   uint64 // settled at the quarantine deadline, unconfirmed
 	LateCompletions                                                 uint64 // READs done after the producer's lease could have run out
 	BadAcks                                                         uint64 // OK acks whose block list did not fit
-	Nacks                                                           [6]uint64
+	Nacks                                                           NackCounts
 	Malformed                                                       uint64 // payloads that did not decode as an XferAck
 	ForeignAcks                                                     uint64 // acks echoing another session's id
 	// StrayAcks are replies matched to no transfer waiting for its ack:

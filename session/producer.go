@@ -81,7 +81,7 @@ type ProducerConfig struct {
 type ProducerStats struct {
 	Requests      uint64 // decoded requests
 	Grants        uint64 // OK acks sent
-	Nacks         [6]uint64
+	Nacks         NackCounts
 	Malformed     uint64 // payloads that did not decode as an XferReq
 	ReRequests    uint64 // grants made while the same session held one for the entry
 	Completions   uint64 // grants ended by their notification

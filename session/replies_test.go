@@ -232,3 +232,14 @@ func TestReplyForgetsRequestsSentBefore(t *testing.T) {
 		t.Fatalf("G's next attempt: %+v", r)
 	}
 }
+
+func TestNackCountsString(t *testing.T) {
+	var n NackCounts
+	if n.String() != "none" {
+		t.Fatalf("empty: %q", n.String())
+	}
+	n[wire.NackMissing], n[wire.NackNotReady] = 1002, 3
+	if got, want := n.String(), "NACK_MISSING 1002, NACK_NOT_READY 3"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+}

@@ -10,6 +10,7 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
@@ -171,22 +172,61 @@ func (r *Results) reset() {
 	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
-// Histogram is a latency histogram: bucket i counts durations in
-// [2^i, 2^(i+1)) µs; see its methods for quantiles and merging.
-type Histogram = hist.Histogram
+// Histogram counts durations in log-spaced buckets: Counts[i] those in
+// [2^i, 2^(i+1)) µs, Counts[0] also those under 1 µs and the last bucket
+// all longer ones. A copy is a snapshot; the zero value is empty.
+type Histogram struct {
+	Counts [28]uint64
+	N      uint64        // durations counted
+	Sum    time.Duration // of all of them
+	Max    time.Duration // the longest
+}
+
+// Quantile returns the duration under which the fraction q of those
+// counted fall, to within its bucket (the bucket's upper end, at most Max);
+// 0 when none are.
+func (h *Histogram) Quantile(q float64) time.Duration { return (*hist.Histogram)(h).Quantile(q) }
+
+// Mean returns the mean duration; 0 when none are counted.
+func (h *Histogram) Mean() time.Duration { return (*hist.Histogram)(h).Mean() }
+
+// Merge adds o's counts to h's.
+func (h *Histogram) Merge(o *Histogram) { (*hist.Histogram)(h).Merge((*hist.Histogram)(o)) }
 
 // PoolStats counts what a Pool did.
 type PoolStats struct {
 	Fetches, Joined, Completed, Failed, Retries uint64
-	Nacks                                       [6]uint64
+	Nacks                                       session.NackCounts
 	AckTimeouts, Quarantines, ForcedEvictions   uint64
 	Settled, Released, PeerDeaths               uint64
 	BytesMoved                                  uint64
 	Malformed                                   uint64 // undecodable acks
 	Reaped                                      uint64 // idle sessions closed
 	InFlight, Sessions                          int    // fetches not ended; producer sessions held
-	FailedBy                                    map[xfer.Reason]uint64
+	FailedBy                                    FailureCounts
 	Latency                                     Histogram // Fetch to completion
+}
+
+// FailureCounts counts failed fetches by reason.
+type FailureCounts map[xfer.Reason]uint64
+
+// String lists the reasons counted in their order, e.g. "nacked 1000,
+// register-failed 1", or says "none".
+func (c FailureCounts) String() string {
+	var b strings.Builder
+	for _, r := range slices.Sorted(maps.Keys(c)) {
+		if c[r] == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", r.String(), c[r])
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
 }
 
 // fetch is one mm_hash being fetched, across attempts.
@@ -293,7 +333,7 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
-	p.stats.FailedBy = map[xfer.Reason]uint64{}
+	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
 
@@ -307,7 +347,7 @@ func (p *Pool) Stats() PoolStats {
 	s := p.pub
 	s.FailedBy = maps.Clone(p.pub.FailedBy)
 	if s.FailedBy == nil {
-		s.FailedBy = map[xfer.Reason]uint64{}
+		s.FailedBy = FailureCounts{}
 	}
 	return s
 }
@@ -327,7 +367,7 @@ func (p *Pool) publish() {
 	p.pub.Malformed = malformed
 	p.pub.InFlight, p.pub.Sessions = len(p.fetches), len(p.order)+len(p.draining)
 	if fb == nil {
-		fb = map[xfer.Reason]uint64{}
+		fb = FailureCounts{}
 	}
 	maps.Copy(fb, p.stats.FailedBy)
 	p.pub.FailedBy = fb
@@ -802,7 +842,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		delete(p.fetches, o.MMHash)
 		lat := now.Sub(f.started)
 		p.stats.Completed++
-		p.stats.Latency.Add(lat)
+		(*hist.Histogram)(&p.stats.Latency).Add(lat)
 		p.stats.BytesMoved += uint64(len(f.blocks) * p.cfg.BlockSize)
 		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat})
 	}

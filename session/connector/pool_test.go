@@ -611,3 +611,13 @@ func TestFailureErr(t *testing.T) {
 		t.Fatalf("cancel: %v %v", f.Err, err)
 	}
 }
+
+func TestFailureCountsString(t *testing.T) {
+	if got := (FailureCounts{}).String(); got != "none" {
+		t.Fatalf("empty: %q", got)
+	}
+	c := FailureCounts{xfer.RegisterFailed: 1, xfer.Nacked: 1000, xfer.Canceled: 0}
+	if got, want := c.String(), "nacked 1000, register-failed 1"; got != want {
+		t.Fatalf("%q, want %q", got, want)
+	}
+}
