@@ -296,7 +296,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress, post string) {
 		if err := cons.StartXfer(fmt.Sprint(i), local, now.Add(time.Minute), now); err != nil {
 			t.Fatal(err)
 		}
-		for step := 0; cons.HasInFlight(); step++ {
+		for step := 0; cons.InFlight() > 0; step++ {
 			if step > 200000 {
 				t.Fatalf("fetch %d did not end", i)
 			}

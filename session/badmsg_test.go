@@ -43,7 +43,7 @@ func TestUnknownAckStatusEndsTheTransfer(t *testing.T) {
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck || r.Len() != 1 {
 		t.Fatalf("results %+v", r)
 	}
-	if co.c.HasInFlight() {
+	if co.c.InFlight() > 0 {
 		t.Fatal("transfer still in flight")
 	}
 }

@@ -116,7 +116,7 @@ func BenchmarkProducerGrant(b *testing.B) {
 					}
 					p.Poll(msgs, &sink, now)
 					if authorize {
-						release, ok := p.Authorize("c", notif[0].Msg, e.Blocks)
+						release, ok := p.authorizeRelease("c", notif[0].Msg, e.Blocks)
 						if !ok {
 							b.Fatal("READ of the grant refused")
 						}
@@ -184,7 +184,7 @@ func BenchmarkAuthorize16K(b *testing.B) {
 			notif := []byte(sid("a") + ":big")
 			b.ResetTimer()
 			for range b.N {
-				release, ok := p.Authorize("cons", notif, want)
+				release, ok := p.authorizeRelease("cons", notif, want)
 				if !ok {
 					b.Fatal("refused")
 				}

@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ecxfer/ecxfer/internal/fsm"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -34,8 +35,8 @@ var (
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
 	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
-	// ErrUnanswered: StartXfer of an mm_hash with MaxUnansweredPerHash
-	// requests unanswered (or the session with MaxUnanswered). It is an
+	// ErrUnanswered: StartXfer of an mm_hash with 16
+	// requests unanswered (or 2^20 in the session). It is an
 	// xfer.ErrQueueFull: retry once replies have come, or on a new session.
 	ErrUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
 )
@@ -45,8 +46,8 @@ var (
 // forget one: a reply to a forgotten request would be taken for a later
 // request's, whose grant may be younger than the reply's.
 const (
-	MaxUnansweredPerHash = 16
-	MaxUnanswered        = 1 << 20
+	maxUnansweredPerHash = 16
+	maxUnanswered        = 1 << 20
 )
 
 // attemptIDs numbers the requests of every consumer session of the
@@ -115,7 +116,7 @@ type ConsumerSession struct {
 	sentHead int
 	perHash  map[string]int
 
-	// High-water marks, for Trim: since the maps were made, and since
+	// High-water marks, for trim: since the maps were made, and since
 	// the last Trim.
 	hashesMade, hashesSeen   int
 	pendingMade, pendingSeen int // mm_hashes with requests unanswered
@@ -197,7 +198,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, no
 	} else if len(blocks) > 0 && blocks[0] < 0 {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
-	if c.perHash[mmHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
+	if c.perHash[mmHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
 	}
 	attempt, err := c.send(mmHash, false)
@@ -252,24 +253,24 @@ type contact struct {
 	notif    []byte // the contact grant's notification, when the answer made one
 }
 
-// Errors of a contact request (Contacted).
+// Errors of a contact request (contacted).
 var (
-	ErrNoContactAnswer = errors.New("session: no answer to the contact request in time")
-	ErrContactLost     = errors.New("session: the connection died before the contact request was answered")
+	errNoContactAnswer = errors.New("session: no answer to the contact request in time")
+	errContactLost     = errors.New("session: the connection died before the contact request was answered")
 )
 
-// Contact asks the producer, at now, for its data-plane contact ahead of
+// sendContact asks the producer, at now, for its data-plane contact ahead of
 // any fetch (wire.XferReq.Contact): a Go producer answers with its agent
 // metadata and region, which the session registers as it would a first
 // OK ack's, and a producer that does not read the request (vLLM's, or a
-// Go producer before it) answers NACK_MISSING. Contacted says what came
+// Go producer before it) answers NACK_MISSING. contacted says what came
 // of it, by deadline at the latest. A contact sent while another waits
 // replaces it (the earlier answer is dropped). It fails as StartXfer does.
-func (c *ConsumerSession) Contact(deadline, now time.Time) error {
+func (c *ConsumerSession) sendContact(deadline, now time.Time) error {
 	if c.closed {
 		return ErrClosed
 	}
-	if c.perHash[wire.ContactHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
+	if c.perHash[wire.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: contact", ErrUnanswered)
 	}
 	attempt, err := c.send(wire.ContactHash, true)
@@ -280,25 +281,25 @@ func (c *ConsumerSession) Contact(deadline, now time.Time) error {
 	return nil
 }
 
-// Contacted reports the outcome of the last contact request: done is
+// contacted reports the outcome of the last contact request: done is
 // false while it waits for its answer (and before any was sent); once
-// done, err says why it ended without an answer (ErrNoContactAnswer,
-// ErrContactLost) or why the answer could not be used, and otherwise st
-// is the answer's status: wire.OK, the producer is registered (Registered).
-func (c *ConsumerSession) Contacted() (done bool, st wire.Status, err error) {
+// done, err says why it ended without an answer (errNoContactAnswer,
+// errContactLost) or why the answer could not be used, and otherwise st
+// is the answer's status: wire.OK, the producer is registered (registeredPeer).
+func (c *ConsumerSession) contacted() (done bool, st wire.Status, err error) {
 	return c.contact.done, c.contact.status, c.contact.err
 }
 
-// Registered returns the producer as the data plane knows it, once an
+// registeredPeer returns the producer as the data plane knows it, once an
 // ack (or a contact answer) registered it.
-func (c *ConsumerSession) Registered() (xfer.Peer, bool) { return c.agent, c.registered }
+func (c *ConsumerSession) registeredPeer() (xfer.Peer, bool) { return c.agent, c.registered }
 
-// Probing reports whether the session's first request (or contact) is
+// probing reports whether the session's first request (or contact) is
 // unanswered: its answer, if it is an OK ack, registers the producer, and
 // connector.Pool holds the other requests to that producer until then, so
 // that the producer sends its region's description once, not once per
 // request.
-func (c *ConsumerSession) Probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
+func (c *ConsumerSession) probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
 
 // answered handles the reply to the contact request: ack is its decoded
 // answer, or nil for one that does not decode.
@@ -323,10 +324,10 @@ func (c *ConsumerSession) answered(ack *wire.AckView) {
 	}
 }
 
-// ContactNotif returns the notification of the grant a Go producer made
+// contactNotif returns the notification of the grant a Go producer made
 // with its contact answer, or nil: a grant of no blocks, which the data
 // plane's contact ends with a READ of nothing (plane.Contacter).
-func (c *ConsumerSession) ContactNotif() []byte { return c.contact.notif }
+func (c *ConsumerSession) contactNotif() []byte { return c.contact.notif }
 
 // request is one XferReq sent and not answered yet.
 type request struct {
@@ -559,7 +560,7 @@ func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
 // advance polls every transfer, moving ended ones to the results.
 func (c *ConsumerSession) advance(now time.Time) {
 	if k := &c.contact; k.attempt != 0 && !k.done && now.After(k.deadline) {
-		k.done, k.err = true, ErrNoContactAnswer
+		k.done, k.err = true, errNoContactAnswer
 	}
 	kept := c.active[:0]
 	for _, x := range c.active {
@@ -656,7 +657,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 	}
 	c.forgetSent(c.unanswered()) // none will be answered on this connection
 	if k := &c.contact; k.attempt != 0 && !k.done {
-		k.done, k.err = true, ErrContactLost
+		k.done, k.err = true, errContactLost
 	}
 	kept := c.active[:0]
 	for _, x := range c.active {
@@ -687,12 +688,12 @@ func (c *ConsumerSession) TakeResults(r *Results) {
 	c.results.Reset()
 }
 
-// Trim gives back the memory kept for a past peak: the maps, buffers and
+// trim gives back the memory kept for a past peak: the maps, buffers and
 // spare transfers sized for more transfers than the session held since
-// the previous Trim shrink to what it held (Go's maps never shrink by
+// the previous trim shrink to what it held (Go's maps never shrink by
 // themselves). Call it now and then, a few times per minute at most:
 // connector.Pool does, four times per PoolConfig.IdleSession.
-func (c *ConsumerSession) Trim() {
+func (c *ConsumerSession) trim() {
 	if c.closed {
 		return
 	}
@@ -778,10 +779,6 @@ func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	return nil
 }
 
-// HasInFlight reports whether any transfer is waiting, reading or in
-// quarantine.
-func (c *ConsumerSession) HasInFlight() bool { return len(c.byHash) > 0 }
-
 // InFlight returns how many transfers are waiting, reading or quarantined.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
@@ -834,3 +831,21 @@ func (c *ConsumerSession) Close() error {
 	}
 	return nil
 }
+
+// internals is what connector.Pool reaches through internal/hooks.
+type internals struct{ c *ConsumerSession }
+
+func init() {
+	hooks.ConsumerOf = func(s any) hooks.Consumer { return internals{s.(*ConsumerSession)} }
+}
+
+func (i internals) Contact(deadline, now time.Time) error { return i.c.sendContact(deadline, now) }
+func (i internals) Contacted() (done, again bool, st wire.Status, err error) {
+	done, st, err = i.c.contacted()
+	again = errors.Is(err, errNoContactAnswer) || errors.Is(err, errContactLost)
+	return done, again, st, err
+}
+func (i internals) ContactNotif() []byte          { return i.c.contactNotif() }
+func (i internals) Registered() (xfer.Peer, bool) { return i.c.registeredPeer() }
+func (i internals) Probing() bool                 { return i.c.probing() }
+func (i internals) Trim()                         { i.c.trim() }

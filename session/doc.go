@@ -87,8 +87,7 @@
 // asks again, for a new grant. A READ seen complete after the same moment
 // is tombstoned (LateCompletion).
 //
-// The unanswered requests are bounded, MaxUnansweredPerHash per mm_hash
-// and MaxUnanswered in all. Past either, StartXfer refuses with
+// The unanswered requests are bounded, 16 per mm_hash and 2^20 in all. Past either, StartXfer refuses with
 // ErrUnanswered (an xfer.ErrQueueFull, which the Pool retries) rather than
 // forget a request: its reply would then be matched to a later request.
 // They go as they or later requests are answered, at PeerDown, and with

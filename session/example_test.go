@@ -65,7 +65,7 @@ func Example() {
 		return
 	}
 	var r session.Results
-	for step := 0; cons.HasInFlight(); step++ {
+	for step := 0; cons.InFlight() > 0; step++ {
 		now = now.Add(10 * time.Millisecond)
 		prod.Poll(toProducer.requests(), toConsumer, now)
 		cons.Poll(toConsumer.take(), now)

@@ -33,7 +33,7 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 			}
 			e, _ := po.cache.Get("R")
 			// The second READ is being served when the first's notification lands.
-			release, ok := po.p.Authorize("cons", notif(second.Grant), e.Blocks)
+			release, ok := po.p.authorizeRelease("cons", notif(second.Grant), e.Blocks)
 			if !ok {
 				t.Fatal("second READ refused")
 			}
@@ -49,7 +49,7 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 			if po.pins("R") != 1 {
 				t.Fatalf("after the READ's release: pins %d", po.pins("R"))
 			}
-			release, ok = po.p.Authorize("cons", notif(second.Grant), e.Blocks)
+			release, ok = po.p.authorizeRelease("cons", notif(second.Grant), e.Blocks)
 			if !ok {
 				t.Fatal("the second grant was ended by the first READ's notification")
 			}

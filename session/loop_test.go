@@ -64,7 +64,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 	completed, nacked := 0, 0
 	now := t0
 	var r Results
-	for step := 0; step < 5000 && (len(order) > 0 || cons.HasInFlight()); step++ {
+	for step := 0; step < 5000 && (len(order) > 0 || cons.InFlight() > 0); step++ {
 		now = now.Add(100 * time.Millisecond)
 		// Start what fits, skipping keys already in flight.
 		for i := 0; i < len(order) && i < 8; i++ {
@@ -127,8 +127,8 @@ func TestConsumerProducerLoop(t *testing.T) {
 			}
 		}
 	}
-	if len(order) > 0 || cons.HasInFlight() {
-		t.Fatalf("did not finish: %d left, in flight %v", len(order), cons.HasInFlight())
+	if len(order) > 0 || cons.InFlight() > 0 {
+		t.Fatalf("did not finish: %d left, in flight %v", len(order), cons.InFlight() > 0)
 	}
 	if completed+nacked != 300 || completed < 200 {
 		t.Fatalf("completed %d, tombstoned %d", completed, nacked)

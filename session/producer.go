@@ -158,7 +158,8 @@ const maxPushLive = 2
 // pins the entry, answers with its blocks and the data plane's metadata,
 // and unpins on the completion notification or when the lease runs out. It
 // is sans-I/O: requests and the time come in through Poll, replies go out
-// through a Replier. It is not safe for concurrent use, except Authorize.
+// through a Replier. It is not safe for concurrent use (the data plane's authorization of
+// READs, which runs on its goroutines, excepted).
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   xfer.Driven      // data, when it must be told of the live grants
@@ -756,23 +757,23 @@ func (p *ProducerSession) pinCounts(dst map[string]int) {
 	}
 }
 
-// Authorize reports whether a live grant covers a READ by agent: notif
+// authorizeRelease reports whether a live grant covers a READ by agent: notif
 // names the grant ("<session_id>:<mm_hash>", with "#<grant>.<token>" from
 // a Go consumer, whose grants take nothing less than their token), every
 // block must be one of its entry's, and the grant must not be bound to
 // another agent. If it does, the entry stays pinned until release is
-// called, even if the grant ends meanwhile: a data plane calls Authorize
+// called, even if the grant ends meanwhile: a data plane authorizes
 // before serving a READ and release once the bytes are out of the region.
 // It is safe for concurrent use, unlike the rest of ProducerSession; the
 // block comparison runs without the lock the step loop needs.
-func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (release func(), ok bool) {
+func (p *ProducerSession) authorizeRelease(agent string, notif []byte, blocks []int) (release func(), ok bool) {
 	if g := p.authorize(agent, notif, blocks); g != nil {
 		return g.release, true
 	}
 	return nil, false
 }
 
-// authorize is Authorize, returning the grant held.
+// authorize is authorizeRelease, returning the grant held.
 func (p *ProducerSession) authorize(agent string, notif []byte, blocks []int) *grant {
 	p.authMu.RLock()
 	g, _ := p.lookup(notif)

@@ -127,7 +127,7 @@ func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 func TestUnansweredRequestsBounded(t *testing.T) {
 	co := newConsumer(t)
 	now := t0
-	for range MaxUnansweredPerHash {
+	for range maxUnansweredPerHash {
 		mustStart(t, co.c, "H", []int{1}, now.Add(time.Second))
 		now = now.Add(2 * time.Second)
 		if r := co.poll(now); len(r.Retryable) != 1 {
@@ -136,7 +136,7 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 	}
 	sent := len(co.out.msgs)
 	err := co.c.StartXfer("H", []int{1}, now.Add(time.Second), now)
-	if !errors.Is(err, ErrUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.HasInFlight() {
+	if !errors.Is(err, ErrUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.InFlight() > 0 {
 		t.Fatalf("past the bound: %v, %d sent", err, len(co.out.msgs)-sent)
 	}
 	mustStart(t, co.c, "G", []int{1}, now.Add(time.Second)) // another mm_hash is not refused

@@ -39,7 +39,7 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 		append(wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token), 'x'), // not the token's form
 	}
 	for _, msg := range forged {
-		if release, ok := po.p.Authorize("cons", msg, e.Blocks); ok {
+		if release, ok := po.p.authorizeRelease("cons", msg, e.Blocks); ok {
 			release()
 			t.Fatalf("READ with %q served", msg)
 		}
@@ -53,7 +53,7 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 		t.Fatalf("bad tokens counted %d", st.BadTokens)
 	}
 	good := wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token)
-	release, ok := po.p.Authorize("cons", good, e.Blocks)
+	release, ok := po.p.authorizeRelease("cons", good, e.Blocks)
 	if !ok {
 		t.Fatal("the grantee's READ refused")
 	}
@@ -124,11 +124,11 @@ func TestAuthorizeFollowsTheSessionsBoundAgent(t *testing.T) {
 	e, _ := po.cache.Get("R")
 	po.data.InjectNotif("cons", []byte(a+":R"))
 	po.poll(t, at(time.Second)) // binds the session to "cons"; ends R's oldest grant
-	if release, ok := po.p.Authorize("thief", []byte(a+":R"), e.Blocks); ok {
+	if release, ok := po.p.authorizeRelease("thief", []byte(a+":R"), e.Blocks); ok {
 		release()
 		t.Fatal("another agent's READ served under a grant made before the session was bound")
 	}
-	release, ok := po.p.Authorize("cons", []byte(a+":R"), e.Blocks)
+	release, ok := po.p.authorizeRelease("cons", []byte(a+":R"), e.Blocks)
 	if !ok {
 		t.Fatal("the bound agent's READ refused")
 	}

@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -56,7 +57,7 @@ func TestConnectRegistersBeforeTheFirstFetch(t *testing.T) {
 		t.Fatal(err)
 	}
 	pe := w.pool.peers[addr]
-	if _, ok := pe.s.Registered(); !ok {
+	if _, ok := hooks.ConsumerOf(pe.s).Registered(); !ok {
 		t.Fatal("not registered after Connect")
 	}
 	if st := w.prod.Stats(); st.Contacts != 1 || st.Grants != 0 {
@@ -84,7 +85,7 @@ func TestConnectWithoutContact(t *testing.T) {
 	if err := w.pool.Connect(context.Background(), addr); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := w.pool.peers[addr].s.Registered(); ok {
+	if _, ok := hooks.ConsumerOf(w.pool.peers[addr].s).Registered(); ok {
 		t.Fatal("registered from a NACK")
 	}
 	w.pool.Fetch(addr, "H", []int{5}, w.now.Add(time.Minute), w.now)

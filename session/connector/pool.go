@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/hist"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
@@ -477,12 +478,12 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			return err
 		}
 		pe.lastUsed = now
-		if peer, ok := pe.s.Registered(); ok {
+		if peer, ok := hooks.ConsumerOf(pe.s).Registered(); ok {
 			agent = peer.Agent
 			break
 		}
-		if done, _, _ := pe.s.Contacted(); done || !pe.contacting {
-			if err := pe.s.Contact(now.Add(p.cfg.AckTimeout), now); err != nil {
+		if done, _, _, _ := hooks.ConsumerOf(pe.s).Contacted(); done || !pe.contacting {
+			if err := hooks.ConsumerOf(pe.s).Contact(now.Add(p.cfg.AckTimeout), now); err != nil {
 				if !errors.Is(err, xfer.ErrPeerDown) && !errors.Is(err, xfer.ErrQueueFull) {
 					return err
 				}
@@ -501,7 +502,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			}
 			p.kept = true
 			p.step(time.Now())
-			done, st, err := pe.s.Contacted()
+			done, again, st, err := hooks.ConsumerOf(pe.s).Contacted()
 			if p.peers[addr] != pe || !done {
 				if p.peers[addr] != pe {
 					break // it died: a new session asks again
@@ -510,7 +511,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			}
 			pe.contacting = false
 			switch {
-			case err != nil && (errors.Is(err, session.ErrNoContactAnswer) || errors.Is(err, session.ErrContactLost)):
+			case again:
 			case err != nil:
 				return err
 			case st == wire.NackMissing:
@@ -522,7 +523,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 	}
 	if c := plane.ContacterOf(p.data); c != nil {
-		return c.Contact(ctx, agent, p.peers[addr].s.ContactNotif())
+		return c.Contact(ctx, agent, hooks.ConsumerOf(p.peers[addr].s).ContactNotif())
 	}
 	return nil
 }
@@ -542,7 +543,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 		ackBy = f.deadline
 	}
 	if err := pe.s.StartXfer(f.mmHash, f.blocks, ackBy, now); err != nil {
-		if !existed && !pe.s.HasInFlight() {
+		if !existed && pe.s.InFlight() == 0 {
 			// Refused before anything was sent (an address the allowlist
 			// refuses, say): leave nothing behind.
 			p.dropPeer(pe)
@@ -565,7 +566,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 // first answer came otherwise, its session is gone, or an ack timeout
 // passed.
 func (p *Pool) hold(f *fetch, pe *peer, now time.Time) bool {
-	if f.held || !pe.s.Probing() {
+	if f.held || !hooks.ConsumerOf(pe.s).Probing() {
 		return false
 	}
 	f.held, f.heldOn = true, pe
@@ -581,7 +582,7 @@ func (p *Pool) hold(f *fetch, pe *peer, now time.Time) bool {
 // answer.
 func (p *Pool) waits(f *fetch) bool {
 	pe := f.heldOn
-	return pe != nil && p.peers[pe.addr] == pe && pe.s.Probing()
+	return pe != nil && p.peers[pe.addr] == pe && hooks.ConsumerOf(pe.s).Probing()
 }
 
 func (p *Pool) peer(addr string) (*peer, error) {
@@ -649,7 +650,7 @@ func (p *Pool) step(now time.Time) *Results {
 	for _, pe := range p.draining {
 		pe.s.Poll(nil, now)
 		p.collect(pe, now)
-		if pe.s.HasInFlight() {
+		if pe.s.InFlight() > 0 {
 			kept = append(kept, pe)
 			continue
 		}
@@ -691,7 +692,7 @@ func (p *Pool) reapIdle(now time.Time) {
 	defer p.trim()
 	for i := 0; i < len(p.order); {
 		pe := p.order[i]
-		if pe.s.HasInFlight() || now.Sub(pe.lastUsed) < p.cfg.IdleSession {
+		if pe.s.InFlight() > 0 || now.Sub(pe.lastUsed) < p.cfg.IdleSession {
 			i++
 			continue
 		}
@@ -716,7 +717,7 @@ func (p *Pool) trim() {
 	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
 	for _, pe := range p.allPeers() {
 		pe.msgs = fit(pe.msgs, n)
-		pe.s.Trim()
+		hooks.ConsumerOf(pe.s).Trim()
 	}
 	p.lately = len(p.fetches)
 }
@@ -770,7 +771,7 @@ func (p *Pool) peerDown(addr string, now time.Time) {
 	}
 	pe.s.PeerDown(now)
 	p.collect(pe, now)
-	if pe.s.HasInFlight() {
+	if pe.s.InFlight() > 0 {
 		p.draining = append(p.draining, pe)
 	} else {
 		p.closeSession(pe)
