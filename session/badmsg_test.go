@@ -38,7 +38,7 @@ func TestUnknownAckStatusEndsTheTransfer(t *testing.T) {
 	if r := co.poll(at(time.Millisecond), other); r.Len() != 0 {
 		t.Fatalf("another session's ack ended ours: %+v", r)
 	}
-	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": co.c.ID()})
+	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": co.c.id})
 	r := co.poll(at(2*time.Millisecond), odd)
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck || r.Len() != 1 {
 		t.Fatalf("results %+v", r)

@@ -62,7 +62,7 @@ func BenchmarkConsumerPoll(b *testing.B) {
 				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(1<<40), at(0)); err != nil {
 					b.Fatal(err)
 				}
-				acks = append(acks, ackOK(h, c.ID(), data.meta, int64(2*i), int64(2*i+1)))
+				acks = append(acks, ackOK(h, c.id, data.meta, int64(2*i), int64(2*i+1)))
 			}
 			c.Poll(acks, at(0))
 			if c.InFlight() != n || len(c.active) != n {
@@ -237,7 +237,7 @@ func BenchmarkLargeEntry(b *testing.B) {
 		for i := range local {
 			local[i], remote[i] = i, int64(n+i)
 		}
-		ack := ackOK(h, c.ID(), data.meta, remote...)
+		ack := ackOK(h, c.id, data.meta, remote...)
 		acks := [][]byte{ack}
 		now := at(0)
 		var r Results

@@ -27,22 +27,21 @@ type Sender interface {
 	Send(payload []byte) error
 }
 
-// Errors of the sessions.
+// Errors of the sessions. Closed sessions return xfer.ErrClosed, and a
+// configuration they cannot run with xfer.ErrBadConfig.
 var (
-	ErrClosed    = xfer.ErrClosed // the module's one ErrClosed
-	ErrBadConfig = xfer.ErrBadConfig
 	ErrInFlight  = errors.New("session: a transfer for this mm_hash is in flight")
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
 	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
-	// ErrUnanswered: StartXfer of an mm_hash with 16
-	// requests unanswered (or 2^20 in the session). It is an
-	// xfer.ErrQueueFull: retry once replies have come, or on a new session.
-	ErrUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
+	// errUnanswered: StartXfer of an mm_hash with 16 requests unanswered
+	// (or 2^20 in the session). It is an xfer.ErrQueueFull: retry once
+	// replies have come, or on a new session.
+	errUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
 )
 
 // Bounds of the requests a consumer session has sent and not seen
-// answered. Past them StartXfer refuses (ErrUnanswered) rather than
+// answered. Past them StartXfer refuses (errUnanswered) rather than
 // forget one: a reply to a forgotten request would be taken for a later
 // request's, whose grant may be younger than the reply's.
 const (
@@ -133,14 +132,14 @@ type ConsumerSession struct {
 // NewConsumerSession returns a session with a fresh UUID4 id that sends to
 // peer and reads through data. compatHash is wire.CompatHash of this side.
 //
-// It fails with ErrBadConfig when compatHash is empty or peer or data is
+// It fails with xfer.ErrBadConfig when compatHash is empty or peer or data is
 // nil; an error reading cfg.Rand for the session id is returned wrapped.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
 	switch {
 	case compatHash == "":
-		return nil, fmt.Errorf("%w: session: empty compatibility hash", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: empty compatibility hash", xfer.ErrBadConfig)
 	case peer == nil || data == nil:
-		return nil, fmt.Errorf("%w: session: nil sender or data plane", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: nil sender or data plane", xfer.ErrBadConfig)
 	}
 	r := cfg.Rand
 	if r == nil {
@@ -165,9 +164,6 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	return c, nil
 }
 
-// ID returns the session id: a UUID4 string, stable for the session's life.
-func (c *ConsumerSession) ID() string { return c.id }
-
 // Stats returns the counters.
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
@@ -176,13 +172,13 @@ func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 // order of every call of this module that takes both). The session keeps blocks (it is
 // handed back in the outcome): do not modify it until then.
 //
-// On error nothing is recorded: ErrClosed after Close; ErrInFlight for an
+// On error nothing is recorded: xfer.ErrClosed after Close; ErrInFlight for an
 // mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
-// for negative or repeated blocks; ErrUnanswered when too many requests
+// for negative or repeated blocks; an xfer.ErrQueueFull when too many requests
 // are unanswered; the Sender's error, wrapped.
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, now time.Time) error {
 	if c.closed {
-		return ErrClosed
+		return xfer.ErrClosed
 	}
 	if _, ok := c.byHash[mmHash]; ok {
 		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
@@ -199,7 +195,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, no
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
 	if c.perHash[mmHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
-		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
+		return fmt.Errorf("%w: %s", errUnanswered, mmHash)
 	}
 	attempt, err := c.send(mmHash, false)
 	if err != nil {
@@ -268,10 +264,10 @@ var (
 // replaces it (the earlier answer is dropped). It fails as StartXfer does.
 func (c *ConsumerSession) sendContact(deadline, now time.Time) error {
 	if c.closed {
-		return ErrClosed
+		return xfer.ErrClosed
 	}
 	if c.perHash[wire.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
-		return fmt.Errorf("%w: contact", ErrUnanswered)
+		return fmt.Errorf("%w: contact", errUnanswered)
 	}
 	attempt, err := c.send(wire.ContactHash, true)
 	if err != nil {
@@ -757,7 +753,7 @@ func keep[T any](spare []T, n int) []T {
 // quarantine is left to settle. The outcome is in the next TakeResults.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	if c.closed {
-		return ErrClosed
+		return xfer.ErrClosed
 	}
 	x, ok := c.byHash[mmHash]
 	if !ok || x.ended {

@@ -35,7 +35,7 @@ func newConsumer(t *testing.T) *consumerOnly {
 }
 
 func (co *consumerOnly) ok(h string, ids ...int64) []byte {
-	return ackOK(h, co.c.ID(), co.prod.AgentMetadata(), ids...)
+	return ackOK(h, co.c.id, co.prod.AgentMetadata(), ids...)
 }
 
 func (co *consumerOnly) poll(now time.Time, msgs ...[]byte) Results {
@@ -47,12 +47,12 @@ func (co *consumerOnly) poll(now time.Time, msgs ...[]byte) Results {
 
 func TestSessionID(t *testing.T) { // B32
 	co := newConsumer(t)
-	u, err := uuid.Parse(co.c.ID())
-	if err != nil || u.Version() != 4 || u.String() != co.c.ID() {
-		t.Fatalf("id %q: %v", co.c.ID(), err)
+	u, err := uuid.Parse(co.c.id)
+	if err != nil || u.Version() != 4 || u.String() != co.c.id {
+		t.Fatalf("id %q: %v", co.c.id, err)
 	}
 	other := newConsumer(t)
-	if other.c.ID() == co.c.ID() {
+	if other.c.id == co.c.id {
 		t.Fatal("two sessions share an id")
 	}
 }
@@ -67,7 +67,7 @@ func TestStartXferSendsRequest(t *testing.T) { // B33
 	if err := wire.DecodeReq(co.out.msgs[0], &req); err != nil {
 		t.Fatal(err)
 	}
-	if req.MMHash != "H" || req.SessionID != co.c.ID() || req.CompatibilityHash != compat || req.Version() != wire.IntOf(2) {
+	if req.MMHash != "H" || req.SessionID != co.c.id || req.CompatibilityHash != compat || req.Version() != wire.IntOf(2) {
 		t.Fatalf("request %+v", req)
 	}
 	if !(co.c.InFlight() > 0) || co.c.InFlight() != 1 {
@@ -293,7 +293,7 @@ func TestRegistration(t *testing.T) { // B44, B45
 	var r Results
 	step := func(h string, meta []byte, now time.Time) {
 		mustStart(t, c, h, []int{1}, now.Add(time.Second))
-		c.Poll([][]byte{ackOK(h, c.ID(), meta, 2)}, now)
+		c.Poll([][]byte{ackOK(h, c.id, meta, 2)}, now)
 		c.TakeResults(&r)
 	}
 	step("A", prod.AgentMetadata(), at(0))
@@ -394,7 +394,7 @@ func TestClose(t *testing.T) {
 	if co.c.TakeResults(&rep); rep.Len() != 0 {
 		t.Fatal("second close reported something")
 	}
-	if err := co.c.StartXfer("X", nil, at(time.Hour), t0); !errors.Is(err, ErrClosed) {
+	if err := co.c.StartXfer("X", nil, at(time.Hour), t0); !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("start after close: %v", err)
 	}
 	co.c.Poll([][]byte{co.ok("X")}, at(time.Hour)) // no panic, nothing
@@ -456,7 +456,7 @@ func TestRegistrationFromShape(t *testing.T) {
 	c := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, data, compat))
 	region, _, _ := wire.DecodeBlocks(prod.MemDescriptor())
 	ack := func(h string, shape wire.Blocks, desc []byte) []byte {
-		return encAck(wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.ID(), AgentMetadata: prod.AgentMetadata(),
+		return encAck(wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.id, AgentMetadata: prod.AgentMetadata(),
 			SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: shape, MemDescriptor: desc})
 	}
 	var r Results
@@ -489,7 +489,7 @@ func TestRegistrationFromShape(t *testing.T) {
 	if wire.DecodeReq(msgs[0], &req2) != nil || wire.DecodeReq(msgs[1], &req3) != nil || !req2.AcceptsShape || req3.AcceptsShape {
 		t.Fatalf("offers: %v, %v", req2.AcceptsShape, req3.AcceptsShape)
 	}
-	c2.Poll([][]byte{encAck(wire.XferAck{MMHash: "C", Status: wire.OK, SessionID: c2.ID(), AgentMetadata: prod.AgentMetadata(),
+	c2.Poll([][]byte{encAck(wire.XferAck{MMHash: "C", Status: wire.OK, SessionID: c2.id, AgentMetadata: prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: region})}, at(0))
 	r.Reset()
 	c2.TakeResults(&r)

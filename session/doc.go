@@ -87,9 +87,10 @@
 // asks again, for a new grant. A READ seen complete after the same moment
 // is tombstoned (LateCompletion).
 //
-// The unanswered requests are bounded, 16 per mm_hash and 2^20 in all. Past either, StartXfer refuses with
-// ErrUnanswered (an xfer.ErrQueueFull, which the Pool retries) rather than
-// forget a request: its reply would then be matched to a later request.
+// The unanswered requests are bounded, 16 per mm_hash and 2^20 in all.
+// Past either, StartXfer refuses with an xfer.ErrQueueFull (which the
+// Pool retries) rather than forget a request: its reply would then be
+// matched to a later request.
 // They go as they or later requests are answered, at PeerDown, and with
 // the session (the Pool closes a session idle for PoolConfig.IdleSession).
 //

@@ -190,11 +190,11 @@ func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	}
 
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
-	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(1)}, Grant: 7, LeaseMillis: 5000}
 	co.poll(at(time.Second), wire.AppendAck(nil, &ack))
 	post := co.data.Posts()[0]
-	if string(post.Notif) != co.c.ID()+":H#7" {
+	if string(post.Notif) != co.c.id+":H#7" {
 		t.Fatalf("notification %q", post.Notif)
 	}
 	co.data.Finish(post.Handle)

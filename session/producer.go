@@ -214,14 +214,14 @@ type ProducerSession struct {
 }
 
 // NewProducerSession returns a session serving entries of c through data.
-// compatHash is wire.CompatHash of this side. It fails (ErrBadConfig) when
+// compatHash is wire.CompatHash of this side. It fails (xfer.ErrBadConfig) when
 // compatHash is empty or data or c is nil.
 func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) (*ProducerSession, error) {
 	switch {
 	case compatHash == "":
-		return nil, fmt.Errorf("%w: session: empty compatibility hash", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: empty compatibility hash", xfer.ErrBadConfig)
 	case data == nil || c == nil:
-		return nil, fmt.Errorf("%w: session: nil data plane or cache", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: nil data plane or cache", xfer.ErrBadConfig)
 	}
 	if cfg.PinLease <= 0 {
 		cfg.PinLease = xfer.DefaultConfig().PinLease

@@ -62,7 +62,7 @@ func TestReferenceAckOfEarlierAttemptDropped(t *testing.T) {
 		t.Fatal(err)
 	}
 	co.fillProd(0xbb, 7, 8) // a new save, after the lease of attempt 1
-	late := ackOK("H", co.c.ID(), co.prod.AgentMetadata(), 7, 8)
+	late := ackOK("H", co.c.id, co.prod.AgentMetadata(), 7, 8)
 	nack := encAck(wire.XferAck{MMHash: "H", Status: wire.NackMissing})
 	r := co.poll(at(5500*time.Millisecond), late, nack)
 	if len(co.data.Posts()) != 0 {
@@ -92,7 +92,7 @@ func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
 	if r := co.poll(at(4*time.Second), stale); r.Len() != 0 {
 		t.Fatalf("attempt 1's NACK ended attempt 2: %+v", r)
 	}
-	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(3)}, Attempt: second}
 	r := co.poll(at(4*time.Second+time.Millisecond), wire.AppendAck(nil, &ack))
 	if !slices.Equal(hashes(r.Completed), []string{"H"}) {
@@ -108,7 +108,7 @@ func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
 func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(3)}, LeaseMillis: 5000, Attempt: co.lastAttempt(t)}
 	r := co.poll(at(5*time.Second+time.Millisecond), wire.AppendAck(nil, &ack))
 	if len(co.data.Posts()) != 0 {
@@ -120,7 +120,7 @@ func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 }
 
 // A producer that answers nothing fills the unanswered requests of an
-// mm_hash up to their bound: then StartXfer refuses (ErrUnanswered, an
+// mm_hash up to their bound: then StartXfer refuses (errUnanswered, an
 // xfer.ErrQueueFull, which the Pool retries) and sends nothing, rather
 // than forget a request whose reply would be taken for a later one's. A
 // reply frees a place.
@@ -136,7 +136,7 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 	}
 	sent := len(co.out.msgs)
 	err := co.c.StartXfer("H", []int{1}, now.Add(time.Second), now)
-	if !errors.Is(err, ErrUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.InFlight() > 0 {
+	if !errors.Is(err, errUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.InFlight() > 0 {
 		t.Fatalf("past the bound: %v, %d sent", err, len(co.out.msgs)-sent)
 	}
 	mustStart(t, co.c, "G", []int{1}, now.Add(time.Second)) // another mm_hash is not refused

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/demo"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
@@ -161,7 +162,7 @@ func TestProbeNotReady(t *testing.T) {
 		t.Fatalf("report %+v\n%s", rep, out)
 	}
 	// A producer draining answers NACK_INTERNAL.
-	prod.StopGranting()
+	hooks.StopGranting(prod)
 	rep, out = probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", Timeout: 5 * time.Second})
 	if rep.Status != wire.NackInternal || !strings.Contains(out, "draining") {
 		t.Fatalf("draining producer: report %+v\n%s", rep, out)

@@ -491,7 +491,7 @@ func (s *sim) tick() {
 			p.drainAt = s.step
 			s.stats.Drains++
 			s.event("%s drains", p.label)
-			p.prod.StopGranting()
+			hooks.StopGranting(p.prod)
 		case p.drainAt >= 0 && (p.prod.Grants() == 0 || s.step-p.drainAt > 160):
 			// Drained (or its grants' leases are long over): a planned
 			// restart, in a process that lives on and reuses the memory.

@@ -191,9 +191,6 @@ func (h *Histogram) Quantile(q float64) time.Duration { return (*hist.Histogram)
 // Mean returns the mean duration; 0 when none are counted.
 func (h *Histogram) Mean() time.Duration { return (*hist.Histogram)(h).Mean() }
 
-// Merge adds o's counts to h's.
-func (h *Histogram) Merge(o *Histogram) { (*hist.Histogram)(h).Merge((*hist.Histogram)(o)) }
-
 // PoolStats counts what a Pool did.
 type PoolStats struct {
 	Fetches, Joined, Completed, Failed, Retries uint64
@@ -747,9 +744,9 @@ func fit[T any](s []T, lately int) []T {
 	return n
 }
 
-// Sessions returns how many producer sessions the pool holds: live ones,
+// sessions returns how many producer sessions the pool holds: live ones,
 // and those of dead control connections still following their READs.
-func (p *Pool) Sessions() int { return len(p.order) + len(p.draining) }
+func (p *Pool) sessions() int { return len(p.order) + len(p.draining) }
 
 // peerDown moves the producer's session out of the pool: waiting transfers
 // become retryable; READs run on, on their data connections, and are

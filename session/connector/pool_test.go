@@ -482,7 +482,7 @@ func TestPoolForgetsAddresses(t *testing.T) {
 			t.Fatal("refused send succeeded")
 		}
 	}
-	if n := w.pool.Sessions(); n != 0 {
+	if n := w.pool.sessions(); n != 0 {
 		t.Fatalf("%d sessions kept for refused addresses", n)
 	}
 	w.ctl.sendErr = nil
@@ -490,13 +490,13 @@ func TestPoolForgetsAddresses(t *testing.T) {
 	w.pool.Fetch(addr, "H", []int{1}, w.now.Add(time.Minute), w.now)
 	w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Completed) == 1 })
 	w.step(30 * time.Second)
-	if w.pool.Sessions() != 1 {
+	if w.pool.sessions() != 1 {
 		t.Fatal("session reaped while recently used")
 	}
 	w.step(31 * time.Second)
 	w.step(16 * time.Second)
-	if w.pool.Sessions() != 0 || !slices.Contains(w.ctl.removed, addr) || w.pool.Stats().Reaped != 1 {
-		t.Fatalf("idle session kept: %d sessions, removed %v", w.pool.Sessions(), w.ctl.removed)
+	if w.pool.sessions() != 0 || !slices.Contains(w.ctl.removed, addr) || w.pool.Stats().Reaped != 1 {
+		t.Fatalf("idle session kept: %d sessions, removed %v", w.pool.sessions(), w.ctl.removed)
 	}
 	// The next fetch to the address works on a new session.
 	w.pool.Fetch(addr, "H", []int{2}, w.now.Add(time.Minute), w.now)

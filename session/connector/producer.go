@@ -61,8 +61,8 @@ type ProducerConfig struct {
 // an engine that does not step while idle; both may be used at any time.
 //
 // Shutdown is the graceful end: it stops granting and waits for the READs
-// under way. Close is the abrupt one. A loop that steps the producer itself
-// may instead call StopGranting, step until Grants is 0, then Close.
+// under way, stepping the producer itself (an engine's loop that steps it
+// calls Shutdown as it stops). Close is the abrupt one.
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
@@ -136,6 +136,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 }
 
 func init() {
+	hooks.StopGranting = func(p any) { p.(*Producer).stopGranting() }
 	hooks.ProducerPins = func(pr any, dst map[string]int) {
 		p := pr.(*Producer)
 		p.mu.Lock()
@@ -405,7 +406,7 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 // says how many. Serve may run meanwhile; it returns ErrClosed at the end.
 // The control plane and data plane are the caller's to close, after.
 func (p *Producer) Shutdown(ctx context.Context) error {
-	p.StopGranting()
+	p.stopGranting()
 	for {
 		p.Step(p.cfg.Now())
 		grants, _, next := p.load()
@@ -429,11 +430,10 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 	return p.Close()
 }
 
-// StopGranting starts a graceful shutdown for a loop that steps the
-// producer itself (Shutdown runs one): every request from now on is
+// stopGranting starts a graceful shutdown: every request from now on is
 // answered NACK_INTERNAL, while the live grants end through their
-// notifications or leases. Close once Grants reports none.
-func (p *Producer) StopGranting() {
+// notifications or leases.
+func (p *Producer) stopGranting() {
 	p.mu.Lock()
 	p.sess.StopGranting()
 	p.mu.Unlock()
