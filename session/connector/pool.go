@@ -448,8 +448,11 @@ var ErrContactRefused = errors.New("connector: the producer refused contact")
 // contact to the first fetch, and Connect returns nil once the control
 // connection is up. An answer that goes unanswered, or a connection that
 // dies, is asked again until ctx ends. It fails with ErrContactRefused
-// (wrapping the status) for any other NACK, with the control plane's or
-// the data plane's error, or ctx's.
+// (wrapping the status: errors.Is(err, wire.NackIncompat)) for any other
+// NACK; with an error matching xfer.RegisterFailed, and wrapping the data
+// plane's, when the producer's contact cannot be registered (most likely a
+// producer on another data plane); with the control plane's error, or
+// ctx's.
 //
 // Connect steps the pool while it waits (it must not run concurrently
 // with the other methods, as Step): outcomes of fetches that end
@@ -510,11 +513,11 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			switch {
 			case again:
 			case err != nil:
-				return err
+				return fmt.Errorf("connector: contact with %s: %w: %s: %w", addr, xfer.RegisterFailed, planeHint, err)
 			case st == wire.NackMissing:
 				return nil // it takes no contact request: the first fetch registers it
 			case st != wire.OK:
-				return fmt.Errorf("%w: %s: %s", ErrContactRefused, addr, st)
+				return fmt.Errorf("%w: %s: %w", ErrContactRefused, addr, st)
 			}
 			break
 		}
@@ -908,6 +911,10 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 		Err: failErr(mmHash, f.addr, why, st, err), BlocksHeld: held})
 }
 
+// planeHint says what a registration failure most likely means.
+const planeHint = "cannot use the producer's data-plane contact; is the producer on this consumer's data plane? " +
+	"(the TCP data plane and NIXL cannot read from each other)"
+
 // failErr is a Failure's Err: it says what failed in words, and matches
 // the reason, the NACK's status and the cause.
 func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) error {
@@ -916,8 +923,7 @@ func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) 
 	case why == xfer.Nacked:
 		return fmt.Errorf("%s: %w: %w", at, why, st)
 	case why == xfer.RegisterFailed && cause != nil:
-		return fmt.Errorf("%s: %w: cannot use the producer's data-plane contact; is it on this consumer's data plane? "+
-			"(the TCP data plane and NIXL cannot read from each other): %w", at, why, cause)
+		return fmt.Errorf("%s: %w: %s: %w", at, why, planeHint, cause)
 	case cause != nil:
 		return fmt.Errorf("%s: %w: %w", at, why, cause)
 	}
