@@ -124,8 +124,10 @@ func (c PoolConfig) withDefaults() PoolConfig {
 
 // Done is a fetch whose blocks now hold the entry.
 type Done struct {
-	MMHash  string
-	Addr    string
+	MMHash string
+	Addr   string
+	// Blocks is the slice given to Fetch, the caller's again: it stays
+	// valid after the next Step, unlike the Results that hold it.
 	Blocks  []int
 	Latency time.Duration // from Fetch to completion
 }
@@ -160,6 +162,9 @@ type Released struct {
 
 // Results are what a Step produced. Every fetch ends once, in Completed or
 // Failed; a failure with BlocksHeld is followed later by one Released.
+// The Pool reuses them: they are valid until its next Step, Connect or
+// Close; copy what must outlive that (the Blocks slices in them are the
+// ones given to Fetch, and stay the caller's).
 type Results struct {
 	Completed []Done
 	Failed    []Failure
@@ -610,7 +615,8 @@ func (s sender) Send(b []byte) error { return s.ctl.Send(s.addr, b) }
 // Step runs one engine step at now: it takes the producers' replies and
 // deaths from the control plane, advances every session, retries what is
 // due, and returns the outcomes. The Results are the pool's, valid until the
-// next Step.
+// next Step, Connect or Close (the Blocks slices in them stay valid: they
+// are the caller's).
 func (p *Pool) Step(now time.Time) *Results {
 	if p.kept {
 		p.kept = false // Connect's steps' outcomes go out with this one's

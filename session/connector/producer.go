@@ -92,6 +92,11 @@ var ErrClosed = xfer.ErrClosed
 // NewProducer returns a producer serving c through ctl and data. It fails
 // with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
 //
+// c must match the region data serves: c's block ids are that region's
+// blocks, so make it with cache.NewEmbeddingCache(region.Blocks()) for the
+// region given to the data plane, and write each entry's embedding into
+// region.Block(id) for the ids Alloc returned before MarkReady.
+//
 // If data serves READs itself (the TCP data plane), the producer's session
 // attaches to it: from then until Close it serves only what the session
 // granted, to the consumer that presents the grant's token (a gate of the
