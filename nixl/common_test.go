@@ -341,9 +341,9 @@ func (l *memLink) Reply(_, b []byte) error { l.toC = append(l.toC, bytes.Clone(b
 // step runs the producer on the requests sent, then the consumer on the
 // replies, at the wall clock.
 func (l *memLink) step(prod *session.ProducerSession, cons *session.ConsumerSession) {
-	var msgs []session.Message
+	var msgs []xfer.Message
 	for _, m := range l.toP {
-		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
+		msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: m})
 	}
 	l.toP = nil
 	prod.Poll(msgs, l, time.Now())

@@ -100,7 +100,7 @@ func BenchmarkProducerGrant(b *testing.B) {
 				p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
 				authorize := mode == "steady-authorize"
 				sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
-				msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
+				msgs := []xfer.Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 				notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
 				now := at(0)
 				steady := mode != "first"
@@ -178,7 +178,7 @@ func BenchmarkAuthorize16K(b *testing.B) {
 			c.MarkReady("big")
 			data := xfertest.New("prod", 2*n, 8)
 			p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat))
-			p.Poll([]Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
+			p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
 			want := slices.Clone(e.Blocks)
 			tc.order(want)
 			notif := []byte(sid("a") + ":big")
@@ -211,7 +211,7 @@ func BenchmarkLargeEntry(b *testing.B) {
 		}
 		c.MarkReady(h)
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
-		msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
+		msgs := []xfer.Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 		notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
 		now := at(0)
 		p.Poll(msgs, nopSender{}, now)

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -35,14 +36,14 @@ func newContactPair(t *testing.T) *contactPair {
 // if set (a producer that reads none of the extensions), and the answers
 // back, at now.
 func (cp *contactPair) exchange(now time.Time, strip bool) {
-	var msgs []Message
+	var msgs []xfer.Message
 	for _, raw := range cp.toP.take() {
 		if strip {
 			var r wire.XferReq
 			wire.DecodeReq(raw, &r)
 			raw = wire.AppendReq(nil, &wire.XferReq{MMHash: r.MMHash, CompatibilityHash: r.CompatibilityHash, SessionID: r.SessionID})
 		}
-		msgs = append(msgs, Message{Identity: []byte("c"), Payload: raw})
+		msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: raw})
 	}
 	cp.p.Poll(msgs, cp.toC, now)
 	var acks [][]byte

@@ -102,7 +102,7 @@ func TestPinnedShare(t *testing.T) {
 		po2.cache.MarkReady(h)
 	}
 	po2.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po2.data, po2.cache, compat))
-	po2.p.Poll([]Message{
+	po2.p.Poll([]xfer.Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s0"))},
 		{Identity: []byte("one"), Payload: req("X", sid("s1"))},
 	}, po2.out, t0)
@@ -112,7 +112,7 @@ func TestPinnedShare(t *testing.T) {
 	if _, err := po2.cache.Alloc("S", 4); !errors.Is(err, cache.ErrNoSpace) {
 		t.Fatalf("save into a pinned cache: %v", err)
 	}
-	po2.p.Poll([]Message{
+	po2.p.Poll([]xfer.Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s2"))},
 		{Identity: []byte("two"), Payload: req("R", sid("s3"))},
 	}, po2.out, at(time.Millisecond))
@@ -154,8 +154,8 @@ func TestStaleRequestAnsweredNotReady(t *testing.T) {
 	po := newProducer(t)
 	old := wire.AppendReq(nil, &wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Attempt: 41})
 	acks := po.poll2(t, at(2500*time.Millisecond),
-		Message{Identity: []byte("a"), Payload: old, At: t0},
-		Message{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)})
+		xfer.Message{Identity: []byte("a"), Payload: old, At: t0},
+		xfer.Message{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)})
 	if len(acks) != 2 || po.pins("R") != 1 || po.p.Stats().Stale != 1 {
 		t.Fatalf("replies %d pins %d stale %d", len(acks), po.pins("R"), po.p.Stats().Stale)
 	}
@@ -182,7 +182,7 @@ func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	}
 	// A producer of another version NACKs it instead of granting.
 	po := newProducer(t)
-	po.p.Poll([]Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, po.out, t0)
+	po.p.Poll([]xfer.Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, po.out, t0)
 	var a wire.XferAck
 	wire.DecodeAck(po.out.msgs[0], &a)
 	if a.Status != wire.NackVersion {

@@ -6,6 +6,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -100,9 +101,9 @@ func FuzzProducerPoll(f *testing.F) {
 		c.MarkReady("R")
 		c.Alloc("N", 1)
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 3, MaxGrants: 5}, pdata, c, compat))
-		var msgs []Message
+		var msgs []xfer.Message
 		for i, m := range split(data) {
-			msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: m})
+			msgs = append(msgs, xfer.Message{Identity: []byte{byte(i)}, Payload: m})
 		}
 		check := func() {
 			counts := map[string]int{}

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -87,9 +88,9 @@ func TestConsumerProducerLoop(t *testing.T) {
 		}
 		// Deliver in random batches: some steps the producer runs late.
 		if rng.IntN(4) != 0 {
-			var in []Message
+			var in []xfer.Message
 			for _, m := range toP.take() {
-				in = append(in, Message{Identity: []byte("c"), Payload: m})
+				in = append(in, xfer.Message{Identity: []byte("c"), Payload: m})
 			}
 			prod.Poll(in, toC, now)
 		}

@@ -24,9 +24,6 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Message is one request as the control plane received it.
-type Message = xfer.Message
-
 // Replier sends a reply to the consumer with the given identity. It must not
 // block and must not keep payload after it returns.
 type Replier interface {
@@ -63,7 +60,7 @@ type ProducerConfig struct {
 	// Default 0.5.
 	MaxPinnedShare float64
 	// MaxRequestAge refuses requests that waited longer than this between
-	// their arrival (Message.At) and their turn: their consumer may have
+	// their arrival (xfer.Message.At) and their turn: their consumer may have
 	// given up (its ack timeout, 2 s by default), and a grant would pin
 	// blocks for nobody. They are answered NACK_NOT_READY, which a
 	// consumer still waiting retries at once instead of waiting out its
@@ -278,7 +275,7 @@ func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 // data plane's completion notifications and ends the grants whose lease ran
 // out by now. It never fails: malformed requests are counted, logged and
 // answered NACK_INTERNAL when they still name their mm_hash and session.
-func (p *ProducerSession) Poll(msgs []Message, out Replier, now time.Time) {
+func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) {
 	if p.closed {
 		// Grants Close left (a data plane that cannot refuse READs) end
 		// as they would have: by notification or lease.
@@ -314,7 +311,7 @@ func (p *ProducerSession) Poll(msgs []Message, out Replier, now time.Time) {
 	}
 }
 
-func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
+func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 	stale := !m.At.IsZero() && now.Sub(m.At) > p.maxAge
 	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++

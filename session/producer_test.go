@@ -9,6 +9,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -45,9 +46,9 @@ func req(h, sid string) []byte {
 // replies.
 func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []wire.XferAck {
 	t.Helper()
-	var msgs []Message
+	var msgs []xfer.Message
 	for i, p := range payloads {
-		msgs = append(msgs, Message{Identity: []byte{'i', 'd', byte('0' + i)}, Payload: p})
+		msgs = append(msgs, xfer.Message{Identity: []byte{'i', 'd', byte('0' + i)}, Payload: p})
 	}
 	po.p.Poll(msgs, po.out, now)
 	var acks []wire.XferAck
@@ -63,7 +64,7 @@ func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []
 }
 
 // poll2 is poll of messages as given (identities, arrival times).
-func (po *producerOnly) poll2(t *testing.T, now time.Time, msgs ...Message) []wire.XferAck {
+func (po *producerOnly) poll2(t *testing.T, now time.Time, msgs ...xfer.Message) []wire.XferAck {
 	t.Helper()
 	po.p.Poll(msgs, po.out, now)
 	var acks []wire.XferAck
@@ -198,9 +199,9 @@ func TestDrainErrorStillSweeps(t *testing.T) { // B64
 
 func TestMalformedAndOrder(t *testing.T) { // B66, B67
 	po := newProducer(t)
-	var msgs []Message
+	var msgs []xfer.Message
 	for i, p := range [][]byte{req("R", sid("a")), {0x93, 1, 2, 3}, req("X", sid("b")), wire.AppendAck(nil, &wire.XferAck{MMHash: "R"}), req("N", sid("c"))} {
-		msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: p})
+		msgs = append(msgs, xfer.Message{Identity: []byte{byte(i)}, Payload: p})
 	}
 	po.p.Poll(msgs, po.out, t0)
 	if !slices.EqualFunc(po.out.ids, [][]byte{{0}, {2}, {4}}, bytes.Equal) {

@@ -129,9 +129,9 @@ func testDescriptorLessAcks(t *testing.T, shapes bool) {
 	for i, h := range []string{"a", "b", "c"} {
 		mustStart(t, cons, h, []int{2 * i, 2*i + 1}, at(time.Hour))
 		for range 3 {
-			var in []Message
+			var in []xfer.Message
 			for _, m := range toP.take() {
-				in = append(in, Message{Identity: []byte("c"), Payload: m})
+				in = append(in, xfer.Message{Identity: []byte("c"), Payload: m})
 			}
 			prod.Poll(in, toC, at(time.Duration(i)*time.Second))
 			cons.Poll(toC.take(), at(time.Duration(i)*time.Second))
@@ -347,7 +347,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 	for i := range 2000 {
 		now = now.Add(time.Millisecond)
 		h := fmt.Sprint("E", i%8)
-		p.Poll([]Message{{Identity: []byte("c"), Payload: req(h, sid("a"))}}, out, now)
+		p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req(h, sid("a"))}}, out, now)
 		out.take()
 		if i%3 == 0 {
 			data.InjectNotif("cons", []byte(sid("a")+":"+h))

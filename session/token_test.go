@@ -7,6 +7,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -97,7 +98,7 @@ func TestGrantIDsAndTokensNeverRepeat(t *testing.T) {
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
 		out := &queue{}
 		for i := range 4 {
-			p.Poll([]Message{{Identity: []byte("id"), Payload: goReq("R", sid(fmt.Sprint("s", i)), 1)}}, out, t0)
+			p.Poll([]xfer.Message{{Identity: []byte("id"), Payload: goReq("R", sid(fmt.Sprint("s", i)), 1)}}, out, t0)
 		}
 		for _, raw := range out.take() {
 			var ack wire.XferAck

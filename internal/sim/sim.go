@@ -33,7 +33,6 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/hooks"
-	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
@@ -974,7 +973,7 @@ func (s *sim) deliver() {
 		if m.toProd {
 			for _, p := range s.prods {
 				if p.addr == m.addr {
-					p.srv.in = append(p.srv.in, session.Message{Identity: fmt.Appendf(nil, "c%d/%d", m.cons, m.conn), Payload: m.payload})
+					p.srv.in = append(p.srv.in, xfer.Message{Identity: fmt.Appendf(nil, "c%d/%d", m.cons, m.conn), Payload: m.payload})
 				}
 			}
 			continue
@@ -994,10 +993,10 @@ func (s *sim) deliver() {
 type simServer struct {
 	s  *sim
 	p  *producer
-	in []session.Message
+	in []xfer.Message
 }
 
-func (v *simServer) Drain(dst []session.Message) []session.Message {
+func (v *simServer) Drain(dst []xfer.Message) []xfer.Message {
 	dst = append(dst, v.in...)
 	v.in = v.in[:0]
 	return dst

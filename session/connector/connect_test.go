@@ -9,6 +9,7 @@ import (
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // loopCtl is memCtl whose sends reach the producer at once, its replies
@@ -27,7 +28,7 @@ func (l *loopCtl) Send(a string, p []byte) error {
 		p = wire.AppendReq(nil, &wire.XferReq{MMHash: r.MMHash, CompatibilityHash: r.CompatibilityHash, SessionID: r.SessionID})
 	}
 	n := len(l.in)
-	l.w.prod.Poll([]session.Message{{Identity: []byte("c"), Payload: p}}, replier{l.memCtl, a}, l.w.now)
+	l.w.prod.Poll([]xfer.Message{{Identity: []byte("c"), Payload: p}}, replier{l.memCtl, a}, l.w.now)
 	if l.strip {
 		for i := n; i < len(l.in); i++ {
 			var ack wire.XferAck

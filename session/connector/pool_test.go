@@ -109,9 +109,9 @@ func (w *world) entry(t *testing.T, h string, n int, ready bool) {
 // pool, and returns a copy of the pool's results.
 func (w *world) step(d time.Duration) Results {
 	w.now = w.now.Add(d)
-	var msgs []session.Message
+	var msgs []xfer.Message
 	for _, p := range w.ctl.out[addr] {
-		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: p})
+		msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: p})
 	}
 	delete(w.ctl.out, addr)
 	w.prod.Poll(msgs, replier{w.ctl, addr}, w.now)

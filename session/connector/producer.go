@@ -19,7 +19,7 @@ import (
 // ControlServer is what a Producer needs of the producer's control plane;
 // *transport.Server implements it.
 type ControlServer interface {
-	Drain(dst []session.Message) []session.Message
+	Drain(dst []xfer.Message) []xfer.Message
 	Reply(identity, payload []byte) error
 	Wait(ctx context.Context) bool
 }
@@ -70,9 +70,9 @@ type Producer struct {
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
-	backlog []session.Message // waiting, in arrival order
-	batch   []session.Message
-	rest    []session.Message
+	backlog []xfer.Message // waiting, in arrival order
+	batch   []xfer.Message
+	rest    []xfer.Message
 	perPeer map[string]int
 	dropped uint64
 	closed  bool

@@ -13,7 +13,6 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
-	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
@@ -22,12 +21,12 @@ import (
 // memServer is an in-memory control server.
 type memServer struct {
 	mu      sync.Mutex
-	in      []session.Message
+	in      []xfer.Message
 	replies map[string][][]byte
 	closed  bool // Wait returns false at once, as a closed transport.Server does
 }
 
-func (m *memServer) push(msg session.Message) {
+func (m *memServer) push(msg xfer.Message) {
 	m.mu.Lock()
 	m.in = append(m.in, msg)
 	m.mu.Unlock()
@@ -39,7 +38,7 @@ func (m *memServer) replyTo(id string) [][]byte {
 	return slices.Clone(m.replies[id])
 }
 
-func (m *memServer) Drain(dst []session.Message) []session.Message {
+func (m *memServer) Drain(dst []xfer.Message) []xfer.Message {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dst = append(dst, m.in...)
@@ -77,10 +76,10 @@ func TestProducerFloodFairness(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50, MaxPinnedShare: 1},
 		srv, xfertest.New("prod", 16, 8), c))
 	for i := range 1000 {
-		srv.in = append(srv.in, session.Message{Identity: []byte("flood"),
+		srv.in = append(srv.in, xfer.Message{Identity: []byte("flood"),
 			Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(i)})})
 	}
-	srv.in = append(srv.in, session.Message{Identity: []byte("honest"),
+	srv.in = append(srv.in, xfer.Message{Identity: []byte("honest"),
 		Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "B", CompatibilityHash: compat, SessionID: uuidN(99999)})})
 	p.Step(t0)
 	if len(srv.replies["honest"]) != 1 {
@@ -111,7 +110,7 @@ func TestProducerBacklogBound(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxPerPeerPerStep: 1, MaxBacklog: 10},
 		srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	for range 30 {
-		srv.in = append(srv.in, session.Message{Identity: []byte("x"), Payload: []byte{0x80}})
+		srv.in = append(srv.in, xfer.Message{Identity: []byte("x"), Payload: []byte{0x80}})
 	}
 	p.Step(t0)
 	if waiting, dropped := p.Backlog(); waiting != 9 || dropped != 20 {
@@ -163,8 +162,8 @@ func TestProducerShutdown(t *testing.T) {
 	var clockMu sync.Mutex
 	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: now}, srv, data, c))
-	reqA := func(n int) session.Message {
-		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
+	reqA := func(n int) xfer.Message {
+		return xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
 	}
 	srv.push(reqA(1))
 	p.Step(now())
@@ -278,7 +277,7 @@ func inlineWorld() (*cache.EmbeddingCache, *inlineMemServer) {
 
 // arrive queues msg and runs the hook where it arrives, as a connection's
 // reader goroutine does, returning the Wakes it caused.
-func (m *inlineMemServer) arrive(msg session.Message) int {
+func (m *inlineMemServer) arrive(msg xfer.Message) int {
 	m.push(msg)
 	m.mu.Lock()
 	f, before := m.hook, m.wakes
@@ -302,8 +301,8 @@ func TestProducerServesWhereRequestsArrive(t *testing.T) {
 	go func() { served <- p.Serve(ctx) }()
 	<-srv.hookSet
 	<-srv.parked
-	req := func(mm string, n int) session.Message {
-		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: mm, CompatibilityHash: compat, SessionID: uuidN(n)})}
+	req := func(mm string, n int) xfer.Message {
+		return xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: mm, CompatibilityHash: compat, SessionID: uuidN(n)})}
 	}
 	status := func(i int) wire.Status {
 		var a wire.XferAck
@@ -398,7 +397,7 @@ func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
 	grant := func(n int) uint64 {
 		t.Helper()
 		before := len(srv.replyTo("c"))
-		if w := srv.arrive(session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}); w > 0 {
+		if w := srv.arrive(xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}); w > 0 {
 			<-srv.parked // Serve planned anew, for the grant
 		}
 		var a wire.XferAck
