@@ -107,7 +107,9 @@ func ExamplePool() {
 		for _, f := range r.Failed {
 			// Encode locally. If f.BlocksHeld, keep f.Blocks out of use
 			// until they come back in a later r.Released.
-			fmt.Println("failed", f.MMHash, f.Reason, f.Status)
+			// f.Err says why, and matches f.Reason and the NACK's
+			// status: errors.Is(f.Err, wire.NackMissing).
+			fmt.Println("failed:", f.Err)
 		}
 	}
 	// Output:
@@ -116,7 +118,9 @@ func ExamplePool() {
 
 // A producer stepped by the engine's loop: the encoder saves embeddings
 // into the cache; each step answers requests, takes completion
-// notifications and ends expired grants.
+// notifications and ends expired grants; WaitFor sleeps until a step has
+// work or the engine's next step is due. At the end, Shutdown stops
+// granting and lets the READs under way finish.
 func ExampleProducer() {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
 	if err != nil {
@@ -142,7 +146,6 @@ func ExampleProducer() {
 		fmt.Println(err)
 		return
 	}
-	defer p.Close()
 
 	// The encoder saves an embedding: allocate, write, mark ready.
 	e, err := entries.Alloc("img-1", 2)
@@ -159,10 +162,18 @@ func ExampleProducer() {
 	}
 
 	// The engine's step loop.
+	ctx := context.Background()
 	for range 3 {
+		p.WaitFor(ctx, time.Millisecond)
 		p.Step(time.Now())
 	}
 	fmt.Println("grants held:", p.Grants())
+
+	grace, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(grace); err != nil {
+		fmt.Println(err) // the READs outlived grace; Close ended their grants
+	}
 	// Output:
 	// grants held: 0
 }

@@ -448,3 +448,42 @@ func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
 		t.Fatal("Serve left its notification hook set")
 	}
 }
+
+// Wait and WaitFor, for an engine that steps the producer itself: WaitFor
+// returns at the latest after its bound, at once while requests wait for
+// a step, and false once ctx ended or the producer is closed.
+func TestProducerWait(t *testing.T) {
+	c := cache.NewEmbeddingCache(16)
+	c.Alloc("A", 1)
+	c.MarkReady("A")
+	srv := &memServer{replies: map[string][][]byte{}}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 1}, srv, xfertest.New("prod", 16, 8), c))
+	ctx := context.Background()
+	start := time.Now()
+	if !p.WaitFor(ctx, 5*time.Millisecond) || time.Since(start) < 5*time.Millisecond {
+		t.Fatalf("WaitFor(5ms) after %v", time.Since(start))
+	}
+	for i := range 2 {
+		srv.push(xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(i)})})
+	}
+	p.Step(t0) // answers one; the other waits for the next step
+	start = time.Now()
+	if !p.WaitFor(ctx, 10*time.Second) || time.Since(start) > time.Second {
+		t.Fatalf("WaitFor with a request waiting: %v", time.Since(start))
+	}
+	p.Step(t0)
+	if len(srv.replyTo("c")) != 2 {
+		t.Fatalf("%d replies", len(srv.replyTo("c")))
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if p.Wait(ended) {
+		t.Fatal("Wait past its context returned true")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Wait(ctx) {
+		t.Fatal("Wait on a closed producer returned true")
+	}
+}
