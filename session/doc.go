@@ -103,7 +103,7 @@
 // live, N's notification ends N, even after N+1 was made. Once N's lease
 // has run out, N's late notification cannot be told from N+1's own and
 // ends N+1; a READ being served under N+1 keeps the entry pinned until it
-// is released (Authorize, on data planes that authorize READs), but over
+// is released (on data planes that authorize READs, as the TCP plane), but over
 // NIXL the pin goes with the grant, as it does in the reference. The
 // notification's agent is checked against the session's: the request's
 // ecx_agent, or for a vLLM consumer, which sends none, the agent of the
@@ -195,7 +195,7 @@
 //     is refused, though a name is a label, never enough by itself. A
 //     vLLM consumer sends neither token nor agent; its grants are ended by
 //     the reference's notification, "<session_id>:<mm_hash>", from the
-//     first agent that sends one for the session. Authorize holds the
+//     first agent that sends one for the session. The authorization of a READ (TCP plane) holds the
 //     entry's pin while a data plane serves a READ, past the end of its
 //     grant.
 //
