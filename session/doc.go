@@ -195,9 +195,9 @@
 //     is refused, though a name is a label, never enough by itself. A
 //     vLLM consumer sends neither token nor agent; its grants are ended by
 //     the reference's notification, "<session_id>:<mm_hash>", from the
-//     first agent that sends one for the session. The authorization of a READ (TCP plane) holds the
-//     entry's pin while a data plane serves a READ, past the end of its
-//     grant.
+//     first agent that sends one for the session. A data plane that
+//     authorizes READs (the TCP plane) holds the entry's pin while it
+//     serves one, past the end of its grant.
 //
 //  10. One session, and one control-plane identity, pins at most
 //     MaxPinnedShare of the cache while a pin beyond it would leave no
