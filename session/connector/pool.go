@@ -67,12 +67,11 @@ type PoolConfig struct {
 	Retry      RetryConfig
 	// BlockSize is the size of a local block, for the bytes-moved count.
 	BlockSize int
-	// PollInterval bounds Wait while fetches are in flight on a data plane
-	// that does not signal READ completion (xfer.Signaling). Default 1 ms.
-	PollInterval time.Duration
-	// MaxWait bounds Wait on a data plane that signals: deadlines (ack,
-	// READ, quarantine) are noticed within it. Default 10 ms.
-	MaxWait time.Duration
+	// pollInterval bounds Wait while fetches are in flight on a data plane
+	// that does not signal READ completion: 1 ms. maxWait bounds Wait on
+	// one that signals, so that deadlines (ack, READ, quarantine) are
+	// noticed within it: 10 ms. Tests may set them.
+	pollInterval, maxWait time.Duration
 	// IdleSession closes the session (and the control-plane connection) of
 	// a producer address with nothing in flight for this long, so that a
 	// consumer that fetched from many producers keeps no state for those
@@ -93,11 +92,11 @@ func (c PoolConfig) withDefaults() PoolConfig {
 	if c.IdleSession <= 0 {
 		c.IdleSession = time.Minute
 	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = time.Millisecond
+	if c.pollInterval <= 0 {
+		c.pollInterval = time.Millisecond
 	}
-	if c.MaxWait <= 0 {
-		c.MaxWait = 10 * time.Millisecond
+	if c.maxWait <= 0 {
+		c.maxWait = 10 * time.Millisecond
 	}
 	r := &c.Retry
 	if r.MaxAttempts <= 0 {
@@ -494,7 +493,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				}
 				// Its death is reported in a step to come; or a full
 				// queue: wait a little.
-				p.WaitFor(ctx, p.cfg.PollInterval)
+				p.WaitFor(ctx, p.cfg.pollInterval)
 				p.kept = true
 				p.step(time.Now())
 				continue
@@ -986,7 +985,7 @@ func (p *Pool) retryDue(now time.Time) {
 
 // Wait blocks until a Step may have work: a reply or a producer death on
 // the control plane, a READ that ended (on a data plane that signals it,
-// xfer.Signaling; others are polled every PollInterval while fetches are
+// xfer.Signaling; others are polled every millisecond while fetches are
 // in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
@@ -1002,9 +1001,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if len(p.fetches) == 0 && d < 0 {
 		return p.ctl.Wait(ctx)
 	}
-	wait := p.cfg.PollInterval
+	wait := p.cfg.pollInterval
 	if p.ready != nil {
-		wait = p.cfg.MaxWait
+		wait = p.cfg.maxWait
 	}
 	if len(p.fetches) == 0 {
 		wait = d
