@@ -99,6 +99,7 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int) error {
 	served := make(chan error, 1)
 	go func() { served <- prod.Serve(ctx) }()
 	fmt.Println("ready", ctl.Endpoint(), where)
+	fmt.Printf("serving %d items; item 0 is mm_hash %s (examples/probe -fetch takes it)\n", items, Hash(0))
 	<-ctx.Done()
 	// Stop granting; give the READs under way 10 s to finish.
 	grace, cancel := context.WithTimeout(context.Background(), 10*time.Second)
