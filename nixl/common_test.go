@@ -293,10 +293,10 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress, post string) {
 	for i := range 100 {
 		now := time.Now()
 		local := []int{(2 * i) % 64, (2*i + 1) % 64}
-		if err := cons.StartXfer(fmt.Sprint(i), local, now, now.Add(time.Minute)); err != nil {
+		if err := cons.StartXfer(fmt.Sprint(i), local, now.Add(time.Minute), now); err != nil {
 			t.Fatal(err)
 		}
-		for step := 0; cons.HasInFlight(); step++ {
+		for step := 0; cons.InFlight() > 0; step++ {
 			if step > 200000 {
 				t.Fatalf("fetch %d did not end", i)
 			}
@@ -314,7 +314,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress, post string) {
 		t.Fatalf("results %+v", r)
 	}
 	for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-		prod.Poll(nil, time.Now(), link)
+		prod.Poll(nil, link, time.Now())
 	}
 	if prod.Grants() != 0 || entries.HasHeldEntries() {
 		t.Fatalf("%d grants left", prod.Grants())
@@ -341,12 +341,12 @@ func (l *memLink) Reply(_, b []byte) error { l.toC = append(l.toC, bytes.Clone(b
 // step runs the producer on the requests sent, then the consumer on the
 // replies, at the wall clock.
 func (l *memLink) step(prod *session.ProducerSession, cons *session.ConsumerSession) {
-	var msgs []session.Message
+	var msgs []xfer.Message
 	for _, m := range l.toP {
-		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: m})
+		msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: m})
 	}
 	l.toP = nil
-	prod.Poll(msgs, time.Now(), l)
+	prod.Poll(msgs, l, time.Now())
 	cons.Poll(l.toC, time.Now())
 	l.toC = nil
 }
@@ -402,7 +402,7 @@ func TestRefetchSameEntries(t *testing.T) {
 					break
 				}
 				now := time.Now()
-				if err := cons.StartXfer(h, slices.Clone(free[len(free)-2:]), now, now.Add(time.Minute)); err != nil {
+				if err := cons.StartXfer(h, slices.Clone(free[len(free)-2:]), now.Add(time.Minute), now); err != nil {
 					t.Fatal(err)
 				}
 				free = free[:len(free)-2]
@@ -426,7 +426,7 @@ func TestRefetchSameEntries(t *testing.T) {
 			}
 		}
 		for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
-			prod.Poll(nil, time.Now(), link)
+			prod.Poll(nil, link, time.Now())
 		}
 		st := prod.Stats()
 		if prod.Grants() != 0 || st.Grants != st.Completions+st.Expired || st.Expired != 0 || cache.HasHeldEntries() {

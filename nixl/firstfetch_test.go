@@ -64,7 +64,7 @@ func runManyChild(bs int) error {
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), Logger: quiet}, srv, data, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(done) }()
+	go func() { prod.Serve(ctx); close(done) }()
 	fmt.Println(srv.Endpoint())
 	io.Copy(io.Discard, os.Stdin)
 	cancel()
@@ -191,7 +191,7 @@ func (c *manyConsumer) connect(b *testing.B, connect bool) time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	t := time.Now()
-	if err := c.pool.Connect(ctx, c.ep, nil); err != nil {
+	if err := c.pool.Connect(ctx, c.ep); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(t)

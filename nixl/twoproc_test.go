@@ -119,7 +119,7 @@ func runChild(mode string) error {
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat(bs), MaxPinnedShare: 1, Logger: quiet}, srv, data, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(done) }()
+	go func() { prod.Serve(ctx); close(done) }()
 	fmt.Println(srv.Endpoint())
 	<-stdin
 	cancel()

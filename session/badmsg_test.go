@@ -31,19 +31,19 @@ func TestUndecodableRequestIsNacked(t *testing.T) {
 // once (bad-ack, tombstoned), not after an ack timeout and retries.
 func TestUnknownAckStatusEndsTheTransfer(t *testing.T) {
 	co := newConsumer(t)
-	if err := co.c.StartXfer("H", []int{1}, t0, at(2*time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{1}, at(2*time.Second), t0); err != nil {
 		t.Fatal(err)
 	}
 	other, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": "someone-else"})
 	if r := co.poll(at(time.Millisecond), other); r.Len() != 0 {
 		t.Fatalf("another session's ack ended ours: %+v", r)
 	}
-	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": co.c.ID()})
+	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": co.c.id})
 	r := co.poll(at(2*time.Millisecond), odd)
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck || r.Len() != 1 {
 		t.Fatalf("results %+v", r)
 	}
-	if co.c.HasInFlight() {
+	if co.c.InFlight() > 0 {
 		t.Fatal("transfer still in flight")
 	}
 }

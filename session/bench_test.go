@@ -59,10 +59,10 @@ func BenchmarkConsumerPoll(b *testing.B) {
 			var acks [][]byte
 			for i := range n {
 				h := fmt.Sprintf("%064x", i)
-				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(0), at(1<<40)); err != nil {
+				if err := c.StartXfer(h, []int{2 * i, 2*i + 1}, at(1<<40), at(0)); err != nil {
 					b.Fatal(err)
 				}
-				acks = append(acks, ackOK(h, c.ID(), data.meta, int64(2*i), int64(2*i+1)))
+				acks = append(acks, ackOK(h, c.id, data.meta, int64(2*i), int64(2*i+1)))
 			}
 			c.Poll(acks, at(0))
 			if c.InFlight() != n || len(c.active) != n {
@@ -100,12 +100,12 @@ func BenchmarkProducerGrant(b *testing.B) {
 				p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
 				authorize := mode == "steady-authorize"
 				sid := "3f2b8c1e-9a4d-4e7b-8c2f-1d5e6a7b8c9d"
-				msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
+				msgs := []xfer.Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 				notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
 				now := at(0)
 				steady := mode != "first"
 				if steady {
-					p.Poll(msgs, now, nopSender{})
+					p.Poll(msgs, nopSender{}, now)
 					data.notifs = append(data.notifs, notif...)
 				}
 				var sink countingReplier
@@ -114,9 +114,9 @@ func BenchmarkProducerGrant(b *testing.B) {
 					if !steady {
 						now = now.Add(time.Hour) // the last grant's lease ran out
 					}
-					p.Poll(msgs, now, &sink)
+					p.Poll(msgs, &sink, now)
 					if authorize {
-						release, ok := p.Authorize("c", notif[0].Msg, e.Blocks)
+						release, ok := p.authorizeRelease("c", notif[0].Msg, e.Blocks)
 						if !ok {
 							b.Fatal("READ of the grant refused")
 						}
@@ -178,13 +178,13 @@ func BenchmarkAuthorize16K(b *testing.B) {
 			c.MarkReady("big")
 			data := xfertest.New("prod", 2*n, 8)
 			p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat))
-			p.Poll([]Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, t0, &queue{})
+			p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
 			want := slices.Clone(e.Blocks)
 			tc.order(want)
 			notif := []byte(sid("a") + ":big")
 			b.ResetTimer()
 			for range b.N {
-				release, ok := p.Authorize("cons", notif, want)
+				release, ok := p.authorizeRelease("cons", notif, want)
 				if !ok {
 					b.Fatal("refused")
 				}
@@ -211,15 +211,15 @@ func BenchmarkLargeEntry(b *testing.B) {
 		}
 		c.MarkReady(h)
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
-		msgs := []Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
+		msgs := []xfer.Message{{Identity: []byte("consumer-1"), Payload: req(h, sid)}}
 		notif := []xfer.Notif{{Agent: "c", Msg: []byte(sid + ":" + h)}}
 		now := at(0)
-		p.Poll(msgs, now, nopSender{})
+		p.Poll(msgs, nopSender{}, now)
 		data.notifs = append(data.notifs, notif...)
 		var sink countingReplier
 		b.ReportAllocs()
 		for b.Loop() {
-			p.Poll(msgs, now, &sink)
+			p.Poll(msgs, &sink, now)
 			data.notifs = append(data.notifs, notif...)
 		}
 		if st := p.Stats(); st.Grants != uint64(b.N)+1 {
@@ -237,13 +237,13 @@ func BenchmarkLargeEntry(b *testing.B) {
 		for i := range local {
 			local[i], remote[i] = i, int64(n+i)
 		}
-		ack := ackOK(h, c.ID(), data.meta, remote...)
+		ack := ackOK(h, c.id, data.meta, remote...)
 		acks := [][]byte{ack}
 		now := at(0)
 		var r Results
 		b.ReportAllocs()
 		for b.Loop() {
-			if err := c.StartXfer(h, local, now, now.Add(time.Hour)); err != nil {
+			if err := c.StartXfer(h, local, now.Add(time.Hour), now); err != nil {
 				b.Fatal(err)
 			}
 			c.Poll(acks, now)

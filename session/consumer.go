@@ -16,6 +16,7 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ecxfer/ecxfer/internal/fsm"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -26,27 +27,26 @@ type Sender interface {
 	Send(payload []byte) error
 }
 
-// Errors of the sessions.
+// Errors of the sessions. Closed sessions return xfer.ErrClosed, and a
+// configuration they cannot run with xfer.ErrBadConfig.
 var (
-	ErrClosed    = xfer.ErrClosed // the module's one ErrClosed
-	ErrBadConfig = xfer.ErrBadConfig
 	ErrInFlight  = errors.New("session: a transfer for this mm_hash is in flight")
 	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
 	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
 	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
-	// ErrUnanswered: StartXfer of an mm_hash with MaxUnansweredPerHash
-	// requests unanswered (or the session with MaxUnanswered). It is an
-	// xfer.ErrQueueFull: retry once replies have come, or on a new session.
-	ErrUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
+	// errUnanswered: StartXfer of an mm_hash with 16 requests unanswered
+	// (or 2^20 in the session). It is an xfer.ErrQueueFull: retry once
+	// replies have come, or on a new session.
+	errUnanswered = fmt.Errorf("%w: session: too many requests unanswered", xfer.ErrQueueFull)
 )
 
 // Bounds of the requests a consumer session has sent and not seen
-// answered. Past them StartXfer refuses (ErrUnanswered) rather than
+// answered. Past them StartXfer refuses (errUnanswered) rather than
 // forget one: a reply to a forgotten request would be taken for a later
 // request's, whose grant may be younger than the reply's.
 const (
-	MaxUnansweredPerHash = 16
-	MaxUnanswered        = 1 << 20
+	maxUnansweredPerHash = 16
+	maxUnanswered        = 1 << 20
 )
 
 // attemptIDs numbers the requests of every consumer session of the
@@ -69,7 +69,7 @@ type ConsumerStats struct {
 	ForcedSettles                                                   uint64 // settled at the quarantine deadline, unconfirmed
 	LateCompletions                                                 uint64 // READs done after the producer's lease could have run out
 	BadAcks                                                         uint64 // OK acks whose block list did not fit
-	Nacks                                                           [6]uint64
+	Nacks                                                           NackCounts
 	Malformed                                                       uint64 // payloads that did not decode as an XferAck
 	ForeignAcks                                                     uint64 // acks echoing another session's id
 	// StrayAcks are replies matched to no transfer waiting for its ack:
@@ -124,7 +124,7 @@ type ConsumerSession struct {
 	sentHead int
 	perHash  map[string]int
 
-	// High-water marks, for Trim: since the maps were made, and since
+	// High-water marks, for trim: since the maps were made, and since
 	// the last Trim.
 	hashesMade, hashesSeen   int
 	pendingMade, pendingSeen int // mm_hashes with requests unanswered
@@ -141,14 +141,14 @@ type ConsumerSession struct {
 // NewConsumerSession returns a session with a fresh UUID4 id that sends to
 // peer and reads through data. compatHash is wire.CompatHash of this side.
 //
-// It fails with ErrBadConfig when compatHash is empty or peer or data is
+// It fails with xfer.ErrBadConfig when compatHash is empty or peer or data is
 // nil; an error reading cfg.Rand for the session id is returned wrapped.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
 	switch {
 	case compatHash == "":
-		return nil, fmt.Errorf("%w: session: empty compatibility hash", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: empty compatibility hash", xfer.ErrBadConfig)
 	case peer == nil || data == nil:
-		return nil, fmt.Errorf("%w: session: nil sender or data plane", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: nil sender or data plane", xfer.ErrBadConfig)
 	}
 	r := cfg.Rand
 	if r == nil {
@@ -173,23 +173,21 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	return c, nil
 }
 
-// ID returns the session id: a UUID4 string, stable for the session's life.
-func (c *ConsumerSession) ID() string { return c.id }
-
 // Stats returns the counters.
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
 // StartXfer asks the producer for mmHash at now, to be read into blocks,
-// and waits for its ack until ackDeadline. The session keeps blocks (it is
+// and waits for its ack until ackDeadline (the deadline, then now: the
+// order of every call of this module that takes both). The session keeps blocks (it is
 // handed back in the outcome): do not modify it until then.
 //
-// On error nothing is recorded: ErrClosed after Close; ErrInFlight for an
+// On error nothing is recorded: xfer.ErrClosed after Close; ErrInFlight for an
 // mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
-// for negative or repeated blocks; ErrUnanswered when too many requests
+// for negative or repeated blocks; an xfer.ErrQueueFull when too many requests
 // are unanswered; the Sender's error, wrapped.
-func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadline time.Time) error {
+func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, now time.Time) error {
 	if c.closed {
-		return ErrClosed
+		return xfer.ErrClosed
 	}
 	if _, ok := c.byHash[mmHash]; ok {
 		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
@@ -205,8 +203,8 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, now, ackDeadlin
 	} else if len(blocks) > 0 && blocks[0] < 0 {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
-	if c.perHash[mmHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
-		return fmt.Errorf("%w: %s", ErrUnanswered, mmHash)
+	if c.perHash[mmHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
+		return fmt.Errorf("%w: %s", errUnanswered, mmHash)
 	}
 	attempt, sid, err := c.send(mmHash, false)
 	if err != nil {
@@ -279,25 +277,25 @@ type contact struct {
 	notif    []byte // the contact grant's notification, when the answer made one
 }
 
-// Errors of a contact request (Contacted).
+// Errors of a contact request (contacted).
 var (
-	ErrNoContactAnswer = errors.New("session: no answer to the contact request in time")
-	ErrContactLost     = errors.New("session: the connection died before the contact request was answered")
+	errNoContactAnswer = errors.New("session: no answer to the contact request in time")
+	errContactLost     = errors.New("session: the connection died before the contact request was answered")
 )
 
-// Contact asks the producer, at now, for its data-plane contact ahead of
+// sendContact asks the producer, at now, for its data-plane contact ahead of
 // any fetch (wire.XferReq.Contact): a Go producer answers with its agent
 // metadata and region, which the session registers as it would a first
 // OK ack's, and a producer that does not read the request (vLLM's, or a
-// Go producer before it) answers NACK_MISSING. Contacted says what came
+// Go producer before it) answers NACK_MISSING. contacted says what came
 // of it, by deadline at the latest. A contact sent while another waits
 // replaces it (the earlier answer is dropped). It fails as StartXfer does.
-func (c *ConsumerSession) Contact(now, deadline time.Time) error {
+func (c *ConsumerSession) sendContact(deadline, now time.Time) error {
 	if c.closed {
-		return ErrClosed
+		return xfer.ErrClosed
 	}
-	if c.perHash[wire.ContactHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
-		return fmt.Errorf("%w: contact", ErrUnanswered)
+	if c.perHash[wire.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
+		return fmt.Errorf("%w: contact", errUnanswered)
 	}
 	attempt, _, err := c.send(wire.ContactHash, true)
 	if err != nil {
@@ -307,25 +305,25 @@ func (c *ConsumerSession) Contact(now, deadline time.Time) error {
 	return nil
 }
 
-// Contacted reports the outcome of the last contact request: done is
+// contacted reports the outcome of the last contact request: done is
 // false while it waits for its answer (and before any was sent); once
-// done, err says why it ended without an answer (ErrNoContactAnswer,
-// ErrContactLost) or why the answer could not be used, and otherwise st
-// is the answer's status: wire.OK, the producer is registered (Registered).
-func (c *ConsumerSession) Contacted() (done bool, st wire.Status, err error) {
+// done, err says why it ended without an answer (errNoContactAnswer,
+// errContactLost) or why the answer could not be used, and otherwise st
+// is the answer's status: wire.OK, the producer is registered (registeredPeer).
+func (c *ConsumerSession) contacted() (done bool, st wire.Status, err error) {
 	return c.contact.done, c.contact.status, c.contact.err
 }
 
-// Registered returns the producer as the data plane knows it, once an
+// registeredPeer returns the producer as the data plane knows it, once an
 // ack (or a contact answer) registered it.
-func (c *ConsumerSession) Registered() (xfer.Peer, bool) { return c.agent, c.registered }
+func (c *ConsumerSession) registeredPeer() (xfer.Peer, bool) { return c.agent, c.registered }
 
-// Probing reports whether the session's first request (or contact) is
+// probing reports whether the session's first request (or contact) is
 // unanswered: its answer, if it is an OK ack, registers the producer, and
 // connector.Pool holds the other requests to that producer until then, so
 // that the producer sends its region's description once, not once per
 // request.
-func (c *ConsumerSession) Probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
+func (c *ConsumerSession) probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
 
 // answered handles the reply to the contact request: ack is its decoded
 // answer, or nil for one that does not decode.
@@ -350,10 +348,10 @@ func (c *ConsumerSession) answered(ack *wire.AckView) {
 	}
 }
 
-// ContactNotif returns the notification of the grant a Go producer made
+// contactNotif returns the notification of the grant a Go producer made
 // with its contact answer, or nil: a grant of no blocks, which the data
 // plane's contact ends with a READ of nothing (plane.Contacter).
-func (c *ConsumerSession) ContactNotif() []byte { return c.contact.notif }
+func (c *ConsumerSession) contactNotif() []byte { return c.contact.notif }
 
 // request is one XferReq sent and not answered yet.
 type request struct {
@@ -550,7 +548,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 	peer, err := c.register(ack)
 	if err != nil {
 		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK)
+		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK, err)
 		return
 	}
 	if err := x.HandleAckView(ack, peer, now); err != nil {
@@ -563,7 +561,7 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 			c.forget()
 		}
 		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
+		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK, err)
 		return
 	}
 	if ack.Grant == 0 {
@@ -623,7 +621,7 @@ func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
 // advance polls every transfer, moving ended ones to the results.
 func (c *ConsumerSession) advance(now time.Time) {
 	if k := &c.contact; k.attempt != 0 && !k.done && now.After(k.deadline) {
-		k.done, k.err = true, ErrNoContactAnswer
+		k.done, k.err = true, errNoContactAnswer
 	}
 	kept := c.active[:0]
 	for _, x := range c.active {
@@ -685,8 +683,12 @@ func (c *ConsumerSession) drainQuarantine(now time.Time) {
 
 // end records the outcome of an active transfer and forgets its mm_hash. The
 // transfer leaves c.active in the next pass of advance.
-func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, status wire.Status) {
-	*to = append(*to, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status})
+func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, status wire.Status, cause ...error) {
+	o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status}
+	if len(cause) > 0 {
+		o.Err = cause[0]
+	}
+	*to = append(*to, o)
 	switch to {
 	case &c.results.Completed:
 		c.stats.Completed++
@@ -716,7 +718,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 	}
 	c.forgetSent(c.unanswered()) // none will be answered on this connection
 	if k := &c.contact; k.attempt != 0 && !k.done {
-		k.done, k.err = true, ErrContactLost
+		k.done, k.err = true, errContactLost
 	}
 	kept := c.active[:0]
 	for _, x := range c.active {
@@ -747,12 +749,12 @@ func (c *ConsumerSession) TakeResults(r *Results) {
 	c.results.Reset()
 }
 
-// Trim gives back the memory kept for a past peak: the maps, buffers and
+// trim gives back the memory kept for a past peak: the maps, buffers and
 // spare transfers sized for more transfers than the session held since
-// the previous Trim shrink to what it held (Go's maps never shrink by
+// the previous trim shrink to what it held (Go's maps never shrink by
 // themselves). Call it now and then, a few times per minute at most:
 // connector.Pool does, four times per PoolConfig.IdleSession.
-func (c *ConsumerSession) Trim() {
+func (c *ConsumerSession) trim() {
 	if c.closed {
 		return
 	}
@@ -819,7 +821,7 @@ func keep[T any](spare []T, n int) []T {
 // quarantine is left to settle. The outcome is in the next TakeResults.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	if c.closed {
-		return ErrClosed
+		return xfer.ErrClosed
 	}
 	x, ok := c.byHash[mmHash]
 	if !ok || x.ended {
@@ -841,52 +843,47 @@ func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	return nil
 }
 
-// HasInFlight reports whether any transfer is waiting, reading or in
-// quarantine.
-func (c *ConsumerSession) HasInFlight() bool { return len(c.byHash) > 0 }
-
 // InFlight returns how many transfers are waiting, reading or quarantined.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
-// CloseReport says what Close did with the transfers still in flight.
-type CloseReport struct {
-	// Pending are the outcomes not yet taken with TakeResults.
-	Pending Results
-	// Freed transfers ended with Close and their blocks may be reused:
-	// they were waiting for an ack, or their READ was stopped.
-	Freed []Outcome
-	// Unsafe transfers had a READ the data plane could not stop: their
-	// blocks may still be written and must not be reused.
-	Unsafe []Outcome
-}
-
-// Close ends the session: every READ handle is released, the producer's
-// agent is removed from the data plane. Nothing is dropped silently: the
-// report says which blocks may be reused and which may still be written.
-// Close is idempotent; the second call reports nothing.
-func (c *ConsumerSession) Close() CloseReport {
-	var rep CloseReport
+// Close ends the session: every READ is stopped where the data plane can
+// stop it, its handle released, and the producer's agent removed from the
+// data plane. Nothing is dropped silently: every transfer still in flight
+// ends with reason xfer.Closed in the results the next TakeResults returns,
+// with what came before Close. One that waited for its ack, or whose READ
+// was stopped, is Retryable (its blocks are free); one already in
+// quarantine is Settled. One whose READ the data plane could not stop
+// enters quarantine and is settled at once, Forced: its blocks may still
+// be written. Close is idempotent and returns nil; the data plane is the
+// caller's.
+func (c *ConsumerSession) Close() error {
 	if c.closed {
-		return rep
+		return nil
 	}
 	c.closed = true
-	c.TakeResults(&rep.Pending)
-	closeOne := func(x *cxfer) {
+	closeOne := func(x *cxfer, quarantined bool) {
 		o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: xfer.Closed}
-		if err := x.Release(); err != nil {
+		switch err := x.Release(); {
+		case err != nil:
 			c.log.Warn("ec consumer: READ could not be stopped at close; blocks unsafe", "mm_hash", x.MMHash, "err", err)
-			rep.Unsafe = append(rep.Unsafe, o)
-			return
+			if !quarantined {
+				c.results.Quarantined = append(c.results.Quarantined, o)
+			}
+			o.Forced = true
+			c.results.Settled = append(c.results.Settled, o)
+		case quarantined:
+			c.results.Settled = append(c.results.Settled, o)
+		default:
+			c.results.Retryable = append(c.results.Retryable, o)
 		}
-		rep.Freed = append(rep.Freed, o)
 	}
 	for _, x := range c.active {
 		if !x.ended && !x.moved {
-			closeOne(x)
+			closeOne(x, false)
 		}
 	}
 	for _, x := range c.quarantined {
-		closeOne(x)
+		closeOne(x, true)
 	}
 	c.active, c.quarantined, c.spare = nil, nil, nil
 	c.byHash, c.perHash, c.sent, c.sentHead, c.ownSent = nil, nil, nil, 0, nil
@@ -896,5 +893,23 @@ func (c *ConsumerSession) Close() CloseReport {
 		}
 		c.registered = false
 	}
-	return rep
+	return nil
 }
+
+// internals is what connector.Pool reaches through internal/hooks.
+type internals struct{ c *ConsumerSession }
+
+func init() {
+	hooks.ConsumerOf = func(s any) hooks.Consumer { return internals{s.(*ConsumerSession)} }
+}
+
+func (i internals) Contact(deadline, now time.Time) error { return i.c.sendContact(deadline, now) }
+func (i internals) Contacted() (done, again bool, st wire.Status, err error) {
+	done, st, err = i.c.contacted()
+	again = errors.Is(err, errNoContactAnswer) || errors.Is(err, errContactLost)
+	return done, again, st, err
+}
+func (i internals) ContactNotif() []byte          { return i.c.contactNotif() }
+func (i internals) Registered() (xfer.Peer, bool) { return i.c.registeredPeer() }
+func (i internals) Probing() bool                 { return i.c.probing() }
+func (i internals) Trim()                         { i.c.trim() }

@@ -59,12 +59,12 @@ func (co *consumerOnly) poll(now time.Time, msgs ...[]byte) Results {
 
 func TestSessionID(t *testing.T) { // B32
 	co := newConsumer(t)
-	u, err := uuid.Parse(co.c.ID())
-	if err != nil || u.Version() != 4 || u.String() != co.c.ID() {
-		t.Fatalf("id %q: %v", co.c.ID(), err)
+	u, err := uuid.Parse(co.c.id)
+	if err != nil || u.Version() != 4 || u.String() != co.c.id {
+		t.Fatalf("id %q: %v", co.c.id, err)
 	}
 	other := newConsumer(t)
-	if other.c.ID() == co.c.ID() {
+	if other.c.id == co.c.id {
 		t.Fatal("two sessions share an id")
 	}
 }
@@ -79,10 +79,10 @@ func TestStartXferSendsRequest(t *testing.T) { // B33
 	if err := wire.DecodeReq(co.out.msgs[0], &req); err != nil {
 		t.Fatal(err)
 	}
-	if req.MMHash != "H" || req.SessionID != co.c.ID() || req.CompatibilityHash != compat || req.Version() != wire.IntOf(2) {
+	if req.MMHash != "H" || req.SessionID != co.c.id || req.CompatibilityHash != compat || req.Version() != wire.IntOf(2) {
 		t.Fatalf("request %+v", req)
 	}
-	if !co.c.HasInFlight() || co.c.InFlight() != 1 {
+	if !(co.c.InFlight() > 0) || co.c.InFlight() != 1 {
 		t.Fatal("not in flight")
 	}
 }
@@ -90,10 +90,10 @@ func TestStartXferSendsRequest(t *testing.T) { // B33
 func TestStartXferSendFails(t *testing.T) { // B34
 	co := newConsumer(t)
 	co.out.err = errSend
-	if err := co.c.StartXfer("H", []int{1}, t0, at(time.Second)); !errors.Is(err, errSend) {
+	if err := co.c.StartXfer("H", []int{1}, at(time.Second), t0); !errors.Is(err, errSend) {
 		t.Fatalf("err %v", err)
 	}
-	if co.c.HasInFlight() {
+	if co.c.InFlight() > 0 {
 		t.Fatal("a failed send left a transfer")
 	}
 	co.out.err = nil
@@ -103,11 +103,11 @@ func TestStartXferSendFails(t *testing.T) { // B34
 func TestStartXferBadBlocks(t *testing.T) {
 	co := newConsumer(t)
 	for _, blocks := range [][]int{{1, 1}, {3, -1}, {2, 5, 2}, {-1, 2}, {-3}} {
-		if err := co.c.StartXfer("H", blocks, t0, at(time.Second)); !errors.Is(err, ErrBadBlocks) {
+		if err := co.c.StartXfer("H", blocks, at(time.Second), t0); !errors.Is(err, ErrBadBlocks) {
 			t.Fatalf("%v: %v", blocks, err)
 		}
 	}
-	if len(co.out.msgs) != 0 || co.c.HasInFlight() {
+	if len(co.out.msgs) != 0 || co.c.InFlight() > 0 {
 		t.Fatal("a refused start sent a request")
 	}
 }
@@ -115,14 +115,14 @@ func TestStartXferBadBlocks(t *testing.T) {
 func TestStartXferInFlight(t *testing.T) { // improvement 3
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	if err := co.c.StartXfer("H", []int{2}, t0, at(2*time.Second)); !errors.Is(err, ErrInFlight) {
+	if err := co.c.StartXfer("H", []int{2}, at(2*time.Second), t0); !errors.Is(err, ErrInFlight) {
 		t.Fatalf("err %v", err)
 	}
 	// Also while its READ is quarantined.
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
 	co.poll(at(time.Second), co.ok("H", 3))
 	co.c.PeerDown(at(2 * time.Second))
-	if err := co.c.StartXfer("H", []int{2}, t0, at(3*time.Second)); !errors.Is(err, ErrInFlight) {
+	if err := co.c.StartXfer("H", []int{2}, at(3*time.Second), t0); !errors.Is(err, ErrInFlight) {
 		t.Fatalf("quarantined: err %v", err)
 	}
 	if len(co.out.msgs) != 1 {
@@ -140,8 +140,8 @@ func TestAckThenDoneInOnePoll(t *testing.T) { // B35, B44 (first registration)
 	if !slices.Equal(r.Completed[0].Blocks, []int{4, 5}) {
 		t.Fatalf("blocks %v", r.Completed[0].Blocks)
 	}
-	if co.c.HasInFlight() || co.c.Stats().Registrations != 1 {
-		t.Fatalf("in flight %v, registrations %d", co.c.HasInFlight(), co.c.Stats().Registrations)
+	if co.c.InFlight() > 0 || co.c.Stats().Registrations != 1 {
+		t.Fatalf("in flight %v, registrations %d", co.c.InFlight() > 0, co.c.Stats().Registrations)
 	}
 }
 
@@ -158,7 +158,7 @@ func TestNacks(t *testing.T) { // B36, B37
 			if r.Len() != 1 || len(got) != 1 || got[0].Status != s || got[0].Reason != xfer.Nacked {
 				t.Fatalf("results %+v", r)
 			}
-			if co.c.HasInFlight() || len(co.data.Posts()) != 0 || co.c.Stats().Nacks[s] != 1 {
+			if co.c.InFlight() > 0 || len(co.data.Posts()) != 0 || co.c.Stats().Nacks[s] != 1 {
 				t.Fatal("NACK left state behind")
 			}
 		})
@@ -232,7 +232,7 @@ func TestPeerDown(t *testing.T) { // B40, B41, B47; reference weakness 3
 	if len(r.Settled) != 1 || r.Settled[0].MMHash != "S" || r.Settled[0].Forced {
 		t.Fatalf("settled %+v", r.Settled)
 	}
-	if co.c.HasInFlight() {
+	if co.c.InFlight() > 0 {
 		t.Fatal("not cleaned up")
 	}
 	for _, p := range posts {
@@ -343,7 +343,7 @@ func TestPostFailsTombstones(t *testing.T) { // improvement 1
 	co.data.SetPostError(xfertest.ErrInjected)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	r := co.poll(at(time.Second), co.ok("H", 1))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed || co.c.HasInFlight() {
+	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed || co.c.InFlight() > 0 {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -362,7 +362,7 @@ func TestLateCompletion(t *testing.T) { // improvement 5
 	}
 }
 
-func TestClose(t *testing.T) { // B49, improvement 6
+func TestClose(t *testing.T) {
 	co := newConsumer(t)
 	co.data.QueueOutcomes(
 		xfertest.Outcome{Kind: xfertest.Stuck},                    // R: reading, stoppable
@@ -374,12 +374,24 @@ func TestClose(t *testing.T) { // B49, improvement 6
 	co.c.Poll([][]byte{co.ok("R", 1), co.ok("Q", 2)}, at(time.Second))
 	co.c.PeerDown(at(time.Second)) // R and Q read on; W retryable
 	mustStart(t, co.c, "W2", []int{4}, at(time.Hour))
-	rep := co.c.Close()
-	if len(rep.Pending.Retryable) != 1 || len(rep.Pending.Quarantined) != 0 {
-		t.Fatalf("pending %+v", rep.Pending)
+	if err := co.c.Close(); err != nil {
+		t.Fatal(err)
 	}
-	if !slices.Equal(hashes(rep.Freed), []string{"R", "W2"}) || !slices.Equal(hashes(rep.Unsafe), []string{"Q"}) {
-		t.Fatalf("freed %v unsafe %v", hashes(rep.Freed), hashes(rep.Unsafe))
+	var rep Results
+	co.c.TakeResults(&rep)
+	// W ended retryable at PeerDown, before Close; R (its READ stopped) and
+	// W2 (waiting) end retryable at Close; Q's READ could not be stopped:
+	// quarantined and settled at once, forced.
+	if got := hashes(rep.Retryable); !slices.Equal(got, []string{"W", "R", "W2"}) {
+		t.Fatalf("retryable %v", got)
+	}
+	if !slices.Equal(hashes(rep.Quarantined), []string{"Q"}) || !slices.Equal(hashes(rep.Settled), []string{"Q"}) || !rep.Settled[0].Forced {
+		t.Fatalf("quarantined %v settled %+v", hashes(rep.Quarantined), rep.Settled)
+	}
+	for _, o := range rep.Retryable[1:] {
+		if o.Reason != xfer.Closed {
+			t.Fatalf("%s ended %v, not closed", o.MMHash, o.Reason)
+		}
 	}
 	for _, p := range co.data.Posts() {
 		if co.data.Releases(p.Handle) != 1 {
@@ -387,10 +399,14 @@ func TestClose(t *testing.T) { // B49, improvement 6
 		}
 	}
 	co.data.CheckNoLeaks(t)
-	if again := co.c.Close(); len(again.Freed)+len(again.Unsafe)+again.Pending.Len() != 0 {
+	rep.Reset()
+	if err := co.c.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if co.c.TakeResults(&rep); rep.Len() != 0 {
 		t.Fatal("second close reported something")
 	}
-	if err := co.c.StartXfer("X", nil, t0, at(time.Hour)); !errors.Is(err, ErrClosed) {
+	if err := co.c.StartXfer("X", nil, at(time.Hour), t0); !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("start after close: %v", err)
 	}
 	co.c.Poll([][]byte{co.ok("X")}, at(time.Hour)) // no panic, nothing
@@ -452,7 +468,7 @@ func TestRegistrationFromShape(t *testing.T) {
 	c := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, data, compat))
 	region, _, _ := wire.DecodeBlocks(prod.MemDescriptor())
 	ack := func(h string, shape wire.Blocks, desc []byte) []byte {
-		return encAck(wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.ID(), AgentMetadata: prod.AgentMetadata(),
+		return encAck(wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.id, AgentMetadata: prod.AgentMetadata(),
 			SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: shape, MemDescriptor: desc})
 	}
 	var r Results
@@ -485,7 +501,7 @@ func TestRegistrationFromShape(t *testing.T) {
 	if wire.DecodeReq(msgs[0], &req2) != nil || wire.DecodeReq(msgs[1], &req3) != nil || !req2.AcceptsShape || req3.AcceptsShape {
 		t.Fatalf("offers: %v, %v", req2.AcceptsShape, req3.AcceptsShape)
 	}
-	c2.Poll([][]byte{encAck(wire.XferAck{MMHash: "C", Status: wire.OK, SessionID: c2.ID(), AgentMetadata: prod.AgentMetadata(),
+	c2.Poll([][]byte{encAck(wire.XferAck{MMHash: "C", Status: wire.OK, SessionID: c2.id, AgentMetadata: prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: region})}, at(0))
 	r.Reset()
 	c2.TakeResults(&r)

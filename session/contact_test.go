@@ -7,6 +7,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -35,16 +36,16 @@ func newContactPair(t *testing.T) *contactPair {
 // if set (a producer that reads none of the extensions), and the answers
 // back, at now.
 func (cp *contactPair) exchange(now time.Time, strip bool) {
-	var msgs []Message
+	var msgs []xfer.Message
 	for _, raw := range cp.toP.take() {
 		if strip {
 			var r wire.XferReq
 			wire.DecodeReq(raw, &r)
 			raw = wire.AppendReq(nil, &wire.XferReq{MMHash: r.MMHash, CompatibilityHash: r.CompatibilityHash, SessionID: r.SessionID})
 		}
-		msgs = append(msgs, Message{Identity: []byte("c"), Payload: raw})
+		msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: raw})
 	}
-	cp.p.Poll(msgs, now, cp.toC)
+	cp.p.Poll(msgs, cp.toC, now)
 	var acks [][]byte
 	for _, raw := range cp.toC.take() {
 		if strip { // its answers name no attempt either
@@ -64,22 +65,22 @@ func (cp *contactPair) exchange(now time.Time, strip bool) {
 // (ecx_known), and their acks carry no description of the region.
 func TestContactRegistersTheProducer(t *testing.T) {
 	cp := newContactPair(t)
-	if done, _, _ := cp.c.Contacted(); done {
+	if done, _, _ := cp.c.contacted(); done {
 		t.Fatal("done before any contact")
 	}
-	if err := cp.c.Contact(t0, at(time.Second)); err != nil {
+	if err := cp.c.sendContact(at(time.Second), t0); err != nil {
 		t.Fatal(err)
 	}
-	if !cp.c.Probing() {
+	if !cp.c.probing() {
 		t.Fatal("not probing while the contact waits")
 	}
 	cp.exchange(at(time.Millisecond), false)
-	done, st, err := cp.c.Contacted()
+	done, st, err := cp.c.contacted()
 	if !done || st != wire.OK || err != nil {
 		t.Fatalf("contacted: %v %s %v", done, st, err)
 	}
-	if peer, ok := cp.c.Registered(); !ok || peer.Blocks != 16 || cp.c.Probing() {
-		t.Fatalf("registered %v %+v, probing %v", ok, peer, cp.c.Probing())
+	if peer, ok := cp.c.registeredPeer(); !ok || peer.Blocks != 16 || cp.c.probing() {
+		t.Fatalf("registered %v %+v, probing %v", ok, peer, cp.c.probing())
 	}
 	ps := cp.p.Stats()
 	if ps.Contacts != 1 || ps.Grants != 0 || ps.DescsSent+ps.ShapesSent != 1 || cp.p.Grants() != 0 {
@@ -119,34 +120,34 @@ func (cp *contactPair) poll(now time.Time) Results {
 // the deadline, or a dead connection, end the contact with an error.
 func TestContactWithoutTheExtension(t *testing.T) {
 	cp := newContactPair(t)
-	cp.c.Contact(t0, at(time.Second))
+	cp.c.sendContact(at(time.Second), t0)
 	cp.exchange(at(time.Millisecond), true)
-	if done, st, err := cp.c.Contacted(); !done || st != wire.NackMissing || err != nil {
+	if done, st, err := cp.c.contacted(); !done || st != wire.NackMissing || err != nil {
 		t.Fatalf("contacted: %v %s %v", done, st, err)
 	}
-	if _, ok := cp.c.Registered(); ok || cp.c.Stats().StrayAcks != 0 {
+	if _, ok := cp.c.registeredPeer(); ok || cp.c.Stats().StrayAcks != 0 {
 		t.Fatalf("registered %v, stray %d", ok, cp.c.Stats().StrayAcks)
 	}
 	mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
 	cp.exchange(at(2*time.Millisecond), true)
-	if _, ok := cp.c.Registered(); !ok {
+	if _, ok := cp.c.registeredPeer(); !ok {
 		t.Fatal("the first ack did not register the producer")
 	}
 
 	cp = newContactPair(t)
-	cp.c.Contact(t0, at(time.Second))
+	cp.c.sendContact(at(time.Second), t0)
 	cp.toP.take()
 	cp.poll(at(time.Second))
-	if done, _, _ := cp.c.Contacted(); done {
+	if done, _, _ := cp.c.contacted(); done {
 		t.Fatal("done at its deadline")
 	}
 	cp.poll(at(time.Second + time.Nanosecond))
-	if done, _, err := cp.c.Contacted(); !done || !errors.Is(err, ErrNoContactAnswer) {
+	if done, _, err := cp.c.contacted(); !done || !errors.Is(err, errNoContactAnswer) {
 		t.Fatalf("past its deadline: %v %v", done, err)
 	}
-	cp.c.Contact(at(2*time.Second), at(3*time.Second))
+	cp.c.sendContact(at(3*time.Second), at(2*time.Second))
 	cp.c.PeerDown(at(2 * time.Second))
-	if done, _, err := cp.c.Contacted(); !done || !errors.Is(err, ErrContactLost) {
+	if done, _, err := cp.c.contacted(); !done || !errors.Is(err, errContactLost) {
 		t.Fatalf("after PeerDown: %v %v", done, err)
 	}
 }

@@ -104,10 +104,10 @@
 // asks again, for a new grant. A READ seen complete after the same moment
 // is tombstoned (LateCompletion).
 //
-// The unanswered requests are bounded, MaxUnansweredPerHash per mm_hash
-// and MaxUnanswered in all. Past either, StartXfer refuses with
-// ErrUnanswered (an xfer.ErrQueueFull, which the Pool retries) rather than
-// forget a request: its reply would then be matched to a later request.
+// The unanswered requests are bounded, 16 per mm_hash and 2^20 in all.
+// Past either, StartXfer refuses with an xfer.ErrQueueFull (which the
+// Pool retries) rather than forget a request: its reply would then be
+// matched to a later request.
 // They go as they or later requests are answered, at PeerDown, and with
 // the session (the Pool closes a session idle for PoolConfig.IdleSession).
 //
@@ -120,7 +120,7 @@
 // live, N's notification ends N, even after N+1 was made. Once N's lease
 // has run out, N's late notification cannot be told from N+1's own and
 // ends N+1; a READ being served under N+1 keeps the entry pinned until it
-// is released (Authorize, on data planes that authorize READs), but over
+// is released (on data planes that authorize READs, as the TCP plane), but over
 // NIXL the pin goes with the grant, as it does in the reference. The
 // notification's agent is checked against the session's: the request's
 // ecx_agent, or for a vLLM consumer, which sends none, the agent of the
@@ -212,9 +212,9 @@
 //     is refused, though a name is a label, never enough by itself. A
 //     vLLM consumer sends neither token nor agent; its grants are ended by
 //     the reference's notification, "<session_id>:<mm_hash>", from the
-//     first agent that sends one for the session. Authorize holds the
-//     entry's pin while a data plane serves a READ, past the end of its
-//     grant.
+//     first agent that sends one for the session. A data plane that
+//     authorizes READs (the TCP plane) holds the entry's pin while it
+//     serves one, past the end of its grant.
 //
 //  10. One session, and one control-plane identity, pins at most
 //     MaxPinnedShare of the cache while a pin beyond it would leave no
@@ -228,7 +228,7 @@
 //     within the lease the ack advertises (ecx_lease_ms), else within
 //     xfer.Config.PinLease, counted from the request the ack answers.
 //
-//  12. Cancel ends one transfer; Drain stops a producer granting.
+//  12. Cancel ends one transfer; StopGranting stops a producer granting.
 //
 //  13. A producer attaches to a data plane that serves READs itself (the
 //     TCP plane) as it starts, and detaches as it closes: everything it

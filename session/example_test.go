@@ -60,21 +60,21 @@ func Example() {
 	}
 
 	now := time.Unix(1_700_000_000, 0) // the fake clock
-	if err := cons.StartXfer("img-1", []int{5, 6}, now, now.Add(2*time.Second)); err != nil {
+	if err := cons.StartXfer("img-1", []int{5, 6}, now.Add(2*time.Second), now); err != nil {
 		fmt.Println(err)
 		return
 	}
 	var r session.Results
-	for step := 0; cons.HasInFlight(); step++ {
+	for step := 0; cons.InFlight() > 0; step++ {
 		now = now.Add(10 * time.Millisecond)
-		prod.Poll(toProducer.requests(), now, toConsumer)
+		prod.Poll(toProducer.requests(), toConsumer, now)
 		cons.Poll(toConsumer.take(), now)
 		cons.TakeResults(&r)
 	}
 	fmt.Printf("completed %d: %s%s\n", len(r.Completed), bytes.TrimRight(consData.Block(5), "\x00"), bytes.TrimRight(consData.Block(6), "\x00"))
 
 	// The completion notification reaches the producer: the pin goes.
-	prod.Poll(nil, now.Add(10*time.Millisecond), toConsumer)
+	prod.Poll(nil, toConsumer, now.Add(10*time.Millisecond))
 	fmt.Println("grants left:", prod.Grants())
 	// Output:
 	// completed 1: hello, embedding

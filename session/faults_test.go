@@ -33,7 +33,7 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 			}
 			e, _ := po.cache.Get("R")
 			// The second READ is being served when the first's notification lands.
-			release, ok := po.p.Authorize("cons", notif(second.Grant), e.Blocks)
+			release, ok := po.p.authorizeRelease("cons", notif(second.Grant), e.Blocks)
 			if !ok {
 				t.Fatal("second READ refused")
 			}
@@ -49,7 +49,7 @@ func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
 			if po.pins("R") != 1 {
 				t.Fatalf("after the READ's release: pins %d", po.pins("R"))
 			}
-			release, ok = po.p.Authorize("cons", notif(second.Grant), e.Blocks)
+			release, ok = po.p.authorizeRelease("cons", notif(second.Grant), e.Blocks)
 			if !ok {
 				t.Fatal("the second grant was ended by the first READ's notification")
 			}
@@ -102,20 +102,20 @@ func TestPinnedShare(t *testing.T) {
 		po2.cache.MarkReady(h)
 	}
 	po2.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po2.data, po2.cache, compat))
-	po2.p.Poll([]Message{
+	po2.p.Poll([]xfer.Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s0"))},
 		{Identity: []byte("one"), Payload: req("X", sid("s1"))},
-	}, t0, po2.out)
+	}, po2.out, t0)
 	if po2.pins("R") != 1 || po2.pins("X") != 1 {
 		t.Fatalf("pins R %d X %d while no save was short of room", po2.pins("R"), po2.pins("X"))
 	}
 	if _, err := po2.cache.Alloc("S", 4); !errors.Is(err, cache.ErrNoSpace) {
 		t.Fatalf("save into a pinned cache: %v", err)
 	}
-	po2.p.Poll([]Message{
+	po2.p.Poll([]xfer.Message{
 		{Identity: []byte("one"), Payload: req("R", sid("s2"))},
 		{Identity: []byte("two"), Payload: req("R", sid("s3"))},
-	}, at(time.Millisecond), po2.out)
+	}, po2.out, at(time.Millisecond))
 	if po2.pins("R") != 2 || po2.p.Stats().OverPinned != 1 {
 		t.Fatalf("pins R %d, refused %d: the identity over its share was granted, or the other refused",
 			po2.pins("R"), po2.p.Stats().OverPinned)
@@ -154,8 +154,8 @@ func TestStaleRequestAnsweredNotReady(t *testing.T) {
 	po := newProducer(t)
 	old := wire.AppendReq(nil, &wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Attempt: 41})
 	acks := po.poll2(t, at(2500*time.Millisecond),
-		Message{Identity: []byte("a"), Payload: old, At: t0},
-		Message{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)})
+		xfer.Message{Identity: []byte("a"), Payload: old, At: t0},
+		xfer.Message{Identity: []byte("b"), Payload: req("R", sid("b")), At: at(2 * time.Second)})
 	if len(acks) != 2 || po.pins("R") != 1 || po.p.Stats().Stale != 1 {
 		t.Fatalf("replies %d pins %d stale %d", len(acks), po.pins("R"), po.p.Stats().Stale)
 	}
@@ -182,7 +182,7 @@ func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	}
 	// A producer of another version NACKs it instead of granting.
 	po := newProducer(t)
-	po.p.Poll([]Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, t0, po.out)
+	po.p.Poll([]xfer.Message{{Identity: []byte("x"), Payload: withVersion(co.out.msgs[0], 3)}}, po.out, t0)
 	var a wire.XferAck
 	wire.DecodeAck(po.out.msgs[0], &a)
 	if a.Status != wire.NackVersion {
@@ -190,11 +190,11 @@ func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	}
 
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
-	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(1)}, Grant: 7, LeaseMillis: 5000}
 	co.poll(at(time.Second), wire.AppendAck(nil, &ack))
 	post := co.data.Posts()[0]
-	if string(post.Notif) != co.c.ID()+":H#7" {
+	if string(post.Notif) != co.c.id+":H#7" {
 		t.Fatalf("notification %q", post.Notif)
 	}
 	co.data.Finish(post.Handle)

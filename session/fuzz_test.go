@@ -6,6 +6,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -66,11 +67,12 @@ func FuzzConsumerPoll(f *testing.F) {
 		take()
 		c.Poll(split(data), at(500*time.Millisecond)) // the same bytes again
 		take()
-		rep := c.Close()
-		for _, o := range append(rep.Freed, rep.Unsafe...) {
-			ended[o.MMHash]++
+		if err := c.Close(); err != nil {
+			t.Fatal(err)
 		}
-		for _, set := range [][]Outcome{rep.Pending.Completed, rep.Pending.Tombstoned, rep.Pending.Retryable} {
+		r.Reset()
+		c.TakeResults(&r)
+		for _, set := range [][]Outcome{r.Completed, r.Tombstoned, r.Retryable, r.Settled} {
 			for _, o := range set {
 				ended[o.MMHash]++
 			}
@@ -99,9 +101,9 @@ func FuzzProducerPoll(f *testing.F) {
 		c.MarkReady("R")
 		c.Alloc("N", 1)
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxGrantsPerSession: 3, MaxGrants: 5}, pdata, c, compat))
-		var msgs []Message
+		var msgs []xfer.Message
 		for i, m := range split(data) {
-			msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: m})
+			msgs = append(msgs, xfer.Message{Identity: []byte{byte(i)}, Payload: m})
 		}
 		check := func() {
 			counts := map[string]int{}
@@ -115,14 +117,14 @@ func FuzzProducerPoll(f *testing.F) {
 				t.Fatalf("%d grants over the bound", p.Grants())
 			}
 		}
-		p.Poll(msgs, at(0), &queue{})
+		p.Poll(msgs, &queue{}, at(0))
 		check()
 		pdata.InjectNotif("c", data2) // the bytes as a notification too
-		p.Poll(msgs, at(time.Second), &queue{})
+		p.Poll(msgs, &queue{}, at(time.Second))
 		check()
 		p.Close()
 		check()
-		p.Poll(nil, at(time.Hour), &queue{}) // the leases of what Close kept
+		p.Poll(nil, &queue{}, at(time.Hour)) // the leases of what Close kept
 		if e, _ := c.Get("R"); e.Pins != 0 {
 			t.Fatalf("%d pins after Close and the leases", e.Pins)
 		}

@@ -60,7 +60,7 @@ func newSeeded(seed byte) io.Reader { return seeded{rand.NewChaCha8([32]byte{see
 
 func mustStart(t *testing.T, c *ConsumerSession, h string, blocks []int, deadline time.Time) {
 	t.Helper()
-	if err := c.StartXfer(h, blocks, t0, deadline); err != nil {
+	if err := c.StartXfer(h, blocks, deadline, t0); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -64,7 +65,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 	completed, nacked := 0, 0
 	now := t0
 	var r Results
-	for step := 0; step < 5000 && (len(order) > 0 || cons.HasInFlight()); step++ {
+	for step := 0; step < 5000 && (len(order) > 0 || cons.InFlight() > 0); step++ {
 		now = now.Add(100 * time.Millisecond)
 		// Start what fits, skipping keys already in flight.
 		for i := 0; i < len(order) && i < 8; i++ {
@@ -77,7 +78,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 				break
 			}
 			blocks := slices.Clone(free[len(free)-n:])
-			if err := cons.StartXfer(k, blocks, now, now.Add(2*time.Second)); err != nil {
+			if err := cons.StartXfer(k, blocks, now.Add(2*time.Second), now); err != nil {
 				continue // in flight: try later
 			}
 			free = free[:len(free)-n]
@@ -87,11 +88,11 @@ func TestConsumerProducerLoop(t *testing.T) {
 		}
 		// Deliver in random batches: some steps the producer runs late.
 		if rng.IntN(4) != 0 {
-			var in []Message
+			var in []xfer.Message
 			for _, m := range toP.take() {
-				in = append(in, Message{Identity: []byte("c"), Payload: m})
+				in = append(in, xfer.Message{Identity: []byte("c"), Payload: m})
 			}
-			prod.Poll(in, now, toC)
+			prod.Poll(in, toC, now)
 		}
 		cons.Poll(toC.take(), now)
 		r.Reset()
@@ -127,22 +128,26 @@ func TestConsumerProducerLoop(t *testing.T) {
 			}
 		}
 	}
-	if len(order) > 0 || cons.HasInFlight() {
-		t.Fatalf("did not finish: %d left, in flight %v", len(order), cons.HasInFlight())
+	if len(order) > 0 || cons.InFlight() > 0 {
+		t.Fatalf("did not finish: %d left, in flight %v", len(order), cons.InFlight() > 0)
 	}
 	if completed+nacked != 300 || completed < 200 {
 		t.Fatalf("completed %d, tombstoned %d", completed, nacked)
 	}
 	// Drain the last notifications, then nothing may be held.
-	prod.Poll(nil, now, toC)
+	prod.Poll(nil, toC, now)
 	if st := pc.Stats(); st.Pinned != 0 || prod.Grants() != 0 {
 		t.Fatalf("pins left: %+v, grants %d", st, prod.Grants())
 	}
 	if s := prod.Stats(); s.Nacks[5] == 0 || s.Nacks[1] == 0 || s.Completions == 0 {
 		t.Fatalf("the run did not exercise NACKs and completions: %+v", s)
 	}
-	rep := cons.Close()
-	if len(rep.Freed)+len(rep.Unsafe) != 0 {
+	if err := cons.Close(); err != nil {
+		t.Fatal(err)
+	}
+	var rep Results
+	cons.TakeResults(&rep)
+	if rep.Len() != 0 {
 		t.Fatalf("close found transfers: %+v", rep)
 	}
 	cdata.CheckNoLeaks(t)

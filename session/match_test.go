@@ -94,7 +94,7 @@ func TestReplyMatchingTable(t *testing.T) {
 						}
 						return encAck(a) // a NACK echoes no session id
 					}
-					grant1 := func() []byte { return ack(0, co.c.ID(), wire.OK, 7, 8) }
+					grant1 := func() []byte { return ack(0, co.c.id, wire.OK, 7, 8) }
 
 					// The history.
 					mustStart(t, co.c, "H", []int{1, 2}, at(3*time.Second))
@@ -102,7 +102,7 @@ func TestReplyMatchingTable(t *testing.T) {
 					if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 {
 						t.Fatalf("attempt 1: %+v", r)
 					}
-					if err := co.c.StartXfer("H", []int{1, 2}, sent2, at(7500*time.Millisecond)); err != nil {
+					if err := co.c.StartXfer("H", []int{1, 2}, at(7500*time.Millisecond), sent2); err != nil {
 						t.Fatal(err)
 					}
 					a2 := co.lastAttempt(t)
@@ -110,9 +110,9 @@ func TestReplyMatchingTable(t *testing.T) {
 					if st != waiting {
 						// Attempt 2's ack at 4 s, in the cell's peer's
 						// form: a vLLM producer first answers attempt 1.
-						msgs := [][]byte{ack(a2, co.c.ID(), wire.OK)}
+						msgs := [][]byte{ack(a2, co.c.id, wire.OK)}
 						if !named {
-							msgs = [][]byte{grant1(), ack(0, co.c.ID(), wire.OK)}
+							msgs = [][]byte{grant1(), ack(0, co.c.id, wire.OK)}
 						}
 						if r := co.poll(at(4*time.Second), msgs...); r.Len() != 0 || len(co.data.Posts()) != 1 {
 							t.Fatalf("attempt 2's READ: %+v, posts %d", r, len(co.data.Posts()))
@@ -134,14 +134,14 @@ func TestReplyMatchingTable(t *testing.T) {
 					}
 
 					// The reply under test.
-					attempt, sessionID := a2, co.c.ID()
+					attempt, sessionID := a2, co.c.id
 					switch w {
 					case earlier:
 						attempt = a1
 					case later:
 						attempt = a2 + 1000 // never sent by this session
 					case otherSession:
-						attempt, sessionID = otherAttempt, other.c.ID()
+						attempt, sessionID = otherAttempt, other.c.id
 					}
 					var reply []byte
 					switch k.broken {
@@ -266,7 +266,7 @@ func TestCompletionMatchesItsRead(t *testing.T) {
 		mustStart(t, c, h, blocks, at(time.Hour))
 		var r wire.XferReq
 		wire.DecodeReq(out.msgs[len(out.msgs)-1], &r)
-		ack := wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.ID(), AgentMetadata: prod.AgentMetadata(),
+		ack := wire.XferAck{MMHash: h, Status: wire.OK, SessionID: c.id, AgentMetadata: prod.AgentMetadata(),
 			SrcBlockIndices: []wire.Int{wire.IntOf(int64(blocks[0]))}, Attempt: r.Attempt}
 		c.Poll([][]byte{encAck(ack)}, t0)
 	}

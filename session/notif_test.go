@@ -59,7 +59,7 @@ func TestLateBareNotification(t *testing.T) {
 		po.poll(t, t0, req("R", a))
 		po.poll(t, at(3*time.Second), req("R", a))
 		e, _ := po.cache.Get("R")
-		release, ok := po.p.Authorize("cons", []byte(a+":R"), e.Blocks) // N+1's READ
+		release, ok := po.p.authorizeRelease("cons", []byte(a+":R"), e.Blocks) // N+1's READ
 		if !ok {
 			t.Fatal("N+1's READ refused")
 		}

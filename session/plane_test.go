@@ -197,8 +197,8 @@ func TestCloseKeepsPinsOnAPlaneThatCannotRefuse(t *testing.T) {
 	a, b := sid("a"), sid("b")
 	po.poll(t, t0, req("R", a))
 	po.poll(t, t0, req("R", b))
-	if n := po.p.Close(); n != 2 || po.pins("R") != 2 {
-		t.Fatalf("Close: %d grants, pins %d", n, po.pins("R"))
+	if err := po.p.Close(); err != nil || po.p.Grants() != 2 || po.pins("R") != 2 {
+		t.Fatalf("Close: %v, %d grants, pins %d", err, po.p.Grants(), po.pins("R"))
 	}
 	// No new grant after Close, however it is asked for.
 	po.poll(t, at(time.Second), req("R", sid("c")))

@@ -24,9 +24,6 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Message is one request as the control plane received it.
-type Message = xfer.Message
-
 // Replier sends a reply to the consumer with the given identity. It must not
 // block and must not keep payload after it returns.
 type Replier interface {
@@ -63,7 +60,7 @@ type ProducerConfig struct {
 	// Default 0.5.
 	MaxPinnedShare float64
 	// MaxRequestAge refuses requests that waited longer than this between
-	// their arrival (Message.At) and their turn: their consumer may have
+	// their arrival (xfer.Message.At) and their turn: their consumer may have
 	// given up (its ack timeout, 2 s by default), and a grant would pin
 	// blocks for nobody. They are answered NACK_NOT_READY, which a
 	// consumer still waiting retries at once instead of waiting out its
@@ -81,7 +78,7 @@ type ProducerConfig struct {
 type ProducerStats struct {
 	Requests      uint64 // decoded requests
 	Grants        uint64 // OK acks sent
-	Nacks         [6]uint64
+	Nacks         NackCounts
 	Malformed     uint64 // payloads that did not decode as an XferReq
 	ReRequests    uint64 // grants made while the same session held one for the entry
 	Completions   uint64 // grants ended by their notification
@@ -158,7 +155,8 @@ const maxPushLive = 2
 // pins the entry, answers with its blocks and the data plane's metadata,
 // and unpins on the completion notification or when the lease runs out. It
 // is sans-I/O: requests and the time come in through Poll, replies go out
-// through a Replier. It is not safe for concurrent use, except Authorize.
+// through a Replier. It is not safe for concurrent use (the data plane's authorization of
+// READs, which runs on its goroutines, excepted).
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   xfer.Driven      // data, when it must be told of the live grants
@@ -213,14 +211,14 @@ type ProducerSession struct {
 }
 
 // NewProducerSession returns a session serving entries of c through data.
-// compatHash is wire.CompatHash of this side. It fails (ErrBadConfig) when
+// compatHash is wire.CompatHash of this side. It fails (xfer.ErrBadConfig) when
 // compatHash is empty or data or c is nil.
 func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) (*ProducerSession, error) {
 	switch {
 	case compatHash == "":
-		return nil, fmt.Errorf("%w: session: empty compatibility hash", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: empty compatibility hash", xfer.ErrBadConfig)
 	case data == nil || c == nil:
-		return nil, fmt.Errorf("%w: session: nil data plane or cache", ErrBadConfig)
+		return nil, fmt.Errorf("%w: session: nil data plane or cache", xfer.ErrBadConfig)
 	}
 	if cfg.PinLease <= 0 {
 		cfg.PinLease = xfer.DefaultConfig().PinLease
@@ -277,7 +275,7 @@ func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 // data plane's completion notifications and ends the grants whose lease ran
 // out by now. It never fails: malformed requests are counted, logged and
 // answered NACK_INTERNAL when they still name their mm_hash and session.
-func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
+func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) {
 	if p.closed {
 		// Grants Close left (a data plane that cannot refuse READs) end
 		// as they would have: by notification or lease.
@@ -313,7 +311,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	}
 }
 
-func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
+func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 	stale := !m.At.IsZero() && now.Sub(m.At) > p.maxAge
 	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
@@ -760,23 +758,23 @@ func (p *ProducerSession) pinCounts(dst map[string]int) {
 	}
 }
 
-// Authorize reports whether a live grant covers a READ by agent: notif
+// authorizeRelease reports whether a live grant covers a READ by agent: notif
 // names the grant ("<session_id>:<mm_hash>", with "#<grant>.<token>" from
 // a Go consumer, whose grants take nothing less than their token), every
 // block must be one of its entry's, and the grant must not be bound to
 // another agent. If it does, the entry stays pinned until release is
-// called, even if the grant ends meanwhile: a data plane calls Authorize
+// called, even if the grant ends meanwhile: a data plane authorizes
 // before serving a READ and release once the bytes are out of the region.
 // It is safe for concurrent use, unlike the rest of ProducerSession; the
 // block comparison runs without the lock the step loop needs.
-func (p *ProducerSession) Authorize(agent string, notif []byte, blocks []int) (release func(), ok bool) {
+func (p *ProducerSession) authorizeRelease(agent string, notif []byte, blocks []int) (release func(), ok bool) {
 	if g := p.authorize(agent, notif, blocks); g != nil {
 		return g.release, true
 	}
 	return nil, false
 }
 
-// authorize is Authorize, returning the grant held.
+// authorize is authorizeRelease, returning the grant held.
 func (p *ProducerSession) authorize(agent string, notif []byte, blocks []int) *grant {
 	p.authMu.RLock()
 	g, _ := p.lookup(notif)
@@ -988,30 +986,29 @@ func (p *ProducerSession) sweep(now time.Time) {
 	}
 }
 
-// Drain stops granting: from now on every request is answered
-// NACK_INTERNAL (consumers fall back to encoding locally), while live
-// grants still end through their notifications or leases. Close once
+// StopGranting starts a graceful shutdown: from now on every request is
+// answered NACK_INTERNAL (consumers fall back to encoding locally), while
+// live grants still end through their notifications or leases. Close once
 // Grants reports none.
-func (p *ProducerSession) Drain() { p.draining = true }
+func (p *ProducerSession) StopGranting() { p.draining = true }
 
-// Close stops the session and returns how many grants were live. On a
-// data plane that serves READs only through the session's gate (the TCP
-// plane), it detaches from it (no READ is served, copied or pushed under
-// its grants from then on) and ends every grant: pins of grants whose READ
-// is still being served go when it is released, and later Polls only
-// recycle them. On one that lets any peer READ (NIXL), a READ under a live
-// grant may be running and nothing can stop it: the grants stay, their
-// entries pinned, until their notifications or leases end them, which
-// later Polls see to (they answer no request). The data plane is not
-// closed: it belongs to the caller.
-func (p *ProducerSession) Close() int {
+// Close stops the session. On a data plane that serves READs only through
+// the session's gate (the TCP plane), it detaches from it (no READ is
+// served, copied or pushed under its grants from then on) and ends every
+// grant: pins of grants whose READ is still being served go when it is
+// released, and later Polls only recycle them. On one that lets any peer
+// READ (NIXL), a READ under a live grant may be running and nothing can
+// stop it: the grants stay (Grants counts them), their entries pinned,
+// until their notifications or leases end them, which later Polls see to
+// (they answer no request). The data plane is not closed: it belongs to
+// the caller. Close is idempotent and returns nil.
+func (p *ProducerSession) Close() error {
 	if p.closed {
-		return 0
+		return nil
 	}
 	p.closed = true
-	n := len(p.byID)
 	if !p.gating {
-		return n
+		return nil
 	}
 	p.att.Detach() // the board cleared: no grant of ours is retired one by one
 	for g := p.lru.next; g != &p.lru; g = p.lru.next {
@@ -1020,5 +1017,5 @@ func (p *ProducerSession) Close() int {
 	if p.driven != nil {
 		p.driven.ExpectReads(0)
 	}
-	return n
+	return nil
 }

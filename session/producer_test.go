@@ -9,6 +9,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -45,11 +46,11 @@ func req(h, sid string) []byte {
 // replies.
 func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []wire.XferAck {
 	t.Helper()
-	var msgs []Message
+	var msgs []xfer.Message
 	for i, p := range payloads {
-		msgs = append(msgs, Message{Identity: []byte{'i', 'd', byte('0' + i)}, Payload: p})
+		msgs = append(msgs, xfer.Message{Identity: []byte{'i', 'd', byte('0' + i)}, Payload: p})
 	}
-	po.p.Poll(msgs, now, po.out)
+	po.p.Poll(msgs, po.out, now)
 	var acks []wire.XferAck
 	for _, raw := range po.out.msgs {
 		var a wire.XferAck
@@ -63,9 +64,9 @@ func (po *producerOnly) poll(t *testing.T, now time.Time, payloads ...[]byte) []
 }
 
 // poll2 is poll of messages as given (identities, arrival times).
-func (po *producerOnly) poll2(t *testing.T, now time.Time, msgs ...Message) []wire.XferAck {
+func (po *producerOnly) poll2(t *testing.T, now time.Time, msgs ...xfer.Message) []wire.XferAck {
 	t.Helper()
-	po.p.Poll(msgs, now, po.out)
+	po.p.Poll(msgs, po.out, now)
 	var acks []wire.XferAck
 	for _, raw := range po.out.take() {
 		var a wire.XferAck
@@ -198,11 +199,11 @@ func TestDrainErrorStillSweeps(t *testing.T) { // B64
 
 func TestMalformedAndOrder(t *testing.T) { // B66, B67
 	po := newProducer(t)
-	var msgs []Message
+	var msgs []xfer.Message
 	for i, p := range [][]byte{req("R", sid("a")), {0x93, 1, 2, 3}, req("X", sid("b")), wire.AppendAck(nil, &wire.XferAck{MMHash: "R"}), req("N", sid("c"))} {
-		msgs = append(msgs, Message{Identity: []byte{byte(i)}, Payload: p})
+		msgs = append(msgs, xfer.Message{Identity: []byte{byte(i)}, Payload: p})
 	}
-	po.p.Poll(msgs, t0, po.out)
+	po.p.Poll(msgs, po.out, t0)
 	if !slices.EqualFunc(po.out.ids, [][]byte{{0}, {2}, {4}}, bytes.Equal) {
 		t.Fatalf("replies went to %v", po.out.ids)
 	}
@@ -225,11 +226,11 @@ func TestReplyErrorReleasesPin(t *testing.T) {
 func TestProducerClose(t *testing.T) {
 	po, _ := newPlaneProducer(t)
 	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
-	if n := po.p.Close(); n != 2 || po.pins("R") != 0 {
-		t.Fatalf("closed %d, pins %d", n, po.pins("R"))
+	if err := po.p.Close(); err != nil || po.p.Grants() != 0 || po.pins("R") != 0 {
+		t.Fatalf("close: %v, %d grants, pins %d", err, po.p.Grants(), po.pins("R"))
 	}
-	if po.p.Close() != 0 {
-		t.Fatal("second close")
+	if err := po.p.Close(); err != nil {
+		t.Fatalf("second close: %v", err)
 	}
 	po.out.msgs = nil
 	po.poll(t, t0, req("R", sid("c3")))

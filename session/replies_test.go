@@ -58,11 +58,11 @@ func TestReferenceAckOfEarlierAttemptDropped(t *testing.T) {
 	if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.AckTimedOut {
 		t.Fatalf("attempt 1: %+v", r)
 	}
-	if err := co.c.StartXfer("H", []int{1, 2}, at(3*time.Second+time.Millisecond), at(6*time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{1, 2}, at(6*time.Second), at(3*time.Second+time.Millisecond)); err != nil {
 		t.Fatal(err)
 	}
 	co.fillProd(0xbb, 7, 8) // a new save, after the lease of attempt 1
-	late := ackOK("H", co.c.ID(), co.prod.AgentMetadata(), 7, 8)
+	late := ackOK("H", co.c.id, co.prod.AgentMetadata(), 7, 8)
 	nack := encAck(wire.XferAck{MMHash: "H", Status: wire.NackMissing})
 	r := co.poll(at(5500*time.Millisecond), late, nack)
 	if len(co.data.Posts()) != 0 {
@@ -84,7 +84,7 @@ func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	first := co.lastAttempt(t)
 	co.poll(at(3 * time.Second)) // attempt 1 times out
-	if err := co.c.StartXfer("H", []int{1}, at(3*time.Second), at(5*time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{1}, at(5*time.Second), at(3*time.Second)); err != nil {
 		t.Fatal(err)
 	}
 	second := co.lastAttempt(t)
@@ -92,7 +92,7 @@ func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
 	if r := co.poll(at(4*time.Second), stale); r.Len() != 0 {
 		t.Fatalf("attempt 1's NACK ended attempt 2: %+v", r)
 	}
-	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(3)}, Attempt: second}
 	r := co.poll(at(4*time.Second+time.Millisecond), wire.AppendAck(nil, &ack))
 	if !slices.Equal(hashes(r.Completed), []string{"H"}) {
@@ -108,7 +108,7 @@ func TestUndecodableNackOfEarlierAttemptDropped(t *testing.T) {
 func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.ID(), AgentMetadata: co.prod.AgentMetadata(),
+	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(3)}, LeaseMillis: 5000, Attempt: co.lastAttempt(t)}
 	r := co.poll(at(5*time.Second+time.Millisecond), wire.AppendAck(nil, &ack))
 	if len(co.data.Posts()) != 0 {
@@ -120,14 +120,14 @@ func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 }
 
 // A producer that answers nothing fills the unanswered requests of an
-// mm_hash up to their bound: then StartXfer refuses (ErrUnanswered, an
+// mm_hash up to their bound: then StartXfer refuses (errUnanswered, an
 // xfer.ErrQueueFull, which the Pool retries) and sends nothing, rather
 // than forget a request whose reply would be taken for a later one's. A
 // reply frees a place.
 func TestUnansweredRequestsBounded(t *testing.T) {
 	co := newConsumer(t)
 	now := t0
-	for range MaxUnansweredPerHash {
+	for range maxUnansweredPerHash {
 		mustStart(t, co.c, "H", []int{1}, now.Add(time.Second))
 		now = now.Add(2 * time.Second)
 		if r := co.poll(now); len(r.Retryable) != 1 {
@@ -135,8 +135,8 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 		}
 	}
 	sent := len(co.out.msgs)
-	err := co.c.StartXfer("H", []int{1}, now, now.Add(time.Second))
-	if !errors.Is(err, ErrUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.HasInFlight() {
+	err := co.c.StartXfer("H", []int{1}, now.Add(time.Second), now)
+	if !errors.Is(err, errUnanswered) || !errors.Is(err, xfer.ErrQueueFull) || len(co.out.msgs) != sent || co.c.InFlight() > 0 {
 		t.Fatalf("past the bound: %v, %d sent", err, len(co.out.msgs)-sent)
 	}
 	mustStart(t, co.c, "G", []int{1}, now.Add(time.Second)) // another mm_hash is not refused
@@ -144,7 +144,7 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 	if co.c.Stats().StrayAcks != 1 {
 		t.Fatal("the reply of the oldest request acted")
 	}
-	if err := co.c.StartXfer("H", []int{2}, now, now.Add(time.Second)); err != nil {
+	if err := co.c.StartXfer("H", []int{2}, now.Add(time.Second), now); err != nil {
 		t.Fatalf("after a reply: %v", err)
 	}
 }
@@ -253,8 +253,8 @@ func TestOwnSessionIDsForAProducerThatNamesNoGrant(t *testing.T) {
 	}
 	mustStart(t, co.c, "H", []int{1, 2}, at(2*time.Second))
 	first := req()
-	if first.SessionID != co.c.ID() {
-		t.Fatalf("before any grant: session id %q, want the session's %q", first.SessionID, co.c.ID())
+	if first.SessionID != co.c.id {
+		t.Fatalf("before any grant: session id %q, want the session's %q", first.SessionID, co.c.id)
 	}
 	if r := co.poll(at(time.Millisecond), ackOK("H", first.SessionID, meta, 7, 8)); len(r.Completed) != 1 {
 		t.Fatalf("first fetch: %+v", r)
@@ -265,7 +265,7 @@ func TestOwnSessionIDsForAProducerThatNamesNoGrant(t *testing.T) {
 	seen := map[string]bool{first.SessionID: true}
 	var sids []string
 	for i, h := range []string{"H", "G", "H"} {
-		if err := co.c.StartXfer(h, []int{3 + i}, at(3*time.Millisecond), at(2*time.Second)); err != nil && i < 2 {
+		if err := co.c.StartXfer(h, []int{3 + i}, at(2*time.Second), at(3*time.Millisecond)); err != nil && i < 2 {
 			t.Fatal(err)
 		}
 		if i == 2 {
@@ -298,5 +298,16 @@ func TestOwnSessionIDsForAProducerThatNamesNoGrant(t *testing.T) {
 	r := co.poll(at(7*time.Millisecond), encAck(wire.XferAck{MMHash: "G", Status: wire.NackMissing}))
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].MMHash != "G" {
 		t.Fatalf("G's NACK: %+v", r)
+	}
+}
+
+func TestNackCountsString(t *testing.T) {
+	var n NackCounts
+	if n.String() != "none" {
+		t.Fatalf("empty: %q", n.String())
+	}
+	n[wire.NackMissing], n[wire.NackNotReady] = 1002, 3
+	if got, want := n.String(), "NACK_MISSING 1002, NACK_NOT_READY 3"; got != want {
+		t.Fatalf("%q, want %q", got, want)
 	}
 }

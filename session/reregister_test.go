@@ -57,17 +57,17 @@ func TestReRegisterAfterUnknownPeer(t *testing.T) {
 	var r Results
 	fetch := func(h string, block int) Results {
 		t.Helper()
-		if err := c.StartXfer(h, []int{block}, now, now.Add(time.Second)); err != nil {
+		if err := c.StartXfer(h, []int{block}, now.Add(time.Second), now); err != nil {
 			t.Fatal(err)
 		}
 		r.Reset()
 		for range 5 {
 			now = now.Add(time.Millisecond)
-			var msgs []Message
+			var msgs []xfer.Message
 			for _, m := range toProd.take() {
-				msgs = append(msgs, Message{Identity: []byte("c"), Payload: m})
+				msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: m})
 			}
-			p.Poll(msgs, now, toCons)
+			p.Poll(msgs, toCons, now)
 			c.Poll(toCons.take(), now)
 			c.TakeResults(&r)
 		}

@@ -1,6 +1,9 @@
 package session
 
 import (
+	"strconv"
+	"strings"
+
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -11,6 +14,10 @@ type Outcome struct {
 	Blocks []int       // the local blocks given to StartXfer
 	Reason xfer.Reason // why, when it is not the happy path
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
+	// Err is the cause, where there is one beyond Reason and Status: why
+	// the producer could not be registered (xfer.RegisterFailed) or the
+	// READ not posted. Nil otherwise.
+	Err error
 	// Forced is set on a Settled outcome whose READ was given up at the
 	// quarantine deadline without the data plane confirming it ended: its
 	// blocks may still be written. Keep them out of use if you can.
@@ -50,4 +57,28 @@ func (r *Results) appendTo(dst *Results) {
 	dst.Quarantined = append(dst.Quarantined, r.Quarantined...)
 	dst.Retryable = append(dst.Retryable, r.Retryable...)
 	dst.Settled = append(dst.Settled, r.Settled...)
+}
+
+// NackCounts counts NACKs by status: n[wire.NackMissing] and so on.
+type NackCounts [6]uint64
+
+// String lists the statuses counted, e.g. "NACK_MISSING 1002,
+// NACK_NOT_READY 3", or says "none".
+func (n NackCounts) String() string {
+	var b strings.Builder
+	for st, c := range n {
+		if c == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		b.WriteString(wire.Status(st).String())
+		b.WriteByte(' ')
+		b.WriteString(strconv.FormatUint(c, 10))
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
 }

@@ -129,11 +129,11 @@ func testDescriptorLessAcks(t *testing.T, shapes bool) {
 	for i, h := range []string{"a", "b", "c"} {
 		mustStart(t, cons, h, []int{2 * i, 2*i + 1}, at(time.Hour))
 		for range 3 {
-			var in []Message
+			var in []xfer.Message
 			for _, m := range toP.take() {
-				in = append(in, Message{Identity: []byte("c"), Payload: m})
+				in = append(in, xfer.Message{Identity: []byte("c"), Payload: m})
 			}
-			prod.Poll(in, at(time.Duration(i)*time.Second), toC)
+			prod.Poll(in, toC, at(time.Duration(i)*time.Second))
 			cons.Poll(toC.take(), at(time.Duration(i)*time.Second))
 		}
 		cons.TakeResults(&r)
@@ -186,7 +186,7 @@ func TestAuthorize(t *testing.T) {
 	e, _ := po.cache.Get("R")
 	key := []byte(sid("a") + ":R")
 	auth := func(agent string, notif []byte, blocks []int) bool {
-		release, ok := po.p.Authorize(agent, notif, blocks)
+		release, ok := po.p.authorizeRelease(agent, notif, blocks)
 		if ok {
 			release()
 		}
@@ -217,10 +217,10 @@ func TestGrantBoundToAgent(t *testing.T) {
 	}
 	e, _ := po.cache.Get("R")
 	notif := []byte(fmt.Sprintf("%s:R#%d", sid("a"), acks[0].Grant))
-	if _, ok := po.p.Authorize("thief", notif, e.Blocks); ok {
+	if _, ok := po.p.authorizeRelease("thief", notif, e.Blocks); ok {
 		t.Fatal("READ by another agent authorized")
 	}
-	if _, ok := po.p.Authorize("cons-a", []byte(fmt.Sprintf("%s:R#%d", sid("a"), acks[0].Grant+1)), e.Blocks); ok {
+	if _, ok := po.p.authorizeRelease("cons-a", []byte(fmt.Sprintf("%s:R#%d", sid("a"), acks[0].Grant+1)), e.Blocks); ok {
 		t.Fatal("READ under a grant id never given authorized")
 	}
 	po.data.InjectNotif("thief", notif)
@@ -247,7 +247,7 @@ func TestServedReadHoldsThePin(t *testing.T) {
 	po := newProducer(t)
 	po.poll(t, t0, req("R", sid("a")))
 	e, _ := po.cache.Get("R")
-	release, ok := po.p.Authorize("cons", []byte(sid("a")+":R"), e.Blocks)
+	release, ok := po.p.authorizeRelease("cons", []byte(sid("a")+":R"), e.Blocks)
 	if !ok {
 		t.Fatal("refused")
 	}
@@ -267,7 +267,7 @@ func TestServedReadHoldsThePin(t *testing.T) {
 	// session's gate (on others, Close keeps every grant).
 	po, _ = newPlaneProducer(t)
 	po.poll(t, at(2*time.Hour), req("R", sid("a")))
-	release, _ = po.p.Authorize("cons", []byte(sid("a")+":R"), e.Blocks)
+	release, _ = po.p.authorizeRelease("cons", []byte(sid("a")+":R"), e.Blocks)
 	po.p.Close()
 	if po.pins("R") != 1 {
 		t.Fatal("Close unpinned under a READ being served")
@@ -333,7 +333,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 				}
 				h := fmt.Sprint("E", (i+w)%8)
 				e, _ := c.Get(h)
-				if rel, ok := p.Authorize("cons", []byte(sid("a")+":"+h), e.Blocks); ok {
+				if rel, ok := p.authorizeRelease("cons", []byte(sid("a")+":"+h), e.Blocks); ok {
 					for range i % 50 { // serving: the grant may end meanwhile
 						runtime.Gosched()
 					}
@@ -347,7 +347,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 	for i := range 2000 {
 		now = now.Add(time.Millisecond)
 		h := fmt.Sprint("E", i%8)
-		p.Poll([]Message{{Identity: []byte("c"), Payload: req(h, sid("a"))}}, now, out)
+		p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req(h, sid("a"))}}, out, now)
 		out.take()
 		if i%3 == 0 {
 			data.InjectNotif("cons", []byte(sid("a")+":"+h))
@@ -355,7 +355,7 @@ func TestAuthorizeConcurrentWithSteps(t *testing.T) {
 	}
 	close(stop)
 	wg.Wait()
-	p.Poll(nil, now.Add(time.Second), out)
+	p.Poll(nil, out, now.Add(time.Second))
 	if p.Grants() != 0 || c.HasHeldEntries() {
 		t.Fatalf("grants %d, pinned entries %d", p.Grants(), c.Stats().Pinned)
 	}

@@ -7,6 +7,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
@@ -39,7 +40,7 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 		append(wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token), 'x'), // not the token's form
 	}
 	for _, msg := range forged {
-		if release, ok := po.p.Authorize("cons", msg, e.Blocks); ok {
+		if release, ok := po.p.authorizeRelease("cons", msg, e.Blocks); ok {
 			release()
 			t.Fatalf("READ with %q served", msg)
 		}
@@ -53,7 +54,7 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 		t.Fatalf("bad tokens counted %d", st.BadTokens)
 	}
 	good := wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token)
-	release, ok := po.p.Authorize("cons", good, e.Blocks)
+	release, ok := po.p.authorizeRelease("cons", good, e.Blocks)
 	if !ok {
 		t.Fatal("the grantee's READ refused")
 	}
@@ -97,7 +98,7 @@ func TestGrantIDsAndTokensNeverRepeat(t *testing.T) {
 		p := must(NewProducerSession(ProducerConfig{Logger: quiet}, data, c, compat))
 		out := &queue{}
 		for i := range 4 {
-			p.Poll([]Message{{Identity: []byte("id"), Payload: goReq("R", sid(fmt.Sprint("s", i)), 1)}}, t0, out)
+			p.Poll([]xfer.Message{{Identity: []byte("id"), Payload: goReq("R", sid(fmt.Sprint("s", i)), 1)}}, out, t0)
 		}
 		for _, raw := range out.take() {
 			var ack wire.XferAck
@@ -124,11 +125,11 @@ func TestAuthorizeFollowsTheSessionsBoundAgent(t *testing.T) {
 	e, _ := po.cache.Get("R")
 	po.data.InjectNotif("cons", []byte(a+":R"))
 	po.poll(t, at(time.Second)) // binds the session to "cons"; ends R's oldest grant
-	if release, ok := po.p.Authorize("thief", []byte(a+":R"), e.Blocks); ok {
+	if release, ok := po.p.authorizeRelease("thief", []byte(a+":R"), e.Blocks); ok {
 		release()
 		t.Fatal("another agent's READ served under a grant made before the session was bound")
 	}
-	release, ok := po.p.Authorize("cons", []byte(a+":R"), e.Blocks)
+	release, ok := po.p.authorizeRelease("cons", []byte(a+":R"), e.Blocks)
 	if !ok {
 		t.Fatal("the bound agent's READ refused")
 	}

@@ -12,7 +12,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // echo answers every request with "re:" + payload until stop is closed.
@@ -26,7 +26,7 @@ func serve(s *Server, stop chan struct{}, reply func([]byte) []byte) chan struct
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		var msgs []session.Message
+		var msgs []xfer.Message
 		for {
 			select {
 			case <-stop:
@@ -185,7 +185,7 @@ func TestServerOnRequest(t *testing.T) {
 	s := newServer(t, ServerConfig{})
 	var mu sync.Mutex
 	answer := true
-	var msgs []session.Message
+	var msgs []xfer.Message
 	s.OnRequest(func() {
 		mu.Lock()
 		defer mu.Unlock()

@@ -11,7 +11,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 
 	"github.com/ecxfer/ecxfer/internal/pybench"
-	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // BenchmarkControlRTT measures request/reply round trips over loopback with
@@ -126,7 +126,7 @@ func pyRTT(b *testing.B, args ...string) {
 // that is busy, on this goroutine.
 func serveEcho(ctx context.Context, s *Server) {
 	var mu sync.Mutex
-	var msgs []session.Message
+	var msgs []xfer.Message
 	echo := func() {
 		msgs = s.Drain(msgs[:0])
 		for _, m := range msgs {

@@ -32,6 +32,10 @@ func (s Status) String() string {
 	return "Status(" + strconv.Itoa(int(s)) + ")"
 }
 
+// Error makes a Status an error, so that a NACKed fetch's error matches
+// it: errors.Is(err, wire.NackMissing), or errors.As(err, &status).
+func (s Status) Error() string { return s.String() }
+
 // Valid reports whether s is one of the six statuses.
 func (s Status) Valid() bool { return s <= maxStatus }
 

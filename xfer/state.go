@@ -53,6 +53,10 @@ const (
 var reasonNames = [...]string{"", "nacked", "ack-timeout", "peer-down", "bad-ack", "register-failed",
 	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed", "canceled"}
 
+// Error makes a Reason an error, so that a failure's error matches it:
+// errors.Is(err, xfer.Nacked), or errors.As(err, &reason).
+func (r Reason) Error() string { return r.String() }
+
 func (r Reason) String() string {
 	if int(r) < len(reasonNames) {
 		return reasonNames[r]

@@ -1,35 +1,157 @@
-// Command consumer fetches every demo embedding from a running producer
-// (examples/producer, same sizes), verifies every byte and prints a summary.
-// It exits non-zero if anything failed.
+// Command consumer fetches every embedding from a running examples/producer
+// (the same -items, -blocks-per-item and -block-size), -concurrency at a
+// time, checks every byte, and prints a summary. It exits non-zero if any
+// fetch failed; at once, saying why, when the producer's data plane is not
+// its own (a TCP consumer against a NIXL producer, say).
+//
+// It is written against the public API only: a region for the blocks
+// fetched (cache), a control plane and a data plane (transport, nixl), and
+// the Pool that fetches (session/connector), driven by the loop an engine
+// would run.
 package main
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
+	"time"
 
-	"github.com/ecxfer/ecxfer/internal/demo"
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/nixl"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 func main() {
-	var cfg demo.Config
 	producer := flag.String("producer", "tcp://127.0.0.1:5555", "the producer's control endpoint")
-	cfg.Flags(nil, true)
+	plane := flag.String("data", "shm", "data plane: shm (TCP, with same-host copies), tcp (TCP only) or nixl (a build with -tags nixl); the producer's")
+	items := flag.Int("items", 1000, "embeddings")
+	perItem := flag.Int("blocks-per-item", 16, "blocks per embedding")
+	blockSize := flag.Int("block-size", 8192, "bytes per block")
+	concurrency := flag.Int("concurrency", 64, "fetches in flight")
 	flag.Parse()
-	if err := cfg.Check(true); err != nil {
-		fmt.Fprintln(os.Stderr, "consumer:", err)
-		os.Exit(2)
-	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	sum, err := demo.RunConsumer(ctx, cfg, *producer, os.Stderr, log)
-	sum.Print(os.Stdout)
-	if err != nil {
+	if err := run(ctx, *producer, *plane, *items, *perItem, *blockSize, *concurrency); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
 	}
+}
+
+func run(ctx context.Context, producer, plane string, items, perItem, blockSize, concurrency int) error {
+	if items <= 0 || perItem <= 0 || blockSize <= 0 || concurrency <= 0 {
+		return fmt.Errorf("-items, -blocks-per-item, -block-size and -concurrency must be positive")
+	}
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: concurrency * perItem, BlockSize: blockSize})
+	if err != nil {
+		return err
+	}
+	defer region.Close()
+	var data xfer.DataTransport
+	switch plane {
+	case "shm", "tcp":
+		data, err = transport.NewTCPData(transport.TCPConfig{NoSharedMemory: plane == "tcp", Logger: log}, region)
+	case "nixl":
+		data, err = nixl.New(nixl.Config{Name: fmt.Sprintf("consumer-%d", os.Getpid())}, region)
+	default:
+		err = fmt.Errorf("-data %q: want shm, tcp or nixl", plane)
+	}
+	if err != nil {
+		return err
+	}
+	defer data.Close()
+	ctl := transport.NewClient(transport.ClientConfig{Logger: log})
+	defer ctl.Close()
+	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: CompatHash(blockSize), BlockSize: blockSize, Logger: log}, ctl, data)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if err := pool.Connect(ctx, producer); err != nil { // optional: the first fetch would connect
+		return explain(producer, plane, err)
+	}
+
+	free := make([][]int, concurrency) // block groups not in use
+	for i := range free {
+		free[i] = make([]int, perItem)
+		for j := range perItem {
+			free[i][j] = i*perItem + j
+		}
+	}
+	item := map[string]int{} // mm_hash -> item, in flight
+	want := make([]byte, blockSize)
+	var verified, failed, next int
+	start := time.Now()
+	for next < items || len(item) > 0 {
+		now := time.Now()
+		for ; next < items && len(free) > 0; next++ {
+			blocks := free[len(free)-1]
+			if _, err := pool.Fetch(producer, Hash(next), blocks, now.Add(30*time.Second), now); err != nil {
+				return fmt.Errorf("fetch item %d: %w", next, err)
+			}
+			free, item[Hash(next)] = free[:len(free)-1], next
+		}
+		if !pool.Wait(ctx) {
+			return ctx.Err()
+		}
+		r := pool.Step(time.Now())
+		for _, d := range r.Completed {
+			for j, b := range d.Blocks {
+				if Fill(want, item[d.MMHash], j); !bytes.Equal(region.Block(b), want) {
+					return fmt.Errorf("item %d, block %d: the bytes differ from the producer's", item[d.MMHash], j)
+				}
+			}
+			verified++
+			delete(item, d.MMHash)
+			free = append(free, d.Blocks)
+		}
+		for _, f := range r.Failed {
+			if errors.Is(f.Err, xfer.RegisterFailed) || errors.Is(f.Err, wire.NackIncompat) {
+				return explain(producer, plane, f.Err) // every fetch would fail alike
+			}
+			fmt.Fprintln(os.Stderr, "consumer:", f.Err) // an engine would encode the item itself
+			failed++
+			delete(item, f.MMHash)
+			if !f.BlocksHeld { // else they come back in a later Released
+				free = append(free, f.Blocks)
+			}
+		}
+		for _, rel := range r.Released {
+			free = append(free, rel.Blocks)
+		}
+	}
+	summary(verified, failed, time.Since(start), pool.Stats())
+	if failed > 0 {
+		return fmt.Errorf("%d of %d fetches failed", failed, items)
+	}
+	return nil
+}
+
+// explain says in words what a failure to reach the producer means.
+func explain(producer, plane string, err error) error {
+	switch {
+	case errors.Is(err, xfer.RegisterFailed):
+		return fmt.Errorf("the producer at %s is not on this consumer's data plane (-data %s): give both the same -data\n  %w", producer, plane, err)
+	case errors.Is(err, wire.NackIncompat):
+		return fmt.Errorf("the producer at %s serves another model or block size: give both the same -block-size\n  %w", producer, err)
+	}
+	return fmt.Errorf("producer %s: %w", producer, err)
+}
+
+func summary(verified, failed int, took time.Duration, s connector.PoolStats) {
+	fmt.Printf("verified %d transfers (%d failed) in %.2fs\n", verified, failed, took.Seconds())
+	if secs := took.Seconds(); secs > 0 && verified > 0 {
+		fmt.Printf("  %.0f transfers/s, %.3f GB/s\n", float64(verified)/secs, float64(s.BytesMoved)/secs/1e9)
+		fmt.Printf("  latency from Fetch to completion: p50 %v, p99 %v\n", s.Latency.Quantile(0.5), s.Latency.Quantile(0.99))
+	}
+	fmt.Printf("  NACKs: %v; retries: %d; ack timeouts: %d; quarantined READs: %d\n", s.Nacks, s.Retries, s.AckTimeouts, s.Quarantines)
+	fmt.Printf("  failures by reason: %v\n", s.FailedBy)
 }

@@ -13,6 +13,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net"
 	"net/http"
 	"runtime"
@@ -274,7 +275,7 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 	p.cancel = cancel
 	go func() {
 		defer close(p.done)
-		p.prod.Serve(ctx, nil)
+		p.prod.Serve(ctx)
 	}()
 	return p, nil
 }
@@ -285,7 +286,7 @@ func (p *Producer) Collector() prometheus.Collector { return metrics.NewProducer
 // Stats returns the producer session's counters.
 func (p *Producer) Stats() string {
 	s := p.prod.Stats()
-	return fmt.Sprintf("requests %d, grants %d, completions %d, NACKs %v, lease expiries %d, malformed %d",
+	return fmt.Sprintf("requests %d, grants %d, completions %d, NACKs: %v, lease expiries %d, malformed %d",
 		s.Requests, s.Grants, s.Completions, s.Nacks, s.Expired, s.Malformed)
 }
 
@@ -324,26 +325,19 @@ type Summary struct {
 func (s Summary) Print(w io.Writer) {
 	secs := s.Elapsed.Seconds()
 	fmt.Fprintf(w, "verified %d transfers (%d failed) in %.2fs\n", s.Verified, s.Failed, secs)
-	fmt.Fprintf(w, "  %.0f transfers/s, %.2f GB/s\n", float64(s.Verified)/secs, float64(s.Bytes)/secs/1e9)
-	fmt.Fprintf(w, "  request-to-completed latency p50 %v, p99 %v\n", s.P50.Round(time.Microsecond), s.P99.Round(time.Microsecond))
-	var nacks []string
-	for st, n := range s.Stats.Nacks {
-		if n > 0 {
-			nacks = append(nacks, fmt.Sprintf("%s=%d", wire.Status(st), n))
-		}
+	if secs > 0 && s.Verified > 0 { // else there is no rate to speak of
+		fmt.Fprintf(w, "  %.0f transfers/s, %.2f GB/s\n", float64(s.Verified)/secs, float64(s.Bytes)/secs/1e9)
+		fmt.Fprintf(w, "  request-to-completed latency p50 %v, p99 %v\n", s.P50.Round(time.Microsecond), s.P99.Round(time.Microsecond))
 	}
 	fmt.Fprintf(w, "  NACKs: %v; retries %d; ack timeouts %d; quarantines %d; peer deaths %d\n",
-		orNone(nacks), s.Stats.Retries, s.Stats.AckTimeouts, s.Stats.Quarantines, s.Stats.PeerDeaths)
+		s.Stats.Nacks, s.Stats.Retries, s.Stats.AckTimeouts, s.Stats.Quarantines, s.Stats.PeerDeaths)
 	if len(s.FailedWhy) > 0 {
-		fmt.Fprintf(w, "  failures by reason: %v\n", s.FailedWhy)
+		var why []string
+		for _, r := range slices.Sorted(maps.Keys(s.FailedWhy)) {
+			why = append(why, fmt.Sprintf("%s %d", r, s.FailedWhy[r]))
+		}
+		fmt.Fprintf(w, "  failures by reason: %s\n", strings.Join(why, ", "))
 	}
-}
-
-func orNone(s []string) any {
-	if len(s) == 0 {
-		return "none"
-	}
-	return s
 }
 
 // RunConsumer fetches every item from the producer at control (cfg.Fetches
@@ -398,7 +392,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	// data plane's contact), as an engine connects to the producers it
 	// knows of at start-up.
 	for _, addr := range producers {
-		if err := pool.Connect(ctx, addr, nil); err != nil { // its Steps run on time.Now
+		if err := pool.Connect(ctx, addr); err != nil {
 			return Summary{}, fmt.Errorf("connect to %s: %w", addr, err)
 		}
 	}

@@ -16,6 +16,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/demo"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
@@ -154,14 +155,14 @@ func TestProbeNotReady(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(done) }()
+	go func() { prod.Serve(ctx); close(done) }()
 	defer func() { cancel(); <-done; prod.Close() }()
 	rep, out := probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", MMHash: "pending", Timeout: 5 * time.Second})
 	if rep.Status != wire.NackNotReady || !strings.Contains(out, "NACK_NOT_READY") {
 		t.Fatalf("report %+v\n%s", rep, out)
 	}
 	// A producer draining answers NACK_INTERNAL.
-	prod.StopGranting()
+	hooks.StopGranting(prod)
 	rep, out = probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", Timeout: 5 * time.Second})
 	if rep.Status != wire.NackInternal || !strings.Contains(out, "draining") {
 		t.Fatalf("draining producer: report %+v\n%s", rep, out)

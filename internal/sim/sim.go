@@ -33,7 +33,6 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/hooks"
-	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
@@ -497,7 +496,7 @@ func (s *sim) tick() {
 			p.drainAt = s.step
 			s.stats.Drains++
 			s.event("%s drains", p.label)
-			p.prod.StopGranting()
+			hooks.StopGranting(p.prod)
 		case p.drainAt >= 0 && (p.prod.Grants() == 0 || s.step-p.drainAt > 160):
 			// Drained (or its grants' leases are long over): a planned
 			// restart, in a process that lives on and reuses the memory.
@@ -673,7 +672,8 @@ func (s *sim) restartConsumer(c *consumer) {
 	s.stats.ConsumerRestarts++
 	s.event("c%d restarts", c.id)
 	s.stats.Reaped += int(c.pool.Stats().Reaped)
-	s.collect(c, c.pool.Close())
+	c.pool.Close()
+	s.collect(c, c.pool.Step(s.now)) // what Close ended
 	if len(c.inflight) > 0 {
 		s.fail("c%d: %d fetches without an outcome after Close", c.id, len(c.inflight))
 	}
@@ -900,7 +900,8 @@ func (s *sim) finish() {
 			s.fail("c%d: blocks of %d failed fetches never came back", c.id, len(c.held))
 			return
 		}
-		s.collect(c, c.pool.Close())
+		c.pool.Close()
+		s.collect(c, c.pool.Step(s.now)) // what Close ended
 		if l := c.data.Leaks(); len(l.Handles) > 0 || len(l.Peers) > 0 {
 			s.fail("c%d leaks handles %v, peers %v", c.id, l.Handles, l.Peers)
 		}
@@ -980,7 +981,7 @@ func (s *sim) deliver() {
 		if m.toProd {
 			for _, p := range s.prods {
 				if p.addr == m.addr {
-					p.srv.in = append(p.srv.in, session.Message{Identity: fmt.Appendf(nil, "c%d/%d", m.cons, m.conn), Payload: m.payload})
+					p.srv.in = append(p.srv.in, xfer.Message{Identity: fmt.Appendf(nil, "c%d/%d", m.cons, m.conn), Payload: m.payload})
 				}
 			}
 			continue
@@ -1000,10 +1001,10 @@ func (s *sim) deliver() {
 type simServer struct {
 	s  *sim
 	p  *producer
-	in []session.Message
+	in []xfer.Message
 }
 
-func (v *simServer) Drain(dst []session.Message) []session.Message {
+func (v *simServer) Drain(dst []xfer.Message) []xfer.Message {
 	dst = append(dst, v.in...)
 	v.in = v.in[:0]
 	return dst

@@ -36,7 +36,7 @@ func TestConnectJudgesFetchesOnTheCallersClock(t *testing.T) {
 	// The grant's lease ends (caller's clock): unpinned; a new save
 	// rewrites the block.
 	w.now = w.now.Add(300 * time.Millisecond)
-	w.prod.Poll(nil, w.now, replier{w.ctl, addr})
+	w.prod.Poll(nil, replier{w.ctl, addr}, w.now)
 	if w.prod.Grants() != 0 {
 		t.Fatal("the grant outlived its lease")
 	}
@@ -45,7 +45,8 @@ func TestConnectJudgesFetchesOnTheCallersClock(t *testing.T) {
 	// The engine warms up another producer, which does not answer.
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Millisecond)
 	defer cancel()
-	w.pool.Connect(ctx, "tcp://other:1", func() time.Time { return w.now })
+	w.pool.cfg.Now = func() time.Time { return w.now } // the engine's clock
+	w.pool.Connect(ctx, "tcp://other:1")
 
 	r := w.pool.Step(w.now)
 	for _, d := range r.Completed {

@@ -25,11 +25,15 @@ func TestCloseAfterConnectKeepsItsOutcomes(t *testing.T) {
 	w.step(time.Millisecond) // granted; the READ is posted
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
 	defer cancel()
-	w.pool.Connect(ctx, "tcp://other:1", func() time.Time { return w.now }) // H's READ completes during it
+	w.pool.cfg.Now = func() time.Time { return w.now } // the engine's clock
+	w.pool.Connect(ctx, "tcp://other:1")               // H's READ completes during it
 	if w.pool.InFlight() != 0 {
 		t.Fatalf("H did not end during Connect (%d in flight)", w.pool.InFlight())
 	}
-	r := w.pool.Close()
+	if err := w.pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := w.pool.Step(w.now) // what Close ended
 	if len(r.Completed)+len(r.Failed) != 1 {
 		t.Fatalf("fetch H ended during Connect and its outcome is lost at Close: %+v", *r)
 	}

@@ -36,7 +36,7 @@ func TestConnectOverTheTCPPlane(t *testing.T) {
 			defer pool.Close()
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
-			if err := pool.Connect(ctx, ep, nil); err != nil {
+			if err := pool.Connect(ctx, ep); err != nil {
 				t.Fatal(err)
 			}
 			now := time.Now()

@@ -6,8 +6,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // loopCtl is memCtl whose sends reach the producer at once, its replies
@@ -26,7 +28,7 @@ func (l *loopCtl) Send(a string, p []byte) error {
 		p = wire.AppendReq(nil, &wire.XferReq{MMHash: r.MMHash, CompatibilityHash: r.CompatibilityHash, SessionID: r.SessionID})
 	}
 	n := len(l.in)
-	l.w.prod.Poll([]session.Message{{Identity: []byte("c"), Payload: p}}, l.w.now, replier{l.memCtl, a})
+	l.w.prod.Poll([]xfer.Message{{Identity: []byte("c"), Payload: p}}, replier{l.memCtl, a}, l.w.now)
 	if l.strip {
 		for i := n; i < len(l.in); i++ {
 			var ack wire.XferAck
@@ -52,11 +54,11 @@ func newLoopWorld(t *testing.T, strip bool) *world {
 func TestConnectRegistersBeforeTheFirstFetch(t *testing.T) {
 	w := newLoopWorld(t, false)
 	w.entry(t, "H", 2, true)
-	if err := w.pool.Connect(context.Background(), addr, nil); err != nil {
+	if err := w.pool.Connect(context.Background(), addr); err != nil {
 		t.Fatal(err)
 	}
 	pe := w.pool.peers[addr]
-	if _, ok := pe.s.Registered(); !ok {
+	if _, ok := hooks.ConsumerOf(pe.s).Registered(); !ok {
 		t.Fatal("not registered after Connect")
 	}
 	if st := w.prod.Stats(); st.Contacts != 1 || st.Grants != 0 {
@@ -81,10 +83,10 @@ func TestConnectRegistersBeforeTheFirstFetch(t *testing.T) {
 func TestConnectWithoutContact(t *testing.T) {
 	w := newLoopWorld(t, true)
 	w.entry(t, "H", 1, true)
-	if err := w.pool.Connect(context.Background(), addr, nil); err != nil {
+	if err := w.pool.Connect(context.Background(), addr); err != nil {
 		t.Fatal(err)
 	}
-	if _, ok := w.pool.peers[addr].s.Registered(); ok {
+	if _, ok := hooks.ConsumerOf(w.pool.peers[addr].s).Registered(); ok {
 		t.Fatal("registered from a NACK")
 	}
 	w.pool.Fetch(addr, "H", []int{5}, w.now.Add(time.Minute), w.now)
@@ -94,7 +96,7 @@ func TestConnectWithoutContact(t *testing.T) {
 
 	w = newLoopWorld(t, false)
 	w.prod = must(session.NewProducerSession(session.ProducerConfig{Logger: quiet}, w.pdata, w.cache, "other"))
-	err := w.pool.Connect(context.Background(), addr, nil)
+	err := w.pool.Connect(context.Background(), addr)
 	if !errors.Is(err, ErrContactRefused) {
 		t.Fatalf("Connect to an incompatible producer: %v", err)
 	}
@@ -105,7 +107,7 @@ func TestConnectEndsWithItsContext(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: time.Millisecond})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := w.pool.Connect(ctx, addr, nil); !errors.Is(err, context.DeadlineExceeded) {
+	if err := w.pool.Connect(ctx, addr); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Connect with no producer: %v", err)
 	}
 	if n := len(w.ctl.out[addr]); n < 2 {

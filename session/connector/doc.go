@@ -30,7 +30,7 @@
 // The consumer frees a fetch's blocks only when the data plane says its READ
 // ended: a READ that outlives its timeout is quarantined, and its blocks come
 // back ([Released]) only once it settles, even when its producer died.
-// [Pool.Cancel] ends one fetch the same way. [Producer.Drain] shuts a
+// [Pool.Cancel] ends one fetch the same way. [Producer.Shutdown] shuts a
 // producer down without pulling blocks from under running READs.
 //
 // # Mapping onto vLLM

@@ -199,7 +199,7 @@ func engineProducerMain(spec string) int {
 	go func() { // the engine: one Producer.Step per step
 		defer close(done)
 		if work == 0 { // an idle engine: the README's Serve
-			prod.Serve(ctx, nil)
+			prod.Serve(ctx)
 			return
 		}
 		for !stop.Load() {

@@ -51,7 +51,7 @@ func producerDemo(ctx context.Context) (string, error) {
 		return "", err
 	}
 	go func() {
-		p.Serve(ctx, nil)
+		p.Serve(ctx)
 		p.Close()
 		ctl.Close()
 		data.Close()
@@ -107,7 +107,9 @@ func ExamplePool() {
 		for _, f := range r.Failed {
 			// Encode locally. If f.BlocksHeld, keep f.Blocks out of use
 			// until they come back in a later r.Released.
-			fmt.Println("failed", f.MMHash, f.Reason, f.Status)
+			// f.Err says why, and matches f.Reason and the NACK's
+			// status: errors.Is(f.Err, wire.NackMissing).
+			fmt.Println("failed:", f.Err)
 		}
 	}
 	// Output:
@@ -116,7 +118,9 @@ func ExamplePool() {
 
 // A producer stepped by the engine's loop: the encoder saves embeddings
 // into the cache; each step answers requests, takes completion
-// notifications and ends expired grants.
+// notifications and ends expired grants; WaitFor sleeps until a step has
+// work or the engine's next step is due. At the end, Shutdown stops
+// granting and lets the READs under way finish.
 func ExampleProducer() {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
 	if err != nil {
@@ -142,7 +146,6 @@ func ExampleProducer() {
 		fmt.Println(err)
 		return
 	}
-	defer p.Close()
 
 	// The encoder saves an embedding: allocate, write, mark ready.
 	e, err := entries.Alloc("img-1", 2)
@@ -159,16 +162,24 @@ func ExampleProducer() {
 	}
 
 	// The engine's step loop.
+	ctx := context.Background()
 	for range 3 {
+		p.WaitFor(ctx, time.Millisecond)
 		p.Step(time.Now())
 	}
 	fmt.Println("grants held:", p.Grants())
+
+	grace, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	if err := p.Shutdown(grace); err != nil {
+		fmt.Println(err) // the READs outlived grace; Close ended their grants
+	}
 	// Output:
 	// grants held: 0
 }
 
 // A producer for an engine that does not step while idle: Serve runs the
-// loop; at shutdown, Drain stops granting and waits for the READs under
+// loop; at shutdown, Shutdown stops granting and waits for the READs under
 // way before closing.
 func ExampleProducer_Serve() {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096})
@@ -196,16 +207,16 @@ func ExampleProducer_Serve() {
 		return
 	}
 	served := make(chan error, 1)
-	go func() { served <- p.Serve(context.Background(), nil) }()
+	go func() { served <- p.Serve(context.Background()) }()
 
 	// ... serving until shutdown. Then: let the READs under way finish,
 	// for at most 30 s.
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	left, err := p.Drain(ctx, nil)
-	fmt.Println("grants cut short:", left, "drain error:", err)
+	if err := p.Shutdown(ctx); err != nil {
+		fmt.Println(err) // the READs outlived ctx; Close ended their grants
+	}
 	fmt.Println("Serve returned ErrClosed:", errors.Is(<-served, connector.ErrClosed))
 	// Output:
-	// grants cut short: 0 drain error: <nil>
 	// Serve returned ErrClosed: true
 }

@@ -130,7 +130,7 @@ func newFaultWorld(t *testing.T) *faultWorld {
 		MaxPinnedShare: 1, Logger: benchQuiet}, w.srv, w.pdata, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	go func() { w.prod.Serve(ctx, nil); close(served) }()
+	go func() { w.prod.Serve(ctx); close(served) }()
 	w.stopServe = func() { cancel(); <-served; w.prod.Close() }
 	t.Cleanup(func() { w.stopServe() })
 
@@ -536,7 +536,7 @@ func TestBrokenReadsEndTheirGrants(t *testing.T) {
 		MaxPinnedShare: 1, Logger: benchQuiet}, srv, pdata, entries))
 	ctx, cancel := context.WithCancel(context.Background())
 	stopped := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(stopped) }()
+	go func() { prod.Serve(ctx); close(stopped) }()
 	t.Cleanup(func() { cancel(); <-stopped; prod.Close() })
 
 	c := newConsumer(t, srv.Endpoint())

@@ -114,7 +114,7 @@ func (c *firstFetch) connect(b *testing.B, connect bool) time.Duration {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	t := time.Now()
-	if err := c.pool.Connect(ctx, c.ep, nil); err != nil {
+	if err := c.pool.Connect(ctx, c.ep); err != nil {
 		b.Fatal(err)
 	}
 	return time.Since(t)

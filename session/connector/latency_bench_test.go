@@ -111,7 +111,7 @@ func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string,
 	}()
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(served) }()
+	go func() { prod.Serve(ctx); close(served) }()
 	stop := func() {
 		cancel()
 		<-served

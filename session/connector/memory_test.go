@@ -122,7 +122,7 @@ func TestPoolMemoryFollowsLoad(t *testing.T) {
 			p.Step(now.Add(idle))
 			afterIdle := liveHeap()
 			t.Logf("burst of %d: growth %d KiB; after an IdleSession of steady traffic +%d KiB; idle with %d sessions +%d KiB (allowed %d KiB)",
-				burst, growth>>10, (afterSteady-before)>>10, p.Sessions(), (afterIdle-before)>>10, allowed>>10)
+				burst, growth>>10, (afterSteady-before)>>10, p.sessions(), (afterIdle-before)>>10, allowed>>10)
 			if afterSteady-before > allowed {
 				t.Errorf("steady traffic after the burst: %d KiB over the level before it, allowed %d KiB", (afterSteady-before)>>10, allowed>>10)
 			}

@@ -10,10 +10,12 @@ import (
 	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/hist"
+	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
@@ -65,12 +67,11 @@ type PoolConfig struct {
 	Retry      RetryConfig
 	// BlockSize is the size of a local block, for the bytes-moved count.
 	BlockSize int
-	// PollInterval bounds Wait while fetches are in flight on a data plane
-	// that does not signal READ completion (xfer.Signaling). Default 1 ms.
-	PollInterval time.Duration
-	// MaxWait bounds Wait on a data plane that signals: deadlines (ack,
-	// READ, quarantine) are noticed within it. Default 10 ms.
-	MaxWait time.Duration
+	// pollInterval bounds Wait while fetches are in flight on a data plane
+	// that does not signal READ completion: 1 ms. maxWait bounds Wait on
+	// one that signals, so that deadlines (ack, READ, quarantine) are
+	// noticed within it: 10 ms. Tests may set them.
+	pollInterval, maxWait time.Duration
 	// IdleSession closes the session (and the control-plane connection) of
 	// a producer address with nothing in flight for this long, so that a
 	// consumer that fetched from many producers keeps no state for those
@@ -82,6 +83,10 @@ type PoolConfig struct {
 	// zero draws them from crypto/rand.
 	Seed   uint64
 	Logger *slog.Logger // nil: slog.Default(); records at Info and above are rate limited per message (5 per 10 s, then a count of those suppressed)
+	// Now is the clock Connect steps the pool on while it waits: the one
+	// the caller's Steps run on, so that a fetch that ends meanwhile is
+	// judged on it. nil: time.Now.
+	Now func() time.Time
 }
 
 func (c PoolConfig) withDefaults() PoolConfig {
@@ -91,11 +96,14 @@ func (c PoolConfig) withDefaults() PoolConfig {
 	if c.IdleSession <= 0 {
 		c.IdleSession = time.Minute
 	}
-	if c.PollInterval <= 0 {
-		c.PollInterval = time.Millisecond
+	if c.Now == nil {
+		c.Now = time.Now
 	}
-	if c.MaxWait <= 0 {
-		c.MaxWait = 10 * time.Millisecond
+	if c.pollInterval <= 0 {
+		c.pollInterval = time.Millisecond
+	}
+	if c.maxWait <= 0 {
+		c.maxWait = 10 * time.Millisecond
 	}
 	r := &c.Retry
 	if r.MaxAttempts <= 0 {
@@ -122,8 +130,10 @@ func (c PoolConfig) withDefaults() PoolConfig {
 
 // Done is a fetch whose blocks now hold the entry.
 type Done struct {
-	MMHash  string
-	Addr    string
+	MMHash string
+	Addr   string
+	// Blocks is the slice given to Fetch, the caller's again: it stays
+	// valid after the next Step, unlike the Results that hold it.
 	Blocks  []int
 	Latency time.Duration // from Fetch to completion
 }
@@ -136,7 +146,12 @@ type Failure struct {
 	Blocks []int
 	Reason xfer.Reason
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	Err    error       // the send error, if the control plane refused
+	// Err says why in words, and is never nil. It matches Reason
+	// (errors.Is(f.Err, xfer.Nacked)), the NACK's Status when Nacked
+	// (errors.Is(f.Err, wire.NackMissing)), and the cause, where there is
+	// one: the data plane's error when the producer could not be
+	// registered or the READ posted, the control plane's refusal of a send.
+	Err error
 	// BlocksHeld says a READ may still write into Blocks: do not reuse
 	// them until they come back in Results.Released.
 	BlocksHeld bool
@@ -153,6 +168,9 @@ type Released struct {
 
 // Results are what a Step produced. Every fetch ends once, in Completed or
 // Failed; a failure with BlocksHeld is followed later by one Released.
+// The Pool reuses them: they are valid until its next Step, Connect or
+// Close; copy what must outlive that (the Blocks slices in them are the
+// ones given to Fetch, and stay the caller's).
 type Results struct {
 	Completed []Done
 	Failed    []Failure
@@ -166,22 +184,58 @@ func (r *Results) reset() {
 	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
-// Histogram is a latency histogram: bucket i counts durations in
-// [2^i, 2^(i+1)) µs; see its methods for quantiles and merging.
-type Histogram = hist.Histogram
+// Histogram counts durations in log-spaced buckets: Counts[i] those in
+// [2^i, 2^(i+1)) µs, Counts[0] also those under 1 µs and the last bucket
+// all longer ones. A copy is a snapshot; the zero value is empty.
+type Histogram struct {
+	Counts [28]uint64
+	N      uint64        // durations counted
+	Sum    time.Duration // of all of them
+	Max    time.Duration // the longest
+}
+
+// Quantile returns the duration under which the fraction q of those
+// counted fall, to within its bucket (the bucket's upper end, at most Max);
+// 0 when none are.
+func (h *Histogram) Quantile(q float64) time.Duration { return (*hist.Histogram)(h).Quantile(q) }
+
+// Mean returns the mean duration; 0 when none are counted.
+func (h *Histogram) Mean() time.Duration { return (*hist.Histogram)(h).Mean() }
 
 // PoolStats counts what a Pool did.
 type PoolStats struct {
 	Fetches, Joined, Completed, Failed, Retries uint64
-	Nacks                                       [6]uint64
+	Nacks                                       session.NackCounts
 	AckTimeouts, Quarantines, ForcedEvictions   uint64
 	Settled, Released, PeerDeaths               uint64
 	BytesMoved                                  uint64
 	Malformed                                   uint64 // undecodable acks
 	Reaped                                      uint64 // idle sessions closed
 	InFlight, Sessions                          int    // fetches not ended; producer sessions held
-	FailedBy                                    map[xfer.Reason]uint64
+	FailedBy                                    FailureCounts
 	Latency                                     Histogram // Fetch to completion
+}
+
+// FailureCounts counts failed fetches by reason.
+type FailureCounts map[xfer.Reason]uint64
+
+// String lists the reasons counted in their order, e.g. "nacked 1000,
+// register-failed 1", or says "none".
+func (c FailureCounts) String() string {
+	var b strings.Builder
+	for _, r := range slices.Sorted(maps.Keys(c)) {
+		if c[r] == 0 {
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteString(", ")
+		}
+		fmt.Fprintf(&b, "%s %d", r.String(), c[r])
+	}
+	if b.Len() == 0 {
+		return "none"
+	}
+	return b.String()
 }
 
 // fetch is one mm_hash being fetched, across attempts.
@@ -288,7 +342,7 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	if sg, ok := data.(xfer.Signaling); ok {
 		p.ready = sg.Ready()
 	}
-	p.stats.FailedBy = map[xfer.Reason]uint64{}
+	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
 
@@ -302,7 +356,7 @@ func (p *Pool) Stats() PoolStats {
 	s := p.pub
 	s.FailedBy = maps.Clone(p.pub.FailedBy)
 	if s.FailedBy == nil {
-		s.FailedBy = map[xfer.Reason]uint64{}
+		s.FailedBy = FailureCounts{}
 	}
 	return s
 }
@@ -322,7 +376,7 @@ func (p *Pool) publish() {
 	p.pub.Malformed = malformed
 	p.pub.InFlight, p.pub.Sessions = len(p.fetches), len(p.order)+len(p.draining)
 	if fb == nil {
-		fb = map[xfer.Reason]uint64{}
+		fb = FailureCounts{}
 	}
 	maps.Copy(fb, p.stats.FailedBy)
 	p.pub.FailedBy = fb
@@ -405,22 +459,23 @@ var ErrContactRefused = errors.New("connector: the producer refused contact")
 // contact to the first fetch, and Connect returns nil once the control
 // connection is up. An answer that goes unanswered, or a connection that
 // dies, is asked again until ctx ends. It fails with ErrContactRefused
-// (wrapping the status) for any other NACK, with the control plane's or
-// the data plane's error, or ctx's.
+// (wrapping the status: errors.Is(err, wire.NackIncompat)) for any other
+// NACK; with an error matching xfer.RegisterFailed, and wrapping the data
+// plane's, when the producer's contact cannot be registered (most likely a
+// producer on another data plane); with the control plane's error, or
+// ctx's.
 //
 // Connect steps the pool while it waits (it must not run concurrently
-// with the other methods, as Step), at the times now gives: the clock the
-// caller's Steps run on (nil: time.Now), so that every deadline of the
-// fetches under way is judged on one clock. Outcomes of fetches that end
+// with the other methods, as Step), at the times PoolConfig.Now gives: the
+// clock the caller's Steps run on, so that every deadline of the fetches
+// under way is judged on one clock. Outcomes of fetches that end
 // meanwhile come with the next Step's. The session it opens is reaped as
 // any other once idle for IdleSession.
-func (p *Pool) Connect(ctx context.Context, addr string, now func() time.Time) error {
+func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
 	}
-	if now == nil {
-		now = time.Now
-	}
+	now := p.cfg.Now
 	if c, ok := p.ctl.(connecter); ok {
 		if err := c.Connect(ctx, addr); err != nil {
 			return err
@@ -437,18 +492,18 @@ func (p *Pool) Connect(ctx context.Context, addr string, now func() time.Time) e
 			return err
 		}
 		pe.lastUsed = t
-		if peer, ok := pe.s.Registered(); ok {
+		if peer, ok := hooks.ConsumerOf(pe.s).Registered(); ok {
 			agent = peer.Agent
 			break
 		}
-		if done, _, _ := pe.s.Contacted(); done || !pe.contacting {
-			if err := pe.s.Contact(t, t.Add(p.cfg.AckTimeout)); err != nil {
+		if done, _, _, _ := hooks.ConsumerOf(pe.s).Contacted(); done || !pe.contacting {
+			if err := hooks.ConsumerOf(pe.s).Contact(t.Add(p.cfg.AckTimeout), t); err != nil {
 				if !errors.Is(err, xfer.ErrPeerDown) && !errors.Is(err, xfer.ErrQueueFull) {
 					return err
 				}
 				// Its death is reported in a step to come; or a full
 				// queue: wait a little.
-				p.WaitFor(ctx, p.cfg.PollInterval)
+				p.WaitFor(ctx, p.cfg.pollInterval)
 				p.kept = true
 				p.step(now())
 				continue
@@ -461,7 +516,7 @@ func (p *Pool) Connect(ctx context.Context, addr string, now func() time.Time) e
 			}
 			p.kept = true
 			p.step(now())
-			done, st, err := pe.s.Contacted()
+			done, again, st, err := hooks.ConsumerOf(pe.s).Contacted()
 			if p.peers[addr] != pe || !done {
 				if p.peers[addr] != pe {
 					break // it died: a new session asks again
@@ -470,22 +525,22 @@ func (p *Pool) Connect(ctx context.Context, addr string, now func() time.Time) e
 			}
 			pe.contacting = false
 			switch {
-			case err != nil && (errors.Is(err, session.ErrNoContactAnswer) || errors.Is(err, session.ErrContactLost)):
+			case again:
 			case err != nil:
-				return err
+				return fmt.Errorf("connector: contact with %s: %w: %s: %w", addr, xfer.RegisterFailed, planeHint, err)
 			case st == wire.NackMissing:
 				return nil // it takes no contact request: the first fetch registers it
 			case st.Retryable():
 				// Busy (its backlog answered late): ask again.
-				p.WaitFor(ctx, p.cfg.PollInterval)
+				p.WaitFor(ctx, p.cfg.pollInterval)
 			case st != wire.OK:
-				return fmt.Errorf("%w: %s: %s", ErrContactRefused, addr, st)
+				return fmt.Errorf("%w: %s: %w", ErrContactRefused, addr, st)
 			}
 			break
 		}
 	}
 	if c := plane.ContacterOf(p.data); c != nil {
-		return c.Contact(ctx, agent, p.peers[addr].s.ContactNotif())
+		return c.Contact(ctx, agent, hooks.ConsumerOf(p.peers[addr].s).ContactNotif())
 	}
 	return nil
 }
@@ -504,8 +559,8 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	if f.deadline.Before(ackBy) {
 		ackBy = f.deadline
 	}
-	if err := pe.s.StartXfer(f.mmHash, f.blocks, now, ackBy); err != nil {
-		if !existed && !pe.s.HasInFlight() {
+	if err := pe.s.StartXfer(f.mmHash, f.blocks, ackBy, now); err != nil {
+		if !existed && pe.s.InFlight() == 0 {
 			// Refused before anything was sent (an address the allowlist
 			// refuses, say): leave nothing behind.
 			p.dropPeer(pe)
@@ -528,7 +583,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 // first answer came otherwise, its session is gone, or an ack timeout
 // passed.
 func (p *Pool) hold(f *fetch, pe *peer, now time.Time) bool {
-	if f.held || !pe.s.Probing() {
+	if f.held || !hooks.ConsumerOf(pe.s).Probing() {
 		return false
 	}
 	f.held, f.heldOn = true, pe
@@ -544,7 +599,7 @@ func (p *Pool) hold(f *fetch, pe *peer, now time.Time) bool {
 // answer.
 func (p *Pool) waits(f *fetch) bool {
 	pe := f.heldOn
-	return pe != nil && p.peers[pe.addr] == pe && pe.s.Probing()
+	return pe != nil && p.peers[pe.addr] == pe && hooks.ConsumerOf(pe.s).Probing()
 }
 
 func (p *Pool) peer(addr string) (*peer, error) {
@@ -572,7 +627,8 @@ func (s sender) Send(b []byte) error { return s.ctl.Send(s.addr, b) }
 // Step runs one engine step at now: it takes the producers' replies and
 // deaths from the control plane, advances every session, retries what is
 // due, and returns the outcomes. The Results are the pool's, valid until the
-// next Step.
+// next Step, Connect or Close (the Blocks slices in them stay valid: they
+// are the caller's).
 func (p *Pool) Step(now time.Time) *Results {
 	if p.kept {
 		p.kept = false // Connect's steps' outcomes go out with this one's
@@ -612,7 +668,7 @@ func (p *Pool) step(now time.Time) *Results {
 	for _, pe := range p.draining {
 		pe.s.Poll(nil, now)
 		p.collect(pe, now)
-		if pe.s.HasInFlight() {
+		if pe.s.InFlight() > 0 {
 			kept = append(kept, pe)
 			continue
 		}
@@ -654,7 +710,7 @@ func (p *Pool) reapIdle(now time.Time) {
 	defer p.trim()
 	for i := 0; i < len(p.order); {
 		pe := p.order[i]
-		if pe.s.HasInFlight() || now.Sub(pe.lastUsed) < p.cfg.IdleSession {
+		if pe.s.InFlight() > 0 || now.Sub(pe.lastUsed) < p.cfg.IdleSession {
 			i++
 			continue
 		}
@@ -679,7 +735,7 @@ func (p *Pool) trim() {
 	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
 	for _, pe := range p.allPeers() {
 		pe.msgs = fit(pe.msgs, n)
-		pe.s.Trim()
+		hooks.ConsumerOf(pe.s).Trim()
 	}
 	p.lately = len(p.fetches)
 }
@@ -709,9 +765,9 @@ func fit[T any](s []T, lately int) []T {
 	return n
 }
 
-// Sessions returns how many producer sessions the pool holds: live ones,
+// sessions returns how many producer sessions the pool holds: live ones,
 // and those of dead control connections still following their READs.
-func (p *Pool) Sessions() int { return len(p.order) + len(p.draining) }
+func (p *Pool) sessions() int { return len(p.order) + len(p.draining) }
 
 // peerDown moves the producer's session out of the pool: waiting transfers
 // become retryable; READs run on, on their data connections, and are
@@ -733,7 +789,7 @@ func (p *Pool) peerDown(addr string, now time.Time) {
 	}
 	pe.s.PeerDown(now)
 	p.collect(pe, now)
-	if pe.s.HasInFlight() {
+	if pe.s.InFlight() > 0 {
 		p.draining = append(p.draining, pe)
 	} else {
 		p.closeSession(pe)
@@ -742,17 +798,25 @@ func (p *Pool) peerDown(addr string, now time.Time) {
 
 func (p *Pool) closeSession(pe *peer) {
 	p.closedMalformed += pe.s.Stats().Malformed
-	rep := pe.s.Close()
 	// Nothing should be left; whatever is, is reported, never dropped.
-	p.apply(pe, &rep.Pending, time.Time{})
-	p.abandon(pe, rep.Freed, false)
-	p.abandon(pe, rep.Unsafe, true)
+	r := new(session.Results)
+	pe.s.TakeResults(r)
+	p.apply(pe, r, time.Time{})
+	r.Reset()
+	_ = pe.s.Close() // never fails
+	pe.s.TakeResults(r)
+	// What Close ended: Retryable (blocks free), Settled (Forced: a READ
+	// that could not be stopped); Quarantined only announces the latter.
+	p.abandon(pe, r.Retryable)
+	p.abandon(pe, r.Settled)
 }
 
 // abandon reports transfers a closed session gave up: a fetch still on
 // that session fails; blocks already reported held come back as Released.
-func (p *Pool) abandon(pe *peer, os []session.Outcome, unsafe bool) {
+// A Forced outcome's blocks may still be written.
+func (p *Pool) abandon(pe *peer, os []session.Outcome) {
 	for _, o := range os {
+		unsafe := o.Forced
 		if f := p.fetches[o.MMHash]; f != nil && f.pe == pe {
 			p.fail(o.MMHash, xfer.Closed, wire.OK, nil, unsafe)
 		} else if !unsafe {
@@ -797,7 +861,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		delete(p.fetches, o.MMHash)
 		lat := now.Sub(f.started)
 		p.stats.Completed++
-		p.stats.Latency.Add(lat)
+		(*hist.Histogram)(&p.stats.Latency).Add(lat)
 		p.stats.BytesMoved += uint64(len(f.blocks) * p.cfg.BlockSize)
 		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat})
 	}
@@ -818,7 +882,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 				continue
 			}
 		}
-		p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+		p.fail(o.MMHash, o.Reason, o.Status, o.Err, false)
 	}
 	for _, o := range r.Retryable {
 		p.countNack(o)
@@ -831,13 +895,13 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		}
 		f.lastWhy, f.lastSt = o.Reason, o.Status
 		if now.IsZero() || !p.scheduleRetry(f, now) {
-			p.fail(o.MMHash, o.Reason, o.Status, nil, false)
+			p.fail(o.MMHash, o.Reason, o.Status, o.Err, false)
 		}
 	}
 	for _, o := range r.Quarantined {
 		p.stats.Quarantines++
 		if p.current(pe, o.MMHash) != nil {
-			p.fail(o.MMHash, o.Reason, wire.OK, nil, true)
+			p.fail(o.MMHash, o.Reason, wire.OK, o.Err, true)
 		}
 	}
 	for _, o := range r.Settled {
@@ -861,7 +925,27 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 	delete(p.fetches, mmHash)
 	p.stats.Failed++
 	p.stats.FailedBy[why]++
-	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st, Err: err, BlocksHeld: held})
+	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st,
+		Err: failErr(mmHash, f.addr, why, st, err), BlocksHeld: held})
+}
+
+// planeHint says what a registration failure most likely means.
+const planeHint = "cannot use the producer's data-plane contact; is the producer on this consumer's data plane? " +
+	"(the TCP data plane and NIXL cannot read from each other)"
+
+// failErr is a Failure's Err: it says what failed in words, and matches
+// the reason, the NACK's status and the cause.
+func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) error {
+	at := "connector: fetch of " + mmHash + " from " + addr
+	switch {
+	case why == xfer.Nacked:
+		return fmt.Errorf("%s: %w: %w", at, why, st)
+	case why == xfer.RegisterFailed && cause != nil:
+		return fmt.Errorf("%s: %w: %s: %w", at, why, planeHint, cause)
+	case cause != nil:
+		return fmt.Errorf("%s: %w: %w", at, why, cause)
+	}
+	return fmt.Errorf("%s: %w", at, why)
 }
 
 // scheduleRetry plans the next attempt of f, if the budget allows one.
@@ -914,7 +998,7 @@ func (p *Pool) retryDue(now time.Time) {
 
 // Wait blocks until a Step may have work: a reply or a producer death on
 // the control plane, a READ that ended (on a data plane that signals it,
-// xfer.Signaling; others are polled every PollInterval while fetches are
+// xfer.Signaling; others are polled every millisecond while fetches are
 // in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
@@ -930,9 +1014,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if len(p.fetches) == 0 && d < 0 {
 		return p.ctl.Wait(ctx)
 	}
-	wait := p.cfg.PollInterval
+	wait := p.cfg.pollInterval
 	if p.ready != nil {
-		wait = p.cfg.MaxWait
+		wait = p.cfg.maxWait
 	}
 	if len(p.fetches) == 0 {
 		wait = d
@@ -1004,7 +1088,8 @@ type waiterOr interface {
 }
 
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
-var ErrNotInFlight = errors.New("connector: no fetch in flight for this mm_hash")
+// It is session.ErrNotInFlight.
+var ErrNotInFlight = session.ErrNotInFlight
 
 // Cancel ends the fetch of mmHash at now and returns its Failure (reason
 // Canceled). Its blocks are free at once when no READ runs, or when the
@@ -1045,19 +1130,21 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every session and releases the Pool's timer (a goroutine and
-// a descriptor, once a short wait made one). Fetches in flight fail; blocks
-// of READs that could not be stopped come back as forced Released, after
-// the Failure.
-func (p *Pool) Close() *Results {
-	if p.kept {
-		p.kept = false // Connect's steps' outcomes go out with Close's
-	} else {
-		p.res.reset()
-	}
+// Close ends every session and every fetch in flight, and releases the
+// Pool's timer (a goroutine and a descriptor, once a short wait made one).
+// The fetches' Failures (reason xfer.Closed), and after them the blocks of
+// READs that could not be stopped (forced Released), come in the next
+// Step's Results; any later Step's are empty. Close is idempotent and
+// returns nil; the control and data planes are the caller's to close,
+// after the Pool.
+func (p *Pool) Close() error {
 	if p.closed {
-		return &p.res
+		return nil
 	}
+	if !p.kept {
+		p.res.reset() // the last Step's, handed out already
+	}
+	p.kept = true
 	p.closed = true
 	for _, pe := range p.order {
 		p.ctl.Remove(pe.addr)
@@ -1074,7 +1161,7 @@ func (p *Pool) Close() *Results {
 		p.ptimer = nil
 	}
 	p.publish()
-	return &p.res
+	return nil
 }
 
 // preciseBelow is the wait under which WaitFor uses a precise timer: a Go

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -108,12 +109,12 @@ func (w *world) entry(t *testing.T, h string, n int, ready bool) {
 // pool, and returns a copy of the pool's results.
 func (w *world) step(d time.Duration) Results {
 	w.now = w.now.Add(d)
-	var msgs []session.Message
+	var msgs []xfer.Message
 	for _, p := range w.ctl.out[addr] {
-		msgs = append(msgs, session.Message{Identity: []byte("c"), Payload: p})
+		msgs = append(msgs, xfer.Message{Identity: []byte("c"), Payload: p})
 	}
 	delete(w.ctl.out, addr)
-	w.prod.Poll(msgs, w.now, replier{w.ctl, addr})
+	w.prod.Poll(msgs, replier{w.ctl, addr}, w.now)
 	r := w.pool.Step(w.now)
 	return Results{slices.Clone(r.Completed), slices.Clone(r.Failed), slices.Clone(r.Released)}
 }
@@ -348,7 +349,10 @@ func TestPoolClose(t *testing.T) {
 	w.pool.Fetch(addr, "W", []int{4}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond)
-	r := w.pool.Close()
+	if err := w.pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	r := w.pool.Step(w.now) // what Close ended
 	var held []string
 	for _, f := range r.Failed {
 		if f.BlocksHeld {
@@ -361,8 +365,11 @@ func TestPoolClose(t *testing.T) {
 	if !slices.Equal(w.ctl.removed, []string{addr}) {
 		t.Fatalf("removed %v", w.ctl.removed)
 	}
-	if _, err := w.pool.Fetch(addr, "X", nil, w.now, w.now); err == nil {
-		t.Fatal("fetch after close")
+	if _, err := w.pool.Fetch(addr, "X", nil, w.now, w.now); !errors.Is(err, ErrClosed) {
+		t.Fatalf("fetch after close: %v", err)
+	}
+	if r := w.pool.Step(w.now); len(r.Failed)+len(r.Released)+len(r.Completed) != 0 {
+		t.Fatalf("a later step repeats what Close ended: %+v", r)
 	}
 }
 
@@ -475,7 +482,7 @@ func TestPoolForgetsAddresses(t *testing.T) {
 			t.Fatal("refused send succeeded")
 		}
 	}
-	if n := w.pool.Sessions(); n != 0 {
+	if n := w.pool.sessions(); n != 0 {
 		t.Fatalf("%d sessions kept for refused addresses", n)
 	}
 	w.ctl.sendErr = nil
@@ -483,13 +490,13 @@ func TestPoolForgetsAddresses(t *testing.T) {
 	w.pool.Fetch(addr, "H", []int{1}, w.now.Add(time.Minute), w.now)
 	w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Completed) == 1 })
 	w.step(30 * time.Second)
-	if w.pool.Sessions() != 1 {
+	if w.pool.sessions() != 1 {
 		t.Fatal("session reaped while recently used")
 	}
 	w.step(31 * time.Second)
 	w.step(16 * time.Second)
-	if w.pool.Sessions() != 0 || !slices.Contains(w.ctl.removed, addr) || w.pool.Stats().Reaped != 1 {
-		t.Fatalf("idle session kept: %d sessions, removed %v", w.pool.Sessions(), w.ctl.removed)
+	if w.pool.sessions() != 0 || !slices.Contains(w.ctl.removed, addr) || w.pool.Stats().Reaped != 1 {
+		t.Fatalf("idle session kept: %d sessions, removed %v", w.pool.sessions(), w.ctl.removed)
 	}
 	// The next fetch to the address works on a new session.
 	w.pool.Fetch(addr, "H", []int{2}, w.now.Add(time.Minute), w.now)
@@ -542,7 +549,7 @@ func TestPoolWaitFor(t *testing.T) {
 	defer region.Close()
 	tdata := must(transport.NewTCPData(transport.TCPConfig{Logger: quiet}, region))
 	defer tdata.Close()
-	hooked := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8, MaxWait: time.Hour}, cli, tdata))
+	hooked := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8, maxWait: time.Hour}, cli, tdata))
 	defer hooked.Close()
 	for _, fetch := range []bool{false, true} {
 		if fetch {
@@ -565,5 +572,52 @@ func TestPoolWaitFor(t *testing.T) {
 			t.Fatalf("fetch %v: Wait did not return when its context ended", fetch)
 		}
 		cancel()
+	}
+}
+
+// A Failure's Err matches its reason, its NACK's status and its cause.
+func TestFailureErr(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.pool.Fetch(addr, "absent", []int{1}, w.now.Add(time.Minute), w.now)
+	r := w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Failed) > 0 })
+	f := r.Failed[0]
+	var st wire.Status
+	var why xfer.Reason
+	if !errors.Is(f.Err, xfer.Nacked) || !errors.Is(f.Err, wire.NackMissing) || errors.Is(f.Err, wire.NackNotReady) ||
+		!errors.As(f.Err, &st) || st != wire.NackMissing || !errors.As(f.Err, &why) || why != xfer.Nacked {
+		t.Fatalf("%v: status %v, reason %v", f.Err, st, why)
+	}
+	if got := f.Err.Error(); !strings.Contains(got, "absent") || !strings.Contains(got, "NACK_MISSING") {
+		t.Fatalf("error says %q", got)
+	}
+
+	// The producer's contact cannot be registered: the data plane's error
+	// is the cause.
+	w.entry(t, "H", 1, true)
+	bad := errors.New("not this plane's metadata")
+	w.cdata.SetAddPeerError(bad)
+	w.pool.Fetch(addr, "H", []int{2}, w.now.Add(time.Minute), w.now)
+	r = w.until(t, time.Millisecond, 5, func(r Results) bool { return len(r.Failed) > 0 })
+	f = r.Failed[0]
+	if f.Reason != xfer.RegisterFailed || !errors.Is(f.Err, xfer.RegisterFailed) || !errors.Is(f.Err, bad) ||
+		!strings.Contains(f.Err.Error(), "data plane") {
+		t.Fatalf("%+v", f)
+	}
+	w.cdata.SetAddPeerError(nil)
+
+	w.entry(t, "C", 1, false)
+	w.pool.Fetch(addr, "C", []int{3}, w.now.Add(time.Minute), w.now)
+	if f, err := w.pool.Cancel("C", w.now); err != nil || !errors.Is(f.Err, xfer.Canceled) {
+		t.Fatalf("cancel: %v %v", f.Err, err)
+	}
+}
+
+func TestFailureCountsString(t *testing.T) {
+	if got := (FailureCounts{}).String(); got != "none" {
+		t.Fatalf("empty: %q", got)
+	}
+	c := FailureCounts{xfer.RegisterFailed: 1, xfer.Nacked: 1000, xfer.Canceled: 0}
+	if got, want := c.String(), "nacked 1000, register-failed 1"; got != want {
+		t.Fatalf("%q, want %q", got, want)
 	}
 }

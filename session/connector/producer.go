@@ -19,7 +19,7 @@ import (
 // ControlServer is what a Producer needs of the producer's control plane;
 // *transport.Server implements it.
 type ControlServer interface {
-	Drain(dst []session.Message) []session.Message
+	Drain(dst []xfer.Message) []xfer.Message
 	Reply(identity, payload []byte) error
 	Wait(ctx context.Context) bool
 }
@@ -48,12 +48,21 @@ type ProducerConfig struct {
 	// Default 16384.
 	MaxBacklog int
 	Logger     *slog.Logger // nil: slog.Default(); records at Info and above are rate limited per message (5 per 10 s, then a count of those suppressed)
+	// Now is the clock of Serve, Shutdown and Wait, called from the
+	// control and data planes' goroutines too; nil: time.Now. An engine
+	// that steps the producer itself passes Step the same clock's time:
+	// the leases run out on it.
+	Now func() time.Time
 }
 
-// Producer serves a cache's entries: it drains the control plane, runs the
-// ProducerSession and replies. Call Step from the engine's loop, or run
-// Serve in a goroutine for an engine that does not step while idle; both may
-// be used, and stopped, at any time.
+// Producer serves a cache's entries: it takes the requests off the control
+// plane, runs the ProducerSession and replies. Call Step from the engine's
+// loop (Wait sleeps until a Step has work), or run Serve in a goroutine for
+// an engine that does not step while idle; both may be used at any time.
+//
+// Shutdown is the graceful end: it stops granting and waits for the READs
+// under way, stepping the producer itself (an engine's loop that steps it
+// calls Shutdown as it stops). Close is the abrupt one.
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
@@ -61,27 +70,32 @@ type Producer struct {
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
-	backlog []session.Message // waiting, in arrival order
-	batch   []session.Message
-	rest    []session.Message
+	backlog []xfer.Message // waiting, in arrival order
+	batch   []xfer.Message
+	rest    []xfer.Message
 	perPeer map[string]int
 	dropped uint64
 	closed  bool
-	done    chan struct{} // closed by Close: Serve and Drain return
-	waitMu  sync.Mutex    // Serve and Drain may wait at once
+	done    chan struct{} // closed by Close: Serve and Shutdown return
+	waitMu  sync.Mutex    // Serve, Shutdown and Wait may wait at once
 	timer   *time.Timer   // wait's, reused
-	// wakeAt is when a waiting Serve or Drain wakes (unix ns), so that a
+	// wakeAt is when a waiting Serve, Shutdown or Wait wakes (unix ns), so that a
 	// step taken on a control-plane goroutine (serveInline) wakes it only
 	// when that step needs it sooner. MaxInt64 while it plans.
 	wakeAt atomic.Int64
 }
 
-// ErrClosed is returned by Serve and Drain once the producer or its control
-// plane is closed.
+// ErrClosed is returned by Serve once the producer or its control plane is
+// closed, and by Pool's methods after Close. It is xfer.ErrClosed.
 var ErrClosed = xfer.ErrClosed
 
 // NewProducer returns a producer serving c through ctl and data. It fails
 // with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
+//
+// c must match the region data serves: c's block ids are that region's
+// blocks, so make it with cache.NewEmbeddingCache(region.Blocks()) for the
+// region given to the data plane, and write each entry's embedding into
+// region.Block(id) for the ids Alloc returned before MarkReady.
 //
 // If data serves READs itself (the TCP data plane), the producer's session
 // attaches to it: from then until Close it serves only what the session
@@ -109,6 +123,9 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if cfg.MaxBacklog <= 0 {
 		cfg.MaxBacklog = 16384
 	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
 	s, err := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
 		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants,
 		MaxGrantsPerEntry: cfg.MaxGrantsPerEntry, MaxPinnedShare: cfg.MaxPinnedShare,
@@ -124,6 +141,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 }
 
 func init() {
+	hooks.StopGranting = func(p any) { p.(*Producer).stopGranting() }
 	hooks.ProducerPins = func(pr any, dst map[string]int) {
 		p := pr.(*Producer)
 		p.mu.Lock()
@@ -140,7 +158,7 @@ func (p *Producer) Stats() session.ProducerStats {
 }
 
 // Step handles the requests that arrived, the completion notifications and
-// the lease sweep, at now.
+// the lease sweep, at now. It never blocks.
 func (p *Producer) Step(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -149,7 +167,7 @@ func (p *Producer) Step(now time.Time) {
 
 func (p *Producer) step(now time.Time) {
 	if p.closed {
-		p.sess.Poll(nil, now, p.ctl) // recycles grants whose READ was being served
+		p.sess.Poll(nil, p.ctl, now) // recycles grants whose READ was being served
 		return
 	}
 	n := len(p.backlog)
@@ -176,7 +194,7 @@ func (p *Producer) step(now time.Time) {
 			p.rest = append(p.rest, m)
 		}
 	}
-	p.sess.Poll(p.batch, now, p.ctl)
+	p.sess.Poll(p.batch, p.ctl, now)
 	clear(p.batch)
 	clear(p.backlog)
 	p.backlog, p.rest = p.rest, p.backlog[:0]
@@ -192,20 +210,16 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 
 // Serve steps until ctx ends, the producer is closed or its control plane
 // is: at once when a request arrives or is waiting, or when a data plane
-// that signals notifications (xfer.Signaling) has some; every 5 ms while
-// grants are outstanding on one that does not (for completion
-// notifications), at the first lease's end, and every second otherwise.
-// On a control plane that runs a function where requests arrive
-// (transport.Server.OnRequest), the step for a request is taken there, so
-// that it is answered without waking Serve's goroutine; so is the step for
-// completion notifications on a data plane that does the same
-// (transport.TCPData). now is the clock,
-// called from those goroutines too; nil means time.Now. It returns ctx's
-// error, or ErrClosed once the producer or its control plane is closed.
-func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
-	if now == nil {
-		now = time.Now
-	}
+// that signals notifications has some; every 5 ms while grants are
+// outstanding on one that does not (for completion notifications), at the
+// first lease's end, and every second otherwise. Where the control plane
+// (transport.Server) or the data plane (transport.TCPData) can run a
+// function where a request or a notification arrives, the step for it is
+// taken there, so that it is answered without waking Serve's goroutine.
+// It returns ctx's error, or ErrClosed once the producer or its control
+// plane is closed.
+func (p *Producer) Serve(ctx context.Context) error {
+	now := p.cfg.Now
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	go func() {
@@ -229,7 +243,7 @@ func (p *Producer) Serve(ctx context.Context, now func() time.Time) error {
 		p.wakeAt.Store(math.MaxInt64)
 		grants, backlog, next := p.load()
 		if backlog == 0 {
-			if err := p.wait(ctx, grants, next, now); err != nil {
+			if err := p.wait(ctx, grants, next, -1); err != nil {
 				return err
 			}
 		}
@@ -251,13 +265,17 @@ func (p *Producer) why(ctx context.Context) error {
 }
 
 // wait sleeps until a request comes, a notification is signalled (a
-// Signaling data plane), the first lease runs out, or ctx ends; a data
-// plane that cannot signal is polled every 5 ms while grants are live, and
-// an idle producer wakes once a second (waitFor). A control plane that is
-// closed ends it with ErrClosed, instead of returning at once forever.
-func (p *Producer) wait(ctx context.Context, grants int, next time.Time, now func() time.Time) error {
-	t := now()
+// Signaling data plane), the first lease runs out, d passes (d >= 0), or
+// ctx ends; a data plane that cannot signal is polled every 5 ms while
+// grants are live, and an idle producer wakes once a second (waitFor). A
+// control plane that is closed ends it with ErrClosed, instead of
+// returning at once forever.
+func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.Duration) error {
+	t := p.cfg.Now()
 	wait := p.waitFor(grants, next, t)
+	if d >= 0 {
+		wait = min(wait, d)
+	}
 	p.wakeAt.Store(t.Add(wait).UnixNano())
 	if wo, ok := p.ctl.(serverWaiterOr); ok {
 		// One select, no goroutine: the wake-up is the latency.
@@ -342,8 +360,35 @@ type serverWaiterOr interface {
 	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
-// Grants returns the grants still holding a pin. Safe while Serve runs,
-// unlike Session().Grants().
+// Wait blocks until a Step may have work: a request arrived or waits, a
+// data plane that signals notifications has some (one that does not is
+// polled every 5 ms while grants are live), or the first lease runs out on
+// ProducerConfig.Now's clock; an idle producer wakes once a second. It
+// returns false if ctx ended first, or the producer or its control plane
+// is closed. It is for an engine that steps the producer itself and sleeps
+// between steps; Serve does the same on its own.
+func (p *Producer) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
+
+// WaitFor is Wait that also returns, true, after d at the latest. A
+// negative d is Wait.
+func (p *Producer) WaitFor(ctx context.Context, d time.Duration) bool {
+	grants, backlog, next := p.load()
+	if p.isClosed() {
+		return false
+	}
+	if backlog > 0 {
+		return true
+	}
+	return p.wait(ctx, grants, next, d) == nil && ctx.Err() == nil
+}
+
+func (p *Producer) isClosed() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.closed
+}
+
+// Grants returns the grants still holding a pin. Safe while Serve runs.
 func (p *Producer) Grants() int {
 	g, _, _ := p.load()
 	return g
@@ -358,27 +403,26 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 	return p.sess.Grants(), len(p.backlog), next
 }
 
-// Drain closes the producer gracefully: it stops granting (every request
-// from now on is answered NACK_INTERNAL, and consumers fall back to
+// Shutdown closes the producer gracefully: it stops granting (every
+// request from now on is answered NACK_INTERNAL, and consumers fall back to
 // encoding locally), keeps stepping while the live grants end through
 // their READs' notifications or their leases, then closes. If ctx ends
-// first, Close ends the grants left; their count is returned with ctx's
-// error. Serve may run meanwhile; it returns ErrClosed at the end.
-func (p *Producer) Drain(ctx context.Context, now func() time.Time) (left int, err error) {
-	if now == nil {
-		now = time.Now
-	}
-	p.StopGranting()
+// first, Close ends the grants left, and the error, which wraps ctx's,
+// says how many. Serve may run meanwhile; it returns ErrClosed at the end.
+// The control plane and data plane are the caller's to close, after.
+func (p *Producer) Shutdown(ctx context.Context) error {
+	p.stopGranting()
 	for {
-		p.Step(now())
+		p.Step(p.cfg.Now())
 		grants, _, next := p.load()
 		if grants == 0 {
 			break
 		}
-		if ctx.Err() != nil {
-			return p.Close(), ctx.Err()
+		if err := ctx.Err(); err != nil {
+			_ = p.Close() // never fails
+			return fmt.Errorf("connector: shutdown cut short, grants left: %d: %w", grants, err)
 		}
-		if p.wait(ctx, grants, next, now) != nil {
+		if p.wait(ctx, grants, next, -1) != nil {
 			// The control plane is gone; notifications still come.
 			t := time.NewTimer(5 * time.Millisecond)
 			select {
@@ -388,28 +432,29 @@ func (p *Producer) Drain(ctx context.Context, now func() time.Time) (left int, e
 			t.Stop()
 		}
 	}
-	return p.Close(), nil
+	return p.Close()
 }
 
-// StopGranting starts a drain for a loop that steps on its own (Drain runs
-// one): every request from now on is answered NACK_INTERNAL, while the
-// live grants end through their notifications or leases. Close once
-// Grants reports none.
-func (p *Producer) StopGranting() {
+// stopGranting starts a graceful shutdown: every request from now on is
+// answered NACK_INTERNAL, while the live grants end through their
+// notifications or leases.
+func (p *Producer) stopGranting() {
 	p.mu.Lock()
-	p.sess.Drain()
+	p.sess.StopGranting()
 	p.mu.Unlock()
 }
 
 // Close ends every grant, releasing its pin (a grant whose READ is being
-// served keeps its pin until the bytes are out), and stops Serve. The
-// control plane and data plane are the caller's to close; close them after
-// the producer. Drain is the graceful way.
-func (p *Producer) Close() int {
+// served keeps its pin until the bytes are out; on a data plane that lets
+// any peer READ, NIXL, a grant stays until its notification or lease, which
+// later Steps see to), and stops Serve. The control plane and data plane
+// are the caller's to close; close them after the producer. Shutdown is
+// the graceful way. Close is idempotent and returns nil.
+func (p *Producer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.closed {
-		return 0
+		return nil
 	}
 	p.closed = true
 	close(p.done)

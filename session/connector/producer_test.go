@@ -6,13 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
-	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
@@ -21,12 +21,12 @@ import (
 // memServer is an in-memory control server.
 type memServer struct {
 	mu      sync.Mutex
-	in      []session.Message
+	in      []xfer.Message
 	replies map[string][][]byte
 	closed  bool // Wait returns false at once, as a closed transport.Server does
 }
 
-func (m *memServer) push(msg session.Message) {
+func (m *memServer) push(msg xfer.Message) {
 	m.mu.Lock()
 	m.in = append(m.in, msg)
 	m.mu.Unlock()
@@ -38,7 +38,7 @@ func (m *memServer) replyTo(id string) [][]byte {
 	return slices.Clone(m.replies[id])
 }
 
-func (m *memServer) Drain(dst []session.Message) []session.Message {
+func (m *memServer) Drain(dst []xfer.Message) []xfer.Message {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	dst = append(dst, m.in...)
@@ -76,10 +76,10 @@ func TestProducerFloodFairness(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50, MaxPinnedShare: 1},
 		srv, xfertest.New("prod", 16, 8), c))
 	for i := range 1000 {
-		srv.in = append(srv.in, session.Message{Identity: []byte("flood"),
+		srv.in = append(srv.in, xfer.Message{Identity: []byte("flood"),
 			Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(i)})})
 	}
-	srv.in = append(srv.in, session.Message{Identity: []byte("honest"),
+	srv.in = append(srv.in, xfer.Message{Identity: []byte("honest"),
 		Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "B", CompatibilityHash: compat, SessionID: uuidN(99999)})})
 	p.Step(t0)
 	if len(srv.replies["honest"]) != 1 {
@@ -110,7 +110,7 @@ func TestProducerBacklogBound(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxPerPeerPerStep: 1, MaxBacklog: 10},
 		srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	for range 30 {
-		srv.in = append(srv.in, session.Message{Identity: []byte("x"), Payload: []byte{0x80}})
+		srv.in = append(srv.in, xfer.Message{Identity: []byte("x"), Payload: []byte{0x80}})
 	}
 	p.Step(t0)
 	if waiting, dropped := p.Backlog(); waiting != 9 || dropped != 20 {
@@ -123,21 +123,21 @@ func TestProducerServeStops(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	if err := p.Serve(ctx, nil); err == nil {
+	if err := p.Serve(ctx); err == nil {
 		t.Fatal("Serve returned nil")
 	}
-	if p.Close() != 0 {
-		t.Fatal("grants left")
+	if err := p.Close(); err != nil || p.Grants() != 0 {
+		t.Fatalf("close: %v, %d grants left", err, p.Grants())
 	}
 }
 
-// Issue 13 item 3: Close stops a running Serve, and a closed control plane
+// Close stops a running Serve, and a closed control plane
 // ends Serve instead of spinning on a Wait that returns at once.
 func TestProducerCloseStopsServe(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	done := make(chan error)
-	go func() { done <- p.Serve(context.Background(), nil) }()
+	go func() { done <- p.Serve(context.Background()) }()
 	p.Close()
 	if err := <-done; !errors.Is(err, ErrClosed) {
 		t.Fatalf("Serve after Close: %v", err)
@@ -145,76 +145,72 @@ func TestProducerCloseStopsServe(t *testing.T) {
 
 	srv2 := &memServer{replies: map[string][][]byte{}, closed: true}
 	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
-	if err := p2.Serve(context.Background(), nil); !errors.Is(err, ErrClosed) {
+	if err := p2.Serve(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Serve on a closed control plane: %v", err)
 	}
 }
 
-// Drain stops granting, lets the live grant end through
+// Shutdown stops granting, lets the live grant end through
 // its notification, then closes; nothing is unpinned under a READ.
-func TestProducerDrain(t *testing.T) {
+func TestProducerShutdown(t *testing.T) {
 	c := cache.NewEmbeddingCache(16)
 	c.Alloc("A", 1)
 	c.MarkReady("A")
 	data := xfertest.New("prod", 16, 8)
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
-	reqA := func(n int) session.Message {
-		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
-	}
-	srv.push(reqA(1))
 	clock := t0
 	var clockMu sync.Mutex
 	now := func() time.Time { clockMu.Lock(); defer clockMu.Unlock(); return clock }
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: now}, srv, data, c))
+	reqA := func(n int) xfer.Message {
+		return xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}
+	}
+	srv.push(reqA(1))
 	p.Step(now())
 	if p.Grants() != 1 {
 		t.Fatal("no grant")
 	}
-	type result struct {
-		left int
-		err  error
-	}
-	done := make(chan result)
-	go func() { l, err := p.Drain(context.Background(), now); done <- result{l, err} }()
+	done := make(chan error)
+	go func() { done <- p.Shutdown(context.Background()) }()
 	srv.push(reqA(2))
 	for len(srv.replyTo("c")) < 2 {
-		time.Sleep(time.Millisecond) // Drain's steps answer it
+		time.Sleep(time.Millisecond) // Shutdown's steps answer it
 	}
 	var a wire.XferAck
 	wire.DecodeAck(srv.replyTo("c")[1], &a)
 	if a.Status != wire.NackInternal {
-		t.Fatalf("request while draining: %s", a.Status)
+		t.Fatalf("request while shutting down: %s", a.Status)
 	}
 	if e, _ := c.Get("A"); e.Pins != 1 {
-		t.Fatalf("pins while draining: %d", e.Pins)
+		t.Fatalf("pins while shutting down: %d", e.Pins)
 	}
 	select {
-	case r := <-done:
-		t.Fatalf("Drain returned with a grant live: %+v", r)
+	case err := <-done:
+		t.Fatalf("Shutdown returned with a grant live: %v", err)
 	default:
 	}
 	data.InjectNotif("cons", []byte(uuidN(1)+":A"))
-	r := <-done
-	if r.err != nil || r.left != 0 {
-		t.Fatalf("Drain: %+v", r)
+	if err := <-done; err != nil {
+		t.Fatalf("Shutdown: %v", err)
 	}
 	if e, _ := c.Get("A"); e.Pins != 0 || p.Stats().Completions != 1 {
-		t.Fatalf("after Drain: pins %d", e.Pins)
+		t.Fatalf("after Shutdown: pins %d", e.Pins)
 	}
 
-	// A grant whose notification never comes: the context ends the drain.
+	// A grant whose notification never comes: the context ends the
+	// shutdown.
 	c2 := cache.NewEmbeddingCache(16)
 	c2.Alloc("A", 1)
 	c2.MarkReady("A")
 	srv2 := &memServer{replies: map[string][][]byte{}}
-	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), c2))
+	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: func() time.Time { return t0 }}, srv2, xfertest.New("prod", 16, 8), c2))
 	srv2.push(reqA(3))
 	p2.Step(t0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
-	left, err := p2.Drain(ctx, func() time.Time { return t0 })
-	if left != 1 || !errors.Is(err, context.DeadlineExceeded) {
-		t.Fatalf("Drain past its context: %d %v", left, err)
+	err := p2.Shutdown(ctx)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "grants left: 1") {
+		t.Fatalf("Shutdown past its context: %v", err)
 	}
 	// A data plane that lets any peer READ (as NIXL): the READ may still
 	// run, so the pin stays until the lease, which later steps end.
@@ -281,7 +277,7 @@ func inlineWorld() (*cache.EmbeddingCache, *inlineMemServer) {
 
 // arrive queues msg and runs the hook where it arrives, as a connection's
 // reader goroutine does, returning the Wakes it caused.
-func (m *inlineMemServer) arrive(msg session.Message) int {
+func (m *inlineMemServer) arrive(msg xfer.Message) int {
 	m.push(msg)
 	m.mu.Lock()
 	f, before := m.hook, m.wakes
@@ -302,11 +298,11 @@ func TestProducerServesWhereRequestsArrive(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
-	go func() { served <- p.Serve(ctx, nil) }()
+	go func() { served <- p.Serve(ctx) }()
 	<-srv.hookSet
 	<-srv.parked
-	req := func(mm string, n int) session.Message {
-		return session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: mm, CompatibilityHash: compat, SessionID: uuidN(n)})}
+	req := func(mm string, n int) xfer.Message {
+		return xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: mm, CompatibilityHash: compat, SessionID: uuidN(n)})}
 	}
 	status := func(i int) wire.Status {
 		var a wire.XferAck
@@ -395,13 +391,13 @@ func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
-	go func() { served <- p.Serve(ctx, nil) }()
+	go func() { served <- p.Serve(ctx) }()
 	<-srv.hookSet
 	<-srv.parked
 	grant := func(n int) uint64 {
 		t.Helper()
 		before := len(srv.replyTo("c"))
-		if w := srv.arrive(session.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}); w > 0 {
+		if w := srv.arrive(xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(n)})}); w > 0 {
 			<-srv.parked // Serve planned anew, for the grant
 		}
 		var a wire.XferAck
@@ -450,5 +446,44 @@ func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
 	defer data.mu.Unlock()
 	if data.hook != nil {
 		t.Fatal("Serve left its notification hook set")
+	}
+}
+
+// Wait and WaitFor, for an engine that steps the producer itself: WaitFor
+// returns at the latest after its bound, at once while requests wait for
+// a step, and false once ctx ended or the producer is closed.
+func TestProducerWait(t *testing.T) {
+	c := cache.NewEmbeddingCache(16)
+	c.Alloc("A", 1)
+	c.MarkReady("A")
+	srv := &memServer{replies: map[string][][]byte{}}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 1}, srv, xfertest.New("prod", 16, 8), c))
+	ctx := context.Background()
+	start := time.Now()
+	if !p.WaitFor(ctx, 5*time.Millisecond) || time.Since(start) < 5*time.Millisecond {
+		t.Fatalf("WaitFor(5ms) after %v", time.Since(start))
+	}
+	for i := range 2 {
+		srv.push(xfer.Message{Identity: []byte("c"), Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(i)})})
+	}
+	p.Step(t0) // answers one; the other waits for the next step
+	start = time.Now()
+	if !p.WaitFor(ctx, 10*time.Second) || time.Since(start) > time.Second {
+		t.Fatalf("WaitFor with a request waiting: %v", time.Since(start))
+	}
+	p.Step(t0)
+	if len(srv.replyTo("c")) != 2 {
+		t.Fatalf("%d replies", len(srv.replyTo("c")))
+	}
+	ended, cancel := context.WithCancel(ctx)
+	cancel()
+	if p.Wait(ended) {
+		t.Fatal("Wait past its context returned true")
+	}
+	if err := p.Close(); err != nil {
+		t.Fatal(err)
+	}
+	if p.Wait(ctx) {
+		t.Fatal("Wait on a closed producer returned true")
 	}
 }

@@ -75,7 +75,7 @@ func TestRefetchCountsRequests(t *testing.T) {
 			prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, pc))
 			ctx, cancel := context.WithCancel(context.Background())
 			served := make(chan struct{})
-			go func() { prod.Serve(ctx, nil); close(served) }()
+			go func() { prod.Serve(ctx); close(served) }()
 			defer func() { cancel(); <-served; prod.Close() }()
 
 			cr := must(cache.NewRegion(cache.RegionConfig{Blocks: 2 * inFlight, BlockSize: bs, NoLock: true}))

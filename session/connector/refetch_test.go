@@ -54,7 +54,7 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 	defer srv.Close()
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: compat, Logger: logger}, srv, pdata, pc))
 	served := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(served) }()
+	go func() { prod.Serve(ctx); close(served) }()
 
 	cr, _ := cache.NewRegion(cache.RegionConfig{Blocks: 2 * inFlight, BlockSize: bs})
 	defer cr.Close()

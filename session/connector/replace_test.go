@@ -60,7 +60,7 @@ func replaced(t *testing.T, shm bool) {
 		prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries))
 		ctx, cancel := context.WithCancel(context.Background())
 		serve := make(chan error, 1)
-		go func() { serve <- prod.Serve(ctx, nil) }()
+		go func() { serve <- prod.Serve(ctx) }()
 		if prev != nil {
 			// The last one closes while this one serves.
 			prev.Close()

@@ -13,7 +13,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -184,7 +183,7 @@ func nacks(ch chan<- prometheus.Metric, d *prometheus.Desc, n [6]uint64) {
 
 // histogram turns a latency histogram (bucket i: [2^i, 2^(i+1)) µs) into
 // a Prometheus one in seconds.
-func histogram(d *prometheus.Desc, h *hist.Histogram) prometheus.Metric {
+func histogram(d *prometheus.Desc, h *connector.Histogram) prometheus.Metric {
 	buckets := make(map[float64]uint64, len(h.Counts))
 	var cum uint64
 	for i, n := range h.Counts[:len(h.Counts)-1] {

@@ -74,7 +74,7 @@ func TestScrapeWhileFetching(t *testing.T) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
-	go func() { prod.Serve(ctx, nil); close(served) }()
+	go func() { prod.Serve(ctx); close(served) }()
 	defer func() { cancel(); <-served; prod.Close() }()
 
 	cr, _ := cache.NewRegion(cache.RegionConfig{Blocks: 2 * items, BlockSize: bs})
