@@ -128,6 +128,12 @@ func TestLoopbackDefaults(t *testing.T) {
 	}
 }
 
+// flagSet reports whether the named flag was given on the command line.
+func flagSet(name string) (set bool) {
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // plane is a data plane the programs are run over.
 type plane struct {
 	name string
@@ -138,12 +144,16 @@ type plane struct {
 // A short soak: two producers and four consumers for 30 s (-soak.for),
 // every fetch verified; after a warm-up, the process's RSS, goroutines
 // and open descriptors stay flat (RSS within 5 % and 16 MiB, goroutines
-// and descriptors within 4).
+// and descriptors within 4). It runs with ECXFER_LONG=1 (CI sets it) or
+// when -soak.for is given.
 var soakFor = flag.Duration("soak.for", 30*time.Second, "how long TestLoopbackSoak runs")
 
 func TestLoopbackSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 30 s soak")
+	}
+	if os.Getenv("ECXFER_LONG") != "1" && !flagSet("soak.for") {
+		t.Skip("a 30 s soak: set ECXFER_LONG=1 (or -soak.for) to run it")
 	}
 	bin := build(t, t.TempDir(), "github.com/ecxfer/ecxfer/examples/loopback")
 	out, err := exec.Command(bin, "-producers", "2", "-consumers", "4", "-concurrency", "16", "-items", "256",
