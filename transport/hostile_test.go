@@ -224,6 +224,7 @@ func TestHostileConnectChurn(t *testing.T) {
 // others (each connection has its own writer), and loses its connection
 // after the write deadline.
 func TestHostileStalledConsumer(t *testing.T) {
+	t.Parallel() // mostly waits: beside the other waiting tests
 	const deadline = 4 * time.Second
 	s := newServer(t, ServerConfig{WriteTimeout: deadline})
 	stop := make(chan struct{})

@@ -262,6 +262,7 @@ func TestSameHostRevealsNothingToAnotherProducer(t *testing.T) {
 // IOTimeout: READs pipelined on a slow but healthy link all land, and so
 // does one whose bytes take longer than IOTimeout.
 func TestDeadlinesCountProgress(t *testing.T) {
+	t.Parallel() // mostly waits: beside the other waiting tests
 	const bs, mib = 1 << 20, 1 << 20
 	pr, cr := newRegion(t, 16, bs), newRegion(t, 16, bs)
 	for i := range pr.Bytes() {
