@@ -14,7 +14,7 @@ import (
 )
 
 // Real NIXL over UCX's TCP and shared-memory transports (the latter needs
-// the error handling mode none, see the README).
+// the error handling mode none, see docs/nixl.md).
 var variants = []variant{
 	{name: "tcp", tls: "tcp"},
 	{name: "sm", tls: "sm", params: map[string]string{"ucx_error_handling_mode": "none"}},

@@ -131,7 +131,7 @@ func TestProducerServeStops(t *testing.T) {
 	}
 }
 
-// Issue 13 item 3: Close stops a running Serve, and a closed control plane
+// Close stops a running Serve, and a closed control plane
 // ends Serve instead of spinning on a Wait that returns at once.
 func TestProducerCloseStopsServe(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
