@@ -224,6 +224,9 @@ func TestHostileConnectChurn(t *testing.T) {
 // others (each connection has its own writer), and loses its connection
 // after the write deadline.
 func TestHostileStalledConsumer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out a write deadline: 10 s")
+	}
 	t.Parallel() // mostly waits: beside the other waiting tests
 	const deadline = 4 * time.Second
 	s := newServer(t, ServerConfig{WriteTimeout: deadline})
