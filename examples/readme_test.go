@@ -102,9 +102,7 @@ func TestReadmeProbeCommands(t *testing.T) {
 		}
 		cmds = append(cmds, found...)
 	}
-	cmd := exec.Command("go", "run", "./examples/probe", "-h")
-	cmd.Dir = ".."
-	help, _ := cmd.CombinedOutput() // -h exits 2
+	help, _ := exec.Command(build(t, "probe"), "-h").CombinedOutput() // -h exits 2
 	for _, c := range cmds {
 		for _, f := range regexp.MustCompile(`\s-([a-z-]+)`).FindAllSubmatch(c[1], -1) {
 			if !regexp.MustCompile(`(?m)^\s+-` + string(f[1]) + `\b`).Match(help) {
