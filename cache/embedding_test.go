@@ -28,7 +28,8 @@ func mustReady(t *testing.T, c *EmbeddingCache, keys ...string) {
 
 func has(c *EmbeddingCache, key string) bool { _, ok := c.Get(key); return ok }
 
-// B70, B74, B75, B76
+// As the reference: ascending unique ids, empty entries for zero blocks,
+// fresh entries neither ready nor evictable, lookups of the same entry.
 func TestAllocAscendingUniqueIDs(t *testing.T) {
 	c := NewEmbeddingCache(8)
 	e := mustAlloc(t, c, "a", 3)
@@ -73,7 +74,8 @@ func TestAllocAscendingUniqueIDs(t *testing.T) {
 	}
 }
 
-// B71, B72, B73, B84, B85: misuse is a typed error; a full cache ErrNoSpace.
+// Misuse is a typed error (the reference asserts); a full cache ErrNoSpace,
+// evicting nothing when it cannot make room.
 func TestAllocErrors(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "a", 2)
@@ -112,7 +114,8 @@ func TestAllocErrors(t *testing.T) {
 	}
 }
 
-// B77, B78, B79, B90 and the not-found paths.
+// Ready, pin, unpin and discard rules (pins nest; misuse is an error), and
+// the not-found paths.
 func TestReadyPinUnpinDiscard(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "a", 1)
@@ -163,7 +166,7 @@ func TestReadyPinUnpinDiscard(t *testing.T) {
 	}
 }
 
-// B89 (the newest generation's answer) and B80.
+// PinIfReady (the newest reference's answer) and whether entries are held.
 func TestPinIfReadyAndHeld(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	if c.HasHeldEntries() {
@@ -203,7 +206,8 @@ func TestPinIfReadyAndHeld(t *testing.T) {
 	}
 }
 
-// B81, B82, B83, B86, B88: eviction order.
+// Eviction order: oldest evictable first, pinned and unready entries
+// survive, an unpinned entry goes to the back.
 func TestEvictionOrder(t *testing.T) {
 	tests := []struct {
 		name      string
@@ -270,7 +274,7 @@ func TestEvictionOrder(t *testing.T) {
 	}
 }
 
-// B87: concurrent pins on one entry, then concurrent allocs.
+// Concurrent pins on one entry, then concurrent allocs.
 func TestConcurrentUse(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "hot", 1)

@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -20,24 +21,48 @@ import (
 	_ "github.com/ecxfer/ecxfer/internal/demo"
 )
 
-func build(t *testing.T, dir, pkg string) string {
+// programs are the example programs, built once (in one go build) for the
+// tests that run them.
+var programs struct {
+	once sync.Once
+	dir  string
+	err  error
+	out  []byte
+}
+
+// build returns the path of the example program pkg, building every example
+// program on first use.
+func build(t *testing.T, pkg string) string {
 	t.Helper()
-	src := strings.TrimPrefix(pkg, "github.com/ecxfer/ecxfer/examples/")
-	ents, err := os.ReadDir(src)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if _, err := os.ReadFile(filepath.Join(src, e.Name())); err != nil {
-			t.Fatal(err)
+	programs.once.Do(func() {
+		names := []string{"producer", "consumer", "loopback", "probe"}
+		for _, name := range names {
+			ents, err := os.ReadDir(name)
+			if err != nil {
+				programs.err = err
+				return
+			}
+			for _, e := range ents {
+				if _, err := os.ReadFile(filepath.Join(name, e.Name())); err != nil {
+					programs.err = err
+					return
+				}
+			}
 		}
+		if programs.dir, programs.err = os.MkdirTemp("", "ecxfer-examples-"); programs.err != nil {
+			return
+		}
+		// No DWARF: the tests need no debugger, and linking is most of the cost.
+		args := []string{"build", "-tags", buildTags, "-ldflags=-w", "-o", programs.dir + string(filepath.Separator)}
+		for _, name := range names {
+			args = append(args, "github.com/ecxfer/ecxfer/examples/"+name)
+		}
+		programs.out, programs.err = exec.Command("go", args...).CombinedOutput()
+	})
+	if programs.err != nil {
+		t.Fatalf("go build: %v\n%s", programs.err, programs.out)
 	}
-	bin := filepath.Join(dir, filepath.Base(pkg))
-	out, err := exec.Command("go", "build", "-tags", buildTags, "-o", bin, pkg).CombinedOutput()
-	if err != nil {
-		t.Fatalf("go build %s: %v\n%s", pkg, err, out)
-	}
-	return bin
+	return filepath.Join(programs.dir, filepath.Base(pkg))
 }
 
 // The producer and consumer programs as two processes, over each data plane
@@ -46,9 +71,8 @@ func TestProducerConsumerPrograms(t *testing.T) {
 	if testing.Short() {
 		t.Skip("builds and runs two programs")
 	}
-	dir := t.TempDir()
-	prodBin := build(t, dir, "github.com/ecxfer/ecxfer/examples/producer")
-	consBin := build(t, dir, "github.com/ecxfer/ecxfer/examples/consumer")
+	prodBin := build(t, "producer")
+	consBin := build(t, "consumer")
 	for _, plane := range planes {
 		t.Run(plane.name, func(t *testing.T) {
 			for k, v := range plane.env {
@@ -109,7 +133,7 @@ func TestLoopbackDefaults(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the main job")
 	}
-	bin := build(t, t.TempDir(), "github.com/ecxfer/ecxfer/examples/loopback")
+	bin := build(t, "loopback")
 	for _, plane := range planes {
 		t.Run(plane.name, func(t *testing.T) {
 			cmd := exec.Command(bin, plane.args...)
@@ -128,6 +152,12 @@ func TestLoopbackDefaults(t *testing.T) {
 	}
 }
 
+// flagSet reports whether the named flag was given on the command line.
+func flagSet(name string) (set bool) {
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == name })
+	return set
+}
+
 // plane is a data plane the programs are run over.
 type plane struct {
 	name string
@@ -138,14 +168,18 @@ type plane struct {
 // A short soak: two producers and four consumers for 30 s (-soak.for),
 // every fetch verified; after a warm-up, the process's RSS, goroutines
 // and open descriptors stay flat (RSS within 5 % and 16 MiB, goroutines
-// and descriptors within 4).
+// and descriptors within 4). It runs with ECXFER_LONG=1 (CI sets it) or
+// when -soak.for is given.
 var soakFor = flag.Duration("soak.for", 30*time.Second, "how long TestLoopbackSoak runs")
 
 func TestLoopbackSoak(t *testing.T) {
 	if testing.Short() {
 		t.Skip("a 30 s soak")
 	}
-	bin := build(t, t.TempDir(), "github.com/ecxfer/ecxfer/examples/loopback")
+	if os.Getenv("ECXFER_LONG") != "1" && !flagSet("soak.for") {
+		t.Skip("a 30 s soak: set ECXFER_LONG=1 (or -soak.for) to run it")
+	}
+	bin := build(t, "loopback")
 	out, err := exec.Command(bin, "-producers", "2", "-consumers", "4", "-concurrency", "16", "-items", "256",
 		"-duration", soakFor.String()).Output()
 	if err != nil {

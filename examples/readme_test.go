@@ -5,32 +5,51 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"strings"
 	"testing"
 )
 
-// The README's "Using it" code compiles against the module as it is.
-func TestReadmeUsingItCompiles(t *testing.T) {
+// The README's consumer and producer loops compile against the module as
+// it is.
+func TestReadmeLoopsCompile(t *testing.T) {
 	readme, err := os.ReadFile("../README.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile("(?s)<!-- using-it -->\n```go\n(.*?)```\n<!-- /using-it -->").FindSubmatch(readme)
-	if m == nil {
-		t.Fatal("no using-it block in the README")
+	src := `package engine
+
+import (
+	"context"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+)
+`
+	for _, name := range []string{"consumer-loop", "producer-loop"} {
+		m := regexp.MustCompile("(?s)<!-- " + name + " -->\n```go\n(.*?)```\n<!-- /" + name + " -->").FindSubmatch(readme)
+		if m == nil {
+			t.Fatalf("no %s block in the README", name)
+		}
+		if n := strings.Count(string(m[1]), "\n"); n > 40 {
+			t.Errorf("the README's %s is %d lines: keep it to 40", name, n)
+		}
+		src += "\n" + string(m[1])
 	}
-	vetInModule(t, m[1])
+	vetInModule(t, []byte(src))
 }
 
-// The README's metrics snippet compiles, inside a function given a pool
-// and a producer.
+// The metrics snippet of docs/operations.md compiles, inside a function
+// given a pool and a producer.
 func TestReadmeMetricsCompiles(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
+	doc, err := os.ReadFile("../docs/operations.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	m := regexp.MustCompile("(?s)<!-- metrics -->\n```go\n(.*?)```\n<!-- /metrics -->").FindSubmatch(readme)
+	m := regexp.MustCompile("(?s)<!-- metrics -->\n```go\n(.*?)```\n<!-- /metrics -->").FindSubmatch(doc)
 	if m == nil {
-		t.Fatal("no metrics block in the README")
+		t.Fatal("no metrics block in docs/operations.md")
 	}
 	src := `package engine
 
@@ -69,19 +88,21 @@ func vetInModule(t *testing.T, src []byte) {
 	}
 }
 
-// The README's probe commands use flags the probe has.
+// The probe commands of the README and docs/ use flags the probe has.
 func TestReadmeProbeCommands(t *testing.T) {
-	readme, err := os.ReadFile("../README.md")
-	if err != nil {
-		t.Fatal(err)
+	var cmds [][][]byte
+	for _, f := range []string{"../README.md", "../docs/operations.md"} {
+		doc, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		found := regexp.MustCompile(`go run \./examples/probe([^\n`+"`"+`]*)`).FindAllSubmatch(doc, -1)
+		if len(found) == 0 {
+			t.Errorf("no probe command in %s", f)
+		}
+		cmds = append(cmds, found...)
 	}
-	cmds := regexp.MustCompile(`go run \./examples/probe([^\n`+"`"+`]*)`).FindAllSubmatch(readme, -1)
-	if len(cmds) == 0 {
-		t.Fatal("no probe command in the README")
-	}
-	cmd := exec.Command("go", "run", "./examples/probe", "-h")
-	cmd.Dir = ".."
-	help, _ := cmd.CombinedOutput() // -h exits 2
+	help, _ := exec.Command(build(t, "probe"), "-h").CombinedOutput() // -h exits 2
 	for _, c := range cmds {
 		for _, f := range regexp.MustCompile(`\s-([a-z-]+)`).FindAllSubmatch(c[1], -1) {
 			if !regexp.MustCompile(`(?m)^\s+-` + string(f[1]) + `\b`).Match(help) {

@@ -8,8 +8,8 @@ package nixl
 //
 //	CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"
 //
-// or -I/-L flags by hand (README). Without them the shim compiles a stub
-// with a warning, and New returns ErrNotBuilt.
+// or -I/-L flags by hand (docs/nixl.md). Without them the build fails
+// with an #error naming CGO_CPPFLAGS: -tags nixl asks for the real NIXL.
 
 /*
 #cgo CXXFLAGS: -std=c++17

@@ -351,7 +351,7 @@ func (l *memLink) step(prod *session.ProducerSession, cons *session.ConsumerSess
 	l.toC = nil
 }
 
-// Issue 19 over NIXL: one consumer session re-fetches a few entries at
+// The re-fetch workload over NIXL: one consumer session re-fetches a few entries at
 // high concurrency, so a re-request often arrives while the previous
 // grant's notification is still on its way. Every fetch completes with the
 // producer's bytes, and every grant ends once, by its own READ's

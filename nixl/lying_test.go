@@ -15,7 +15,7 @@ import (
 // whose READs NIXL checks against the producer's registrations, the READ
 // ends Failed and writes nothing. Through a list NIXL prepares, NIXL
 // 1.4.0 checks less: here it served blocks past the registration (the
-// producer's own memory; see the README's "Choosing a data plane"). Either
+// producer's own memory; see docs/nixl.md, "Trust"). Either
 // way nothing crashes, every READ ends, and nothing is written but the
 // local block the READ named.
 func TestRemoteOutsideRegistration(t *testing.T) {

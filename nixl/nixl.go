@@ -4,7 +4,8 @@
 //
 // Build tags:
 //   - nixl: the real thing, over NIXL's C++ agent API (cnixl_nixl.cpp);
-//     see the README for flags and UCX settings.
+//     see docs/nixl.md for flags and UCX settings. Without NIXL's headers
+//     found, the build fails.
 //   - nixlfake: the same Go and cgo code over an in-process C fake of the
 //     same ABI (cnixl_fake.c), so CI exercises the cgo path: pointer rules,
 //     handle lifetimes, error mapping.
@@ -164,9 +165,9 @@ func (p Progress) String() string {
 	return fmt.Sprintf("Progress(%d)", int(p))
 }
 
-// ErrNotBuilt is returned by New when ecxfer was built without NIXL: no
-// build tag, or the nixl tag without NIXL's headers (cgo then compiles a
-// stub and warns).
+// ErrNotBuilt is returned by New when ecxfer was built without the nixl
+// build tag. (With the tag, a build that does not find NIXL's headers
+// fails.)
 var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl and NIXL's include path in " +
 	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS), e.g. " +
 	`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"`)

@@ -14,14 +14,15 @@ import (
 )
 
 // Real NIXL over UCX's TCP and shared-memory transports (the latter needs
-// the error handling mode none, see the README).
+// the error handling mode none, see docs/nixl.md).
 var variants = []variant{
 	{name: "tcp", tls: "tcp"},
 	{name: "sm", tls: "sm", params: map[string]string{"ucx_error_handling_mode": "none"}},
 }
 
-// needNIXL skips a test when this build compiled the stub (no nixl.h), and
-// fails it under CI=true, where NIXL must be there.
+// needNIXL skips a test when New reports ErrNotBuilt, and fails it under
+// CI=true, where NIXL must be there. (A nixl-tagged build without NIXL's
+// headers no longer compiles, so this is a safety net.)
 func needNIXL(t *testing.T, err error) {
 	t.Helper()
 	if !errors.Is(err, ErrNotBuilt) {

@@ -13,7 +13,6 @@ import (
 // A request that does not decode but still names its mm_hash and session
 // gets NACK_INTERNAL at once, instead of silence the consumer would wait
 // out. One that names nothing, or is another kind of message, gets nothing.
-// (Issue 13, item 12.)
 func TestUndecodableRequestIsNacked(t *testing.T) {
 	po := newProducer(t)
 	bad, _ := msgpack.Marshal(map[string]any{"type": "req", "mm_hash": "R", "session_id": sid("a"), "compatibility_hash": 7})

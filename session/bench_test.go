@@ -148,7 +148,7 @@ func (c *countingReplier) Reply(_, p []byte) error {
 }
 
 // Authorize of a 16,384-block READ: the data plane calls it for every READ
-// it serves, and it must not hold up the step loop (issue 13 item 9).
+// it serves, and it must not hold up the step loop.
 func BenchmarkAuthorize16K(b *testing.B) {
 	const n = 16384
 	for _, tc := range []struct {

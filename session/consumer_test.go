@@ -57,7 +57,7 @@ func (co *consumerOnly) poll(now time.Time, msgs ...[]byte) Results {
 	return r
 }
 
-func TestSessionID(t *testing.T) { // B32
+func TestSessionID(t *testing.T) { // a stable random UUID, as the reference
 	co := newConsumer(t)
 	u, err := uuid.Parse(co.c.id)
 	if err != nil || u.Version() != 4 || u.String() != co.c.id {
@@ -69,7 +69,7 @@ func TestSessionID(t *testing.T) { // B32
 	}
 }
 
-func TestStartXferSendsRequest(t *testing.T) { // B33
+func TestStartXferSendsRequest(t *testing.T) { // the request carries hash, session and compat hash
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1, 2}, at(2*time.Second))
 	if len(co.out.msgs) != 1 {
@@ -87,7 +87,7 @@ func TestStartXferSendsRequest(t *testing.T) { // B33
 	}
 }
 
-func TestStartXferSendFails(t *testing.T) { // B34
+func TestStartXferSendFails(t *testing.T) { // a refused send records nothing
 	co := newConsumer(t)
 	co.out.err = errSend
 	if err := co.c.StartXfer("H", []int{1}, at(time.Second), t0); !errors.Is(err, errSend) {
@@ -112,7 +112,7 @@ func TestStartXferBadBlocks(t *testing.T) {
 	}
 }
 
-func TestStartXferInFlight(t *testing.T) { // improvement 3
+func TestStartXferInFlight(t *testing.T) { // a second start for an mm_hash in flight is an error
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	if err := co.c.StartXfer("H", []int{2}, at(2*time.Second), t0); !errors.Is(err, ErrInFlight) {
@@ -130,7 +130,7 @@ func TestStartXferInFlight(t *testing.T) { // improvement 3
 	}
 }
 
-func TestAckThenDoneInOnePoll(t *testing.T) { // B35, B44 (first registration)
+func TestAckThenDoneInOnePoll(t *testing.T) { // ack and completion in one poll; the first ack registers the producer
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{4, 5}, at(2*time.Second))
 	r := co.poll(at(time.Second), co.ok("H", 7, 8))
@@ -145,7 +145,7 @@ func TestAckThenDoneInOnePoll(t *testing.T) { // B35, B44 (first registration)
 	}
 }
 
-func TestNacks(t *testing.T) { // B36, B37
+func TestNacks(t *testing.T) { // NACK_NOT_READY retryable, other NACKs final
 	for s := wire.NackMissing; s <= wire.NackNotReady; s++ {
 		t.Run(s.String(), func(t *testing.T) {
 			co := newConsumer(t)
@@ -165,7 +165,7 @@ func TestNacks(t *testing.T) { // B36, B37
 	}
 }
 
-func TestAckTimeout(t *testing.T) { // B38, B39, B46
+func TestAckTimeout(t *testing.T) { // tombstoned at the ack deadline, results taken once, no registration
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	if r := co.poll(at(2 * time.Second)); r.Len() != 0 {
@@ -192,7 +192,7 @@ func TestAckTimeout(t *testing.T) { // B38, B39, B46
 // retryable; READs run on, on their data connection, and end as any
 // other: one that completes is Completed, one that fails Tombstoned, one
 // past its deadline Quarantined until it settles.
-func TestPeerDown(t *testing.T) { // B40, B41, B47; reference weakness 3
+func TestPeerDown(t *testing.T) { // waiting: retryable; reading: quarantined (the reference leaks those blocks)
 	co := newConsumer(t)
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
 	mustStart(t, co.c, "W", []int{1}, at(2*time.Second))
@@ -242,7 +242,7 @@ func TestPeerDown(t *testing.T) { // B40, B41, B47; reference weakness 3
 	}
 }
 
-func TestQuarantineSettlesInEveryPoll(t *testing.T) { // B47, improvement 4
+func TestQuarantineSettlesInEveryPoll(t *testing.T) { // re-polled every poll; a failed check quarantines, not frees
 	co := newConsumer(t)
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
 	mustStart(t, co.c, "H", []int{9}, at(2*time.Second))
@@ -260,7 +260,7 @@ func TestQuarantineSettlesInEveryPoll(t *testing.T) { // B47, improvement 4
 	}
 }
 
-func TestAckDispatchEdges(t *testing.T) { // B42, B43, improvements 1 and 2
+func TestAckDispatchEdges(t *testing.T) { // stray and undecodable acks; bad acks checked; other sessions' acks counted
 	co := newConsumer(t)
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
 	for _, h := range []string{"A", "B", "C", "D"} {
@@ -293,7 +293,7 @@ func TestAckDispatchEdges(t *testing.T) { // B42, B43, improvements 1 and 2
 	}
 }
 
-func TestRegistration(t *testing.T) { // B44, B45
+func TestRegistration(t *testing.T) { // registered once per metadata; a failed registration drops the transfer
 	fab := xfertest.NewFabric()
 	data := fab.New("cons", 64, 16)
 	prod := fab.New("prod", 64, 16)
@@ -338,7 +338,7 @@ func TestRegistration(t *testing.T) { // B44, B45
 	data.CheckNoLeaks(t)
 }
 
-func TestPostFailsTombstones(t *testing.T) { // improvement 1
+func TestPostFailsTombstones(t *testing.T) { // a refused post tombstones that transfer only
 	co := newConsumer(t)
 	co.data.SetPostError(xfertest.ErrInjected)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
@@ -348,7 +348,7 @@ func TestPostFailsTombstones(t *testing.T) { // improvement 1
 	}
 }
 
-func TestLateCompletion(t *testing.T) { // improvement 5
+func TestLateCompletion(t *testing.T) { // done after the lease: tombstoned, not promoted
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
@@ -362,7 +362,7 @@ func TestLateCompletion(t *testing.T) { // improvement 5
 	}
 }
 
-func TestClose(t *testing.T) {
+func TestClose(t *testing.T) { // releases every handle, removes the peer, reports what it abandons
 	co := newConsumer(t)
 	co.data.QueueOutcomes(
 		xfertest.Outcome{Kind: xfertest.Stuck},                    // R: reading, stoppable

@@ -12,7 +12,7 @@ import (
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
-// Issue 19: a session fetches R, its READ completes but the notification is
+// A session fetches R, its READ completes but the notification is
 // late; it fetches R again. The late notification must end the first grant,
 // never the second, whichever notification form the consumer uses.
 func TestRefetchLateNotificationEndsTheOldGrant(t *testing.T) {
@@ -167,7 +167,7 @@ func TestStaleRequestAnsweredNotReady(t *testing.T) {
 	}
 }
 
-// Issue 13 item 15: a Go consumer puts connector_version and its agent
+// A Go consumer puts connector_version and its agent
 // name on the wire; it honours the lease the producer advertises, and
 // names the grant in its notification.
 func TestConsumerSpeaksTheExtensions(t *testing.T) {

@@ -83,7 +83,7 @@ func (po *producerOnly) pins(key string) int {
 	return e.Pins
 }
 
-func TestGrant(t *testing.T) { // B50, B59
+func TestGrant(t *testing.T) { // a grant pins; OK acks carry ids and metadata, NACKs hash and status
 	po := newProducer(t)
 	acks := po.poll(t, t0, req("R", sid("s1")))
 	if len(acks) != 1 {
@@ -105,7 +105,7 @@ func TestGrant(t *testing.T) { // B50, B59
 	}
 }
 
-func TestNackRules(t *testing.T) { // B51-B56, B59
+func TestNackRules(t *testing.T) { // checks in order: version, compat hash, session id, then the cache
 	v1, v3 := wire.IntOf(1), wire.IntOf(3)
 	tests := []struct {
 		name string
@@ -140,7 +140,7 @@ func sameAck(a, b wire.XferAck) bool {
 	return bytes.Equal(wire.AppendAck(nil, &a), wire.AppendAck(nil, &b))
 }
 
-func TestTwoSessionsAndReRequest(t *testing.T) { // B57, B58
+func TestTwoSessionsAndReRequest(t *testing.T) { // two sessions, two grants; a re-request gets a grant of its own
 	po := newProducer(t)
 	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
 	if po.pins("R") != 2 || po.p.Grants() != 2 {
@@ -163,7 +163,7 @@ func TestTwoSessionsAndReRequest(t *testing.T) { // B57, B58
 	}
 }
 
-func TestNotifications(t *testing.T) { // B60, B61, B62, B65
+func TestNotifications(t *testing.T) { // a notification ends its grant once; unknown and malformed ones ignored
 	po := newProducer(t)
 	po.poll(t, t0, req("R", sid("c1")), req("R", sid("c2")))
 	po.data.InjectNotif("cons", []byte(sid("c1")+":R"))
@@ -187,7 +187,7 @@ func TestNotifications(t *testing.T) { // B60, B61, B62, B65
 	}
 }
 
-func TestDrainErrorStillSweeps(t *testing.T) { // B64
+func TestDrainErrorStillSweeps(t *testing.T) { // the lease sweep runs even when draining notifications fails
 	po := newProducer(t)
 	po.poll(t, t0, req("R", sid("c1")))
 	po.data.SetDrainError(xfertest.ErrInjected)
@@ -197,7 +197,7 @@ func TestDrainErrorStillSweeps(t *testing.T) { // B64
 	}
 }
 
-func TestMalformedAndOrder(t *testing.T) { // B66, B67
+func TestMalformedAndOrder(t *testing.T) { // undecodable requests get no reply; one reply per request, in order
 	po := newProducer(t)
 	var msgs []xfer.Message
 	for i, p := range [][]byte{req("R", sid("a")), {0x93, 1, 2, 3}, req("X", sid("b")), wire.AppendAck(nil, &wire.XferAck{MMHash: "R"}), req("N", sid("c"))} {

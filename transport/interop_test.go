@@ -130,6 +130,10 @@ func TestInteropPyRouterKillRestart(t *testing.T) {
 // (3) A SIGSTOPped pyzmq ROUTER is reported dead within the silence
 // timeout.
 func TestInteropPyRouterStopped(t *testing.T) {
+	if testing.Short() {
+		t.Skip("waits out silence timeouts: 5 s")
+	}
+	t.Parallel() // mostly waits: beside the other waiting tests
 	requirePyzmq(t)
 	addr := freePort(t)
 	ep := "tcp://" + addr

@@ -63,7 +63,7 @@ func leftover(t *testing.T, base map[string]string) {
 // baseOpt is goleak's view of the goroutines alive when the test began.
 var baseOpt goleak.Option
 
-// Issue 13 item 14: Close returns only once every goroutine the control
+// Close returns only once every goroutine the control
 // plane and the TCP data plane started has stopped: none may be left even
 // a moment after, whatever peers did (a request answered, a half-open
 // handshake, a peer gone silent).

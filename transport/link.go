@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"sync"
 	"time"
@@ -93,7 +94,14 @@ func (l *link) up() bool {
 func (l *link) send(op *readOp, buf []byte) []byte {
 	conn, err := l.connect(context.Background())
 	if err != nil {
-		l.p.d.log.Warn("ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
+		// A READ still queued when its peer is removed or the plane
+		// closes (a consumer shutting down) fails quietly: the producer
+		// was not unreachable.
+		level := slog.LevelWarn
+		if errors.Is(err, xfer.ErrClosed) {
+			level = slog.LevelDebug
+		}
+		l.p.d.log.Log(context.Background(), level, "ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
 		op.fail()
 		return buf
 	}

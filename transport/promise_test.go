@@ -262,6 +262,10 @@ func TestSameHostRevealsNothingToAnotherProducer(t *testing.T) {
 // IOTimeout: READs pipelined on a slow but healthy link all land, and so
 // does one whose bytes take longer than IOTimeout.
 func TestDeadlinesCountProgress(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 32 MiB through an 8 MB/s link: 5 s")
+	}
+	t.Parallel() // mostly waits: beside the other waiting tests
 	const bs, mib = 1 << 20, 1 << 20
 	pr, cr := newRegion(t, 16, bs), newRegion(t, 16, bs)
 	for i := range pr.Bytes() {

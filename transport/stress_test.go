@@ -31,13 +31,14 @@ import (
 //   - every hold the producer gave is given back once, every READ ends.
 //
 // Each seed replays exactly as far as the random choices go (goroutines
-// interleave as they will). ECXFER_STRESS_SEEDS sets how many seeds run
-// (CI runs 1,000), ECXFER_STRESS_FIRST the first of them, and
+// interleave as they will). 8 seeds run by default, 40 with ECXFER_LONG=1
+// (unless -short or under the race detector); ECXFER_STRESS_SEEDS sets how
+// many run (CI runs 1,000), ECXFER_STRESS_FIRST the first of them, and
 // ECXFER_STRESS_SEED runs one.
 func TestStress(t *testing.T) {
-	seeds := 40
-	if raceEnabled || testing.Short() {
-		seeds = 8
+	seeds := 8
+	if os.Getenv("ECXFER_LONG") == "1" && !raceEnabled && !testing.Short() {
+		seeds = 40
 	}
 	if s := os.Getenv("ECXFER_STRESS_SEEDS"); s != "" {
 		n, err := strconv.Atoi(s)

@@ -6,7 +6,7 @@ import (
 	"testing"
 )
 
-// The shapes measured against msgspec in issue 2: a typical request, a
+// The shapes measured against msgspec (docs/performance.md): a typical request, a
 // typical OK ack (8 block ids, 200-byte agent metadata, the 256-block mem
 // descriptor), a NACK, the descriptor alone and the compat hash.
 var (

@@ -66,7 +66,7 @@ func (r *rig) expect(t *testing.T, now time.Time, want xfer.State) {
 	}
 }
 
-func TestStateNames(t *testing.T) { // B22
+func TestStateNames(t *testing.T) { // the reference's state names
 	want := []string{"waiting_ack", "reading", "done", "ack_timeout", "read_failed", "quarantined", "settled"}
 	for i, w := range want {
 		if s := xfer.State(i); s.String() != w {
@@ -78,7 +78,7 @@ func TestStateNames(t *testing.T) { // B22
 	}
 }
 
-func TestWaitingAck(t *testing.T) { // B15, B16
+func TestWaitingAck(t *testing.T) { // waiting until the ack deadline, then ack-timeout
 	r := newRig(t)
 	r.expect(t, t0, xfer.WaitingAck)
 	r.expect(t, t0.Add(2*time.Second), xfer.WaitingAck) // strictly after
@@ -88,7 +88,7 @@ func TestWaitingAck(t *testing.T) { // B15, B16
 	}
 }
 
-func TestHandleAckPostsRead(t *testing.T) { // B9, B10, B11, B12
+func TestHandleAckPostsRead(t *testing.T) { // posts the READ: notification "S:H", ids in order, READ deadline
 	r := newRig(t)
 	if err := r.x.HandleAck(okAck(5, 6), r.peer, t0.Add(time.Second)); err != nil {
 		t.Fatal(err)
@@ -200,13 +200,13 @@ func TestReading(t *testing.T) {
 		released int // release calls at the end
 		handle   bool
 	}{
-		{"in progress before deadline (B17)", xfertest.Outcome{Kind: xfertest.Stuck}, []time.Time{sec(2), sec(20)}, xfer.Reading, 0, 0, true},
-		{"complete (B18)", xfertest.Outcome{After: 1}, []time.Time{sec(2), sec(3)}, xfer.Done, 0, 1, false},
-		{"complete after the read deadline, unseen late (B18)", xfertest.Outcome{}, []time.Time{sec(25)}, xfer.Done, 0, 1, false},
-		{"failed (B19)", xfertest.Outcome{Kind: xfertest.FailAfter}, []time.Time{sec(2)}, xfer.ReadFailed, xfer.ReadError, 1, false},
-		{"check fails: quarantine, not freed (improvement 4)", xfertest.Outcome{Kind: xfertest.CheckError}, []time.Time{sec(2)}, xfer.Quarantined, xfer.CheckFailed, 0, true},
-		{"in progress past the deadline (B21)", xfertest.Outcome{Kind: xfertest.Stuck}, []time.Time{sec(21.5)}, xfer.Quarantined, xfer.ReadTimedOut, 0, true},
-		{"done after the lease (improvement 5)", xfertest.Outcome{}, []time.Time{sec(31.5)}, xfer.ReadFailed, xfer.LateCompletion, 1, false},
+		{"in progress before deadline", xfertest.Outcome{Kind: xfertest.Stuck}, []time.Time{sec(2), sec(20)}, xfer.Reading, 0, 0, true},
+		{"complete", xfertest.Outcome{After: 1}, []time.Time{sec(2), sec(3)}, xfer.Done, 0, 1, false},
+		{"complete after the read deadline, unseen late", xfertest.Outcome{}, []time.Time{sec(25)}, xfer.Done, 0, 1, false},
+		{"failed", xfertest.Outcome{Kind: xfertest.FailAfter}, []time.Time{sec(2)}, xfer.ReadFailed, xfer.ReadError, 1, false},
+		{"check fails: quarantine, not freed", xfertest.Outcome{Kind: xfertest.CheckError}, []time.Time{sec(2)}, xfer.Quarantined, xfer.CheckFailed, 0, true},
+		{"in progress past the deadline", xfertest.Outcome{Kind: xfertest.Stuck}, []time.Time{sec(21.5)}, xfer.Quarantined, xfer.ReadTimedOut, 0, true},
+		{"done after the lease", xfertest.Outcome{}, []time.Time{sec(31.5)}, xfer.ReadFailed, xfer.LateCompletion, 1, false},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -244,14 +244,14 @@ func TestQuarantine(t *testing.T) {
 	}
 	at := func(s int) time.Time { return t0.Add(time.Duration(s) * time.Second) }
 
-	t.Run("still running within the deadline (B23)", func(t *testing.T) {
+	t.Run("still running within the deadline", func(t *testing.T) {
 		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
 		r.expect(t, at(82), xfer.Quarantined)
 		if r.cons.Releases(h) != 0 || !r.x.HasHandle() {
 			t.Fatal("released while running")
 		}
 	})
-	t.Run("ends: settled, released once (B24)", func(t *testing.T) {
+	t.Run("ends: settled, released once", func(t *testing.T) {
 		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
 		r.cons.Finish(h)
 		r.expect(t, at(30), xfer.Settled)
@@ -263,12 +263,12 @@ func TestQuarantine(t *testing.T) {
 			t.Fatal("released twice")
 		}
 	})
-	t.Run("fails: settled (B24)", func(t *testing.T) {
+	t.Run("fails: settled", func(t *testing.T) {
 		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
 		r.cons.FailRead(h)
 		r.expect(t, at(30), xfer.Settled)
 	})
-	t.Run("check fails: stays quarantined (improvement 4, B25 differs)", func(t *testing.T) {
+	t.Run("check fails: stays quarantined (the reference settles)", func(t *testing.T) {
 		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.CheckError, After: 1})
 		r.expect(t, at(50), xfer.Quarantined)
 		if r.cons.Releases(h) != 0 {
@@ -285,14 +285,14 @@ func TestQuarantine(t *testing.T) {
 			t.Fatalf("forced %v reason %s", r.x.Forced(), r.x.Reason())
 		}
 	})
-	t.Run("deadline passes, release stops it (B26)", func(t *testing.T) {
+	t.Run("deadline passes, release stops it", func(t *testing.T) {
 		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck})
 		r.expect(t, at(83), xfer.Settled)
 		if r.cons.Releases(h) != 1 || r.x.Forced() || r.x.Reason() != xfer.QuarantineTimedOut {
 			t.Fatalf("releases %d forced %v reason %s", r.cons.Releases(h), r.x.Forced(), r.x.Reason())
 		}
 	})
-	t.Run("deadline passes, release cannot stop it: forced (improvement 4)", func(t *testing.T) {
+	t.Run("deadline passes, release cannot stop it: forced", func(t *testing.T) {
 		r, h := quarantined(t, xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
 		r.expect(t, at(83), xfer.Settled)
 		if r.cons.Releases(h) != 1 || !r.x.Forced() {
@@ -305,26 +305,26 @@ func TestQuarantine(t *testing.T) {
 }
 
 func TestCancelReleasePeerDown(t *testing.T) {
-	t.Run("cancel waiting (B28)", func(t *testing.T) {
+	t.Run("cancel waiting", func(t *testing.T) {
 		r := newRig(t)
 		if err := r.x.Cancel(); err != nil || r.x.State() != xfer.AckTimeout || r.x.Reason() != xfer.Closed {
 			t.Fatalf("err %v state %s", err, r.x.State())
 		}
 	})
-	t.Run("cancel reading refused (B29)", func(t *testing.T) {
+	t.Run("cancel reading refused", func(t *testing.T) {
 		r := newRig(t)
 		r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
 		if err := r.x.Cancel(); !errors.Is(err, fsm.ErrNotWaiting) {
 			t.Fatalf("err %v", err)
 		}
 	})
-	t.Run("release reading (B30)", func(t *testing.T) {
+	t.Run("release reading", func(t *testing.T) {
 		r := newRig(t)
 		h := r.read(t, xfertest.Outcome{Kind: xfertest.Stuck})
 		if err := r.x.Release(); err != nil || r.cons.Releases(h) != 1 || r.x.HasHandle() {
 			t.Fatalf("err %v releases %d", err, r.cons.Releases(h))
 		}
-		if err := r.x.Release(); err != nil || r.cons.Releases(h) != 1 { // B31
+		if err := r.x.Release(); err != nil || r.cons.Releases(h) != 1 { // released once
 			t.Fatalf("second release: %v, %d", err, r.cons.Releases(h))
 		}
 	})
@@ -335,7 +335,7 @@ func TestCancelReleasePeerDown(t *testing.T) {
 			t.Fatalf("err %v", err)
 		}
 	})
-	t.Run("release without handle (B31)", func(t *testing.T) {
+	t.Run("release without handle", func(t *testing.T) {
 		r := newRig(t)
 		if err := r.x.Release(); err != nil {
 			t.Fatal(err)
@@ -372,7 +372,7 @@ func TestReset(t *testing.T) {
 	}
 }
 
-func TestProducerXferExpired(t *testing.T) { // B7, B8
+func TestProducerXferExpired(t *testing.T) { // expired strictly after the deadline
 	p := fsm.ProducerXfer{Deadline: t0}
 	if p.Expired(t0.Add(-time.Second)) || p.Expired(t0) || !p.Expired(t0.Add(1)) {
 		t.Fatal("expiry is not strictly after the deadline")

@@ -13,17 +13,21 @@ var raceEnabled bool
 
 var (
 	seed  = flag.Uint64("sim.seed", 0, "replay one seed")
-	seeds = flag.Int("sim.seeds", defaultSeeds(), "seeds to run (default: $ECXFER_SIM_SEEDS, else 40)")
+	seeds = flag.Int("sim.seeds", defaultSeeds(), "seeds to run (default: $ECXFER_SIM_SEEDS, else 40 with ECXFER_LONG=1, else 8)")
 	first = flag.Uint64("sim.first", 1, "first seed")
 )
 
-// defaultSeeds is $ECXFER_SIM_SEEDS (CI sets it, see .ci/run), else a set
-// small enough for a quick go test.
+// defaultSeeds is $ECXFER_SIM_SEEDS (CI sets it, see .ci/run), else 40
+// seeds with ECXFER_LONG=1 (the long test run, which CI makes too), else a
+// set small enough for a plain go test to take seconds.
 func defaultSeeds() int {
 	if n, err := strconv.Atoi(os.Getenv("ECXFER_SIM_SEEDS")); err == nil && n > 0 {
 		return n
 	}
-	return 40
+	if os.Getenv("ECXFER_LONG") == "1" {
+		return 40
+	}
+	return 8
 }
 
 // TestSimulation runs a fixed set of seeds (flags: -sim.seeds, -sim.first;

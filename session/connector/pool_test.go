@@ -387,8 +387,8 @@ func TestPoolAckBeforeDeath(t *testing.T) {
 }
 
 // A retry whose send is refused (queue full, producer down) is planned
-// again, not lost: the fetch still ends. (Issue 13, item 1: it was dropped
-// from the retry list and the fetch never ended.)
+// again, not lost: the fetch still ends. (Such a retry was once dropped
+// from the retry list, and the fetch never ended.)
 func TestPoolRetryRefusedIsNotLost(t *testing.T) {
 	for _, refusal := range []error{transport.ErrQueueFull, transport.ErrPeerDown} {
 		w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}})
@@ -412,7 +412,7 @@ func TestPoolRetryRefusedIsNotLost(t *testing.T) {
 	}
 }
 
-// Issue 13 item 13: Cancel ends one fetch. Waiting for its ack or between
+// Cancel ends one fetch. Waiting for its ack or between
 // attempts: blocks free at once. A READ running on a plane that stops
 // READs: free at once. On one that cannot: held, then Released when the
 // READ ends.
@@ -472,7 +472,7 @@ func TestPoolCancel(t *testing.T) {
 	}
 }
 
-// Issue 13 item 11: the session of an address refused before anything was
+// The session of an address refused before anything was
 // sent is not kept, and idle sessions are reaped with their connection.
 func TestPoolForgetsAddresses(t *testing.T) {
 	w := newWorld(t, PoolConfig{IdleSession: time.Minute})

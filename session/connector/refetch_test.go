@@ -13,7 +13,7 @@ import (
 	"github.com/ecxfer/ecxfer/transport"
 )
 
-// Issue 19: a consumer re-fetches a few entries over and over at high
+// The re-fetch workload: a consumer re-fetches a few entries over and over at high
 // concurrency, over real sockets and the TCP data plane. A re-request in
 // the same session arrives while the previous grant's notification is
 // still on its way; that notification must end the old grant, not the new
