@@ -17,7 +17,7 @@
 // Over UCX a READ moves only while both agents are driven, and a producer
 // has nothing of its own to call while a peer reads its memory: see
 // Progress for who drives an agent. The producer session reports its live
-// grants (xfer.Driven), so by default a goroutine drives the agent exactly
+// grants to its data plane, so by default a goroutine drives the agent exactly
 // while a READ may come: briefly without pause after each event, then
 // with pauses that double. NIXL 1.4.0 exposes no event descriptor to wait
 // on instead: its UCX plugin waits on its workers' descriptors only in
@@ -125,10 +125,6 @@ type Config struct {
 	// 256 KiB (5-15 GB/s). Over RDMA and TCP the post returns at once.
 	// Default 256 KiB; negative: every READ is handed off.
 	InlinePost int
-	// Deprecated: handing READs to the progress goroutine is the default;
-	// AsyncPost now means InlinePost -1 (every READ handed off) where
-	// InlinePost is 0. It cannot be set with SyncPost.
-	AsyncPost bool
 }
 
 // Progress says who drives a NIXL agent.
@@ -137,7 +133,7 @@ type Progress int
 const (
 	// ProgressGoroutine (the default) drives the agent from a goroutine
 	// of its own while this agent has READs outstanding or a producer has
-	// grants live (see ExpectReads): round after round for Spin after
+	// grants live: round after round for Spin after
 	// each event, then with pauses that double up to ProgressDelay (see
 	// there); every IdlePoll otherwise. A READ that never ends costs
 	// about a hundred wake-ups a second, not a core.
@@ -171,18 +167,19 @@ var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -t
 	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS), e.g. " +
 	`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"`)
 
-// NIXL's status codes as Go errors, one to one.
+// NIXL's status codes as Go errors, one to one. They reach callers
+// wrapped, in the text of the error of the call that met them.
 var (
-	ErrNotPosted        = errors.New("nixl: not posted")
-	ErrInvalidParam     = errors.New("nixl: invalid parameter")
-	ErrBackend          = errors.New("nixl: backend error")
-	ErrNotFound         = errors.New("nixl: not found")
-	ErrMismatch         = errors.New("nixl: mismatch")
-	ErrNotAllowed       = errors.New("nixl: not allowed")
-	ErrRepostActive     = errors.New("nixl: repost of an active request")
-	ErrUnknown          = errors.New("nixl: unknown error")
-	ErrNotSupported     = errors.New("nixl: not supported")
-	ErrRemoteDisconnect = errors.New("nixl: remote disconnected")
-	ErrCanceled         = errors.New("nixl: canceled")
-	ErrNoTelemetry      = errors.New("nixl: no telemetry")
+	errNotPosted        = errors.New("nixl: not posted")
+	errInvalidParam     = errors.New("nixl: invalid parameter")
+	errBackend          = errors.New("nixl: backend error")
+	errNotFound         = errors.New("nixl: not found")
+	errMismatch         = errors.New("nixl: mismatch")
+	errNotAllowed       = errors.New("nixl: not allowed")
+	errRepostActive     = errors.New("nixl: repost of an active request")
+	errUnknown          = errors.New("nixl: unknown error")
+	errNotSupported     = errors.New("nixl: not supported")
+	errRemoteDisconnect = errors.New("nixl: remote disconnected")
+	errCanceled         = errors.New("nixl: canceled")
+	errNoTelemetry      = errors.New("nixl: no telemetry")
 )

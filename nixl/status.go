@@ -5,9 +5,9 @@ package nixl
 import "fmt"
 
 var statusErrs = map[int]error{
-	-1: ErrNotPosted, -2: ErrInvalidParam, -3: ErrBackend, -4: ErrNotFound, -5: ErrMismatch,
-	-6: ErrNotAllowed, -7: ErrRepostActive, -8: ErrUnknown, -9: ErrNotSupported,
-	-10: ErrRemoteDisconnect, -11: ErrCanceled, -12: ErrNoTelemetry,
+	-1: errNotPosted, -2: errInvalidParam, -3: errBackend, -4: errNotFound, -5: errMismatch,
+	-6: errNotAllowed, -7: errRepostActive, -8: errUnknown, -9: errNotSupported,
+	-10: errRemoteDisconnect, -11: errCanceled, -12: errNoTelemetry,
 }
 
 // statusErr maps a nixl_status_t to an error: nil for success and in
@@ -19,5 +19,5 @@ func statusErr(op string, st int) error {
 	if err, ok := statusErrs[st]; ok {
 		return fmt.Errorf("nixl: %s: %w", op, err)
 	}
-	return fmt.Errorf("nixl: %s: status %d: %w", op, st, ErrUnknown)
+	return fmt.Errorf("nixl: %s: status %d: %w", op, st, errUnknown)
 }

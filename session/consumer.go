@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"io"
 	"log/slog"
 	"math"
@@ -93,8 +94,8 @@ type ConsumerSession struct {
 	xcfg   xfer.Config
 	log    *slog.Logger
 
-	agentName  string           // ours, sent with requests when the data plane has one
-	shapes     xfer.ShapedPeers // the data plane, when it takes producers' shapes
+	agentName  string            // ours, sent with requests when the data plane has one
+	shapes     plane.ShapedPeers // the data plane, when it takes producers' shapes
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
@@ -157,10 +158,10 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 		id: u.String(), compat: compatHash, peer: peer, data: data,
 		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]int{},
 	}
-	if n, ok := data.(xfer.Named); ok {
+	if n, ok := plane.As[plane.Named](data); ok {
 		c.agentName = n.Name()
 	}
-	c.shapes, _ = data.(xfer.ShapedPeers)
+	c.shapes, _ = plane.As[plane.ShapedPeers](data)
 	return c, nil
 }
 
@@ -364,7 +365,7 @@ func (c *ConsumerSession) answer(mmHash []byte, attempt uint64) (*cxfer, uint64)
 	c.replied = true
 	c.forgetSent(i + 1)
 	x := c.byHash[string(mmHash)]
-	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {
+	if x == nil || x.attempt != answered || x.State() != fsm.WaitingAck {
 		return nil, answered
 	}
 	return x, answered
@@ -570,19 +571,19 @@ func (c *ConsumerSession) advance(now time.Time) {
 			continue
 		}
 		switch x.Poll(now) {
-		case xfer.WaitingAck, xfer.Reading:
+		case fsm.WaitingAck, fsm.Reading:
 			kept = append(kept, x)
-		case xfer.Done:
+		case fsm.Done:
 			c.end(x, &c.results.Completed, xfer.NoReason, wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.AckTimeout:
+		case fsm.AckTimeout:
 			c.log.Warn("ec consumer: no XferAck in time; may retry", "mm_hash", x.MMHash, "session", c.id)
 			c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.ReadFailed:
+		case fsm.ReadFailed:
 			c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.Quarantined:
+		case fsm.Quarantined:
 			c.enterQuarantine(x)
 		}
 	}
@@ -601,7 +602,7 @@ func (c *ConsumerSession) enterQuarantine(x *cxfer) {
 func (c *ConsumerSession) drainQuarantine(now time.Time) {
 	kept := c.quarantined[:0]
 	for _, x := range c.quarantined {
-		if x.Poll(now) != xfer.Settled {
+		if x.Poll(now) != fsm.Settled {
 			kept = append(kept, x)
 			continue
 		}
@@ -662,7 +663,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 		if x.moved {
 			continue
 		}
-		if x.PeerDown(now) == xfer.AckTimeout {
+		if x.PeerDown(now) == fsm.AckTimeout {
 			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
 			c.spare = append(c.spare, x)
 			continue
@@ -746,7 +747,7 @@ func keep[T any](spare []T, n int) []T {
 // Cancel ends the transfer of mmHash at now. One waiting for its ack is
 // Tombstoned at once (reason Canceled): its blocks are free. A READ in
 // progress is stopped if the data plane can stop it for certain
-// (xfer.Stoppable), and Tombstoned likewise; otherwise it is Quarantined,
+// (plane.Stoppable), and Tombstoned likewise; otherwise it is Quarantined,
 // and Settled once the data plane says it ended. A transfer already in
 // quarantine is left to settle. The outcome is in the next TakeResults.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
@@ -758,11 +759,11 @@ func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 		return fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
 	}
 	switch x.State() {
-	case xfer.WaitingAck:
+	case fsm.WaitingAck:
 		x.Cancel()
 		c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
-	case xfer.Reading:
-		if st, ok := c.data.(xfer.Stoppable); ok && st.StopsReads() && x.Release() == nil {
+	case fsm.Reading:
+		if st, ok := plane.As[plane.Stoppable](c.data); ok && st.StopsReads() && x.Release() == nil {
 			c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
 			return nil
 		}

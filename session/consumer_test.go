@@ -9,22 +9,22 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // consumerOnly is a consumer whose producer is scripted by hand.
 type consumerOnly struct {
-	data *xfertest.Fake
-	prod *xfertest.Fake
+	data *xfake.Fake
+	prod *xfake.Fake
 	out  *queue
 	c    *ConsumerSession
 }
 
 func newConsumer(t *testing.T) *consumerOnly {
 	t.Helper()
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
 	var err error
 	co.c, err = NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, co.data, compat)
@@ -107,7 +107,7 @@ func TestStartXferInFlight(t *testing.T) { // improvement 3
 		t.Fatalf("err %v", err)
 	}
 	// Also while its READ is quarantined.
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	co.poll(at(time.Second), co.ok("H", 3))
 	co.c.PeerDown(at(2 * time.Second))
 	if err := co.c.StartXfer("H", []int{2}, t0, at(3*time.Second)); !errors.Is(err, ErrInFlight) {
@@ -182,7 +182,7 @@ func TestAckTimeout(t *testing.T) { // B38, B39, B46
 // past its deadline Quarantined until it settles.
 func TestPeerDown(t *testing.T) { // B40, B41, B47; reference weakness 3
 	co := newConsumer(t)
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	mustStart(t, co.c, "W", []int{1}, at(2*time.Second))
 	mustStart(t, co.c, "R", []int{2, 3}, at(2*time.Second))
 	mustStart(t, co.c, "F", []int{4}, at(2*time.Second))
@@ -232,7 +232,7 @@ func TestPeerDown(t *testing.T) { // B40, B41, B47; reference weakness 3
 
 func TestQuarantineSettlesInEveryPoll(t *testing.T) { // B47, improvement 4
 	co := newConsumer(t)
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
 	mustStart(t, co.c, "H", []int{9}, at(2*time.Second))
 	co.poll(at(time.Second), co.ok("H", 1))
 	r := co.poll(at(22 * time.Second))
@@ -250,7 +250,7 @@ func TestQuarantineSettlesInEveryPoll(t *testing.T) { // B47, improvement 4
 
 func TestAckDispatchEdges(t *testing.T) { // B42, B43, improvements 1 and 2
 	co := newConsumer(t)
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	for _, h := range []string{"A", "B", "C", "D"} {
 		mustStart(t, co.c, h, []int{1, 2}, at(2*time.Second))
 	}
@@ -282,7 +282,7 @@ func TestAckDispatchEdges(t *testing.T) { // B42, B43, improvements 1 and 2
 }
 
 func TestRegistration(t *testing.T) { // B44, B45
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	data := fab.New("cons", 64, 16)
 	prod := fab.New("prod", 64, 16)
 	out := &queue{}
@@ -309,7 +309,7 @@ func TestRegistration(t *testing.T) { // B44, B45
 	}
 	// Registration fails: tombstoned, nothing posted.
 	posts := len(data.Posts())
-	data.SetAddPeerError(xfertest.ErrInjected)
+	data.SetAddPeerError(xfake.ErrInjected)
 	r.Reset()
 	step("D", []byte("fake:prod:9:64"), at(3))
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed || len(data.Posts()) != posts {
@@ -328,7 +328,7 @@ func TestRegistration(t *testing.T) { // B44, B45
 
 func TestPostFailsTombstones(t *testing.T) { // improvement 1
 	co := newConsumer(t)
-	co.data.SetPostError(xfertest.ErrInjected)
+	co.data.SetPostError(xfake.ErrInjected)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	r := co.poll(at(time.Second), co.ok("H", 1))
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed || co.c.HasInFlight() {
@@ -339,7 +339,7 @@ func TestPostFailsTombstones(t *testing.T) { // improvement 1
 func TestLateCompletion(t *testing.T) { // improvement 5
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	co.poll(at(time.Second), co.ok("H", 1))
 	co.data.Finish(co.data.Posts()[0].Handle)
 	// No poll saw it in progress past the read deadline: the first look at
@@ -353,8 +353,8 @@ func TestLateCompletion(t *testing.T) { // improvement 5
 func TestClose(t *testing.T) { // B49, improvement 6
 	co := newConsumer(t)
 	co.data.QueueOutcomes(
-		xfertest.Outcome{Kind: xfertest.Stuck},                    // R: reading, stoppable
-		xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true}, // Q: quarantined, unstoppable
+		xfake.Outcome{Kind: xfake.Stuck},                    // R: reading, stoppable
+		xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true}, // Q: quarantined, unstoppable
 	)
 	mustStart(t, co.c, "R", []int{1}, at(2*time.Second))
 	mustStart(t, co.c, "Q", []int{2}, at(2*time.Second))
@@ -434,7 +434,7 @@ func TestUnknownPeerRegistersAgain(t *testing.T) {
 // when there is one, is what registers. One whose plane does not take
 // shapes never offers.
 func TestRegistrationFromShape(t *testing.T) {
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	data, prod := fab.New("cons", 64, 16), fab.New("prod", 64, 16)
 	out := &queue{}
 	c := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, data, compat))

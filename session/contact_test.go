@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // contactPair is a consumer session and a producer session over a fabric,
@@ -16,13 +16,13 @@ type contactPair struct {
 	toP, toC *queue
 	c        *ConsumerSession
 	p        *ProducerSession
-	pdata    *xfertest.Fake
+	pdata    *xfake.Fake
 	pc       *cache.EmbeddingCache
 }
 
 func newContactPair(t *testing.T) *contactPair {
 	t.Helper()
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	cp := &contactPair{toP: &queue{}, toC: &queue{}, pdata: fab.New("prod", 16, 8), pc: cache.NewEmbeddingCache(16)}
 	cp.pc.Alloc("R", 2)
 	cp.pc.MarkReady("R")

@@ -9,9 +9,9 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // planeFake is a data plane that serves READs through the gate of the
@@ -19,7 +19,7 @@ import (
 // records each call with the entry's pins and the replies sent so far, and
 // keeps the pushes' holds for the test to end.
 type planeFake struct {
-	*xfertest.Fake
+	*xfake.Fake
 	po       *producerOnly
 	att      *fakeAttachment
 	refuse   bool // pushes
@@ -85,7 +85,7 @@ func newPlaneProducer(t *testing.T) (*producerOnly, *planeFake) {
 	po := &producerOnly{cache: cache.NewEmbeddingCache(16), out: &queue{}}
 	po.cache.Alloc("R", 2)
 	po.cache.MarkReady("R")
-	f := &planeFake{Fake: xfertest.New("prod", 16, 8), po: po}
+	f := &planeFake{Fake: xfake.New("prod", 16, 8), po: po}
 	po.data = f.Fake
 	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet, PinLease: 10 * time.Second}, f, po.cache, compat))
 	return po, f

@@ -136,7 +136,7 @@ type grant struct {
 const endedBit = 1 << 30
 
 // contactDrive is how long a producer drives a data plane that must be
-// driven (xfer.Driven) after a contact request, as if a READ were
+// driven (plane.Driven) after a contact request, as if a READ were
 // expected: the consumer's data plane connects to ours meanwhile (over
 // UCX, its connection's set-up moves only while both agents are driven).
 const contactDrive = time.Second
@@ -161,7 +161,7 @@ const maxPushLive = 2
 // through a Replier. It is not safe for concurrent use, except Authorize.
 type ProducerSession struct {
 	data     xfer.DataTransport
-	driven   xfer.Driven      // data, when it must be told of the live grants
+	driven   plane.Driven     // data, when it must be told of the live grants
 	att      plane.Attachment // data, when it serves READs through our gate (set once)
 	gating   bool             // data serves only what we grant: Close may unpin at once
 	nextCons uint64           // consumer sessions' ids
@@ -259,8 +259,8 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	}
 	p.tokens = mrand.NewChaCha8(seed)
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
-	p.driven, _ = data.(xfer.Driven)
-	if a, ok := data.(plane.Attacher); ok {
+	p.driven, _ = plane.As[plane.Driven](data)
+	if a := plane.AttacherOf(data); a != nil {
 		p.att, p.gating = a.Attach(gate{p}), true
 	}
 	return p, nil

@@ -6,8 +6,8 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // goReq is a request as a Go consumer sends it: it names its attempt, and
@@ -85,7 +85,7 @@ func TestGrantWithoutTokenForReferenceConsumers(t *testing.T) {
 // do tokens: a session that replaces another on the same data plane cannot
 // make a notification or a READ of the old one act on its grants.
 func TestGrantIDsAndTokensNeverRepeat(t *testing.T) {
-	data := xfertest.New("prod", 16, 8)
+	data := xfake.New("prod", 16, 8)
 	c := cache.NewEmbeddingCache(16)
 	if _, err := c.Alloc("R", 2); err != nil {
 		t.Fatal(err)

@@ -38,7 +38,7 @@ var testGrantIDs atomic.Uint64
 // attachGate attaches a fresh gate to p.
 func attachGate(p *TCPData) *testGate {
 	g := &testGate{grants: map[uint64]testGrant{}}
-	g.att = p.Attach(g)
+	g.att = p.attach(g)
 	return g
 }
 

@@ -62,7 +62,7 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer impostor.Close()
-	impostor.Write(appendHello(nil, c.Name(), 8<<20, nil))
+	impostor.Write(appendHello(nil, c.name, 8<<20, nil))
 	// Read the impostor's connection until it shows the answer to its
 	// READ, which comes after anything pushed to it before.
 	got := make(chan []byte)

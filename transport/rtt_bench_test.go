@@ -12,6 +12,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/internal/pybench"
 	"github.com/ecxfer/ecxfer/session"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // BenchmarkControlRTT measures request/reply round trips over loopback with
@@ -27,7 +28,7 @@ func BenchmarkControlRTT(b *testing.B) {
 		defer cancel()
 		go serveEcho(ctx, s)
 		c := newClient(b, ClientConfig{})
-		var in []Inbound
+		var in []xfer.Inbound
 		rtt(b, func() {
 			c.Send(s.Endpoint(), payload)
 			for len(in) == 0 {
@@ -133,13 +134,13 @@ func serveEcho(ctx context.Context, s *Server) {
 			s.Reply(m.Identity, m.Payload)
 		}
 	}
-	s.OnRequest(func() {
+	s.onRequestHook(func() {
 		if mu.TryLock() {
 			echo()
 			mu.Unlock()
 		}
 	})
-	defer s.OnRequest(nil)
+	defer s.onRequestHook(nil)
 	for s.Wait(ctx) {
 		mu.Lock()
 		echo()

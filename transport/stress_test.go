@@ -268,7 +268,7 @@ func stress(t *testing.T, seed uint64) {
 	}
 	r.p = newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", IOTimeout: 5 * time.Second})
 	r.gate = &stressGate{t: t, region: pr, grants: map[uint64]*sgrant{}, owner: make([]uint64, stressPBlocks)}
-	r.gate.att = r.p.Attach(r.gate)
+	r.gate.att = r.p.attach(r.gate)
 	ccfg := TCPConfig{IOTimeout: 5 * time.Second, Conns: 1 + rng.IntN(2), CopyWorkers: 1 + rng.IntN(3)}
 	if rng.IntN(4) == 0 {
 		ccfg.PushBuffer = -1
@@ -339,7 +339,7 @@ func (r *stressRun) step(step int) {
 			r.gate.end(gr)
 		}
 		r.grants = nil
-		r.gate.att = r.p.Attach(r.gate)
+		r.gate.att = r.p.attach(r.gate)
 		old.Publish(1 << 40) // a detached session acts on nothing
 	default:
 		time.Sleep(time.Duration(r.rng.IntN(300)) * time.Microsecond)

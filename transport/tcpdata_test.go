@@ -138,7 +138,7 @@ func waitNotifs(t testing.TB, p *TCPData, n int) []xfer.Notif {
 func TestTCPMetadata(t *testing.T) {
 	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{})
 	p := newTCP(t, newRegion(t, 8, 128), TCPConfig{Listen: "127.0.0.1:0"})
-	if _, err := c.AddRemotePeer(p.AgentMetadata(), nil); !errors.Is(err, ErrBadMeta) {
+	if _, err := c.AddRemotePeer(p.AgentMetadata(), nil); !errors.Is(err, errBadMeta) {
 		t.Fatalf("block size mismatch: %v", err)
 	}
 	p2 := newTCP(t, newRegion(t, 8, 128), TCPConfig{Listen: "127.0.0.1:0"})
@@ -146,7 +146,7 @@ func TestTCPMetadata(t *testing.T) {
 		t.Fatal("two incarnations share metadata")
 	}
 	for _, m := range [][]byte{nil, {0xc1}, {0x80}, []byte("\x81\xa1v\x02"), agentMetaBytes(t, "old", "127.0.0.1:1", 64, 8, 1)} {
-		if _, err := c.AddRemotePeer(m, nil); !errors.Is(err, ErrBadMeta) {
+		if _, err := c.AddRemotePeer(m, nil); !errors.Is(err, errBadMeta) {
 			t.Fatalf("%x: %v", m, err)
 		}
 	}
@@ -336,7 +336,7 @@ func TestTCPInFlightBound(t *testing.T) {
 		}
 		hs = append(hs, h)
 	}
-	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); !errors.Is(err, ErrBusy) {
+	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); !errors.Is(err, errBusy) {
 		t.Fatalf("sixth READ: %v", err)
 	}
 	for _, h := range hs {

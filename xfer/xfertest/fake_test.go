@@ -6,10 +6,12 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ecxfer/ecxfer/internal/xfake"
 )
 
-func newFakePair(t *testing.T) (*Fake, *Fake, Pair) {
-	fab := NewFabric()
+func newFakePair(t *testing.T) (*xfake.Fake, *xfake.Fake, Pair) {
+	fab := xfake.NewFabric()
 	c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
 	return c, p, Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
 }
@@ -26,7 +28,7 @@ func TestFakeConformance(t *testing.T) {
 func TestConformanceDrivesTheProducer(t *testing.T) {
 	Conformance(t, func(t *testing.T) Pair {
 		c, _, pair := newFakePair(t)
-		c.SetOutcome(Outcome{TargetDrains: 3, After: 1})
+		c.SetOutcome(xfake.Outcome{TargetDrains: 3, After: 1})
 		return pair
 	})
 }
@@ -38,7 +40,7 @@ func TestConformanceFailsAStuckPlane(t *testing.T) {
 		waitLimit = 200 * time.Millisecond
 		Conformance(t, func(t *testing.T) Pair {
 			c, _, pair := newFakePair(t)
-			c.SetOutcome(Outcome{Kind: Stuck})
+			c.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 			return pair
 		})
 		return
@@ -57,4 +59,13 @@ func TestConformanceFailsAStuckPlane(t *testing.T) {
 	if !strings.Contains(string(out), "still in progress after") {
 		t.Errorf("no READ timed out:\n%s", out)
 	}
+}
+
+// The public fake passes the suite.
+func TestPublicFakeConformance(t *testing.T) {
+	Conformance(t, func(t *testing.T) Pair {
+		fab := NewFabric()
+		c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
+		return Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
+	})
 }
