@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
 // Errors of EmbeddingCache. Each is a misuse the reference asserts on, except
@@ -27,27 +29,6 @@ type Entry struct {
 	Blocks []int // ascending
 	Ready  bool
 	Pins   int
-}
-
-// PinResult tells the three answers of PinIfReady apart.
-type PinResult uint8
-
-const (
-	Absent   PinResult = iota // no entry for the key
-	NotReady                  // the entry exists, its save has not landed; not pinned
-	Pinned                    // the entry is ready and now pinned once more
-)
-
-func (r PinResult) String() string {
-	switch r {
-	case Absent:
-		return "absent"
-	case NotReady:
-		return "not-ready"
-	case Pinned:
-		return "pinned"
-	}
-	return fmt.Sprintf("PinResult(%d)", r)
 }
 
 // Stats counts what the cache holds and has done.
@@ -213,20 +194,28 @@ func (c *EmbeddingCache) pinLocked(e *entry) {
 	e.pins++
 }
 
-// PinIfReady pins key if it is present and ready. It returns the entry with
+func init() {
+	cachex.PinIfReady = func(c any, key string) ([]int, cachex.PinResult) {
+		e, r := c.(*EmbeddingCache).pinIfReady(key)
+		return e.Blocks, r
+	}
+	cachex.Pressure = func(c any, n int) bool { return c.(*EmbeddingCache).pressure(n) }
+}
+
+// pinIfReady pins key if it is present and ready. It returns the entry with
 // Absent (zero Entry), NotReady (not pinned) or Pinned.
-func (c *EmbeddingCache) PinIfReady(key string) (Entry, PinResult) {
+func (c *EmbeddingCache) pinIfReady(key string) (Entry, cachex.PinResult) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[key]
 	if !ok {
-		return Entry{}, Absent
+		return Entry{}, cachex.Absent
 	}
 	if !e.ready {
-		return e.snapshot(), NotReady
+		return e.snapshot(), cachex.NotReady
 	}
 	c.pinLocked(e)
-	return e.snapshot(), Pinned
+	return e.snapshot(), cachex.Pinned
 }
 
 // Unpin drops one pin; the last one makes the entry evictable again, at the
@@ -278,20 +267,20 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 	return e.snapshot(), true
 }
 
-// Pressure reports whether saves are short of room: the last save found
+// pressure reports whether saves are short of room: the last save found
 // none, or saves are under way (entries not ready) and the blocks a save
 // could have now (free, or held by ready unpinned entries, which Alloc
 // evicts) are fewer than the largest save yet asked for, or than n. A
 // producer refuses pins beyond a consumer's share only then: while no
 // save is short of room, they cost nobody.
-func (c *EmbeddingCache) Pressure(n int) bool {
+func (c *EmbeddingCache) pressure(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.starved || c.notReady > 0 && len(c.free)+c.evictable < max(c.maxSave, n)
 }
 
-// HasHeldEntries reports whether any entry is not ready or pinned.
-func (c *EmbeddingCache) HasHeldEntries() bool {
+// hasHeldEntries reports whether any entry is not ready or pinned.
+func (c *EmbeddingCache) hasHeldEntries() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.notReady > 0 || c.pinned > 0

@@ -9,6 +9,7 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/shm"
 )
 
@@ -31,7 +32,7 @@ type RegionConfig struct {
 	NoHugePages bool
 	// Shared backs the region with an anonymous memory file (memfd) that
 	// same-host processes of the same user can map read-only through
-	// SharedPath: TCPData's same-host path copies blocks straight out of
+	// its path: TCPData's same-host path copies blocks straight out of
 	// it. The file starts with a header the data plane owns (a random
 	// token, a table of the live grants, 128 KiB); the blocks follow. The
 	// kernel frees the file with the last process holding it, so a crash
@@ -190,9 +191,6 @@ func (r *Region) Span(i, n int) []byte {
 // LockErr returns why the region is not locked in RAM, or nil if it is.
 func (r *Region) LockErr() error { return r.lockErr }
 
-// Path returns the backing file, or "" for anonymous memory.
-func (r *Region) Path() string { return r.path }
-
 // Close unmaps the region. The backing file, if any, stays: see Unlink.
 // The region must not be used after Close, by this process or a data plane.
 func (r *Region) Close() error {
@@ -210,17 +208,19 @@ func (r *Region) Close() error {
 	return unix.Munmap(m)
 }
 
-// SharedPath returns the path through which a same-host process of the
+// sharedPath returns the path through which a same-host process of the
 // same user opens a Shared region's file (/proc/<pid>/fd/<fd>), or "".
-func (r *Region) SharedPath() string {
+func (r *Region) sharedPath() string {
 	if r.shared == nil {
 		return ""
 	}
 	return shm.Path(r.shared)
 }
 
-// Header returns a Shared region's header (zeroed at creation), or nil.
-func (r *Region) Header() []byte { return r.header }
+func init() {
+	cachex.Header = func(r any) []byte { return r.(*Region).header }
+	cachex.SharedPath = func(r any) string { return r.(*Region).sharedPath() }
+}
 
 // Unlink removes the backing file; mappings stay valid until closed.
 func (r *Region) Unlink() error {

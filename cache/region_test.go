@@ -16,7 +16,7 @@ func TestRegionAnonymous(t *testing.T) {
 	if r.Base()%uintptr(os.Getpagesize()) != 0 {
 		t.Fatalf("base %#x not page-aligned", r.Base())
 	}
-	if len(r.Bytes()) != 5000 || r.Blocks() != 5 || r.BlockSize() != 1000 || r.Path() != "" {
+	if len(r.Bytes()) != 5000 || r.Blocks() != 5 || r.BlockSize() != 1000 || r.path != "" {
 		t.Fatal("sizes")
 	}
 	for i := range 5 {

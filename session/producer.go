@@ -17,6 +17,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/plane"
@@ -450,23 +451,23 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.stats.OverBound++
 		return nack(wire.NackNotReady, "ec producer: live grants of the entry at their bound; NACK")
 	}
-	entry, res := p.cache.PinIfReady(string(req.MMHash))
+	blocks, res := cachex.PinIfReady(p.cache, string(req.MMHash))
 	switch res {
-	case cache.Absent:
+	case cachex.Absent:
 		return nack(wire.NackMissing, "ec producer: entry not held; NACK")
-	case cache.NotReady:
+	case cachex.NotReady:
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
 	// The shares count the blocks a session (and an identity) keeps
 	// pinned: a second grant of an entry it holds adds none. They bite
-	// only under pressure (cache.EmbeddingCache.Pressure: the last save
+	// only under pressure (the cache's pressure: the last save
 	// found no room, or saves under way would not): otherwise a pin over
 	// a share costs nobody, and a consumer's pins outlive its READs by
 	// the notification's way back, so a share counts READs that are done.
-	n := len(entry.Blocks)
+	n := len(blocks)
 	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
-		if p.cache.Pressure(n) {
-			p.unpin(entry.Key)
+		if cachex.Pressure(p.cache, n) {
+			p.unpin(string(req.MMHash))
 			p.stats.OverPinned++
 			// Retryable: the consumer backs off until its own grants end.
 			return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
@@ -493,7 +494,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	}
 	cs.grants++
 	g := p.newGrant()
-	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
+	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
 	if req.Attempt != 0 {
 		// A Go consumer: it presents the token with the grant's READs
@@ -516,7 +517,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.att.Publish(g.id) // before the ack can leave
 	}
 	p.stats.Grants++
-	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
+	p.ids = wire.Ints(p.ids[:0], blocks)
 	p.ack = wire.XferAck{
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,

@@ -12,6 +12,7 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/faultproxy"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -249,7 +250,7 @@ func TestSameHostRevealsNothingToAnotherProducer(t *testing.T) {
 		c.Release(h)
 	}
 	b := <-hello
-	if bytes.Contains(b, pr.Header()[:tokenLen]) || bytes.Contains(b, pr.Header()[:8]) {
+	if bytes.Contains(b, cachex.Header(pr)[:tokenLen]) || bytes.Contains(b, cachex.Header(pr)[:8]) {
 		t.Fatal("the token left for another producer")
 	}
 	if c.Stats().BoardCopies != 0 || bytes.Equal(cr.Block(0), pr.Block(3)) {

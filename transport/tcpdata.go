@@ -18,6 +18,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -222,13 +223,13 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	}
 	m := agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
 		BlockSize: region.BlockSize(), Blocks: region.Blocks(), Push: cfg.Listen != "" && !cfg.NoPush}
-	if h := region.Header(); h != nil && cfg.Listen != "" && !cfg.NoSharedMemory {
+	if h := cachex.Header(region); h != nil && cfg.Listen != "" && !cfg.NoSharedMemory {
 		d.token = h[:tokenLen:tokenLen]
 		if _, err := rand.Read(d.token); err != nil {
 			d.Close()
 			return nil, err
 		}
-		m.Shm, m.ShmOff = region.SharedPath(), len(h)
+		m.Shm, m.ShmOff = cachex.SharedPath(region), len(h)
 		if cfg.Authorize == nil && len(h) > grantTabOff {
 			// With a gate of the user's every READ must go through it:
 			// no board then.
