@@ -24,6 +24,7 @@ import (
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -593,11 +594,11 @@ func (c agentPlane) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer
 
 // Contact implements plane.Contacter. A producer over NIXL makes no
 // contact grant (it does not attach): notif is nil, and the notification
-// sent names the contact alone ("<agent>:" + wire.ContactHash), which a
+// sent names the contact alone ("<agent>:" + wirext.ContactHash), which a
 // producer drops.
 func (c agentPlane) Contact(ctx context.Context, agent string, notif []byte) error {
 	if notif == nil {
-		notif = []byte(c.a.cfg.Name + ":" + wire.ContactHash)
+		notif = []byte(c.a.cfg.Name + ":" + wirext.ContactHash)
 	}
 	return c.a.contact(ctx, agent, notif)
 }

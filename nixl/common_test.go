@@ -710,4 +710,7 @@ func TestAddRemotePeerShape(t *testing.T) {
 }
 
 // heldEntries reports whether any entry of c is not ready or pinned.
-func heldEntries(c *cache.EmbeddingCache) bool { st := c.Stats(); return st.NotReady > 0 || st.Pinned > 0 }
+func heldEntries(c *cache.EmbeddingCache) bool {
+	st := c.Stats()
+	return st.NotReady > 0 || st.Pinned > 0
+}

@@ -17,6 +17,8 @@ import (
 	"github.com/google/uuid"
 
 	"github.com/ecxfer/ecxfer/internal/fsm"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -99,7 +101,7 @@ type ConsumerSession struct {
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
-	known      uint64 // wire.MetaDigest(agentMeta), sent while registered (ecx_known)
+	known      uint64 // wirext.MetaDigest(agentMeta), sent while registered (ecx_known)
 	contact    contact
 	replied    bool // a reply answered one of our requests
 
@@ -125,7 +127,7 @@ type ConsumerSession struct {
 	results Results
 	stats   ConsumerStats
 	buf     []byte
-	ack     wire.AckView
+	ack     wireview.Ack
 	sorted  []int
 	closed  bool
 }
@@ -269,10 +271,10 @@ func (c *ConsumerSession) Contact(now, deadline time.Time) error {
 	if c.closed {
 		return ErrClosed
 	}
-	if c.perHash[wire.ContactHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
+	if c.perHash[wirext.ContactHash] >= MaxUnansweredPerHash || c.unanswered() >= MaxUnanswered {
 		return fmt.Errorf("%w: contact", ErrUnanswered)
 	}
-	attempt, err := c.send(wire.ContactHash, true)
+	attempt, err := c.send(wirext.ContactHash, true)
 	if err != nil {
 		return err
 	}
@@ -302,14 +304,14 @@ func (c *ConsumerSession) Probing() bool { return !c.registered && !c.replied &&
 
 // answered handles the reply to the contact request: ack is its decoded
 // answer, or nil for one that does not decode.
-func (c *ConsumerSession) answered(ack *wire.AckView) {
+func (c *ConsumerSession) answered(ack *wireview.Ack) {
 	k := &c.contact
 	k.done = true
 	switch {
 	case ack == nil:
 		k.err = fmt.Errorf("session: contact answer: %w", fsm.ErrBadAck)
-	case ack.Status != wire.OK:
-		k.status = ack.Status
+	case wire.Status(ack.Status) != wire.OK:
+		k.status = wire.Status(ack.Status)
 	case len(ack.AgentMetadata) == 0:
 		k.err = fmt.Errorf("session: contact answer without agent metadata: %w", fsm.ErrBadAck)
 	default:
@@ -317,8 +319,8 @@ func (c *ConsumerSession) answered(ack *wire.AckView) {
 		if _, err := c.register(ack); err != nil {
 			k.err = fmt.Errorf("session: register the producer from its contact answer: %w", err)
 		}
-		if ack.Grant != 0 && !ack.Token.IsZero() {
-			k.notif = wire.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
+		if ack.Grant != 0 && ack.Token != [16]byte{} {
+			k.notif = wirext.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
 		}
 	}
 }
@@ -400,7 +402,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 		return
 	}
 	for _, raw := range msgs {
-		if err := wire.DecodeAckView(raw, &c.ack); err != nil {
+		if err := wireview.DecodeAck(raw, &c.ack); err != nil {
 			c.stats.Malformed++
 			c.log.Warn("ec consumer: dropped malformed XferAck", "session", c.id, "err", err)
 			c.badAck(raw)
@@ -418,7 +420,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 // answered, and not with a grant we can use. It answers the attempt it
 // names, or else the oldest unanswered request of its mm_hash.
 func (c *ConsumerSession) badAck(raw []byte) {
-	mm, sid, attempt, ok := wire.PeekIDs(raw, "ack")
+	mm, sid, attempt, ok := wireview.PeekIDs(raw, "ack")
 	switch {
 	case !ok:
 		return // it names nothing: counted as Malformed only
@@ -454,7 +456,7 @@ type cxfer struct {
 
 // dispatch handles one ack. Its fields alias the payload: nothing of it is
 // kept without a copy.
-func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
+func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 	if len(ack.SessionID) != 0 && string(ack.SessionID) != c.id {
 		c.stats.ForeignAcks++
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
@@ -469,17 +471,17 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
 		return
 	}
-	if ack.Status != wire.OK {
-		c.stats.Nacks[ack.Status]++
+	if status := wire.Status(ack.Status); status != wire.OK {
+		c.stats.Nacks[status]++
 		level := slog.LevelWarn
-		if ack.Status.Expected() {
+		if status.Expected() {
 			level = slog.LevelInfo
 		}
-		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", ack.Status.String(), "mm_hash", x.MMHash, "session", c.id)
-		if ack.Status.Retryable() {
-			c.end(x, &c.results.Retryable, xfer.Nacked, ack.Status)
+		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", status.String(), "mm_hash", x.MMHash, "session", c.id)
+		if status.Retryable() {
+			c.end(x, &c.results.Retryable, xfer.Nacked, status)
 		} else {
-			c.end(x, &c.results.Tombstoned, xfer.Nacked, ack.Status)
+			c.end(x, &c.results.Tombstoned, xfer.Nacked, status)
 		}
 		return
 	}
@@ -527,7 +529,7 @@ func (c *ConsumerSession) forget() {
 // old agent is removed first. The descriptor is ignored while the blob is
 // unchanged, as the reference does; a shape stands in for a descriptor
 // the ack left out.
-func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
+func (c *ConsumerSession) register(ack *wireview.Ack) (xfer.Peer, error) {
 	meta := ack.AgentMetadata
 	if c.registered && bytes.Equal(meta, c.agentMeta) {
 		return c.agent, nil
@@ -551,7 +553,7 @@ func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
 	}
 	c.registered, c.agent = true, peer
 	c.agentMeta = append(c.agentMeta[:0], meta...)
-	c.known = wire.MetaDigest(c.agentMeta)
+	c.known = wirext.MetaDigest(c.agentMeta)
 	c.stats.Registrations++
 	return peer, nil
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -89,8 +91,8 @@ func TestContactRegistersTheProducer(t *testing.T) {
 		t.Fatal("a contact pinned an entry")
 	}
 	mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
-	var r wire.ReqView
-	if err := wire.DecodeReqView(cp.toP.msgs[0], &r); err != nil || r.Known != wire.MetaDigest(cp.pdata.AgentMetadata()) || r.Contact {
+	var r wireview.Req
+	if err := wireview.DecodeReq(cp.toP.msgs[0], &r); err != nil || r.Known != wirext.MetaDigest(cp.pdata.AgentMetadata()) || r.Contact {
 		t.Fatalf("request after the contact: %v %+v", err, r)
 	}
 	cp.exchange(at(2*time.Millisecond), false)

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -173,8 +174,8 @@ func TestStaleRequestAnsweredNotReady(t *testing.T) {
 func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	var r wire.ReqView
-	if err := wire.DecodeReqView(co.out.msgs[0], &r); err != nil {
+	var r wireview.Req
+	if err := wireview.DecodeReq(co.out.msgs[0], &r); err != nil {
 		t.Fatal(err)
 	}
 	if !r.HasVersion || string(r.Agent) != "cons" {

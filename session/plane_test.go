@@ -9,6 +9,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -230,12 +231,12 @@ func TestBrokenReadEndsItsGrant(t *testing.T) {
 	}
 	f.take()
 	key := sid("a") + ":R"
-	named := wire.AppendNotifGrant([]byte(key), ack.Grant, ack.Token)
+	named := wirext.AppendNotifGrant([]byte(key), ack.Grant, ack.Token)
 	wrong := ack.Token
 	wrong[0] ^= 1
 	f.att.broken = []xfer.Notif{
 		{Agent: "cons", Msg: []byte(key)},
-		{Agent: "cons", Msg: wire.AppendNotifGrant([]byte(key), ack.Grant, wrong)},
+		{Agent: "cons", Msg: wirext.AppendNotifGrant([]byte(key), ack.Grant, wrong)},
 		{Agent: "other", Msg: named},
 	}
 	po.poll(t, at(time.Second))
@@ -266,7 +267,7 @@ func TestBrokenReadEndsItsGrant(t *testing.T) {
 func TestContactGrant(t *testing.T) {
 	po, f := newPlaneProducer(t)
 	f.take()
-	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: wire.ContactHash, CompatibilityHash: compat, SessionID: sid("a"),
+	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: wirext.ContactHash, CompatibilityHash: compat, SessionID: sid("a"),
 		Attempt: 3, Agent: "cons", Contact: true})
 	ack := po.poll(t, t0, raw)[0]
 	if ack.Status != wire.OK || ack.Grant == 0 || ack.Token.IsZero() || len(ack.SrcBlockIndices) != 0 || ack.Attempt != 3 {
@@ -276,7 +277,7 @@ func TestContactGrant(t *testing.T) {
 		t.Fatalf("pins %d, grants %d", po.pins("R"), po.p.Grants())
 	}
 	f.check(t, "no publish, no push")
-	notif := wire.AppendNotifGrant([]byte(sid("a")+":"+wire.ContactHash), ack.Grant, ack.Token)
+	notif := wirext.AppendNotifGrant([]byte(sid("a")+":"+wirext.ContactHash), ack.Grant, ack.Token)
 	if _, ok := f.att.gate.Authorize("cons", notif, []int{0}); ok {
 		t.Fatal("a READ of blocks under a contact grant was served")
 	}

@@ -21,6 +21,8 @@ import (
 	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -144,7 +146,7 @@ const contactDrive = time.Second
 
 // contactSuffix ends the notification a consumer's data plane sends as it
 // makes contact, naming no grant (NIXL's, see plane.Contacter).
-var contactSuffix = []byte(":" + wire.ContactHash)
+var contactSuffix = []byte(":" + wirext.ContactHash)
 
 // grantIDs numbers grants across every producer session of the process: a
 // data plane that outlives a session (or serves its successor) never sees
@@ -188,7 +190,7 @@ type ProducerSession struct {
 	consumers  map[string]*consumerState
 	idents     map[string]int // blocks pinned per control-plane identity
 	lastMeta   []byte
-	metaDigest uint64 // wire.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
+	metaDigest uint64 // wirext.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
 	// The shape of the data plane's descriptor (shapeOf), if it is one.
 	shapeOf   []byte
 	shape     wire.Blocks
@@ -203,7 +205,7 @@ type ProducerSession struct {
 	// to ours): a data plane that must be driven is, until then.
 	contactUntil time.Time
 
-	req    wire.ReqView
+	req    wireview.Req
 	ack    wire.XferAck
 	keyBuf []byte
 	ids    []wire.Int
@@ -293,7 +295,7 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
 		// A new incarnation of our agent: every consumer registers anew.
 		p.lastMeta = append(p.lastMeta[:0], meta...)
-		p.metaDigest = wire.MetaDigest(p.lastMeta)
+		p.metaDigest = wirext.MetaDigest(p.lastMeta)
 		for _, c := range p.consumers {
 			c.confirmed = false
 		}
@@ -316,12 +318,12 @@ func (p *ProducerSession) Poll(msgs []Message, now time.Time, out Replier) {
 
 func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 	stale := !m.At.IsZero() && now.Sub(m.At) > p.maxAge
-	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
+	if err := wireview.DecodeReq(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
 		p.log.Warn("ec producer: malformed XferReq", "err", err)
 		// Answer what can still be named, so the consumer need not wait
 		// out its ack timeout.
-		if mm, sid, attempt, ok := wire.PeekIDs(m.Payload, "req"); ok {
+		if mm, sid, attempt, ok := wireview.PeekIDs(m.Payload, "req"); ok {
 			p.ack = wire.XferAck{MMHash: string(mm), SessionID: string(sid), Status: wire.NackInternal, Attempt: attempt}
 			p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 			if out.Reply(m.Identity, p.buf) != nil {
@@ -364,7 +366,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 		// pushes would funnel every byte through this loop (the TCP
 		// loopback at 64 in flight halved).
 		g.hold.Add(1)
-		p.notifBuf = wire.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
+		p.notifBuf = wirext.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
 		if p.att.Push(g.cs.id, p.notifBuf, g.Blocks, g.release) {
 			p.stats.Pushes++
 		} else {
@@ -376,7 +378,7 @@ func (p *ProducerSession) handle(m *Message, now time.Time, out Replier) {
 // grantOrNack applies the reference's rules in order and fills p.ack. Its
 // strings alias the request until a grant copies them (one allocation: the
 // grant key, of which session id and mm_hash are substrings).
-func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.Time) *grant {
+func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.Time) *grant {
 	p.ack = wire.XferAck{}
 	nack := func(s wire.Status, msg string) *grant {
 		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s, Attempt: req.Attempt}
@@ -388,7 +390,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.log.Log(context.Background(), level, msg, "mm_hash", p.ack.MMHash, "status", s.String())
 		return nil
 	}
-	if req.EffectiveVersion() != wire.IntOf(wire.ConnectorVersion) {
+	if !req.VersionIs(wire.ConnectorVersion) {
 		return nack(wire.NackVersion, "ec producer: incompatible connector version")
 	}
 	if string(req.CompatibilityHash) != p.compat {
@@ -549,7 +551,7 @@ func (p *ProducerSession) describe(acceptsShape bool) {
 
 // contactGrant makes a grant of no blocks for req, a contact request of a
 // Go consumer: a token for its data plane's contact READ, which ends it.
-func (p *ProducerSession) contactGrant(req *wire.ReqView, cs *consumerState, ident []byte, now time.Time) *grant {
+func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ident []byte, now time.Time) *grant {
 	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
 	same := p.byKey[string(p.keyBuf)]
 	key := string(p.keyBuf)
@@ -866,7 +868,7 @@ var bitmaps = sync.Pool{New: func() any { return new([]uint64) }}
 // forged says a live grant was named with a wrong or missing token.
 // Called with authMu held, or on the step loop.
 func (p *ProducerSession) lookup(msg []byte) (g *grant, forged bool) {
-	if key, id, tok, ok := wire.SplitNotifGrant(msg); ok {
+	if key, id, tok, ok := wirext.SplitNotifGrant(msg); ok {
 		if g := p.byID[id]; g != nil && g.key == string(key) {
 			if g.token.IsZero() || subtle.ConstantTimeCompare(g.token[:], tok[:]) == 1 {
 				return g, false
@@ -948,7 +950,7 @@ func (p *ProducerSession) drainBroken() {
 	p.notifs = p.att.Broken(p.notifs[:0])
 	for i := range p.notifs {
 		n := &p.notifs[i]
-		if _, _, tok, ok := wire.SplitNotifGrant(n.Msg); !ok || tok.IsZero() {
+		if _, _, tok, ok := wirext.SplitNotifGrant(n.Msg); !ok || tok.IsZero() {
 			continue
 		}
 		g, _ := p.lookup(n.Msg)

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -31,12 +32,12 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 	wrong[3] ^= 1
 	forged := [][]byte{
 		[]byte(a + ":R"), // the key alone
-		fmt.Appendf(nil, "%s:R#%d", a, ack.Grant),                                // the id without its token
-		wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, wrong),                  // a wrong token
-		wire.AppendNotifGrant([]byte(sid("b")+":R"), ack.Grant, ack.Token),       // another key
-		wire.AppendNotifGrant([]byte(a+":R"), ack.Grant+1, ack.Token),            // another id
-		wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, wire.Token{15: 1}),      // a guess
-		append(wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token), 'x'), // not the token's form
+		fmt.Appendf(nil, "%s:R#%d", a, ack.Grant),                                  // the id without its token
+		wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, wrong),                  // a wrong token
+		wirext.AppendNotifGrant([]byte(sid("b")+":R"), ack.Grant, ack.Token),       // another key
+		wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant+1, ack.Token),            // another id
+		wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, wire.Token{15: 1}),      // a guess
+		append(wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token), 'x'), // not the token's form
 	}
 	for _, msg := range forged {
 		if release, ok := po.p.Authorize("cons", msg, e.Blocks); ok {
@@ -52,7 +53,7 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 	if st := po.p.Stats(); st.BadTokens < 4 {
 		t.Fatalf("bad tokens counted %d", st.BadTokens)
 	}
-	good := wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token)
+	good := wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token)
 	release, ok := po.p.Authorize("cons", good, e.Blocks)
 	if !ok {
 		t.Fatal("the grantee's READ refused")

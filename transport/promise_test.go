@@ -14,7 +14,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/faultproxy"
-	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -78,7 +78,7 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 	}
 	<-released
 	// The impostor tries the grant's id without its token, and a guess.
-	_, id, _, _ := wire.SplitNotifGrant(notif)
+	_, id, _, _ := wirext.SplitNotifGrant(notif)
 	impostor.Write(appendRead(nil, 1, []byte("00000000-0000-4000-8000-000000000001:h#"+strconv.FormatUint(id, 10)), 2, spans(nil, []int{3, 4}), false))
 	impostor.Write(appendRead(nil, 2, append(bytes.Clone(notif[:len(notif)-1]), 'x'), 2, spans(nil, []int{3, 4}), false))
 	until(t, "the impostor's READs are refused", func() bool { return g.asked.Load() >= 3 })

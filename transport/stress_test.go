@@ -15,6 +15,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -140,7 +141,7 @@ func (g *stressGate) grant(rng *rand.Rand, n int) *sgrant {
 		g.owner[b] = gr.id
 		fillBlock(g.region.Block(b), gr.id, b)
 	}
-	gr.notif = wire.AppendNotifGrant([]byte("00000000-0000-4000-8000-000000000001:h"), gr.id, gr.token)
+	gr.notif = wirext.AppendNotifGrant([]byte("00000000-0000-4000-8000-000000000001:h"), gr.id, gr.token)
 	g.grants[gr.id] = gr
 	g.att.Publish(gr.id) // before the "ack"
 	return gr
@@ -174,7 +175,7 @@ func (g *stressGate) reuseLocked(gr *sgrant) {
 }
 
 func (g *stressGate) Authorize(_ string, notif []byte, blocks []int) (plane.Hold, bool) {
-	_, id, tok, ok := wire.SplitNotifGrant(notif)
+	_, id, tok, ok := wirext.SplitNotifGrant(notif)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gr := g.grants[id]

@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -82,7 +84,7 @@ func (x *ConsumerXfer) Grant(id uint64, token wire.Token, lease time.Duration) {
 		return
 	}
 	if id != 0 {
-		x.notif = wire.AppendNotifGrant(x.notif, id, token)
+		x.notif = wirext.AppendNotifGrant(x.notif, id, token)
 	}
 	if lease > 0 {
 		x.lease = lease
@@ -156,7 +158,7 @@ func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) 
 // straight into ints, in one pass: an entry of 8,192 blocks spends no
 // longer on its ids than on its other fields. Ids out of the producer's
 // range go through HandleAck, which says which.
-func (x *ConsumerXfer) HandleAckView(a *wire.AckView, peer xfer.Peer, now time.Time) error {
+func (x *ConsumerXfer) HandleAckView(a *wireview.Ack, peer xfer.Peer, now time.Time) error {
 	if x.state != WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
@@ -164,11 +166,15 @@ func (x *ConsumerXfer) HandleAckView(a *wire.AckView, peer xfer.Peer, now time.T
 		return err
 	}
 	ids, ok := []int(nil), false
-	if a.NumBlocks() == len(x.Blocks) {
-		ids, ok = a.AppendBlockIDs(x.remote[:0], peer.Blocks)
+	if a.NumBlocks == len(x.Blocks) {
+		ids, ok = wireview.AppendBlockIDs(a, x.remote[:0], peer.Blocks)
 	}
 	if !ok {
-		return x.HandleAck(a.AppendBlocks(nil), peer, now)
+		var full wire.XferAck
+		if err := wire.DecodeAck(a.Raw, &full); err != nil {
+			return err // a checked view's message decodes: cannot happen
+		}
+		return x.HandleAck(full.SrcBlockIndices, peer, now)
 	}
 	x.remote = ids
 	if err := x.checkUnique(peer); err != nil {

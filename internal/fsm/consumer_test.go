@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/fsm"
+	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -132,8 +133,8 @@ func TestHandleAckRefusesBadAcks(t *testing.T) {
 			// HandleAckView, from the ack's bytes, refuses it as HandleAck
 			// does, with the same words.
 			v := newRig(t)
-			var view wire.AckView
-			if err := wire.DecodeAckView(wire.AppendAck(nil, &wire.XferAck{MMHash: "H", Status: wire.OK, SrcBlockIndices: tt.ack}), &view); err != nil {
+			var view wireview.Ack
+			if err := wireview.DecodeAck(wire.AppendAck(nil, &wire.XferAck{MMHash: "H", Status: wire.OK, SrcBlockIndices: tt.ack}), &view); err != nil {
 				t.Fatal(err)
 			}
 			errView := v.x.HandleAckView(&view, v.peer, t0)
@@ -169,8 +170,8 @@ func TestHandleAckRefusesBadAcks(t *testing.T) {
 	for _, ids := range [][]int64{{7, 5, 7}, {9, 9, 3}} {
 		r := newRig(t)
 		r.x = fsm.NewConsumerXfer("H", []int{10, 11, 12}, "S", t0, t0.Add(2*time.Second), r.cons, &r.cfg)
-		var view wire.AckView
-		if err := wire.DecodeAckView(wire.AppendAck(nil, &wire.XferAck{MMHash: "H", Status: wire.OK, SrcBlockIndices: okAck(ids...)}), &view); err != nil {
+		var view wireview.Ack
+		if err := wireview.DecodeAck(wire.AppendAck(nil, &wire.XferAck{MMHash: "H", Status: wire.OK, SrcBlockIndices: okAck(ids...)}), &view); err != nil {
 			t.Fatal(err)
 		}
 		if err := r.x.HandleAckView(&view, r.peer, t0); !errors.Is(err, fsm.ErrBadAck) || len(r.cons.Posts()) != 0 {

@@ -33,6 +33,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/hooks"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/session/connector"
@@ -428,7 +429,7 @@ func (s *sim) startPool(c *consumer) {
 // latest delivered to its session for its mm_hash (no earlier than the
 // grant the consumer took).
 func (s *sim) readOutcome(c *consumer, p xfake.Post) xfake.Outcome {
-	key, id, _, named := wire.SplitNotifGrant([]byte(p.Notif))
+	key, id, _, named := wirext.SplitNotifGrant([]byte(p.Notif))
 	end, ok := c.granted[p.Notif]
 	if named {
 		end, ok = s.grants[id]
