@@ -242,7 +242,7 @@ func (p *peer) populate() {
 		if p.stopped() {
 			return
 		}
-		if unix.Madvise(p.sh.mem[off:min(off+chunk, len(p.sh.mem))], unix.MADV_POPULATE_READ) != nil {
+		if shm.PopulateRead(p.sh.mem[off:min(off+chunk, len(p.sh.mem))]) != nil {
 			return
 		}
 	}
@@ -285,7 +285,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	defer f.Close()
 	// A file that could shrink could make a copy out of our mapping fault
 	// (SIGBUS), so only a sealed one is mapped.
-	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&shm.Seals != shm.Seals {
+	if err := shm.Sealed(f); err != nil {
 		return nil, fmt.Errorf("%w: %s is not sealed against resizing (%v)", errBadMeta, m.Shm, err)
 	}
 	var st unix.Stat_t
