@@ -9,17 +9,22 @@ import (
 	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
-// Errors of EmbeddingCache. Each is a misuse the reference asserts on, except
-// ErrNoSpace, which is the normal answer of a full cache.
+// Errors of EmbeddingCache. ErrNoSpace is the normal answer of a full
+// cache; ErrTooLarge of an entry that never fits; ErrDuplicate and
+// ErrNotFound tell an engine that an entry is there, or is not. The other
+// errors (pinning an entry not ready, marking one ready twice, unpinning
+// one not pinned, discarding one ready) are misuses the reference asserts
+// on; their text says which.
 var (
-	ErrNoSpace      = errors.New("cache: not enough free or evictable blocks")
-	ErrTooLarge     = errors.New("cache: more blocks than the capacity")
-	ErrDuplicate    = errors.New("cache: duplicate alloc")
-	ErrNotFound     = errors.New("cache: no such entry")
-	ErrNotReady     = errors.New("cache: entry is not ready")
-	ErrAlreadyReady = errors.New("cache: entry is already ready")
-	ErrNotPinned    = errors.New("cache: entry is not pinned")
-	ErrReady        = errors.New("cache: entry is ready and cannot be discarded")
+	ErrNoSpace   = errors.New("cache: not enough free or evictable blocks")
+	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
+	ErrDuplicate = errors.New("cache: duplicate alloc")
+	ErrNotFound  = errors.New("cache: no such entry")
+
+	errNotReady     = errors.New("cache: entry is not ready")
+	errAlreadyReady = errors.New("cache: entry is already ready")
+	errNotPinned    = errors.New("cache: entry is not pinned")
+	errReady        = errors.New("cache: entry is ready and cannot be discarded")
 )
 
 // Entry is a snapshot of one cache entry. Blocks is shared with the cache and
@@ -163,7 +168,7 @@ func (c *EmbeddingCache) MarkReady(key string) error {
 		return err
 	}
 	if e.ready {
-		return fmt.Errorf("%w: %q", ErrAlreadyReady, key)
+		return fmt.Errorf("%w: %q", errAlreadyReady, key)
 	}
 	e.ready = true
 	c.notReady--
@@ -180,7 +185,7 @@ func (c *EmbeddingCache) Pin(key string) error {
 		return err
 	}
 	if !e.ready {
-		return fmt.Errorf("%w: %q", ErrNotReady, key)
+		return fmt.Errorf("%w: %q", errNotReady, key)
 	}
 	c.pinLocked(e)
 	return nil
@@ -228,7 +233,7 @@ func (c *EmbeddingCache) Unpin(key string) error {
 		return err
 	}
 	if e.pins == 0 {
-		return fmt.Errorf("%w: %q", ErrNotPinned, key)
+		return fmt.Errorf("%w: %q", errNotPinned, key)
 	}
 	e.pins--
 	if e.pins == 0 {
@@ -248,7 +253,7 @@ func (c *EmbeddingCache) Discard(key string) error {
 		return err
 	}
 	if e.ready {
-		return fmt.Errorf("%w: %q", ErrReady, key)
+		return fmt.Errorf("%w: %q", errReady, key)
 	}
 	delete(c.entries, key)
 	c.notReady--

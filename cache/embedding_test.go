@@ -118,11 +118,11 @@ func TestAllocErrors(t *testing.T) {
 func TestReadyPinUnpinDiscard(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "a", 1)
-	if err := c.Pin("a"); !errors.Is(err, ErrNotReady) {
+	if err := c.Pin("a"); !errors.Is(err, errNotReady) {
 		t.Fatalf("pin not ready: %v", err)
 	}
 	mustReady(t, c, "a")
-	if err := c.MarkReady("a"); !errors.Is(err, ErrAlreadyReady) {
+	if err := c.MarkReady("a"); !errors.Is(err, errAlreadyReady) {
 		t.Fatalf("double ready: %v", err)
 	}
 	for _, err := range []error{c.MarkReady("x"), c.Pin("x"), c.Unpin("x"), c.Discard("x")} {
@@ -150,10 +150,10 @@ func TestReadyPinUnpinDiscard(t *testing.T) {
 	if st := c.Stats(); st.Evictable != 1 || st.Pinned != 0 {
 		t.Fatalf("all pins gone, yet %+v", st)
 	}
-	if err := c.Unpin("a"); !errors.Is(err, ErrNotPinned) {
+	if err := c.Unpin("a"); !errors.Is(err, errNotPinned) {
 		t.Fatalf("unpin unpinned: %v", err)
 	}
-	if err := c.Discard("a"); !errors.Is(err, ErrReady) {
+	if err := c.Discard("a"); !errors.Is(err, errReady) {
 		t.Fatalf("discard ready: %v", err)
 	}
 	mustAlloc(t, c, "b", 3)

@@ -11,6 +11,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/shm"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // RegionConfig describes a block region.
@@ -61,14 +62,15 @@ type Region struct {
 
 const hugePage = 2 << 20
 
-// ErrRegionSize is returned for a region whose size is not positive or does
-// not match an existing file.
-var ErrRegionSize = errors.New("cache: bad region size")
+// errRegionSize is wrapped with xfer.ErrBadConfig for a region whose size
+// is not positive or does not match an existing file.
+var errRegionSize = errors.New("cache: bad region size")
 
-// NewRegion maps a region.
+// NewRegion maps a region. A size that is not positive, or that does not
+// match the existing file of Name, is xfer.ErrBadConfig.
 func NewRegion(cfg RegionConfig) (*Region, error) {
 	if cfg.Blocks <= 0 || cfg.BlockSize <= 0 || cfg.Blocks > (1<<62)/cfg.BlockSize {
-		return nil, fmt.Errorf("%w: %d blocks of %d bytes", ErrRegionSize, cfg.Blocks, cfg.BlockSize)
+		return nil, fmt.Errorf("%w: %w: %d blocks of %d bytes", xfer.ErrBadConfig, errRegionSize, cfg.Blocks, cfg.BlockSize)
 	}
 	size := cfg.Blocks * cfg.BlockSize
 	page := os.Getpagesize()
@@ -154,7 +156,7 @@ func mapFile(path string, size int) ([]byte, error) {
 		}
 	case int64(size):
 	default:
-		return nil, fmt.Errorf("%w: %s has %d bytes, want %d", ErrRegionSize, path, st.Size(), size)
+		return nil, fmt.Errorf("%w: %w: %s has %d bytes, want %d", xfer.ErrBadConfig, errRegionSize, path, st.Size(), size)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
