@@ -166,20 +166,3 @@ func (p Progress) String() string {
 var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl and NIXL's include path in " +
 	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS), e.g. " +
 	`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"`)
-
-// NIXL's status codes as Go errors, one to one. They reach callers
-// wrapped, in the text of the error of the call that met them.
-var (
-	errNotPosted        = errors.New("nixl: not posted")
-	errInvalidParam     = errors.New("nixl: invalid parameter")
-	errBackend          = errors.New("nixl: backend error")
-	errNotFound         = errors.New("nixl: not found")
-	errMismatch         = errors.New("nixl: mismatch")
-	errNotAllowed       = errors.New("nixl: not allowed")
-	errRepostActive     = errors.New("nixl: repost of an active request")
-	errUnknown          = errors.New("nixl: unknown error")
-	errNotSupported     = errors.New("nixl: not supported")
-	errRemoteDisconnect = errors.New("nixl: remote disconnected")
-	errCanceled         = errors.New("nixl: canceled")
-	errNoTelemetry      = errors.New("nixl: no telemetry")
-)

@@ -2,7 +2,27 @@
 
 package nixl
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
+
+// NIXL's status codes as Go errors, one to one. They reach callers
+// wrapped, in the text of the error of the call that met them.
+var (
+	errNotPosted        = errors.New("nixl: not posted")
+	errInvalidParam     = errors.New("nixl: invalid parameter")
+	errBackend          = errors.New("nixl: backend error")
+	errNotFound         = errors.New("nixl: not found")
+	errMismatch         = errors.New("nixl: mismatch")
+	errNotAllowed       = errors.New("nixl: not allowed")
+	errRepostActive     = errors.New("nixl: repost of an active request")
+	errUnknown          = errors.New("nixl: unknown error")
+	errNotSupported     = errors.New("nixl: not supported")
+	errRemoteDisconnect = errors.New("nixl: remote disconnected")
+	errCanceled         = errors.New("nixl: canceled")
+	errNoTelemetry      = errors.New("nixl: no telemetry")
+)
 
 var statusErrs = map[int]error{
 	-1: errNotPosted, -2: errInvalidParam, -3: errBackend, -4: errNotFound, -5: errMismatch,

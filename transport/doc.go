@@ -55,8 +55,8 @@
 // that confirmation needs its grant no more: it failed on the consumer,
 // or every byte had landed already (a consumer keeps a READ's answer only
 // once its confirmation is written, a pushed one once the push is in).
-// The plane hands its notification to the session whose gate granted it
-// (plane.Attachment.Broken), which ends its grant at once instead of at
+// The plane hands its notification to the session whose gate granted it,
+// which ends its grant at once instead of at
 // its lease. Malformed frames, oversized lengths, out-of-range
 // blocks and stalls close that connection only. Producers are told apart
 // by name, address and incarnation. The agent metadata is a msgpack map:
