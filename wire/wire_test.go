@@ -58,8 +58,8 @@ func TestInt(t *testing.T) {
 		_, i64 := tt.v.Int64()
 		_, u64 := tt.v.Uint64()
 		_, asInt := tt.v.Int()
-		if tt.v.String() != tt.str || i64 != tt.i64 || u64 != tt.u64 || asInt != tt.asInt || tt.v.Negative() != tt.neg {
-			t.Errorf("%s: int64=%v uint64=%v int=%v neg=%v", tt.v, i64, u64, asInt, tt.v.Negative())
+		if tt.v.String() != tt.str || i64 != tt.i64 || u64 != tt.u64 || asInt != tt.asInt || tt.v.neg != tt.neg {
+			t.Errorf("%s: int64=%v uint64=%v int=%v neg=%v", tt.v, i64, u64, asInt, tt.v.neg)
 		}
 	}
 	if got := Ints(nil, []int{3, -4}); len(got) != 2 || got[0] != IntOf(3) || got[1] != IntOf(-4) {
