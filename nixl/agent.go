@@ -173,13 +173,7 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 		return nil, fmt.Errorf("nixl: %w: %w: progress mode %d", xfer.ErrBadConfig, errInvalidParam, int(cfg.Progress))
 	}
 	cfg.setDefaults()
-	params := make(map[string]string, len(cfg.Params)+1)
-	for k, v := range cfg.Params {
-		params[k] = v
-	}
-	if cfg.Workers > 0 {
-		params["num_workers"] = fmt.Sprint(cfg.Workers)
-	}
+	params := cfg.Params
 	name, backend := C.CString(cfg.Name), C.CString(cfg.Backend)
 	defer C.free(unsafe.Pointer(name))
 	defer C.free(unsafe.Pointer(backend))

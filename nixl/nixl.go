@@ -58,11 +58,9 @@ type Config struct {
 	Backend string // default "UCX"
 	// Params are the backend's parameters, e.g.
 	// {"ucx_error_handling_mode": "none"}, which UCX's shared-memory
-	// transports need.
+	// transports need, or {"num_workers": "2"}, the UCX backend's number
+	// of workers (NIXL's default when absent).
 	Params map[string]string
-	// Workers is the UCX backend's number of workers ("num_workers");
-	// 0 leaves NIXL's default.
-	Workers int
 
 	// Progress says who drives the agent. Over UCX a READ moves only while
 	// both agents are driven: the consumer's and, over TCP, the
