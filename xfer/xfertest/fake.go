@@ -31,9 +31,9 @@ func (fab *Fabric) New(name string, blocks, blockSize int) *Fake {
 // tests: a READ posted on one fake of a Fabric completes at its first
 // Check, with the producer's bytes in the consumer's blocks, and its
 // notification reaches the producer's DrainNotifs exactly once. It keeps
-// the contract Conformance checks, and offers the sessions what the TCP
-// data plane does (its name, taking producers' shapes, Release that
-// stops a READ). Its zero value is not usable; see Fabric.New.
+// the contract Conformance checks, and offers the sessions its agent name
+// and taking producers' shapes, as NIXL does. Its zero value is not
+// usable; see Fabric.New.
 type Fake struct{ f *xfake.Fake }
 
 var _ xfer.DataTransport = (*Fake)(nil)

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/xfake"
 )
 
@@ -68,4 +69,16 @@ func TestPublicFakeConformance(t *testing.T) {
 		c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
 		return Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
 	})
+}
+
+// The public fake offers the sessions its name and taking shapes
+// through internal/plane, not its method set.
+func TestPublicFakeOffersThePlumbing(t *testing.T) {
+	f := NewFabric().New("agent-f", 4, 64)
+	if n, ok := plane.As[plane.Named](f); !ok || n.Name() != "agent-f" {
+		t.Fatalf("named: %v", ok)
+	}
+	if _, ok := plane.As[plane.ShapedPeers](f); !ok {
+		t.Fatal("no shapes")
+	}
 }
