@@ -162,8 +162,8 @@ func AppendMemDescs(dst []byte, descs []MemDesc) []byte {
 
 // AppendBlockDescs appends the encoding of the per-block descriptor list of a
 // region: count blocks of blockSize bytes from base, block i at
-// base + i*blockSize, all on device. It equals AppendMemDescs of
-// [BlockDescs] without building the slice.
+// base + i*blockSize, all on device. It equals AppendMemDescs of that
+// list of [MemDesc] without building it.
 func AppendBlockDescs(dst []byte, base, blockSize uint64, count int, device int64) []byte {
 	dst = appendArrayHeader(dst, count)
 	dev := IntOf(device)
