@@ -91,9 +91,6 @@ func NewEmbeddingCache(numBlocks int) *EmbeddingCache {
 	return c
 }
 
-// Capacity returns the number of blocks in the pool.
-func (c *EmbeddingCache) Capacity() int { return c.capacity }
-
 // Alloc creates a not-ready entry of n blocks for key, evicting ready,
 // unpinned entries oldest first if the free blocks do not suffice. If even
 // eviction cannot make room it returns ErrNoSpace and evicts nothing. The

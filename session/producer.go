@@ -251,7 +251,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{},
 		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
 		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge,
-		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
+		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Stats().Capacity)))}
 	var seed [32]byte
 	r := cfg.Rand
 	if r == nil {
