@@ -58,10 +58,9 @@ type ProducerConfig struct {
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
 	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. It applies under pressure only
-	// (cache.EmbeddingCache.Pressure: the cache's last save found no room,
-	// or saves are under way and a save as large as the largest yet would
-	// not find it): a request over it is then answered NACK_NOT_READY,
+	// and make every save fail. It applies under pressure only (the
+	// cache's last save found no room, or saves are under way and a save
+	// as large as the largest yet would not find it): a request over it is then answered NACK_NOT_READY,
 	// which consumers retry after a backoff; otherwise it is granted.
 	// Default 0.5.
 	MaxPinnedShare float64
