@@ -5,7 +5,7 @@
 // Differences from the reference's EmbeddingCache:
 //   - Every misuse the reference asserts on (duplicate alloc, more blocks than
 //     the capacity, marking ready twice, unpinning an unpinned entry,
-//     discarding a ready entry) returns a typed error instead of raising.
+//     discarding a ready entry) returns an error instead of raising.
 //   - A full cache answers [ErrNoSpace] instead of None, so callers branch
 //     with errors.Is like on every other outcome.
 //   - Operations are O(1) (an intrusive eviction list instead of a scan);

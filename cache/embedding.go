@@ -5,19 +5,26 @@ import (
 	"fmt"
 	"slices"
 	"sync"
+
+	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
-// Errors of EmbeddingCache. Each is a misuse the reference asserts on, except
-// ErrNoSpace, which is the normal answer of a full cache.
+// Errors of EmbeddingCache. ErrNoSpace is the normal answer of a full
+// cache; ErrTooLarge of an entry that never fits; ErrDuplicate and
+// ErrNotFound tell an engine that an entry is there, or is not. The other
+// errors (pinning an entry not ready, marking one ready twice, unpinning
+// one not pinned, discarding one ready) are misuses the reference asserts
+// on; their text says which.
 var (
-	ErrNoSpace      = errors.New("cache: not enough free or evictable blocks")
-	ErrTooLarge     = errors.New("cache: more blocks than the capacity")
-	ErrDuplicate    = errors.New("cache: duplicate alloc")
-	ErrNotFound     = errors.New("cache: no such entry")
-	ErrNotReady     = errors.New("cache: entry is not ready")
-	ErrAlreadyReady = errors.New("cache: entry is already ready")
-	ErrNotPinned    = errors.New("cache: entry is not pinned")
-	ErrReady        = errors.New("cache: entry is ready and cannot be discarded")
+	ErrNoSpace   = errors.New("cache: not enough free or evictable blocks")
+	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
+	ErrDuplicate = errors.New("cache: duplicate alloc")
+	ErrNotFound  = errors.New("cache: no such entry")
+
+	errNotReady     = errors.New("cache: entry is not ready")
+	errAlreadyReady = errors.New("cache: entry is already ready")
+	errNotPinned    = errors.New("cache: entry is not pinned")
+	errReady        = errors.New("cache: entry is ready and cannot be discarded")
 )
 
 // Entry is a snapshot of one cache entry. Blocks is shared with the cache and
@@ -27,27 +34,6 @@ type Entry struct {
 	Blocks []int // ascending
 	Ready  bool
 	Pins   int
-}
-
-// PinResult tells the three answers of PinIfReady apart.
-type PinResult uint8
-
-const (
-	Absent   PinResult = iota // no entry for the key
-	NotReady                  // the entry exists, its save has not landed; not pinned
-	Pinned                    // the entry is ready and now pinned once more
-)
-
-func (r PinResult) String() string {
-	switch r {
-	case Absent:
-		return "absent"
-	case NotReady:
-		return "not-ready"
-	case Pinned:
-		return "pinned"
-	}
-	return fmt.Sprintf("PinResult(%d)", r)
 }
 
 // Stats counts what the cache holds and has done.
@@ -104,9 +90,6 @@ func NewEmbeddingCache(numBlocks int) *EmbeddingCache {
 	c.lru.prev, c.lru.next = &c.lru, &c.lru
 	return c
 }
-
-// Capacity returns the number of blocks in the pool.
-func (c *EmbeddingCache) Capacity() int { return c.capacity }
 
 // Alloc creates a not-ready entry of n blocks for key, evicting ready,
 // unpinned entries oldest first if the free blocks do not suffice. If even
@@ -182,7 +165,7 @@ func (c *EmbeddingCache) MarkReady(key string) error {
 		return err
 	}
 	if e.ready {
-		return fmt.Errorf("%w: %q", ErrAlreadyReady, key)
+		return fmt.Errorf("%w: %q", errAlreadyReady, key)
 	}
 	e.ready = true
 	c.notReady--
@@ -199,7 +182,7 @@ func (c *EmbeddingCache) Pin(key string) error {
 		return err
 	}
 	if !e.ready {
-		return fmt.Errorf("%w: %q", ErrNotReady, key)
+		return fmt.Errorf("%w: %q", errNotReady, key)
 	}
 	c.pinLocked(e)
 	return nil
@@ -213,20 +196,28 @@ func (c *EmbeddingCache) pinLocked(e *entry) {
 	e.pins++
 }
 
-// PinIfReady pins key if it is present and ready. It returns the entry with
+func init() {
+	cachex.PinIfReady = func(c any, key string) ([]int, cachex.PinResult) {
+		e, r := c.(*EmbeddingCache).pinIfReady(key)
+		return e.Blocks, r
+	}
+	cachex.Pressure = func(c any, n int) bool { return c.(*EmbeddingCache).pressure(n) }
+}
+
+// pinIfReady pins key if it is present and ready. It returns the entry with
 // Absent (zero Entry), NotReady (not pinned) or Pinned.
-func (c *EmbeddingCache) PinIfReady(key string) (Entry, PinResult) {
+func (c *EmbeddingCache) pinIfReady(key string) (Entry, cachex.PinResult) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, ok := c.entries[key]
 	if !ok {
-		return Entry{}, Absent
+		return Entry{}, cachex.Absent
 	}
 	if !e.ready {
-		return e.snapshot(), NotReady
+		return e.snapshot(), cachex.NotReady
 	}
 	c.pinLocked(e)
-	return e.snapshot(), Pinned
+	return e.snapshot(), cachex.Pinned
 }
 
 // Unpin drops one pin; the last one makes the entry evictable again, at the
@@ -239,7 +230,7 @@ func (c *EmbeddingCache) Unpin(key string) error {
 		return err
 	}
 	if e.pins == 0 {
-		return fmt.Errorf("%w: %q", ErrNotPinned, key)
+		return fmt.Errorf("%w: %q", errNotPinned, key)
 	}
 	e.pins--
 	if e.pins == 0 {
@@ -259,7 +250,7 @@ func (c *EmbeddingCache) Discard(key string) error {
 		return err
 	}
 	if e.ready {
-		return fmt.Errorf("%w: %q", ErrReady, key)
+		return fmt.Errorf("%w: %q", errReady, key)
 	}
 	delete(c.entries, key)
 	c.notReady--
@@ -278,20 +269,20 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 	return e.snapshot(), true
 }
 
-// Pressure reports whether saves are short of room: the last save found
+// pressure reports whether saves are short of room: the last save found
 // none, or saves are under way (entries not ready) and the blocks a save
 // could have now (free, or held by ready unpinned entries, which Alloc
 // evicts) are fewer than the largest save yet asked for, or than n. A
 // producer refuses pins beyond a consumer's share only then: while no
 // save is short of room, they cost nobody.
-func (c *EmbeddingCache) Pressure(n int) bool {
+func (c *EmbeddingCache) pressure(n int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.starved || c.notReady > 0 && len(c.free)+c.evictable < max(c.maxSave, n)
 }
 
-// HasHeldEntries reports whether any entry is not ready or pinned.
-func (c *EmbeddingCache) HasHeldEntries() bool {
+// hasHeldEntries reports whether any entry is not ready or pinned.
+func (c *EmbeddingCache) hasHeldEntries() bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.notReady > 0 || c.pinned > 0

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"sync"
 	"testing"
+
+	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
 func mustAlloc(t *testing.T, c *EmbeddingCache, key string, n int) Entry {
@@ -119,11 +121,11 @@ func TestAllocErrors(t *testing.T) {
 func TestReadyPinUnpinDiscard(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "a", 1)
-	if err := c.Pin("a"); !errors.Is(err, ErrNotReady) {
+	if err := c.Pin("a"); !errors.Is(err, errNotReady) {
 		t.Fatalf("pin not ready: %v", err)
 	}
 	mustReady(t, c, "a")
-	if err := c.MarkReady("a"); !errors.Is(err, ErrAlreadyReady) {
+	if err := c.MarkReady("a"); !errors.Is(err, errAlreadyReady) {
 		t.Fatalf("double ready: %v", err)
 	}
 	for _, err := range []error{c.MarkReady("x"), c.Pin("x"), c.Unpin("x"), c.Discard("x")} {
@@ -151,10 +153,10 @@ func TestReadyPinUnpinDiscard(t *testing.T) {
 	if st := c.Stats(); st.Evictable != 1 || st.Pinned != 0 {
 		t.Fatalf("all pins gone, yet %+v", st)
 	}
-	if err := c.Unpin("a"); !errors.Is(err, ErrNotPinned) {
+	if err := c.Unpin("a"); !errors.Is(err, errNotPinned) {
 		t.Fatalf("unpin unpinned: %v", err)
 	}
-	if err := c.Discard("a"); !errors.Is(err, ErrReady) {
+	if err := c.Discard("a"); !errors.Is(err, errReady) {
 		t.Fatalf("discard ready: %v", err)
 	}
 	mustAlloc(t, c, "b", 3)
@@ -169,37 +171,37 @@ func TestReadyPinUnpinDiscard(t *testing.T) {
 // PinIfReady (the newest reference's answer) and whether entries are held.
 func TestPinIfReadyAndHeld(t *testing.T) {
 	c := NewEmbeddingCache(4)
-	if c.HasHeldEntries() {
+	if c.hasHeldEntries() {
 		t.Fatal("empty cache holds entries")
 	}
-	if _, r := c.PinIfReady("a"); r != Absent {
+	if _, r := c.pinIfReady("a"); r != cachex.Absent {
 		t.Fatalf("absent: %v", r)
 	}
 	mustAlloc(t, c, "a", 2)
-	if !c.HasHeldEntries() {
+	if !c.hasHeldEntries() {
 		t.Fatal("not-ready entry is not held")
 	}
-	if e, r := c.PinIfReady("a"); r != NotReady || e.Pins != 0 || len(e.Blocks) != 2 {
+	if e, r := c.pinIfReady("a"); r != cachex.NotReady || e.Pins != 0 || len(e.Blocks) != 2 {
 		t.Fatalf("not ready: %v %+v", r, e)
 	}
 	mustReady(t, c, "a")
-	if c.HasHeldEntries() {
+	if c.hasHeldEntries() {
 		t.Fatal("ready unpinned entry is held")
 	}
-	e, r := c.PinIfReady("a")
-	if r != Pinned || e.Pins != 1 || !e.Ready {
+	e, r := c.pinIfReady("a")
+	if r != cachex.Pinned || e.Pins != 1 || !e.Ready {
 		t.Fatalf("ready: %v %+v", r, e)
 	}
-	if !c.HasHeldEntries() {
+	if !c.hasHeldEntries() {
 		t.Fatal("pinned entry is not held")
 	}
 	if err := c.Unpin("a"); err != nil {
 		t.Fatal(err)
 	}
-	if c.HasHeldEntries() {
+	if c.hasHeldEntries() {
 		t.Fatal("held after the last unpin")
 	}
-	for _, r := range []PinResult{Absent, NotReady, Pinned, 9} {
+	for _, r := range []cachex.PinResult{cachex.Absent, cachex.NotReady, cachex.Pinned, 9} {
 		if r.String() == "" {
 			t.Fatal("empty name")
 		}
@@ -333,7 +335,7 @@ func TestConcurrentUse(t *testing.T) {
 // large as the largest yet (or as n) would not find it.
 func TestPressure(t *testing.T) {
 	c := NewEmbeddingCache(12)
-	if c.Pressure(12) {
+	if c.pressure(12) {
 		t.Fatal("an empty cache under pressure")
 	}
 	mustAlloc(t, c, "a", 4)
@@ -342,11 +344,11 @@ func TestPressure(t *testing.T) {
 		t.Fatal(err)
 	}
 	mustAlloc(t, c, "b", 3) // under way: 5 blocks free
-	if c.Pressure(3) || !c.Pressure(6) {
-		t.Fatalf("5 free, largest save 4: pressure(3) %v, pressure(6) %v", c.Pressure(3), c.Pressure(6))
+	if c.pressure(3) || !c.pressure(6) {
+		t.Fatalf("5 free, largest save 4: pressure(3) %v, pressure(6) %v", c.pressure(3), c.pressure(6))
 	}
 	mustReady(t, c, "b") // none under way, none refused: no pressure
-	if c.Pressure(8) {
+	if c.pressure(8) {
 		t.Fatal("pressure with no save under way or refused")
 	}
 	if err := c.Pin("b"); err != nil {
@@ -355,12 +357,12 @@ func TestPressure(t *testing.T) {
 	if _, err := c.Alloc("c", 6); !errors.Is(err, ErrNoSpace) {
 		t.Fatalf("save of 6 with 5 free: %v", err)
 	}
-	if !c.Pressure(1) {
+	if !c.pressure(1) {
 		t.Fatal("no pressure after a save found no room")
 	}
 	mustAlloc(t, c, "d", 3)
 	mustReady(t, c, "d")
-	if c.Pressure(1) {
+	if c.pressure(1) {
 		t.Fatal("pressure after a save found room")
 	}
 }

@@ -9,7 +9,9 @@ import (
 
 	"golang.org/x/sys/unix"
 
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/shm"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // RegionConfig describes a block region.
@@ -31,7 +33,7 @@ type RegionConfig struct {
 	NoHugePages bool
 	// Shared backs the region with an anonymous memory file (memfd) that
 	// same-host processes of the same user can map read-only through
-	// SharedPath: TCPData's same-host path copies blocks straight out of
+	// its path: TCPData's same-host path copies blocks straight out of
 	// it. The file starts with a header the data plane owns (a random
 	// token, a table of the live grants, 128 KiB); the blocks follow. The
 	// kernel frees the file with the last process holding it, so a crash
@@ -60,14 +62,15 @@ type Region struct {
 
 const hugePage = 2 << 20
 
-// ErrRegionSize is returned for a region whose size is not positive or does
-// not match an existing file.
-var ErrRegionSize = errors.New("cache: bad region size")
+// errRegionSize is wrapped with xfer.ErrBadConfig for a region whose size
+// is not positive or does not match an existing file.
+var errRegionSize = errors.New("cache: bad region size")
 
-// NewRegion maps a region.
+// NewRegion maps a region. A size that is not positive, or that does not
+// match the existing file of Name, is xfer.ErrBadConfig.
 func NewRegion(cfg RegionConfig) (*Region, error) {
 	if cfg.Blocks <= 0 || cfg.BlockSize <= 0 || cfg.Blocks > (1<<62)/cfg.BlockSize {
-		return nil, fmt.Errorf("%w: %d blocks of %d bytes", ErrRegionSize, cfg.Blocks, cfg.BlockSize)
+		return nil, fmt.Errorf("%w: %w: %d blocks of %d bytes", xfer.ErrBadConfig, errRegionSize, cfg.Blocks, cfg.BlockSize)
 	}
 	size := cfg.Blocks * cfg.BlockSize
 	page := os.Getpagesize()
@@ -153,7 +156,7 @@ func mapFile(path string, size int) ([]byte, error) {
 		}
 	case int64(size):
 	default:
-		return nil, fmt.Errorf("%w: %s has %d bytes, want %d", ErrRegionSize, path, st.Size(), size)
+		return nil, fmt.Errorf("%w: %w: %s has %d bytes, want %d", xfer.ErrBadConfig, errRegionSize, path, st.Size(), size)
 	}
 	mem, err := unix.Mmap(int(f.Fd()), 0, size, unix.PROT_READ|unix.PROT_WRITE, unix.MAP_SHARED)
 	if err != nil {
@@ -190,9 +193,6 @@ func (r *Region) Span(i, n int) []byte {
 // LockErr returns why the region is not locked in RAM, or nil if it is.
 func (r *Region) LockErr() error { return r.lockErr }
 
-// Path returns the backing file, or "" for anonymous memory.
-func (r *Region) Path() string { return r.path }
-
 // Close unmaps the region. The backing file, if any, stays: see Unlink.
 // The region must not be used after Close, by this process or a data plane.
 func (r *Region) Close() error {
@@ -210,17 +210,19 @@ func (r *Region) Close() error {
 	return unix.Munmap(m)
 }
 
-// SharedPath returns the path through which a same-host process of the
+// sharedPath returns the path through which a same-host process of the
 // same user opens a Shared region's file (/proc/<pid>/fd/<fd>), or "".
-func (r *Region) SharedPath() string {
+func (r *Region) sharedPath() string {
 	if r.shared == nil {
 		return ""
 	}
 	return shm.Path(r.shared)
 }
 
-// Header returns a Shared region's header (zeroed at creation), or nil.
-func (r *Region) Header() []byte { return r.header }
+func init() {
+	cachex.Header = func(r any) []byte { return r.(*Region).header }
+	cachex.SharedPath = func(r any) string { return r.(*Region).sharedPath() }
+}
 
 // Unlink removes the backing file; mappings stay valid until closed.
 func (r *Region) Unlink() error {

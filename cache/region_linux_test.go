@@ -17,12 +17,12 @@ func TestSharedRegion(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer r.Close()
-	if len(r.Header()) != shm.HeaderSize() {
-		t.Fatalf("header of %d bytes", len(r.Header()))
+	if len(r.header) != shm.HeaderSize() {
+		t.Fatalf("header of %d bytes", len(r.header))
 	}
-	r.Header()[0] = 7
+	r.header[0] = 7
 	r.Block(2)[5] = 9
-	b, err := os.ReadFile(r.SharedPath())
+	b, err := os.ReadFile(r.sharedPath())
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -31,7 +31,7 @@ func TestSharedRegion(t *testing.T) {
 	}
 	// Its size is sealed: nobody, the owner included, can shrink it under
 	// a reader's mapping.
-	f, err := os.OpenFile(r.SharedPath(), os.O_RDWR, 0)
+	f, err := os.OpenFile(r.sharedPath(), os.O_RDWR, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -45,7 +45,7 @@ func TestSharedRegion(t *testing.T) {
 	}
 	plain, _ := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, NoLock: true})
 	defer plain.Close()
-	if plain.SharedPath() != "" || plain.Header() != nil {
+	if plain.sharedPath() != "" || plain.header != nil {
 		t.Fatal("a plain region is shared")
 	}
 }
@@ -59,7 +59,7 @@ func TestBorrowShared(t *testing.T) {
 		t.Fatal(err)
 	}
 	var st unix.Stat_t
-	if err := unix.Stat(r.SharedPath(), &st); err != nil {
+	if err := unix.Stat(r.sharedPath(), &st); err != nil {
 		t.Fatal(err)
 	}
 	key := shm.Key{Dev: uint64(st.Dev), Ino: st.Ino}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"os"
 	"testing"
+
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 func TestRegionAnonymous(t *testing.T) {
@@ -16,7 +18,7 @@ func TestRegionAnonymous(t *testing.T) {
 	if r.Base()%uintptr(os.Getpagesize()) != 0 {
 		t.Fatalf("base %#x not page-aligned", r.Base())
 	}
-	if len(r.Bytes()) != 5000 || r.Blocks() != 5 || r.BlockSize() != 1000 || r.Path() != "" {
+	if len(r.Bytes()) != 5000 || r.Blocks() != 5 || r.BlockSize() != 1000 || r.path != "" {
 		t.Fatal("sizes")
 	}
 	for i := range 5 {
@@ -42,7 +44,7 @@ func TestRegionAnonymous(t *testing.T) {
 
 func TestRegionBadSize(t *testing.T) {
 	for _, c := range []RegionConfig{{Blocks: 0, BlockSize: 8}, {Blocks: 8, BlockSize: 0}, {Blocks: 1 << 62, BlockSize: 8}} {
-		if _, err := NewRegion(c); !errors.Is(err, ErrRegionSize) {
+		if _, err := NewRegion(c); !errors.Is(err, xfer.ErrBadConfig) {
 			t.Errorf("%+v: %v", c, err)
 		}
 	}
@@ -76,7 +78,7 @@ func TestRegionShared(t *testing.T) {
 	if b.LockErr() == nil {
 		t.Fatal("NoLock region claims to be locked")
 	}
-	if _, err := NewRegion(RegionConfig{Blocks: 8, BlockSize: 4096, Name: name}); !errors.Is(err, ErrRegionSize) {
+	if _, err := NewRegion(RegionConfig{Blocks: 8, BlockSize: 4096, Name: name}); !errors.Is(err, xfer.ErrBadConfig) {
 		t.Fatalf("size mismatch: %v", err)
 	}
 }

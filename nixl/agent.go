@@ -24,6 +24,7 @@ import (
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -131,12 +132,7 @@ type peerOp struct {
 	n       int
 }
 
-var (
-	_ xfer.DataTransport = (*Agent)(nil)
-	_ xfer.Driven        = (*Agent)(nil)
-	_ xfer.Signaling     = (*Agent)(nil)
-	_ xfer.ShapedPeers   = (*Agent)(nil)
-)
+var _ xfer.DataTransport = (*Agent)(nil)
 
 func (c *Config) setDefaults() {
 	if c.Backend == "" {
@@ -160,9 +156,6 @@ func (c *Config) setDefaults() {
 	}
 	if c.InlinePost == 0 {
 		c.InlinePost = 256 << 10
-		if c.AsyncPost {
-			c.InlinePost = -1
-		}
 	}
 }
 
@@ -171,25 +164,16 @@ func (c *Config) setDefaults() {
 // Close returns.
 func New(cfg Config, region *cache.Region) (*Agent, error) {
 	if cfg.Name == "" {
-		return nil, fmt.Errorf("%w: agent name required", ErrInvalidParam)
+		return nil, fmt.Errorf("nixl: %w: %w: agent name required", xfer.ErrBadConfig, errInvalidParam)
 	}
 	if region == nil {
-		return nil, fmt.Errorf("%w: nil region", ErrInvalidParam)
+		return nil, fmt.Errorf("nixl: %w: %w: nil region", xfer.ErrBadConfig, errInvalidParam)
 	}
 	if cfg.Progress < ProgressGoroutine || cfg.Progress > ProgressCaller {
-		return nil, fmt.Errorf("%w: progress mode %d", ErrInvalidParam, int(cfg.Progress))
-	}
-	if cfg.SyncPost && cfg.AsyncPost {
-		return nil, fmt.Errorf("%w: both SyncPost and AsyncPost", ErrInvalidParam)
+		return nil, fmt.Errorf("nixl: %w: %w: progress mode %d", xfer.ErrBadConfig, errInvalidParam, int(cfg.Progress))
 	}
 	cfg.setDefaults()
-	params := make(map[string]string, len(cfg.Params)+1)
-	for k, v := range cfg.Params {
-		params[k] = v
-	}
-	if cfg.Workers > 0 {
-		params["num_workers"] = fmt.Sprint(cfg.Workers)
-	}
+	params := cfg.Params
 	name, backend := C.CString(cfg.Name), C.CString(cfg.Backend)
 	defer C.free(unsafe.Pointer(name))
 	defer C.free(unsafe.Pointer(backend))
@@ -244,30 +228,27 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	return a, nil
 }
 
-// Name is the agent's name, as peers address it.
-func (a *Agent) Name() string { return a.cfg.Name }
-
 // AgentMetadata implements xfer.DataTransport.
 func (a *Agent) AgentMetadata() []byte { return a.meta }
 
 // MemDescriptor implements xfer.DataTransport.
 func (a *Agent) MemDescriptor() []byte { return a.desc }
 
-// ExpectReads implements xfer.Driven: a producer says how many grants are
+// expectReads implements plane.Driven: a producer says how many grants are
 // live, and while any is, the progress goroutine drives the agent (see
 // Config.ProgressDelay). A new grant wakes it from its pause, and the
 // pauses start again from their shortest.
-func (a *Agent) ExpectReads(n int) {
+func (a *Agent) expectReads(n int) {
 	if old := a.expect.Swap(int64(n)); int64(n) > old {
 		a.kick()
 	}
 }
 
-// Ready implements xfer.Signaling: the channel receives when the progress
+// readyChan implements plane.Signaling: the channel receives when the progress
 // goroutine has notifications waiting for DrainNotifs, or a READ posted
 // here ended (the goroutine saw it end, or it ended within its post). In
 // the modes without the goroutine it is nil, and loops poll.
-func (a *Agent) Ready() <-chan struct{} {
+func (a *Agent) readyChan() <-chan struct{} {
 	if a.cfg.Progress != ProgressGoroutine {
 		return nil
 	}
@@ -315,11 +296,11 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 	return a.addPeer(metadata, shape, regular, flat, n)
 }
 
-// AddRemotePeerShape implements xfer.ShapedPeers: AddRemotePeer of the
+// addRemotePeerShape implements plane.ShapedPeers: AddRemotePeer of the
 // descriptor shape stands for, which it never builds.
-func (a *Agent) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
+func (a *Agent) addRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
 	if shape.Size == 0 || shape.Count < 0 || shape.Size > (math.MaxUint64-shape.Base)/uint64(max(shape.Count, 1)) {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: shape %+v", ErrInvalidParam, shape)
+		return xfer.Peer{}, fmt.Errorf("nixl: %w: shape %+v", errInvalidParam, shape)
 	}
 	return a.addPeer(metadata, shape, true, nil, shape.Count)
 }
@@ -328,10 +309,10 @@ func (a *Agent) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Pee
 // flat's (address, length, device) triples.
 func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
 	if n == 0 || len(metadata) == 0 {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: empty metadata or descriptor", ErrInvalidParam)
+		return xfer.Peer{}, fmt.Errorf("nixl: %w: empty metadata or descriptor", errInvalidParam)
 	}
 	if n > math.MaxInt32 {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", ErrInvalidParam, n)
+		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", errInvalidParam, n)
 	}
 	if a.async {
 		return a.addPeerAsync(metadata, shape, regular, flat, n)
@@ -383,7 +364,7 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 		size, ok2 := d.Size.Uint64()
 		dev, ok3 := d.Device.Uint64()
 		if !ok1 || !ok2 || !ok3 {
-			return nil, fmt.Errorf("nixl: %w: negative value in the descriptor", ErrInvalidParam)
+			return nil, fmt.Errorf("nixl: %w: negative value in the descriptor", errInvalidParam)
 		}
 		flat = append(flat, C.uint64_t(addr), C.uint64_t(size), C.uint64_t(dev))
 	}
@@ -569,27 +550,51 @@ func (a *Agent) contact(ctx context.Context, key string, notif []byte) error {
 // makeConnection.
 const contactSpin = 30 * time.Millisecond
 
-// agentContact is an Agent's plane.Contacter.
-type agentContact struct{ a *Agent }
+// agentPlane is an Agent's side of the plumbing between a session and its
+// data plane (package internal/plane).
+type agentPlane struct{ a *Agent }
 
-// Contact implements plane.Contacter. A producer over NIXL makes no
-// contact grant (it does not attach): notif is nil, and the notification
-// sent names the contact alone ("<agent>:" + wire.ContactHash), which a
-// producer drops.
-func (c agentContact) Contact(ctx context.Context, agent string, notif []byte) error {
-	if notif == nil {
-		notif = []byte(c.a.cfg.Name + ":" + wire.ContactHash)
-	}
-	return c.a.contact(ctx, agent, notif)
-}
+var (
+	_ plane.Contacter   = agentPlane{}
+	_ plane.Driven      = agentPlane{}
+	_ plane.Signaling   = agentPlane{}
+	_ plane.ShapedPeers = agentPlane{}
+	_ plane.Named       = agentPlane{}
+)
 
 func init() {
-	plane.RegisterContacter(func(data any) plane.Contacter {
+	plane.Register(func(data any) any {
 		if a, ok := data.(*Agent); ok {
-			return agentContact{a}
+			return agentPlane{a}
 		}
 		return nil
 	})
+}
+
+// Name implements plane.Named: the agent's name, as peers address it.
+func (c agentPlane) Name() string { return c.a.cfg.Name }
+
+// ExpectReads implements plane.Driven (see Agent.expectReads).
+func (c agentPlane) ExpectReads(n int) { c.a.expectReads(n) }
+
+// Ready implements plane.Signaling (see Agent.readyChan).
+func (c agentPlane) Ready() <-chan struct{} { return c.a.readyChan() }
+
+// AddRemotePeerShape implements plane.ShapedPeers (see
+// Agent.addRemotePeerShape).
+func (c agentPlane) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
+	return c.a.addRemotePeerShape(metadata, shape)
+}
+
+// Contact implements plane.Contacter. A producer over NIXL makes no
+// contact grant (it does not attach): notif is nil, and the notification
+// sent names the contact alone ("<agent>:" + wirext.ContactHash), which a
+// producer drops.
+func (c agentPlane) Contact(ctx context.Context, agent string, notif []byte) error {
+	if notif == nil {
+		notif = []byte(c.a.cfg.Name + ":" + wirext.ContactHash)
+	}
+	return c.a.contact(ctx, agent, notif)
 }
 
 // RemoveRemotePeer implements xfer.DataTransport. Unless Config.SyncPost,
@@ -634,7 +639,7 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 
 // PostRead implements xfer.DataTransport. Every id must name a block of
 // its region: local ones this agent's, remote ones the peer's
-// (ErrInvalidParam). Unless Config.SyncPost, a READ of more than
+// (refused as an invalid parameter). Unless Config.SyncPost, a READ of more than
 // Config.InlinePost bytes, one from a peer still loading, any READ while
 // eight or more are held, and any READ while C is busy is queued for the
 // progress goroutine, and PostRead returns at once; a queued READ NIXL
@@ -644,7 +649,7 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 		return 0, xfer.ErrLengthMismatch
 	}
 	if len(local) == 0 {
-		return 0, fmt.Errorf("nixl: post READ: %w: no blocks", ErrInvalidParam)
+		return 0, fmt.Errorf("nixl: post READ: %w: no blocks", errInvalidParam)
 	}
 	if !a.async {
 		a.cmu.Lock()
@@ -662,7 +667,7 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	nlocal := min(a.region.Blocks(), math.MaxInt32)
 	for i, id := range local {
 		if id < 0 || id >= nlocal {
-			return 0, fmt.Errorf("nixl: post READ: %w: local block %d of %d", ErrInvalidParam, id, nlocal)
+			return 0, fmt.Errorf("nixl: post READ: %w: local block %d of %d", errInvalidParam, id, nlocal)
 		}
 		ids[i] = C.int32_t(id)
 	}
@@ -675,7 +680,7 @@ func (a *Agent) PostRead(local []int, agent string, remote []int, notif []byte) 
 	}
 	for i, id := range remote {
 		if id < 0 || id >= p.blocks {
-			return 0, fmt.Errorf("nixl: post READ: %w: remote block %d of %d", ErrInvalidParam, id, p.blocks)
+			return 0, fmt.Errorf("nixl: post READ: %w: remote block %d of %d", errInvalidParam, id, p.blocks)
 		}
 		ids[len(local)+i] = C.int32_t(id)
 	}
@@ -1009,9 +1014,9 @@ func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	return dst, err
 }
 
-// DroppedNotifs is how many notifications were dropped because DrainNotifs
+// droppedNotifs is how many notifications were dropped because DrainNotifs
 // was not called while more than 65,536 waited.
-func (a *Agent) DroppedNotifs() uint64 {
+func (a *Agent) droppedNotifs() uint64 {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	return a.dropped

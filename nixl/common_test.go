@@ -139,8 +139,8 @@ func TestPostReadChecksIDs(t *testing.T) {
 			{[]int{}, []int{}},               // nothing to read
 		}
 		for _, b := range bad {
-			if _, err := c.PostRead(b.local, peer.Agent, b.remote, []byte("s:h")); !errors.Is(err, ErrInvalidParam) {
-				t.Errorf("PostRead(%v, %v): %v, want ErrInvalidParam", b.local, b.remote, err)
+			if _, err := c.PostRead(b.local, peer.Agent, b.remote, []byte("s:h")); !errors.Is(err, errInvalidParam) {
+				t.Errorf("PostRead(%v, %v): %v, want errInvalidParam", b.local, b.remote, err)
 			}
 		}
 		c.mu.Lock()
@@ -160,7 +160,7 @@ func TestCloseWithReadsInFlight(t *testing.T) {
 			const blocks, size = 64, 64 << 10
 			c, cr := newAgent(t, v, blocks, size, Config{CloseTimeout: time.Second})
 			p, pr := newAgent(t, v, blocks, size, Config{})
-			p.ExpectReads(1) // the producer keeps moving bytes
+			p.expectReads(1) // the producer keeps moving bytes
 			for i := range blocks {
 				xfertestFill(pr.Block(i), byte(i))
 			}
@@ -210,7 +210,7 @@ func TestExpectReadsDrivesTheProducer(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		p.ExpectReads(1)
+		p.expectReads(1)
 		ids := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}
 		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:expect"))
 		if err != nil {
@@ -238,7 +238,7 @@ func TestExpectReadsDrivesTheProducer(t *testing.T) {
 		c.Release(h)
 		// The goroutine collected the notification and signals it.
 		select {
-		case <-p.Ready():
+		case <-p.readyChan():
 		case <-time.After(5 * time.Second):
 			t.Fatal("no readiness signal for the notification")
 		}
@@ -316,7 +316,7 @@ func sessionsOverAgents(t *testing.T, v variant, mode Progress, post string) {
 	for end := time.Now().Add(5 * time.Second); prod.Grants() > 0 && time.Now().Before(end); time.Sleep(time.Millisecond) {
 		prod.Poll(nil, link, time.Now())
 	}
-	if prod.Grants() != 0 || entries.HasHeldEntries() {
+	if prod.Grants() != 0 || heldEntries(entries) {
 		t.Fatalf("%d grants left", prod.Grants())
 	}
 	if pdata.expect.Load() != 0 {
@@ -429,7 +429,7 @@ func TestRefetchSameEntries(t *testing.T) {
 			prod.Poll(nil, link, time.Now())
 		}
 		st := prod.Stats()
-		if prod.Grants() != 0 || st.Grants != st.Completions+st.Expired || st.Expired != 0 || cache.HasHeldEntries() {
+		if prod.Grants() != 0 || st.Grants != st.Completions+st.Expired || st.Expired != 0 || heldEntries(cache) {
 			t.Fatalf("grants %d, completions %d, expired %d, live %d", st.Grants, st.Completions, st.Expired, prod.Grants())
 		}
 		t.Logf("%d fetches: %d grants, %d re-requests, %d completions", fetches, st.Grants, st.ReRequests, st.Completions)
@@ -471,7 +471,7 @@ func readDoneWithinPost(t *testing.T, v variant, post string) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	p.ExpectReads(1)
+	p.expectReads(1)
 	ids := make([]int, n)
 	for i := range ids {
 		ids[i] = i
@@ -516,13 +516,13 @@ func readDoneWithinPost(t *testing.T, v variant, post string) {
 	if async {
 		// The progress goroutine posts it, and signals if it ended there.
 		select {
-		case <-c.Ready():
+		case <-c.readyChan():
 		case <-time.After(5 * time.Second):
 			t.Fatal("no readiness signal for a READ posted by the progress goroutine")
 		}
 		for !ended() && v.inline { // a round that saw nothing new may signal first
 			select {
-			case <-c.Ready():
+			case <-c.readyChan():
 			case <-time.After(5 * time.Second):
 				t.Fatal("READ not recorded ended 5 s after its post")
 			}
@@ -535,7 +535,7 @@ func readDoneWithinPost(t *testing.T, v variant, post string) {
 	}
 	if inline && !async {
 		select {
-		case <-c.Ready():
+		case <-c.readyChan():
 		case <-time.After(5 * time.Second):
 			t.Fatal("no readiness signal for a READ done within its post")
 		}
@@ -646,7 +646,7 @@ func waitEnded(t *testing.T, a *Agent, h xfer.Handle) xfer.Progress {
 			return pg
 		}
 		select {
-		case <-a.Ready():
+		case <-a.readyChan():
 		case <-time.After(5 * time.Second):
 			t.Fatal("READ not ended after 5 s")
 		}
@@ -668,7 +668,7 @@ func TestAddRemotePeerShape(t *testing.T) {
 		if err != nil || !regular || shape.Count != n {
 			t.Fatalf("own descriptor: %+v, %v, %v", shape, regular, err)
 		}
-		peer, err := c.AddRemotePeerShape(p.AgentMetadata(), shape)
+		peer, err := c.addRemotePeerShape(p.AgentMetadata(), shape)
 		if err != nil || peer.Blocks != n {
 			t.Fatalf("AddRemotePeerShape: %+v, %v", peer, err)
 		}
@@ -676,7 +676,7 @@ func TestAddRemotePeerShape(t *testing.T) {
 		if err != nil || again != peer {
 			t.Fatalf("the descriptor after the shape: %+v, %v (first %+v)", again, err, peer)
 		}
-		p.ExpectReads(1)
+		p.expectReads(1)
 		ids := []int{0, 1, 2, 3, 4, 5, 6, 7}
 		h, err := c.PostRead(ids, peer.Agent, ids, []byte("s:shape"))
 		if err != nil {
@@ -686,7 +686,7 @@ func TestAddRemotePeerShape(t *testing.T) {
 			t.Fatalf("READ %v", pg)
 		}
 		c.Release(h)
-		p.ExpectReads(0)
+		p.expectReads(0)
 		for i := range n {
 			if !bytes.Equal(cr.Block(i), pr.Block(i)) {
 				t.Fatalf("block %d differs", i)
@@ -699,12 +699,18 @@ func TestAddRemotePeerShape(t *testing.T) {
 			{Base: math.MaxUint64 - bs, Size: bs, Count: 2},
 			{Base: shape.Base, Size: 1, Count: math.MaxInt32 + 1},
 		} {
-			if _, err := c.AddRemotePeerShape(p.AgentMetadata(), bad); !errors.Is(err, ErrInvalidParam) {
-				t.Errorf("shape %+v: %v, want ErrInvalidParam", bad, err)
+			if _, err := c.addRemotePeerShape(p.AgentMetadata(), bad); !errors.Is(err, errInvalidParam) {
+				t.Errorf("shape %+v: %v, want errInvalidParam", bad, err)
 			}
 		}
-		if _, err := c.AddRemotePeerShape(nil, shape); !errors.Is(err, ErrInvalidParam) {
+		if _, err := c.addRemotePeerShape(nil, shape); !errors.Is(err, errInvalidParam) {
 			t.Errorf("no metadata: %v", err)
 		}
 	})
+}
+
+// heldEntries reports whether any entry of c is not ready or pinned.
+func heldEntries(c *cache.EmbeddingCache) bool {
+	st := c.Stats()
+	return st.NotReady > 0 || st.Pinned > 0
 }

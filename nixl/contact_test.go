@@ -21,7 +21,7 @@ func TestContactBeforeTheFirstRead(t *testing.T) {
 			t.Run(post, func(t *testing.T) {
 				cdata, _ := newAgent(t, v, 8, 4096, withPost(post, Config{}))
 				pdata, pr := newAgent(t, v, 8, 4096, Config{})
-				pdata.ExpectReads(1) // a grant is live: the producer is driven
+				pdata.expectReads(1) // a grant is live: the producer is driven
 				c := plane.ContacterOf(cdata)
 				if c == nil {
 					t.Fatal("an Agent has no Contacter")

@@ -18,38 +18,38 @@ import (
 // The C fake moves bytes on threads of its own after a delay, or, as UCX
 // over shared memory does, within the post.
 var variants = []variant{{name: "fake"}, {name: "fake-inline", inline: true, setup: func(t *testing.T) {
-	FakeSetInline(true)
-	t.Cleanup(func() { FakeSetInline(false) })
+	fakeSetInline(true)
+	t.Cleanup(func() { fakeSetInline(false) })
 }}}
 
 func needNIXL(t *testing.T, err error) {}
 
-func init() { FakeSetDelay(100 * time.Microsecond) }
+func init() { fakeSetDelay(100 * time.Microsecond) }
 
 func TestNewErrors(t *testing.T) {
 	r, _ := cache.NewRegion(cache.RegionConfig{Blocks: 4, BlockSize: 64, NoLock: true})
 	defer r.Close()
-	if _, err := New(Config{}, r); !errors.Is(err, ErrInvalidParam) {
+	if _, err := New(Config{}, r); !errors.Is(err, errInvalidParam) {
 		t.Fatalf("agent without a name: %v", err)
 	}
-	if _, err := New(Config{Name: "x"}, nil); !errors.Is(err, ErrInvalidParam) {
+	if _, err := New(Config{Name: "x"}, nil); !errors.Is(err, errInvalidParam) {
 		t.Fatalf("agent without a region: %v", err)
 	}
-	if _, err := New(Config{Name: "x", Progress: 7}, r); !errors.Is(err, ErrInvalidParam) {
+	if _, err := New(Config{Name: "x", Progress: 7}, r); !errors.Is(err, errInvalidParam) {
 		t.Fatalf("unknown progress mode: %v", err)
 	}
-	if _, err := New(Config{Name: "x", Backend: "GDS"}, r); !errors.Is(err, ErrNotFound) {
+	if _, err := New(Config{Name: "x", Backend: "GDS"}, r); !errors.Is(err, errNotFound) {
 		t.Fatalf("unknown backend: %v", err)
 	}
-	if _, err := New(Config{Name: "x", SyncPost: true, AsyncPost: true}, r); !errors.Is(err, ErrInvalidParam) {
-		t.Fatalf("SyncPost and AsyncPost: %v", err)
+	if _, err := New(Config{Name: "x"}, nil); !errors.Is(err, xfer.ErrBadConfig) {
+		t.Fatalf("agent without a region: %v, want xfer.ErrBadConfig", err)
 	}
-	// AsyncPost, deprecated, still hands every READ off; the default
-	// posts a READ of up to 256 KiB in the step.
+	// The default posts a READ of up to 256 KiB in the step; InlinePost
+	// -1 hands every READ off.
 	for _, c := range []struct {
 		cfg    Config
 		inline int
-	}{{Config{}, 4096}, {Config{AsyncPost: true}, -1}, {Config{AsyncPost: true, InlinePost: 128}, 2}, {Config{InlinePost: 100}, 1}} {
+	}{{Config{}, 4096}, {Config{InlinePost: -1}, -1}, {Config{InlinePost: 128}, 2}, {Config{InlinePost: 100}, 1}} {
 		a, _ := newAgent(t, variants[0], 4, 64, c.cfg)
 		if a.inline != c.inline {
 			t.Errorf("%+v: READs of up to %d blocks posted in the step, want %d", c.cfg, a.inline, c.inline)
@@ -67,24 +67,24 @@ func TestErrorMapping(t *testing.T) {
 	// check would take the injected failures.
 	c, _ := newAgent(t, variants[0], 8, 64, Config{Progress: ProgressCaller})
 	p, _ := newAgent(t, variants[0], 8, 64, Config{Progress: ProgressCaller})
-	FakeFail(FakeLoad, -10, 1)
-	if _, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); !errors.Is(err, ErrRemoteDisconnect) {
+	fakeFail(fakeLoad, -10, 1)
+	if _, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor()); !errors.Is(err, errRemoteDisconnect) {
 		t.Fatalf("load: %v", err)
 	}
 	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
 	if err != nil || peer.Blocks != 8 {
 		t.Fatalf("%+v %v", peer, err)
 	}
-	FakeFail(FakePost, -3, 1)
-	if _, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil); !errors.Is(err, ErrBackend) {
+	fakeFail(fakePost, -3, 1)
+	if _, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil); !errors.Is(err, errBackend) {
 		t.Fatalf("post: %v", err)
 	}
 	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, []byte("s:h"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	FakeFail(FakeCheck, -4, 1)
-	if _, err := c.Check(h); !errors.Is(err, ErrNotFound) {
+	fakeFail(fakeCheck, -4, 1)
+	if _, err := c.Check(h); !errors.Is(err, errNotFound) {
 		t.Fatalf("check: %v", err)
 	}
 	// A READ that fails in NIXL is Failed, not an error.
@@ -92,7 +92,7 @@ func TestErrorMapping(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	FakeFail(FakeCheck, -3, 1)
+	fakeFail(fakeCheck, -3, 1)
 	if pg, err := c.Check(bad); err != nil || pg != xfer.Failed {
 		t.Fatalf("failed READ: %s, %v", pg, err)
 	}
@@ -100,7 +100,7 @@ func TestErrorMapping(t *testing.T) {
 	c.Release(h) // may still run: kept, and released once it ends
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(100 * time.Microsecond) {
 		c.DrainNotifs(nil) // reaps what has ended
-		hs, rs := c.FakeLeaks()
+		hs, rs := c.fakeLeaks()
 		if hs == 0 && rs == 1 {
 			break
 		}
@@ -109,11 +109,11 @@ func TestErrorMapping(t *testing.T) {
 		}
 	}
 	c.RemoveRemotePeer(peer.Agent)
-	if _, rs := c.FakeLeaks(); rs != 0 {
+	if _, rs := c.fakeLeaks(); rs != 0 {
 		t.Fatal("remote agent not removed")
 	}
 	for st := -12; st <= -1; st++ {
-		if err := statusErr("x", st); err == nil || errors.Is(err, ErrUnknown) != (st == -8) {
+		if err := statusErr("x", st); err == nil || errors.Is(err, errUnknown) != (st == -8) {
 			t.Errorf("status %d: %v", st, err)
 		}
 	}
@@ -128,16 +128,16 @@ func TestReleaseWhileRunning(t *testing.T) {
 	if err := c.Release(h); !errors.Is(err, xfer.ErrMayStillWrite) {
 		t.Fatalf("release: %v", err)
 	}
-	if hs, _ := c.FakeLeaks(); hs != 1 {
+	if hs, _ := c.fakeLeaks(); hs != 1 {
 		t.Fatalf("%d requests held", hs)
 	}
 	c.DrainNotifs(nil) // still running: kept
-	if hs, _ := c.FakeLeaks(); hs != 1 {
+	if hs, _ := c.fakeLeaks(); hs != 1 {
 		t.Fatalf("%d requests held while running", hs)
 	}
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		c.DrainNotifs(nil) // released once it has ended
-		if hs, _ := c.FakeLeaks(); hs == 0 {
+		if hs, _ := c.fakeLeaks(); hs == 0 {
 			break
 		}
 		if time.Now().After(end) {
@@ -179,7 +179,7 @@ func TestStepNeverWaitsForC(t *testing.T) {
 	})
 	// The next post NIXL sees fails: if it is the next READ's, the
 	// released one never reached NIXL.
-	FakeFail(FakePost, -3, 1)
+	fakeFail(fakePost, -3, 1)
 	held = false
 	c.cmu.Unlock()
 	// Posted in the step (C free) the refusal is PostRead's error, else
@@ -190,13 +190,13 @@ func TestStepNeverWaitsForC(t *testing.T) {
 			t.Fatalf("the READ after the released one: %v (the released READ was posted)", pg)
 		}
 		err = c.Release(h)
-	} else if errors.Is(err, ErrBackend) {
+	} else if errors.Is(err, errBackend) {
 		err = nil
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	if hs, _ := c.FakeLeaks(); hs != 0 {
+	if hs, _ := c.fakeLeaks(); hs != 0 {
 		t.Fatalf("%d requests held", hs)
 	}
 }
@@ -241,11 +241,11 @@ func TestHandedOffRelease(t *testing.T) {
 		t.Fatal("the READ was never posted")
 	}
 	c.beforePost = nil
-	if hs, _ := c.FakeLeaks(); hs != 1 {
+	if hs, _ := c.fakeLeaks(); hs != 1 {
 		t.Fatalf("%d requests held while the READ runs", hs)
 	}
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		if hs, _ := c.FakeLeaks(); hs == 0 {
+		if hs, _ := c.fakeLeaks(); hs == 0 {
 			break
 		}
 		if time.Now().After(end) {
@@ -253,7 +253,7 @@ func TestHandedOffRelease(t *testing.T) {
 		}
 	}
 
-	FakeFail(FakePost, -3, 1)
+	fakeFail(fakePost, -3, 1)
 	bad, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -264,7 +264,7 @@ func TestHandedOffRelease(t *testing.T) {
 	if err := c.Release(bad); err != nil {
 		t.Fatal(err)
 	}
-	if hs, _ := c.FakeLeaks(); hs != 0 {
+	if hs, _ := c.fakeLeaks(); hs != 0 {
 		t.Fatalf("%d requests held after a refused post", hs)
 	}
 }
@@ -274,8 +274,8 @@ func TestHandedOffRelease(t *testing.T) {
 // recorded ended when PostRead returns. A larger one is handed to the
 // progress goroutine even then, and NIXL's refusal ends it Failed.
 func TestInlinePost(t *testing.T) {
-	FakeSetInline(true)
-	defer FakeSetInline(false)
+	fakeSetInline(true)
+	defer fakeSetInline(false)
 	c, cr := newAgent(t, variants[0], 8, 64, Config{InlinePost: 64, IdlePoll: time.Hour})
 	p, pr := newAgent(t, variants[0], 8, 64, Config{})
 	for i := range 8 {
@@ -293,7 +293,7 @@ func TestInlinePost(t *testing.T) {
 			var handed atomic.Bool
 			c.beforePost = func() { handed.Store(true) }
 			if fail {
-				FakeFail(FakePost, -3, 1)
+				fakeFail(fakePost, -3, 1)
 			}
 			h, err := c.PostRead(local, peer.Agent, remote, nil)
 			if err != nil {
@@ -325,14 +325,14 @@ func TestInlinePost(t *testing.T) {
 	if !bytes.Equal(cr.Block(1), pr.Block(5)) {
 		t.Fatal("bytes differ")
 	}
-	if ok, err := inStep([]int{2}, []int{6}, true); !errors.Is(err, ErrBackend) || !ok {
+	if ok, err := inStep([]int{2}, []int{6}, true); !errors.Is(err, errBackend) || !ok {
 		t.Fatalf("one block refused: %v, posted in the step %v", err, ok)
 	}
 	// Two blocks (128 B) are over InlinePost: always handed off.
 	settle(t, c)
 	var handed atomic.Int32
 	c.beforePost = func() { handed.Add(1) }
-	FakeFail(FakePost, -3, 1)
+	fakeFail(fakePost, -3, 1)
 	h, err := c.PostRead([]int{3, 4}, peer.Agent, []int{6, 7}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -390,7 +390,7 @@ func TestInlineRelease(t *testing.T) {
 	c.mu.Lock()
 	left := len(c.ended)
 	c.mu.Unlock()
-	if hs, _ := c.FakeLeaksLocked(); left != 0 || hs != 0 { // the fake counts under a lock of its own
+	if hs, _ := c.fakeLeaksLocked(); left != 0 || hs != 0 { // the fake counts under a lock of its own
 		t.Fatalf("released: %d left for the progress goroutine, %d requests held", left, hs)
 	}
 }
@@ -399,8 +399,8 @@ func TestInlineRelease(t *testing.T) {
 // a producer agent, with the fake's READs taking 20 ms.
 func slowPair(t *testing.T, cfg Config) (*Agent, xfer.Peer) {
 	t.Helper()
-	FakeSetDelay(20 * time.Millisecond)
-	t.Cleanup(func() { FakeSetDelay(100 * time.Microsecond) })
+	fakeSetDelay(20 * time.Millisecond)
+	t.Cleanup(func() { fakeSetDelay(100 * time.Microsecond) })
 	c, _ := newAgent(t, variants[0], 8, 64, cfg)
 	p, _ := newAgent(t, variants[0], 8, 64, Config{})
 	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
@@ -450,7 +450,7 @@ func TestAsyncPeerLoad(t *testing.T) {
 		h, err = c.PostRead([]int{1, 2}, peer.Agent, []int{5, 6}, []byte("s:h"))
 		return err
 	})
-	if _, rs := c.FakeLeaksLocked(); rs != 0 {
+	if _, rs := c.fakeLeaksLocked(); rs != 0 {
 		t.Fatalf("%d remote agents loaded while C was held", rs)
 	}
 	held = false
@@ -483,7 +483,7 @@ func TestAsyncPeerLoadFails(t *testing.T) {
 	c, _ := newAgent(t, variants[0], 8, 64, Config{})
 	p, _ := newAgent(t, variants[0], 8, 64, Config{})
 	c.cmu.Lock() // the failure is injected before the goroutine can load
-	FakeFail(FakeLoad, -10, 1)
+	fakeFail(fakeLoad, -10, 1)
 	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
 	if err != nil {
 		c.cmu.Unlock()
@@ -501,7 +501,7 @@ func TestAsyncPeerLoadFails(t *testing.T) {
 		t.Fatal(err)
 	}
 	_, err = c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
-	if !errors.Is(err, xfer.ErrUnknownPeer) || !errors.Is(err, ErrRemoteDisconnect) {
+	if !errors.Is(err, xfer.ErrUnknownPeer) || !errors.Is(err, errRemoteDisconnect) {
 		t.Fatalf("READ after the failed load: %v", err)
 	}
 	if err := c.RemoveRemotePeer(peer.Agent); err != nil {
@@ -527,7 +527,7 @@ func TestAsyncPeerLoadFails(t *testing.T) {
 func waitLeaks(t *testing.T, a *Agent, hs, rs int) {
 	t.Helper()
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
-		h, r := a.FakeLeaks()
+		h, r := a.fakeLeaks()
 		if h == hs && r == rs {
 			return
 		}
@@ -547,11 +547,11 @@ func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c.FakeHoldProgress(true)
+	c.fakeHoldProgress(true)
 	held := true
 	defer func() {
 		if held {
-			c.FakeHoldProgress(false)
+			c.fakeHoldProgress(false)
 		}
 	}()
 	returnsWithin5s(t, "a step-loop call waited for a progress call in C", func() error {
@@ -569,7 +569,7 @@ func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
 		return err
 	})
 	held = false
-	c.FakeHoldProgress(false)
+	c.fakeHoldProgress(false)
 	if pg := waitEnded(t, c, h); pg != xfer.Complete {
 		t.Fatalf("READ: %v", pg)
 	}
@@ -582,8 +582,8 @@ func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
 // over a second from its post, above the same process idle; then its
 // pauses have grown to ProgressDelay.
 func TestHungReadParks(t *testing.T) {
-	FakeSetHang(true)
-	defer FakeSetHang(false) // before the agents close
+	fakeSetHang(true)
+	defer fakeSetHang(false) // before the agents close
 	c, peer := slowPair(t, Config{})
 	settle(t, c)
 	const window = time.Second
@@ -601,7 +601,7 @@ func TestHungReadParks(t *testing.T) {
 	}
 	t.Logf("a hung READ: %v of CPU over %v, %v idle", hung, window, idle)
 	wakeupsAtMost(t, c)
-	FakeSetHang(false)
+	fakeSetHang(false)
 	if pg := waitEnded(t, c, h); pg != xfer.Complete {
 		t.Fatalf("READ: %v", pg)
 	}
@@ -613,8 +613,8 @@ func TestHungReadParks(t *testing.T) {
 // second.
 func TestExpectedReadsPause(t *testing.T) {
 	p, _ := newAgent(t, variants[0], 8, 64, Config{})
-	p.ExpectReads(1)
-	defer p.ExpectReads(0)
+	p.expectReads(1)
+	defer p.expectReads(0)
 	wakeupsAtMost(t, p)
 }
 

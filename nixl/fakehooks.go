@@ -15,12 +15,12 @@ import (
 
 // Test hooks of the nixlfake build: they drive the C fake.
 
-// FakeSetDelay makes every READ take d on its own thread.
-func FakeSetDelay(d time.Duration) { C.cnixl_fake_set_delay_us(C.long(d / time.Microsecond)) }
+// fakeSetDelay makes every READ take d on its own thread.
+func fakeSetDelay(d time.Duration) { C.cnixl_fake_set_delay_us(C.long(d / time.Microsecond)) }
 
-// FakeSetInline makes READs complete within their post, as UCX over shared
+// fakeSetInline makes READs complete within their post, as UCX over shared
 // memory's do (on), or on their own thread after the delay (off).
-func FakeSetInline(on bool) {
+func fakeSetInline(on bool) {
 	v := 0
 	if on {
 		v = 1
@@ -28,10 +28,10 @@ func FakeSetInline(on bool) {
 	C.cnixl_fake_set_inline(C.int(v))
 }
 
-// FakeSetHang makes READs on their own thread (FakeSetInline off) hang,
+// fakeSetHang makes READs on their own thread (fakeSetInline off) hang,
 // as over a link that drops everything: they end only once it is called
 // with false, or they are released, or their agent closes.
-func FakeSetHang(on bool) {
+func fakeSetHang(on bool) {
 	v := 0
 	if on {
 		v = 1
@@ -41,35 +41,35 @@ func FakeSetHang(on bool) {
 
 // Fake operations to fail.
 const (
-	FakePost    = C.CNIXL_FAKE_OP_POST
-	FakeCheck   = C.CNIXL_FAKE_OP_CHECK
-	FakeLoad    = C.CNIXL_FAKE_OP_LOAD
-	FakeRelease = C.CNIXL_FAKE_OP_RELEASE
+	fakePost    = C.CNIXL_FAKE_OP_POST
+	fakeCheck   = C.CNIXL_FAKE_OP_CHECK
+	fakeLoad    = C.CNIXL_FAKE_OP_LOAD
+	fakeRelease = C.CNIXL_FAKE_OP_RELEASE
 )
 
-// FakeFail makes the next count calls of op fail with NIXL status st.
-func FakeFail(op, st, count int) { C.cnixl_fake_fail(C.int(op), C.int(st), C.int(count)) }
+// fakeFail makes the next count calls of op fail with NIXL status st.
+func fakeFail(op, st, count int) { C.cnixl_fake_fail(C.int(op), C.int(st), C.int(count)) }
 
-// FakeLeaks returns the requests and remote agents a still holds in C.
-func (a *Agent) FakeLeaks() (handles, remotes int) {
+// fakeLeaks returns the requests and remote agents a still holds in C.
+func (a *Agent) fakeLeaks() (handles, remotes int) {
 	a.lockC()
 	defer a.unlockC()
-	return a.FakeLeaksLocked()
+	return a.fakeLeaksLocked()
 }
 
-// FakeLeaksLocked is FakeLeaks for a caller that holds cmu (the fake
+// fakeLeaksLocked is fakeLeaks for a caller that holds cmu (the fake
 // keeps its counts under a lock of its own).
-func (a *Agent) FakeLeaksLocked() (handles, remotes int) {
+func (a *Agent) fakeLeaksLocked() (handles, remotes int) {
 	if a.c == nil {
 		return 0, 0
 	}
 	return int(C.cnixl_fake_live_handles(a.c)), int(C.cnixl_fake_live_remotes(a.c))
 }
 
-// FakeHoldProgress makes a's progress calls (getNotifs) wait inside C
+// fakeHoldProgress makes a's progress calls (getNotifs) wait inside C
 // until it is called with false, as a long progress call over UCX does;
 // it returns once one waits. a must have a progress goroutine.
-func (a *Agent) FakeHoldProgress(on bool) {
+func (a *Agent) fakeHoldProgress(on bool) {
 	v := 0
 	if on {
 		v = 1

@@ -22,7 +22,7 @@ func TestRemoteOutsideRegistration(t *testing.T) {
 	forVariants(t, func(t *testing.T, v variant) {
 		const n, bs, local = 8, 4096, 3
 		p, _ := newAgent(t, v, n, bs, Config{})
-		p.ExpectReads(1)
+		p.expectReads(1)
 		own, _, err := wire.DecodeBlocks(p.MemDescriptor())
 		if err != nil {
 			t.Fatal(err)
@@ -46,7 +46,7 @@ func TestRemoteOutsideRegistration(t *testing.T) {
 					return bytes.Equal(cr.Bytes()[:local*bs], before[:local*bs]) &&
 						bytes.Equal(cr.Bytes()[(local+1)*bs:], before[(local+1)*bs:])
 				}
-				peer, err := c.AddRemotePeerShape(p.AgentMetadata(), tc.shape)
+				peer, err := c.addRemotePeerShape(p.AgentMetadata(), tc.shape)
 				if err != nil {
 					t.Fatalf("AddRemotePeerShape: %v (NIXL checks at the READ)", err)
 				}

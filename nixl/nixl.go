@@ -18,7 +18,7 @@
 // Over UCX a READ moves only while both agents are driven, and a producer
 // has nothing of its own to call while a peer reads its memory: see
 // Progress for who drives an agent. The producer session reports its live
-// grants (xfer.Driven), so by default a goroutine drives the agent exactly
+// grants to its data plane, so by default a goroutine drives the agent exactly
 // while a READ may come: briefly without pause after each event, then
 // with pauses that double. NIXL 1.4.0 exposes no event descriptor to wait
 // on instead: its UCX plugin waits on its workers' descriptors only in
@@ -59,11 +59,9 @@ type Config struct {
 	Backend string // default "UCX"
 	// Params are the backend's parameters, e.g.
 	// {"ucx_error_handling_mode": "none"}, which UCX's shared-memory
-	// transports need.
+	// transports need, or {"num_workers": "2"}, the UCX backend's number
+	// of workers (NIXL's default when absent).
 	Params map[string]string
-	// Workers is the UCX backend's number of workers ("num_workers");
-	// 0 leaves NIXL's default.
-	Workers int
 
 	// Progress says who drives the agent. Over UCX a READ moves only while
 	// both agents are driven: the consumer's and, over TCP, the
@@ -126,10 +124,6 @@ type Config struct {
 	// 256 KiB (5-15 GB/s). Over RDMA and TCP the post returns at once.
 	// Default 256 KiB; negative: every READ is handed off.
 	InlinePost int
-	// Deprecated: handing READs to the progress goroutine is the default;
-	// AsyncPost now means InlinePost -1 (every READ handed off) where
-	// InlinePost is 0. It cannot be set with SyncPost.
-	AsyncPost bool
 }
 
 // Progress says who drives a NIXL agent.
@@ -138,7 +132,7 @@ type Progress int
 const (
 	// ProgressGoroutine (the default) drives the agent from a goroutine
 	// of its own while this agent has READs outstanding or a producer has
-	// grants live (see ExpectReads): round after round for Spin after
+	// grants live: round after round for Spin after
 	// each event, then with pauses that double up to ProgressDelay (see
 	// there); every IdlePoll otherwise. A READ that never ends costs
 	// about a hundred wake-ups a second, not a core.
@@ -171,19 +165,3 @@ func (p Progress) String() string {
 var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl and NIXL's include path in " +
 	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS), e.g. " +
 	`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"`)
-
-// NIXL's status codes as Go errors, one to one.
-var (
-	ErrNotPosted        = errors.New("nixl: not posted")
-	ErrInvalidParam     = errors.New("nixl: invalid parameter")
-	ErrBackend          = errors.New("nixl: backend error")
-	ErrNotFound         = errors.New("nixl: not found")
-	ErrMismatch         = errors.New("nixl: mismatch")
-	ErrNotAllowed       = errors.New("nixl: not allowed")
-	ErrRepostActive     = errors.New("nixl: repost of an active request")
-	ErrUnknown          = errors.New("nixl: unknown error")
-	ErrNotSupported     = errors.New("nixl: not supported")
-	ErrRemoteDisconnect = errors.New("nixl: remote disconnected")
-	ErrCanceled         = errors.New("nixl: canceled")
-	ErrNoTelemetry      = errors.New("nixl: no telemetry")
-)

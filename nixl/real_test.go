@@ -48,7 +48,7 @@ func TestRemoteShapes(t *testing.T) {
 		for i := range n {
 			xfertestFill(pr.Block(i), byte(i))
 		}
-		p.ExpectReads(1)
+		p.expectReads(1)
 		reversed := make([]wire.MemDesc, n)
 		for i := range reversed {
 			reversed[i] = wire.MemDesc{Addr: wire.UintOf(uint64(pr.Base()) + uint64(n-1-i)*bs), Size: wire.UintOf(bs), Device: wire.IntOf(0)}

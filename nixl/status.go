@@ -2,12 +2,32 @@
 
 package nixl
 
-import "fmt"
+import (
+	"errors"
+	"fmt"
+)
+
+// NIXL's status codes as Go errors, one to one. They reach callers
+// wrapped, in the text of the error of the call that met them.
+var (
+	errNotPosted        = errors.New("nixl: not posted")
+	errInvalidParam     = errors.New("nixl: invalid parameter")
+	errBackend          = errors.New("nixl: backend error")
+	errNotFound         = errors.New("nixl: not found")
+	errMismatch         = errors.New("nixl: mismatch")
+	errNotAllowed       = errors.New("nixl: not allowed")
+	errRepostActive     = errors.New("nixl: repost of an active request")
+	errUnknown          = errors.New("nixl: unknown error")
+	errNotSupported     = errors.New("nixl: not supported")
+	errRemoteDisconnect = errors.New("nixl: remote disconnected")
+	errCanceled         = errors.New("nixl: canceled")
+	errNoTelemetry      = errors.New("nixl: no telemetry")
+)
 
 var statusErrs = map[int]error{
-	-1: ErrNotPosted, -2: ErrInvalidParam, -3: ErrBackend, -4: ErrNotFound, -5: ErrMismatch,
-	-6: ErrNotAllowed, -7: ErrRepostActive, -8: ErrUnknown, -9: ErrNotSupported,
-	-10: ErrRemoteDisconnect, -11: ErrCanceled, -12: ErrNoTelemetry,
+	-1: errNotPosted, -2: errInvalidParam, -3: errBackend, -4: errNotFound, -5: errMismatch,
+	-6: errNotAllowed, -7: errRepostActive, -8: errUnknown, -9: errNotSupported,
+	-10: errRemoteDisconnect, -11: errCanceled, -12: errNoTelemetry,
 }
 
 // statusErr maps a nixl_status_t to an error: nil for success and in
@@ -19,5 +39,5 @@ func statusErr(op string, st int) error {
 	if err, ok := statusErrs[st]; ok {
 		return fmt.Errorf("nixl: %s: %w", op, err)
 	}
-	return fmt.Errorf("nixl: %s: status %d: %w", op, st, ErrUnknown)
+	return fmt.Errorf("nixl: %s: status %d: %w", op, st, errUnknown)
 }

@@ -103,7 +103,7 @@ func runChild(mode string) error {
 	stdin := make(chan struct{})
 	go func() { io.Copy(io.Discard, os.Stdin); close(stdin) }()
 	if mode == "raw" {
-		data.(*Agent).ExpectReads(1) // driven throughout, as under a live grant
+		data.(*Agent).expectReads(1) // driven throughout, as under a live grant
 		fmt.Printf("%s %s\n", hex.EncodeToString(data.AgentMetadata()), hex.EncodeToString(data.MemDescriptor()))
 		<-stdin
 		return nil

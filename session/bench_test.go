@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // benchData is a data plane that costs nothing: READs stay in progress and
@@ -176,7 +176,7 @@ func BenchmarkAuthorize16K(b *testing.B) {
 				b.Fatal(err)
 			}
 			c.MarkReady("big")
-			data := xfertest.New("prod", 2*n, 8)
+			data := xfake.New("prod", 2*n, 8)
 			p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat))
 			p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
 			want := slices.Clone(e.Blocks)

@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"io"
 	"log/slog"
 	"math"
@@ -17,6 +18,8 @@ import (
 
 	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hooks"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -93,12 +96,12 @@ type ConsumerSession struct {
 	xcfg   xfer.Config
 	log    *slog.Logger
 
-	agentName  string           // ours, sent with requests when the data plane has one
-	shapes     xfer.ShapedPeers // the data plane, when it takes producers' shapes
+	agentName  string            // ours, sent with requests when the data plane has one
+	shapes     plane.ShapedPeers // the data plane, when it takes producers' shapes
 	registered bool
 	agent      xfer.Peer
 	agentMeta  []byte
-	known      uint64 // wire.MetaDigest(agentMeta), sent while registered (ecx_known)
+	known      uint64 // wirext.MetaDigest(agentMeta), sent while registered (ecx_known)
 	rand       io.Reader
 	// ownIDs: the producer granted without naming the grant (vLLM's
 	// does), so it tells a READ's notification by "<session_id>:<mm_hash>"
@@ -133,7 +136,7 @@ type ConsumerSession struct {
 	results Results
 	stats   ConsumerStats
 	buf     []byte
-	ack     wire.AckView
+	ack     wireview.Ack
 	sorted  []int
 	closed  bool
 }
@@ -166,10 +169,10 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 		id: u.String(), rand: r, compat: compatHash, peer: peer, data: data,
 		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]int{},
 	}
-	if n, ok := data.(xfer.Named); ok {
+	if n, ok := plane.As[plane.Named](data); ok {
 		c.agentName = n.Name()
 	}
-	c.shapes, _ = data.(xfer.ShapedPeers)
+	c.shapes, _ = plane.As[plane.ShapedPeers](data)
 	return c, nil
 }
 
@@ -294,10 +297,10 @@ func (c *ConsumerSession) sendContact(deadline, now time.Time) error {
 	if c.closed {
 		return xfer.ErrClosed
 	}
-	if c.perHash[wire.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
+	if c.perHash[wirext.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: contact", errUnanswered)
 	}
-	attempt, _, err := c.send(wire.ContactHash, true)
+	attempt, _, err := c.send(wirext.ContactHash, true)
 	if err != nil {
 		return err
 	}
@@ -327,14 +330,14 @@ func (c *ConsumerSession) probing() bool { return !c.registered && !c.replied &&
 
 // answered handles the reply to the contact request: ack is its decoded
 // answer, or nil for one that does not decode.
-func (c *ConsumerSession) answered(ack *wire.AckView) {
+func (c *ConsumerSession) answered(ack *wireview.Ack) {
 	k := &c.contact
 	k.done = true
 	switch {
 	case ack == nil:
 		k.err = fmt.Errorf("session: contact answer: %w", fsm.ErrBadAck)
-	case ack.Status != wire.OK:
-		k.status = ack.Status
+	case wire.Status(ack.Status) != wire.OK:
+		k.status = wire.Status(ack.Status)
 	case len(ack.AgentMetadata) == 0:
 		k.err = fmt.Errorf("session: contact answer without agent metadata: %w", fsm.ErrBadAck)
 	default:
@@ -342,8 +345,8 @@ func (c *ConsumerSession) answered(ack *wire.AckView) {
 		if _, err := c.register(ack); err != nil {
 			k.err = fmt.Errorf("session: register the producer from its contact answer: %w", err)
 		}
-		if ack.Grant != 0 && !ack.Token.IsZero() {
-			k.notif = wire.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
+		if ack.Grant != 0 && ack.Token != [16]byte{} {
+			k.notif = wirext.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
 		}
 	}
 }
@@ -406,7 +409,7 @@ func (c *ConsumerSession) answer(mmHash, sid []byte, attempt uint64) (*cxfer, ui
 	c.replied = true
 	c.forgetSent(i + 1)
 	x := c.byHash[string(mmHash)]
-	if x == nil || x.attempt != answered || x.State() != xfer.WaitingAck {
+	if x == nil || x.attempt != answered || x.State() != fsm.WaitingAck {
 		return nil, answered
 	}
 	return x, answered
@@ -444,7 +447,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 		return
 	}
 	for _, raw := range msgs {
-		if err := wire.DecodeAckView(raw, &c.ack); err != nil {
+		if err := wireview.DecodeAck(raw, &c.ack); err != nil {
 			c.stats.Malformed++
 			c.log.Warn("ec consumer: dropped malformed XferAck", "session", c.id, "err", err)
 			c.badAck(raw)
@@ -462,7 +465,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 // answered, and not with a grant we can use. It answers the attempt it
 // names, or else the oldest unanswered request of its mm_hash.
 func (c *ConsumerSession) badAck(raw []byte) {
-	mm, sid, attempt, ok := wire.PeekIDs(raw, "ack")
+	mm, sid, attempt, ok := wireview.PeekIDs(raw, "ack")
 	switch {
 	case !ok:
 		return // it names nothing: counted as Malformed only
@@ -509,7 +512,7 @@ type cxfer struct {
 
 // dispatch handles one ack. Its fields alias the payload: nothing of it is
 // kept without a copy.
-func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
+func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 	if !c.ours(ack.SessionID) {
 		c.stats.ForeignAcks++
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
@@ -524,17 +527,17 @@ func (c *ConsumerSession) dispatch(ack *wire.AckView, now time.Time) {
 		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
 		return
 	}
-	if ack.Status != wire.OK {
-		c.stats.Nacks[ack.Status]++
+	if status := wire.Status(ack.Status); status != wire.OK {
+		c.stats.Nacks[status]++
 		level := slog.LevelWarn
-		if ack.Status.Expected() {
+		if status.Expected() {
 			level = slog.LevelInfo
 		}
-		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", ack.Status.String(), "mm_hash", x.MMHash, "session", c.id)
-		if ack.Status.Retryable() {
-			c.end(x, &c.results.Retryable, xfer.Nacked, ack.Status)
+		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", status.String(), "mm_hash", x.MMHash, "session", c.id)
+		if status.Retryable() {
+			c.end(x, &c.results.Retryable, xfer.Nacked, status)
 		} else {
-			c.end(x, &c.results.Tombstoned, xfer.Nacked, ack.Status)
+			c.end(x, &c.results.Tombstoned, xfer.Nacked, status)
 		}
 		return
 	}
@@ -589,7 +592,7 @@ func (c *ConsumerSession) forget() {
 // old agent is removed first. The descriptor is ignored while the blob is
 // unchanged, as the reference does; a shape stands in for a descriptor
 // the ack left out.
-func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
+func (c *ConsumerSession) register(ack *wireview.Ack) (xfer.Peer, error) {
 	meta := ack.AgentMetadata
 	if c.registered && bytes.Equal(meta, c.agentMeta) {
 		return c.agent, nil
@@ -613,7 +616,7 @@ func (c *ConsumerSession) register(ack *wire.AckView) (xfer.Peer, error) {
 	}
 	c.registered, c.agent = true, peer
 	c.agentMeta = append(c.agentMeta[:0], meta...)
-	c.known = wire.MetaDigest(c.agentMeta)
+	c.known = wirext.MetaDigest(c.agentMeta)
 	c.stats.Registrations++
 	return peer, nil
 }
@@ -633,19 +636,19 @@ func (c *ConsumerSession) advance(now time.Time) {
 			continue
 		}
 		switch x.Poll(now) {
-		case xfer.WaitingAck, xfer.Reading:
+		case fsm.WaitingAck, fsm.Reading:
 			kept = append(kept, x)
-		case xfer.Done:
+		case fsm.Done:
 			c.end(x, &c.results.Completed, xfer.NoReason, wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.AckTimeout:
+		case fsm.AckTimeout:
 			c.log.Warn("ec consumer: no XferAck in time; may retry", "mm_hash", x.MMHash, "session", c.id)
 			c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.ReadFailed:
+		case fsm.ReadFailed:
 			c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
 			c.spare = append(c.spare, x)
-		case xfer.Quarantined:
+		case fsm.Quarantined:
 			c.enterQuarantine(x)
 		}
 	}
@@ -664,7 +667,7 @@ func (c *ConsumerSession) enterQuarantine(x *cxfer) {
 func (c *ConsumerSession) drainQuarantine(now time.Time) {
 	kept := c.quarantined[:0]
 	for _, x := range c.quarantined {
-		if x.Poll(now) != xfer.Settled {
+		if x.Poll(now) != fsm.Settled {
 			kept = append(kept, x)
 			continue
 		}
@@ -729,7 +732,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 		if x.moved {
 			continue
 		}
-		if x.PeerDown(now) == xfer.AckTimeout {
+		if x.PeerDown(now) == fsm.AckTimeout {
 			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
 			c.spare = append(c.spare, x)
 			continue
@@ -816,7 +819,7 @@ func keep[T any](spare []T, n int) []T {
 // Cancel ends the transfer of mmHash at now. One waiting for its ack is
 // Tombstoned at once (reason Canceled): its blocks are free. A READ in
 // progress is stopped if the data plane can stop it for certain
-// (xfer.Stoppable), and Tombstoned likewise; otherwise it is Quarantined,
+// (plane.Stoppable), and Tombstoned likewise; otherwise it is Quarantined,
 // and Settled once the data plane says it ended. A transfer already in
 // quarantine is left to settle. The outcome is in the next TakeResults.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
@@ -828,11 +831,11 @@ func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 		return fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
 	}
 	switch x.State() {
-	case xfer.WaitingAck:
+	case fsm.WaitingAck:
 		x.Cancel()
 		c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
-	case xfer.Reading:
-		if st, ok := c.data.(xfer.Stoppable); ok && st.StopsReads() && x.Release() == nil {
+	case fsm.Reading:
+		if st, ok := plane.As[plane.Stoppable](c.data); ok && st.StopsReads() && x.Release() == nil {
 			c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
 			return nil
 		}

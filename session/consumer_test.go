@@ -9,22 +9,22 @@ import (
 
 	"github.com/google/uuid"
 
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // consumerOnly is a consumer whose producer is scripted by hand.
 type consumerOnly struct {
-	data *xfertest.Fake
-	prod *xfertest.Fake
+	data *xfake.Fake
+	prod *xfake.Fake
 	out  *queue
 	c    *ConsumerSession
 }
 
 func newConsumer(t *testing.T) *consumerOnly {
 	t.Helper()
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
 	var err error
 	co.c, err = NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, co.data, compat)
@@ -119,7 +119,7 @@ func TestStartXferInFlight(t *testing.T) { // a second start for an mm_hash in f
 		t.Fatalf("err %v", err)
 	}
 	// Also while its READ is quarantined.
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	co.poll(at(time.Second), co.ok("H", 3))
 	co.c.PeerDown(at(2 * time.Second))
 	if err := co.c.StartXfer("H", []int{2}, at(3*time.Second), t0); !errors.Is(err, ErrInFlight) {
@@ -194,7 +194,7 @@ func TestAckTimeout(t *testing.T) { // tombstoned at the ack deadline, results t
 // past its deadline Quarantined until it settles.
 func TestPeerDown(t *testing.T) { // waiting: retryable; reading: quarantined (the reference leaks those blocks)
 	co := newConsumer(t)
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	mustStart(t, co.c, "W", []int{1}, at(2*time.Second))
 	mustStart(t, co.c, "R", []int{2, 3}, at(2*time.Second))
 	mustStart(t, co.c, "F", []int{4}, at(2*time.Second))
@@ -244,7 +244,7 @@ func TestPeerDown(t *testing.T) { // waiting: retryable; reading: quarantined (t
 
 func TestQuarantineSettlesInEveryPoll(t *testing.T) { // re-polled every poll; a failed check quarantines, not frees
 	co := newConsumer(t)
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
 	mustStart(t, co.c, "H", []int{9}, at(2*time.Second))
 	co.poll(at(time.Second), co.ok("H", 1))
 	r := co.poll(at(22 * time.Second))
@@ -262,7 +262,7 @@ func TestQuarantineSettlesInEveryPoll(t *testing.T) { // re-polled every poll; a
 
 func TestAckDispatchEdges(t *testing.T) { // stray and undecodable acks; bad acks checked; other sessions' acks counted
 	co := newConsumer(t)
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	for _, h := range []string{"A", "B", "C", "D"} {
 		mustStart(t, co.c, h, []int{1, 2}, at(2*time.Second))
 	}
@@ -294,7 +294,7 @@ func TestAckDispatchEdges(t *testing.T) { // stray and undecodable acks; bad ack
 }
 
 func TestRegistration(t *testing.T) { // registered once per metadata; a failed registration drops the transfer
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	data := fab.New("cons", 64, 16)
 	prod := fab.New("prod", 64, 16)
 	out := &queue{}
@@ -321,7 +321,7 @@ func TestRegistration(t *testing.T) { // registered once per metadata; a failed 
 	}
 	// Registration fails: tombstoned, nothing posted.
 	posts := len(data.Posts())
-	data.SetAddPeerError(xfertest.ErrInjected)
+	data.SetAddPeerError(xfake.ErrInjected)
 	r.Reset()
 	step("D", []byte("fake:prod:9:64"), at(3))
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed || len(data.Posts()) != posts {
@@ -340,7 +340,7 @@ func TestRegistration(t *testing.T) { // registered once per metadata; a failed 
 
 func TestPostFailsTombstones(t *testing.T) { // a refused post tombstones that transfer only
 	co := newConsumer(t)
-	co.data.SetPostError(xfertest.ErrInjected)
+	co.data.SetPostError(xfake.ErrInjected)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	r := co.poll(at(time.Second), co.ok("H", 1))
 	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed || co.c.InFlight() > 0 {
@@ -351,7 +351,7 @@ func TestPostFailsTombstones(t *testing.T) { // a refused post tombstones that t
 func TestLateCompletion(t *testing.T) { // done after the lease: tombstoned, not promoted
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	co.poll(at(time.Second), co.ok("H", 1))
 	co.data.Finish(co.data.Posts()[0].Handle)
 	// No poll saw it in progress past the read deadline: the first look at
@@ -365,8 +365,8 @@ func TestLateCompletion(t *testing.T) { // done after the lease: tombstoned, not
 func TestClose(t *testing.T) { // releases every handle, removes the peer, reports what it abandons
 	co := newConsumer(t)
 	co.data.QueueOutcomes(
-		xfertest.Outcome{Kind: xfertest.Stuck},                    // R: reading, stoppable
-		xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true}, // Q: quarantined, unstoppable
+		xfake.Outcome{Kind: xfake.Stuck},                    // R: reading, stoppable
+		xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true}, // Q: quarantined, unstoppable
 	)
 	mustStart(t, co.c, "R", []int{1}, at(2*time.Second))
 	mustStart(t, co.c, "Q", []int{2}, at(2*time.Second))
@@ -462,7 +462,7 @@ func TestUnknownPeerRegistersAgain(t *testing.T) {
 // when there is one, is what registers. One whose plane does not take
 // shapes never offers.
 func TestRegistrationFromShape(t *testing.T) {
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	data, prod := fab.New("cons", 64, 16), fab.New("prod", 64, 16)
 	out := &queue{}
 	c := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, data, compat))

@@ -6,9 +6,11 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // contactPair is a consumer session and a producer session over a fabric,
@@ -17,13 +19,13 @@ type contactPair struct {
 	toP, toC *queue
 	c        *ConsumerSession
 	p        *ProducerSession
-	pdata    *xfertest.Fake
+	pdata    *xfake.Fake
 	pc       *cache.EmbeddingCache
 }
 
 func newContactPair(t *testing.T) *contactPair {
 	t.Helper()
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	cp := &contactPair{toP: &queue{}, toC: &queue{}, pdata: fab.New("prod", 16, 8), pc: cache.NewEmbeddingCache(16)}
 	cp.pc.Alloc("R", 2)
 	cp.pc.MarkReady("R")
@@ -90,8 +92,8 @@ func TestContactRegistersTheProducer(t *testing.T) {
 		t.Fatal("a contact pinned an entry")
 	}
 	mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
-	var r wire.ReqView
-	if err := wire.DecodeReqView(cp.toP.msgs[0], &r); err != nil || r.Known != wire.MetaDigest(cp.pdata.AgentMetadata()) || r.Contact {
+	var r wireview.Req
+	if err := wireview.DecodeReq(cp.toP.msgs[0], &r); err != nil || r.Known != wirext.MetaDigest(cp.pdata.AgentMetadata()) || r.Contact {
 		t.Fatalf("request after the contact: %v %+v", err, r)
 	}
 	cp.exchange(at(2*time.Millisecond), false)

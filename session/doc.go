@@ -247,7 +247,7 @@
 //     session has completed a READ (or the agent metadata changed): the
 //     consumer registers the producer once per metadata blob, as the
 //     reference's does. To a consumer that offers to take shapes
-//     (ecx_shape_ok: its data plane is an xfer.ShapedPeers) it sends its
+//     (ecx_shape_ok: its data plane takes shapes, as NIXL does) it sends its
 //     region's shape in the descriptor's place (ecx_shape, 32 bytes
 //     against 14 a block), when the descriptor describes one.
 //

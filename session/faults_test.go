@@ -7,9 +7,10 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // A session fetches R, its READ completes but the notification is
@@ -72,7 +73,7 @@ func TestPinnedShare(t *testing.T) {
 		c.Alloc(fmt.Sprint("E", i), 4)
 		c.MarkReady(fmt.Sprint("E", i))
 	}
-	po := &producerOnly{data: xfertest.New("prod", 20, 8), cache: c, out: &queue{}}
+	po := &producerOnly{data: xfake.New("prod", 20, 8), cache: c, out: &queue{}}
 	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, po.data, c, compat))
 	// "a" pins 12 blocks, over its share of 10: no save is short of room.
 	acks := po.poll(t, t0, req("E0", sid("a")), req("E1", sid("a")), req("E2", sid("a")))
@@ -96,7 +97,7 @@ func TestPinnedShare(t *testing.T) {
 	}
 	// One identity under many session ids is bounded too, once a save
 	// found no room.
-	po2 := &producerOnly{data: xfertest.New("prod", 8, 8), cache: cache.NewEmbeddingCache(8), out: &queue{}}
+	po2 := &producerOnly{data: xfake.New("prod", 8, 8), cache: cache.NewEmbeddingCache(8), out: &queue{}}
 	for _, h := range []string{"R", "X"} {
 		po2.cache.Alloc(h, 4)
 		po2.cache.MarkReady(h)
@@ -173,8 +174,8 @@ func TestStaleRequestAnsweredNotReady(t *testing.T) {
 func TestConsumerSpeaksTheExtensions(t *testing.T) {
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
-	var r wire.ReqView
-	if err := wire.DecodeReqView(co.out.msgs[0], &r); err != nil {
+	var r wireview.Req
+	if err := wireview.DecodeReq(co.out.msgs[0], &r); err != nil {
 		t.Fatal(err)
 	}
 	if !r.HasVersion || string(r.Agent) != "cons" {
@@ -189,7 +190,7 @@ func TestConsumerSpeaksTheExtensions(t *testing.T) {
 		t.Fatalf("producer of version 3 answered %s", a.Status)
 	}
 
-	co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	ack := wire.XferAck{MMHash: "H", Status: wire.OK, SessionID: co.c.id, AgentMetadata: co.prod.AgentMetadata(),
 		SrcBlockIndices: []wire.Int{wire.IntOf(1)}, Grant: 7, LeaseMillis: 5000}
 	co.poll(at(time.Second), wire.AppendAck(nil, &ack))

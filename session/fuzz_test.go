@@ -5,9 +5,9 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // split cuts fuzz input into messages: each starts with a length byte.
@@ -44,7 +44,7 @@ func FuzzConsumerPoll(f *testing.F) {
 	}
 	f.Add(frame(shaped("A", wire.Blocks{Base: 0x10000, Size: 8, Count: 64}), shaped("B", wire.Blocks{Base: 0x10000, Size: 8, Count: 63})))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fab := xfertest.NewFabric()
+		fab := xfake.NewFabric()
 		cdata := fab.New("cons", 64, 8)
 		fab.New("prod", 64, 8)
 		c, _ := NewConsumerSession(ConsumerConfig{Logger: quiet, Rand: newSeeded(1)}, &queue{}, cdata, compat)
@@ -95,7 +95,7 @@ func FuzzProducerPoll(f *testing.F) {
 	f.Add(frame(req("R", sid), wire.AppendReq(nil, &wire.XferReq{MMHash: "R", CompatibilityHash: "other", SessionID: sid})))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		data2 := append([]byte(nil), data...)
-		pdata := xfertest.New("prod", 16, 8)
+		pdata := xfake.New("prod", 16, 8)
 		c := cache.NewEmbeddingCache(16)
 		c.Alloc("R", 2)
 		c.MarkReady("R")

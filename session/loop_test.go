@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // A consumer and a producer talk through in-memory queues for a few hundred
@@ -19,7 +19,7 @@ import (
 func TestConsumerProducerLoop(t *testing.T) {
 	rng := rand.New(rand.NewPCG(7, 7))
 	const blockSize = 16
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	cdata, pdata := fab.New("cons", 48, blockSize), fab.New("prod", 128, blockSize)
 	pc := cache.NewEmbeddingCache(128)
 
@@ -84,7 +84,7 @@ func TestConsumerProducerLoop(t *testing.T) {
 			free = free[:len(free)-n]
 			order = slices.Delete(order, i, i+1)
 			i--
-			cdata.QueueOutcomes(xfertest.Outcome{After: rng.IntN(6)})
+			cdata.QueueOutcomes(xfake.Outcome{After: rng.IntN(6)})
 		}
 		// Deliver in random batches: some steps the producer runs late.
 		if rng.IntN(4) != 0 {

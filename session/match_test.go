@@ -8,9 +8,10 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/ecxfer/ecxfer/internal/fsm"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // The matching rule, cell by cell: every kind of reply, naming the
@@ -106,7 +107,7 @@ func TestReplyMatchingTable(t *testing.T) {
 						t.Fatal(err)
 					}
 					a2 := co.lastAttempt(t)
-					co.data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+					co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 					if st != waiting {
 						// Attempt 2's ack at 4 s, in the cell's peer's
 						// form: a vLLM producer first answers attempt 1.
@@ -204,7 +205,7 @@ func TestReplyMatchingTable(t *testing.T) {
 						if co.c.InFlight() != want {
 							t.Fatalf("in flight %d, want %d", co.c.InFlight(), want)
 						}
-						if x := co.c.byHash["H"]; st == waiting && x.State() != xfer.WaitingAck || st == reading && x.State() != xfer.Reading {
+						if x := co.c.byHash["H"]; st == waiting && x.State() != fsm.WaitingAck || st == reading && x.State() != fsm.Reading {
 							t.Fatalf("state %s", x.State())
 						}
 						return
@@ -223,7 +224,7 @@ func TestReplyMatchingTable(t *testing.T) {
 							lease = advertised
 						}
 						x := co.c.byHash["H"]
-						if r.Len() != 0 || len(co.data.Posts()) != posts+1 || x.State() != xfer.Reading {
+						if r.Len() != 0 || len(co.data.Posts()) != posts+1 || x.State() != fsm.Reading {
 							t.Fatalf("results %+v, posts %d", r, len(co.data.Posts()))
 						}
 						if p := co.data.Posts()[posts]; !slices.Equal(p.Remote, []int{9, 10}) {
@@ -259,7 +260,7 @@ func TestReplyMatchingTable(t *testing.T) {
 // same data plane, not on another mm_hash's. (A completion carries its
 // handle, not an attempt: a READ is posted for the current attempt only.)
 func TestCompletionMatchesItsRead(t *testing.T) {
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	data, prod := fab.New("cons", 64, 16), fab.New("prod", 64, 16)
 	start := func(c *ConsumerSession, out *queue, h string, blocks ...int) {
 		t.Helper()
@@ -272,7 +273,7 @@ func TestCompletionMatchesItsRead(t *testing.T) {
 	}
 	for _, st := range []string{"waiting", "reading", "quarantined", "ended"} {
 		t.Run(st, func(t *testing.T) {
-			data.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+			data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 			outA, outB := &queue{}, &queue{}
 			a := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, outA, data, compat))
 			b := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, outB, data, compat))

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 )
 
 // newLeasedProducer is newProducer with a pin lease of 5 s.
@@ -25,7 +25,7 @@ func TestLateNamedNotificationEndsNothingLive(t *testing.T) {
 	first := po.poll(t, t0, goReq("R", a, 1))[0]
 	po.poll(t, at(3*time.Second), goReq("R", a, 2))
 	po.poll(t, at(5500*time.Millisecond)) // N's lease ends
-	po.data.InjectNotif("cons", wire.AppendNotifGrant([]byte(a+":R"), first.Grant, first.Token))
+	po.data.InjectNotif("cons", wirext.AppendNotifGrant([]byte(a+":R"), first.Grant, first.Token))
 	po.poll(t, at(6*time.Second))
 	if po.pins("R") != 1 || po.p.Grants() != 1 || po.p.Stats().UnknownNotifs != 1 || po.p.Stats().Completions != 0 {
 		t.Fatalf("pins %d, grants %d, stats %+v", po.pins("R"), po.p.Grants(), po.p.Stats())

@@ -9,9 +9,10 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // planeFake is a data plane that serves READs through the gate of the
@@ -19,7 +20,7 @@ import (
 // records each call with the entry's pins and the replies sent so far, and
 // keeps the pushes' holds for the test to end.
 type planeFake struct {
-	*xfertest.Fake
+	*xfake.Fake
 	po       *producerOnly
 	att      *fakeAttachment
 	refuse   bool // pushes
@@ -85,7 +86,7 @@ func newPlaneProducer(t *testing.T) (*producerOnly, *planeFake) {
 	po := &producerOnly{cache: cache.NewEmbeddingCache(16), out: &queue{}}
 	po.cache.Alloc("R", 2)
 	po.cache.MarkReady("R")
-	f := &planeFake{Fake: xfertest.New("prod", 16, 8), po: po}
+	f := &planeFake{Fake: xfake.New("prod", 16, 8), po: po}
 	po.data = f.Fake
 	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet, PinLease: 10 * time.Second}, f, po.cache, compat))
 	return po, f
@@ -230,12 +231,12 @@ func TestBrokenReadEndsItsGrant(t *testing.T) {
 	}
 	f.take()
 	key := sid("a") + ":R"
-	named := wire.AppendNotifGrant([]byte(key), ack.Grant, ack.Token)
+	named := wirext.AppendNotifGrant([]byte(key), ack.Grant, ack.Token)
 	wrong := ack.Token
 	wrong[0] ^= 1
 	f.att.broken = []xfer.Notif{
 		{Agent: "cons", Msg: []byte(key)},
-		{Agent: "cons", Msg: wire.AppendNotifGrant([]byte(key), ack.Grant, wrong)},
+		{Agent: "cons", Msg: wirext.AppendNotifGrant([]byte(key), ack.Grant, wrong)},
 		{Agent: "other", Msg: named},
 	}
 	po.poll(t, at(time.Second))
@@ -266,7 +267,7 @@ func TestBrokenReadEndsItsGrant(t *testing.T) {
 func TestContactGrant(t *testing.T) {
 	po, f := newPlaneProducer(t)
 	f.take()
-	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: wire.ContactHash, CompatibilityHash: compat, SessionID: sid("a"),
+	raw := wire.AppendReq(nil, &wire.XferReq{MMHash: wirext.ContactHash, CompatibilityHash: compat, SessionID: sid("a"),
 		Attempt: 3, Agent: "cons", Contact: true})
 	ack := po.poll(t, t0, raw)[0]
 	if ack.Status != wire.OK || ack.Grant == 0 || ack.Token.IsZero() || len(ack.SrcBlockIndices) != 0 || ack.Attempt != 3 {
@@ -276,7 +277,7 @@ func TestContactGrant(t *testing.T) {
 		t.Fatalf("pins %d, grants %d", po.pins("R"), po.p.Grants())
 	}
 	f.check(t, "no publish, no push")
-	notif := wire.AppendNotifGrant([]byte(sid("a")+":"+wire.ContactHash), ack.Grant, ack.Token)
+	notif := wirext.AppendNotifGrant([]byte(sid("a")+":"+wirext.ContactHash), ack.Grant, ack.Token)
 	if _, ok := f.att.gate.Authorize("cons", notif, []int{0}); ok {
 		t.Fatal("a READ of blocks under a contact grant was served")
 	}

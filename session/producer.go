@@ -17,9 +17,12 @@ import (
 	"unicode/utf8"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -52,10 +55,9 @@ type ProducerConfig struct {
 	// MaxPinnedShare bounds the blocks the live grants of one consumer
 	// session, and of one control-plane identity, may pin, as a share of
 	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. It applies under pressure only
-	// (cache.EmbeddingCache.Pressure: the cache's last save found no room,
-	// or saves are under way and a save as large as the largest yet would
-	// not find it): a request over it is then answered NACK_NOT_READY,
+	// and make every save fail. It applies under pressure only (the
+	// cache's last save found no room, or saves are under way and a save
+	// as large as the largest yet would not find it): a request over it is then answered NACK_NOT_READY,
 	// which consumers retry after a backoff; otherwise it is granted.
 	// Default 0.5.
 	MaxPinnedShare float64
@@ -133,14 +135,14 @@ type grant struct {
 const endedBit = 1 << 30
 
 // contactDrive is how long a producer drives a data plane that must be
-// driven (xfer.Driven) after a contact request, as if a READ were
+// driven (plane.Driven) after a contact request, as if a READ were
 // expected: the consumer's data plane connects to ours meanwhile (over
 // UCX, its connection's set-up moves only while both agents are driven).
 const contactDrive = time.Second
 
 // contactSuffix ends the notification a consumer's data plane sends as it
 // makes contact, naming no grant (NIXL's, see plane.Contacter).
-var contactSuffix = []byte(":" + wire.ContactHash)
+var contactSuffix = []byte(":" + wirext.ContactHash)
 
 // grantIDs numbers grants across every producer session of the process: a
 // data plane that outlives a session (or serves its successor) never sees
@@ -159,7 +161,7 @@ const maxPushLive = 2
 // READs, which runs on its goroutines, excepted).
 type ProducerSession struct {
 	data     xfer.DataTransport
-	driven   xfer.Driven      // data, when it must be told of the live grants
+	driven   plane.Driven     // data, when it must be told of the live grants
 	att      plane.Attachment // data, when it serves READs through our gate (set once)
 	gating   bool             // data serves only what we grant: Close may unpin at once
 	nextCons uint64           // consumer sessions' ids
@@ -185,7 +187,7 @@ type ProducerSession struct {
 	consumers  map[string]*consumerState
 	idents     map[string]int // blocks pinned per control-plane identity
 	lastMeta   []byte
-	metaDigest uint64 // wire.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
+	metaDigest uint64 // wirext.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
 	// The shape of the data plane's descriptor (shapeOf), if it is one.
 	shapeOf   []byte
 	shape     wire.Blocks
@@ -200,7 +202,7 @@ type ProducerSession struct {
 	// to ours): a data plane that must be driven is, until then.
 	contactUntil time.Time
 
-	req    wire.ReqView
+	req    wireview.Req
 	ack    wire.XferAck
 	keyBuf []byte
 	ids    []wire.Int
@@ -246,7 +248,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{},
 		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
 		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge,
-		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Capacity())))}
+		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Stats().Capacity)))}
 	var seed [32]byte
 	r := cfg.Rand
 	if r == nil {
@@ -257,8 +259,8 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	}
 	p.tokens = mrand.NewChaCha8(seed)
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
-	p.driven, _ = data.(xfer.Driven)
-	if a, ok := data.(plane.Attacher); ok {
+	p.driven, _ = plane.As[plane.Driven](data)
+	if a := plane.AttacherOf(data); a != nil {
 		p.att, p.gating = a.Attach(gate{p}), true
 	}
 	return p, nil
@@ -290,7 +292,7 @@ func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) 
 	if meta := p.data.AgentMetadata(); !bytes.Equal(meta, p.lastMeta) {
 		// A new incarnation of our agent: every consumer registers anew.
 		p.lastMeta = append(p.lastMeta[:0], meta...)
-		p.metaDigest = wire.MetaDigest(p.lastMeta)
+		p.metaDigest = wirext.MetaDigest(p.lastMeta)
 		for _, c := range p.consumers {
 			c.confirmed = false
 		}
@@ -313,12 +315,12 @@ func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) 
 
 func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 	stale := !m.At.IsZero() && now.Sub(m.At) > p.maxAge
-	if err := wire.DecodeReqView(m.Payload, &p.req); err != nil {
+	if err := wireview.DecodeReq(m.Payload, &p.req); err != nil {
 		p.stats.Malformed++
 		p.log.Warn("ec producer: malformed XferReq", "err", err)
 		// Answer what can still be named, so the consumer need not wait
 		// out its ack timeout.
-		if mm, sid, attempt, ok := wire.PeekIDs(m.Payload, "req"); ok {
+		if mm, sid, attempt, ok := wireview.PeekIDs(m.Payload, "req"); ok {
 			p.ack = wire.XferAck{MMHash: string(mm), SessionID: string(sid), Status: wire.NackInternal, Attempt: attempt}
 			p.buf = wire.AppendAck(p.buf[:0], &p.ack)
 			if out.Reply(m.Identity, p.buf) != nil {
@@ -361,7 +363,7 @@ func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 		// pushes would funnel every byte through this loop (the TCP
 		// loopback at 64 in flight halved).
 		g.hold.Add(1)
-		p.notifBuf = wire.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
+		p.notifBuf = wirext.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
 		if p.att.Push(g.cs.id, p.notifBuf, g.Blocks, g.release) {
 			p.stats.Pushes++
 		} else {
@@ -373,7 +375,7 @@ func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 // grantOrNack applies the reference's rules in order and fills p.ack. Its
 // strings alias the request until a grant copies them (one allocation: the
 // grant key, of which session id and mm_hash are substrings).
-func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.Time) *grant {
+func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.Time) *grant {
 	p.ack = wire.XferAck{}
 	nack := func(s wire.Status, msg string) *grant {
 		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s, Attempt: req.Attempt}
@@ -385,7 +387,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.log.Log(context.Background(), level, msg, "mm_hash", p.ack.MMHash, "status", s.String())
 		return nil
 	}
-	if req.EffectiveVersion() != wire.IntOf(wire.ConnectorVersion) {
+	if !req.VersionIs(wire.ConnectorVersion) {
 		return nack(wire.NackVersion, "ec producer: incompatible connector version")
 	}
 	if string(req.CompatibilityHash) != p.compat {
@@ -448,23 +450,23 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.stats.OverBound++
 		return nack(wire.NackNotReady, "ec producer: live grants of the entry at their bound; NACK")
 	}
-	entry, res := p.cache.PinIfReady(string(req.MMHash))
+	blocks, res := cachex.PinIfReady(p.cache, string(req.MMHash))
 	switch res {
-	case cache.Absent:
+	case cachex.Absent:
 		return nack(wire.NackMissing, "ec producer: entry not held; NACK")
-	case cache.NotReady:
+	case cachex.NotReady:
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
 	// The shares count the blocks a session (and an identity) keeps
 	// pinned: a second grant of an entry it holds adds none. They bite
-	// only under pressure (cache.EmbeddingCache.Pressure: the last save
+	// only under pressure (the cache's pressure: the last save
 	// found no room, or saves under way would not): otherwise a pin over
 	// a share costs nobody, and a consumer's pins outlive its READs by
 	// the notification's way back, so a share counts READs that are done.
-	n := len(entry.Blocks)
+	n := len(blocks)
 	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
-		if p.cache.Pressure(n) {
-			p.unpin(entry.Key)
+		if cachex.Pressure(p.cache, n) {
+			p.unpin(string(req.MMHash))
 			p.stats.OverPinned++
 			// Retryable: the consumer backs off until its own grants end.
 			return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
@@ -491,7 +493,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 	}
 	cs.grants++
 	g := p.newGrant()
-	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: entry.Blocks, Deadline: now.Add(p.lease)}
+	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
 	if req.Attempt != 0 {
 		// A Go consumer: it presents the token with the grant's READs
@@ -514,7 +516,7 @@ func (p *ProducerSession) grantOrNack(req *wire.ReqView, ident []byte, now time.
 		p.att.Publish(g.id) // before the ack can leave
 	}
 	p.stats.Grants++
-	p.ids = wire.Ints(p.ids[:0], entry.Blocks)
+	p.ids = wire.Ints(p.ids[:0], blocks)
 	p.ack = wire.XferAck{
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
@@ -550,7 +552,7 @@ func (p *ProducerSession) describe(acceptsShape bool) {
 
 // contactGrant makes a grant of no blocks for req, a contact request of a
 // Go consumer: a token for its data plane's contact READ, which ends it.
-func (p *ProducerSession) contactGrant(req *wire.ReqView, cs *consumerState, ident []byte, now time.Time) *grant {
+func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ident []byte, now time.Time) *grant {
 	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
 	same := p.byKey[string(p.keyBuf)]
 	key := string(p.keyBuf)
@@ -867,7 +869,7 @@ var bitmaps = sync.Pool{New: func() any { return new([]uint64) }}
 // forged says a live grant was named with a wrong or missing token.
 // Called with authMu held, or on the step loop.
 func (p *ProducerSession) lookup(msg []byte) (g *grant, forged bool) {
-	if key, id, tok, ok := wire.SplitNotifGrant(msg); ok {
+	if key, id, tok, ok := wirext.SplitNotifGrant(msg); ok {
 		if g := p.byID[id]; g != nil && g.key == string(key) {
 			if g.token.IsZero() || subtle.ConstantTimeCompare(g.token[:], tok[:]) == 1 {
 				return g, false
@@ -949,7 +951,7 @@ func (p *ProducerSession) drainBroken() {
 	p.notifs = p.att.Broken(p.notifs[:0])
 	for i := range p.notifs {
 		n := &p.notifs[i]
-		if _, _, tok, ok := wire.SplitNotifGrant(n.Msg); !ok || tok.IsZero() {
+		if _, _, tok, ok := wirext.SplitNotifGrant(n.Msg); !ok || tok.IsZero() {
 			continue
 		}
 		g, _ := p.lookup(n.Msg)

@@ -8,13 +8,13 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 type producerOnly struct {
-	data  *xfertest.Fake
+	data  *xfake.Fake
 	cache *cache.EmbeddingCache
 	out   *queue
 	p     *ProducerSession
@@ -24,7 +24,7 @@ type producerOnly struct {
 // and not-ready entry "N" (1 block).
 func newProducer(t *testing.T) *producerOnly {
 	t.Helper()
-	po := &producerOnly{data: xfertest.New("prod", 16, 8), cache: cache.NewEmbeddingCache(16), out: &queue{}}
+	po := &producerOnly{data: xfake.New("prod", 16, 8), cache: cache.NewEmbeddingCache(16), out: &queue{}}
 	if _, err := po.cache.Alloc("R", 2); err != nil {
 		t.Fatal(err)
 	}
@@ -190,7 +190,7 @@ func TestNotifications(t *testing.T) { // a notification ends its grant once; un
 func TestDrainErrorStillSweeps(t *testing.T) { // the lease sweep runs even when draining notifications fails
 	po := newProducer(t)
 	po.poll(t, t0, req("R", sid("c1")))
-	po.data.SetDrainError(xfertest.ErrInjected)
+	po.data.SetDrainError(xfake.ErrInjected)
 	po.poll(t, at(31*time.Second))
 	if po.pins("R") != 0 || po.p.Stats().DrainErrors != 1 {
 		t.Fatal("sweep skipped after a drain error")

@@ -10,15 +10,15 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // newConsumerWith is newConsumer with timeouts of its own.
 func newConsumerWith(t *testing.T, cfg xfer.Config) *consumerOnly {
 	t.Helper()
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
 	co.c = must(NewConsumerSession(ConsumerConfig{Logger: quiet, Xfer: cfg}, co.out, co.data, compat))
 	return co

@@ -6,9 +6,10 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wirext"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // goReq is a request as a Go consumer sends it: it names its attempt, and
@@ -32,12 +33,12 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 	wrong[3] ^= 1
 	forged := [][]byte{
 		[]byte(a + ":R"), // the key alone
-		fmt.Appendf(nil, "%s:R#%d", a, ack.Grant),                                // the id without its token
-		wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, wrong),                  // a wrong token
-		wire.AppendNotifGrant([]byte(sid("b")+":R"), ack.Grant, ack.Token),       // another key
-		wire.AppendNotifGrant([]byte(a+":R"), ack.Grant+1, ack.Token),            // another id
-		wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, wire.Token{15: 1}),      // a guess
-		append(wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token), 'x'), // not the token's form
+		fmt.Appendf(nil, "%s:R#%d", a, ack.Grant),                                  // the id without its token
+		wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, wrong),                  // a wrong token
+		wirext.AppendNotifGrant([]byte(sid("b")+":R"), ack.Grant, ack.Token),       // another key
+		wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant+1, ack.Token),            // another id
+		wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, wire.Token{15: 1}),      // a guess
+		append(wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token), 'x'), // not the token's form
 	}
 	for _, msg := range forged {
 		if release, ok := po.p.authorizeRelease("cons", msg, e.Blocks); ok {
@@ -53,7 +54,7 @@ func TestGrantTokenIsTheCapability(t *testing.T) {
 	if st := po.p.Stats(); st.BadTokens < 4 {
 		t.Fatalf("bad tokens counted %d", st.BadTokens)
 	}
-	good := wire.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token)
+	good := wirext.AppendNotifGrant([]byte(a+":R"), ack.Grant, ack.Token)
 	release, ok := po.p.authorizeRelease("cons", good, e.Blocks)
 	if !ok {
 		t.Fatal("the grantee's READ refused")
@@ -86,7 +87,7 @@ func TestGrantWithoutTokenForReferenceConsumers(t *testing.T) {
 // do tokens: a session that replaces another on the same data plane cannot
 // make a notification or a READ of the old one act on its grants.
 func TestGrantIDsAndTokensNeverRepeat(t *testing.T) {
-	data := xfertest.New("prod", 16, 8)
+	data := xfake.New("prod", 16, 8)
 	c := cache.NewEmbeddingCache(16)
 	if _, err := c.Alloc("R", 2); err != nil {
 		t.Fatal(err)

@@ -29,10 +29,10 @@ type attachment struct {
 // a consumer's data plane has a session per producer, or a few.
 const maxBound = 8
 
-// Attach implements plane.Attacher: g gates the READs served from now on,
+// attach implements plane.Attacher: g gates the READs served from now on,
 // alone or with TCPConfig.Authorize. An attachment already there is
 // detached, and the board starts empty.
-func (d *TCPData) Attach(g plane.Gate) plane.Attachment {
+func (d *TCPData) attach(g plane.Gate) plane.Attachment {
 	a := &attachment{d: d, gate: g, pushTo: map[uint64][]*servedConn{}}
 	if old := d.att.Swap(a); old != nil {
 		old.drop()

@@ -34,7 +34,7 @@ func TestBrokenReadsReachTheAttachment(t *testing.T) {
 	if len(n) != 1 || !bytes.Equal(n[0].Msg, done) {
 		t.Fatalf("notifications %+v", n)
 	}
-	<-p.Ready()
+	<-p.ready
 	// Another is served a READ and closes before its done; a forged READ
 	// on it is refused.
 	c2 := rawConsumer(t, p)
@@ -52,7 +52,7 @@ func TestBrokenReadsReachTheAttachment(t *testing.T) {
 	}
 	c2.Close()
 	select {
-	case <-p.Ready():
+	case <-p.ready:
 	case <-time.After(5 * time.Second):
 		t.Fatal("the producer's loop was not woken")
 	}

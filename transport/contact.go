@@ -10,16 +10,68 @@ import (
 )
 
 func init() {
-	plane.RegisterContacter(func(data any) plane.Contacter {
-		if d, ok := data.(*TCPData); ok {
-			return tcpContact{d}
+	plane.Register(func(data any) any {
+		switch d := data.(type) {
+		case *TCPData:
+			return tcpPlane{d}
+		case *Server:
+			return serverHooks{d}
+		case *Client:
+			return clientHooks{d}
 		}
 		return nil
 	})
 }
 
-// tcpContact is a TCPData's plane.Contacter.
-type tcpContact struct{ d *TCPData }
+// serverHooks are a Server's hooks for session/connector's Producer,
+// which steps on the goroutine a request arrived on and waits on its data
+// plane's signal and the control plane at once.
+type serverHooks struct{ s *Server }
+
+// WaitOr is Wait that also returns, true, when ready or timeout receives.
+func (h serverHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+	return h.s.waitOr(ctx, ready, timeout)
+}
+
+// OnRequest sets f (nil: none) to run where each request is queued.
+func (h serverHooks) OnRequest(f func()) { h.s.onRequestHook(f) }
+
+// Wake makes the Wait in progress, or else the next one, return true.
+func (h serverHooks) Wake() { h.s.wake() }
+
+// clientHooks are a Client's hooks for session/connector's Pool.
+type clientHooks struct{ c *Client }
+
+// WaitOr is Wait that also returns, true, when ready or timeout receives.
+func (h clientHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+	return h.c.waitOr(ctx, ready, timeout)
+}
+
+// tcpPlane is a TCPData's side of the plumbing between a session and its
+// data plane (package internal/plane).
+type tcpPlane struct{ d *TCPData }
+
+var (
+	_ plane.Contacter = tcpPlane{}
+	_ plane.Attacher  = tcpPlane{}
+	_ plane.Signaling = tcpPlane{}
+	_ plane.Stoppable = tcpPlane{}
+	_ plane.Named     = tcpPlane{}
+)
+
+// Attach implements plane.Attacher (see TCPData.attach).
+func (c tcpPlane) Attach(g plane.Gate) plane.Attachment { return c.d.attach(g) }
+
+// Ready implements plane.Signaling: it receives when a READ posted here
+// ended or a notification arrived since the last receive, so that a step
+// loop sleeps until there is something to do.
+func (c tcpPlane) Ready() <-chan struct{} { return c.d.ready }
+
+// StopsReads implements plane.Stoppable: Release stops every READ.
+func (c tcpPlane) StopsReads() bool { return true }
+
+// Name implements plane.Named: the agent name.
+func (c tcpPlane) Name() string { return c.d.name }
 
 // Contact implements plane.Contacter: every connection to the producer is
 // brought up and has its welcome, so that the first READ pays for no
@@ -30,7 +82,7 @@ type tcpContact struct{ d *TCPData }
 // the grant, and proves that connection to be the consumer session's, so
 // that the first fetch's blocks may be pushed with its ack, as later
 // ones' are.
-func (c tcpContact) Contact(ctx context.Context, agent string, notif []byte) error {
+func (c tcpPlane) Contact(ctx context.Context, agent string, notif []byte) error {
 	d := c.d
 	d.mu.Lock()
 	p := d.peers[agent]
@@ -62,7 +114,7 @@ func (c tcpContact) Contact(ctx context.Context, agent string, notif []byte) err
 // readNothing posts a READ of no blocks under notif's grant and waits for
 // its end. One the producer refused (its grant gone) costs only the
 // binding: the first fetch then goes without a push.
-func (c tcpContact) readNothing(ctx context.Context, agent string, notif []byte) error {
+func (c tcpPlane) readNothing(ctx context.Context, agent string, notif []byte) error {
 	h, err := c.d.PostRead(nil, agent, nil, notif)
 	if err != nil {
 		return fmt.Errorf("transport: contact READ: %w", err)

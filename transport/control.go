@@ -19,18 +19,10 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Errors of the control plane.
-var (
-	ErrQueueFull  = xfer.ErrQueueFull
-	ErrPeerDown   = xfer.ErrPeerDown
-	ErrNotAllowed = xfer.ErrNotAllowed
-	ErrClosed     = xfer.ErrClosed
-)
-
 // Heartbeat and liveness defaults: the reference's ZMTP options.
 const (
-	DefaultPingInterval = 2 * time.Second
-	DefaultPeerTimeout  = 8 * time.Second // the reference's HEARTBEAT_TTL
+	defaultPingInterval = 2 * time.Second
+	defaultPeerTimeout  = 8 * time.Second // the reference's HEARTBEAT_TTL
 )
 
 // hostPort accepts "tcp://host:port" or "host:port".
@@ -142,10 +134,10 @@ func newGuardConfig(maxFrame uint64, write, ping, peer, handshake, connect time.
 		writeTimeout: write, handshakeTimeout: handshake, connectTimeout: connect, maxPending: pending,
 		onDrop: func(string) { st.dropped.Add(1) }, onAccept: func() { st.accepted.Add(1) }, group: new(goGroup)}
 	if g.pingInterval <= 0 {
-		g.pingInterval = DefaultPingInterval
+		g.pingInterval = defaultPingInterval
 	}
 	if g.peerTimeout <= 0 {
-		g.peerTimeout = DefaultPeerTimeout
+		g.peerTimeout = defaultPeerTimeout
 	}
 	if g.handshakeTimeout <= 0 {
 		g.handshakeTimeout = 5 * time.Second
@@ -208,7 +200,7 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 	select {
 	case s.in <- m:
 	default:
-		s.Wake()
+		s.wake()
 		select {
 		case s.in <- m:
 		case <-g.done:
@@ -221,26 +213,26 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 		(*f)()
 	}
 	if len(s.in) > 0 {
-		s.Wake()
+		s.wake()
 	}
 	return true
 }
 
-// Wake makes the Wait in progress, or else the next one, return true.
-func (s *Server) Wake() {
+// wake makes the Wait in progress, or else the next one, return true.
+func (s *Server) wake() {
 	select {
 	case s.kick <- struct{}{}:
 	default:
 	}
 }
 
-// OnRequest sets f (nil: none) to run on a connection's reader goroutine
+// onRequestHook sets f (nil: none) to run on a connection's reader goroutine
 // each time a request from it is queued, before Wait is woken for it. If f
 // drains the queue (connector.Producer steps there while it serves), the
 // request is answered without waking another goroutine: on a small
 // machine that hand-off costs more than the round trip. f must not block;
 // that connection's next request waits for it.
-func (s *Server) OnRequest(f func()) {
+func (s *Server) onRequestHook(f func()) {
 	if f == nil {
 		s.onRequest.Store(nil)
 		return
@@ -262,15 +254,15 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	}
 }
 
-// Wait blocks until a request is waiting for Drain (or Wake is called) or
+// Wait blocks until a request is waiting for Drain (or the connector wakes it) or
 // ctx ends, and reports which. It is for loops that do not step while idle.
-func (s *Server) Wait(ctx context.Context) bool { return s.WaitOr(ctx, nil, nil) }
+func (s *Server) Wait(ctx context.Context) bool { return s.waitOr(ctx, nil, nil) }
 
-// WaitOr is Wait that also returns, true, when ready or timeout receives,
+// waitOr is Wait that also returns, true, when ready or timeout receives,
 // so that a producer's loop waits on requests and its data plane's
 // notifications at once without a goroutine (connector.Producer uses it).
 // It returns false once the server is closed.
-func (s *Server) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+func (s *Server) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
 	if len(s.in) > 0 {
 		return true
 	}
@@ -291,14 +283,14 @@ func (s *Server) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 // Reply sends payload to the consumer with the given identity, without
 // blocking: it writes at once when the socket has room, else queues a copy
 // for that connection's writer, so a consumer that stops reading delays no
-// one else. It implements session.Replier. It fails with ErrClosed after
-// Close, ErrPeerDown when no connection has that identity (it closed, or
-// never was), and ErrQueueFull when that consumer has MaxQueued replies
+// one else. It implements session.Replier. It fails with xfer.ErrClosed after
+// Close, xfer.ErrPeerDown when no connection has that identity (it closed, or
+// never was), and xfer.ErrQueueFull when that consumer has MaxQueued replies
 // waiting.
 func (s *Server) Reply(identity, payload []byte) error {
 	select {
 	case <-s.done:
-		return ErrClosed
+		return xfer.ErrClosed
 	default:
 	}
 	s.connMu.Lock()
@@ -306,12 +298,12 @@ func (s *Server) Reply(identity, payload []byte) error {
 	s.connMu.Unlock()
 	if g == nil {
 		s.stats.sendFails.Add(1)
-		return fmt.Errorf("%w: no consumer with identity %q", ErrPeerDown, identity)
+		return fmt.Errorf("%w: no consumer with identity %q", xfer.ErrPeerDown, identity)
 	}
 	if err := g.send(nil, payload); err != nil {
 		s.stats.sendFails.Add(1)
 		if errors.Is(err, net.ErrClosed) {
-			return fmt.Errorf("%w: %v", ErrPeerDown, err)
+			return fmt.Errorf("%w: %v", xfer.ErrPeerDown, err)
 		}
 		return err
 	}
@@ -349,9 +341,6 @@ type ClientConfig struct {
 	Allow  func(hostport string) bool
 	Logger *slog.Logger
 }
-
-// Inbound is one payload a producer sent.
-type Inbound = xfer.Inbound
 
 // Client is the consumer's control plane: one DEALER per producer address,
 // built on first use with a fresh identity, dropped when the producer is
@@ -418,9 +407,9 @@ type dealer struct {
 }
 
 // Send queues payload (copied) for the producer at addr, connecting first
-// if there is no live DEALER for it. It fails with ErrQueueFull when the
-// queue is full, ErrPeerDown when the producer was declared dead and Dead
-// has not reported it yet, ErrNotAllowed for an address Allow refuses.
+// if there is no live DEALER for it. It fails with xfer.ErrQueueFull when the
+// queue is full, xfer.ErrPeerDown when the producer was declared dead and Dead
+// has not reported it yet, xfer.ErrNotAllowed for an address Allow refuses.
 func (c *Client) Send(addr string, payload []byte) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -438,7 +427,7 @@ func (c *Client) Send(addr string, payload []byte) error {
 // connection (a TCP and a ZMTP handshake: 0.4–2.6 ms between two
 // processes on the development VM). The connection is Send's: it is
 // dropped, and reported by Dead, as any other. Connect fails as Send
-// does, with ErrPeerDown (wrapping the cause) when the connection
+// does, with xfer.ErrPeerDown (wrapping the cause) when the connection
 // failed, and with ctx's error when ctx ended first; the connection then
 // goes on in the background.
 func (c *Client) Connect(ctx context.Context, addr string) error {
@@ -459,9 +448,9 @@ func (c *Client) Connect(ctx context.Context, addr string) error {
 	default:
 	}
 	if err := d.err.Load(); err != nil {
-		return fmt.Errorf("%w: %s: %v", ErrPeerDown, addr, *err)
+		return fmt.Errorf("%w: %s: %v", xfer.ErrPeerDown, addr, *err)
 	}
-	return fmt.Errorf("%w: %s: removed or closed while connecting", ErrClosed, addr)
+	return fmt.Errorf("%w: %s: removed or closed while connecting", xfer.ErrClosed, addr)
 }
 
 // dealerFor returns the live DEALER for addr, starting one if there is
@@ -470,11 +459,11 @@ func (c *Client) dealerFor(addr string) (*dealer, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if c.closed {
-		return nil, ErrClosed
+		return nil, xfer.ErrClosed
 	}
 	d := c.peers[addr]
 	if d != nil && d.dead.Load() {
-		return nil, fmt.Errorf("%w: %s", ErrPeerDown, addr)
+		return nil, fmt.Errorf("%w: %s", xfer.ErrPeerDown, addr)
 	}
 	if d == nil {
 		hp, err := hostPort(addr)
@@ -482,7 +471,7 @@ func (c *Client) dealerFor(addr string) (*dealer, error) {
 			return nil, err
 		}
 		if c.cfg.Allow != nil && !c.cfg.Allow(hp) {
-			return nil, fmt.Errorf("%w: %s", ErrNotAllowed, addr)
+			return nil, fmt.Errorf("%w: %s", xfer.ErrNotAllowed, addr)
 		}
 		d = &dealer{c: c, addr: addr, hp: hp, stop: make(chan struct{}), up: make(chan struct{})}
 		c.peers[addr] = d
@@ -499,7 +488,7 @@ func (d *dealer) send(payload []byte) error {
 	if g == nil {
 		defer d.qmu.Unlock()
 		if len(d.early) >= d.c.cfg.MaxQueued {
-			return fmt.Errorf("%w: %s", ErrQueueFull, d.addr)
+			return fmt.Errorf("%w: %s", xfer.ErrQueueFull, d.addr)
 		}
 		d.early = append(d.early, append([]byte(nil), payload...))
 		return nil
@@ -507,10 +496,10 @@ func (d *dealer) send(payload []byte) error {
 	d.qmu.Unlock()
 	if err := g.send(nil, payload); err != nil {
 		d.c.stats.sendFails.Add(1)
-		if errors.Is(err, ErrQueueFull) {
-			return fmt.Errorf("%w: %s", ErrQueueFull, d.addr)
+		if errors.Is(err, xfer.ErrQueueFull) {
+			return fmt.Errorf("%w: %s", xfer.ErrQueueFull, d.addr)
 		}
-		return fmt.Errorf("%w: %s: %v", ErrPeerDown, d.addr, err)
+		return fmt.Errorf("%w: %s: %v", xfer.ErrPeerDown, d.addr, err)
 	}
 	d.c.stats.sent.Add(1)
 	return nil
@@ -518,7 +507,7 @@ func (d *dealer) send(payload []byte) error {
 
 // inbound is a payload and the DEALER it came on.
 type inbound struct {
-	Inbound
+	xfer.Inbound
 	d *dealer
 }
 
@@ -527,7 +516,7 @@ type inbound struct {
 // now: one that came on a connection whose death Dead has reported, or
 // that Remove dropped, is dropped, so that it can never be taken for a
 // reply on the connection that replaced it.
-func (c *Client) Drain(dst []Inbound) []Inbound {
+func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for _, m := range c.held {
@@ -546,7 +535,7 @@ func (c *Client) Drain(dst []Inbound) []Inbound {
 }
 
 // take appends m to dst if its DEALER is still its address's; under mu.
-func (c *Client) take(dst []Inbound, m inbound) []Inbound {
+func (c *Client) take(dst []xfer.Inbound, m inbound) []xfer.Inbound {
 	if c.peers[m.d.addr] != m.d {
 		c.stats.dropped.Add(1)
 		return dst
@@ -557,12 +546,12 @@ func (c *Client) take(dst []Inbound, m inbound) []Inbound {
 
 // Wait blocks until a payload or a death is waiting, or ctx ends, and
 // reports which. It is for loops that do not step while idle.
-func (c *Client) Wait(ctx context.Context) bool { return c.WaitOr(ctx, nil, nil) }
+func (c *Client) Wait(ctx context.Context) bool { return c.waitOr(ctx, nil, nil) }
 
-// WaitOr is Wait that also returns, true, when ready or timeout receives,
+// waitOr is Wait that also returns, true, when ready or timeout receives,
 // so that a loop waits on the control plane and a data plane at once
 // without a goroutine (connector.Pool uses it).
-func (c *Client) WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
+func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
 	c.mu.Lock()
 	n := len(c.held) + len(c.dead)
 	c.mu.Unlock()
@@ -739,7 +728,7 @@ func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
 		return true
 	}
 	select {
-	case d.c.in <- inbound{Inbound{Addr: d.addr, Payload: frames[1]}, d}:
+	case d.c.in <- inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d}:
 		return true
 	case <-d.stop:
 		return false

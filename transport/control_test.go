@@ -65,9 +65,9 @@ func newClient(t testing.TB, cfg ClientConfig) *Client {
 }
 
 // waitInbound drains c until n payloads came or the limit passes.
-func waitInbound(t testing.TB, c *Client, n int, limit time.Duration) []Inbound {
+func waitInbound(t testing.TB, c *Client, n int, limit time.Duration) []xfer.Inbound {
 	t.Helper()
-	var got []Inbound
+	var got []xfer.Inbound
 	for end := time.Now().Add(limit); len(got) < n; time.Sleep(100 * time.Microsecond) {
 		got = c.Drain(got)
 		if time.Now().After(end) {
@@ -113,7 +113,7 @@ func TestControlRoundTrip(t *testing.T) {
 
 func TestClientAllowList(t *testing.T) {
 	c := newClient(t, ClientConfig{Allow: func(hp string) bool { return hp == "127.0.0.1:1" }})
-	if err := c.Send("tcp://10.1.2.3:5555", []byte("x")); !errors.Is(err, ErrNotAllowed) {
+	if err := c.Send("tcp://10.1.2.3:5555", []byte("x")); !errors.Is(err, xfer.ErrNotAllowed) {
 		t.Fatalf("disallowed address: %v", err)
 	}
 	if err := c.Send("not an address", []byte("x")); err == nil {
@@ -186,7 +186,7 @@ func TestServerOnRequest(t *testing.T) {
 	var mu sync.Mutex
 	answer := true
 	var msgs []xfer.Message
-	s.OnRequest(func() {
+	s.onRequestHook(func() {
 		mu.Lock()
 		defer mu.Unlock()
 		if !answer {
@@ -225,11 +225,11 @@ func TestServerOnRequest(t *testing.T) {
 	if m := s.Drain(nil); len(m) != 1 || string(m[0].Payload) != "left" {
 		t.Fatalf("queued: %v", m)
 	}
-	s.Wake()
+	s.wake()
 	if !s.Wait(context.Background()) {
 		t.Fatal("Wake did not wake Wait")
 	}
-	s.OnRequest(nil)
+	s.onRequestHook(nil)
 	c.Send(s.Endpoint(), []byte("plain"))
 	if !s.Wait(context.Background()) || len(s.Drain(nil)) != 1 {
 		t.Fatal("without the hook the request was not queued for Wait")
@@ -352,9 +352,9 @@ func TestClientConnect(t *testing.T) {
 		t.Fatalf("Send made a connection of its own (same dealer %v, %d accepted)", same, s.Stats().Accepted)
 	}
 
-	// Nothing listens: ErrPeerDown, and Dead reports it as for Send.
+	// Nothing listens: xfer.ErrPeerDown, and Dead reports it as for Send.
 	c2 := newClient(t, ClientConfig{ConnectTimeout: 500 * time.Millisecond})
-	if err := c2.Connect(ctx, "tcp://127.0.0.1:1"); !errors.Is(err, ErrPeerDown) {
+	if err := c2.Connect(ctx, "tcp://127.0.0.1:1"); !errors.Is(err, xfer.ErrPeerDown) {
 		t.Fatalf("unreachable: %v", err)
 	}
 	if a, _ := waitDead(t, c2, 5*time.Second); a != "tcp://127.0.0.1:1" {
@@ -364,17 +364,17 @@ func TestClientConnect(t *testing.T) {
 		t.Fatal("bad address accepted")
 	}
 	c3 := newClient(t, ClientConfig{Allow: func(string) bool { return false }})
-	if err := c3.Connect(ctx, s.Endpoint()); !errors.Is(err, ErrNotAllowed) {
+	if err := c3.Connect(ctx, s.Endpoint()); !errors.Is(err, xfer.ErrNotAllowed) {
 		t.Fatalf("disallowed: %v", err)
 	}
 	c3.Close()
-	if err := c3.Connect(ctx, s.Endpoint()); !errors.Is(err, ErrClosed) {
+	if err := c3.Connect(ctx, s.Endpoint()); !errors.Is(err, xfer.ErrClosed) {
 		t.Fatalf("closed client: %v", err)
 	}
 }
 
 // A handshake that never finishes: Connect ends with ctx, and a Close
-// meanwhile ends it with ErrClosed.
+// meanwhile ends it with xfer.ErrClosed.
 func TestClientConnectWaits(t *testing.T) {
 	ln := silentListener(t)
 	ep := "tcp://" + ln.Addr().String()
@@ -391,10 +391,10 @@ func TestClientConnectWaits(t *testing.T) {
 		t.Fatalf("Connect returned %v with the handshake unanswered", err)
 	case <-time.After(20 * time.Millisecond):
 	}
-	c.Close() // before or after that Connect took the dealer: ErrClosed
+	c.Close() // before or after that Connect took the dealer: xfer.ErrClosed
 	select {
 	case err := <-done:
-		if !errors.Is(err, ErrClosed) {
+		if !errors.Is(err, xfer.ErrClosed) {
 			t.Fatalf("closed while connecting: %v", err)
 		}
 	case <-time.After(10 * time.Second):
@@ -416,15 +416,15 @@ func TestClientDropsRepliesOfAReplacedConnection(t *testing.T) {
 	c.mu.Lock()
 	c.peers[old.addr] = cur
 	c.mu.Unlock()
-	c.in <- inbound{Inbound{Addr: old.addr, Payload: []byte("late")}, old}
-	c.in <- inbound{Inbound{Addr: old.addr, Payload: []byte("now")}, cur}
+	c.in <- inbound{xfer.Inbound{Addr: old.addr, Payload: []byte("late")}, old}
+	c.in <- inbound{xfer.Inbound{Addr: old.addr, Payload: []byte("now")}, cur}
 	got := c.Drain(nil)
 	if len(got) != 1 || string(got[0].Payload) != "now" || c.Stats().Dropped != 1 {
 		t.Fatalf("drained %+v, stats %+v", got, c.Stats())
 	}
 	// Held by Wait, then the connection goes: dropped as well.
-	c.in <- inbound{Inbound{Addr: old.addr, Payload: []byte("held")}, cur}
-	if !c.WaitOr(context.Background(), nil, nil) {
+	c.in <- inbound{xfer.Inbound{Addr: old.addr, Payload: []byte("held")}, cur}
+	if !c.waitOr(context.Background(), nil, nil) {
 		t.Fatal("Wait")
 	}
 	c.mu.Lock()

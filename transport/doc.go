@@ -18,7 +18,7 @@
 // deadline, and a full table of pending handshakes evicts its oldest entry.
 //
 // Send, Reply, Drain and Dead never block: queues are bounded and refuse
-// with ErrQueueFull. A Client connects on the first Send to a producer;
+// with xfer.ErrQueueFull. A Client connects on the first Send to a producer;
 // Connect, which waits, does it ahead (an engine's start-up). A producer is reported dead when its connection
 // closes, when it stays silent for the peer timeout (hung, SIGSTOPped, cut
 // off), or when the connect or the handshake times out (nothing answers);
@@ -36,7 +36,7 @@
 // none. A second connection presenting an identity in use takes it over
 // and the first is closed (libzmq's ROUTER_HANDOVER), so a reconnecting
 // consumer is never black-holed; a reply to an identity no connection
-// holds fails with ErrPeerDown (zmq4 and libzmq drop it silently), which
+// holds fails with xfer.ErrPeerDown (zmq4 and libzmq drop it silently), which
 // ends its grant at once.
 //
 // # Data plane
@@ -55,8 +55,8 @@
 // that confirmation needs its grant no more: it failed on the consumer,
 // or every byte had landed already (a consumer keeps a READ's answer only
 // once its confirmation is written, a pushed one once the push is in).
-// The plane hands its notification to the session whose gate granted it
-// (plane.Attachment.Broken), which ends its grant at once instead of at
+// The plane hands its notification to the session whose gate granted it,
+// which ends its grant at once instead of at
 // its lease. Malformed frames, oversized lengths, out-of-range
 // blocks and stalls close that connection only. Producers are told apart
 // by name, address and incarnation. The agent metadata is a msgpack map:

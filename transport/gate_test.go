@@ -8,6 +8,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 )
 
@@ -38,7 +39,7 @@ var testGrantIDs atomic.Uint64
 // attachGate attaches a fresh gate to p.
 func attachGate(p *TCPData) *testGate {
 	g := &testGate{grants: map[uint64]testGrant{}}
-	g.att = p.Attach(g)
+	g.att = p.attach(g)
 	return g
 }
 
@@ -58,13 +59,13 @@ func (g *testGate) grantFor(consumer uint64, blocks ...int) []byte {
 	g.grants[id] = testGrant{token: tok, blocks: set, consumer: consumer}
 	g.mu.Unlock()
 	g.att.Publish(id)
-	return wire.AppendNotifGrant([]byte("00000000-0000-4000-8000-000000000001:h"), id, tok)
+	return wirext.AppendNotifGrant([]byte("00000000-0000-4000-8000-000000000001:h"), id, tok)
 }
 
 // end ends the grant notif names: retired from the board first, as the
 // session does.
 func (g *testGate) end(notif []byte) {
-	_, id, _, _ := wire.SplitNotifGrant(notif)
+	_, id, _, _ := wirext.SplitNotifGrant(notif)
 	g.att.Retire(id)
 	g.mu.Lock()
 	delete(g.grants, id)
@@ -76,7 +77,7 @@ func (g *testGate) Authorize(_ string, notif []byte, blocks []int) (plane.Hold, 
 	if g.before != nil {
 		g.before(notif)
 	}
-	_, id, tok, ok := wire.SplitNotifGrant(notif)
+	_, id, tok, ok := wirext.SplitNotifGrant(notif)
 	g.mu.Lock()
 	gr, live := g.grants[id]
 	g.mu.Unlock()

@@ -18,6 +18,8 @@ import (
 	"time"
 
 	zmtransport "github.com/go-zeromq/zmq4/transport"
+
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // The guard sits between zmq4 and the TCP socket: zmq4 does all its I/O
@@ -679,7 +681,7 @@ func (g *guardConn) heartbeat() {
 }
 
 // send writes one message of the given frames, or queues it for the
-// writer: it never blocks. It fails with ErrQueueFull when maxOut messages
+// writer: it never blocks. It fails with xfer.ErrQueueFull when maxOut messages
 // are waiting, and with net.ErrClosed once the connection failed.
 func (g *guardConn) send(frames ...[]byte) error {
 	n := 0
@@ -741,7 +743,7 @@ func (g *guardConn) sendRawLocked(msg []byte, kind uint8) error {
 	}
 	if kind == 0 && g.cfg.maxOut > 0 && g.omsgs >= g.cfg.maxOut {
 		g.omu.Unlock()
-		return ErrQueueFull
+		return xfer.ErrQueueFull
 	}
 	if !g.owriting && len(g.opend) == 0 && g.raw != nil {
 		n, err := g.tryWrite(msg)

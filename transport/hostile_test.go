@@ -278,7 +278,7 @@ func readyWithIdentity(id string) []byte {
 
 // A second connection presenting an identity in use takes it over (as
 // libzmq's ROUTER_HANDOVER): replies go to it, the first is closed. A
-// reply to an identity no connection holds fails with ErrPeerDown.
+// reply to an identity no connection holds fails with xfer.ErrPeerDown.
 func TestIdentityHandover(t *testing.T) {
 	s := newServer(t, ServerConfig{})
 	dial := func() net.Conn {
@@ -328,14 +328,14 @@ func TestIdentityHandover(t *testing.T) {
 	second.Close()
 	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
 		err := s.Reply([]byte("consumer-1"), []byte("late"))
-		if errors.Is(err, ErrPeerDown) {
+		if errors.Is(err, xfer.ErrPeerDown) {
 			break
 		}
 		if time.Now().After(end) {
 			t.Fatalf("reply to a closed consumer: %v", err)
 		}
 	}
-	if err := s.Reply([]byte("nobody"), []byte("x")); !errors.Is(err, ErrPeerDown) {
+	if err := s.Reply([]byte("nobody"), []byte("x")); !errors.Is(err, xfer.ErrPeerDown) {
 		t.Fatalf("reply to an unknown identity: %v", err)
 	}
 }

@@ -5,7 +5,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 )
 
 // peer is a producer this agent reads from: a few connections (links),
@@ -193,7 +193,7 @@ func (p *peer) stopped() bool {
 
 // grantOf returns the grant id a Go consumer's notification names, or 0.
 func grantOf(notif []byte) uint64 {
-	if _, g, tok, ok := wire.SplitNotifGrant(notif); ok && !tok.IsZero() {
+	if _, g, tok, ok := wirext.SplitNotifGrant(notif); ok && !tok.IsZero() {
 		return g
 	}
 	return 0

@@ -12,8 +12,9 @@ import (
 
 	"github.com/vmihailenco/msgpack/v5"
 
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/faultproxy"
-	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -62,7 +63,7 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer impostor.Close()
-	impostor.Write(appendHello(nil, c.Name(), 8<<20, nil))
+	impostor.Write(appendHello(nil, c.name, 8<<20, nil))
 	// Read the impostor's connection until it shows the answer to its
 	// READ, which comes after anything pushed to it before.
 	got := make(chan []byte)
@@ -77,7 +78,7 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 	}
 	<-released
 	// The impostor tries the grant's id without its token, and a guess.
-	_, id, _, _ := wire.SplitNotifGrant(notif)
+	_, id, _, _ := wirext.SplitNotifGrant(notif)
 	impostor.Write(appendRead(nil, 1, []byte("00000000-0000-4000-8000-000000000001:h#"+strconv.FormatUint(id, 10)), 2, spans(nil, []int{3, 4}), false))
 	impostor.Write(appendRead(nil, 2, append(bytes.Clone(notif[:len(notif)-1]), 'x'), 2, spans(nil, []int{3, 4}), false))
 	until(t, "the impostor's READs are refused", func() bool { return g.asked.Load() >= 3 })
@@ -249,7 +250,7 @@ func TestSameHostRevealsNothingToAnotherProducer(t *testing.T) {
 		c.Release(h)
 	}
 	b := <-hello
-	if bytes.Contains(b, pr.Header()[:tokenLen]) || bytes.Contains(b, pr.Header()[:8]) {
+	if bytes.Contains(b, cachex.Header(pr)[:tokenLen]) || bytes.Contains(b, cachex.Header(pr)[:8]) {
 		t.Fatal("the token left for another producer")
 	}
 	if c.Stats().BoardCopies != 0 || bytes.Equal(cr.Block(0), pr.Block(3)) {

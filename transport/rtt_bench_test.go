@@ -27,7 +27,7 @@ func BenchmarkControlRTT(b *testing.B) {
 		defer cancel()
 		go serveEcho(ctx, s)
 		c := newClient(b, ClientConfig{})
-		var in []Inbound
+		var in []xfer.Inbound
 		rtt(b, func() {
 			c.Send(s.Endpoint(), payload)
 			for len(in) == 0 {
@@ -133,13 +133,13 @@ func serveEcho(ctx context.Context, s *Server) {
 			s.Reply(m.Identity, m.Payload)
 		}
 	}
-	s.OnRequest(func() {
+	s.onRequestHook(func() {
 		if mu.TryLock() {
 			echo()
 			mu.Unlock()
 		}
 	})
-	defer s.OnRequest(nil)
+	defer s.onRequestHook(nil)
 	for s.Wait(ctx) {
 		mu.Lock()
 		echo()

@@ -242,7 +242,7 @@ func (p *peer) populate() {
 		if p.stopped() {
 			return
 		}
-		if unix.Madvise(p.sh.mem[off:min(off+chunk, len(p.sh.mem))], unix.MADV_POPULATE_READ) != nil {
+		if shm.PopulateRead(p.sh.mem[off:min(off+chunk, len(p.sh.mem))]) != nil {
 			return
 		}
 	}
@@ -271,12 +271,12 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	if n, err := fmt.Sscanf(m.Shm, "/proc/%d/fd/%d", &pid, &fd); n != 2 || err != nil ||
 		m.Shm != fmt.Sprintf("/proc/%d/fd/%d", pid, fd) || m.ShmOff < grantTabOff || m.ShmOff%8 != 0 ||
 		m.Grants < 0 || m.Grants > (m.ShmOff-grantTabOff)/8 {
-		return nil, fmt.Errorf("%w: shared region %q at %d", ErrBadMeta, m.Shm, m.ShmOff)
+		return nil, fmt.Errorf("%w: shared region %q at %d", errBadMeta, m.Shm, m.ShmOff)
 	}
 	// Only a producer's region file: metadata could name any file of
 	// ours.
 	if target, err := os.Readlink(m.Shm); err != nil || !strings.HasPrefix(target, "/memfd:"+shm.FileName) {
-		return nil, fmt.Errorf("%w: %s is not a shared region (%s)", ErrBadMeta, m.Shm, target)
+		return nil, fmt.Errorf("%w: %s is not a shared region (%s)", errBadMeta, m.Shm, target)
 	}
 	f, err := os.Open(m.Shm)
 	if err != nil {
@@ -285,8 +285,8 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	defer f.Close()
 	// A file that could shrink could make a copy out of our mapping fault
 	// (SIGBUS), so only a sealed one is mapped.
-	if seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0); err != nil || seals&shm.Seals != shm.Seals {
-		return nil, fmt.Errorf("%w: %s is not sealed against resizing (%v)", ErrBadMeta, m.Shm, err)
+	if err := shm.Sealed(f); err != nil {
+		return nil, fmt.Errorf("%w: %s is not sealed against resizing (%v)", errBadMeta, m.Shm, err)
 	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
@@ -294,7 +294,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	}
 	need := int64(m.ShmOff) + int64(m.Blocks)*int64(m.BlockSize)
 	if st.Size < need || st.Size > need+int64(os.Getpagesize()) {
-		return nil, fmt.Errorf("%w: shared region of %d bytes, want %d", ErrBadMeta, st.Size, need)
+		return nil, fmt.Errorf("%w: shared region of %d bytes, want %d", errBadMeta, st.Size, need)
 	}
 	sh := &sharedPeer{off: m.ShmOff}
 	key := regionKey{uint64(st.Dev), st.Ino}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -149,7 +150,7 @@ func (g *stressGate) grant(rng *rand.Rand, n int) *sgrant {
 		g.owner[b] = gr.id
 		fillBlock(g.region.Block(b), gr.id, b)
 	}
-	gr.notif = wire.AppendNotifGrant([]byte("00000000-0000-4000-8000-000000000001:h"), gr.id, gr.token)
+	gr.notif = wirext.AppendNotifGrant([]byte("00000000-0000-4000-8000-000000000001:h"), gr.id, gr.token)
 	g.grants[gr.id] = gr
 	g.att.Publish(gr.id) // before the "ack"
 	return gr
@@ -183,7 +184,7 @@ func (g *stressGate) reuseLocked(gr *sgrant) {
 }
 
 func (g *stressGate) Authorize(_ string, notif []byte, blocks []int) (plane.Hold, bool) {
-	_, id, tok, ok := wire.SplitNotifGrant(notif)
+	_, id, tok, ok := wirext.SplitNotifGrant(notif)
 	g.mu.Lock()
 	defer g.mu.Unlock()
 	gr := g.grants[id]
@@ -277,7 +278,7 @@ func stress(t *testing.T, seed uint64) {
 	}
 	r.p = newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", IOTimeout: 5 * time.Second})
 	r.gate = &stressGate{t: t, region: pr, grants: map[uint64]*sgrant{}, owner: make([]uint64, stressPBlocks)}
-	r.gate.att = r.p.Attach(r.gate)
+	r.gate.att = r.p.attach(r.gate)
 	ccfg := TCPConfig{IOTimeout: 5 * time.Second, Conns: 1 + rng.IntN(2), CopyWorkers: 1 + rng.IntN(3)}
 	if rng.IntN(4) == 0 {
 		ccfg.PushBuffer = -1
@@ -348,7 +349,7 @@ func (r *stressRun) step(step int) {
 			r.gate.end(gr)
 		}
 		r.grants = nil
-		r.gate.att = r.p.Attach(r.gate)
+		r.gate.att = r.p.attach(r.gate)
 		old.Publish(1 << 40) // a detached session acts on nothing
 	default:
 		time.Sleep(time.Duration(r.rng.IntN(300)) * time.Microsecond)

@@ -17,18 +17,10 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/ecxfer/ecxfer/cache"
-	"github.com/ecxfer/ecxfer/internal/plane"
+
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/xfer"
 )
-
-// Authorizer decides whether a READ may be served: agent is the consumer
-// agent that asks (as its connection named itself: a label, not proof),
-// notif the READ's notification ("<session_id>:<mm_hash>", with
-// "#<grant>.<token>" from Go consumers), blocks the producer blocks it
-// asks for. If it grants, the blocks stay the entry's until release is
-// called, which the data plane does once the bytes left the region. It is
-// called from the data plane's goroutines, concurrently.
-type Authorizer = func(agent string, notif []byte, blocks []int) (release func(), ok bool)
 
 // TCPConfig configures a TCPData. Zero fields take defaults.
 type TCPConfig struct {
@@ -44,8 +36,14 @@ type TCPConfig struct {
 	// Authorize, if set, gates every READ served, in addition to the
 	// producer session attached (a READ is served only if both grant it),
 	// and turns the same-host board off, so that it sees every READ. With
-	// neither, nothing is served.
-	Authorize Authorizer
+	// neither, nothing is served. agent is the consumer agent that asks
+	// (as its connection named itself: a label, not proof), notif the
+	// READ's notification ("<session_id>:<mm_hash>", with
+	// "#<grant>.<token>" from Go consumers), blocks the producer blocks it
+	// asks for. If it grants, the blocks stay the entry's until release is
+	// called, which the data plane does once the bytes left the region. It
+	// is called from the data plane's goroutines, concurrently.
+	Authorize func(agent string, notif []byte, blocks []int) (release func(), ok bool)
 	// IOTimeout bounds the time without progress: a READ fails when no
 	// byte of it moved for this long, counted from when it reached the
 	// head of its connection's queue; writes are held to the same rule.
@@ -56,7 +54,7 @@ type TCPConfig struct {
 	// DialTimeout bounds connecting to a producer. Default 8 s.
 	DialTimeout time.Duration
 	// MaxQueued bounds READs posted to one peer and not yet ended;
-	// PostRead beyond it fails with ErrBusy. Default 4096.
+	// PostRead beyond it fails with errBusy. Default 4096.
 	MaxQueued int
 	// Conns is the number of connections to each producer; READs spread
 	// over them. Default 2.
@@ -149,11 +147,11 @@ const (
 	maxMetaLen  = 4096
 )
 
-// Errors of TCPData.
+// Errors of TCPData, wrapped in the errors of PostRead and AddRemotePeer.
 var (
-	ErrBusy       = errors.New("transport: too many READs queued to this peer")
-	ErrBadMeta    = errors.New("transport: bad agent metadata")
-	ErrBlockRange = errors.New("transport: block id out of range")
+	errBusy       = errors.New("transport: too many READs queued to this peer")
+	errBadMeta    = errors.New("transport: bad agent metadata")
+	errBlockRange = errors.New("transport: block id out of range")
 )
 
 // TCPData is the pure-Go data plane: an xfer.DataTransport over TCP. As a
@@ -194,11 +192,7 @@ type TCPData struct {
 	beforeCopy  func()        // tests: runs as a copy starts
 }
 
-var (
-	_ xfer.DataTransport = (*TCPData)(nil)
-	_ xfer.Stoppable     = (*TCPData)(nil)
-	_ plane.Attacher     = (*TCPData)(nil)
-)
+var _ xfer.DataTransport = (*TCPData)(nil)
 
 // NewTCPData returns a data plane over region, serving READs if cfg.Listen is
 // set.
@@ -229,13 +223,13 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	}
 	m := agentMeta{Version: metaVersion, Name: d.name, Addr: addr, Incarnation: inc,
 		BlockSize: region.BlockSize(), Blocks: region.Blocks(), Push: cfg.Listen != "" && !cfg.NoPush}
-	if h := region.Header(); h != nil && cfg.Listen != "" && !cfg.NoSharedMemory {
+	if h := cachex.Header(region); h != nil && cfg.Listen != "" && !cfg.NoSharedMemory {
 		d.token = h[:tokenLen:tokenLen]
 		if _, err := rand.Read(d.token); err != nil {
 			d.Close()
 			return nil, err
 		}
-		m.Shm, m.ShmOff = region.SharedPath(), len(h)
+		m.Shm, m.ShmOff = cachex.SharedPath(region), len(h)
 		if cfg.Authorize == nil && len(h) > grantTabOff {
 			// With a gate of the user's every READ must go through it:
 			// no board then.
@@ -271,9 +265,6 @@ func (d *TCPData) Stats() TCPStats {
 	return TCPStats{BoardCopies: d.boardCopies.Load(), Pushed: d.pushLanded.Load(), PushDrops: d.pushDrops.Load(),
 		PushesSent: d.pushes.Load(), NotesLost: d.notesLost.Load()}
 }
-
-// Name returns the agent name.
-func (d *TCPData) Name() string { return d.name }
 
 // Addr returns the address READs are served on, or nil.
 func (d *TCPData) Addr() net.Addr {
@@ -315,7 +306,7 @@ func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 	}
 	p := d.peers[key]
 	if p != nil && p.blocks != m.Blocks {
-		return xfer.Peer{}, fmt.Errorf("%w: %s registered with %d blocks, now %d", ErrBadMeta, m.Name, p.blocks, m.Blocks)
+		return xfer.Peer{}, fmt.Errorf("%w: %s registered with %d blocks, now %d", errBadMeta, m.Name, p.blocks, m.Blocks)
 	}
 	if p == nil {
 		p = newPeer(d, m, key)
@@ -329,20 +320,20 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 	var m agentMeta
 	if len(metadata) > maxMetaLen {
 		// Ours is a few hundred bytes; a large blob could only nest deep.
-		return m, fmt.Errorf("%w: %d bytes", ErrBadMeta, len(metadata))
+		return m, fmt.Errorf("%w: %d bytes", errBadMeta, len(metadata))
 	}
 	if err := msgpack.Unmarshal(metadata, &m); err != nil {
-		return m, fmt.Errorf("%w: %v", ErrBadMeta, err)
+		return m, fmt.Errorf("%w: %v", errBadMeta, err)
 	}
 	switch {
 	case m.Version != metaVersion:
-		return m, fmt.Errorf("%w: version %d", ErrBadMeta, m.Version)
+		return m, fmt.Errorf("%w: version %d", errBadMeta, m.Version)
 	case m.Name == "" || len(m.Name) > maxNameLen || m.Addr == "" || len(m.Addr) > 512:
-		return m, fmt.Errorf("%w: name %q addr %q", ErrBadMeta, m.Name, m.Addr)
+		return m, fmt.Errorf("%w: name %q addr %q", errBadMeta, m.Name, m.Addr)
 	case m.BlockSize != blockSize:
-		return m, fmt.Errorf("%w: block size %d, ours %d", ErrBadMeta, m.BlockSize, blockSize)
+		return m, fmt.Errorf("%w: block size %d, ours %d", errBadMeta, m.BlockSize, blockSize)
 	case m.Blocks <= 0 || m.Blocks > 1<<31:
-		return m, fmt.Errorf("%w: %d blocks", ErrBadMeta, m.Blocks)
+		return m, fmt.Errorf("%w: %d blocks", errBadMeta, m.Blocks)
 	}
 	return m, nil
 }
@@ -364,8 +355,8 @@ func (d *TCPData) RemoveRemotePeer(agent string) error {
 }
 
 // PostRead implements xfer.DataTransport. It fails with
-// xfer.ErrLengthMismatch, ErrBlockRange (a local or remote id outside its
-// region), xfer.ErrUnknownPeer, ErrBusy (MaxQueued READs to that peer not
+// xfer.ErrLengthMismatch, errBlockRange (a local or remote id outside its
+// region), xfer.ErrUnknownPeer, errBusy (MaxQueued READs to that peer not
 // ended), xfer.ErrClosed, or for a notification over 1 KiB.
 func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
@@ -376,7 +367,7 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 	}
 	for _, b := range local {
 		if b < 0 || b >= d.region.Blocks() {
-			return 0, fmt.Errorf("%w: local %d of %d", ErrBlockRange, b, d.region.Blocks())
+			return 0, fmt.Errorf("%w: local %d of %d", errBlockRange, b, d.region.Blocks())
 		}
 	}
 	d.mu.Lock()
@@ -392,13 +383,13 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 	for _, b := range remote {
 		if b < 0 || b >= p.blocks {
 			d.mu.Unlock()
-			return 0, fmt.Errorf("%w: remote %d of %d", ErrBlockRange, b, p.blocks)
+			return 0, fmt.Errorf("%w: remote %d of %d", errBlockRange, b, p.blocks)
 		}
 	}
 	if p.inflight.Add(1) > int64(d.cfg.MaxQueued) {
 		p.inflight.Add(-1)
 		d.mu.Unlock()
-		return 0, fmt.Errorf("%w: %s", ErrBusy, agent)
+		return 0, fmt.Errorf("%w: %s", errBusy, agent)
 	}
 	d.next++
 	op := newReadOp(d.next, p, local, remote, bytes.Clone(notif))
@@ -439,20 +430,12 @@ func (d *TCPData) Release(h xfer.Handle) error {
 	return nil
 }
 
-// Ready implements xfer.Signaling: it receives when a READ posted here
-// ended or a notification arrived since the last receive, so that a step
-// loop sleeps until there is something to do.
-func (d *TCPData) Ready() <-chan struct{} { return d.ready }
-
 func (d *TCPData) signal() {
 	select {
 	case d.ready <- struct{}{}:
 	default:
 	}
 }
-
-// StopsReads implements xfer.Stoppable: Release stops every READ.
-func (d *TCPData) StopsReads() bool { return true }
 
 // DrainNotifs implements xfer.DataTransport.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {

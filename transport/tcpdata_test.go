@@ -3,21 +3,17 @@ package transport
 import (
 	"bytes"
 	"errors"
-	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"os"
 	"sync"
 	"testing"
 	"time"
 	"unsafe"
 
 	"github.com/vmihailenco/msgpack/v5"
-	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
-	"github.com/ecxfer/ecxfer/internal/shm"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
@@ -138,7 +134,7 @@ func waitNotifs(t testing.TB, p *TCPData, n int) []xfer.Notif {
 func TestTCPMetadata(t *testing.T) {
 	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{})
 	p := newTCP(t, newRegion(t, 8, 128), TCPConfig{Listen: "127.0.0.1:0"})
-	if _, err := c.AddRemotePeer(p.AgentMetadata(), nil); !errors.Is(err, ErrBadMeta) {
+	if _, err := c.AddRemotePeer(p.AgentMetadata(), nil); !errors.Is(err, errBadMeta) {
 		t.Fatalf("block size mismatch: %v", err)
 	}
 	p2 := newTCP(t, newRegion(t, 8, 128), TCPConfig{Listen: "127.0.0.1:0"})
@@ -146,7 +142,7 @@ func TestTCPMetadata(t *testing.T) {
 		t.Fatal("two incarnations share metadata")
 	}
 	for _, m := range [][]byte{nil, {0xc1}, {0x80}, []byte("\x81\xa1v\x02"), agentMetaBytes(t, "old", "127.0.0.1:1", 64, 8, 1)} {
-		if _, err := c.AddRemotePeer(m, nil); !errors.Is(err, ErrBadMeta) {
+		if _, err := c.AddRemotePeer(m, nil); !errors.Is(err, errBadMeta) {
 			t.Fatalf("%x: %v", m, err)
 		}
 	}
@@ -336,7 +332,7 @@ func TestTCPInFlightBound(t *testing.T) {
 		}
 		hs = append(hs, h)
 	}
-	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); !errors.Is(err, ErrBusy) {
+	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, nil); !errors.Is(err, errBusy) {
 		t.Fatalf("sixth READ: %v", err)
 	}
 	for _, h := range hs {
@@ -506,57 +502,6 @@ func warm(t testing.TB, c *TCPData, agent string, g *testGate) {
 			t.Fatal("warm-up READ failed")
 		}
 		c.Release(h)
-	}
-}
-
-// Metadata naming a file that is not a producer's region (one of this
-// process's own, say, from a hostile producer on another host) is not
-// mapped; nor is a region file whose size is not sealed: shrunk under a
-// copy, it would fault the consumer (SIGBUS). The READs go over TCP.
-func TestSharedRefusesOtherFiles(t *testing.T) {
-	f, err := os.CreateTemp(t.TempDir(), "secret")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	fd, err := unix.MemfdCreate(shm.FileName, unix.MFD_CLOEXEC|unix.MFD_ALLOW_SEALING)
-	if err != nil {
-		t.Fatal(err)
-	}
-	unsealed := os.NewFile(uintptr(fd), "unsealed")
-	defer unsealed.Close()
-	for _, f := range []*os.File{f, unsealed} {
-		t.Run(f.Name(), func(t *testing.T) { refusesFile(t, f) })
-	}
-}
-
-func refusesFile(t *testing.T, f *os.File) {
-	f.Write(make([]byte, shm.HeaderSize()+8*4096))
-	pr := newRegion(t, 8, 4096) // not shared: its metadata names no file
-	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
-	var m agentMeta
-	if err := msgpack.Unmarshal(p.AgentMetadata(), &m); err != nil {
-		t.Fatal(err)
-	}
-	m.Shm, m.ShmOff = fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()), shm.HeaderSize()
-	meta, _ := msgpack.Marshal(&m)
-	c := newTCP(t, newRegion(t, 8, 4096), TCPConfig{})
-	peer, err := c.AddRemotePeer(meta, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mu.Lock()
-	mapped := c.peers[peer.Agent].sh != nil
-	c.mu.Unlock()
-	if mapped {
-		t.Fatal("mapped a file that is not a shared region")
-	}
-	h, err := c.PostRead([]int{0}, peer.Agent, []int{3}, []byte("s:m"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if waitEnd(t, c, h) != xfer.Complete || c.Stats().BoardCopies != 0 {
-		t.Fatal("the READ did not go over TCP")
 	}
 }
 

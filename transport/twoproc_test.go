@@ -170,7 +170,7 @@ func readAll(t testing.TB, c *TCPData, agent string, notif []byte, blocks, batch
 				return
 			}
 			select { // until a READ ends
-			case <-c.Ready():
+			case <-c.ready:
 			case <-time.After(10 * time.Second):
 				t.Fatal("no READ ended in 10 s")
 			}

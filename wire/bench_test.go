@@ -65,13 +65,13 @@ func BenchmarkAckOKDecode(b *testing.B) {
 	}
 }
 
-// DecodeAckInto into the value it decoded last, as a consumer's loop may.
+// decodeAckInto into the value it decoded last, as a consumer's loop may.
 func BenchmarkAckOKDecodeInto(b *testing.B) {
 	in := AppendAck(nil, &benchAck)
 	var a XferAck
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeAckInto(in, &a); err != nil {
+		if err := decodeAckInto(in, &a); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -117,7 +117,7 @@ func BenchmarkNackDecode(b *testing.B) {
 }
 
 func BenchmarkMemDesc256Encode(b *testing.B) {
-	descs := BlockDescs(0x7f3a1c000000, 7168, 256, 0)
+	descs := blockDescs(0x7f3a1c000000, 7168, 256, 0)
 	buf := make([]byte, 0, 8192)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -156,10 +156,10 @@ func BenchmarkCompatHash(b *testing.B) {
 
 func BenchmarkReqDecodeView(b *testing.B) {
 	in := AppendReq(nil, &benchReq)
-	var r ReqView
+	var r reqView
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeReqView(in, &r); err != nil {
+		if err := decodeReqView(in, &r); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -167,23 +167,23 @@ func BenchmarkReqDecodeView(b *testing.B) {
 
 func BenchmarkAckOKDecodeView(b *testing.B) {
 	in := AppendAck(nil, &benchAck)
-	var a AckView
+	var a ackView
 	var ids []Int
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeAckView(in, &a); err != nil {
+		if err := decodeAckView(in, &a); err != nil {
 			b.Fatal(err)
 		}
-		ids = a.AppendBlocks(ids[:0])
+		ids = a.appendBlocks(ids[:0])
 	}
 }
 
 func BenchmarkNackDecodeView(b *testing.B) {
 	in := AppendAck(nil, &benchNack)
-	var a AckView
+	var a ackView
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeAckView(in, &a); err != nil {
+		if err := decodeAckView(in, &a); err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -209,14 +209,14 @@ func manyBlocksAck() (ids []int, ack XferAck) {
 func BenchmarkAckManyBlocksDecodeView(b *testing.B) {
 	_, ack := manyBlocksAck()
 	in := AppendAck(nil, &ack)
-	var a AckView
+	var a ackView
 	var out []Int
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeAckView(in, &a); err != nil {
+		if err := decodeAckView(in, &a); err != nil {
 			b.Fatal(err)
 		}
-		out = a.AppendBlocks(out[:0])
+		out = a.appendBlocks(out[:0])
 	}
 }
 
@@ -225,15 +225,15 @@ func BenchmarkAckManyBlocksDecodeView(b *testing.B) {
 func BenchmarkAckManyBlocksIDs(b *testing.B) {
 	_, ack := manyBlocksAck()
 	in := AppendAck(nil, &ack)
-	var a AckView
+	var a ackView
 	var out []int
 	b.ReportAllocs()
 	for b.Loop() {
-		if err := DecodeAckView(in, &a); err != nil {
+		if err := decodeAckView(in, &a); err != nil {
 			b.Fatal(err)
 		}
 		var ok bool
-		if out, ok = a.AppendBlockIDs(out[:0], 16384); !ok {
+		if out, ok = a.appendBlockIDs(out[:0], 16384); !ok {
 			b.Fatal("ids out of range")
 		}
 	}

@@ -125,10 +125,10 @@ func strs[T [2]string | [3]string](old T, parts ...[]byte) (out T) {
 	return out
 }
 
-// ReqView is a decoded XferReq whose strings alias the input buffer: valid
+// reqView is a decoded XferReq whose strings alias the input buffer: valid
 // only while that buffer is, and checked as DecodeReq checks them (UTF-8
 // included). It lets a producer handle a request without allocating.
-type ReqView struct {
+type reqView struct {
 	MMHash, CompatibilityHash, SessionID []byte
 	// Version is the connector version; HasVersion says it was on the
 	// wire (absent means the receiver's own default).
@@ -141,16 +141,16 @@ type ReqView struct {
 	Known        uint64 // the ecx_known extension, or zero
 }
 
-// EffectiveVersion returns the version, ConnectorVersion when absent.
-func (r *ReqView) EffectiveVersion() Int {
+// effectiveVersion returns the version, ConnectorVersion when absent.
+func (r *reqView) effectiveVersion() Int {
 	if !r.HasVersion {
 		return IntOf(ConnectorVersion)
 	}
 	return r.Version
 }
 
-// DecodeReqView decodes like DecodeReq without copying: see ReqView.
-func DecodeReqView(data []byte, r *ReqView) error {
+// decodeReqView decodes like DecodeReq without copying: see reqView.
+func decodeReqView(data []byte, r *reqView) error {
 	d := reader{b: data}
 	n, err := d.structHeader()
 	if err != nil {
@@ -207,7 +207,7 @@ func DecodeReqView(data []byte, r *ReqView) error {
 	if err := d.end(); err != nil {
 		return err
 	}
-	*r = ReqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
+	*r = reqView{MMHash: data[mm.lo:mm.hi:mm.hi], CompatibilityHash: data[compat.lo:compat.hi:compat.hi],
 		SessionID: data[sess.lo:sess.hi:sess.hi], Version: version, HasVersion: haveVersion,
 		Agent: data[agent.lo:agent.hi:agent.hi], Attempt: attempt, AcceptsShape: shapeOK, Contact: contact, Known: known}
 	return nil
@@ -221,8 +221,8 @@ func DecodeReqView(data []byte, r *ReqView) error {
 // consumer's requests into one value allocates only the mm_hash), the
 // others share one allocation.
 func DecodeReq(data []byte, r *XferReq) error {
-	var v ReqView
-	if err := DecodeReqView(data, &v); err != nil {
+	var v reqView
+	if err := decodeReqView(data, &v); err != nil {
 		return err
 	}
 	s := strs([3]string{r.MMHash, r.CompatibilityHash, r.SessionID}, v.MMHash, v.CompatibilityHash, v.SessionID)
@@ -241,10 +241,10 @@ func DecodeReq(data []byte, r *XferReq) error {
 
 func pathVersion() string { return "$.connector_version" }
 
-// AckView is a decoded XferAck whose strings and bytes alias the input
+// ackView is a decoded XferAck whose strings and bytes alias the input
 // buffer: valid only while that buffer is, and checked as DecodeAck checks
 // them. It lets a consumer handle an ack without allocating.
-type AckView struct {
+type ackView struct {
 	MMHash, SessionID            []byte
 	Status                       Status
 	AgentMetadata, MemDescriptor []byte
@@ -255,11 +255,11 @@ type AckView struct {
 	Shape                        Blocks // ecx_shape; Count zero when absent
 }
 
-// NumBlocks returns the number of source block indices.
-func (a *AckView) NumBlocks() int { return a.nBlocks }
+// numBlocks returns the number of source block indices.
+func (a *ackView) numBlocks() int { return a.nBlocks }
 
-// AppendBlocks appends the source block indices to dst.
-func (a *AckView) AppendBlocks(dst []Int) []Int {
+// appendBlocks appends the source block indices to dst.
+func (a *ackView) appendBlocks(dst []Int) []Int {
 	if a.nBlocks == 0 {
 		return dst
 	}
@@ -270,10 +270,10 @@ func (a *AckView) AppendBlocks(dst []Int) []Int {
 	return dst
 }
 
-// AppendBlockIDs appends the source block ids to dst as ints, in one pass,
+// appendBlockIDs appends the source block ids to dst as ints, in one pass,
 // if every one is in [0, limit); otherwise it returns dst unchanged and
-// false, and AppendBlocks tells what the ids are.
-func (a *AckView) AppendBlockIDs(dst []int, limit int) ([]int, bool) {
+// false, and appendBlocks tells what the ids are.
+func (a *ackView) appendBlockIDs(dst []int, limit int) ([]int, bool) {
 	if a.nBlocks == 0 {
 		return dst, true
 	}
@@ -304,8 +304,8 @@ func (a *AckView) AppendBlockIDs(dst []int, limit int) ([]int, bool) {
 	return grown, true
 }
 
-// DecodeAckView decodes like DecodeAck without copying: see AckView.
-func DecodeAckView(data []byte, a *AckView) error {
+// decodeAckView decodes like DecodeAck without copying: see ackView.
+func decodeAckView(data []byte, a *ackView) error {
 	d := reader{b: data}
 	n, err := d.structHeader()
 	if err != nil {
@@ -373,7 +373,7 @@ func DecodeAckView(data []byte, a *AckView) error {
 	if err := d.end(); err != nil {
 		return err
 	}
-	*a = AckView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
+	*a = ackView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
 		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
 		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, Token: token, LeaseMillis: lease, Attempt: attempt, Shape: shape}
 	return nil
@@ -383,14 +383,14 @@ func DecodeAckView(data []byte, a *AckView) error {
 // [DecodeReq], also for the strings). The slices it sets are freshly
 // allocated: a has no alias of data and owns them.
 func DecodeAck(data []byte, a *XferAck) error {
-	var v AckView
-	if err := DecodeAckView(data, &v); err != nil {
+	var v ackView
+	if err := decodeAckView(data, &v); err != nil {
 		return err
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
 	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
 	if v.nBlocks > 0 {
-		a.SrcBlockIndices = v.AppendBlocks(make([]Int, 0, v.nBlocks))
+		a.SrcBlockIndices = v.appendBlocks(make([]Int, 0, v.nBlocks))
 	}
 	if lm, ld := len(v.AgentMetadata), len(v.MemDescriptor); lm+ld > 0 {
 		buf := make([]byte, lm+ld)
@@ -406,22 +406,22 @@ func DecodeAck(data []byte, a *XferAck) error {
 	return nil
 }
 
-// DecodeAckInto is DecodeAck for a value that is decoded into again and
+// decodeAckInto is DecodeAck for a value that is decoded into again and
 // again: it reuses the capacity of a's slices (SrcBlockIndices,
 // AgentMetadata, MemDescriptor) instead of allocating, so the slices a held
 // before are overwritten; they must not be kept elsewhere, overlap, or
 // alias data. A field absent from data is nil, as with DecodeAck. On error
 // a is left unchanged.
-func DecodeAckInto(data []byte, a *XferAck) error {
-	var v AckView
-	if err := DecodeAckView(data, &v); err != nil {
+func decodeAckInto(data []byte, a *XferAck) error {
+	var v ackView
+	if err := decodeAckView(data, &v); err != nil {
 		return err
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
 	blocks, meta, desc := a.SrcBlockIndices[:0], a.AgentMetadata[:0], a.MemDescriptor[:0]
 	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
 	if v.nBlocks > 0 {
-		a.SrcBlockIndices = v.AppendBlocks(blocks)
+		a.SrcBlockIndices = v.appendBlocks(blocks)
 	}
 	if len(v.AgentMetadata) > 0 {
 		a.AgentMetadata = appendBlob(meta, v.AgentMetadata)
@@ -705,7 +705,7 @@ func decodeBlocksFast(data []byte) (bl Blocks, ok bool) {
 	return bl, true
 }
 
-// PeekIDs reads only the mm_hash, session_id and ecx_attempt (zero when
+// peekIDs reads only the mm_hash, session_id and ecx_attempt (zero when
 // absent) of a message that did not decode (a status we do not know, a
 // field of the wrong type), so that its sender can still be answered or
 // its transfer ended. It requires a map
@@ -713,7 +713,7 @@ func decodeBlocksFast(data []byte) (bl Blocks, ok bool) {
 // fields must be strings, and a "type" tag, if present, must be tag ("req"
 // or "ack"): a message of the other kind is not answered. The slices alias
 // data.
-func PeekIDs(data []byte, tag string) (mmHash, sessionID []byte, attempt uint64, ok bool) {
+func peekIDs(data []byte, tag string) (mmHash, sessionID []byte, attempt uint64, ok bool) {
 	d := reader{b: data}
 	n, err := d.structHeader()
 	if err != nil {

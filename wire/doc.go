@@ -28,11 +28,11 @@
 //
 // A decoded message owns its memory: its strings share one allocation, its
 // byte fields another, its block indices a third, and none aliases the
-// input. [ReqView] and [AckView] decode the same way without allocating:
-// their fields alias the input, for the sessions' hot paths.
-// Errors are [*DecodeError] values wrapping [ErrMalformed] (what msgspec calls
-// DecodeError) or [ErrInvalid] (ValidationError). Two inputs make msgspec
-// raise exceptions vLLM does not catch, and are refused here: invalid UTF-8 in
+// input. The sessions' hot paths decode the same way into views whose
+// fields alias the input, without allocating.
+// Errors wrap [ErrMalformed] (what msgspec calls DecodeError) or
+// [ErrInvalid] (ValidationError), with msgspec's own text. Two inputs make
+// msgspec raise exceptions vLLM does not catch, and are refused here: invalid UTF-8 in
 // a known string field or the tag ([ErrInvalid]) and containers nested deeper
 // than 500 levels inside an unknown field ([ErrMalformed]; msgspec hits
 // Python's recursion limit somewhere between about 500 and 1000 levels,
@@ -58,10 +58,10 @@
 //     connector_version on the wire even at its default, ecx_agent and
 //     ecx_attempt name the consumer's agent and request, ecx_shape_ok
 //     offers to take a region's shape for its descriptor, ecx_known says
-//     which producer metadata the consumer has registered (its
-//     [MetaDigest]: no descriptor needed), and ecx_contact asks for the
+//     which producer metadata the consumer has registered (a digest of
+//     it: no descriptor needed), and ecx_contact asks for the
 //     producer's data-plane contact alone, ahead of any fetch (vLLM's
-//     producer answers it NACK_MISSING: [ContactHash] names no entry);
+//     producer answers it NACK_MISSING: its mm_hash names no entry);
 //     an ack may carry
 //     ecx_grant, ecx_token (the grant's capability), ecx_lease_ms, the echoed ecx_attempt and ecx_shape (then
 //     without mem_descriptor, which the offer allowed). Zero values stay

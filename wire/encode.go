@@ -162,8 +162,8 @@ func AppendMemDescs(dst []byte, descs []MemDesc) []byte {
 
 // AppendBlockDescs appends the encoding of the per-block descriptor list of a
 // region: count blocks of blockSize bytes from base, block i at
-// base + i*blockSize, all on device. It equals AppendMemDescs of
-// [BlockDescs] without building the slice.
+// base + i*blockSize, all on device. It equals AppendMemDescs of that
+// list of [MemDesc] without building it.
 func AppendBlockDescs(dst []byte, base, blockSize uint64, count int, device int64) []byte {
 	dst = appendArrayHeader(dst, count)
 	dev := IntOf(device)
@@ -176,9 +176,9 @@ func AppendBlockDescs(dst []byte, base, blockSize uint64, count int, device int6
 	return dst
 }
 
-// BlockDescs returns the per-block descriptor list of a region (see
+// blockDescs returns the per-block descriptor list of a region (see
 // [AppendBlockDescs]).
-func BlockDescs(base, blockSize uint64, count int, device int64) []MemDesc {
+func blockDescs(base, blockSize uint64, count int, device int64) []MemDesc {
 	descs := make([]MemDesc, count)
 	for i := range descs {
 		descs[i] = MemDesc{Addr: UintOf(base + uint64(i)*blockSize), Size: UintOf(blockSize), Device: IntOf(device)}

@@ -33,11 +33,11 @@ func seedFuzz(f *testing.F, vectorType, target string) {
 func FuzzDecodeReq(f *testing.F) {
 	seedFuzz(f, "XferReq", "XferReq")
 	f.Add(AppendReq(nil, &XferReq{MMHash: "h", CompatibilityHash: "c", Agent: "a", Attempt: 2, AcceptsShape: true}))
-	f.Add(AppendReq(nil, &XferReq{MMHash: ContactHash, CompatibilityHash: "c", Attempt: 3, Contact: true, Known: 1 << 40}))
+	f.Add(AppendReq(nil, &XferReq{MMHash: "ecxfer-contact", CompatibilityHash: "c", Attempt: 3, Contact: true, Known: 1 << 40}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var r XferReq
 		if err := DecodeReq(data, &r); err != nil {
-			PeekIDs(data, "req") // must not panic either
+			peekIDs(data, "req") // must not panic either
 			return
 		}
 		enc := AppendReq(nil, &r)
@@ -54,7 +54,7 @@ func FuzzDecodeReq(f *testing.F) {
 	})
 }
 
-// fuzzUsedAck is an ack decoded before, whose slices DecodeAckInto reuses.
+// fuzzUsedAck is an ack decoded before, whose slices decodeAckInto reuses.
 func fuzzUsedAck(t *testing.T) XferAck {
 	var a XferAck
 	if err := DecodeAck(AppendAck(nil, &benchAck), &a); err != nil {
@@ -71,16 +71,16 @@ func FuzzDecodeAck(f *testing.F) {
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var a XferAck
 		into := fuzzUsedAck(t)
-		errInto := DecodeAckInto(data, &into)
+		errInto := decodeAckInto(data, &into)
 		if err := DecodeAck(data, &a); err != nil {
 			if errInto == nil {
-				t.Fatalf("DecodeAckInto took what DecodeAck refused: %v", err)
+				t.Fatalf("decodeAckInto took what DecodeAck refused: %v", err)
 			}
-			PeekIDs(data, "ack")
+			peekIDs(data, "ack")
 			return
 		}
 		if errInto != nil || !sameAck(a, into) {
-			t.Fatalf("DecodeAckInto: %v, %+v; DecodeAck: %+v", errInto, into, a)
+			t.Fatalf("decodeAckInto: %v, %+v; DecodeAck: %+v", errInto, into, a)
 		}
 		if !a.Status.Valid() {
 			t.Fatalf("decoded invalid status %d", a.Status)
@@ -105,8 +105,8 @@ func FuzzDecodeAck(f *testing.F) {
 // around the largest id.
 func checkBlockIDs(t *testing.T, data []byte, ids []Int) {
 	t.Helper()
-	var v AckView
-	if err := DecodeAckView(data, &v); err != nil {
+	var v ackView
+	if err := decodeAckView(data, &v); err != nil {
 		t.Fatal(err)
 	}
 	top := 0
@@ -117,7 +117,7 @@ func checkBlockIDs(t *testing.T, data []byte, ids []Int) {
 	}
 	for _, limit := range []int{0, 1, top, top + 1, math.MaxInt} {
 		prefix := []int{-7}
-		got, ok := v.AppendBlockIDs(prefix, limit)
+		got, ok := v.appendBlockIDs(prefix, limit)
 		want, wantOK := []int{-7}, true
 		for _, id := range ids {
 			i, fits := id.Int()
@@ -145,7 +145,7 @@ func FuzzDecodeMemDescs(f *testing.F) {
 		if err != nil {
 			return
 		}
-		if ok && !reflect.DeepEqual(d, BlockDescs(b.Base, b.Size, b.Count, int64(b.Device))) {
+		if ok && !reflect.DeepEqual(d, blockDescs(b.Base, b.Size, b.Count, int64(b.Device))) {
 			t.Fatalf("%+v does not describe %v", b, d)
 		}
 		enc := AppendMemDescs(nil, d)

@@ -55,9 +55,6 @@ func (i Int) Int() (int, bool) {
 	return int(v), true
 }
 
-// Negative reports whether the value is below zero.
-func (i Int) Negative() bool { return i.neg }
-
 // String returns the value in decimal.
 func (i Int) String() string {
 	if i.neg {

@@ -1,10 +1,5 @@
 package wire
 
-import (
-	"crypto/sha256"
-	"encoding/binary"
-)
-
 // XferReq asks a producer for one entry (tag "req"), consumer to producer.
 type XferReq struct {
 	MMHash            string
@@ -36,19 +31,16 @@ type XferReq struct {
 	// Contact ("ecx_contact") asks for the producer's data-plane contact
 	// only, ahead of any fetch: a Go producer answers OK with its agent
 	// metadata and its mem descriptor (or shape), no blocks and no grant.
-	// vLLM's producer reads the request as one for MMHash, which names no
-	// entry ([ContactHash]), and answers NACK_MISSING.
+	// Its MMHash is "ecxfer-contact", not a content hash: vLLM's producer
+	// reads the request as one for an entry it does not hold, and answers
+	// NACK_MISSING.
 	Contact bool
-	// Known ("ecx_known") is the [MetaDigest] of the producer's agent
-	// metadata the consumer has registered: a Go producer whose metadata
-	// it is leaves the mem descriptor and the shape out of its OK ack.
+	// Known ("ecx_known") is a digest of the producer's agent metadata the
+	// consumer has registered (the first 8 bytes of its SHA-256, never
+	// zero): a Go producer whose metadata it is leaves the mem descriptor
+	// and the shape out of its OK ack.
 	Known uint64
 }
-
-// ContactHash is the mm_hash of a contact request ([XferReq.Contact]):
-// not a content hash, so that a producer that does not read the
-// extension holds no entry of it.
-const ContactHash = "ecxfer-contact"
 
 // Version returns the effective connector version: [ConnectorVersion] when the
 // field is absent.
@@ -78,7 +70,7 @@ type XferAck struct {
 	// Token ("ecx_token", 16 bytes) is the grant's capability: a secret the
 	// producer minted for this grant and sent only to its consumer, which
 	// presents it with every READ and notification of the grant (see
-	// [AppendNotifGrant]). All zero: absent.
+	// the notification's grant suffix, "#<grant>.<token in hex>"). All zero: absent.
 	Token Token
 	// LeaseMillis ("ecx_lease_ms") is the producer's pin lease: a Go
 	// consumer does not trust a READ it sees complete after it.
@@ -104,11 +96,4 @@ func (t Token) IsZero() bool { return t == Token{} }
 // of a mem descriptor.
 type MemDesc struct {
 	Addr, Size, Device Int
-}
-
-// MetaDigest is the digest of a producer's agent metadata a consumer
-// sends as [XferReq.Known]: the first 8 bytes of its SHA-256, never zero.
-func MetaDigest(meta []byte) uint64 {
-	sum := sha256.Sum256(meta)
-	return binary.BigEndian.Uint64(sum[:]) | 1
 }

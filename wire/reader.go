@@ -20,15 +20,15 @@ var (
 	ErrInvalid = errors.New("wire: invalid message")
 )
 
-// DecodeError describes why bytes were refused. Its text is msgspec's for the
+// decodeError describes why bytes were refused. Its text is msgspec's for the
 // same input where msgspec raises a DecodeError or ValidationError.
-type DecodeError struct {
+type decodeError struct {
 	Kind error  // ErrMalformed or ErrInvalid
 	Msg  string // e.g. "Expected `int`, got `str` - at `$.status`"
 }
 
-func (e *DecodeError) Error() string { return e.Msg }
-func (e *DecodeError) Unwrap() error { return e.Kind }
+func (e *decodeError) Error() string { return e.Msg }
+func (e *decodeError) Unwrap() error { return e.Kind }
 
 // maxDepth bounds container nesting inside an unknown field's value. msgspec
 // recurses and fails at Python's recursion limit: about 996 levels when called
@@ -36,14 +36,14 @@ func (e *DecodeError) Unwrap() error { return e.Kind }
 // the protocol nests more than two levels.
 const maxDepth = 500
 
-var errTruncated = &DecodeError{ErrMalformed, "Input data was truncated"}
+var errTruncated = &decodeError{ErrMalformed, "Input data was truncated"}
 
 func malformed(format string, args ...any) error {
-	return &DecodeError{ErrMalformed, "MessagePack data is malformed: " + fmt.Sprintf(format, args...)}
+	return &decodeError{ErrMalformed, "MessagePack data is malformed: " + fmt.Sprintf(format, args...)}
 }
 
 func invalid(format string, args ...any) error {
-	return &DecodeError{ErrInvalid, fmt.Sprintf(format, args...)}
+	return &decodeError{ErrInvalid, fmt.Sprintf(format, args...)}
 }
 
 // at formats msgspec's location suffix.
@@ -392,7 +392,7 @@ func (r *reader) skip() error {
 				return err
 			}
 			if len(stack)+1 >= maxDepth {
-				return &DecodeError{ErrMalformed, "maximum nesting depth " + strconv.Itoa(maxDepth) + " exceeded"}
+				return &decodeError{ErrMalformed, "maximum nesting depth " + strconv.Itoa(maxDepth) + " exceeded"}
 			}
 			if isMap(c) {
 				n *= 2

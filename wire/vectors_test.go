@@ -232,7 +232,7 @@ func TestVectors(t *testing.T) {
 					n, _ := parseInt(t, v.Rule["num_blocks"]).Int()
 					dev, _ := parseInt(t, v.Rule["device_id"]).Int64()
 					checkBytes(t, AppendBlockDescs(nil, base, bs, n, dev), want)
-					descs = BlockDescs(base, bs, n, dev)
+					descs = blockDescs(base, bs, n, dev)
 				}
 				checkBytes(t, AppendMemDescs(nil, descs), want)
 				got, err := DecodeMemDescs(want)
@@ -323,15 +323,15 @@ func TestDecodeCases(t *testing.T) {
 				if err := DecodeAck(AppendAck(nil, &benchAck), &into); err != nil {
 					t.Fatal(err)
 				}
-				errInto := DecodeAckInto(in, &into) // reuses the slices of benchAck's decode
+				errInto := decodeAckInto(in, &into) // reuses the slices of benchAck's decode
 				if err = DecodeAck(in, &got); (err == nil) != (errInto == nil) {
-					t.Fatalf("DecodeAckInto: %v, DecodeAck: %v", errInto, err)
+					t.Fatalf("decodeAckInto: %v, DecodeAck: %v", errInto, err)
 				}
 				if err == nil && c.Result == "ok" {
 					var f map[string]json.RawMessage
 					unmarshal(t, c.Decoded, &f)
 					if want := ackFromFields(t, f); !sameAck(got, want) || !sameAck(into, want) {
-						t.Fatalf("decoded %+v (DecodeAckInto %+v), want %+v", got, into, want)
+						t.Fatalf("decoded %+v (decodeAckInto %+v), want %+v", got, into, want)
 					}
 					reenc = AppendAck(nil, &got)
 				}
@@ -359,9 +359,9 @@ func TestDecodeCases(t *testing.T) {
 			if err == nil {
 				t.Fatalf("msgspec raised %s (%s); we decoded it", c.Result, *c.Error)
 			}
-			var de *DecodeError
+			var de *decodeError
 			if !errors.As(err, &de) {
-				t.Fatalf("error %T is not a *DecodeError", err)
+				t.Fatalf("error %T is not a *decodeError", err)
 			}
 			wantKind := map[string]error{
 				"ValidationError":    ErrInvalid,

@@ -10,6 +10,8 @@ import (
 	"strings"
 	"testing"
 	"unicode/utf8"
+
+	"github.com/ecxfer/ecxfer/internal/wireview"
 )
 
 func TestStatus(t *testing.T) {
@@ -56,8 +58,8 @@ func TestInt(t *testing.T) {
 		_, i64 := tt.v.Int64()
 		_, u64 := tt.v.Uint64()
 		_, asInt := tt.v.Int()
-		if tt.v.String() != tt.str || i64 != tt.i64 || u64 != tt.u64 || asInt != tt.asInt || tt.v.Negative() != tt.neg {
-			t.Errorf("%s: int64=%v uint64=%v int=%v neg=%v", tt.v, i64, u64, asInt, tt.v.Negative())
+		if tt.v.String() != tt.str || i64 != tt.i64 || u64 != tt.u64 || asInt != tt.asInt || tt.v.neg != tt.neg {
+			t.Errorf("%s: int64=%v uint64=%v int=%v neg=%v", tt.v, i64, u64, asInt, tt.v.neg)
 		}
 	}
 	if got := Ints(nil, []int{3, -4}); len(got) != 2 || got[0] != IntOf(3) || got[1] != IntOf(-4) {
@@ -164,7 +166,7 @@ func TestDeepNestingLimit(t *testing.T) {
 }
 
 func TestMemDescsRoundTrip(t *testing.T) {
-	descs := BlockDescs(0x7f3a1c000000, 7168, 300, 0)
+	descs := blockDescs(0x7f3a1c000000, 7168, 300, 0)
 	enc := AppendMemDescs(nil, descs)
 	if got := AppendBlockDescs(nil, 0x7f3a1c000000, 7168, 300, 0); string(got) != string(enc) {
 		t.Fatal("AppendBlockDescs differs from AppendMemDescs(BlockDescs)")
@@ -182,26 +184,26 @@ func TestMemDescsRoundTrip(t *testing.T) {
 func TestViewsDoNotAllocate(t *testing.T) {
 	reqBytes := AppendReq(nil, &benchReq)
 	ackBytes := AppendAck(nil, &benchAck)
-	var rv ReqView
-	var av AckView
-	if n := testing.AllocsPerRun(100, func() { DecodeReqView(reqBytes, &rv) }); n != 0 {
-		t.Fatalf("DecodeReqView: %v allocs", n)
+	var rv reqView
+	var av ackView
+	if n := testing.AllocsPerRun(100, func() { decodeReqView(reqBytes, &rv) }); n != 0 {
+		t.Fatalf("decodeReqView: %v allocs", n)
 	}
-	if n := testing.AllocsPerRun(100, func() { DecodeAckView(ackBytes, &av) }); n != 0 {
-		t.Fatalf("DecodeAckView: %v allocs", n)
+	if n := testing.AllocsPerRun(100, func() { decodeAckView(ackBytes, &av) }); n != 0 {
+		t.Fatalf("decodeAckView: %v allocs", n)
 	}
 	var a XferAck
 	DecodeAck(ackBytes, &a)
-	// Decoding into a used value: DecodeAckInto reuses its slices and both
+	// Decoding into a used value: decodeAckInto reuses its slices and both
 	// keep equal strings; a request for another mm_hash costs that string.
 	into := a
 	into.SrcBlockIndices = slices.Clone(a.SrcBlockIndices)
 	into.AgentMetadata, into.MemDescriptor = slices.Clone(a.AgentMetadata), slices.Clone(a.MemDescriptor)
-	if n := testing.AllocsPerRun(100, func() { DecodeAckInto(ackBytes, &into) }); n != 0 {
-		t.Fatalf("DecodeAckInto: %v allocs", n)
+	if n := testing.AllocsPerRun(100, func() { decodeAckInto(ackBytes, &into) }); n != 0 {
+		t.Fatalf("decodeAckInto: %v allocs", n)
 	}
 	if !sameAck(into, a) {
-		t.Fatalf("DecodeAckInto: %+v, want %+v", into, a)
+		t.Fatalf("decodeAckInto: %+v, want %+v", into, a)
 	}
 	r := benchReq
 	if n := testing.AllocsPerRun(100, func() { DecodeReq(reqBytes, &r) }); n != 0 {
@@ -218,14 +220,49 @@ func TestViewsDoNotAllocate(t *testing.T) {
 	}
 	if string(av.MMHash) != a.MMHash || string(av.SessionID) != a.SessionID || av.Status != a.Status ||
 		string(av.AgentMetadata) != string(a.AgentMetadata) || string(av.MemDescriptor) != string(a.MemDescriptor) ||
-		av.NumBlocks() != len(a.SrcBlockIndices) {
+		av.numBlocks() != len(a.SrcBlockIndices) {
 		t.Fatal("view and owned decode disagree")
 	}
-	if got := av.AppendBlocks([]Int{IntOf(-1)}); len(got) != 9 || got[1] != a.SrcBlockIndices[0] || got[8] != a.SrcBlockIndices[7] {
+	if got := av.appendBlocks([]Int{IntOf(-1)}); len(got) != 9 || got[1] != a.SrcBlockIndices[0] || got[8] != a.SrcBlockIndices[7] {
 		t.Fatalf("AppendBlocks: %v", got)
 	}
-	if string(rv.MMHash) != benchReq.MMHash || rv.HasVersion || rv.EffectiveVersion() != IntOf(ConnectorVersion) {
+	if string(rv.MMHash) != benchReq.MMHash || rv.HasVersion || rv.effectiveVersion() != IntOf(ConnectorVersion) {
 		t.Fatalf("req view %+v", rv)
+	}
+
+	// The sessions' views (internal/wireview), which this package fills.
+	var wr wireview.Req
+	var wa wireview.Ack
+	if n := testing.AllocsPerRun(100, func() { wireview.DecodeReq(reqBytes, &wr) }); n != 0 {
+		t.Fatalf("wireview.DecodeReq: %v allocs", n)
+	}
+	if n := testing.AllocsPerRun(100, func() { wireview.DecodeAck(ackBytes, &wa) }); n != 0 {
+		t.Fatalf("wireview.DecodeAck: %v allocs", n)
+	}
+	if string(wr.MMHash) != benchReq.MMHash || wr.HasVersion || !wr.VersionIs(ConnectorVersion) {
+		t.Fatalf("wireview req %+v", wr)
+	}
+	if string(wa.MMHash) != a.MMHash || Status(wa.Status) != a.Status || wa.Token != a.Token || wa.Grant != a.Grant ||
+		string(wa.AgentMetadata) != string(a.AgentMetadata) || wa.NumBlocks != len(a.SrcBlockIndices) {
+		t.Fatalf("wireview ack %+v, want %+v", wa, a)
+	}
+	ids, ok := wireview.AppendBlockIDs(&wa, nil, 1<<30)
+	if !ok || len(ids) != len(a.SrcBlockIndices) {
+		t.Fatalf("wireview.AppendBlockIDs: %v, %v", ids, ok)
+	}
+	for i, id := range ids {
+		if v, _ := a.SrcBlockIndices[i].Int(); v != id {
+			t.Fatalf("wireview.AppendBlockIDs: %v, want %v", ids, a.SrcBlockIndices)
+		}
+	}
+	three := IntOf(3)
+	other3 := benchReq
+	other3.ConnectorVersion = &three
+	if err := wireview.DecodeReq(AppendReq(nil, &other3), &wr); err != nil || !wr.HasVersion || wr.VersionIs(ConnectorVersion) || !wr.VersionIs(3) {
+		t.Fatalf("wireview req of version 3: %+v, %v", wr, err)
+	}
+	if _, ok := wireview.AppendBlockIDs(&wa, nil, 0); ok {
+		t.Fatal("wireview.AppendBlockIDs took ids past the limit")
 	}
 }
 
@@ -257,20 +294,20 @@ func TestExtensions(t *testing.T) {
 	}
 	// {"type":"ack","mm_hash":"h","status":0,"ecx_grant":"x","ecx_lease_ms":-1,"ecx_agent":[1]}
 	odd := []byte("\x86\xa4type\xa3ack\xa7mm_hash\xa1h\xa6status\x00\xa9ecx_grant\xa1x\xacecx_lease_ms\xff\xa9ecx_agent\x91\x01")
-	var ov AckView
-	if err := DecodeAckView(odd, &ov); err != nil {
+	var ov ackView
+	if err := decodeAckView(odd, &ov); err != nil {
 		t.Fatalf("wrongly typed extensions refused: %v", err)
 	}
 	if ov.Grant != 0 || ov.LeaseMillis != 0 {
 		t.Errorf("wrongly typed extensions read as %d, %d", ov.Grant, ov.LeaseMillis)
 	}
 	oddReq := []byte("\x84\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xa9ecx_agent\x05")
-	var rv ReqView
-	if err := DecodeReqView(oddReq, &rv); err != nil || len(rv.Agent) != 0 {
+	var rv reqView
+	if err := decodeReqView(oddReq, &rv); err != nil || len(rv.Agent) != 0 {
 		t.Errorf("wrongly typed ecx_agent: %v, %q", err, rv.Agent)
 	}
 	// Truncated inside an extension is still malformed.
-	if err := DecodeAckView(encA[:len(encA)-1], &ov); err == nil {
+	if err := decodeAckView(encA[:len(encA)-1], &ov); err == nil {
 		t.Error("truncated extension accepted")
 	}
 }
@@ -291,7 +328,7 @@ func TestShapeExtension(t *testing.T) {
 	if err := DecodeAck(enc, &a); err != nil || a.Shape != want {
 		t.Fatalf("ecx_shape: %v, %+v", err, a.Shape)
 	}
-	if err := DecodeAckView(enc[:len(enc)-1], new(AckView)); err == nil {
+	if err := decodeAckView(enc[:len(enc)-1], new(ackView)); err == nil {
 		t.Error("truncated shape accepted")
 	}
 	ack := func(shape string) []byte {
@@ -308,19 +345,19 @@ func TestShapeExtension(t *testing.T) {
 		"\x94\x00\x01\xce\x80\x00\x00\x00\x00",                         // 2^31 blocks
 		"\xc3",
 	} {
-		var v AckView
-		if err := DecodeAckView(ack(odd), &v); err != nil || v.Shape != (Blocks{}) {
+		var v ackView
+		if err := decodeAckView(ack(odd), &v); err != nil || v.Shape != (Blocks{}) {
 			t.Errorf("shape %q: %v, %+v", odd, err, v.Shape)
 		}
 	}
 	// The largest: 2^31-1 blocks that end at 2^64-1.
 	top := Blocks{Base: 1<<64 - 1 - (1<<31-1)*2, Size: 2, Count: 1<<31 - 1}
-	var v AckView
-	if err := DecodeAckView(AppendAck(nil, &XferAck{MMHash: "h", Shape: top}), &v); err != nil || v.Shape != top {
+	var v ackView
+	if err := decodeAckView(AppendAck(nil, &XferAck{MMHash: "h", Shape: top}), &v); err != nil || v.Shape != top {
 		t.Errorf("largest shape: %v, %+v", err, v.Shape)
 	}
-	var rv ReqView
-	if err := DecodeReqView([]byte("\x84\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xacecx_shape_ok\x01"), &rv); err != nil || rv.AcceptsShape {
+	var rv reqView
+	if err := decodeReqView([]byte("\x84\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xacecx_shape_ok\x01"), &rv); err != nil || rv.AcceptsShape {
 		t.Errorf("ecx_shape_ok 1: %v, %v", err, rv.AcceptsShape)
 	}
 }
@@ -346,38 +383,14 @@ func TestASCII(t *testing.T) {
 	}
 }
 
-// A notification's grant id and token round-trip; anything but a decimal
-// that fits a uint64 after the last '#', optionally followed by '.' and 32
-// lowercase hex digits of a nonzero token, is no grant.
-func TestNotifGrant(t *testing.T) {
-	tok := Token{1, 2, 3, 0xab, 15: 0xff}
-	for _, id := range []uint64{0, 7, math.MaxUint64} {
-		for _, want := range []Token{{}, tok} {
-			msg := AppendNotifGrant([]byte("s#1:m"), id, want)
-			key, got, token, ok := SplitNotifGrant(msg)
-			if !ok || got != id || string(key) != "s#1:m" || token != want {
-				t.Fatalf("%q: %q %d %x %v", msg, key, got, token, ok)
-			}
-		}
-	}
-	hexTok := "0102030b000000000000000000000000"
-	for _, msg := range []string{"s:m", "s:m#", "s:m#12a", "s:m#-1", "s:m#18446744073709551616", "s:m#000000000000000000001",
-		"s:m#7." + hexTok[1:], "s:m#7." + hexTok + "0", "s:m#7.0102030B000000000000000000000000", "s:m#." + hexTok,
-		"s:m#7.00000000000000000000000000000000", "s:m#7:" + hexTok} {
-		if _, _, _, ok := SplitNotifGrant([]byte(msg)); ok {
-			t.Fatalf("%q split", msg)
-		}
-	}
-}
-
 // An ack's token is 16 bytes of bin on the wire, absent when zero; any
 // other value of ecx_token reads as absent.
 func TestAckToken(t *testing.T) {
 	tok := Token{9, 8, 7, 15: 1}
 	a := XferAck{MMHash: "m", Status: OK, SessionID: "s", Grant: 3, Token: tok}
 	b := AppendAck(nil, &a)
-	var v AckView
-	if err := DecodeAckView(b, &v); err != nil || v.Token != tok || v.Grant != 3 {
+	var v ackView
+	if err := decodeAckView(b, &v); err != nil || v.Token != tok || v.Grant != 3 {
 		t.Fatalf("%v %x %d", err, v.Token, v.Grant)
 	}
 	var back XferAck
@@ -394,7 +407,7 @@ func TestAckToken(t *testing.T) {
 			bad = append(bad, make([]byte, 15)...)
 		}
 		msg = append(msg, bad...)
-		if err := DecodeAckView(msg, &v); err != nil || !v.Token.IsZero() {
+		if err := decodeAckView(msg, &v); err != nil || !v.Token.IsZero() {
 			t.Fatalf("%x: %v %x", msg, err, v.Token)
 		}
 	}
@@ -406,7 +419,7 @@ func TestAckToken(t *testing.T) {
 func TestDecodeBlocks(t *testing.T) {
 	const base = 0x7f3a1c000000
 	triple := func(addr, size, dev int64) MemDesc { return MemDesc{IntOf(addr), IntOf(size), IntOf(dev)} }
-	region := BlockDescs(base, 7168, 256, 0)
+	region := blockDescs(base, 7168, 256, 0)
 	for name, c := range map[string]struct {
 		descs []MemDesc
 		want  Blocks
@@ -414,8 +427,8 @@ func TestDecodeBlocks(t *testing.T) {
 	}{
 		"a region":         {region, Blocks{Base: base, Size: 7168, Count: 256}, true},
 		"one block":        {region[:1], Blocks{Base: base, Size: 7168, Count: 1}, true},
-		"on device 3":      {BlockDescs(base, 64, 4, 3), Blocks{Base: base, Size: 64, Count: 4, Device: 3}, true},
-		"across 2^32":      {BlockDescs(1<<32-2*4096, 4096, 4, 0), Blocks{Base: 1<<32 - 2*4096, Size: 4096, Count: 4}, true},
+		"on device 3":      {blockDescs(base, 64, 4, 3), Blocks{Base: base, Size: 64, Count: 4, Device: 3}, true},
+		"across 2^32":      {blockDescs(1<<32-2*4096, 4096, 4, 0), Blocks{Base: 1<<32 - 2*4096, Size: 4096, Count: 4}, true},
 		"empty":            {nil, Blocks{}, false},
 		"out of order":     {append([]MemDesc{region[1], region[0]}, region[2:]...), Blocks{}, false},
 		"a gap":            {append(slices.Clone(region[:2]), region[3:]...), Blocks{}, false},
@@ -483,7 +496,7 @@ func TestAppendIDs(t *testing.T) {
 // value of the wrong type reads as absent; a zero digest stays off the
 // wire.
 func TestContactAndKnownExtensions(t *testing.T) {
-	r := XferReq{MMHash: ContactHash, CompatibilityHash: "c", SessionID: "s", Attempt: 9, Contact: true, Known: MetaDigest([]byte("meta"))}
+	r := XferReq{MMHash: "ecxfer-contact", CompatibilityHash: "c", SessionID: "s", Attempt: 9, Contact: true, Known: 0x1234567890abcdef}
 	var rb XferReq
 	if err := DecodeReq(AppendReq(nil, &r), &rb); err != nil || !sameReq(r, rb) {
 		t.Fatalf("round trip: %v, %+v", err, rb)
@@ -491,12 +504,9 @@ func TestContactAndKnownExtensions(t *testing.T) {
 	if bytes.Contains(AppendReq(nil, &XferReq{MMHash: "h", CompatibilityHash: "c"}), []byte("ecx_")) {
 		t.Fatal("a plain request carries an extension")
 	}
-	if MetaDigest(nil) == 0 || MetaDigest([]byte("a")) == MetaDigest([]byte("b")) {
-		t.Fatal("digest zero, or two blobs alike")
-	}
-	var rv ReqView
+	var rv reqView
 	odd := []byte("\x85\xa4type\xa3req\xa7mm_hash\xa1h\xb2compatibility_hash\xa1c\xabecx_contact\x01\xa9ecx_known\xa1x")
-	if err := DecodeReqView(odd, &rv); err != nil || rv.Contact || rv.Known != 0 {
+	if err := decodeReqView(odd, &rv); err != nil || rv.Contact || rv.Known != 0 {
 		t.Errorf("wrong types: %v, %+v", err, rv)
 	}
 }

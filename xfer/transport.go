@@ -3,8 +3,6 @@ package xfer
 import (
 	"errors"
 	"fmt"
-
-	"github.com/ecxfer/ecxfer/wire"
 )
 
 // Handle names one posted READ inside a DataTransport. Zero is never a valid
@@ -76,7 +74,7 @@ type DataTransport interface {
 	// AgentMetadata is this agent's blob, sent to consumers in OK acks.
 	AgentMetadata() []byte
 	// MemDescriptor is the encoded per-block descriptor list of the local
-	// region ([wire.AppendBlockDescs]).
+	// region (wire.AppendBlockDescs).
 	MemDescriptor() []byte
 	// AddRemotePeer registers a producer from its metadata and descriptor.
 	AddRemotePeer(metadata, memDescriptor []byte) (Peer, error)
@@ -97,48 +95,4 @@ type DataTransport interface {
 	DrainNotifs(dst []Notif) ([]Notif, error)
 	// Close releases every handle and peer and deregisters the region.
 	Close() error
-}
-
-// Driven is implemented by data planes that move a peer's READ of local
-// memory only while the local side is driven (NIXL over UCX TCP without
-// NIXL's progress thread). A producer reports its live grants after every
-// step, so the data plane can drive itself while a READ may come and rest
-// otherwise. ExpectReads must not block.
-type Driven interface {
-	ExpectReads(grants int)
-}
-
-// ShapedPeers is implemented by data planes that can register a producer
-// from the shape of its region, back-to-back blocks of one size, instead of
-// its per-block descriptor, which costs an ack 14 bytes a block. A consumer
-// session whose data plane implements it offers to take shapes
-// (wire.XferReq.AcceptsShape), and a Go producer whose own descriptor is
-// one then sends the shape (wire.XferAck.Shape). AddRemotePeerShape is
-// AddRemotePeer of the descriptor wire.AppendBlockDescs writes for shape.
-type ShapedPeers interface {
-	AddRemotePeerShape(metadata []byte, shape wire.Blocks) (Peer, error)
-}
-
-// Signaling is implemented by data planes that tell when there is work:
-// Ready's channel receives when notifications wait for DrainNotifs, or a
-// READ posted here ended, since the last receive. A step loop then sleeps
-// until the event instead of polling on a tick. A nil channel means the
-// plane does not signal, as configured: loops poll it.
-type Signaling interface {
-	Ready() <-chan struct{}
-}
-
-// Named is implemented by data planes whose agent has a name its peers see
-// on notifications. A consumer sends it with its requests, so that a Go
-// producer lets only this agent read and complete its grants.
-type Named interface {
-	Name() string
-}
-
-// Stoppable is implemented by data planes whose Release stops a READ in
-// progress for certain (the TCP plane closes its connection and waits for
-// the bytes to stop landing): a canceled READ's blocks are free at once.
-// Elsewhere (NIXL) a canceled READ is followed until it ends.
-type Stoppable interface {
-	StopsReads() bool
 }

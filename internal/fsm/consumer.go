@@ -10,6 +10,8 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/wireview"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -38,7 +40,7 @@ type ConsumerXfer struct {
 	notif    []byte // "<session_id>:<mm_hash>", what the producer matches
 	data     xfer.DataTransport
 	cfg      *xfer.Config
-	state    xfer.State
+	state    State
 	reason   xfer.Reason
 	forced   bool
 	deadline time.Time // ack, read or quarantine deadline, by state
@@ -66,7 +68,7 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 	notif = append(notif, mmHash...)
 	*x = ConsumerXfer{
 		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
-		state: xfer.WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], seen: x.seen[:0], sorted: x.sorted[:0],
+		state: WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], seen: x.seen[:0], sorted: x.sorted[:0],
 		lease: cfg.PinLease,
 	}
 }
@@ -78,11 +80,11 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 // grantee's; a nonzero lease replaces xfer.Config.PinLease as the
 // producer's pin lease for this READ.
 func (x *ConsumerXfer) Grant(id uint64, token wire.Token, lease time.Duration) {
-	if x.state != xfer.WaitingAck {
+	if x.state != WaitingAck {
 		return
 	}
 	if id != 0 {
-		x.notif = wire.AppendNotifGrant(x.notif, id, token)
+		x.notif = wirext.AppendNotifGrant(x.notif, id, token)
 	}
 	if lease > 0 {
 		x.lease = lease
@@ -90,7 +92,7 @@ func (x *ConsumerXfer) Grant(id uint64, token wire.Token, lease time.Duration) {
 }
 
 // State returns the current state.
-func (x *ConsumerXfer) State() xfer.State { return x.state }
+func (x *ConsumerXfer) State() State { return x.state }
 
 // Reason says why the transfer left the happy path (xfer.NoReason if it did not).
 func (x *ConsumerXfer) Reason() xfer.Reason { return x.reason }
@@ -114,15 +116,15 @@ func (x *ConsumerXfer) SentAt() time.Time { return x.sentAt }
 func (x *ConsumerXfer) LeaseEnd() time.Time { return x.sentAt.Add(x.lease) }
 
 // CheckLease ends a transfer waiting for its ack, retry allowed
-// (xfer.AckTimeout, reason xfer.LateCompletion), when an ack handled at
+// (AckTimeout, reason xfer.LateCompletion), when an ack handled at
 // now would come after LeaseEnd, and then returns ErrLeaseOver: no READ
 // may be posted, since over NIXL a posted READ cannot be stopped and the
 // blocks may hold another entry by now. A new request is a new grant.
 func (x *ConsumerXfer) CheckLease(now time.Time) error {
-	if x.state != xfer.WaitingAck || !now.After(x.LeaseEnd()) {
+	if x.state != WaitingAck || !now.After(x.LeaseEnd()) {
 		return nil
 	}
-	x.state, x.reason = xfer.AckTimeout, xfer.LateCompletion
+	x.state, x.reason = AckTimeout, xfer.LateCompletion
 	return fmt.Errorf("%w: %s at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
 }
 
@@ -136,17 +138,17 @@ func (x *ConsumerXfer) Notif() []byte { return x.notif }
 // src. An ack past LeaseEnd posts nothing (see CheckLease). The blocks are
 // checked first: as many as the local blocks, each unique and inside the
 // peer's region. A failed check or a refused post ends the transfer as
-// xfer.ReadFailed (xfer.BadAck or xfer.PostFailed) and returns the error;
+// ReadFailed (xfer.BadAck or xfer.PostFailed) and returns the error;
 // no READ runs.
 func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) error {
-	if x.state != xfer.WaitingAck {
+	if x.state != WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
 	if err := x.CheckLease(now); err != nil {
 		return err
 	}
 	if err := x.checkAck(src, peer); err != nil {
-		x.state, x.reason = xfer.ReadFailed, xfer.BadAck
+		x.state, x.reason = ReadFailed, xfer.BadAck
 		return err
 	}
 	return x.post(peer, now)
@@ -156,23 +158,27 @@ func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) 
 // straight into ints, in one pass: an entry of 8,192 blocks spends no
 // longer on its ids than on its other fields. Ids out of the producer's
 // range go through HandleAck, which says which.
-func (x *ConsumerXfer) HandleAckView(a *wire.AckView, peer xfer.Peer, now time.Time) error {
-	if x.state != xfer.WaitingAck {
+func (x *ConsumerXfer) HandleAckView(a *wireview.Ack, peer xfer.Peer, now time.Time) error {
+	if x.state != WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
 	if err := x.CheckLease(now); err != nil {
 		return err
 	}
 	ids, ok := []int(nil), false
-	if a.NumBlocks() == len(x.Blocks) {
-		ids, ok = a.AppendBlockIDs(x.remote[:0], peer.Blocks)
+	if a.NumBlocks == len(x.Blocks) {
+		ids, ok = wireview.AppendBlockIDs(a, x.remote[:0], peer.Blocks)
 	}
 	if !ok {
-		return x.HandleAck(a.AppendBlocks(nil), peer, now)
+		var full wire.XferAck
+		if err := wire.DecodeAck(a.Raw, &full); err != nil {
+			return err // a checked view's message decodes: cannot happen
+		}
+		return x.HandleAck(full.SrcBlockIndices, peer, now)
 	}
 	x.remote = ids
 	if err := x.checkUnique(peer); err != nil {
-		x.state, x.reason = xfer.ReadFailed, xfer.BadAck
+		x.state, x.reason = ReadFailed, xfer.BadAck
 		return err
 	}
 	return x.post(peer, now)
@@ -182,10 +188,10 @@ func (x *ConsumerXfer) HandleAckView(a *wire.AckView, peer xfer.Peer, now time.T
 func (x *ConsumerXfer) post(peer xfer.Peer, now time.Time) error {
 	h, err := x.data.PostRead(x.Blocks, peer.Agent, x.remote, x.notif)
 	if err != nil {
-		x.state, x.reason = xfer.ReadFailed, xfer.PostFailed
+		x.state, x.reason = ReadFailed, xfer.PostFailed
 		return fmt.Errorf("xfer: post READ of %s: %w", x.MMHash, err)
 	}
-	x.handle, x.state = h, xfer.Reading
+	x.handle, x.state = h, Reading
 	x.deadline = now.Add(x.cfg.ReadTimeout)
 	return nil
 }
@@ -238,15 +244,15 @@ func (x *ConsumerXfer) checkUnique(peer xfer.Peer) error {
 }
 
 // Poll advances the transfer to now and returns its state.
-func (x *ConsumerXfer) Poll(now time.Time) xfer.State {
+func (x *ConsumerXfer) Poll(now time.Time) State {
 	switch x.state {
-	case xfer.WaitingAck:
+	case WaitingAck:
 		if now.After(x.deadline) {
-			x.state, x.reason = xfer.AckTimeout, xfer.AckTimedOut
+			x.state, x.reason = AckTimeout, xfer.AckTimedOut
 		}
-	case xfer.Reading:
+	case Reading:
 		x.pollReading(now)
-	case xfer.Quarantined:
+	case Quarantined:
 		x.pollQuarantined(now)
 	}
 	return x.state
@@ -262,13 +268,13 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 		x.releaseEnded()
 		// Past LeaseEnd the blocks may hold something else.
 		if now.After(x.LeaseEnd()) {
-			x.state, x.reason = xfer.ReadFailed, xfer.LateCompletion
+			x.state, x.reason = ReadFailed, xfer.LateCompletion
 		} else {
-			x.state = xfer.Done
+			x.state = Done
 		}
 	case p == xfer.Failed:
 		x.releaseEnded()
-		x.state, x.reason = xfer.ReadFailed, xfer.ReadError
+		x.state, x.reason = ReadFailed, xfer.ReadError
 	case now.After(x.deadline):
 		x.quarantine(now, xfer.ReadTimedOut)
 	}
@@ -278,7 +284,7 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 	p, err := x.data.Check(x.handle)
 	if err == nil && p != xfer.InProgress {
 		x.releaseEnded()
-		x.state = xfer.Settled
+		x.state = Settled
 		return
 	}
 	if now.After(x.deadline) {
@@ -286,14 +292,14 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 		// flagged: nothing confirmed the DMA stopped.
 		x.forced = x.data.Release(x.handle) != nil
 		x.handle = 0
-		x.state, x.reason = xfer.Settled, xfer.QuarantineTimedOut
+		x.state, x.reason = Settled, xfer.QuarantineTimedOut
 	}
 }
 
 // quarantine keeps a READ that may still write: its blocks stay held until
 // it settles or the quarantine deadline passes.
 func (x *ConsumerXfer) quarantine(now time.Time, why xfer.Reason) {
-	x.state, x.reason = xfer.Quarantined, why
+	x.state, x.reason = Quarantined, why
 	x.deadline = now.Add(x.cfg.QuarantineTimeout)
 }
 
@@ -304,26 +310,26 @@ func (x *ConsumerXfer) releaseEnded() {
 }
 
 // PeerDown handles the death of the producer's control connection: a
-// transfer waiting for its ack ends as xfer.AckTimeout (reason
+// transfer waiting for its ack ends as AckTimeout (reason
 // xfer.PeerDown: retry allowed), since its ack will not come. A READ in
 // progress runs on: it moves on the data plane, which is not that
 // connection, under a grant the producer keeps until its notification or
 // lease, and it is judged when it ends (done within the lease: the entry;
 // failed: nothing more writes) or at its deadline (quarantine), as any
 // other. It returns the new state.
-func (x *ConsumerXfer) PeerDown(_ time.Time) xfer.State {
-	if x.state == xfer.WaitingAck {
-		x.state, x.reason = xfer.AckTimeout, xfer.PeerDown
+func (x *ConsumerXfer) PeerDown(_ time.Time) State {
+	if x.state == WaitingAck {
+		x.state, x.reason = AckTimeout, xfer.PeerDown
 	}
 	return x.state
 }
 
 // Cancel ends a transfer still waiting for its ack (no DMA can be running).
 func (x *ConsumerXfer) Cancel() error {
-	if x.state != xfer.WaitingAck {
+	if x.state != WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
 	}
-	x.state, x.reason = xfer.AckTimeout, xfer.Closed
+	x.state, x.reason = AckTimeout, xfer.Closed
 	return nil
 }
 
@@ -331,7 +337,7 @@ func (x *ConsumerXfer) Cancel() error {
 // its blocks stay held until the data plane says it ended, or the
 // quarantine deadline passes.
 func (x *ConsumerXfer) Quarantine(now time.Time, why xfer.Reason) error {
-	if x.state != xfer.Reading {
+	if x.state != Reading {
 		return fmt.Errorf("xfer: quarantine of a transfer in state %s", x.state)
 	}
 	x.quarantine(now, why)

@@ -13,6 +13,7 @@ package plane
 import (
 	"context"
 
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -88,21 +89,84 @@ type Contacter interface {
 	Contact(ctx context.Context, agent string, notif []byte) error
 }
 
-// contacters are the data planes' packages' ways to a Contacter, each
-// registered in its package's init: the planes' own types keep no method
-// for it in their public API.
-var contacters []func(data any) Contacter
+// Driven is a data plane that moves a peer's READ of local memory only
+// while the local side is driven (NIXL over UCX TCP without NIXL's
+// progress thread). A producer reports its live grants after every step,
+// so the data plane can drive itself while a READ may come and rest
+// otherwise. ExpectReads must not block.
+type Driven interface {
+	ExpectReads(grants int)
+}
 
-// RegisterContacter adds a way to a data plane's Contacter: f returns it
-// for a data plane of its package, else nil. For init functions only.
-func RegisterContacter(f func(data any) Contacter) { contacters = append(contacters, f) }
+// ShapedPeers is a data plane that can register a producer from the shape
+// of its region, back-to-back blocks of one size, instead of its per-block
+// descriptor, which costs an ack 14 bytes a block. A consumer session
+// whose data plane has it offers to take shapes (wire.XferReq.AcceptsShape),
+// and a Go producer whose own descriptor is one then sends the shape
+// (wire.XferAck.Shape). AddRemotePeerShape is AddRemotePeer of the
+// descriptor wire.AppendBlockDescs writes for shape.
+type ShapedPeers interface {
+	AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error)
+}
+
+// Signaling is a data plane that tells when there is work: Ready's
+// channel receives when notifications wait for DrainNotifs, or a READ
+// posted here ended, since the last receive. A step loop then sleeps until
+// the event instead of polling on a tick. A nil channel means the plane
+// does not signal, as configured: loops poll it.
+type Signaling interface {
+	Ready() <-chan struct{}
+}
+
+// Named is a data plane whose agent has a name its peers see on
+// notifications. A consumer sends it with its requests, so that a Go
+// producer lets only this agent read and complete its grants.
+type Named interface {
+	Name() string
+}
+
+// Stoppable is a data plane whose Release stops a READ in progress for
+// certain (the TCP plane closes its connection and waits for the bytes to
+// stop landing): a canceled READ's blocks are free at once. Elsewhere
+// (NIXL) a canceled READ is followed until it ends.
+type Stoppable interface {
+	StopsReads() bool
+}
+
+// adapters are the data planes' packages' ways to the interfaces of this
+// package, each registered in its package's init: the planes' own types
+// keep no method for them in their public API.
+var adapters []func(data any) any
+
+// Register adds a way to a data plane's side of this package: f returns,
+// for a data plane of its package, a value that implements those of the
+// interfaces here that the plane offers, else nil. For init functions only.
+func Register(f func(data any) any) { adapters = append(adapters, f) }
+
+// As returns data's T: data itself when it implements T (test fakes do),
+// else the registered adapter of its package when that does.
+func As[T any](data any) (T, bool) {
+	if t, ok := data.(T); ok {
+		return t, true
+	}
+	for _, f := range adapters {
+		if a := f(data); a != nil {
+			t, ok := a.(T)
+			return t, ok
+		}
+	}
+	var zero T
+	return zero, false
+}
 
 // ContacterOf returns data's Contacter, or nil when it has none.
 func ContacterOf(data any) Contacter {
-	for _, f := range contacters {
-		if c := f(data); c != nil {
-			return c
-		}
-	}
-	return nil
+	c, _ := As[Contacter](data)
+	return c
+}
+
+// AttacherOf returns data's Attacher, or nil when it has none.
+func AttacherOf(data any) Attacher {
+	a, _ := As[Attacher](data)
+	return a
 }

@@ -14,6 +14,10 @@ import (
 	"unsafe"
 )
 
+// FileName is a Shared region's memfd's name: /proc shows its descriptor
+// as a link to "/memfd:" + FileName.
+const FileName = "ecxfer-region"
+
 // ErrUnsupported: shared regions need Linux (a sealed memfd).
 var ErrUnsupported = errors.New("shared block regions need Linux (memfd)")
 

@@ -7,10 +7,6 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// FileName is a Shared region's memfd's name: /proc shows its descriptor
-// as a link to "/memfd:" + FileName.
-const FileName = "ecxfer-region"
-
 // Seals are the seals a Shared region's memfd carries: its size cannot
 // change, so a reader that checks them can map it without fear of SIGBUS.
 const Seals = unix.F_SEAL_SHRINK | unix.F_SEAL_GROW
@@ -48,3 +44,20 @@ func Path(f *os.File) string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(),
 // AdviseHuge asks for transparent huge pages for mem (best effort: they
 // may be off).
 func AdviseHuge(mem []byte) { _ = unix.Madvise(mem, unix.MADV_HUGEPAGE) }
+
+// Sealed returns nil if f carries Seals (its size cannot change), else
+// why not.
+func Sealed(f *os.File) error {
+	seals, err := unix.FcntlInt(f.Fd(), unix.F_GET_SEALS, 0)
+	if err != nil {
+		return err
+	}
+	if seals&Seals != Seals {
+		return fmt.Errorf("seals %#x", seals)
+	}
+	return nil
+}
+
+// PopulateRead faults mem's pages in, readable (MADV_POPULATE_READ,
+// Linux 5.14 and later).
+func PopulateRead(mem []byte) error { return unix.Madvise(mem, unix.MADV_POPULATE_READ) }

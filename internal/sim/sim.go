@@ -33,11 +33,11 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/hooks"
+	"github.com/ecxfer/ecxfer/internal/wirext"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/session/connector"
-	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // Faults are per-event probabilities.
@@ -174,7 +174,7 @@ type producer struct {
 	names   []string // entryName, made once
 	// scribbled entries: unpinned, their blocks overwritten (see rest)
 	scribbled map[string]bool
-	data      *xfertest.Fake
+	data      *xfake.Fake
 	cache     *cache.EmbeddingCache
 	prod      *connector.Producer
 	srv       *simServer
@@ -191,7 +191,7 @@ type fetch struct {
 
 type consumer struct {
 	id       int
-	data     *xfertest.Fake
+	data     *xfake.Fake
 	pool     *connector.Pool
 	ctl      *simClient
 	free     []int
@@ -216,7 +216,7 @@ type sim struct {
 	rng   *rand.Rand
 	step  int
 	now   time.Time
-	fab   *xfertest.Fabric
+	fab   *xfake.Fabric
 	prods []*producer
 	cons  []*consumer
 	net   []msg
@@ -252,7 +252,7 @@ func simLogger() *slog.Logger {
 // Run simulates cfg and returns its stats, or the first violation.
 func Run(cfg Config) (Stats, error) {
 	s := &sim{cfg: cfg, rng: rand.New(rand.NewPCG(cfg.Seed, cfg.Seed*0x9e3779b97f4a7c15+1)),
-		now: time.Unix(1_700_000_000, 0), fab: xfertest.NewFabric(), lastDue: map[connKey]int{}, grants: map[uint64]time.Time{},
+		now: time.Unix(1_700_000_000, 0), fab: xfake.NewFabric(), lastDue: map[connKey]int{}, grants: map[uint64]time.Time{},
 		log: simLogger(), watch: make(chan *connector.Producer, 64), tock: make(chan struct{}, 1)}
 	watched := make(chan struct{})
 	go func() {
@@ -298,7 +298,7 @@ func Run(cfg Config) (Stats, error) {
 		for b := range cfg.Blocks {
 			c.free = append(c.free, b)
 		}
-		c.data.SetOutcomeFunc(func(p xfertest.Post) xfertest.Outcome { return s.readOutcome(c, p) })
+		c.data.SetOutcomeFunc(func(p xfake.Post) xfake.Outcome { return s.readOutcome(c, p) })
 		s.cons = append(s.cons, c)
 		s.startPool(c)
 	}
@@ -433,8 +433,8 @@ func (s *sim) startPool(c *consumer) {
 // the grant it reads under: the one its notification names, else the
 // latest delivered to its session for its mm_hash (no earlier than the
 // grant the consumer took).
-func (s *sim) readOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
-	key, id, _, named := wire.SplitNotifGrant([]byte(p.Notif))
+func (s *sim) readOutcome(c *consumer, p xfake.Post) xfake.Outcome {
+	key, id, _, named := wirext.SplitNotifGrant([]byte(p.Notif))
 	end, ok := c.granted[p.Notif]
 	if named {
 		end, ok = s.grants[id]
@@ -454,25 +454,25 @@ func (s *sim) readOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
 	return o
 }
 
-func (s *sim) drawOutcome(c *consumer, p xfertest.Post) xfertest.Outcome {
+func (s *sim) drawOutcome(c *consumer, p xfake.Post) xfake.Outcome {
 	f := s.cfg.Faults
 	switch r := s.rng.Float64(); {
 	case !s.faulty():
-		return xfertest.Outcome{After: s.rng.IntN(3)}
+		return xfake.Outcome{After: s.rng.IntN(3)}
 	case r < f.ReadStall:
 		s.stats.Stalls++
 		c.stuck[p.Handle] = s.step + 1 + s.rng.IntN(600)
 		s.event("c%d READ %d %s stalls", c.id, p.Handle, p.Notif[37:])
-		return xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: s.rng.Float64() < f.Unstoppable}
+		return xfake.Outcome{Kind: xfake.Stuck, Unstoppable: s.rng.Float64() < f.Unstoppable}
 	case r < f.ReadStall+f.ReadFail:
-		return xfertest.Outcome{Kind: xfertest.FailAfter, After: s.rng.IntN(5)}
+		return xfake.Outcome{Kind: xfake.FailAfter, After: s.rng.IntN(5)}
 	case r < f.ReadStall+f.ReadFail+f.CheckFail:
 		c.stuck[p.Handle] = s.step + 1 + s.rng.IntN(300)
-		return xfertest.Outcome{Kind: xfertest.CheckError, After: s.rng.IntN(3), Unstoppable: s.rng.Float64() < f.Unstoppable}
+		return xfake.Outcome{Kind: xfake.CheckError, After: s.rng.IntN(3), Unstoppable: s.rng.Float64() < f.Unstoppable}
 	case r < f.ReadStall+f.ReadFail+f.CheckFail+f.ReadSlow:
-		return xfertest.Outcome{After: 5 + s.rng.IntN(200)}
+		return xfake.Outcome{After: 5 + s.rng.IntN(200)}
 	default:
-		return xfertest.Outcome{After: s.rng.IntN(3)}
+		return xfake.Outcome{After: s.rng.IntN(3)}
 	}
 }
 
@@ -647,7 +647,7 @@ func (s *sim) retire(p *producer) {
 }
 
 type retiredAgent struct {
-	data    *xfertest.Fake
+	data    *xfake.Fake
 	closeAt int
 }
 
@@ -993,7 +993,7 @@ func (s *sim) deliver() {
 					c.granted[m.grantKey] = m.leaseEnd
 				}
 			}
-			c.ctl.in = append(c.ctl.in, transport.Inbound{Addr: m.addr, Payload: m.payload})
+			c.ctl.in = append(c.ctl.in, xfer.Inbound{Addr: m.addr, Payload: m.payload})
 		}
 	}
 }
@@ -1049,7 +1049,7 @@ func (v *simServer) Wait(context.Context) bool { return false }
 type simClient struct {
 	s    *sim
 	c    *consumer
-	in   []transport.Inbound
+	in   []xfer.Inbound
 	dead []string
 	conn map[string]int  // connection generation per producer
 	down map[string]bool // reported dead, not yet taken by Dead
@@ -1057,17 +1057,17 @@ type simClient struct {
 
 func (v *simClient) Send(addr string, payload []byte) error {
 	if v.down[addr] {
-		return transport.ErrPeerDown
+		return xfer.ErrPeerDown
 	}
 	if v.s.chance(v.s.cfg.Faults.SendRefuse) {
 		v.s.stats.Refused++
-		return transport.ErrQueueFull
+		return xfer.ErrQueueFull
 	}
 	if v.s.chance(v.s.cfg.Faults.SendDie) {
 		// The producer dies as we send, in the middle of the pool's step.
 		v.s.event("c%d: %s dies during a send", v.c.id, addr)
 		v.peerDown(addr)
-		return transport.ErrPeerDown
+		return xfer.ErrPeerDown
 	}
 	m := msg{toProd: true, addr: addr, cons: v.c.id, conn: v.conn[addr], payload: bytes.Clone(payload)}
 	for _, p := range v.s.prods {
@@ -1086,7 +1086,7 @@ func (v *simClient) Send(addr string, payload []byte) error {
 	return nil
 }
 
-func (v *simClient) Drain(dst []transport.Inbound) []transport.Inbound {
+func (v *simClient) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	dst = append(dst, v.in...)
 	v.in = v.in[:0]
 	return dst
@@ -1100,7 +1100,7 @@ func (v *simClient) peerDown(addr string) {
 	}
 	v.down[addr] = true
 	v.dead = append(v.dead, addr)
-	v.in = slices.DeleteFunc(v.in, func(m transport.Inbound) bool { return m.Addr == addr })
+	v.in = slices.DeleteFunc(v.in, func(m xfer.Inbound) bool { return m.Addr == addr })
 }
 
 func (v *simClient) Dead(dst []string) []string {
@@ -1120,7 +1120,7 @@ func (v *simClient) Remove(addr string) {
 	v.conn[addr]++
 	delete(v.down, addr)
 	v.dead = slices.DeleteFunc(v.dead, func(a string) bool { return a == addr })
-	v.in = slices.DeleteFunc(v.in, func(m transport.Inbound) bool { return m.Addr == addr })
+	v.in = slices.DeleteFunc(v.in, func(m xfer.Inbound) bool { return m.Addr == addr })
 }
 
 func (v *simClient) Wait(context.Context) bool { return true }

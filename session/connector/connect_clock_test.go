@@ -6,8 +6,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/session"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // Connect steps the pool with time.Now(), while Step runs on the
@@ -25,7 +25,7 @@ func TestConnectJudgesFetchesOnTheCallersClock(t *testing.T) {
 	w.entry(t, "H", 1, true)
 	ent, _ := w.cache.Get("H")
 	copy(w.pdata.Block(ent.Blocks[0]), "H-bytes!")
-	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.CompleteAfter, After: 3})
+	w.cdata.SetOutcome(xfake.Outcome{Kind: xfake.CompleteAfter, After: 3})
 	if _, err := w.pool.Fetch(addr, "H", []int{7}, w.now.Add(time.Minute), w.now); err != nil {
 		t.Fatal(err)
 	}

@@ -5,7 +5,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 )
 
 // Outcomes of fetches that end during Connect's steps are kept for the
@@ -15,7 +15,7 @@ import (
 func TestCloseAfterConnectKeepsItsOutcomes(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: 20 * time.Millisecond})
 	w.entry(t, "H", 1, true)
-	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.CompleteAfter, After: 2})
+	w.cdata.SetOutcome(xfake.Outcome{Kind: xfake.CompleteAfter, After: 2})
 	// Caller's clock on the wall clock, so that Connect's own steps (on
 	// time.Now()) judge nothing late.
 	w.now = time.Now()

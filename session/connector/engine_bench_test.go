@@ -95,10 +95,10 @@ func (e *engine) spin(n int) {
 // thread; when it was moved to another (preempted for the garbage
 // collector, say), the calibrated time stands in.
 func (e *engine) share() {
-	tid, t0 := unix.Gettid(), threadCPU()
+	tid, t0 := gettid(), threadCPU()
 	e.spin(e.iters)
 	t1 := threadCPU()
-	if unix.Gettid() != tid {
+	if gettid() != tid {
 		t1 = t0 + e.perNs
 	}
 	e.workNs.Add(t1 - t0)

@@ -23,6 +23,7 @@ import (
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // The latency benchmark's producer: items entries of blocks × bs bytes,
@@ -437,7 +438,7 @@ func BenchmarkIdleCPU(b *testing.B) {
 		if err := cli.Send(ep, req); err != nil {
 			b.Fatal(err)
 		}
-		var in []transport.Inbound
+		var in []xfer.Inbound
 		for len(in) == 0 {
 			cli.Wait(context.Background())
 			in = cli.Drain(in)

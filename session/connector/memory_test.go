@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -15,11 +16,11 @@ import (
 // and that keeps nothing once drained.
 type echoCtl struct {
 	in  []xfer.Inbound
-	req wire.ReqView
+	req wireview.Req
 }
 
 func (e *echoCtl) Send(addr string, p []byte) error {
-	if err := wire.DecodeReqView(p, &e.req); err != nil {
+	if err := wireview.DecodeReq(p, &e.req); err != nil {
 		return err
 	}
 	ack := wire.XferAck{MMHash: string(e.req.MMHash), Status: wire.OK, SessionID: string(e.req.SessionID),

@@ -298,7 +298,7 @@ type Pool struct {
 	// the last trim, and the most fetches since the map was made.
 	lately, fetchesMade int
 
-	ready     <-chan struct{} // the data plane's, if it signals (xfer.Signaling)
+	ready     <-chan struct{} // the data plane's, if it signals (plane.Signaling)
 	lastStep  time.Time       // the now of the last Step
 	published time.Time       // the now of the last publish
 	timer     *time.Timer     // Wait's, reused
@@ -339,7 +339,7 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		p.ids = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24), byte(seed >> 32)})
 	}
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	if sg, ok := data.(xfer.Signaling); ok {
+	if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
 	p.stats.FailedBy = FailureCounts{}
@@ -998,7 +998,7 @@ func (p *Pool) retryDue(now time.Time) {
 
 // Wait blocks until a Step may have work: a reply or a producer death on
 // the control plane, a READ that ended (on a data plane that signals it,
-// xfer.Signaling; others are polled every millisecond while fetches are
+// as the TCP data plane and NIXL do; others are polled every millisecond while fetches are
 // in flight), or the next retry due. It returns false if ctx ended first.
 // It is for engines that sleep between steps; like Step, it must not run
 // concurrently with the Pool's other methods.
@@ -1028,7 +1028,7 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	for _, f := range p.retrying {
 		wait = min(wait, max(0, f.retryAt.Sub(p.lastStep)))
 	}
-	if wo, ok := p.ctl.(waiterOr); ok {
+	if wo, ok := plane.As[waiterOr](p.ctl); ok {
 		// No goroutine, no context: the loop may wait thousands of times
 		// a second.
 		if wait < preciseBelow {

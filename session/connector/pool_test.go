@@ -13,11 +13,11 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 var (
@@ -30,7 +30,7 @@ const compat = "compat"
 // memCtl is an in-memory control plane between a Pool and producers.
 type memCtl struct {
 	out     map[string][][]byte // addr -> requests not yet delivered
-	in      []transport.Inbound
+	in      []xfer.Inbound
 	dead    []string
 	removed []string
 	sendErr error
@@ -43,7 +43,7 @@ func (m *memCtl) Send(addr string, p []byte) error {
 	m.out[addr] = append(m.out[addr], bytes.Clone(p))
 	return nil
 }
-func (m *memCtl) Drain(dst []transport.Inbound) []transport.Inbound {
+func (m *memCtl) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	dst = append(dst, m.in...)
 	m.in = nil
 	return dst
@@ -68,15 +68,15 @@ type replier struct {
 }
 
 func (r replier) Reply(_, p []byte) error {
-	r.m.in = append(r.m.in, transport.Inbound{Addr: r.addr, Payload: bytes.Clone(p)})
+	r.m.in = append(r.m.in, xfer.Inbound{Addr: r.addr, Payload: bytes.Clone(p)})
 	return nil
 }
 
 type world struct {
 	ctl   *memCtl
-	fab   *xfertest.Fabric
-	cdata *xfertest.Fake
-	pdata *xfertest.Fake
+	fab   *xfake.Fabric
+	cdata *xfake.Fake
+	pdata *xfake.Fake
 	cache *cache.EmbeddingCache
 	prod  *session.ProducerSession
 	pool  *Pool
@@ -87,7 +87,7 @@ const addr = "tcp://producer:1"
 
 func newWorld(t *testing.T, cfg PoolConfig) *world {
 	t.Helper()
-	w := &world{ctl: &memCtl{out: map[string][][]byte{}}, fab: xfertest.NewFabric(), cache: cache.NewEmbeddingCache(64), now: t0}
+	w := &world{ctl: &memCtl{out: map[string][][]byte{}}, fab: xfake.NewFabric(), cache: cache.NewEmbeddingCache(64), now: t0}
 	w.cdata, w.pdata = w.fab.New("cons", 64, 8), w.fab.New("prod", 64, 8)
 	w.prod = must(session.NewProducerSession(session.ProducerConfig{Logger: quiet}, w.pdata, w.cache, compat))
 	cfg.CompatHash, cfg.Logger, cfg.Seed, cfg.BlockSize = compat, quiet, 1, 8
@@ -213,7 +213,7 @@ func TestPoolPeerDeathDuringRead(t *testing.T) {
 	w.entry(t, "G", 1, true)
 	e, _ := w.cache.Get("H")
 	copy(w.pdata.Block(e.Blocks[0]), "entry H!")
-	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck})
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck})
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond) // READ posted, stuck
@@ -248,7 +248,7 @@ func TestPoolPeerDeathDuringRead(t *testing.T) {
 func TestPoolPeerDeathThenReadFails(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 1, true)
-	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck})
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck})
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond)
@@ -277,8 +277,8 @@ func TestPoolPeerDeathBeforeAck(t *testing.T) {
 
 func TestPoolSendRefused(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
-	w.ctl.sendErr = transport.ErrNotAllowed
-	if _, err := w.pool.Fetch("tcp://10.0.0.1:5555", "H", []int{1}, w.now.Add(time.Minute), w.now); !errors.Is(err, transport.ErrNotAllowed) {
+	w.ctl.sendErr = xfer.ErrNotAllowed
+	if _, err := w.pool.Fetch("tcp://10.0.0.1:5555", "H", []int{1}, w.now.Add(time.Minute), w.now); !errors.Is(err, xfer.ErrNotAllowed) {
 		t.Fatalf("err %v", err)
 	}
 	if w.pool.InFlight() != 0 {
@@ -322,7 +322,7 @@ func TestPoolFetchRetriesRefusedSend(t *testing.T) {
 func TestPoolRetriesFailedRead(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 2, true)
-	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.FailAfter})
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.FailAfter})
 	if _, err := w.pool.Fetch(addr, "H", []int{1, 2}, w.now.Add(time.Minute), w.now); err != nil {
 		t.Fatal(err)
 	}
@@ -331,7 +331,7 @@ func TestPoolRetriesFailedRead(t *testing.T) {
 		t.Fatalf("%+v, %d retries, %d posts", r, w.pool.Stats().Retries, len(w.cdata.Posts()))
 	}
 	w.entry(t, "G", 1, true)
-	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.FailAfter})
+	w.cdata.SetOutcome(xfake.Outcome{Kind: xfake.FailAfter})
 	if _, err := w.pool.Fetch(addr, "G", []int{3}, w.now.Add(time.Minute), w.now); err != nil {
 		t.Fatal(err)
 	}
@@ -344,7 +344,7 @@ func TestPoolRetriesFailedRead(t *testing.T) {
 func TestPoolClose(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 1, true)
-	w.cdata.QueueOutcomes(xfertest.Outcome{Kind: xfertest.Stuck, Unstoppable: true})
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	w.pool.Fetch(addr, "W", []int{4}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
@@ -390,7 +390,7 @@ func TestPoolAckBeforeDeath(t *testing.T) {
 // again, not lost: the fetch still ends. (Such a retry was once dropped
 // from the retry list, and the fetch never ended.)
 func TestPoolRetryRefusedIsNotLost(t *testing.T) {
-	for _, refusal := range []error{transport.ErrQueueFull, transport.ErrPeerDown} {
+	for _, refusal := range []error{xfer.ErrQueueFull, xfer.ErrPeerDown} {
 		w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: 10 * time.Millisecond, MaxBackoff: 10 * time.Millisecond}})
 		w.entry(t, "H", 1, false)
 		w.entry(t, "G", 1, false)
@@ -439,7 +439,7 @@ func TestPoolCancel(t *testing.T) {
 		t.Fatalf("cancel between attempts: %+v %v", f, err)
 	}
 	// A READ that cannot be stopped: held, then released when it ends.
-	w.cdata.SetOutcome(xfertest.Outcome{Kind: xfertest.Stuck})
+	w.cdata.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 	w.pool.Fetch(addr, "C", []int{3}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond) // the READ is posted
@@ -476,7 +476,7 @@ func TestPoolCancel(t *testing.T) {
 // sent is not kept, and idle sessions are reaped with their connection.
 func TestPoolForgetsAddresses(t *testing.T) {
 	w := newWorld(t, PoolConfig{IdleSession: time.Minute})
-	w.ctl.sendErr = transport.ErrNotAllowed
+	w.ctl.sendErr = xfer.ErrNotAllowed
 	for i := range 100 {
 		if _, err := w.pool.Fetch(fmt.Sprint("tcp://refused:", i), "X", []int{1}, w.now.Add(time.Minute), w.now); err == nil {
 			t.Fatal("refused send succeeded")

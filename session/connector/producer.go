@@ -3,6 +3,7 @@ package connector
 import (
 	"context"
 	"fmt"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"log/slog"
 	"math"
 	"sync"
@@ -134,7 +135,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		return nil, err
 	}
 	p := &Producer{ctl: ctl, data: data, sess: s, cfg: cfg, perPeer: map[string]int{}, done: make(chan struct{})}
-	if sg, ok := data.(xfer.Signaling); ok {
+	if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
 	return p, nil
@@ -210,7 +211,7 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 
 // Serve steps until ctx ends, the producer is closed or its control plane
 // is: at once when a request arrives or is waiting, or when a data plane
-// that signals notifications has some; every 5 ms while grants are
+// that signals notifications (the TCP data plane, NIXL) has some; every 5 ms while grants are
 // outstanding on one that does not (for completion notifications), at the
 // first lease's end, and every second otherwise. Where the control plane
 // (transport.Server) or the data plane (transport.TCPData) can run a
@@ -229,7 +230,7 @@ func (p *Producer) Serve(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
-	if s, ok := p.ctl.(inlineServer); ok {
+	if s, ok := plane.As[inlineServer](p.ctl); ok {
 		s.OnRequest(func() { p.serveInline(s, now) })
 		defer s.OnRequest(nil)
 		// Notifications too, where the data plane takes them (the unpin

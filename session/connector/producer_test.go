@@ -13,9 +13,9 @@ import (
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // memServer is an in-memory control server.
@@ -74,7 +74,7 @@ func TestProducerFloodFairness(t *testing.T) {
 	}
 	srv := &memServer{replies: map[string][][]byte{}}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 100, MaxPerPeerPerStep: 10, MaxGrants: 50, MaxPinnedShare: 1},
-		srv, xfertest.New("prod", 16, 8), c))
+		srv, xfake.New("prod", 16, 8), c))
 	for i := range 1000 {
 		srv.in = append(srv.in, xfer.Message{Identity: []byte("flood"),
 			Payload: wire.AppendReq(nil, &wire.XferReq{MMHash: "A", CompatibilityHash: compat, SessionID: uuidN(i)})})
@@ -108,7 +108,7 @@ func TestProducerFloodFairness(t *testing.T) {
 func TestProducerBacklogBound(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxPerPeerPerStep: 1, MaxBacklog: 10},
-		srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
+		srv, xfake.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	for range 30 {
 		srv.in = append(srv.in, xfer.Message{Identity: []byte("x"), Payload: []byte{0x80}})
 	}
@@ -120,7 +120,7 @@ func TestProducerBacklogBound(t *testing.T) {
 
 func TestProducerServeStops(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfake.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := p.Serve(ctx); err == nil {
@@ -135,7 +135,7 @@ func TestProducerServeStops(t *testing.T) {
 // ends Serve instead of spinning on a Wait that returns at once.
 func TestProducerCloseStopsServe(t *testing.T) {
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfake.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	done := make(chan error)
 	go func() { done <- p.Serve(context.Background()) }()
 	p.Close()
@@ -144,7 +144,7 @@ func TestProducerCloseStopsServe(t *testing.T) {
 	}
 
 	srv2 := &memServer{replies: map[string][][]byte{}, closed: true}
-	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfertest.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
+	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv2, xfake.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
 	if err := p2.Serve(context.Background()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Serve on a closed control plane: %v", err)
 	}
@@ -156,7 +156,7 @@ func TestProducerShutdown(t *testing.T) {
 	c := cache.NewEmbeddingCache(16)
 	c.Alloc("A", 1)
 	c.MarkReady("A")
-	data := xfertest.New("prod", 16, 8)
+	data := xfake.New("prod", 16, 8)
 	srv := &memServer{replies: map[string][][]byte{}}
 	clock := t0
 	var clockMu sync.Mutex
@@ -203,7 +203,7 @@ func TestProducerShutdown(t *testing.T) {
 	c2.Alloc("A", 1)
 	c2.MarkReady("A")
 	srv2 := &memServer{replies: map[string][][]byte{}}
-	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: func() time.Time { return t0 }}, srv2, xfertest.New("prod", 16, 8), c2))
+	p2 := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, Now: func() time.Time { return t0 }}, srv2, xfake.New("prod", 16, 8), c2))
 	srv2.push(reqA(3))
 	p2.Step(t0)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
@@ -295,7 +295,7 @@ func (m *inlineMemServer) arrive(msg xfer.Message) int {
 // leaves the request to it.
 func TestProducerServesWhereRequestsArrive(t *testing.T) {
 	c, srv := inlineWorld()
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfertest.New("prod", 16, 8), c))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, xfake.New("prod", 16, 8), c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
 	go func() { served <- p.Serve(ctx) }()
@@ -346,7 +346,7 @@ func TestProducerServesWhereRequestsArrive(t *testing.T) {
 // notifyFake is a data plane that runs a function where notifications
 // arrive, as transport.TCPData does for the session attached to it.
 type notifyFake struct {
-	*xfertest.Fake
+	*xfake.Fake
 	mu    sync.Mutex
 	hook  func() bool
 	never chan struct{}
@@ -387,7 +387,7 @@ func (f *notifyFake) arrive(agent string, msg []byte) bool {
 // plane signals instead); Serve unsets the hook when it returns.
 func TestProducerTakesNotificationsWhereTheyArrive(t *testing.T) {
 	c, srv := inlineWorld()
-	data := &notifyFake{Fake: xfertest.New("prod", 16, 8), never: make(chan struct{})}
+	data := &notifyFake{Fake: xfake.New("prod", 16, 8), never: make(chan struct{})}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, c))
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan error)
@@ -457,7 +457,7 @@ func TestProducerWait(t *testing.T) {
 	c.Alloc("A", 1)
 	c.MarkReady("A")
 	srv := &memServer{replies: map[string][][]byte{}}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 1}, srv, xfertest.New("prod", 16, 8), c))
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxRequestsPerStep: 1}, srv, xfake.New("prod", 16, 8), c))
 	ctx := context.Background()
 	start := time.Now()
 	if !p.WaitFor(ctx, 5*time.Millisecond) || time.Since(start) < 5*time.Millisecond {

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -137,9 +138,9 @@ func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 			p.Consumer.Close()
 			p.Producer.Close()
 		})
-		sp, ok := p.Consumer.(xfer.ShapedPeers)
+		sp, ok := plane.As[plane.ShapedPeers](p.Consumer)
 		if !ok {
-			t.Skip("the consumer does not implement xfer.ShapedPeers")
+			t.Skip("the consumer does not take producers' shapes")
 		}
 		shape, regular, err := wire.DecodeBlocks(p.Producer.MemDescriptor())
 		if err != nil || !regular {

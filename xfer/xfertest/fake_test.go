@@ -6,10 +6,13 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 )
 
-func newFakePair(t *testing.T) (*Fake, *Fake, Pair) {
-	fab := NewFabric()
+func newFakePair(t *testing.T) (*xfake.Fake, *xfake.Fake, Pair) {
+	fab := xfake.NewFabric()
 	c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
 	return c, p, Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
 }
@@ -26,7 +29,7 @@ func TestFakeConformance(t *testing.T) {
 func TestConformanceDrivesTheProducer(t *testing.T) {
 	Conformance(t, func(t *testing.T) Pair {
 		c, _, pair := newFakePair(t)
-		c.SetOutcome(Outcome{TargetDrains: 3, After: 1})
+		c.SetOutcome(xfake.Outcome{TargetDrains: 3, After: 1})
 		return pair
 	})
 }
@@ -38,7 +41,7 @@ func TestConformanceFailsAStuckPlane(t *testing.T) {
 		waitLimit = 200 * time.Millisecond
 		Conformance(t, func(t *testing.T) Pair {
 			c, _, pair := newFakePair(t)
-			c.SetOutcome(Outcome{Kind: Stuck})
+			c.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
 			return pair
 		})
 		return
@@ -56,5 +59,26 @@ func TestConformanceFailsAStuckPlane(t *testing.T) {
 	}
 	if !strings.Contains(string(out), "still in progress after") {
 		t.Errorf("no READ timed out:\n%s", out)
+	}
+}
+
+// The public fake passes the suite.
+func TestPublicFakeConformance(t *testing.T) {
+	Conformance(t, func(t *testing.T) Pair {
+		fab := NewFabric()
+		c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
+		return Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
+	})
+}
+
+// The public fake offers the sessions its name and taking shapes
+// through internal/plane, not its method set.
+func TestPublicFakeOffersThePlumbing(t *testing.T) {
+	f := NewFabric().New("agent-f", 4, 64)
+	if n, ok := plane.As[plane.Named](f); !ok || n.Name() != "agent-f" {
+		t.Fatalf("named: %v", ok)
+	}
+	if _, ok := plane.As[plane.ShapedPeers](f); !ok {
+		t.Fatal("no shapes")
 	}
 }

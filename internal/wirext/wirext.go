@@ -1,9 +1,17 @@
-package wire
+// Package wirext holds what the Go peers' extensions of the protocol add
+// beyond the messages of package wire: the grant in a completion
+// notification, the digest of a producer's agent metadata (ecx_known) and
+// the mm_hash of a contact request (ecx_contact).
+package wirext
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"strconv"
+
+	"github.com/ecxfer/ecxfer/wire"
 )
 
 // A READ's completion notification is "<session_id>:<mm_hash>", the key the
@@ -14,11 +22,11 @@ import (
 // notification (and a READ that carries it) act on the grant.
 
 // tokenHex is the length of a token in hex.
-const tokenHex = 2 * len(Token{})
+const tokenHex = 2 * len(wire.Token{})
 
 // AppendNotifGrant appends "#<id>", and ".<token in hex>" unless token is
 // zero, to a notification key.
-func AppendNotifGrant(key []byte, id uint64, token Token) []byte {
+func AppendNotifGrant(key []byte, id uint64, token wire.Token) []byte {
 	key = strconv.AppendUint(append(key, '#'), id, 10)
 	if token.IsZero() {
 		return key
@@ -29,7 +37,7 @@ func AppendNotifGrant(key []byte, id uint64, token Token) []byte {
 // SplitNotifGrant splits "<key>#<decimal id>[.<token>]"; ok is false when
 // msg does not end in a grant id that fits a uint64, optionally followed by
 // a token of 32 lowercase hex digits. token is zero when absent.
-func SplitNotifGrant(msg []byte) (key []byte, id uint64, token Token, ok bool) {
+func SplitNotifGrant(msg []byte) (key []byte, id uint64, token wire.Token, ok bool) {
 	i := bytes.LastIndexByte(msg, '#')
 	if i < 0 {
 		return nil, 0, token, false
@@ -46,15 +54,15 @@ func SplitNotifGrant(msg []byte) (key []byte, id uint64, token Token, ok bool) {
 		num = num[:j]
 	}
 	if len(num) == 0 || len(num) > 20 {
-		return nil, 0, Token{}, false
+		return nil, 0, wire.Token{}, false
 	}
 	for _, c := range num {
 		if c < '0' || c > '9' {
-			return nil, 0, Token{}, false
+			return nil, 0, wire.Token{}, false
 		}
 		next := id*10 + uint64(c-'0')
 		if next < id {
-			return nil, 0, Token{}, false
+			return nil, 0, wire.Token{}, false
 		}
 		id = next
 	}
@@ -68,4 +76,17 @@ func lowerHex(b []byte) bool {
 		}
 	}
 	return true
+}
+
+// ContactHash is the mm_hash of a contact request (wire.XferReq.Contact):
+// not a content hash, so that a producer that does not read the
+// extension holds no entry of it.
+const ContactHash = "ecxfer-contact"
+
+// MetaDigest is the digest of a producer's agent metadata a consumer
+// sends as wire.XferReq.Known: the first 8 bytes of its SHA-256, never
+// zero.
+func MetaDigest(meta []byte) uint64 {
+	sum := sha256.Sum256(meta)
+	return binary.BigEndian.Uint64(sum[:]) | 1
 }
