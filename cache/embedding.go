@@ -173,8 +173,8 @@ func (c *EmbeddingCache) MarkReady(key string) error {
 	return nil
 }
 
-// Pin takes one more pin on a ready entry; a pinned entry is never evicted.
-func (c *EmbeddingCache) Pin(key string) error {
+// pin takes one more pin on a ready entry; a pinned entry is never evicted.
+func (c *EmbeddingCache) pin(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, err := c.lookupLocked(key)
@@ -202,6 +202,7 @@ func init() {
 		return e.Blocks, r
 	}
 	cachex.Pressure = func(c any, n int) bool { return c.(*EmbeddingCache).pressure(n) }
+	cachex.Unpin = func(c any, key string) error { return c.(*EmbeddingCache).unpin(key) }
 }
 
 // pinIfReady pins key if it is present and ready. It returns the entry with
@@ -220,9 +221,9 @@ func (c *EmbeddingCache) pinIfReady(key string) (Entry, cachex.PinResult) {
 	return e.snapshot(), cachex.Pinned
 }
 
-// Unpin drops one pin; the last one makes the entry evictable again, at the
+// unpin drops one pin; the last one makes the entry evictable again, at the
 // back of the eviction order.
-func (c *EmbeddingCache) Unpin(key string) error {
+func (c *EmbeddingCache) unpin(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, err := c.lookupLocked(key)

@@ -92,7 +92,7 @@ func TestAllocErrors(t *testing.T) {
 	}
 	mustAlloc(t, c, "b", 2)
 	mustReady(t, c, "b")
-	if err := c.Pin("b"); err != nil {
+	if err := c.pin("b"); err != nil {
 		t.Fatal(err)
 	}
 	// Everything pinned or not ready: nothing evicted.
@@ -121,14 +121,14 @@ func TestAllocErrors(t *testing.T) {
 func TestReadyPinUnpinDiscard(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "a", 1)
-	if err := c.Pin("a"); !errors.Is(err, errNotReady) {
+	if err := c.pin("a"); !errors.Is(err, errNotReady) {
 		t.Fatalf("pin not ready: %v", err)
 	}
 	mustReady(t, c, "a")
 	if err := c.MarkReady("a"); !errors.Is(err, errAlreadyReady) {
 		t.Fatalf("double ready: %v", err)
 	}
-	for _, err := range []error{c.MarkReady("x"), c.Pin("x"), c.Unpin("x"), c.Discard("x")} {
+	for _, err := range []error{c.MarkReady("x"), c.pin("x"), c.unpin("x"), c.Discard("x")} {
 		if !errors.Is(err, ErrNotFound) {
 			t.Fatalf("absent key: %v", err)
 		}
@@ -137,23 +137,23 @@ func TestReadyPinUnpinDiscard(t *testing.T) {
 		t.Fatalf("ready entry not evictable: %+v", st)
 	}
 	for range 2 {
-		if err := c.Pin("a"); err != nil {
+		if err := c.pin("a"); err != nil {
 			t.Fatal(err)
 		}
 	}
-	if err := c.Unpin("a"); err != nil {
+	if err := c.unpin("a"); err != nil {
 		t.Fatal(err)
 	}
 	if st := c.Stats(); st.Evictable != 0 || st.Pinned != 1 {
 		t.Fatalf("one pin left, yet %+v", st)
 	}
-	if err := c.Unpin("a"); err != nil {
+	if err := c.unpin("a"); err != nil {
 		t.Fatal(err)
 	}
 	if st := c.Stats(); st.Evictable != 1 || st.Pinned != 0 {
 		t.Fatalf("all pins gone, yet %+v", st)
 	}
-	if err := c.Unpin("a"); !errors.Is(err, errNotPinned) {
+	if err := c.unpin("a"); !errors.Is(err, errNotPinned) {
 		t.Fatalf("unpin unpinned: %v", err)
 	}
 	if err := c.Discard("a"); !errors.Is(err, errReady) {
@@ -195,7 +195,7 @@ func TestPinIfReadyAndHeld(t *testing.T) {
 	if !c.hasHeldEntries() {
 		t.Fatal("pinned entry is not held")
 	}
-	if err := c.Unpin("a"); err != nil {
+	if err := c.unpin("a"); err != nil {
 		t.Fatal(err)
 	}
 	if c.hasHeldEntries() {
@@ -228,7 +228,7 @@ func TestEvictionOrder(t *testing.T) {
 			mustAlloc(t, c, "A", 1)
 			mustAlloc(t, c, "B", 1)
 			mustReady(t, c, "A", "B")
-			c.Pin("A")
+			c.pin("A")
 		}, 1, []string{"B"}, []string{"A"}},
 		{"not ready survives", 2, func(t *testing.T, c *EmbeddingCache) {
 			mustAlloc(t, c, "A", 1)
@@ -245,8 +245,8 @@ func TestEvictionOrder(t *testing.T) {
 			mustAlloc(t, c, "A", 1)
 			mustAlloc(t, c, "B", 1)
 			mustReady(t, c, "A", "B")
-			c.Pin("A")
-			c.Unpin("A") // A moves behind B
+			c.pin("A")
+			c.unpin("A") // A moves behind B
 		}, 1, []string{"B"}, []string{"A"}},
 		{"ready order, not alloc order", 2, func(t *testing.T, c *EmbeddingCache) {
 			mustAlloc(t, c, "A", 1)
@@ -288,11 +288,11 @@ func TestConcurrentUse(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 500 {
-				if err := c.Pin("hot"); err != nil {
+				if err := c.pin("hot"); err != nil {
 					errs <- err
 					return
 				}
-				if err := c.Unpin("hot"); err != nil {
+				if err := c.unpin("hot"); err != nil {
 					errs <- err
 					return
 				}
@@ -340,7 +340,7 @@ func TestPressure(t *testing.T) {
 	}
 	mustAlloc(t, c, "a", 4)
 	mustReady(t, c, "a")
-	if err := c.Pin("a"); err != nil {
+	if err := c.pin("a"); err != nil {
 		t.Fatal(err)
 	}
 	mustAlloc(t, c, "b", 3) // under way: 5 blocks free
@@ -351,7 +351,7 @@ func TestPressure(t *testing.T) {
 	if c.pressure(8) {
 		t.Fatal("pressure with no save under way or refused")
 	}
-	if err := c.Pin("b"); err != nil {
+	if err := c.pin("b"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Alloc("c", 6); !errors.Is(err, ErrNoSpace) {

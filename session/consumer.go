@@ -530,7 +530,7 @@ func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 	if status := wire.Status(ack.Status); status != wire.OK {
 		c.stats.Nacks[status]++
 		level := slog.LevelWarn
-		if status.Expected() {
+		if wirext.Expected(status) {
 			level = slog.LevelInfo
 		}
 		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", status.String(), "mm_hash", x.MMHash, "session", c.id)

@@ -30,8 +30,8 @@ func (q *queue) requests() []xfer.Message { // as a producer's control plane han
 // control plane and xfertest's fake data plane: the shape of a
 // deterministic test of an engine's integration.
 func Example() {
-	fabric := xfertest.NewFabric()
-	consData, prodData := fabric.New("consumer", 16, 64), fabric.New("producer", 16, 64)
+	pair := xfertest.FakePair(16, 64)
+	consData, prodData := pair.Consumer, pair.Producer
 
 	// The producer holds one ready entry.
 	entries := cache.NewEmbeddingCache(16)
@@ -40,8 +40,8 @@ func Example() {
 		fmt.Println(err)
 		return
 	}
-	copy(prodData.Block(e.Blocks[0]), "hello, ")
-	copy(prodData.Block(e.Blocks[1]), "embedding")
+	copy(pair.ProducerBlock(e.Blocks[0]), "hello, ")
+	copy(pair.ProducerBlock(e.Blocks[1]), "embedding")
 	if err := entries.MarkReady("img-1"); err != nil {
 		fmt.Println(err)
 		return
@@ -71,7 +71,7 @@ func Example() {
 		cons.Poll(toConsumer.take(), now)
 		cons.TakeResults(&r)
 	}
-	fmt.Printf("completed %d: %s%s\n", len(r.Completed), bytes.TrimRight(consData.Block(5), "\x00"), bytes.TrimRight(consData.Block(6), "\x00"))
+	fmt.Printf("completed %d: %s%s\n", len(r.Completed), bytes.TrimRight(pair.ConsumerBlock(5), "\x00"), bytes.TrimRight(pair.ConsumerBlock(6), "\x00"))
 
 	// The completion notification reaches the producer: the pin goes.
 	prod.Poll(nil, toConsumer, now.Add(10*time.Millisecond))

@@ -223,7 +223,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 		return nil, fmt.Errorf("%w: session: nil data plane or cache", xfer.ErrBadConfig)
 	}
 	if cfg.PinLease <= 0 {
-		cfg.PinLease = xfer.DefaultConfig().PinLease
+		cfg.PinLease = xfer.Config{}.WithDefaults().PinLease
 	}
 	log := cfg.Logger
 	if log == nil {
@@ -381,7 +381,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: s, Attempt: req.Attempt}
 		p.stats.Nacks[s]++
 		level := slog.LevelWarn
-		if s.Expected() {
+		if wirext.Expected(s) {
 			level = slog.LevelInfo
 		}
 		p.log.Log(context.Background(), level, msg, "mm_hash", p.ack.MMHash, "status", s.String())
@@ -516,7 +516,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 		p.att.Publish(g.id) // before the ack can leave
 	}
 	p.stats.Grants++
-	p.ids = wire.Ints(p.ids[:0], blocks)
+	p.ids = wirext.Ints(p.ids[:0], blocks)
 	p.ack = wire.XferAck{
 		MMHash: mmHash, Status: wire.OK, SessionID: sid, SrcBlockIndices: p.ids,
 		AgentMetadata: p.lastMeta, Grant: g.id, Token: g.token, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
@@ -607,7 +607,7 @@ func (p *ProducerSession) lock()   { p.authMu.Lock() }
 func (p *ProducerSession) unlock() { p.authMu.Unlock() }
 
 func (p *ProducerSession) unpin(mmHash string) {
-	if err := p.cache.Unpin(mmHash); err != nil {
+	if err := cachex.Unpin(p.cache, mmHash); err != nil {
 		// Cannot happen while this session is the only one pinning for
 		// its grants; say so loudly if it does.
 		p.log.Error("ec producer: unpin failed", "mm_hash", mmHash, "err", err)

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/xfer"
-	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
 
 // nixlLike is a data plane that, as nixl.Agent does, needs the mem
@@ -42,7 +42,7 @@ func (n *nixlLike) PostRead(local []int, agent string, remote []int, notif []byt
 // producer, and neither can any later one. Every later fetch of the
 // session is tombstoned (register-failed) until the session goes.
 func TestReRegisterAfterUnknownPeer(t *testing.T) {
-	fab := xfertest.NewFabric()
+	fab := xfake.NewFabric()
 	cdata := &nixlLike{DataTransport: fab.New("cons", 64, 8)}
 	pdata := fab.New("prod", 64, 8)
 	ec := cache.NewEmbeddingCache(64)

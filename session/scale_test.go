@@ -212,7 +212,7 @@ func TestGrantBoundToAgent(t *testing.T) {
 	po := newProducer(t)
 	r := wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: sid("a"), Agent: "cons-a"}
 	acks := po.poll(t, t0, wire.AppendReq(nil, &r))
-	if acks[0].Status != wire.OK || acks[0].Grant == 0 || acks[0].LeaseMillis != uint64(xfer.DefaultConfig().PinLease.Milliseconds()) {
+	if acks[0].Status != wire.OK || acks[0].Grant == 0 || acks[0].LeaseMillis != uint64(xfer.Config{}.WithDefaults().PinLease.Milliseconds()) {
 		t.Fatalf("ack %+v", acks[0])
 	}
 	e, _ := po.cache.Get("R")

@@ -20,7 +20,7 @@ var (
 		MMHash:          benchReq.MMHash,
 		Status:          OK,
 		SessionID:       benchReq.SessionID,
-		SrcBlockIndices: Ints(nil, []int{10, 11, 12, 13, 14, 15, 16, 17}),
+		SrcBlockIndices: ints(nil, []int{10, 11, 12, 13, 14, 15, 16, 17}),
 		AgentMetadata:   []byte(strings.Repeat("m", 200)),
 		MemDescriptor:   benchDesc,
 	}
@@ -199,7 +199,7 @@ func manyBlocksAck() (ids []int, ack XferAck) {
 		ids[i] = 8192 + i
 	}
 	ack = benchAck
-	ack.SrcBlockIndices = Ints(nil, ids)
+	ack.SrcBlockIndices = ints(nil, ids)
 	ack.MemDescriptor = nil
 	return ids, ack
 }
@@ -246,7 +246,7 @@ func BenchmarkAckManyBlocksEncode(b *testing.B) {
 	var buf []byte
 	b.ReportAllocs()
 	for b.Loop() {
-		ack.SrcBlockIndices = Ints(ack.SrcBlockIndices[:0], ids)
+		ack.SrcBlockIndices = ints(ack.SrcBlockIndices[:0], ids)
 		buf = AppendAck(buf[:0], &ack)
 	}
 }

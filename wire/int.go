@@ -2,7 +2,6 @@ package wire
 
 import (
 	"math"
-	"slices"
 	"strconv"
 )
 
@@ -23,17 +22,6 @@ func IntOf(v int64) Int { return Int{u: uint64(v), neg: v < 0} }
 
 // UintOf returns v as an Int.
 func UintOf(v uint64) Int { return Int{u: v} }
-
-// Ints converts a slice of ints, appending to dst.
-func Ints(dst []Int, vs []int) []Int {
-	n := len(dst)
-	dst = slices.Grow(dst, len(vs))[:n+len(vs)]
-	out := dst[n:]
-	for i, v := range vs {
-		out[i] = IntOf(int64(v))
-	}
-	return dst
-}
 
 // Int64 returns the value and whether it fits in an int64.
 func (i Int) Int64() (int64, bool) {

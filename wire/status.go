@@ -36,13 +36,6 @@ func (s Status) String() string {
 // it: errors.Is(err, wire.NackMissing), or errors.As(err, &status).
 func (s Status) Error() string { return s.String() }
 
-// Valid reports whether s is one of the six statuses.
-func (s Status) Valid() bool { return s <= maxStatus }
-
 // Retryable reports whether another attempt for the same entry may succeed:
 // only [NackNotReady]. Every other NACK is terminal for that mm_hash.
 func (s Status) Retryable() bool { return s == NackNotReady }
-
-// Expected reports whether a NACK is part of normal operation (logged at info
-// rather than warning): [NackNotReady] and [NackMissing].
-func (s Status) Expected() bool { return s == NackNotReady || s == NackMissing }

@@ -3,7 +3,7 @@ package xfer
 import "time"
 
 // Config holds the consumer's and producer's timeouts. Zero fields take the
-// reference's values (see DefaultConfig).
+// reference's values (see WithDefaults).
 type Config struct {
 	// ReadTimeout bounds a READ, from the ack that started it. A READ still
 	// in progress after it is quarantined. Default 20 s.
@@ -18,14 +18,10 @@ type Config struct {
 	PinLease time.Duration
 }
 
-// DefaultConfig returns the reference's timeouts.
-func DefaultConfig() Config {
-	return Config{ReadTimeout: 20 * time.Second, QuarantineTimeout: 60 * time.Second, PinLease: 30 * time.Second}
-}
-
-// WithDefaults returns c with every zero field set to its default.
+// WithDefaults returns c with every zero field set to its default, the
+// reference's: Config{}.WithDefaults() is the reference's timeouts.
 func (c Config) WithDefaults() Config {
-	d := DefaultConfig()
+	d := Config{ReadTimeout: 20 * time.Second, QuarantineTimeout: 60 * time.Second, PinLease: 30 * time.Second}
 	if c.ReadTimeout <= 0 {
 		c.ReadTimeout = d.ReadTimeout
 	}

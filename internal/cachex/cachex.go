@@ -1,6 +1,6 @@
 // Package cachex reaches what package cache keeps out of its public API
 // for this module's producer session and data planes: pinning an entry
-// only if it is ready, the cache's pressure, and a Shared region's header
+// only if it is ready and unpinning it, the cache's pressure, and a Shared region's header
 // and path. Package cache sets the functions in its init; engines never
 // see them.
 package cachex
@@ -34,6 +34,8 @@ var (
 	// entry's blocks (shared with the cache: not to be modified) with
 	// Absent (nil blocks), NotReady (not pinned) or Pinned.
 	PinIfReady func(c any, key string) (blocks []int, res PinResult)
+	// Unpin drops one pin of key, taken by PinIfReady.
+	Unpin func(c any, key string) error
 	// Pressure reports whether saves are short of room: the last save
 	// found none, or saves are under way (entries not ready) and the
 	// blocks a save could have now (free, or held by ready unpinned

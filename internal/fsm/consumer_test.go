@@ -382,7 +382,7 @@ func TestProducerXferExpired(t *testing.T) { // expired strictly after the deadl
 
 func TestConfigDefaults(t *testing.T) {
 	c := xfer.Config{ReadTimeout: time.Second}.WithDefaults()
-	d := xfer.DefaultConfig()
+	d := xfer.Config{}.WithDefaults()
 	if c.ReadTimeout != time.Second || c.QuarantineTimeout != d.QuarantineTimeout || c.PinLease != 30*time.Second || d.ReadTimeout != 20*time.Second || d.QuarantineTimeout != 60*time.Second {
 		t.Fatalf("%+v / %+v", c, d)
 	}

@@ -9,6 +9,7 @@ import (
 	"crypto/sha256"
 	"encoding/binary"
 	"encoding/hex"
+	"slices"
 	"strconv"
 
 	"github.com/ecxfer/ecxfer/wire"
@@ -90,3 +91,18 @@ func MetaDigest(meta []byte) uint64 {
 	sum := sha256.Sum256(meta)
 	return binary.BigEndian.Uint64(sum[:]) | 1
 }
+
+// Ints converts a slice of ints, appending to dst.
+func Ints(dst []wire.Int, vs []int) []wire.Int {
+	n := len(dst)
+	dst = slices.Grow(dst, len(vs))[:n+len(vs)]
+	out := dst[n:]
+	for i, v := range vs {
+		out[i] = wire.IntOf(int64(v))
+	}
+	return dst
+}
+
+// Expected reports whether a NACK is part of normal operation (logged at
+// info rather than warning): NACK_NOT_READY and NACK_MISSING.
+func Expected(s wire.Status) bool { return s == wire.NackNotReady || s == wire.NackMissing }

@@ -36,3 +36,18 @@ func TestMetaDigest(t *testing.T) {
 		t.Fatal("digests")
 	}
 }
+
+func TestExpected(t *testing.T) {
+	for s := wire.OK; s <= wire.NackNotReady; s++ {
+		want := s == wire.NackMissing || s == wire.NackNotReady
+		if Expected(s) != want {
+			t.Errorf("%s: Expected %v", s, !want)
+		}
+	}
+}
+
+func TestInts(t *testing.T) {
+	if got := Ints(nil, []int{3, -4}); len(got) != 2 || got[0] != wire.IntOf(3) || got[1] != wire.IntOf(-4) {
+		t.Errorf("Ints: %v", got)
+	}
+}

@@ -911,7 +911,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 }
 
 func (p *Pool) countNack(o session.Outcome) {
-	if o.Reason == xfer.Nacked && o.Status.Valid() {
+	if o.Reason == xfer.Nacked && o.Status <= wire.NackNotReady {
 		p.stats.Nacks[o.Status]++
 	}
 }

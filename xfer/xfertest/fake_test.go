@@ -64,18 +64,14 @@ func TestConformanceFailsAStuckPlane(t *testing.T) {
 
 // The public fake passes the suite.
 func TestPublicFakeConformance(t *testing.T) {
-	Conformance(t, func(t *testing.T) Pair {
-		fab := NewFabric()
-		c, p := fab.New("consumer", 128, 64), fab.New("producer", 128, 64)
-		return Pair{Consumer: c, Producer: p, ConsumerBlock: c.Block, ProducerBlock: p.Block, Blocks: 128}
-	})
+	Conformance(t, func(t *testing.T) Pair { return FakePair(128, 64) })
 }
 
 // The public fake offers the sessions its name and taking shapes
 // through internal/plane, not its method set.
 func TestPublicFakeOffersThePlumbing(t *testing.T) {
-	f := NewFabric().New("agent-f", 4, 64)
-	if n, ok := plane.As[plane.Named](f); !ok || n.Name() != "agent-f" {
+	f := FakePair(4, 64).Consumer
+	if n, ok := plane.As[plane.Named](f); !ok || n.Name() != "consumer" {
 		t.Fatalf("named: %v", ok)
 	}
 	if _, ok := plane.As[plane.ShapedPeers](f); !ok {

@@ -26,8 +26,8 @@ func newDesc(name, help string, kind prometheus.ValueType, labels []string, cons
 	return desc{prometheus.NewDesc(name, help, labels, constLabels), kind}
 }
 
-// PoolCollector collects a consumer Pool's metrics, ecxfer_consumer_*.
-type PoolCollector struct {
+// poolCollector collects a consumer Pool's metrics, ecxfer_consumer_*.
+type poolCollector struct {
 	pool                                               *connector.Pool
 	fetches, failures, latency, bytes, retries, nacks  desc
 	ackTimeouts, quarantines, released, forced, deaths desc
@@ -36,9 +36,9 @@ type PoolCollector struct {
 
 // NewPoolCollector returns a collector for pool; constLabels (may be nil)
 // are added to every metric.
-func NewPoolCollector(pool *connector.Pool, constLabels prometheus.Labels) *PoolCollector {
+func NewPoolCollector(pool *connector.Pool, constLabels prometheus.Labels) prometheus.Collector {
 	c, g := prometheus.CounterValue, prometheus.GaugeValue
-	return &PoolCollector{
+	return &poolCollector{
 		pool:        pool,
 		fetches:     newDesc("ecxfer_consumer_fetches_total", "Fetches ended, by result (completed, failed), and joined.", c, []string{"result"}, constLabels),
 		failures:    newDesc("ecxfer_consumer_failures_total", "Failed fetches by reason.", c, []string{"reason"}, constLabels),
@@ -59,20 +59,20 @@ func NewPoolCollector(pool *connector.Pool, constLabels prometheus.Labels) *Pool
 	}
 }
 
-func (pc *PoolCollector) descs() []desc {
+func (pc *poolCollector) descs() []desc {
 	return []desc{pc.fetches, pc.failures, pc.latency, pc.bytes, pc.retries, pc.nacks, pc.ackTimeouts, pc.quarantines,
 		pc.released, pc.forced, pc.deaths, pc.malformed, pc.inflight, pc.sessions, pc.reaped, pc.joined}
 }
 
 // Describe implements prometheus.Collector.
-func (pc *PoolCollector) Describe(ch chan<- *prometheus.Desc) {
+func (pc *poolCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range pc.descs() {
 		ch <- d.d
 	}
 }
 
 // Collect implements prometheus.Collector.
-func (pc *PoolCollector) Collect(ch chan<- prometheus.Metric) {
+func (pc *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	s := pc.pool.Stats()
 	m := func(d desc, v float64, labels ...string) {
 		ch <- prometheus.MustNewConstMetric(d.d, d.kind, v, labels...)
@@ -98,8 +98,8 @@ func (pc *PoolCollector) Collect(ch chan<- prometheus.Metric) {
 	m(pc.joined, float64(s.Joined))
 }
 
-// ProducerCollector collects a Producer's metrics, ecxfer_producer_*.
-type ProducerCollector struct {
+// producerCollector collects a Producer's metrics, ecxfer_producer_*.
+type producerCollector struct {
 	prod                                                           *connector.Producer
 	requests, grants, nacks, completions, expired, rerequests      desc
 	malformed, unknown, foreign, bad, stale, refused               desc
@@ -108,9 +108,9 @@ type ProducerCollector struct {
 
 // NewProducerCollector returns a collector for prod; constLabels (may be
 // nil) are added to every metric.
-func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Labels) *ProducerCollector {
+func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Labels) prometheus.Collector {
 	c, g := prometheus.CounterValue, prometheus.GaugeValue
-	return &ProducerCollector{
+	return &producerCollector{
 		prod:        prod,
 		requests:    newDesc("ecxfer_producer_requests_total", "Requests decoded.", c, nil, constLabels),
 		grants:      newDesc("ecxfer_producer_grants_total", "Grants made (OK acks).", c, nil, constLabels),
@@ -134,20 +134,20 @@ func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Label
 	}
 }
 
-func (pc *ProducerCollector) descs() []desc {
+func (pc *producerCollector) descs() []desc {
 	return []desc{pc.requests, pc.grants, pc.nacks, pc.completions, pc.expired, pc.rerequests, pc.malformed, pc.unknown,
 		pc.foreign, pc.bad, pc.stale, pc.refused, pc.replyErrors, pc.descs_, pc.descBytes, pc.shapes, pc.live, pc.backlog, pc.dropped}
 }
 
 // Describe implements prometheus.Collector.
-func (pc *ProducerCollector) Describe(ch chan<- *prometheus.Desc) {
+func (pc *producerCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range pc.descs() {
 		ch <- d.d
 	}
 }
 
 // Collect implements prometheus.Collector.
-func (pc *ProducerCollector) Collect(ch chan<- prometheus.Metric) {
+func (pc *producerCollector) Collect(ch chan<- prometheus.Metric) {
 	s := pc.prod.Stats()
 	waiting, dropped := pc.prod.Backlog()
 	m := func(d desc, v uint64, labels ...string) {
