@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"syscall"
 	"time"
 
@@ -75,7 +76,7 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int) error {
 		}
 		data, where = t, t.Addr().String()
 	case "nixl":
-		a, err := nixl.New(nixl.Config{Name: fmt.Sprintf("producer-%d", os.Getpid())}, region)
+		a, err := nixl.New(nixl.Config{Name: fmt.Sprintf("producer-%d", os.Getpid()), Params: params(*nixlParams)}, region)
 		if err != nil {
 			return fmt.Errorf("-data nixl: %w", err)
 		}
@@ -110,4 +111,19 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int) error {
 	fmt.Printf("producer: %d requests, %d grants, %d completed READs, %d leases expired; NACKs: %v; malformed requests: %d\n",
 		s.Requests, s.Grants, s.Completions, s.Expired, s.Nacks, s.Malformed)
 	return err
+}
+
+var nixlParams = flag.String("nixl-params", "", "NIXL backend parameters, key=value[,key=value] (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")
+
+// params parses key=value[,key=value] into NIXL backend parameters.
+func params(s string) map[string]string {
+	if s == "" {
+		return nil
+	}
+	m := map[string]string{}
+	for _, kv := range strings.Split(s, ",") {
+		k, v, _ := strings.Cut(kv, "=")
+		m[k] = v
+	}
+	return m
 }
