@@ -97,8 +97,9 @@
 // readiness, under the deadlines): an ordinary call that finds the process
 // idle wakes the runtime's monitor thread, which then sleeps in 20 µs
 // steps until the process idles again, a few thread switches per fetch on
-// each side. Race-detector builds make the ordinary calls, which tell the
-// detector what the kernel orders and which bytes it moves.
+// each side. Race-detector builds make the same calls and tell the
+// detector which bytes the kernel moves and what it orders, so the path
+// the detector checks is the production one.
 //
 // # Same host
 //
