@@ -92,9 +92,14 @@
 // head of its connection's queue (the answer ahead of it landed), and the
 // producer's writes follow the same rule.
 //
-// Sockets are read and written through the runtime's ordinary calls (a
-// write that must not wait, through the connection's RawConn), the same in
-// race-detector builds as in others.
+// Sockets, of both planes, are read and written with raw system calls
+// through the connection's RawConn (the runtime's poller waits for
+// readiness, under the deadlines): an ordinary call that finds the process
+// idle wakes the runtime's monitor thread, which then sleeps in 20 µs
+// steps until the process idles again, a few thread switches per fetch on
+// each side. Race-detector builds make the same calls and tell the
+// detector which bytes the kernel moves and what it orders, so the path
+// the detector checks is the production one.
 //
 // # Same host
 //

@@ -214,6 +214,7 @@ type guardConn struct {
 }
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
+	c = quietIO(c)
 	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{}),
 		okick: make(chan struct{}, 1)}
 	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)
@@ -806,15 +807,6 @@ func newNBWriter(c net.Conn) *nbWriter {
 	w := &nbWriter{raw: raw}
 	w.fn = w.once
 	return w
-}
-
-// rawWrite writes what the non-blocking descriptor fd takes of b.
-func rawWrite(fd uintptr, b []byte) (int, error) {
-	n, err := syscall.Write(int(fd), b)
-	if err != nil {
-		return 0, err
-	}
-	return n, nil
 }
 
 func (w *nbWriter) once(fd uintptr) bool {

@@ -295,6 +295,7 @@ func (l *link) connect(ctx context.Context) (net.Conn, error) {
 	if tc, ok := c.(*net.TCPConn); ok {
 		tuneConn(tc)
 	}
+	c = quietIO(c)
 	room := 0
 	if l.first && l.p.push != nil {
 		room = l.p.push.cap
@@ -519,7 +520,13 @@ func writeFull(c net.Conn, bufs net.Buffers, timeout time.Duration) error {
 	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
 	for len(bufs) > 0 {
 		c.SetWriteDeadline(time.Now().Add(timeout))
-		n, err := bufs.WriteTo(c)
+		var n int64
+		var err error
+		if q, ok := c.(*quietConn); ok {
+			n, err = q.writeBuffers(&bufs)
+		} else {
+			n, err = bufs.WriteTo(c)
+		}
 		if err != nil {
 			var ne net.Error
 			if n > 0 && errors.As(err, &ne) && ne.Timeout() {

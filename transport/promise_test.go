@@ -73,9 +73,11 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 	}()
 	notif := g.grant(3, 4)
 	released := make(chan struct{})
-	if !g.att.Push(1, notif, []int{3, 4}, func() { close(released) }) {
-		t.Fatal("not pushed to the consumer")
-	}
+	// The answer to pushPair's READ may still hold the connection's
+	// write lock (a push never waits for it): try until it is free.
+	until(t, "pushed to the consumer", func() bool {
+		return g.att.Push(1, notif, []int{3, 4}, func() { close(released) })
+	})
 	<-released
 	// The impostor tries the grant's id without its token, and a guess.
 	_, id, _, _ := wirext.SplitNotifGrant(notif)
@@ -438,9 +440,9 @@ func TestPushLandsAReadSentBeforeIt(t *testing.T) {
 	h, _ := c.PostRead([]int{2, 3}, agent, []int{5, 6}, notif)
 	<-hold // the READ is at the producer
 	released := make(chan struct{})
-	if !g.att.Push(1, notif, []int{5, 6}, func() { close(released) }) {
-		t.Fatal("not pushed")
-	}
+	until(t, "pushed", func() bool { // see TestPushesOnlyToProvenConnections
+		return g.att.Push(1, notif, []int{5, 6}, func() { close(released) })
+	})
 	<-released
 	close(go1)
 	if waitEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(2), pb(5)) || !bytes.Equal(cb(3), pb(6)) {

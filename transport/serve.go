@@ -88,7 +88,10 @@ func (d *TCPData) accept() {
 			continue
 		}
 		backoff = time.Millisecond
-		s := &servedConn{c: c}
+		if tc, ok := c.(*net.TCPConn); ok {
+			tuneConn(tc)
+		}
+		s := &servedConn{c: quietIO(c)}
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
@@ -129,9 +132,6 @@ func (d *TCPData) serve(s *servedConn) {
 		s.c.Close()
 		s.unbind()
 	}()
-	if tc, ok := s.c.(*net.TCPConn); ok {
-		tuneConn(tc)
-	}
 	in := &deadlineReader{c: s.c, timeout: d.cfg.IOTimeout, progress: true}
 	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(in, 4096), awaiting: map[uint64]awaited{},
 		notif: make([]byte, maxNotifLen), scratch: make([]byte, 16<<10)}

@@ -1,0 +1,256 @@
+package transport
+
+import (
+	"io"
+	"net"
+	"os"
+	"sync"
+	"syscall"
+	"unsafe"
+)
+
+// quietConn is a TCP connection whose reads and writes enter the kernel as
+// raw system calls. They never block (the runtime's poller waits for
+// readiness, under the connection's deadlines), yet syscall.Read, Write and
+// the runtime's writev tell the scheduler that they might, and the first
+// such call after the process went idle wakes the runtime's monitor
+// thread, which then sleeps in 20 µs steps until the process is idle
+// again. A step loop idles between fetches, so that was a thread wakeup and
+// several timer sleeps per fetch on each side, each taking a core from the
+// peer on a small host. Race-detector builds make the same calls, and
+// tell the detector which bytes the kernel moves and what it orders (see
+// rawSys): the production path is the one the detector checks.
+type quietConn struct {
+	*net.TCPConn
+	raw syscall.RawConn
+
+	rmu  sync.Mutex // one read at a time: the callback's state is shared
+	rfn  func(fd uintptr) bool
+	rb   []byte
+	rn   int
+	rEOF bool
+	rerr syscall.Errno
+
+	wmu  sync.Mutex
+	wfn  func(fd uintptr) bool
+	wvfn func(fd uintptr) bool
+	wb   []byte
+	wv   *net.Buffers
+	iov  []syscall.Iovec
+	wn   int64
+	werr syscall.Errno
+}
+
+// quietIO returns c with quiet reads and writes, or c itself if it is not
+// a TCP connection (a test's pipe, a proxy's wrapper).
+func quietIO(c net.Conn) net.Conn {
+	tc, ok := c.(*net.TCPConn)
+	if !ok {
+		return c
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		return c
+	}
+	q := &quietConn{TCPConn: tc, raw: raw}
+	q.rfn, q.wfn, q.wvfn = q.readOnce, q.writeOnce, q.writevOnce // bound once: a closure per call allocates
+	return q
+}
+
+// rawSys reads or writes b on the non-blocking descriptor fd without
+// telling the scheduler. Race-detector builds make the same calls and tell
+// the detector what the ordinary ones would (see raceWrote, raceRead).
+func rawSys(trap, fd uintptr, b []byte) (int, syscall.Errno) {
+	if raceEnabled && trap == syscall.SYS_WRITE {
+		raceRead(b)
+	}
+	r, _, e := syscall.RawSyscall(trap, fd, uintptr(unsafe.Pointer(unsafe.SliceData(b))), uintptr(len(b)))
+	if raceEnabled && trap == syscall.SYS_READ && e == 0 {
+		raceWrote(b[:r])
+	}
+	return int(r), e
+}
+
+// ioSync orders, for the race detector only, what one goroutine wrote to a
+// socket before what another read from one, as syscall.Write and Read
+// tell it: bytes that cross the kernel carry a happens-before edge.
+var ioSync sync.Mutex
+
+// raceRead tells the race detector that b is read now (the kernel copies
+// it out) and that what this goroutine did so far happens before any
+// socket read that follows.
+func raceRead(b []byte) {
+	var chunk [4096]byte // copy reads its source as one range: cheap under the detector
+	for len(b) > 0 {
+		b = b[copy(chunk[:], b):]
+	}
+	ioSync.Lock()
+	//lint:ignore SA2001 an empty critical section: the edge is the point
+	ioSync.Unlock()
+}
+
+// raceWrote tells the race detector that the kernel wrote b, in this
+// goroutine, after every socket write that came before.
+func raceWrote(b []byte) {
+	ioSync.Lock()
+	//lint:ignore SA2001 an empty critical section: the edge is the point
+	ioSync.Unlock()
+	copy(b, b)
+}
+
+func (q *quietConn) readOnce(fd uintptr) bool {
+	for {
+		n, e := rawSys(syscall.SYS_READ, fd, q.rb)
+		switch e {
+		case 0:
+			q.rn, q.rEOF = n, n == 0
+			return true
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+			return false // the poller waits, within the deadline
+		default:
+			q.rerr = e
+			return true
+		}
+	}
+}
+
+// Read reads what the socket has, waiting for something as net.Conn does.
+func (q *quietConn) Read(p []byte) (int, error) {
+	if len(p) == 0 {
+		return 0, nil
+	}
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	q.rb, q.rn, q.rEOF, q.rerr = p, 0, false, 0
+	err := q.raw.Read(q.rfn)
+	q.rb = nil
+	switch {
+	case err != nil: // closed, or the deadline passed
+		return 0, err
+	case q.rerr != 0:
+		return 0, q.opError("read", q.rerr)
+	case q.rEOF:
+		return 0, io.EOF
+	}
+	return q.rn, nil
+}
+
+func (q *quietConn) writeOnce(fd uintptr) bool {
+	for len(q.wb) > 0 {
+		n, e := rawSys(syscall.SYS_WRITE, fd, q.wb)
+		switch e {
+		case 0:
+			q.wn += int64(n)
+			q.wb = q.wb[n:]
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			q.werr = e
+			return true
+		}
+	}
+	return true
+}
+
+// Write writes all of p, waiting for room as net.Conn does.
+func (q *quietConn) Write(p []byte) (int, error) {
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	q.wb, q.wn, q.werr = p, 0, 0
+	err := q.raw.Write(q.wfn)
+	q.wb = nil
+	if err == nil && q.werr != 0 {
+		err = q.opError("write", q.werr)
+	}
+	return int(q.wn), err
+}
+
+// maxIov bounds the buffers one writev takes (Linux's IOV_MAX).
+const maxIov = 1024
+
+func (q *quietConn) writevOnce(fd uintptr) bool {
+	v := q.wv
+	for len(*v) > 0 {
+		q.iov = q.iov[:0]
+		for _, b := range *v {
+			if len(b) == 0 {
+				continue
+			}
+			if len(q.iov) == maxIov {
+				break
+			}
+			var iv syscall.Iovec
+			iv.Base = unsafe.SliceData(b)
+			iv.SetLen(len(b))
+			q.iov = append(q.iov, iv)
+		}
+		if len(q.iov) == 0 {
+			*v = (*v)[:0]
+			break
+		}
+		r, _, e := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&q.iov[0])), uintptr(len(q.iov)))
+		switch e {
+		case 0:
+			q.wn += int64(r)
+			consume(v, int64(r))
+		case syscall.EINTR:
+		case syscall.EAGAIN:
+			return false
+		default:
+			q.werr = e
+			return true
+		}
+	}
+	return true
+}
+
+// writeBuffers writes all of *v with writev, consuming it as
+// net.Buffers.WriteTo does, waiting for room as net.Conn does.
+func (q *quietConn) writeBuffers(v *net.Buffers) (int64, error) {
+	if raceEnabled {
+		for _, b := range *v {
+			raceRead(b)
+		}
+	}
+	q.wmu.Lock()
+	defer q.wmu.Unlock()
+	q.wv, q.wn, q.werr = v, 0, 0
+	err := q.raw.Write(q.wvfn)
+	q.wv = nil
+	clear(q.iov) // keep no pointer into the caller's buffers
+	if err == nil && q.werr != 0 {
+		err = q.opError("writev", q.werr)
+	}
+	return q.wn, err
+}
+
+// consume drops n written bytes from the front of *v.
+func consume(v *net.Buffers, n int64) {
+	for len(*v) > 0 {
+		ln0 := int64(len((*v)[0]))
+		if ln0 > n {
+			(*v)[0] = (*v)[0][n:]
+			return
+		}
+		n -= ln0
+		(*v)[0] = nil
+		*v = (*v)[1:]
+	}
+}
+
+func (q *quietConn) opError(op string, e syscall.Errno) error {
+	return &net.OpError{Op: op, Net: "tcp", Source: q.LocalAddr(), Addr: q.RemoteAddr(), Err: os.NewSyscallError(op, e)}
+}
+
+// rawWrite writes what the non-blocking descriptor fd takes of b, for
+// nbWriter's callback (see quietConn).
+func rawWrite(fd uintptr, b []byte) (int, error) {
+	n, e := rawSys(syscall.SYS_WRITE, fd, b)
+	if e != 0 {
+		return 0, e
+	}
+	return n, nil
+}
