@@ -20,8 +20,9 @@ type RegionConfig struct {
 	BlockSize int // bytes per block
 	// Name, if set, backs the region with the file /dev/shm/<Name> so that
 	// another process (an engine's worker) can map the same blocks. The
-	// file is created if absent and must have the region's size if present.
-	// Empty: anonymous memory.
+	// file is created if absent and must have the region's size if present;
+	// where there is no /dev/shm (outside Linux) NewRegion fails. Empty:
+	// anonymous memory.
 	Name string
 	// NoLock skips mlock. By default the region is locked in RAM; a refusal
 	// (RLIMIT_MEMLOCK) is reported by LockErr, not fatal.

@@ -818,8 +818,8 @@ func keep[T any](spare []T, n int) []T {
 
 // Cancel ends the transfer of mmHash at now. One waiting for its ack is
 // Tombstoned at once (reason Canceled): its blocks are free. A READ in
-// progress is stopped if the data plane can stop it for certain
-// (plane.Stoppable), and Tombstoned likewise; otherwise it is Quarantined,
+// progress is stopped if the data plane can stop it for certain (the TCP
+// data plane can; NIXL cannot), and Tombstoned likewise; otherwise it is Quarantined,
 // and Settled once the data plane says it ended. A transfer already in
 // quarantine is left to settle. The outcome is in the next TakeResults.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {

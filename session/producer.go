@@ -91,7 +91,7 @@ type ProducerStats struct {
 	BadNotifs     uint64 // notifications that are not UTF-8
 	Expired       uint64 // grants ended by the lease
 	ReplyErrors   uint64 // replies the control plane refused
-	Pushes        uint64 // grants whose blocks the data plane pushed (xfer.Pusher)
+	Pushes        uint64 // grants whose blocks the data plane pushed with the ack (the TCP data plane)
 	DrainErrors   uint64 // failed notification drains
 	OverBound     uint64 // requests refused by the grant bounds
 	BadSessionIDs uint64 // requests whose session id is not a canonical UUID
@@ -101,7 +101,7 @@ type ProducerStats struct {
 	BadTokens     uint64 // notifications naming a live grant without its token
 	// BrokenReads are grants ended before their lease because the data
 	// plane served their READ on a connection that closed before the
-	// consumer confirmed it (plane.Attachment.Broken).
+	// consumer confirmed it (the TCP data plane reports these).
 	BrokenReads uint64
 	Contacts    uint64 // contact requests answered (wire.XferReq.Contact)
 }

@@ -35,9 +35,10 @@ func (n *nixlLike) PostRead(local []int, agent string, remote []int, notif []byt
 }
 
 // A post refused with xfer.ErrUnknownPeer drops the registration "so the
-// next ack registers the producer again" (package doc, item 1). But a Go
-// producer leaves the descriptor out of every ack to a consumer session
-// that has completed a READ (cs.confirmed), whatever its request says
+// next ack registers the producer again" (the package doc's first
+// difference from the reference). But a Go producer leaves the descriptor
+// out of every ack to a consumer session that has completed a READ
+// (cs.confirmed), whatever its request says
 // (no ecx_known now): over NIXL the next ack cannot register the
 // producer, and neither can any later one. Every later fetch of the
 // session is tombstoned (register-failed) until the session goes.

@@ -119,14 +119,14 @@
 // that cannot prove the region is its own: metadata from another host
 // naming a local producer's file gets a random challenge, and TCP. The
 // check relies on loads not passing older loads, so it is used on amd64
-// only. A lone small READ is copied on the caller's goroutine; large ones,
-// and bursts, on the peer's copy goroutine; a READ of 2 MiB or more on
-// TCPConfig.CopyWorkers goroutines started for it, which leave when it is
-// done: nothing spins or lingers. In one process a consumer reads the
-// producer's region through the producer's own mapping
-// (cache.BorrowShared), whose pages are mapped already; that registry of
-// the process's Shared regions is the one thing data planes in a process
-// share.
+// only; elsewhere READs go over the socket. A lone small READ is copied
+// on the caller's goroutine; large ones, and bursts, on the peer's copy
+// goroutine; a READ of 2 MiB or more on TCPConfig.CopyWorkers goroutines
+// started for it, which leave when it is done: nothing spins or lingers.
+// In one process a consumer reads the producer's region through the
+// producer's own mapping, whose pages are mapped already, found in a
+// registry of the process's Shared regions; that registry is the one
+// thing data planes in a process share.
 //
 // What it trusts: a process of the producer's user on its host can open
 // the file and read any block, granted or not (as any agent with a

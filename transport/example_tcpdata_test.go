@@ -2,6 +2,7 @@ package transport_test
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
@@ -29,10 +30,11 @@ func ExampleTCPData() {
 	copy(pr.Block(2), "block two")
 	copy(pr.Block(5), "block five")
 
-	// Serve only READs of blocks 2 and 5 with this notification; a
-	// producer session's Authorize checks its live grants instead.
+	// Serve only READs of blocks 2 and 5 with this notification. A
+	// producer session attached to the plane checks its live grants
+	// instead (and Authorize, if set, must agree too).
 	gate := func(agent string, notif []byte, blocks []int) (func(), bool) {
-		return func() {}, string(notif) == "session:img-1"
+		return func() {}, string(notif) == "session:img-1" && slices.Equal(blocks, []int{2, 5})
 	}
 	prod, err := transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Authorize: gate}, pr)
 	if err != nil {

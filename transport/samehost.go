@@ -61,8 +61,8 @@ const (
 
 // checkAfterCopy says a copy's loads are done before a later load of the
 // grant table is: so on amd64, where loads are not reordered with older
-// loads. Elsewhere a consumer asks per READ (the Go memory model offers
-// no read fence to put between them).
+// loads. Elsewhere a consumer sends every READ over the socket (the Go
+// memory model offers no read fence to put between them).
 const checkAfterCopy = runtime.GOARCH == "amd64"
 
 // sharedPeer is a producer's region, mapped by a consumer.

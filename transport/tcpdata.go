@@ -54,7 +54,8 @@ type TCPConfig struct {
 	// DialTimeout bounds connecting to a producer. Default 8 s.
 	DialTimeout time.Duration
 	// MaxQueued bounds READs posted to one peer and not yet ended;
-	// PostRead beyond it fails with errBusy. Default 4096.
+	// PostRead beyond it fails ("too many READs queued to this peer").
+	// Default 4096.
 	MaxQueued int
 	// Conns is the number of connections to each producer; READs spread
 	// over them. Default 2.
@@ -63,8 +64,8 @@ type TCPConfig struct {
 	// offer its Shared region, a consumer does not map one.
 	NoSharedMemory bool
 	// CopyWorkers is how many goroutines copy one same-host READ of
-	// parallelCopyMin (2 MiB) or more: one core copies well under what
-	// the memory bus carries. Helpers are started for the copy and leave
+	// 2 MiB or more: one core copies well under what the memory bus
+	// carries. The extra goroutines are started for the copy and leave
 	// when it is done; none waits spinning. Default GOMAXPROCS at the
 	// time of the copy, at most 4; 1 copies every READ on one goroutine.
 	CopyWorkers int
@@ -355,9 +356,9 @@ func (d *TCPData) RemoveRemotePeer(agent string) error {
 }
 
 // PostRead implements xfer.DataTransport. It fails with
-// xfer.ErrLengthMismatch, errBlockRange (a local or remote id outside its
-// region), xfer.ErrUnknownPeer, errBusy (MaxQueued READs to that peer not
-// ended), xfer.ErrClosed, or for a notification over 1 KiB.
+// xfer.ErrLengthMismatch, xfer.ErrUnknownPeer, xfer.ErrClosed, or an
+// error of its own for a local or remote id outside its region, for
+// MaxQueued READs to that peer not ended, or for a notification over 1 KiB.
 func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
 		return 0, xfer.ErrLengthMismatch

@@ -114,7 +114,8 @@ func TestHandleAckPostsRead(t *testing.T) { // posts the READ: notification "S:H
 	}
 }
 
-// Improvement 1: the ack is checked before any READ is posted.
+// The ack is checked before any READ is posted (the first of the session
+// package doc's differences from the reference).
 func TestHandleAckRefusesBadAcks(t *testing.T) {
 	tests := []struct {
 		name string

@@ -146,7 +146,7 @@ func Run(ctx context.Context, cfg Config, out io.Writer) (Report, error) {
 	case wire.NackNotReady:
 		fmt.Fprintf(out, "NACK_NOT_READY in %v: %s is announced but its save has not landed (or this consumer pins too much)\n", rt, mm)
 	case wire.NackInternal:
-		fmt.Fprintf(out, "NACK_INTERNAL in %v: the producer is draining, or refused the request by a bound; its log says which\n", rt)
+		fmt.Fprintf(out, "NACK_INTERNAL in %v: the producer is shutting down, or refused the request by a bound; its log says which\n", rt)
 	default:
 		fmt.Fprintf(out, "%s in %v: the producer refused the request\n", ack.Status, rt)
 	}

@@ -127,8 +127,8 @@ func TestProbeUnreachableAndSilent(t *testing.T) {
 	}
 }
 
-// An entry announced but not saved yet reads as NACK_NOT_READY; a
-// draining producer's answer as NACK_INTERNAL.
+// An entry announced but not saved yet reads as NACK_NOT_READY; the
+// answer of a producer shutting down as NACK_INTERNAL.
 func TestProbeNotReady(t *testing.T) {
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: 4, BlockSize: 1024})
 	if err != nil {
@@ -164,8 +164,8 @@ func TestProbeNotReady(t *testing.T) {
 	// A producer draining answers NACK_INTERNAL.
 	hooks.StopGranting(prod)
 	rep, out = probe(t, Config{Producer: srv.Endpoint(), CompatHash: "c", Timeout: 5 * time.Second})
-	if rep.Status != wire.NackInternal || !strings.Contains(out, "draining") {
-		t.Fatalf("draining producer: report %+v\n%s", rep, out)
+	if rep.Status != wire.NackInternal || !strings.Contains(out, "shutting down") {
+		t.Fatalf("producer shutting down: report %+v\n%s", rep, out)
 	}
 }
 

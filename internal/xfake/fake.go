@@ -1,5 +1,5 @@
 // Package xfake provides a scriptable, in-memory xfer.DataTransport for
-// this module's tests (xfertest.Fake is its public, unscripted face).
+// this module's tests (xfertest.FakePair is its public, unscripted face).
 // Fakes on one Fabric reach each other: a READ copies the producer's bytes
 // into the consumer's blocks and delivers its notification to the
 // producer, exactly once, when it completes.

@@ -442,7 +442,7 @@ type connecter interface {
 
 // ErrContactRefused wraps the NACK a producer answered Connect's contact
 // request with: NACK_INCOMPAT, NACK_VERSION (it speaks another version),
-// NACK_INTERNAL (it drains, say).
+// NACK_INTERNAL (it is shutting down, say).
 var ErrContactRefused = errors.New("connector: the producer refused contact")
 
 // Connect makes contact with the producer at addr ahead of the first
@@ -457,7 +457,7 @@ var ErrContactRefused = errors.New("connector: the producer refused contact")
 // and its connection). A producer that does not answer such a request
 // (vLLM's, or an older Go one, answer NACK_MISSING) leaves the data-plane
 // contact to the first fetch, and Connect returns nil once the control
-// connection is up. An answer that goes unanswered, or a connection that
+// connection is up. A request that goes unanswered, or one whose connection
 // dies, is asked again until ctx ends. It fails with ErrContactRefused
 // (wrapping the status: errors.Is(err, wire.NackIncompat)) for any other
 // NACK; with an error matching xfer.RegisterFailed, and wrapping the data
