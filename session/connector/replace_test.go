@@ -72,8 +72,11 @@ func replaced(t *testing.T, shm bool) {
 			fetchInto(t, pool, srv.Endpoint(), benchHash(100*gen+i), 100*gen+i, cregion)
 		}
 		until(t, "this producer's grants end through their notifications", func() bool { return prod.Grants() == 0 })
-		if st := prod.Stats(); st.Completions != items || st.Expired != 0 {
-			t.Fatalf("generation %d: %+v", gen, st)
+		// Every grant ended through its notification. (A fetch may take
+		// two grants: under the race detector a pushed READ now and then
+		// fails and is asked for anew, its first grant completed too.)
+		if st := prod.Stats(); st.Completions < items || st.Completions != st.Grants || st.Expired != 0 {
+			t.Fatalf("generation %d: %+v\npool: %+v", gen, st, pool.Stats())
 		}
 		prev, prevServe = prod, serve
 		defer cancel()
