@@ -6,7 +6,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/ecxfer/ecxfer/internal/plane"
 	"io"
 	"log/slog"
 	"math"
@@ -18,6 +17,8 @@ import (
 
 	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hooks"
+	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/shrink"
 	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
@@ -762,49 +763,24 @@ func (c *ConsumerSession) trim() {
 		return
 	}
 	lately := max(c.hashesSeen, len(c.byHash))
-	c.byHash = refit(c.byHash, &c.hashesMade, lately)
-	c.perHash = refit(c.perHash, &c.pendingMade, max(c.pendingSeen, len(c.perHash)))
+	c.byHash = shrink.Map(c.byHash, &c.hashesMade, lately)
+	c.perHash = shrink.Map(c.perHash, &c.pendingMade, max(c.pendingSeen, len(c.perHash)))
 	if c.ownSent != nil {
-		c.ownSent = refit(c.ownSent, &c.ownMade, len(c.ownSent))
+		c.ownSent = shrink.Map(c.ownSent, &c.ownMade, len(c.ownSent))
 	}
 	c.compactSent()
-	c.sent = fit(c.sent, max(c.sentSeen, c.unanswered()))
-	c.active = fit(c.active, lately)
-	c.quarantined = fit(c.quarantined, lately)
-	c.spare = fit(keep(c.spare, lately), lately)
+	c.sent = shrink.Slice(c.sent, max(c.sentSeen, c.unanswered()))
+	c.active = shrink.Slice(c.active, lately)
+	c.quarantined = shrink.Slice(c.quarantined, lately)
+	c.spare = shrink.Slice(keep(c.spare, lately), lately)
 	fitResults(&c.results, max(c.resultsSeen, c.results.Len()))
 	c.hashesSeen, c.pendingSeen, c.sentSeen, c.resultsSeen = len(c.byHash), len(c.perHash), c.unanswered(), c.results.Len()
 }
 
-// refit returns m, or a copy of it sized to its entries when it was made
-// for far more than it held lately (made: the most it held since made).
-func refit[K comparable, V any](m map[K]V, made *int, lately int) map[K]V {
-	if *made < 256 || 4*lately > *made {
-		return m
-	}
-	n := make(map[K]V, len(m))
-	for k, v := range m {
-		n[k] = v
-	}
-	*made = len(n)
-	return n
-}
-
-// fit returns s, or a copy of it with room for lately elements when its
-// capacity is far beyond.
-func fit[T any](s []T, lately int) []T {
-	if cap(s) <= 4*lately+64 {
-		return s
-	}
-	n := make([]T, len(s), max(len(s), lately))
-	copy(n, s)
-	return n
-}
-
 // fitResults gives back the capacity of r's slices far beyond n outcomes.
 func fitResults(r *Results, n int) {
-	r.Completed, r.Tombstoned, r.Quarantined = fit(r.Completed, n), fit(r.Tombstoned, n), fit(r.Quarantined, n)
-	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
+	r.Completed, r.Tombstoned, r.Quarantined = shrink.Slice(r.Completed, n), shrink.Slice(r.Tombstoned, n), shrink.Slice(r.Quarantined, n)
+	r.Retryable, r.Settled = shrink.Slice(r.Retryable, n), shrink.Slice(r.Settled, n)
 }
 
 // keep drops the elements of a spare list beyond n (and 16 more).

@@ -19,6 +19,7 @@ import (
 	"github.com/ecxfer/ecxfer/internal/logx"
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/ptimer"
+	"github.com/ecxfer/ecxfer/internal/shrink"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -726,43 +727,18 @@ func (p *Pool) reapIdle(now time.Time) {
 // burst's memory is back within half an IdleSession of its end.
 func (p *Pool) trim() {
 	n := max(p.lately, len(p.fetches))
-	p.fetches = refit(p.fetches, &p.fetchesMade, n)
-	p.inbound = fit(p.inbound, n)
-	p.retrying, p.spareRetry = fit(p.retrying, n), fit(p.spareRetry, n)
-	p.res.Completed, p.res.Failed, p.res.Released = fit(p.res.Completed, n), fit(p.res.Failed, n), fit(p.res.Released, n)
+	p.fetches = shrink.Map(p.fetches, &p.fetchesMade, n)
+	p.inbound = shrink.Slice(p.inbound, n)
+	p.retrying, p.spareRetry = shrink.Slice(p.retrying, n), shrink.Slice(p.spareRetry, n)
+	p.res.Completed, p.res.Failed, p.res.Released = shrink.Slice(p.res.Completed, n), shrink.Slice(p.res.Failed, n), shrink.Slice(p.res.Released, n)
 	r := &p.sres
-	r.Completed, r.Tombstoned, r.Quarantined = fit(r.Completed, n), fit(r.Tombstoned, n), fit(r.Quarantined, n)
-	r.Retryable, r.Settled = fit(r.Retryable, n), fit(r.Settled, n)
+	r.Completed, r.Tombstoned, r.Quarantined = shrink.Slice(r.Completed, n), shrink.Slice(r.Tombstoned, n), shrink.Slice(r.Quarantined, n)
+	r.Retryable, r.Settled = shrink.Slice(r.Retryable, n), shrink.Slice(r.Settled, n)
 	for _, pe := range p.allPeers() {
-		pe.msgs = fit(pe.msgs, n)
+		pe.msgs = shrink.Slice(pe.msgs, n)
 		hooks.ConsumerOf(pe.s).Trim()
 	}
 	p.lately = len(p.fetches)
-}
-
-// refit returns m, or a copy of it sized to its entries when it was made
-// for far more than it held lately (made: the most it held since made).
-func refit[K comparable, V any](m map[K]V, made *int, lately int) map[K]V {
-	if *made < 256 || 4*lately > *made {
-		return m
-	}
-	n := make(map[K]V, len(m))
-	for k, v := range m {
-		n[k] = v
-	}
-	*made = len(n)
-	return n
-}
-
-// fit returns s, or a copy of it with room for lately elements when its
-// capacity is far beyond.
-func fit[T any](s []T, lately int) []T {
-	if cap(s) <= 4*lately+64 {
-		return s
-	}
-	n := make([]T, len(s), max(len(s), lately))
-	copy(n, s)
-	return n
 }
 
 // sessions returns how many producer sessions the pool holds: live ones,

@@ -3,7 +3,6 @@ package connector
 import (
 	"context"
 	"fmt"
-	"github.com/ecxfer/ecxfer/internal/plane"
 	"log/slog"
 	"math"
 	"sync"
@@ -13,6 +12,7 @@ import (
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/logx"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/session"
 	"github.com/ecxfer/ecxfer/xfer"
 )
