@@ -458,8 +458,9 @@ var ErrContactRefused = errors.New("connector: the producer refused contact")
 // and its connection). A producer that does not answer such a request
 // (vLLM's, or an older Go one, answer NACK_MISSING) leaves the data-plane
 // contact to the first fetch, and Connect returns nil once the control
-// connection is up. A request that goes unanswered, or one whose connection
-// dies, is asked again until ctx ends. It fails with ErrContactRefused
+// connection is up. A request that goes unanswered, one whose connection
+// dies, or one answered NACK_NOT_READY (a busy producer) is asked again
+// until ctx ends. It fails with ErrContactRefused
 // (wrapping the status: errors.Is(err, wire.NackIncompat)) for any other
 // NACK; with an error matching xfer.RegisterFailed, and wrapping the data
 // plane's, when the producer's contact cannot be registered (most likely a
