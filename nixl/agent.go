@@ -494,6 +494,39 @@ func (a *Agent) connectC(key string, notif []byte) error {
 // makes the call, after the loads queued before it; contact waits for it,
 // or for ctx.
 func (a *Agent) contact(ctx context.Context, key string, notif []byte) error {
+	if err := a.connect(ctx, key, notif); err != nil {
+		return err
+	}
+	// makeConnection starts UCX's set-up of the connection, which moves
+	// only while both agents are driven (the producer drives its own
+	// after a contact request): drive ours a while. Over UCX tcp the first
+	// fetch after a contact took 22-31 ms without this, 3-14 ms with it.
+	t := time.NewTimer(contactSpin)
+	defer t.Stop()
+	tick := time.NewTicker(20 * time.Microsecond)
+	defer tick.Stop()
+	for {
+		if a.async {
+			a.kick()
+		} else if err := a.driveC(); err != nil {
+			return err
+		}
+		select {
+		case <-t.C:
+			return nil
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-a.stop:
+			return xfer.ErrClosed
+		case <-tick.C:
+		}
+	}
+}
+
+// connect has NIXL connect to peer key and sends it notif (see
+// connectC): on this goroutine under Config.SyncPost, else on the
+// progress goroutine.
+func (a *Agent) connect(ctx context.Context, key string, notif []byte) error {
 	if !a.async {
 		a.cmu.Lock()
 		defer a.cmu.Unlock()
@@ -516,34 +549,27 @@ func (a *Agent) contact(ctx context.Context, key string, notif []byte) error {
 	a.kick()
 	select {
 	case err := <-done:
-		if err != nil {
-			return err
-		}
+		return err
 	case <-ctx.Done():
 		return ctx.Err()
 	case <-a.done:
 		return xfer.ErrClosed
 	}
-	// makeConnection starts UCX's set-up of the connection, which moves
-	// only while both agents are driven (the producer drives its own
-	// after a contact request): drive ours a while. Over UCX tcp the first
-	// fetch after a contact took 22-31 ms without this, 3-14 ms with it.
-	t := time.NewTimer(contactSpin)
-	defer t.Stop()
-	tick := time.NewTicker(20 * time.Microsecond)
-	defer tick.Stop()
-	for {
-		a.kick()
-		select {
-		case <-t.C:
-			return nil
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-a.done:
-			return xfer.ErrClosed
-		case <-tick.C:
-		}
+}
+
+// driveC drives the agent once under Config.SyncPost, as DrainNotifs does
+// (the notifications it takes wait for DrainNotifs).
+func (a *Agent) driveC() error {
+	a.cmu.Lock()
+	defer a.cmu.Unlock()
+	a.mu.Lock()
+	closed := a.closed
+	a.mu.Unlock()
+	if closed {
+		return xfer.ErrClosed
 	}
+	_, err := a.pollC()
+	return err
 }
 
 // contactSpin is how long contact drives the agent after NIXL's
@@ -588,13 +614,35 @@ func (c agentPlane) AddRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer
 
 // Contact implements plane.Contacter. A producer over NIXL makes no
 // contact grant (it does not attach): notif is nil, and the notification
-// sent names the contact alone ("<agent>:" + wirext.ContactHash), which a
-// producer drops.
+// sent names the contact alone (contactNotif), which a producer drops.
 func (c agentPlane) Contact(ctx context.Context, agent string, notif []byte) error {
 	if notif == nil {
-		notif = []byte(c.a.cfg.Name + ":" + wirext.ContactHash)
+		notif = contactNotif(c.a.cfg.Name)
 	}
 	return c.a.contact(ctx, agent, notif)
+}
+
+// contactNotifLen is the least length of the notification a contact sends
+// (see contactNotif).
+const contactNotifLen = 160
+
+// contactNotif is the notification a contact sends to a producer that
+// made no contact grant: "<name>.<padding>:" + wirext.ContactHash, which
+// producers drop (vLLM's as a grant it does not know). It is as long as a
+// READ's notification, and that is the point: UCX sends a short active
+// message straight into the peer's shared-memory queue, but a longer one
+// needs the endpoint's message lane connected and endpoint ids exchanged
+// with the producer, a round trip that waits on the producer's progress.
+// A short contact notification left that to the first READ's: 2-3 ms over
+// UCX shared memory here, against a steady fetch of 0.15 ms.
+func contactNotif(name string) []byte {
+	b := make([]byte, 0, contactNotifLen+len(name))
+	b = append(b, name...)
+	b = append(b, '.')
+	for len(b) < contactNotifLen-len(wirext.ContactHash)-1 {
+		b = append(b, '_')
+	}
+	return append(append(b, ':'), wirext.ContactHash...)
 }
 
 // RemoveRemotePeer implements xfer.DataTransport. Unless Config.SyncPost,
@@ -1090,12 +1138,20 @@ func (a *Agent) busyLocked(reading bool) bool {
 const defaultProgressDelay = 10 * time.Millisecond
 
 // The progress goroutine's pauses, after its spin: each twice the last,
-// from firstPause. While READs of this agent's own are outstanding they
-// stop growing at readPause, or a readLag-th of the time since the last
-// event (a post, an end, a notification, a kick) if that is longer: an end
-// is seen at most 1 ms, or 5 %, late. Each wake-up cost 45-135 µs of CPU
-// on this VM (a Go timer's or a timerfd's alike, longer sleeps dearer): a
-// READ that hangs would cost a tenth of a core at 1 ms.
+// from firstPause (grantPause). While READs are outstanding, this agent's
+// own or peers' of its live grants, they stop growing at readPause, or a
+// readLag-th of the time since the last event (a post, an end, a
+// notification, a kick) if that is longer: an end is seen at most 1 ms,
+// or 5 %, late. A peer's READ needs us driven as much as our own does:
+// over UCX tcp its bytes, and under UCX's default transports its
+// notification and the flush that ends it, move only while we drive;
+// with pauses growing to ProgressDelay instead, a fetch one at a time
+// from another process took 10 ms over NIXL's default transports here,
+// 0.8 ms with these. Each wake-up cost 45-135 µs of CPU on this VM (a Go
+// timer's or a timerfd's alike, longer sleeps dearer): a READ that hangs,
+// or a grant never read, would cost a tenth of a core at 1 ms; growing
+// with the time since the last event, they cost about 1 % of a core after
+// 200 ms.
 const (
 	firstPause = 25 * time.Microsecond
 	readPause  = time.Millisecond
@@ -1193,7 +1249,7 @@ func (a *Agent) progressLoop() {
 			runtime.Gosched()
 		default:
 			limit := a.cfg.ProgressDelay
-			if reading {
+			if reading || a.expect.Load() > 0 {
 				limit = min(limit, max(readPause, now.Sub(event)/readLag))
 			}
 			first := grantPause

@@ -4,11 +4,13 @@ package nixl
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"os"
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -104,3 +106,46 @@ func TestRemoteShapes(t *testing.T) {
 // fakeConnected is the C fake's record of a connection; real NIXL keeps
 // none to ask, and the READ after it shows the connection.
 func (a *Agent) fakeConnected(string) bool { return true }
+
+// Over UCX shared memory a READ completes within its post, its
+// notification sent too, once the endpoint's message lane is connected.
+// Contact connects it (its notification is as long as a READ's), so the
+// first READ after a contact ends within its post, as later ones do,
+// instead of waiting for a round trip through the producer's progress.
+func TestFirstReadAfterContactEndsInItsPost(t *testing.T) {
+	v := variants[1]
+	if v.tls != "sm" {
+		t.Fatalf("variant %s is not UCX shared memory", v.name)
+	}
+	v.env(t)
+	cdata, _ := newAgent(t, v, 8, 4096, withPost("sync", Config{}))
+	pdata, pr := newAgent(t, v, 8, 4096, Config{})
+	pdata.expectReads(1) // a grant is live: the producer is driven
+	peer, err := cdata.AddRemotePeer(pdata.AgentMetadata(), pdata.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if err := plane.ContacterOf(cdata).Contact(ctx, peer.Agent, nil); err != nil {
+		t.Fatal(err)
+	}
+	xfertestFill(pr.Block(3), 9)
+	// As long as a grant's "<sid>:<mm_hash>#<id>.<token>".
+	notif := bytes.Repeat([]byte("n"), 130)
+	h, err := cdata.PostRead([]int{1}, peer.Agent, []int{3}, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cdata.mu.Lock()
+	r := cdata.handles[h]
+	inPost := r != nil && r.ended
+	cdata.mu.Unlock()
+	if !inPost {
+		t.Error("the first READ after a contact ran on past its post: its notification waited for the producer")
+	}
+	if p := waitEnded(t, cdata, h); p != xfer.Complete {
+		t.Fatalf("READ: %s", p)
+	}
+	cdata.Release(h)
+}
