@@ -83,7 +83,9 @@ func runManyChild(bs int) error {
 // first and the last ended. Run with -benchtime Nx.
 func BenchmarkFirstFetch(b *testing.B) {
 	const bs = 8 << 10
-	for _, v := range variants {
+	// UCX_TLS unset too: what a deployment gets by default (cma between
+	// processes here).
+	for _, v := range append(variants, variant{name: "default"}) {
 		for _, connect := range []bool{false, true} {
 			mode := map[bool]string{false: "cold", true: "connect"}[connect]
 			b.Run(fmt.Sprintf("%s/%s/first", v.name, mode), func(b *testing.B) {

@@ -72,13 +72,13 @@ type Config struct {
 	// rounds. After a round that found work the rounds go on for Spin,
 	// then pause, on a precise timer, each pause twice the last from 25 µs
 	// (200 µs while only a producer's grants are live) up to
-	// ProgressDelay; while READs of this agent's own are outstanding, up to
-	// 1 ms until a twentieth of the time since the last post, end or
-	// notification is longer (an end is seen at most 1 ms, or 5 %, late).
-	// Default 10 ms: an agent whose READ hangs, or a producer with grants
-	// live and nothing happening, wakes about 100 times a second, and a
-	// producer's peers' notifications (and, over UCX tcp, the start of
-	// their READs) wait up to one pause. For ProgressThread it is NIXL's
+	// ProgressDelay; while READs are outstanding (this agent's own, or
+	// peers' of its live grants), up to 1 ms until a twentieth of the time
+	// since the last post, end or notification is longer (an end, or a
+	// peer's READ that needs us driven, is seen at most 1 ms, or 5 %,
+	// late). Default 10 ms: an agent whose READ hangs, or a producer with
+	// grants live and nothing happening, wakes about 100 times a second
+	// once 200 ms have passed without an event. For ProgressThread it is NIXL's
 	// pthrDelay: the thread wakes on events and at least this often;
 	// default 1 ms. Ignored by ProgressCaller.
 	ProgressDelay time.Duration
