@@ -75,6 +75,7 @@ type Agent struct {
 	beforePost func() // tests: runs before the progress goroutine posts a READ
 
 	expect  atomic.Int64  // reads a producer expects (ExpectReads)
+	grantAt atomic.Int64  // when the newest grant was made (UnixNano; granted)
 	parked  atomic.Bool   // tests: the progress goroutine waits (idle, or its pause), holding no lock
 	wakeups atomic.Uint64 // tests: the progress goroutine's returns from a pause or idle wait
 	wake    chan struct{} // wakes the progress goroutine from a pause or idle wait
@@ -236,12 +237,21 @@ func (a *Agent) MemDescriptor() []byte { return a.desc }
 
 // expectReads implements plane.Driven: a producer says how many grants are
 // live, and while any is, the progress goroutine drives the agent (see
-// Config.ProgressDelay). A new grant wakes it from its pause, and the
-// pauses start again from their shortest.
+// Config.ProgressDelay). More grants than before count as a new one (see
+// granted).
 func (a *Agent) expectReads(n int) {
 	if old := a.expect.Swap(int64(n)); int64(n) > old {
-		a.kick()
+		a.granted()
 	}
+}
+
+// granted says a grant was made: a peer's READ may come soon. It wakes the
+// progress goroutine from its pause, its pauses start again from their
+// shortest, and their cap is timed from now (see readPause): a grant, not
+// a peer's notification, is what keeps a producer driven closely.
+func (a *Agent) granted() {
+	a.grantAt.Store(time.Now().UnixNano())
+	a.kick()
 }
 
 // readyChan implements plane.Signaling: the channel receives when the progress
@@ -601,7 +611,12 @@ func init() {
 func (c agentPlane) Name() string { return c.a.cfg.Name }
 
 // ExpectReads implements plane.Driven (see Agent.expectReads).
-func (c agentPlane) ExpectReads(n int) { c.a.expectReads(n) }
+func (c agentPlane) ExpectReads(n int, fresh bool) {
+	c.a.expectReads(n)
+	if fresh && n > 0 {
+		c.a.granted()
+	}
+}
 
 // Ready implements plane.Signaling (see Agent.readyChan).
 func (c agentPlane) Ready() <-chan struct{} { return c.a.readyChan() }
@@ -1142,21 +1157,28 @@ const defaultProgressDelay = 10 * time.Millisecond
 // own or peers' of its live grants, they stop growing at readPause, or a
 // readLag-th of the time since the last event (a post, an end, a
 // notification, a kick) if that is longer: an end is seen at most 1 ms,
-// or 5 %, late. A peer's READ needs us driven as much as our own does:
-// over UCX tcp its bytes, and under UCX's default transports its
-// notification and the flush that ends it, move only while we drive;
-// with pauses growing to ProgressDelay instead, a fetch one at a time
-// from another process took 10 ms over NIXL's default transports here,
-// 0.8 ms with these. Each wake-up cost 45-135 µs of CPU on this VM (a Go
-// timer's or a timerfd's alike, longer sleeps dearer): a READ that hangs,
-// or a grant never read, would cost a tenth of a core at 1 ms; growing
-// with the time since the last event, they cost about 1 % of a core after
-// 200 ms.
+// or 5 %, late. For peers' READs the time is counted from the newest
+// grant (a kick), and from later events only while that grant is younger
+// than youngGrant: otherwise a peer holding a grant it never reads could
+// keep us waking every millisecond by sending a notification every
+// 20 ms. A peer's READ needs us driven as much as our own does: over UCX
+// tcp its bytes, and under UCX's default transports its notification and
+// the flush that ends it, move only while we drive; with pauses growing
+// to ProgressDelay instead, a fetch one at a time from another process
+// took 10 ms over NIXL's default transports here, 0.5 ms with these. Each
+// wake-up cost 45-135 µs of CPU on this VM (a Go timer's or a timerfd's
+// alike, longer sleeps dearer): a READ that hangs, or a grant never read,
+// would cost a tenth of a core at 1 ms; growing with the time, they cost
+// about 1 % of a core after 200 ms.
 const (
 	firstPause = 25 * time.Microsecond
 	readPause  = time.Millisecond
 	readLag    = 20
 )
+
+// youngGrant is how long after a grant the progress goroutine's pauses
+// are timed from the last event as well (see readPause).
+const youngGrant = 100 * time.Millisecond
 
 // grantPause is the first pause, and a new grant's wake-up spins none,
 // while only a producer's grants are live: a peer's READ, or its
@@ -1249,8 +1271,19 @@ func (a *Agent) progressLoop() {
 			runtime.Gosched()
 		default:
 			limit := a.cfg.ProgressDelay
-			if reading || a.expect.Load() > 0 {
+			switch {
+			case reading:
 				limit = min(limit, max(readPause, now.Sub(event)/readLag))
+			case a.expect.Load() > 0:
+				// Timed from the newest grant, or from the last event
+				// while that grant is young (its READ's set-up and
+				// notification are events): a peer's notifications
+				// keep a grant nobody reads driven no longer.
+				since := now.Sub(time.Unix(0, a.grantAt.Load()))
+				if since < youngGrant {
+					since = min(since, now.Sub(event))
+				}
+				limit = min(limit, max(readPause, since/readLag))
 			}
 			first := grantPause
 			if reading {

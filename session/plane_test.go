@@ -298,3 +298,49 @@ func TestContactGrant(t *testing.T) {
 		t.Fatalf("events %q", ev)
 	}
 }
+
+// drivenFake is a data plane that must be driven (plane.Driven): it
+// records what each Poll reports.
+type drivenFake struct {
+	*xfake.Fake
+	calls []string
+}
+
+func (f *drivenFake) ExpectReads(grants int, fresh bool) {
+	f.calls = append(f.calls, fmt.Sprintf("%d %v", grants, fresh))
+}
+
+func (f *drivenFake) take() []string { c := f.calls; f.calls = nil; return c }
+
+// A driven data plane hears of every grant as it is made, also one that
+// replaces a grant ending in the same Poll, when the count of live grants
+// does not rise: a READ may come soon, and the data plane drives itself
+// closely for it. A Poll that grants nothing says so.
+func TestDrivenPlaneHearsOfEveryGrant(t *testing.T) {
+	po := &producerOnly{cache: cache.NewEmbeddingCache(16), out: &queue{}}
+	for _, k := range []string{"R", "S"} {
+		po.cache.Alloc(k, 2)
+		po.cache.MarkReady(k)
+	}
+	f := &drivenFake{Fake: xfake.New("prod", 16, 8)}
+	po.data = f.Fake
+	po.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, f, po.cache, compat))
+	defer po.p.Close()
+	check := func(what string, want ...string) {
+		t.Helper()
+		if got := f.take(); !slices.Equal(got, want) {
+			t.Fatalf("%s: %q, want %q", what, got, want)
+		}
+	}
+	g := po.poll(t, t0, req("R", sid("a")))[0].Grant
+	check("a grant", "1 true")
+	po.poll(t, at(time.Millisecond))
+	check("nothing new", "1 false")
+	// R's notification and a request for S in one Poll: one grant ends,
+	// one is made.
+	f.InjectNotif("", fmt.Appendf(nil, "%s:R#%d", sid("a"), g))
+	po.poll(t, at(2*time.Millisecond), req("S", sid("a")))
+	check("a grant replacing one", "1 true")
+	po.poll(t, at(3*time.Millisecond), req("missing", sid("a")))
+	check("a NACK", "1 false")
+}

@@ -162,6 +162,7 @@ const maxPushLive = 2
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   plane.Driven     // data, when it must be told of the live grants
+	fresh    bool             // this Poll made a grant, or took a contact request (driven)
 	att      plane.Attachment // data, when it serves READs through our gate (set once)
 	gating   bool             // data serves only what we grant: Close may unpin at once
 	nextCons uint64           // consumer sessions' ids
@@ -285,7 +286,7 @@ func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) 
 		p.sweep(now)
 		p.reapHeld()
 		if p.driven != nil {
-			p.driven.ExpectReads(p.Grants())
+			p.driven.ExpectReads(p.Grants(), false)
 		}
 		return
 	}
@@ -309,8 +310,9 @@ func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) 
 		if now.Before(p.contactUntil) {
 			n++ // a consumer's data plane connects: drive ours for it
 		}
-		p.driven.ExpectReads(n)
+		p.driven.ExpectReads(n, p.fresh)
 	}
+	p.fresh = false
 }
 
 func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
@@ -415,6 +417,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	}
 	if req.Contact {
 		p.contactUntil = now.Add(contactDrive)
+		p.fresh = true
 		// Only the data-plane contact: what a first OK ack would carry,
 		// and, to a Go consumer of a plane that serves through our gate,
 		// a grant of no blocks (it pins nothing): its data plane's contact
@@ -495,6 +498,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
+	p.fresh = true
 	if req.Attempt != 0 {
 		// A Go consumer: it presents the token with the grant's READs
 		// and notification. vLLM's consumers take none.
@@ -575,6 +579,7 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs, g.ident = grantIDs.Add(1), key, cs.agent, cs, string(ident)
+	p.fresh = true
 	p.tokens.Read(g.token[:])
 	p.lock()
 	p.byKey[key] = append(same, g)
@@ -1017,7 +1022,7 @@ func (p *ProducerSession) Close() error {
 		p.endGrant(g)
 	}
 	if p.driven != nil {
-		p.driven.ExpectReads(0)
+		p.driven.ExpectReads(0, false)
 	}
 	return nil
 }

@@ -90,12 +90,13 @@ type Contacter interface {
 }
 
 // Driven is a data plane that moves a peer's READ of local memory only
-// while the local side is driven (NIXL over UCX TCP without NIXL's
-// progress thread). A producer reports its live grants after every step,
-// so the data plane can drive itself while a READ may come and rest
-// otherwise. ExpectReads must not block.
+// while the local side is driven (NIXL over UCX without NIXL's progress
+// thread). A producer reports its live grants after every step, and
+// whether the step made one (fresh: a READ may come soon, though the count
+// did not rise), so the data plane can drive itself while a READ may come
+// and rest otherwise. ExpectReads must not block.
 type Driven interface {
-	ExpectReads(grants int)
+	ExpectReads(grants int, fresh bool)
 }
 
 // ShapedPeers is a data plane that can register a producer from the shape
