@@ -538,15 +538,7 @@ func (a *Agent) contact(ctx context.Context, key string, notif []byte) error {
 // progress goroutine.
 func (a *Agent) connect(ctx context.Context, key string, notif []byte) error {
 	if !a.async {
-		a.cmu.Lock()
-		defer a.cmu.Unlock()
-		a.mu.Lock()
-		closed := a.closed
-		a.mu.Unlock()
-		if closed {
-			return xfer.ErrClosed
-		}
-		return a.connectC(key, notif)
+		return a.underC(func() error { return a.connectC(key, notif) })
 	}
 	done := make(chan error, 1)
 	a.mu.Lock()
@@ -570,6 +562,15 @@ func (a *Agent) connect(ctx context.Context, key string, notif []byte) error {
 // driveC drives the agent once under Config.SyncPost, as DrainNotifs does
 // (the notifications it takes wait for DrainNotifs).
 func (a *Agent) driveC() error {
+	return a.underC(func() error {
+		_, err := a.pollC()
+		return err
+	})
+}
+
+// underC runs f holding cmu, unless the agent is closed: Close waits for
+// cmu before it destroys the agent.
+func (a *Agent) underC(f func() error) error {
 	a.cmu.Lock()
 	defer a.cmu.Unlock()
 	a.mu.Lock()
@@ -578,8 +579,7 @@ func (a *Agent) driveC() error {
 	if closed {
 		return xfer.ErrClosed
 	}
-	_, err := a.pollC()
-	return err
+	return f()
 }
 
 // contactSpin is how long contact drives the agent after NIXL's
