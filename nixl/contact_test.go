@@ -3,12 +3,15 @@
 package nixl
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -57,4 +60,23 @@ func TestContactBeforeTheFirstRead(t *testing.T) {
 			})
 		}
 	})
+}
+
+// A contact's notification names no grant: it ends in ":" +
+// wirext.ContactHash, which producers drop, whatever the agent's name,
+// and is as long as a READ's (see contactNotif) unless the name alone is
+// longer.
+func TestContactNotifNamesNoGrant(t *testing.T) {
+	for _, name := range []string{"c", "consumer-7#12.abc", strings.Repeat("n", 300)} {
+		n := contactNotif(name)
+		if !bytes.HasPrefix(n, []byte(name)) || !bytes.HasSuffix(n, []byte(":"+wirext.ContactHash)) {
+			t.Fatalf("%q: %q", name, n)
+		}
+		if len(n) < contactNotifLen {
+			t.Fatalf("%q: %d bytes, want at least %d", name, len(n), contactNotifLen)
+		}
+		if _, _, _, ok := wirext.SplitNotifGrant(n); ok {
+			t.Fatalf("%q: %q reads as a grant's notification", name, n)
+		}
+	}
 }
