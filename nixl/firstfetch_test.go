@@ -73,13 +73,22 @@ func runManyChild(bs int) error {
 	return nil
 }
 
+// idleFetches fetches, each after idleGap without any, make
+// BenchmarkFirstFetch's after-idle anchor.
+const (
+	idleFetches = 3
+	idleGap     = 50 * time.Millisecond
+)
+
 // BenchmarkFirstFetch measures, over NIXL between two processes, fetches
 // from a producer the consumer has never seen: each iteration starts a
 // producer process (manyItems entries of 16 × 8 KiB) and a new consumer
 // (its region's pages in, as a running engine's are), with Pool.Connect
 // first or without. "first": one fetch, then 100 one at a time; it
 // reports the first's latency and the steady p50 (medians over the
-// iterations) and their ratio. "wave64": every entry at once; when the
+// iterations) and their ratio, and, as the first's anchor, after-idle: the
+// median of fetches on the same warm connection after idleGap without any
+// (idleFetches an iteration). "wave64": every entry at once; when the
 // first and the last ended. Run with -benchtime Nx.
 func BenchmarkFirstFetch(b *testing.B) {
 	const bs = 8 << 10
@@ -92,7 +101,7 @@ func BenchmarkFirstFetch(b *testing.B) {
 				if v.tls != "" {
 					b.Setenv("UCX_TLS", v.tls)
 				}
-				var first, steady, conn []time.Duration
+				var first, steady, idle, conn []time.Duration
 				for b.Loop() {
 					c := newManyConsumer(b, v, bs)
 					conn = append(conn, c.connect(b, connect))
@@ -103,10 +112,15 @@ func BenchmarkFirstFetch(b *testing.B) {
 					}
 					slices.Sort(lat)
 					steady = append(steady, lat[len(lat)/2])
+					for i := range idleFetches {
+						time.Sleep(idleGap)
+						idle = append(idle, c.fetch(b, 1+i))
+					}
 					c.close()
 				}
 				reportMed(b, "first-µs", first, time.Microsecond)
 				reportMed(b, "steady-p50-µs", steady, time.Microsecond)
+				reportMed(b, "after-idle-µs", idle, time.Microsecond)
 				reportMed(b, "connect-ms", conn, time.Millisecond)
 				b.ReportMetric(float64(med(first))/float64(med(steady)), "first/steady")
 			})

@@ -12,6 +12,13 @@ import (
 	"github.com/ecxfer/ecxfer/transport"
 )
 
+// idleFetches fetches, each after idleGap without any, make
+// BenchmarkFirstFetch's after-idle anchor.
+const (
+	idleFetches = 3
+	idleGap     = 50 * time.Millisecond
+)
+
 // BenchmarkFirstFetch measures fetches from a producer the consumer has
 // never seen: each iteration starts a producer process (16 × 8 KiB
 // entries, benchItems of them) and a new consumer (Pool, control client,
@@ -21,15 +28,18 @@ import (
 // state; it reports the first fetch's latency and, as medians over the
 // iterations, the steady p50 and their ratio. "wave64": benchItems
 // fetches at once; it reports when the first and the last ended. Connect's
-// own time is connect-ms. Run with -benchtime Nx: each iteration starts a
-// process.
+// own time is connect-ms. after-idle is the first fetch's anchor: the
+// median of fetches on the same warm connection after idleGap without
+// any (idleFetches an iteration), what waking two idle processes costs,
+// where the steady p50's fetches come back to back. Run with -benchtime
+// Nx: each iteration starts a process.
 func BenchmarkFirstFetch(b *testing.B) {
 	const blocks, bs = 16, 8 << 10
 	for _, data := range []string{"tcp", "shm"} {
 		for _, connect := range []bool{false, true} {
 			mode := map[bool]string{false: "cold", true: "connect"}[connect]
 			b.Run(fmt.Sprintf("%s/%s/first", data, mode), func(b *testing.B) {
-				var first, steady, conn []time.Duration
+				var first, steady, idle, conn []time.Duration
 				for b.Loop() {
 					c := newFirstFetch(b, blocks, bs, data)
 					conn = append(conn, c.connect(b, connect))
@@ -40,10 +50,15 @@ func BenchmarkFirstFetch(b *testing.B) {
 					}
 					slices.Sort(lat)
 					steady = append(steady, lat[len(lat)/2])
+					for i := range idleFetches {
+						time.Sleep(idleGap)
+						idle = append(idle, c.fetch(b, 1+i))
+					}
 					c.close()
 				}
 				report(b, "first-µs", first, time.Microsecond)
 				report(b, "steady-p50-µs", steady, time.Microsecond)
+				report(b, "after-idle-µs", idle, time.Microsecond)
 				report(b, "connect-ms", conn, time.Millisecond)
 				b.ReportMetric(float64(median(first))/float64(median(steady)), "first/steady")
 			})
