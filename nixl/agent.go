@@ -1158,7 +1158,7 @@ const defaultProgressDelay = 10 * time.Millisecond
 // readLag-th of the time since the last event (a post, an end, a
 // notification, a kick) if that is longer: an end is seen at most 1 ms,
 // or 5 %, late. For peers' READs the time is counted from the newest
-// grant (a kick), and from later events only while that grant is younger
+// grant (granted), and from later events only while that grant is younger
 // than youngGrant: otherwise a peer holding a grant it never reads could
 // keep us waking every millisecond by sending a notification every
 // 20 ms. A peer's READ needs us driven as much as our own does: over UCX
@@ -1177,8 +1177,18 @@ const (
 )
 
 // youngGrant is how long after a grant the progress goroutine's pauses
-// are timed from the last event as well (see readPause).
+// are timed from the last event as well (see readPause), and a peer's
+// notification starts them again from their shortest (oldGrantsOnly).
 const youngGrant = 100 * time.Millisecond
+
+// oldGrantsOnly says whether all the progress goroutine drives for is
+// peers' grants, the newest older than youngGrant. A peer's notification
+// then leaves its pauses growing (it is seen at most a readLag-th of the
+// grant's age late), so that a peer sending notifications fast cannot
+// keep a producer waking every few hundred microseconds.
+func (a *Agent) oldGrantsOnly(now time.Time, reading bool) bool {
+	return !reading && a.expect.Load() > 0 && now.Sub(time.Unix(0, a.grantAt.Load())) >= youngGrant
+}
 
 // grantPause is the first pause, and a new grant's wake-up spins none,
 // while only a producer's grants are live: a peer's READ, or its
@@ -1230,12 +1240,10 @@ func (a *Agent) progressLoop() {
 			return
 		}
 		t0 := time.Now()
-		got, _ := a.pollC()
+		notified, _ := a.pollC()
 		moved := time.Since(t0) > movedCall
-		if a.checkEndsC() || ended {
-			got = true
-		}
-		if got {
+		ended = a.checkEndsC() || ended
+		if notified || ended {
 			a.signal()
 		}
 		a.releaseEndedC()
@@ -1246,10 +1254,10 @@ func (a *Agent) progressLoop() {
 		a.mu.Unlock()
 		a.cmu.Unlock()
 		now := time.Now()
-		if got || posted {
+		if notified || ended || posted {
 			event = now
 		}
-		if got || posted || moved || kicked && reading {
+		if ended || posted || moved || kicked && reading || notified && !a.oldGrantsOnly(now, reading) {
 			worked, wait = now, 0
 		}
 		kicked = false

@@ -622,13 +622,13 @@ func TestExpectedReadsPause(t *testing.T) {
 }
 
 // A grant keeps the producer driven closely for a while; a peer's
-// notifications do not. Each notification is work, after which the
-// pauses start again from their shortest and double; but their cap is
-// timed from the newest grant, so a notification trickled every 20 ms to a
-// producer whose only grant (300 ms old) is never read costs it a handful
-// of wake-ups, not one a millisecond for as long as the trickle lasts.
+// notifications do not. Once the newest grant is older than youngGrant, a
+// notification neither resets the pauses' cap nor starts them again from
+// their shortest: one trickled every 2 ms to a producer whose only grant
+// (300 ms old) is never read costs it about the wake-ups the grant alone
+// does, not one per notification and more.
 func TestNotificationsDoNotKeepAGrantDriven(t *testing.T) {
-	const every = 20 * time.Millisecond
+	const every = 2 * time.Millisecond
 	p, _ := newAgent(t, variants[0], 8, 64, Config{})
 	c, _ := newAgent(t, variants[0], 8, 64, Config{SyncPost: true, Progress: ProgressCaller})
 	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
@@ -640,7 +640,7 @@ func TestNotificationsDoNotKeepAGrantDriven(t *testing.T) {
 	defer wg.Wait()
 	defer cancel()
 	wg.Add(2)
-	go func() { // the peer: a notification naming no grant every 20 ms
+	go func() { // the peer: a notification naming no grant every 2 ms
 		defer wg.Done()
 		tick := time.NewTicker(every)
 		defer tick.Stop()
@@ -671,14 +671,14 @@ func TestNotificationsDoNotKeepAGrantDriven(t *testing.T) {
 	w0 := p.wakeups.Load()
 	time.Sleep(time.Second)
 	n := p.wakeups.Load() - w0
-	// After each notification: pauses from grantPause, doubling, capped
-	// at ProgressDelay (the grant is over 200 ms old), until the next.
-	var perGap uint64
-	for at, wait := time.Duration(0), time.Duration(0); at < every; perGap++ {
-		wait = min(max(2*wait, grantPause), defaultProgressDelay)
+	// The grant's own pauses over that second: doubling from grantPause
+	// to a twentieth of its age, never past ProgressDelay.
+	var pauses uint64
+	for at, wait := 300*time.Millisecond, time.Duration(0); at < 1300*time.Millisecond; pauses++ {
+		wait = min(max(2*wait, grantPause), defaultProgressDelay, max(readPause, at/readLag))
 		at += wait
 	}
-	if most := uint64(time.Second/every)*perGap*5/4 + 9; n > most {
+	if most := pauses*3/2 + 9; n > most {
 		t.Fatalf("a live grant under a trickle of notifications: %d wake-ups in 1 s, want at most %d", n, most)
 	} else {
 		t.Logf("a live grant under a trickle of notifications: %d wake-ups in 1 s (at most %d)", n, most)

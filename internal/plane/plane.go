@@ -92,9 +92,10 @@ type Contacter interface {
 // Driven is a data plane that moves a peer's READ of local memory only
 // while the local side is driven (NIXL over UCX without NIXL's progress
 // thread). A producer reports its live grants after every step, and
-// whether the step made one (fresh: a READ may come soon, though the count
-// did not rise), so the data plane can drive itself while a READ may come
-// and rest otherwise. ExpectReads must not block.
+// whether the step made one or took a contact request (fresh: a READ, or
+// a consumer's connection set-up, may come soon, though the count did not
+// rise), so the data plane can drive itself while a READ may come and rest
+// otherwise. ExpectReads must not block.
 type Driven interface {
 	ExpectReads(grants int, fresh bool)
 }
