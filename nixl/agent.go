@@ -1187,7 +1187,12 @@ const youngGrant = 100 * time.Millisecond
 // grant's age late), so that a peer sending notifications fast cannot
 // keep a producer waking every few hundred microseconds.
 func (a *Agent) oldGrantsOnly(now time.Time, reading bool) bool {
-	return !reading && a.expect.Load() > 0 && now.Sub(time.Unix(0, a.grantAt.Load())) >= youngGrant
+	return !reading && a.expect.Load() > 0 && a.grantAge(now) >= youngGrant
+}
+
+// grantAge is the time since the newest grant (granted).
+func (a *Agent) grantAge(now time.Time) time.Duration {
+	return now.Sub(time.Unix(0, a.grantAt.Load()))
 }
 
 // grantPause is the first pause, and a new grant's wake-up spins none,
@@ -1287,7 +1292,7 @@ func (a *Agent) progressLoop() {
 				// while that grant is young (its READ's set-up and
 				// notification are events): a peer's notifications
 				// keep a grant nobody reads driven no longer.
-				since := now.Sub(time.Unix(0, a.grantAt.Load()))
+				since := a.grantAge(now)
 				if since < youngGrant {
 					since = min(since, now.Sub(event))
 				}
