@@ -50,8 +50,25 @@ int cnixl_agent_new(const char *name, const char *backend, const char *const *ke
 void cnixl_agent_destroy(cnixl_agent *a);
 
 /* Registers the region [base, base+nblocks*block_size) as DRAM and prepares
- * the local descriptor list, one descriptor per block. */
+ * the local descriptor list, one descriptor per block. It also registers
+ * the agent's touch page, CNIXL_TOUCH_LEN bytes of its own, zero, apart
+ * from the region: a peer's READ of it (cnixl_post_touch) reads nothing
+ * of the region. */
 int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_size, uint64_t nblocks);
+
+#define CNIXL_TOUCH_LEN 64
+
+/* The touch page (on device 0); NULL before cnixl_register. */
+void *cnixl_touch_page(cnixl_agent *a);
+
+/* Posts a READ, with no notification, of len bytes (1 to CNIXL_TOUCH_LEN)
+ * at addr on device dev of a loaded remote agent's registered memory into
+ * this agent's touch page: a remote's touch page, read ahead of the first
+ * READ of its blocks, makes the backend do there the set-up it otherwise
+ * does in that READ (over UCX, its choice of protocol). Statuses and *out
+ * as cnixl_post_read's. */
+int cnixl_post_touch(cnixl_agent *a, const char *agent, uint64_t addr, uint64_t len, uint64_t dev,
+                     cnixl_handle *out);
 
 /* This agent's metadata blob. */
 int cnixl_local_md(cnixl_agent *a, void **md, size_t *len);

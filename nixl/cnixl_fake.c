@@ -28,6 +28,8 @@ struct xfer {
 	int32_t *remote;
 	void *notif;
 	size_t notiflen;
+	/* A touch (cnixl_post_touch): touch_len bytes at touch_addr into local_base. */
+	uint64_t touch_addr, touch_len;
 };
 
 struct remote {
@@ -41,6 +43,7 @@ struct cnixl_agent {
 	uintptr_t base;
 	uint64_t block_size, nblocks;
 	int registered;
+	unsigned char *touch; /* the touch page, CNIXL_TOUCH_LEN bytes */
 	struct remote *remotes;
 	int nremotes;
 	struct xfer **xfers;
@@ -180,6 +183,7 @@ void cnixl_agent_destroy(cnixl_agent *a) {
 	free(a->xfers);
 	free(a->notifs);
 	free(a->name);
+	free(a->touch);
 	free(a);
 }
 
@@ -189,8 +193,27 @@ int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_size, uint64_t
 	a->block_size = block_size;
 	a->nblocks = nblocks;
 	a->registered = 1;
+	if (a->touch == NULL)
+		a->touch = calloc(1, CNIXL_TOUCH_LEN);
 	pthread_mutex_unlock(&g_mu);
 	return CNIXL_SUCCESS;
+}
+
+void *cnixl_touch_page(cnixl_agent *a) {
+	pthread_mutex_lock(&g_mu);
+	void *p = a->touch;
+	pthread_mutex_unlock(&g_mu);
+	return p;
+}
+
+/* registered reports whether [addr, addr+len) lies in t's registered
+ * memory, its region or its touch page. Called with g_mu. */
+static int registered(cnixl_agent *t, uint64_t addr, uint64_t len) {
+	uint64_t tp = (uint64_t)(uintptr_t)t->touch;
+	if (t->touch != NULL && addr >= tp && len <= CNIXL_TOUCH_LEN && addr - tp <= CNIXL_TOUCH_LEN - len)
+		return 1;
+	uint64_t size = t->block_size * t->nblocks;
+	return t->registered && addr >= t->base && len <= size && addr - t->base <= size - len;
 }
 
 int cnixl_local_md(cnixl_agent *a, void **md, size_t *len) {
@@ -346,6 +369,13 @@ static void do_read(struct xfer *x) {
 		cnixl_agent *t = find_agent(x->target);
 		if (t == NULL || !t->registered) {
 			x->status = CNIXL_ERR_REMOTE_DISCONNECT;
+		} else if (x->touch_len > 0) {
+			if (registered(t, x->touch_addr, x->touch_len)) {
+				memcpy((void *)x->local_base, (const void *)(uintptr_t)x->touch_addr, x->touch_len);
+				x->status = CNIXL_SUCCESS;
+			} else {
+				x->status = CNIXL_ERR_NOT_FOUND;
+			}
 		} else if (t->block_size != x->block_size) {
 			x->status = CNIXL_ERR_MISMATCH;
 		} else {
@@ -378,48 +408,19 @@ static void do_read(struct xfer *x) {
 	}
 }
 
-int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n, const char *agent,
-                    const void *notif, size_t notiflen, cnixl_handle *out) {
-	pthread_mutex_lock(&g_mu);
-	int st = injected(CNIXL_FAKE_OP_POST);
-	int known = 0;
-	for (int i = 0; i < a->nremotes; i++)
-		if (strcmp(a->remotes[i].name, agent) == 0)
-			known = 1;
-	if (st == 0 && !known)
-		st = CNIXL_ERR_NOT_FOUND;
-	for (int i = 0; st == 0 && i < n; i++)
-		if (local[i] < 0 || (uint64_t)local[i] >= a->nblocks)
-			st = CNIXL_ERR_INVALID_PARAM;
-	if (st != 0) {
-		pthread_mutex_unlock(&g_mu);
-		return st;
-	}
-	struct xfer *x = calloc(1, sizeof *x);
-	x->h = ++a->next;
-	x->status = CNIXL_IN_PROG;
-	x->refs = g_inline ? 1 : 2; /* the handle's, and the thread's */
-	x->initiator = dupstr(a->name);
-	x->target = dupstr(agent);
-	x->local_base = a->base;
-	x->block_size = a->block_size;
-	x->n = n;
-	x->local = malloc(n * sizeof(int32_t) + 1);
-	x->remote = malloc(n * sizeof(int32_t) + 1);
-	memcpy(x->local, local, n * sizeof(int32_t));
-	memcpy(x->remote, remote, n * sizeof(int32_t));
-	x->notif = malloc(notiflen + 1);
-	memcpy(x->notif, notif, notiflen);
-	x->notiflen = notiflen;
+/* start runs x, which the caller filled in and a's table holds: inline,
+ * or on a thread of its own. Called with g_mu, which it releases. */
+static int start(cnixl_agent *a, struct xfer *x, cnixl_handle *out) {
 	if (a->nxfers == a->capxfers) {
 		a->capxfers = a->capxfers ? 2 * a->capxfers : 16;
 		a->xfers = realloc(a->xfers, a->capxfers * sizeof *a->xfers);
 	}
 	a->xfers[a->nxfers++] = x;
+	x->refs = g_inline ? 1 : 2; /* the handle's, and the thread's */
+	*out = x->h;
 	if (g_inline) {
 		do_read(x);
-		*out = x->h;
-		st = x->status == CNIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
+		int st = x->status == CNIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
 		pthread_mutex_unlock(&g_mu);
 		return st;
 	}
@@ -432,9 +433,73 @@ int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote,
 		x->refs--;
 	}
 	pthread_attr_destroy(&attr);
-	*out = x->h;
 	pthread_mutex_unlock(&g_mu);
 	return CNIXL_IN_PROG; /* its thread moves the bytes */
+}
+
+/* known reports whether a loaded the remote agent name. Called with g_mu. */
+static int known(cnixl_agent *a, const char *name) {
+	for (int i = 0; i < a->nremotes; i++)
+		if (strcmp(a->remotes[i].name, name) == 0)
+			return 1;
+	return 0;
+}
+
+int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n, const char *agent,
+                    const void *notif, size_t notiflen, cnixl_handle *out) {
+	pthread_mutex_lock(&g_mu);
+	int st = injected(CNIXL_FAKE_OP_POST);
+	if (st == 0 && !known(a, agent))
+		st = CNIXL_ERR_NOT_FOUND;
+	for (int i = 0; st == 0 && i < n; i++)
+		if (local[i] < 0 || (uint64_t)local[i] >= a->nblocks)
+			st = CNIXL_ERR_INVALID_PARAM;
+	if (st != 0) {
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
+	struct xfer *x = calloc(1, sizeof *x);
+	x->h = ++a->next;
+	x->status = CNIXL_IN_PROG;
+	x->initiator = dupstr(a->name);
+	x->target = dupstr(agent);
+	x->local_base = a->base;
+	x->block_size = a->block_size;
+	x->n = n;
+	x->local = malloc(n * sizeof(int32_t) + 1);
+	x->remote = malloc(n * sizeof(int32_t) + 1);
+	memcpy(x->local, local, n * sizeof(int32_t));
+	memcpy(x->remote, remote, n * sizeof(int32_t));
+	x->notif = malloc(notiflen + 1);
+	memcpy(x->notif, notif, notiflen);
+	x->notiflen = notiflen;
+	return start(a, x, out);
+}
+
+int cnixl_post_touch(cnixl_agent *a, const char *agent, uint64_t addr, uint64_t len, uint64_t dev,
+                     cnixl_handle *out) {
+	pthread_mutex_lock(&g_mu);
+	int st = injected(CNIXL_FAKE_OP_POST);
+	cnixl_agent *t = find_agent(agent);
+	if (st == 0 && (a->touch == NULL || len == 0 || len > CNIXL_TOUCH_LEN || dev != 0))
+		st = CNIXL_ERR_INVALID_PARAM;
+	else if (st == 0 && !known(a, agent))
+		st = CNIXL_ERR_NOT_FOUND;
+	else if (st == 0 && t != NULL && !registered(t, addr, len))
+		st = CNIXL_ERR_NOT_FOUND; /* NIXL checks the range against the remote's registrations */
+	if (st != 0) {
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
+	struct xfer *x = calloc(1, sizeof *x);
+	x->h = ++a->next;
+	x->status = CNIXL_IN_PROG;
+	x->initiator = dupstr(a->name);
+	x->target = dupstr(agent);
+	x->local_base = (uintptr_t)a->touch;
+	x->touch_addr = addr;
+	x->touch_len = len;
+	return start(a, x, out);
 }
 
 static int find_xfer(cnixl_agent *a, cnixl_handle h) {

@@ -40,6 +40,7 @@ struct cnixl_agent {
     nixlDlistH *local = nullptr;
     uintptr_t base = 0;   // of the local region
     uint64_t bsize = 0;   // its block size
+    void *touch = nullptr; // the touch page, registered with the region
     std::map<std::string, remote_blocks> remotes;
     std::map<cnixl_handle, nixlXferReqH *> reqs;
     cnixl_handle next = 0;
@@ -51,6 +52,8 @@ struct cnixl_agent {
         return o;
     }
 };
+
+static constexpr size_t touch_page = 4096;
 
 template <class F> static int guarded(F f) {
     try {
@@ -113,17 +116,30 @@ extern "C" void cnixl_agent_destroy(cnixl_agent *a) {
         }
         return 0;
     });
+    // A READ still writing into the touch page stops with the agent.
+    void *touch = a->touch;
     delete a;
+    std::free(touch);
 }
 
 extern "C" int cnixl_register(cnixl_agent *a, uintptr_t base, uint64_t block_size, uint64_t nblocks) {
     return guarded([&] {
         std::lock_guard<std::mutex> l(a->mu);
         nixl_opt_args_t o = a->opts();
+        // A page of its own: registered memory is mapped by pages.
+        void *touch = std::aligned_alloc(touch_page, touch_page);
+        if (touch == nullptr)
+            return CNIXL_ERR_UNKNOWN;
+        std::memset(touch, 0, touch_page);
         a->reg.addDesc(nixlBlobDesc(base, block_size * nblocks, 0, ""));
+        a->reg.addDesc(nixlBlobDesc(reinterpret_cast<uintptr_t>(touch), touch_page, 0, ""));
         nixl_status_t st = a->agent->registerMem(a->reg, &o);
-        if (st != NIXL_SUCCESS)
+        if (st != NIXL_SUCCESS) {
+            std::free(touch);
+            a->reg.clear();
             return static_cast<int>(st);
+        }
+        a->touch = touch;
         a->registered = true;
         a->base = base;
         a->bsize = block_size;
@@ -284,6 +300,39 @@ extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32
             std::vector<int> li(local, local + n), ri(remote, remote + n);
             st = a->agent->makeXferReq(NIXL_READ, a->local, li, rb.prepped, ri, req, &o);
         }
+        if (st != NIXL_SUCCESS)
+            return static_cast<int>(st);
+        st = a->agent->postXferReq(req);
+        if (st < 0) {
+            a->agent->releaseXferReq(req);
+            return static_cast<int>(st);
+        }
+        *out = ++a->next;
+        a->reqs[*out] = req;
+        return st == NIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
+    });
+}
+
+extern "C" void *cnixl_touch_page(cnixl_agent *a) {
+    std::lock_guard<std::mutex> l(a->mu);
+    return a->touch;
+}
+
+extern "C" int cnixl_post_touch(cnixl_agent *a, const char *agent, uint64_t addr, uint64_t len, uint64_t dev,
+                                cnixl_handle *out) {
+    return guarded([&] {
+        std::lock_guard<std::mutex> l(a->mu);
+        if (a->touch == nullptr || len == 0 || len > CNIXL_TOUCH_LEN)
+            return CNIXL_ERR_INVALID_PARAM;
+        if (a->remotes.find(agent) == a->remotes.end())
+            return CNIXL_ERR_NOT_FOUND;
+        nixl_opt_args_t o = a->opts();
+        nixl_xfer_dlist_t ld(DRAM_SEG), rd(DRAM_SEG);
+        ld.addDesc(nixlBasicDesc(reinterpret_cast<uintptr_t>(a->touch), len, 0));
+        rd.addDesc(nixlBasicDesc(addr, len, dev));
+        // NIXL refuses a remote range outside the agent's registered memory.
+        nixlXferReqH *req = nullptr;
+        nixl_status_t st = a->agent->createXferReq(NIXL_READ, ld, rd, agent, req, &o);
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
         st = a->agent->postXferReq(req);

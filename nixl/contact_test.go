@@ -9,9 +9,11 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/wirext"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -31,14 +33,14 @@ func TestContactBeforeTheFirstRead(t *testing.T) {
 				}
 				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 				defer cancel()
-				if err := c.Contact(ctx, "nobody", nil); !errors.Is(err, xfer.ErrUnknownPeer) {
+				if err := c.Contact(ctx, "nobody", plane.Contact{}); !errors.Is(err, xfer.ErrUnknownPeer) {
 					t.Fatalf("contact with an unknown peer: %v", err)
 				}
 				peer, err := cdata.AddRemotePeer(pdata.AgentMetadata(), pdata.MemDescriptor())
 				if err != nil {
 					t.Fatal(err)
 				}
-				if err := c.Contact(ctx, peer.Agent, nil); err != nil {
+				if err := c.Contact(ctx, peer.Agent, plane.Contact{}); err != nil {
 					t.Fatal(err)
 				}
 				if !cdata.fakeConnected(peer.Agent) {
@@ -54,7 +56,7 @@ func TestContactBeforeTheFirstRead(t *testing.T) {
 				}
 				cdata.Release(h)
 				cdata.Close()
-				if err := c.Contact(ctx, peer.Agent, nil); !errors.Is(err, xfer.ErrClosed) {
+				if err := c.Contact(ctx, peer.Agent, plane.Contact{}); !errors.Is(err, xfer.ErrClosed) {
 					t.Fatalf("contact on a closed agent: %v", err)
 				}
 			})
@@ -78,5 +80,88 @@ func TestContactNotifNamesNoGrant(t *testing.T) {
 		if _, _, _, ok := wirext.SplitNotifGrant(n); ok {
 			t.Fatalf("%q: %q reads as a grant's notification", name, n)
 		}
+	}
+}
+
+// touchBytes is a's touch page.
+func touchBytes(a *Agent) []byte { return unsafe.Slice((*byte)(a.touchPage), a.touch.Size) }
+
+// A contact reads the touch page the producer named into the consumer's
+// own touch page, and nothing else: the consumer's blocks keep their
+// bytes, and the READ is released once it ended. A page that cannot be
+// one (longer than ours, more than one block, outside the producer's
+// registered memory) is not read, and the contact succeeds all the same.
+func TestContactReadsOnlyTheTouchPage(t *testing.T) {
+	forVariants(t, func(t *testing.T, v variant) {
+		for _, post := range []string{"sync", "auto"} {
+			t.Run(post, func(t *testing.T) {
+				cdata, cr := newAgent(t, v, 4, 4096, withPost(post, Config{}))
+				pdata, _ := newAgent(t, v, 4, 4096, Config{})
+				pdata.expectReads(1) // a grant is live: the producer is driven
+				touch := plane.TouchPageOf(pdata)
+				if touch.Count != 1 || touch.Size == 0 || touch.Base == 0 {
+					t.Fatalf("touch page %+v", touch)
+				}
+				peer, err := cdata.AddRemotePeer(pdata.AgentMetadata(), pdata.MemDescriptor())
+				if err != nil {
+					t.Fatal(err)
+				}
+				for i := range cr.Blocks() {
+					xfertestFill(cr.Block(i), byte(40+i))
+				}
+				want := bytes.Repeat([]byte{0xa5}, int(touch.Size))
+				copy(touchBytes(pdata), want)
+				mine := touchBytes(cdata)
+				ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+				defer cancel()
+				c := plane.ContacterOf(cdata)
+				for _, odd := range []wire.Blocks{
+					{Base: touch.Base, Size: touch.Size + 1, Count: 1},
+					{Base: touch.Base, Size: touch.Size / 2, Count: 2},
+					{Base: 64, Size: touch.Size, Count: 1},
+				} {
+					if err := c.Contact(ctx, peer.Agent, plane.Contact{Touch: odd}); err != nil {
+						t.Fatalf("contact with touch page %+v: %v", odd, err)
+					}
+					settled(t, cdata)
+					if !bytes.Equal(mine, make([]byte, len(mine))) {
+						t.Fatalf("touch page %+v was read", odd)
+					}
+				}
+				if err := c.Contact(ctx, peer.Agent, plane.Contact{Touch: touch}); err != nil {
+					t.Fatal(err)
+				}
+				settled(t, cdata)
+				if !bytes.Equal(mine, want) {
+					t.Fatalf("the consumer's touch page holds %x, want the producer's %x", mine, want)
+				}
+				for i := range cr.Blocks() {
+					w := make([]byte, cr.BlockSize())
+					xfertestFill(w, byte(40+i))
+					if !bytes.Equal(cr.Block(i), w) {
+						t.Fatalf("the contact wrote into block %d", i)
+					}
+				}
+			})
+		}
+	})
+}
+
+// settled drives a until it holds no READ that ended unreleased or runs.
+func settled(t *testing.T, a *Agent) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		a.DrainNotifs(nil)
+		a.mu.Lock()
+		n := len(a.zombies) + len(a.ended)
+		a.mu.Unlock()
+		if n == 0 {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d READs left after 10 s", n)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }

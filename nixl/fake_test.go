@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -650,7 +651,7 @@ func TestNotificationsDoNotKeepAGrantDriven(t *testing.T) {
 				return
 			case <-tick.C:
 			}
-			c.connect(ctx, peer.Agent, fmt.Appendf(nil, "%s:%d", c.cfg.Name, i))
+			c.connect(ctx, peer.Agent, fmt.Appendf(nil, "%s:%d", c.cfg.Name, i), wire.Blocks{})
 			c.DrainNotifs(nil)
 		}
 	}()

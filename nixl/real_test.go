@@ -127,7 +127,7 @@ func TestFirstReadAfterContactEndsInItsPost(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := plane.ContacterOf(cdata).Contact(ctx, peer.Agent, nil); err != nil {
+	if err := plane.ContacterOf(cdata).Contact(ctx, peer.Agent, plane.Contact{}); err != nil {
 		t.Fatal(err)
 	}
 	xfertestFill(pr.Block(3), 9)

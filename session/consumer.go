@@ -278,7 +278,8 @@ type contact struct {
 	done     bool
 	status   wire.Status
 	err      error
-	notif    []byte // the contact grant's notification, when the answer made one
+	notif    []byte      // the contact grant's notification, when the answer made one
+	touch    wire.Blocks // the producer's touch page, when the answer named one
 }
 
 // Errors of a contact request (contacted).
@@ -349,13 +350,17 @@ func (c *ConsumerSession) answered(ack *wireview.Ack) {
 		if ack.Grant != 0 && ack.Token != [16]byte{} {
 			k.notif = wirext.AppendNotifGrant(append(append([]byte(c.id), ':'), ack.MMHash...), ack.Grant, ack.Token)
 		}
+		k.touch = ack.Touch
 	}
 }
 
-// contactNotif returns the notification of the grant a Go producer made
-// with its contact answer, or nil: a grant of no blocks, which the data
-// plane's contact ends with a READ of nothing (plane.Contacter).
-func (c *ConsumerSession) contactNotif() []byte { return c.contact.notif }
+// contactOf returns what a Go producer's contact answer gave the data
+// plane's contact (plane.Contacter): the notification of the grant of no
+// blocks it made, or nil, which the contact ends with a READ of nothing;
+// and its touch page, or none.
+func (c *ConsumerSession) contactOf() plane.Contact {
+	return plane.Contact{Notif: c.contact.notif, Touch: c.contact.touch}
+}
 
 // request is one XferReq sent and not answered yet.
 type request struct {
@@ -888,7 +893,7 @@ func (i internals) Contacted() (done, again bool, st wire.Status, err error) {
 	again = errors.Is(err, errNoContactAnswer) || errors.Is(err, errContactLost)
 	return done, again, st, err
 }
-func (i internals) ContactNotif() []byte          { return i.c.contactNotif() }
+func (i internals) ContactOf() plane.Contact      { return i.c.contactOf() }
 func (i internals) Registered() (xfer.Peer, bool) { return i.c.registeredPeer() }
 func (i internals) Probing() bool                 { return i.c.probing() }
 func (i internals) Trim()                         { i.c.trim() }

@@ -153,3 +153,47 @@ func TestContactWithoutTheExtension(t *testing.T) {
 		t.Fatalf("after PeerDown: %v %v", done, err)
 	}
 }
+
+// touchingFake is a data plane with a touch page (plane.Toucher).
+type touchingFake struct {
+	*xfake.Fake
+	page wire.Blocks
+}
+
+func (f touchingFake) TouchPage() wire.Blocks { return f.page }
+
+// A producer whose data plane has a touch page names it in its contact
+// answers, and there only: the consumer gives it to its data plane's
+// contact, and no ack of a fetch carries it. A plane without one names
+// none.
+func TestContactAnswerNamesTheTouchPage(t *testing.T) {
+	page := wire.Blocks{Base: 1 << 30, Size: 64, Count: 1}
+	for _, touching := range []bool{false, true} {
+		cp := newContactPair(t)
+		var data xfer.DataTransport = cp.pdata
+		if touching {
+			data = touchingFake{cp.pdata, page}
+		}
+		cp.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, data, cp.pc, compat))
+		want := wire.Blocks{}
+		if touching {
+			want = page
+		}
+		if err := cp.c.sendContact(at(time.Second), t0); err != nil {
+			t.Fatal(err)
+		}
+		cp.exchange(at(time.Millisecond), false)
+		if done, st, err := cp.c.contacted(); !done || st != wire.OK || err != nil {
+			t.Fatalf("contacted: %v %s %v", done, st, err)
+		}
+		if got := cp.c.contactOf().Touch; got != want {
+			t.Fatalf("touching %v: the contact has touch page %+v, want %+v", touching, got, want)
+		}
+		mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
+		cp.p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: cp.toP.take()[0]}}, cp.toC, at(2*time.Millisecond))
+		var a wire.XferAck
+		if acks := cp.toC.take(); len(acks) != 1 || wire.DecodeAck(acks[0], &a) != nil || a.Status != wire.OK || a.Touch != (wire.Blocks{}) {
+			t.Fatalf("touching %v: the fetch's ack %+v", touching, a)
+		}
+	}
+}

@@ -429,7 +429,8 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 			g = p.contactGrant(req, cs, ident, now)
 		}
 		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: wire.OK, SessionID: string(req.SessionID),
-			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt}
+			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
+			Touch: plane.TouchPageOf(p.data)}
 		if g != nil {
 			p.ack.MMHash, p.ack.SessionID = g.MMHash, g.SessionID
 			p.ack.Grant, p.ack.Token = g.id, g.token

@@ -146,7 +146,7 @@ func TestContactProvesTheConnection(t *testing.T) {
 	if ct == nil {
 		t.Fatal("a TCPData has no Contacter")
 	}
-	if err := ct.Contact(ctx, peer.Agent, notif); err != nil {
+	if err := ct.Contact(ctx, peer.Agent, plane.Contact{Notif: notif}); err != nil {
 		t.Fatal(err)
 	}
 	if g.asked.Load() != 1 {

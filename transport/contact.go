@@ -77,12 +77,14 @@ func (c tcpPlane) Name() string { return c.d.name }
 // brought up and has its welcome, so that the first READ pays for no
 // connection, and a producer whose region this plane mapped has proven it
 // is its own (before the proof, READs go over the socket) and had the
-// mapping's pages faulted in. With notif, a READ of no blocks under the
-// producer's contact grant goes on the connection pushes come on: it ends
-// the grant, and proves that connection to be the consumer session's, so
-// that the first fetch's blocks may be pushed with its ack, as later
-// ones' are.
-func (c tcpPlane) Contact(ctx context.Context, agent string, notif []byte) error {
+// mapping's pages faulted in. With a notification, a READ of no blocks
+// under the producer's contact grant goes on the connection pushes come
+// on: it ends the grant, and proves that connection to be the consumer
+// session's, so that the first fetch's blocks may be pushed with its ack,
+// as later ones' are. A touch page is not read: this plane's first READ
+// does no set-up the contact has not done.
+func (c tcpPlane) Contact(ctx context.Context, agent string, k plane.Contact) error {
+	notif := k.Notif
 	d := c.d
 	d.mu.Lock()
 	p := d.peers[agent]

@@ -253,6 +253,7 @@ type ackView struct {
 	Grant, LeaseMillis, Attempt  uint64 // the extensions, zero when absent
 	Token                        Token  // ecx_token; zero when absent
 	Shape                        Blocks // ecx_shape; Count zero when absent
+	Touch                        Blocks // ecx_touch; Count zero when absent
 }
 
 // numBlocks returns the number of source block indices.
@@ -316,7 +317,7 @@ func decodeAckView(data []byte, a *ackView) error {
 	var status Int
 	var grant, lease, attempt uint64
 	var token Token
-	var shape Blocks
+	var shape, touch Blocks
 	nBlocks := 0
 	for ; n > 0; n-- {
 		k, err := d.key()
@@ -357,6 +358,8 @@ func decodeAckView(data []byte, a *ackView) error {
 			attempt, err = d.extUint()
 		case "ecx_shape":
 			shape, err = d.extShape()
+		case "ecx_touch":
+			touch, err = d.extShape()
 		default:
 			err = d.skip()
 		}
@@ -375,7 +378,7 @@ func decodeAckView(data []byte, a *ackView) error {
 	}
 	*a = ackView{MMHash: data[mm.lo:mm.hi:mm.hi], SessionID: data[sess.lo:sess.hi:sess.hi], Status: Status(status.u),
 		AgentMetadata: data[meta.lo:meta.hi:meta.hi], MemDescriptor: data[desc.lo:desc.hi:desc.hi],
-		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, Token: token, LeaseMillis: lease, Attempt: attempt, Shape: shape}
+		blocks: data[blocks.lo:blocks.hi:blocks.hi], nBlocks: nBlocks, Grant: grant, Token: token, LeaseMillis: lease, Attempt: attempt, Shape: shape, Touch: touch}
 	return nil
 }
 
@@ -388,7 +391,7 @@ func DecodeAck(data []byte, a *XferAck) error {
 		return err
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape, Touch: v.Touch}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.appendBlocks(make([]Int, 0, v.nBlocks))
 	}
@@ -419,7 +422,7 @@ func decodeAckInto(data []byte, a *XferAck) error {
 	}
 	s := strs([2]string{a.MMHash, a.SessionID}, v.MMHash, v.SessionID)
 	blocks, meta, desc := a.SrcBlockIndices[:0], a.AgentMetadata[:0], a.MemDescriptor[:0]
-	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape}
+	*a = XferAck{MMHash: s[0], Status: v.Status, SessionID: s[1], Grant: v.Grant, Token: v.Token, LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Shape: v.Shape, Touch: v.Touch}
 	if v.nBlocks > 0 {
 		a.SrcBlockIndices = v.appendBlocks(blocks)
 	}
@@ -794,7 +797,7 @@ func (r *reader) extToken() (Token, error) {
 	return t, err
 }
 
-// extShape reads ecx_shape, [base, size, count, device] (see extUint). A
+// extShape reads ecx_shape or ecx_touch, [base, size, count, device] (see extUint). A
 // value that is not one reads as absent: four non-negative integers, size
 // and count at least one, count within int32 (NIXL's block ids), and the
 // blocks inside the address space.

@@ -64,7 +64,9 @@
 //     producer answers it NACK_MISSING: its mm_hash names no entry);
 //     an ack may carry
 //     ecx_grant, ecx_token (the grant's capability), ecx_lease_ms, the echoed ecx_attempt and ecx_shape (then
-//     without mem_descriptor, which the offer allowed). Zero values stay
+//     without mem_descriptor, which the offer allowed); a contact answer
+//     may carry ecx_touch, a few bytes of the producer's data-plane memory
+//     apart from its region, for the consumer's first READ. Zero values stay
 //     off the wire, so the msgspec-exact encoding (the golden vectors) is
 //     unchanged; an extension of the wrong type reads as absent.
 //   - [CompatHash] reproduces Python's json.dumps escaping (ensure_ascii,

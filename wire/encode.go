@@ -24,6 +24,7 @@ const (
 	keyAttempt = "\xabecx_attempt"
 	keyShapeOK = "\xacecx_shape_ok"
 	keyShape   = "\xa9ecx_shape"
+	keyTouch   = "\xa9ecx_touch"
 	keyToken   = "\xa9ecx_token"
 	keyContact = "\xabecx_contact"
 	keyKnown   = "\xa9ecx_known"
@@ -94,7 +95,7 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 // msgspec writes it.
 func AppendAck(dst []byte, a *XferAck) []byte {
 	n := 3
-	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, !a.Token.IsZero(), a.LeaseMillis != 0, a.Attempt != 0, a.Shape.Count > 0} {
+	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, !a.Token.IsZero(), a.LeaseMillis != 0, a.Attempt != 0, a.Shape.Count > 0, a.Touch.Count > 0} {
 		if set {
 			n++
 		}
@@ -138,13 +139,21 @@ func AppendAck(dst []byte, a *XferAck) []byte {
 		dst = appendUint(dst, a.Attempt)
 	}
 	if a.Shape.Count > 0 {
-		dst = append(dst, keyShape+"\x94"...)
-		dst = appendUint(dst, a.Shape.Base)
-		dst = appendUint(dst, a.Shape.Size)
-		dst = appendUint(dst, uint64(a.Shape.Count))
-		dst = appendUint(dst, a.Shape.Device)
+		dst = appendBlocks(append(dst, keyShape...), a.Shape)
+	}
+	if a.Touch.Count > 0 {
+		dst = appendBlocks(append(dst, keyTouch...), a.Touch)
 	}
 	return dst
+}
+
+// appendBlocks appends b as [base, size, count, device].
+func appendBlocks(dst []byte, b Blocks) []byte {
+	dst = append(dst, 0x94)
+	dst = appendUint(dst, b.Base)
+	dst = appendUint(dst, b.Size)
+	dst = appendUint(dst, uint64(b.Count))
+	return appendUint(dst, b.Device)
 }
 
 // AppendMemDescs appends the msgpack encoding of descs (an array of

@@ -68,6 +68,7 @@ func FuzzDecodeAck(f *testing.F) {
 	// Block ids of every width a region's ids take, all in range.
 	f.Add(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, SrcBlockIndices: ints(nil, []int{1, 200, 70000, 1 << 31, 5})}))
 	f.Add(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, Shape: Blocks{Base: 1 << 40, Size: 8192, Count: 16000}}))
+	f.Add(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, Touch: Blocks{Base: 1 << 40, Size: 64, Count: 1}}))
 	f.Fuzz(func(t *testing.T, data []byte) {
 		var a XferAck
 		into := fuzzUsedAck(t)

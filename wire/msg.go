@@ -84,6 +84,13 @@ type XferAck struct {
 	// consumer has completed a READ: every ack of its first batch. Count
 	// zero: absent.
 	Shape Blocks
+	// Touch ("ecx_touch", [base, size, 1, device], as Shape) is, in a
+	// contact answer only, a few bytes of the producer's data-plane memory
+	// apart from its region, which any consumer may READ: one that does,
+	// while it makes contact, has its data plane do the set-up of a first
+	// READ there (UCX chooses its protocols on the first) rather than in
+	// its first fetch. Count zero: absent.
+	Touch Blocks
 }
 
 // Token is a grant's capability (ecx_token): 128 random bits.

@@ -180,7 +180,8 @@ func sameAck(a, b XferAck) bool {
 		len(a.SrcBlockIndices) == len(b.SrcBlockIndices) &&
 		(len(a.SrcBlockIndices) == 0 || reflect.DeepEqual(a.SrcBlockIndices, b.SrcBlockIndices)) &&
 		bytes.Equal(a.AgentMetadata, b.AgentMetadata) && bytes.Equal(a.MemDescriptor, b.MemDescriptor) &&
-		a.Grant == b.Grant && a.LeaseMillis == b.LeaseMillis && a.Attempt == b.Attempt && a.Shape == b.Shape
+		a.Grant == b.Grant && a.LeaseMillis == b.LeaseMillis && a.Attempt == b.Attempt && a.Shape == b.Shape &&
+		a.Token == b.Token && a.Touch == b.Touch
 }
 
 func TestVectors(t *testing.T) {

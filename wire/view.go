@@ -20,7 +20,7 @@ func init() {
 		}
 		*a = wireview.Ack{MMHash: v.MMHash, SessionID: v.SessionID, Status: uint8(v.Status),
 			AgentMetadata: v.AgentMetadata, MemDescriptor: v.MemDescriptor, Grant: v.Grant,
-			LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Token: v.Token, Shape: v.Shape,
+			LeaseMillis: v.LeaseMillis, Attempt: v.Attempt, Token: v.Token, Shape: v.Shape, Touch: v.Touch,
 			Blocks: v.blocks, NumBlocks: v.nBlocks, Raw: data}
 		return nil
 	}

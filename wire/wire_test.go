@@ -360,6 +360,30 @@ func TestShapeExtension(t *testing.T) {
 	}
 }
 
+// A touch page round-trips beside a shape, through the view too; one that
+// is not a [base, size, count, device] reads as absent, and leaves the
+// shape alone.
+func TestTouchExtension(t *testing.T) {
+	shape := Blocks{Base: 1 << 40, Size: 8192, Count: 16000}
+	touch := Blocks{Base: 1<<40 - 4096, Size: 64, Count: 1, Device: 2}
+	enc := AppendAck(nil, &XferAck{MMHash: "h", Status: OK, Shape: shape, Touch: touch})
+	var a XferAck
+	if err := DecodeAck(enc, &a); err != nil || a.Touch != touch || a.Shape != shape {
+		t.Fatalf("ecx_touch: %v, %+v", err, a)
+	}
+	var w wireview.Ack
+	if err := wireview.DecodeAck(enc, &w); err != nil || Blocks(w.Touch) != touch || Blocks(w.Shape) != shape {
+		t.Fatalf("view: %v, %+v", err, w)
+	}
+	if err := DecodeAck(AppendAck(nil, &XferAck{MMHash: "h", Status: OK, Shape: shape}), &a); err != nil || a.Touch != (Blocks{}) {
+		t.Fatalf("absent touch: %v, %+v", err, a.Touch)
+	}
+	odd := []byte("\x85\xa4type\xa3ack\xa7mm_hash\xa1h\xa6status\x00\xa9ecx_touch\x93\x01\x01\x01\xa9ecx_shape\x94\x01\x01\x01\x00")
+	if err := DecodeAck(odd, &a); err != nil || a.Touch != (Blocks{}) || a.Shape != (Blocks{Base: 1, Size: 1, Count: 1}) {
+		t.Fatalf("odd touch: %v, %+v", err, a)
+	}
+}
+
 // ascii finds a byte with its high bit set at every position of every
 // length up to 80 (its 32-, 8- and 1-byte steps), and passes plain ASCII.
 func TestASCII(t *testing.T) {

@@ -3,6 +3,7 @@ package hooks
 import (
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -17,8 +18,8 @@ type Consumer interface {
 	// false while it waits; again says it ended without an answer (none
 	// in time, or the connection died), and may be asked again.
 	Contacted() (done, again bool, st wire.Status, err error)
-	// ContactNotif is the notification that completes a contact grant.
-	ContactNotif() []byte
+	// ContactOf is what the contact answer gave the data plane's contact.
+	ContactOf() plane.Contact
 	// Registered returns the producer as the data plane knows it.
 	Registered() (xfer.Peer, bool)
 	// Probing: the first request or contact is unanswered.

@@ -81,12 +81,31 @@ type Attachment interface {
 // loading of the producer's metadata and its connection.
 type Contacter interface {
 	// Contact makes the contact with the registered producer agent and
-	// waits until it is made, it failed, or ctx ended. notif, if set, is
-	// the notification of the grant of no blocks the producer made with
-	// its contact answer: a READ of nothing under it ends it, and on a
-	// plane that takes pushes proves the connection it went on to be the
-	// consumer session's.
-	Contact(ctx context.Context, agent string, notif []byte) error
+	// waits until it is made, it failed, or ctx ended.
+	Contact(ctx context.Context, agent string, c Contact) error
+}
+
+// Contact is what a Go producer's contact answer gave the consumer's data
+// plane for its contact.
+type Contact struct {
+	// Notif, if set, is the notification of the grant of no blocks the
+	// producer made with its contact answer: a READ of nothing under it
+	// ends it, and on a plane that takes pushes proves the connection it
+	// went on to be the consumer session's.
+	Notif []byte
+	// Touch, when its Count is set, is the producer's touch page
+	// (wire.XferAck.Touch): a plane whose first READ of a producer does
+	// set-up (NIXL's, over UCX) reads it once, so that the first fetch
+	// does not pay for that. A plane checks it as untrusted: the
+	// producer sent it.
+	Touch wire.Blocks
+}
+
+// Toucher is a data plane that has a touch page: a few bytes of its own
+// registered memory, apart from the region, that any peer may READ. A
+// producer names it in its contact answers (wire.XferAck.Touch).
+type Toucher interface {
+	TouchPage() wire.Blocks
 }
 
 // Driven is a data plane that moves a peer's READ of local memory only
@@ -165,6 +184,14 @@ func As[T any](data any) (T, bool) {
 func ContacterOf(data any) Contacter {
 	c, _ := As[Contacter](data)
 	return c
+}
+
+// TouchPageOf returns data's touch page (Toucher), or none.
+func TouchPageOf(data any) wire.Blocks {
+	if t, ok := As[Toucher](data); ok {
+		return t.TouchPage()
+	}
+	return wire.Blocks{}
 }
 
 // AttacherOf returns data's Attacher, or nil when it has none.

@@ -38,8 +38,9 @@ type Ack struct {
 	AgentMetadata, MemDescriptor []byte
 	Grant, LeaseMillis, Attempt  uint64   // the extensions, zero when absent
 	Token                        [16]byte // ecx_token (a wire.Token); zero when absent
-	// Shape is ecx_shape (a wire.Blocks); Count zero when absent.
-	Shape struct {
+	// Shape is ecx_shape, Touch ecx_touch (wire.Blocks, which assign to
+	// this unnamed type); Count zero when absent.
+	Shape, Touch struct {
 		Base, Size uint64
 		Count      int
 		Device     uint64

@@ -542,7 +542,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 	}
 	if c := plane.ContacterOf(p.data); c != nil {
-		return c.Contact(ctx, agent, hooks.ConsumerOf(p.peers[addr].s).ContactNotif())
+		return c.Contact(ctx, agent, hooks.ConsumerOf(p.peers[addr].s).ContactOf())
 	}
 	return nil
 }
