@@ -66,6 +66,7 @@ type Agent struct {
 	loads   uint64           // async peers made, for their keys
 	ended   []C.cnixl_handle // released after they ended, to release in C (async)
 	zombies []C.cnixl_handle // released while running: released once they end
+	touches []touchReq       // touch READs (touchC) not ended yet
 	inbox   []xfer.Notif     // drained by the progress goroutine, for DrainNotifs
 	dropped uint64           // notifications over maxInbox
 	next    xfer.Handle
@@ -85,6 +86,13 @@ type Agent struct {
 	ready   chan struct{} // notifications wait in the inbox
 	stop    chan struct{}
 	done    chan struct{} // closed when the progress goroutine returned
+}
+
+// touchReq is a touch READ of peer (NIXL's name) that had not ended when
+// last seen.
+type touchReq struct {
+	ch   C.cnixl_handle
+	peer string
 }
 
 // req is a READ; ended says Check saw it end, so Release need not ask
@@ -509,14 +517,25 @@ func (a *Agent) connectC(key string, notif []byte, touch wire.Blocks) error {
 // touchC reads the touch page a producer named (wire.XferAck.Touch) into
 // our own, once, with no notification: over UCX the first READ towards a
 // peer chooses its protocols, 0.3-0.7 ms here, and this one pays for it
-// instead of the first fetch's. It reads nothing of the producer's region
-// and writes nothing of ours. A page that is not one (more than one block,
-// longer than ours) is not read, and a READ that fails costs nothing but
-// the set-up it was for: the first fetch then pays, as without a touch
-// page. The READ is left with the zombies, which the agent releases once
-// it ended. The caller holds cmu, not mu; name is NIXL's for the peer.
+// instead of the first fetch's. It writes nothing but our touch page. A
+// page that is not one (more than one block, longer than ours, past the
+// end of the address space) is not read, and a READ that fails costs
+// nothing but the set-up it was for: the first fetch then pays, as
+// without a touch page. A touch READ that has not ended is kept apart
+// from the READs (touches): the agent releases it once it ended, is not
+// driven for it, and Close waits for it only briefly, so that a producer
+// that stops driving its agent costs the consumer nothing; one such READ
+// per peer at most. The caller holds cmu, not mu; name is NIXL's for the
+// peer.
 func (a *Agent) touchC(name *C.char, touch wire.Blocks) {
-	if touch.Count != 1 || touch.Size == 0 || touch.Size > C.CNIXL_TOUCH_LEN {
+	if touch.Count != 1 || touch.Size == 0 || touch.Size > C.CNIXL_TOUCH_LEN || touch.Size > math.MaxUint64-touch.Base {
+		return
+	}
+	peer := C.GoString(name)
+	a.mu.Lock()
+	pending := slices.ContainsFunc(a.touches, func(t touchReq) bool { return t.peer == peer })
+	a.mu.Unlock()
+	if pending {
 		return
 	}
 	var h C.cnixl_handle
@@ -530,7 +549,7 @@ func (a *Agent) touchC(name *C.char, touch wire.Blocks) {
 		return
 	}
 	a.mu.Lock()
-	a.zombies = append(a.zombies, h)
+	a.touches = append(a.touches, touchReq{ch: h, peer: peer})
 	a.mu.Unlock()
 }
 
@@ -622,6 +641,10 @@ func (a *Agent) underC(f func() error) error {
 // contactSpin is how long contact drives the agent after NIXL's
 // makeConnection.
 const contactSpin = 30 * time.Millisecond
+
+// touchCloseWait is how long Close waits for touch READs (touchC) that
+// have not ended, when no other READ runs.
+const touchCloseWait = 100 * time.Millisecond
 
 // agentPlane is an Agent's side of the plumbing between a session and its
 // data plane (package internal/plane).
@@ -1032,8 +1055,24 @@ func (a *Agent) releaseEndedC() {
 	}
 }
 
-// reapZombiesC releases the kept requests that have ended.
+// reapZombiesC releases the kept requests that have ended, touch READs'
+// too.
 func (a *Agent) reapZombiesC() {
+	a.mu.Lock()
+	ts := a.touches
+	a.touches = nil
+	a.mu.Unlock()
+	if len(ts) > 0 {
+		kept := ts[:0]
+		for _, t := range ts {
+			if C.cnixl_check(a.c, t.ch) == C.CNIXL_IN_PROG || C.cnixl_release(a.c, t.ch) != 0 {
+				kept = append(kept, t)
+			}
+		}
+		a.mu.Lock()
+		a.touches = append(kept, a.touches...)
+		a.mu.Unlock()
+	}
 	a.mu.Lock()
 	zs := a.zombies
 	a.zombies = nil
@@ -1385,7 +1424,10 @@ func (a *Agent) Close() error {
 	defer a.unlockC()
 	// Quiesce: UCX has aborted the process when agents were destroyed with
 	// READs between them in flight (UCX 1.13), so let them end first.
-	deadline := time.Now().Add(a.cfg.CloseTimeout)
+	// A touch READ is waited for only briefly (touchCloseWait), and is not
+	// counted: it writes only into the touch page, freed after the agent.
+	start := time.Now()
+	deadline := start.Add(a.cfg.CloseTimeout)
 	running := 0
 	for {
 		running = 0
@@ -1399,7 +1441,8 @@ func (a *Agent) Close() error {
 		a.reapZombiesC()
 		a.mu.Lock()
 		running += len(a.zombies)
-		if running == 0 || time.Now().After(deadline) {
+		now := time.Now()
+		if running == 0 && (len(a.touches) == 0 || now.Sub(start) > min(touchCloseWait, a.cfg.CloseTimeout)) || now.After(deadline) {
 			break
 		}
 		a.mu.Unlock()
@@ -1412,7 +1455,7 @@ func (a *Agent) Close() error {
 	clear(a.handles)
 	clear(a.peers)
 	clear(a.byMeta)
-	a.zombies, a.inbox, a.queued, a.ended, a.peerOps = nil, nil, nil, nil, nil
+	a.zombies, a.touches, a.inbox, a.queued, a.ended, a.peerOps = nil, nil, nil, nil, nil, nil
 	if running > 0 {
 		return fmt.Errorf("nixl: close: %d READs still running after %v were stopped by destroying the agent", running, a.cfg.CloseTimeout)
 	}

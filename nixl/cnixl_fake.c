@@ -481,7 +481,7 @@ int cnixl_post_touch(cnixl_agent *a, const char *agent, uint64_t addr, uint64_t 
 	pthread_mutex_lock(&g_mu);
 	int st = injected(CNIXL_FAKE_OP_POST);
 	cnixl_agent *t = find_agent(agent);
-	if (st == 0 && (a->touch == NULL || len == 0 || len > CNIXL_TOUCH_LEN || dev != 0))
+	if (st == 0 && (a->touch == NULL || len == 0 || len > CNIXL_TOUCH_LEN || addr > UINT64_MAX - len || dev != 0))
 		st = CNIXL_ERR_INVALID_PARAM;
 	else if (st == 0 && !known(a, agent))
 		st = CNIXL_ERR_NOT_FOUND;

@@ -322,7 +322,8 @@ extern "C" int cnixl_post_touch(cnixl_agent *a, const char *agent, uint64_t addr
                                 cnixl_handle *out) {
     return guarded([&] {
         std::lock_guard<std::mutex> l(a->mu);
-        if (a->touch == nullptr || len == 0 || len > CNIXL_TOUCH_LEN)
+        // NIXL's range check wraps at the end of the address space.
+        if (a->touch == nullptr || len == 0 || len > CNIXL_TOUCH_LEN || addr > UINT64_MAX - len)
             return CNIXL_ERR_INVALID_PARAM;
         if (a->remotes.find(agent) == a->remotes.end())
             return CNIXL_ERR_NOT_FOUND;

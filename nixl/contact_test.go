@@ -6,6 +6,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -90,7 +91,8 @@ func touchBytes(a *Agent) []byte { return unsafe.Slice((*byte)(a.touchPage), a.t
 // own touch page, and nothing else: the consumer's blocks keep their
 // bytes, and the READ is released once it ended. A page that cannot be
 // one (longer than ours, more than one block, outside the producer's
-// registered memory) is not read, and the contact succeeds all the same.
+// registered memory, past the end of the address space) is not read, and
+// the contact succeeds all the same.
 func TestContactReadsOnlyTheTouchPage(t *testing.T) {
 	forVariants(t, func(t *testing.T, v variant) {
 		for _, post := range []string{"sync", "auto"} {
@@ -119,6 +121,7 @@ func TestContactReadsOnlyTheTouchPage(t *testing.T) {
 					{Base: touch.Base, Size: touch.Size + 1, Count: 1},
 					{Base: touch.Base, Size: touch.Size / 2, Count: 2},
 					{Base: 64, Size: touch.Size, Count: 1},
+					{Base: math.MaxUint64 - touch.Size + 1, Size: touch.Size, Count: 1}, // NIXL's check wraps
 				} {
 					if err := c.Contact(ctx, peer.Agent, plane.Contact{Touch: odd}); err != nil {
 						t.Fatalf("contact with touch page %+v: %v", odd, err)
@@ -154,7 +157,7 @@ func settled(t *testing.T, a *Agent) {
 	for {
 		a.DrainNotifs(nil)
 		a.mu.Lock()
-		n := len(a.zombies) + len(a.ended)
+		n := len(a.zombies) + len(a.ended) + len(a.touches)
 		a.mu.Unlock()
 		if n == 0 {
 			return

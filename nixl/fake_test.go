@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -726,4 +727,46 @@ func cpuOver(t *testing.T, d time.Duration) time.Duration {
 	u0 := used()
 	time.Sleep(d)
 	return used() - u0
+}
+
+// A touch READ that never ends (a producer that stopped driving its agent
+// after its contact answer) costs the consumer nothing: its progress
+// goroutine is not driven for it, a second contact adds no second one,
+// and Close waits for it only briefly and reports no READ stopped.
+func TestHungTouchCostsNothing(t *testing.T) {
+	fakeSetHang(true)
+	defer fakeSetHang(false) // before the agents close
+	c, _ := newAgent(t, variants[0], 8, 64, Config{})
+	p, _ := newAgent(t, variants[0], 8, 64, Config{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	k := plane.Contact{Touch: plane.TouchPageOf(p)}
+	for range 2 {
+		if err := plane.ContacterOf(c).Contact(ctx, peer.Agent, k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.mu.Lock()
+	n := len(c.touches)
+	c.mu.Unlock()
+	if n != 1 {
+		t.Fatalf("%d touch READs under way, want the one that hangs", n)
+	}
+	const window = 500 * time.Millisecond
+	w0 := c.wakeups.Load()
+	time.Sleep(window)
+	if w := c.wakeups.Load() - w0; w > uint64(3*window/c.cfg.IdlePoll) {
+		t.Fatalf("the progress goroutine woke %d times in %v for a hung touch READ", w, window)
+	}
+	t0 := time.Now()
+	if err := c.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if d := time.Since(t0); d > c.cfg.CloseTimeout/2 {
+		t.Fatalf("close took %v", d)
+	}
 }

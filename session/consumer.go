@@ -603,6 +603,9 @@ func (c *ConsumerSession) register(ack *wireview.Ack) (xfer.Peer, error) {
 	if c.registered && bytes.Equal(meta, c.agentMeta) {
 		return c.agent, nil
 	}
+	// What a contact answer gave the data plane's contact belongs to the
+	// registration it made (answered sets it after this).
+	c.contact.notif, c.contact.touch = nil, wire.Blocks{}
 	if c.registered {
 		c.log.Info("ec consumer: producer restarted; registering again", "agent", c.agent.Agent)
 		if err := c.data.RemoveRemotePeer(c.agent.Agent); err != nil {

@@ -197,3 +197,33 @@ func TestContactAnswerNamesTheTouchPage(t *testing.T) {
 		}
 	}
 }
+
+// What a contact answer gave the data plane's contact belongs to the
+// registration it made: once an ack of a new incarnation of the producer
+// (new metadata) registers it again, the old touch page and contact
+// notification are no longer given to a contact with the new agent.
+func TestContactAnswerBelongsToItsRegistration(t *testing.T) {
+	cp := newContactPair(t)
+	fab := xfake.NewFabric()
+	old := wire.Blocks{Base: 1 << 30, Size: 64, Count: 1}
+	cp.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, touchingFake{fab.New("prod", 16, 8), old}, cp.pc, compat))
+	if err := cp.c.sendContact(at(time.Second), t0); err != nil {
+		t.Fatal(err)
+	}
+	cp.exchange(at(time.Millisecond), false)
+	if got := cp.c.contactOf().Touch; got != old {
+		t.Fatalf("the contact has touch page %+v, want %+v", got, old)
+	}
+	first, _ := cp.c.registeredPeer()
+	// The producer restarts: a new agent, a new touch page.
+	newer := wire.Blocks{Base: 1 << 31, Size: 64, Count: 1}
+	cp.p = must(NewProducerSession(ProducerConfig{Logger: quiet}, touchingFake{fab.New("prod2", 16, 8), newer}, cp.pc, compat))
+	mustStart(t, cp.c, "R", []int{3, 4}, at(time.Second))
+	cp.exchange(at(2*time.Millisecond), false)
+	if peer, ok := cp.c.registeredPeer(); !ok || peer.Agent == first.Agent {
+		t.Fatalf("not registered again: %v %+v", ok, peer)
+	}
+	if k := cp.c.contactOf(); k.Touch != (wire.Blocks{}) || k.Notif != nil {
+		t.Fatalf("after the restart the contact would get %+v", k)
+	}
+}

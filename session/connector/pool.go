@@ -454,8 +454,9 @@ var ErrContactRefused = errors.New("connector: the producer refused contact")
 // asks the producer for its data-plane contact (wire.XferReq.Contact) and
 // registers it as a first OK ack would, then has the data plane make its
 // own contact where it has one (the TCP plane's connections and its
-// same-host proof and mapping; NIXL's load of the producer's metadata
-// and its connection). A producer that does not answer such a request
+// same-host proof and mapping; NIXL's load of the producer's metadata,
+// its connection, and a READ of the producer's touch page, which makes UCX
+// do the first READ's set-up there). A producer that does not answer such a request
 // (vLLM's, or an older Go one, answer NACK_MISSING) leaves the data-plane
 // contact to the first fetch, and Connect returns nil once the control
 // connection is up. A request that goes unanswered, one whose connection
