@@ -88,8 +88,8 @@ type Agent struct {
 	done    chan struct{} // closed when the progress goroutine returned
 }
 
-// touchReq is a touch READ of peer (NIXL's name) that had not ended when
-// last seen.
+// touchReq is a touch READ of peer (NIXL's name; "" once that agent was
+// removed) that had not ended when last seen.
 type touchReq struct {
 	ch   C.cnixl_handle
 	peer string
@@ -755,6 +755,13 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 			delete(a.byMeta, m)
 		}
 	}
+	// A touch READ of the agent removed no longer stands for the peer: a
+	// producer loaded again under its name gets a touch of its own.
+	for i := range a.touches {
+		if p.name != "" && a.touches[i].peer == p.name {
+			a.touches[i].peer = ""
+		}
+	}
 	if a.async {
 		if p.name != "" { // else its load finds it gone
 			a.peerOps = append(a.peerOps, peerOp{remove: true, name: p.name})
@@ -1135,6 +1142,12 @@ func (a *Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	if a.async {
 		haveC = a.cmu.TryLock()
 	} else {
+		a.mu.Lock()
+		closed := a.closed
+		a.mu.Unlock()
+		if closed { // Close may hold cmu a while: do not wait for it
+			return dst, xfer.ErrClosed
+		}
 		a.cmu.Lock()
 	}
 	if haveC {

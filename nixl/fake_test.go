@@ -770,3 +770,58 @@ func TestHungTouchCostsNothing(t *testing.T) {
 		t.Fatalf("close took %v", d)
 	}
 }
+
+// A touch READ that never ends stands for its peer only while that agent
+// is loaded: a producer removed and loaded again under the same name (a
+// restart) gets a touch READ of its own at its contact. And Close, which
+// waits for such a READ a while, keeps no DrainNotifs of a caller-driven
+// agent waiting meanwhile.
+func TestHungTouchOfARemovedPeer(t *testing.T) {
+	fakeSetHang(true)
+	defer fakeSetHang(false) // before the agents close
+	c, _ := newAgent(t, variants[0], 8, 64, withPost("sync", Config{}))
+	name := fmt.Sprintf("restarted-%d", seq.Add(1))
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := range 2 {
+		p, _ := newAgent(t, variants[0], 8, 64, Config{Name: name})
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := plane.ContacterOf(c).Contact(ctx, peer.Agent, plane.Contact{Touch: plane.TouchPageOf(p)}); err != nil {
+			t.Fatal(err)
+		}
+		c.mu.Lock()
+		n := len(c.touches)
+		c.mu.Unlock()
+		if n != i+1 {
+			t.Fatalf("incarnation %d: %d touch READs under way, want %d", i, n, i+1)
+		}
+		if err := c.RemoveRemotePeer(peer.Agent); err != nil {
+			t.Fatal(err)
+		}
+		p.Close()
+	}
+	closed := make(chan error, 1)
+	go func() { closed <- c.Close() }()
+	for {
+		c.mu.Lock()
+		started := c.closed
+		c.mu.Unlock()
+		if started {
+			break
+		}
+		time.Sleep(time.Millisecond)
+	}
+	t0 := time.Now()
+	if _, err := c.DrainNotifs(nil); !errors.Is(err, xfer.ErrClosed) {
+		t.Fatalf("DrainNotifs while closing: %v", err)
+	}
+	if d := time.Since(t0); d > touchCloseWait/2 {
+		t.Fatalf("DrainNotifs waited %v for Close", d)
+	}
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
+}
