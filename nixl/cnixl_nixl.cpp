@@ -254,6 +254,19 @@ extern "C" int cnixl_gen_notif(cnixl_agent *a, const char *name, const void *msg
     });
 }
 
+// post posts req, which the agent then holds under a new handle in *out;
+// one NIXL refused is released. The caller holds a->mu.
+static int post(cnixl_agent *a, nixlXferReqH *req, cnixl_handle *out) {
+    nixl_status_t st = a->agent->postXferReq(req);
+    if (st < 0) {
+        a->agent->releaseXferReq(req);
+        return static_cast<int>(st);
+    }
+    *out = ++a->next;
+    a->reqs[*out] = req;
+    return st == NIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
+}
+
 extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32_t *remote, int n,
                                const char *agent, const void *notif, size_t notiflen, cnixl_handle *out) {
     return guarded([&] {
@@ -302,14 +315,7 @@ extern "C" int cnixl_post_read(cnixl_agent *a, const int32_t *local, const int32
         }
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
-        st = a->agent->postXferReq(req);
-        if (st < 0) {
-            a->agent->releaseXferReq(req);
-            return static_cast<int>(st);
-        }
-        *out = ++a->next;
-        a->reqs[*out] = req;
-        return st == NIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
+        return post(a, req, out);
     });
 }
 
@@ -336,14 +342,7 @@ extern "C" int cnixl_post_touch(cnixl_agent *a, const char *agent, uint64_t addr
         nixl_status_t st = a->agent->createXferReq(NIXL_READ, ld, rd, agent, req, &o);
         if (st != NIXL_SUCCESS)
             return static_cast<int>(st);
-        st = a->agent->postXferReq(req);
-        if (st < 0) {
-            a->agent->releaseXferReq(req);
-            return static_cast<int>(st);
-        }
-        *out = ++a->next;
-        a->reqs[*out] = req;
-        return st == NIXL_SUCCESS ? CNIXL_SUCCESS : CNIXL_IN_PROG;
+        return post(a, req, out);
     });
 }
 
