@@ -758,7 +758,7 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 	// A touch READ of the agent removed no longer stands for the peer: a
 	// producer loaded again under its name gets a touch of its own.
 	for i := range a.touches {
-		if p.name != "" && a.touches[i].peer == p.name {
+		if a.touches[i].peer == p.name {
 			a.touches[i].peer = ""
 		}
 	}
@@ -1065,36 +1065,29 @@ func (a *Agent) releaseEndedC() {
 // reapZombiesC releases the kept requests that have ended, touch READs'
 // too.
 func (a *Agent) reapZombiesC() {
+	reapC(a, &a.touches, func(t touchReq) C.cnixl_handle { return t.ch })
+	reapC(a, &a.zombies, func(h C.cnixl_handle) C.cnixl_handle { return h })
+}
+
+// reapC releases the requests of *kept (a's, guarded by mu) that have
+// ended, and keeps the rest; h is a request's handle. The caller holds
+// cmu, not mu.
+func reapC[T any](a *Agent, kept *[]T, h func(T) C.cnixl_handle) {
 	a.mu.Lock()
-	ts := a.touches
-	a.touches = nil
+	todo := *kept
+	*kept = nil
 	a.mu.Unlock()
-	if len(ts) > 0 {
-		kept := ts[:0]
-		for _, t := range ts {
-			if C.cnixl_check(a.c, t.ch) == C.CNIXL_IN_PROG || C.cnixl_release(a.c, t.ch) != 0 {
-				kept = append(kept, t)
-			}
-		}
-		a.mu.Lock()
-		a.touches = append(kept, a.touches...)
-		a.mu.Unlock()
-	}
-	a.mu.Lock()
-	zs := a.zombies
-	a.zombies = nil
-	a.mu.Unlock()
-	if len(zs) == 0 {
+	if len(todo) == 0 {
 		return
 	}
-	kept := zs[:0]
-	for _, z := range zs {
-		if C.cnixl_check(a.c, z) == C.CNIXL_IN_PROG || C.cnixl_release(a.c, z) != 0 {
-			kept = append(kept, z)
+	still := todo[:0]
+	for _, t := range todo {
+		if C.cnixl_check(a.c, h(t)) == C.CNIXL_IN_PROG || C.cnixl_release(a.c, h(t)) != 0 {
+			still = append(still, t)
 		}
 	}
 	a.mu.Lock()
-	a.zombies = append(kept, a.zombies...) // and those released meanwhile
+	*kept = append(still, *kept...) // and those kept meanwhile
 	a.mu.Unlock()
 }
 
