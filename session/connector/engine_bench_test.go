@@ -54,11 +54,13 @@ type engine struct {
 func newEngine(work time.Duration) *engine {
 	e := &engine{}
 	// Calibrated on thread CPU time, which a loaded machine does not
-	// stretch.
+	// stretch, on one thread throughout.
 	const probe = 1 << 20
+	runtime.LockOSThread()
 	t0 := threadCPU()
 	e.spin(probe)
 	per := float64(threadCPU()-t0) / probe
+	runtime.UnlockOSThread()
 	e.iters = max(int(float64(work.Nanoseconds())/per), 1)
 	e.perNs = int64(float64(e.iters) * per)
 	for range runtime.GOMAXPROCS(0) - 1 {
@@ -193,6 +195,8 @@ func engineProducerMain(spec string) int {
 	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries))
 	e := newEngine(work)
+	floor := newFloorServer()
+	defer floor.close()
 	var stop atomic.Bool
 	done := make(chan struct{})
 	ctx, cancel := context.WithCancel(context.Background())
@@ -204,13 +208,14 @@ func engineProducerMain(spec string) int {
 		}
 		for !stop.Load() {
 			prod.Step(time.Now())
+			floor.step()
 			e.step()
 		}
 	}()
 	echo := must(net.Listen("tcp", "127.0.0.1:0"))
 	go serveEcho(echo)
 	defer echo.Close()
-	fmt.Println(srv.Endpoint(), echo.Addr())
+	fmt.Println(srv.Endpoint(), echo.Addr(), floor.addr(true), floor.addr(false))
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		fmt.Println(e.snap())
@@ -253,7 +258,10 @@ func engineProducerMain(spec string) int {
 // idle library's is the fetches'.
 //
 // Anchors, in the same run: memmove (the CPU of copying the same bytes,
-// cycling over the same number of entries); tcp-ping-pong (both
+// cycling over the same number of entries); floor/polled and
+// floor/netpoller (a fetch's three messages between the same busy engines
+// with no library, read once per step off the runtime's poller, or by
+// goroutines it wakes: see floor_bench_test.go); tcp-ping-pong (both
 // processes' CPU per 200-byte TCP round trip at 1,000/s, sleeping
 // between: what waking each side once costs on this machine); and
 // request → answer, one outstanding, back to back: sessions (a Pool
@@ -281,15 +289,22 @@ func BenchmarkEngine(b *testing.B) {
 			engineMemmove(b, sh.blocks, sh.bs)
 		})
 	}
+	b.Run("floor/polled", func(b *testing.B) { engineFloor(b, true, shapes[0].rate) })
+	b.Run("floor/netpoller", func(b *testing.B) { engineFloor(b, false, shapes[0].rate) })
 	b.Run("tcp-ping-pong", func(b *testing.B) { enginePingPong(b, shapes[0].rate) })
 	b.Run("request-answer/sessions", func(b *testing.B) { engineRun(b, 1, 4096, "missing", 0, 0) })
 	b.Run("request-answer/python-sessions", pySessions)
 }
 
-// startEngineProducer starts BenchmarkEngine's second process; it returns
-// its control endpoint, its echo address, and a function that takes its
-// snapshot.
-func startEngineProducer(b *testing.B, blocks, bs int, data string, work time.Duration) (string, string, func() engineSnap) {
+// engineProc is BenchmarkEngine's second process.
+type engineProc struct {
+	ctl, echo         string // its control endpoint; its echo server's address
+	polled, netpoller string // its floor servers' addresses (floorServer)
+	remote            func() engineSnap
+}
+
+// startEngineProducer starts BenchmarkEngine's second process.
+func startEngineProducer(b *testing.B, blocks, bs int, data string, work time.Duration) engineProc {
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), fmt.Sprintf("ECXFER_ENGINE_PRODUCER=%dx%d,%s,%d", blocks, bs, data, work.Nanoseconds()))
 	cmd.Stderr = os.Stderr
@@ -316,7 +331,7 @@ func startEngineProducer(b *testing.B, blocks, bs int, data string, work time.Du
 		}
 		return s
 	}
-	return addrs[0], addrs[1], remote
+	return engineProc{ctl: addrs[0], echo: addrs[1], polled: addrs[2], netpoller: addrs[3], remote: remote}
 }
 
 // serveEcho answers each 200 bytes with themselves: the ping-pong anchor.
@@ -345,8 +360,9 @@ func serveEcho(ln net.Listener) {
 // trip at rate, sleeping between (a Go timer): what waking each side once
 // costs here.
 func enginePingPong(b *testing.B, rate float64) {
-	_, echo, remote := startEngineProducer(b, 1, 4096, "tcp", 0)
-	c := must(net.Dial("tcp", echo))
+	proc := startEngineProducer(b, 1, 4096, "tcp", 0)
+	remote := proc.remote
+	c := must(net.Dial("tcp", proc.echo))
 	defer c.Close()
 	buf := make([]byte, 200)
 	e := newEngine(0)
@@ -400,102 +416,169 @@ func engineMemmove(b *testing.B, blocks, bs int) {
 	b.ReportMetric(float64(threadCPU()-t0)/copies/1e3, "cpu-µs/fetch")
 }
 
+// engineLoad is what an engine's loop fetches through, for engineDrive: the
+// library (a Pool), or a floor anchor's bare connection.
+type engineLoad interface {
+	// ask starts a fetch that fell due at due; false: none could start
+	// now (it is counted as skipped).
+	ask(due, now time.Time) bool
+	// step is the library's part of an engine step: it returns when each
+	// fetch that ended fell due, and counts those that failed.
+	step(now time.Time) (ended []time.Time)
+	inFlight() int
+	failed() int
+	// wait waits, an idle engine, for the library, or at most d when d
+	// is not negative.
+	wait(ctx context.Context, d time.Duration)
+}
+
 // engineRun is one shape over one data plane: see BenchmarkEngine.
 func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work time.Duration) {
-	waiting := work == 0
 	// "missing": request → answer, one outstanding, back to back: the
 	// producer holds no such entry and NACKs it.
 	missing := data == "missing"
 	if missing {
 		data = "tcp"
 	}
-	ep, _, remote := startEngineProducer(b, blocks, bs, data, work)
+	proc := startEngineProducer(b, blocks, bs, data, work)
+	engineDrive(b, newPoolLoad(b, proc.ctl, blocks, bs, data, missing), proc.remote, work, rate)
+}
+
+// poolLoad is a Pool fetching engineItems entries in turn from the engine
+// producer at ep, into 64 slots of blocks each.
+type poolLoad struct {
+	b              *testing.B
+	pool           *connector.Pool
+	region         *cache.Region
+	ep             string
+	blocks, bs     int
+	missing        bool
+	free           []int
+	slotOf         map[string]int
+	dueOf          map[string]time.Time
+	item, failures int
+	want           []byte
+}
+
+func newPoolLoad(b *testing.B, ep string, blocks, bs int, data string, missing bool) *poolLoad {
 	const slots = 64
 	pool, region := benchPool(b, slots*blocks, bs, data)
+	l := &poolLoad{b: b, pool: pool, region: region, ep: ep, blocks: blocks, bs: bs, missing: missing,
+		slotOf: map[string]int{}, dueOf: map[string]time.Time{}, want: make([]byte, bs)}
+	for i := range slots {
+		l.free = append(l.free, i)
+	}
+	return l
+}
+
+func (l *poolLoad) ask(due, now time.Time) bool {
+	h := benchHash(l.item % engineItems)
+	if l.missing {
+		h = "missing"
+	}
+	if _, busy := l.slotOf[h]; busy || len(l.free) == 0 {
+		return false
+	}
+	s := l.free[len(l.free)-1]
+	ids := make([]int, l.blocks)
+	for j := range ids {
+		ids[j] = s*l.blocks + j
+	}
+	if _, err := l.pool.Fetch(l.ep, h, ids, now.Add(10*time.Second), now); err != nil {
+		l.b.Fatal(err)
+	}
+	l.item++
+	l.free = l.free[:len(l.free)-1]
+	l.slotOf[h], l.dueOf[h] = s, due
+	return true
+}
+
+func (l *poolLoad) step(now time.Time) []time.Time {
+	var ended []time.Time
+	end := func(h string) {
+		ended = append(ended, l.dueOf[h])
+		l.free = append(l.free, l.slotOf[h])
+		delete(l.slotOf, h)
+		delete(l.dueOf, h)
+	}
+	r := l.pool.Step(now)
+	for _, d := range r.Completed {
+		if l.item <= engineItems { // every entry's bytes, in the warm-up
+			var i int
+			fmt.Sscanf(d.MMHash, "bench-%d", &i)
+			for j, blk := range d.Blocks {
+				benchFill(l.want, i, j)
+				if string(l.region.Block(blk)) != string(l.want) {
+					l.b.Fatalf("%s block %d: bytes differ", d.MMHash, j)
+				}
+			}
+		}
+		end(d.MMHash)
+	}
+	for _, f := range r.Failed {
+		if l.missing && f.Reason == xfer.Nacked {
+			end(f.MMHash)
+			continue
+		}
+		l.failures++
+		if f.BlocksHeld {
+			l.b.Fatalf("%s failed with its blocks held: %v", f.MMHash, f.Reason)
+		}
+		end(f.MMHash)
+		ended = ended[:len(ended)-1]
+	}
+	return ended
+}
+
+func (l *poolLoad) inFlight() int { return len(l.slotOf) }
+func (l *poolLoad) failed() int   { return l.failures }
+
+func (l *poolLoad) wait(ctx context.Context, d time.Duration) {
+	if d < 0 {
+		l.pool.Wait(ctx)
+		return
+	}
+	l.pool.WaitFor(ctx, d)
+}
+
+// engineDrive runs an engine of -engine.work per goroutine per step beside
+// the engine producer (remote takes its snapshot), fetching through load at
+// rate (0: one at a time, back to back), and reports what BenchmarkEngine
+// says. With work 0 the engine is idle: it waits on load between steps.
+func engineDrive(b *testing.B, load engineLoad, remote func() engineSnap, work time.Duration, rate float64) {
+	waiting := work == 0
 	e := newEngine(work)
 	defer e.close()
-
-	free := make([]int, 0, slots)
-	for i := range slots {
-		free = append(free, i)
-	}
-	slotOf := map[string]int{}
-	dueOf := map[string]time.Time{}
 	var lat []time.Duration
-	fetches, failed, skipped, item := 0, 0, 0, 0
+	fetches, skipped := 0, 0
 	var interval time.Duration
 	if rate > 0 {
 		interval = time.Duration(float64(time.Second) / rate)
 	}
 	var due, until time.Time
 	ctx := context.Background()
-	want := make([]byte, bs)
-	// step is one engine step: the fetches due (when asking), Pool.Step,
-	// its outcomes, the work. record counts what it asks for and sees.
+	// step is one engine step: the fetches due (when asking), the
+	// library's step, the work. record counts what it asks for and sees.
 	step := func(asking, record bool) {
 		now := time.Now()
-		for asking && !now.Before(due) && (!missing || len(slotOf) == 0) {
+		for asking && !now.Before(due) && (rate > 0 || load.inFlight() == 0) {
 			d := due
 			due = due.Add(interval)
-			h := benchHash(item % engineItems)
-			if missing {
-				d, h = now, "missing"
+			if rate == 0 {
+				d = now
 			}
-			if _, busy := slotOf[h]; busy || len(free) == 0 {
+			if !load.ask(d, now) {
 				skipped++
 				continue
 			}
-			s := free[len(free)-1]
-			ids := make([]int, blocks)
-			for j := range ids {
-				ids[j] = s*blocks + j
-			}
-			if _, err := pool.Fetch(ep, h, ids, now.Add(10*time.Second), now); err != nil {
-				b.Fatal(err)
-			}
-			item++
-			free = free[:len(free)-1]
-			slotOf[h], dueOf[h] = s, d
 			if record {
 				fetches++
 			}
 		}
-		r := pool.Step(now)
-		for _, d := range r.Completed {
-			if item <= engineItems { // every entry's bytes, in the warm-up
-				var i int
-				fmt.Sscanf(d.MMHash, "bench-%d", &i)
-				for j, blk := range d.Blocks {
-					benchFill(want, i, j)
-					if string(region.Block(blk)) != string(want) {
-						b.Fatalf("%s block %d: bytes differ", d.MMHash, j)
-					}
-				}
-			}
+		for _, d := range load.step(now) {
 			if record {
-				lat = append(lat, now.Sub(dueOf[d.MMHash]))
+				lat = append(lat, now.Sub(d))
 			}
-			free = append(free, slotOf[d.MMHash])
-			delete(slotOf, d.MMHash)
-			delete(dueOf, d.MMHash)
-		}
-		for _, f := range r.Failed {
-			if missing && f.Reason == xfer.Nacked {
-				if record {
-					lat = append(lat, now.Sub(dueOf[f.MMHash]))
-				}
-				free = append(free, slotOf[f.MMHash])
-				delete(slotOf, f.MMHash)
-				delete(dueOf, f.MMHash)
-				continue
-			}
-			failed++
-			if f.BlocksHeld {
-				b.Fatalf("%s failed with its blocks held: %v", f.MMHash, f.Reason)
-			}
-			free = append(free, slotOf[f.MMHash])
-			delete(slotOf, f.MMHash)
-			delete(dueOf, f.MMHash)
 		}
 		if !waiting {
 			e.step()
@@ -504,16 +587,13 @@ func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work tim
 		// An idle engine waits for the library, or the next fetch due.
 		e.steps.Add(1)
 		switch {
-		case asking && missing:
-			if len(slotOf) > 0 {
-				pool.Wait(ctx)
-			}
-		case asking:
-			pool.WaitFor(ctx, max(0, time.Until(due)))
-		case len(slotOf) > 0:
-			pool.Wait(ctx)
+		case asking && rate > 0:
+			load.wait(ctx, max(0, time.Until(due)))
+		case load.inFlight() > 0:
+			load.wait(ctx, -1)
+		case asking: // back to back: the next one at once
 		default:
-			pool.WaitFor(ctx, max(0, time.Until(until)))
+			load.wait(ctx, max(0, time.Until(until)))
 		}
 	}
 	// run steps for d, asking for fetches if asking; settle steps until
@@ -526,7 +606,7 @@ func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work tim
 		}
 	}
 	settle := func() {
-		for len(slotOf) > 0 {
+		for load.inFlight() > 0 {
 			step(false, false)
 		}
 	}
@@ -548,8 +628,8 @@ func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work tim
 	cf, pf := measure(true)
 	cb2, pb2 := measure(false)
 	cb, pb := cb1.add(cb2), pb1.add(pb2)
-	if failed > 0 || fetches == 0 {
-		b.Fatalf("%d fetches, %d failed", fetches, failed)
+	if load.failed() > 0 || fetches == 0 {
+		b.Fatalf("%d fetches, %d failed", fetches, load.failed())
 	}
 	b.Logf("consumer: without fetches %+v, with %+v; producer: %+v, %+v", cb, cf, pb, pf)
 	lib := (cf.cpu - cb.own(cf)) + (pf.cpu - pb.own(pf))

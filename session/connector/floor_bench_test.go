@@ -1,0 +1,275 @@
+package connector_test
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net"
+	"sync"
+	"testing"
+	"time"
+
+	"golang.org/x/sys/unix"
+)
+
+// The floor anchors of BenchmarkEngine: a fetch's three messages (request,
+// answer, completion notification, floorMsg bytes each) between the same
+// two engines, with no library at all, read in one of two ways:
+//
+//   - polled: the engine's loop reads a descriptor outside the runtime's
+//     network poller once per step, without waiting; a message arriving
+//     wakes no thread;
+//   - netpoller: a goroutine per connection waits in the runtime's poller,
+//     as the library's sockets do, and hands whole messages to the loop.
+//
+// What a fetch costs beyond the first is the price of I/O that wakes a
+// thread for each message, on this machine.
+
+// floorMsg is the size of each floor message, about a request's, an
+// answer's and a notification's on the wire.
+const floorMsg = 200
+
+// Message kinds, the first byte of a floor message.
+const (
+	floorRequest byte = 1 + iota
+	floorAnswer
+	floorDone
+)
+
+// floorConn is one end of a floor connection.
+type floorConn struct {
+	fd  int      // polled: a descriptor of our own, non-blocking
+	c   net.Conn // netpoller
+	in  []byte   // polled: bytes read, the start of a message
+	msg [floorMsg]byte
+
+	mu    sync.Mutex // netpoller: the reader's
+	kinds []byte
+	err   error
+}
+
+// newFloorConn takes c over. Polled, its descriptor leaves the runtime's
+// poller: a duplicate is kept and c is closed (which removes it from the
+// poller's set; the socket lives on in the duplicate).
+func newFloorConn(c net.Conn, polled bool) (*floorConn, error) {
+	f := &floorConn{c: c, fd: -1}
+	if !polled {
+		go f.read()
+		return f, nil
+	}
+	raw, err := c.(*net.TCPConn).SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	var derr error
+	if err := raw.Control(func(s uintptr) { f.fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
+		return nil, err
+	}
+	c.Close()
+	f.c = nil
+	return f, derr
+}
+
+// read is the netpoller's reader goroutine.
+func (f *floorConn) read() {
+	var msg [floorMsg]byte
+	for {
+		_, err := io.ReadFull(f.c, msg[:])
+		f.mu.Lock()
+		if err != nil {
+			f.err = err
+			f.mu.Unlock()
+			return
+		}
+		f.kinds = append(f.kinds, msg[0])
+		f.mu.Unlock()
+	}
+}
+
+func (f *floorConn) send(kind byte) error {
+	f.msg[0] = kind
+	if f.c != nil {
+		_, err := f.c.Write(f.msg[:])
+		return err
+	}
+	for b := f.msg[:]; len(b) > 0; {
+		n, err := unix.Write(f.fd, b)
+		if err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
+			return err
+		}
+		b = b[max(n, 0):]
+	}
+	return nil
+}
+
+// poll appends the kinds of the messages that arrived since the last call
+// to kinds, without waiting.
+func (f *floorConn) poll(kinds []byte) ([]byte, error) {
+	if f.c != nil {
+		f.mu.Lock()
+		defer f.mu.Unlock()
+		kinds = append(kinds, f.kinds...)
+		f.kinds = f.kinds[:0]
+		return kinds, f.err
+	}
+	var buf [16 * floorMsg]byte
+	for {
+		n, err := unix.Read(f.fd, buf[:])
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return kinds, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return kinds, err
+		case n == 0:
+			return kinds, io.EOF
+		}
+		for b := buf[:n]; len(b) > 0; {
+			k := copy(f.msg[len(f.in):], b)
+			f.in = f.msg[:len(f.in)+k]
+			b = b[k:]
+			if len(f.in) == floorMsg {
+				kinds = append(kinds, f.in[0])
+				f.in = f.msg[:0]
+			}
+		}
+		if n < len(buf) {
+			return kinds, nil
+		}
+	}
+}
+
+func (f *floorConn) close() {
+	if f.c != nil {
+		f.c.Close()
+		return
+	}
+	unix.Close(f.fd)
+}
+
+// floorServer is the producer process's end: it answers each request once
+// per engine step, as a Producer's Step would.
+type floorServer struct {
+	lns   [2]net.Listener // polled, netpoller
+	mu    sync.Mutex
+	conns []*floorConn
+	kinds []byte
+}
+
+func newFloorServer() *floorServer {
+	s := &floorServer{}
+	for i := range s.lns {
+		s.lns[i] = must(net.Listen("tcp", "127.0.0.1:0"))
+		go func() {
+			for {
+				c, err := s.lns[i].Accept()
+				if err != nil {
+					return
+				}
+				f, err := newFloorConn(c, i == 0)
+				if err != nil {
+					c.Close()
+					continue
+				}
+				s.mu.Lock()
+				s.conns = append(s.conns, f)
+				s.mu.Unlock()
+			}
+		}()
+	}
+	return s
+}
+
+func (s *floorServer) addr(polled bool) string {
+	if polled {
+		return s.lns[0].Addr().String()
+	}
+	return s.lns[1].Addr().String()
+}
+
+// step answers the requests that arrived.
+func (s *floorServer) step() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i := 0; i < len(s.conns); i++ {
+		f := s.conns[i]
+		var err error
+		s.kinds, err = f.poll(s.kinds[:0])
+		for _, k := range s.kinds {
+			if k == floorRequest && err == nil {
+				err = f.send(floorAnswer)
+			}
+		}
+		if err != nil {
+			f.close()
+			s.conns = append(s.conns[:i], s.conns[i+1:]...)
+			i--
+		}
+	}
+}
+
+func (s *floorServer) close() {
+	for _, ln := range s.lns {
+		ln.Close()
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, f := range s.conns {
+		f.close()
+	}
+	s.conns = nil
+}
+
+// floorLoad is the consumer's end, an engineLoad: a fetch is a request,
+// its answer, and the notification sent on the answer.
+type floorLoad struct {
+	b     *testing.B
+	f     *floorConn
+	dues  []time.Time // of the fetches asked for, in order
+	kinds []byte
+}
+
+func (l *floorLoad) ask(due, _ time.Time) bool {
+	if err := l.f.send(floorRequest); err != nil {
+		l.b.Fatal(err)
+	}
+	l.dues = append(l.dues, due)
+	return true
+}
+
+func (l *floorLoad) step(time.Time) []time.Time {
+	var err error
+	if l.kinds, err = l.f.poll(l.kinds[:0]); err != nil {
+		l.b.Fatal(err)
+	}
+	n := 0
+	for _, k := range l.kinds {
+		if k != floorAnswer {
+			l.b.Fatalf("floor message of kind %d", k)
+		}
+		if err := l.f.send(floorDone); err != nil {
+			l.b.Fatal(err)
+		}
+		n++
+	}
+	ended := l.dues[:n:n]
+	l.dues = l.dues[n:]
+	return ended
+}
+
+func (l *floorLoad) inFlight() int                       { return len(l.dues) }
+func (l *floorLoad) failed() int                         { return 0 }
+func (l *floorLoad) wait(context.Context, time.Duration) {}
+
+// engineFloor is a floor anchor: see the top of this file.
+func engineFloor(b *testing.B, polled bool, rate float64) {
+	proc := startEngineProducer(b, 1, 4096, "tcp", *engineWork)
+	addr := proc.netpoller
+	if polled {
+		addr = proc.polled
+	}
+	f := must(newFloorConn(must(net.Dial("tcp", addr)), polled))
+	defer f.close()
+	engineDrive(b, &floorLoad{b: b, f: f}, proc.remote, *engineWork, rate)
+}
