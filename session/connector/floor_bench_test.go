@@ -40,8 +40,9 @@ const (
 type floorConn struct {
 	fd  int      // polled: a descriptor of our own, non-blocking
 	c   net.Conn // netpoller
-	in  []byte   // polled: bytes read, the start of a message
-	msg [floorMsg]byte
+	in  []byte   // polled: bytes read, the start of a message (in inb)
+	inb [floorMsg]byte
+	out [floorMsg]byte
 
 	mu    sync.Mutex // netpoller: the reader's
 	kinds []byte
@@ -67,6 +68,9 @@ func newFloorConn(c net.Conn, polled bool) (*floorConn, error) {
 	}
 	c.Close()
 	f.c = nil
+	if derr == nil {
+		derr = unix.SetNonblock(f.fd, true)
+	}
 	return f, derr
 }
 
@@ -86,13 +90,15 @@ func (f *floorConn) read() {
 	}
 }
 
+// send writes a message of kind; polled, it retries a full socket at once
+// (200 bytes on a connection with one fetch in flight never fill it).
 func (f *floorConn) send(kind byte) error {
-	f.msg[0] = kind
+	f.out[0] = kind
 	if f.c != nil {
-		_, err := f.c.Write(f.msg[:])
+		_, err := f.c.Write(f.out[:])
 		return err
 	}
-	for b := f.msg[:]; len(b) > 0; {
+	for b := f.out[:]; len(b) > 0; {
 		n, err := unix.Write(f.fd, b)
 		if err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			return err
@@ -126,12 +132,12 @@ func (f *floorConn) poll(kinds []byte) ([]byte, error) {
 			return kinds, io.EOF
 		}
 		for b := buf[:n]; len(b) > 0; {
-			k := copy(f.msg[len(f.in):], b)
-			f.in = f.msg[:len(f.in)+k]
+			k := copy(f.inb[len(f.in):], b)
+			f.in = f.inb[:len(f.in)+k]
 			b = b[k:]
 			if len(f.in) == floorMsg {
 				kinds = append(kinds, f.in[0])
-				f.in = f.msg[:0]
+				f.in = f.inb[:0]
 			}
 		}
 		if n < len(buf) {
@@ -262,8 +268,12 @@ func (l *floorLoad) inFlight() int                       { return len(l.dues) }
 func (l *floorLoad) failed() int                         { return 0 }
 func (l *floorLoad) wait(context.Context, time.Duration) {}
 
-// engineFloor is a floor anchor: see the top of this file.
+// engineFloor is a floor anchor: see the top of this file. Its far end
+// answers from a busy engine's loop only.
 func engineFloor(b *testing.B, polled bool, rate float64) {
+	if *engineWork <= 0 {
+		b.Skip("the floor anchors need busy engines: -engine.work > 0")
+	}
 	proc := startEngineProducer(b, 1, 4096, "tcp", *engineWork)
 	addr := proc.netpoller
 	if polled {

@@ -17,11 +17,12 @@ src=${1:?usage: build_msgspec.sh SRC OUT [PYTHON]}
 out=${2:?usage: build_msgspec.sh SRC OUT [PYTHON]}
 py=${3:-/usr/bin/python3}
 mkdir -p "$out"
+out=$(cd "$out" && pwd) # printed for PYTHONPATH, which tests read from other directories
 rm -rf "$out/msgspec"
 cp -r "$src/src/msgspec" "$out/msgspec"
 inc=$("$py" -c 'import sysconfig; print(sysconfig.get_paths()["include"])')
 ext=$("$py" -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
-gcc -O2 -g0 -fPIC -shared -I"$inc" "$out/msgspec/_core.c" -o "$out/msgspec/_core$ext" -lm
+gcc -O2 -g0 -DNDEBUG -fwrapv -fPIC -shared -I"$inc" "$out/msgspec/_core.c" -o "$out/msgspec/_core$ext" -lm
 # A release's version file is written by its build backend from git tags.
 [ -e "$out/msgspec/_version.py" ] || echo "__version__ = \"$(git -C "$src" describe --tags --always 2>/dev/null || echo source)\"" >"$out/msgspec/_version.py"
 PYTHONPATH=$out "$py" -c 'import msgspec; msgspec.msgpack.encode(1)' >&2
