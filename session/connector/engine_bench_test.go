@@ -252,16 +252,21 @@ func engineProducerMain(spec string) int {
 //   - p50-µs, p99-µs: from when a fetch fell due to the step that saw it
 //     complete.
 //
+// The 16 × 8 KiB rows carry their floors, measured between the same two
+// engines in phases of their own after the library's (each followed by
+// one without fetches): floor-polled-* and floor-netpoller-* are the
+// same figures for a fetch's three messages with no library, read once
+// per step off the runtime's poller, or by goroutines it wakes (see
+// floor_bench_test.go). The library's row over the same-host copy can be
+// read against them run by run.
+//
 // waiting/<plane> is the same with idle engines: the consumer's loop
 // waits between steps (Pool.WaitFor until the next fetch is due, the
 // README's loop) and the producer runs Serve, so all the CPU beyond the
 // idle library's is the fetches'.
 //
 // Anchors, in the same run: memmove (the CPU of copying the same bytes,
-// cycling over the same number of entries); floor/polled and
-// floor/netpoller (a fetch's three messages between the same busy engines
-// with no library, read once per step off the runtime's poller, or by
-// goroutines it wakes: see floor_bench_test.go); tcp-ping-pong (both
+// cycling over the same number of entries); tcp-ping-pong (both
 // processes' CPU per 200-byte TCP round trip at 1,000/s, sleeping
 // between: what waking each side once costs on this machine); and
 // request → answer, one outstanding, back to back: sessions (a Pool
@@ -289,8 +294,6 @@ func BenchmarkEngine(b *testing.B) {
 			engineMemmove(b, sh.blocks, sh.bs)
 		})
 	}
-	b.Run("floor/polled", func(b *testing.B) { engineFloor(b, true, shapes[0].rate) })
-	b.Run("floor/netpoller", func(b *testing.B) { engineFloor(b, false, shapes[0].rate) })
 	b.Run("tcp-ping-pong", func(b *testing.B) { enginePingPong(b, shapes[0].rate) })
 	b.Run("request-answer/sessions", func(b *testing.B) { engineRun(b, 1, 4096, "missing", 0, 0) })
 	b.Run("request-answer/python-sessions", pySessions)
@@ -441,7 +444,16 @@ func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work tim
 		data = "tcp"
 	}
 	proc := startEngineProducer(b, blocks, bs, data, work)
-	engineDrive(b, newPoolLoad(b, proc.ctl, blocks, bs, data, missing), proc.remote, work, rate)
+	names := []string{data}
+	loads := []engineLoad{newPoolLoad(b, proc.ctl, blocks, bs, data, missing)}
+	if work > 0 && blocks*bs <= 128<<10 { // the floors beside small fetches
+		for _, polled := range []bool{true, false} {
+			f := newFloorLoad(b, proc, polled)
+			names = append(names, f.name)
+			loads = append(loads, f)
+		}
+	}
+	engineDrive(b, proc.remote, work, rate, names, loads...)
 }
 
 // poolLoad is a Pool fetching engineItems entries in turn from the engine
@@ -542,42 +554,63 @@ func (l *poolLoad) wait(ctx context.Context, d time.Duration) {
 }
 
 // engineDrive runs an engine of -engine.work per goroutine per step beside
-// the engine producer (remote takes its snapshot), fetching through load at
-// rate (0: one at a time, back to back), and reports what BenchmarkEngine
-// says. With work 0 the engine is idle: it waits on load between steps.
-func engineDrive(b *testing.B, load engineLoad, remote func() engineSnap, work time.Duration, rate float64) {
+// the engine producer (remote takes its snapshot), fetching through each
+// of loads in turn at rate (0: one at a time, back to back), and reports
+// what BenchmarkEngine says: the first load's figures under their plain
+// names, the others' prefixed with their names. Every load steps at every
+// step, so that the phases without fetches (one before each load's, and
+// one after the last) cost each the same. With work 0 the engine is idle:
+// it waits on the first load between steps, the only one it may have.
+func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rate float64, names []string, loads ...engineLoad) {
 	waiting := work == 0
+	if waiting && len(loads) > 1 {
+		b.Fatal("idle engines wait on one load")
+	}
 	e := newEngine(work)
 	defer e.close()
-	var lat []time.Duration
-	fetches, skipped := 0, 0
 	var interval time.Duration
 	if rate > 0 {
 		interval = time.Duration(float64(time.Second) / rate)
 	}
+	type tally struct {
+		lat              []time.Duration
+		fetches, skipped int
+	}
+	tallies := make([]tally, len(loads))
 	var due, until time.Time
 	ctx := context.Background()
-	// step is one engine step: the fetches due (when asking), the
-	// library's step, the work. record counts what it asks for and sees.
-	step := func(asking, record bool) {
+	inFlight := func() int {
+		n := 0
+		for _, l := range loads {
+			n += l.inFlight()
+		}
+		return n
+	}
+	// step is one engine step: the fetches due of the asking load (-1:
+	// none), every load's step, the work. record counts what it asks for
+	// and sees.
+	step := func(asking int, record bool) {
 		now := time.Now()
-		for asking && !now.Before(due) && (rate > 0 || load.inFlight() == 0) {
+		for asking >= 0 && !now.Before(due) && (rate > 0 || loads[asking].inFlight() == 0) {
 			d := due
 			due = due.Add(interval)
 			if rate == 0 {
 				d = now
 			}
-			if !load.ask(d, now) {
-				skipped++
+			t := &tallies[asking]
+			if !loads[asking].ask(d, now) {
+				t.skipped++
 				continue
 			}
 			if record {
-				fetches++
+				t.fetches++
 			}
 		}
-		for _, d := range load.step(now) {
-			if record {
-				lat = append(lat, now.Sub(d))
+		for i, l := range loads {
+			for _, d := range l.step(now) {
+				if record {
+					tallies[i].lat = append(tallies[i].lat, now.Sub(d))
+				}
 			}
 		}
 		if !waiting {
@@ -585,71 +618,94 @@ func engineDrive(b *testing.B, load engineLoad, remote func() engineSnap, work t
 			return
 		}
 		// An idle engine waits for the library, or the next fetch due.
+		load := loads[0]
 		e.steps.Add(1)
 		switch {
-		case asking && rate > 0:
+		case asking >= 0 && rate > 0:
 			load.wait(ctx, max(0, time.Until(due)))
 		case load.inFlight() > 0:
 			load.wait(ctx, -1)
-		case asking: // back to back: the next one at once
+		case asking >= 0: // back to back: the next one at once
 		default:
 			load.wait(ctx, max(0, time.Until(until)))
 		}
 	}
-	// run steps for d, asking for fetches if asking; settle steps until
-	// none is in flight.
-	run := func(d time.Duration, asking bool) {
+	// run steps for d, asking for fetches of load asking; settle steps
+	// until none is in flight.
+	run := func(d time.Duration, asking int) {
 		until = time.Now().Add(d)
 		due = time.Now()
 		for time.Now().Before(until) {
-			step(asking, asking)
+			step(asking, asking >= 0)
 		}
 	}
 	settle := func() {
-		for load.inFlight() > 0 {
-			step(false, false)
+		for inFlight() > 0 {
+			step(-1, false)
 		}
 	}
 	// Warm-up: connections, mappings, first touches; not recorded.
-	until = time.Now().Add(*engineFor / 4)
-	due = time.Now()
-	for time.Now().Before(until) {
-		step(true, false)
+	for i := range loads {
+		until = time.Now().Add(*engineFor / 4)
+		due = time.Now()
+		for time.Now().Before(until) {
+			step(i, false)
+		}
+		settle()
 	}
-	settle()
-	measure := func(asking bool) (enginePhase, enginePhase) {
+	measure := func(asking int) (enginePhase, enginePhase) {
 		r0, l0 := remote(), e.snap()
 		run(*engineFor, asking)
 		l1, r1 := e.snap(), remote()
 		settle()
 		return phaseOf(l0, l1), phaseOf(r0, r1)
 	}
-	cb1, pb1 := measure(false)
-	cf, pf := measure(true)
-	cb2, pb2 := measure(false)
-	cb, pb := cb1.add(cb2), pb1.add(pb2)
-	if load.failed() > 0 || fetches == 0 {
-		b.Fatalf("%d fetches, %d failed", fetches, load.failed())
+	cbs, pbs := make([]enginePhase, len(loads)+1), make([]enginePhase, len(loads)+1)
+	cfs, pfs := make([]enginePhase, len(loads)), make([]enginePhase, len(loads))
+	cbs[0], pbs[0] = measure(-1)
+	for i := range loads {
+		cfs[i], pfs[i] = measure(i)
+		cbs[i+1], pbs[i+1] = measure(-1)
 	}
-	b.Logf("consumer: without fetches %+v, with %+v; producer: %+v, %+v", cb, cf, pb, pf)
-	lib := (cf.cpu - cb.own(cf)) + (pf.cpu - pb.own(pf))
-	if waiting { // all but the idle library's CPU is the fetches'
-		lib = cf.cpu - cb.cpu*cf.secs/cb.secs + pf.cpu - pb.cpu*pf.secs/pb.secs
-	}
-	lost := (cb.steps/cb.secs-cf.steps/cf.secs)*cb.cpu/cb.steps + (pb.steps/pb.secs-pf.steps/pf.secs)*pb.cpu/pb.steps
-	perSec := float64(fetches) / cf.secs
-	slices.Sort(lat)
 	b.ReportMetric(0, "ns/op")
-	if !waiting {
-		b.ReportMetric(cb.steps/cb.secs+pb.steps/pb.secs, "steps/s-idle")
-		b.ReportMetric(cf.steps/cf.secs+pf.steps/pf.secs, "steps/s")
-		b.ReportMetric(lost/perSec*1e6, "lost-µs/fetch")
-	}
-	b.ReportMetric(perSec, "fetches/s")
-	b.ReportMetric(lib/float64(fetches)*1e6, "cpu-µs/fetch")
-	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
-	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-µs")
-	if skipped > 0 {
-		b.ReportMetric(float64(skipped), "skipped")
+	for i, load := range loads {
+		t := tallies[i]
+		cb, pb := cbs[i].add(cbs[i+1]), pbs[i].add(pbs[i+1])
+		cf, pf := cfs[i], pfs[i]
+		if load.failed() > 0 || t.fetches == 0 {
+			b.Fatalf("%s: %d fetches, %d failed", names[i], t.fetches, load.failed())
+		}
+		b.Logf("%s: consumer: without fetches %+v, with %+v; producer: %+v, %+v", names[i], cb, cf, pb, pf)
+		lib := (cf.cpu - cb.own(cf)) + (pf.cpu - pb.own(pf))
+		if waiting { // all but the idle library's CPU is the fetches'
+			lib = cf.cpu - cb.cpu*cf.secs/cb.secs + pf.cpu - pb.cpu*pf.secs/pb.secs
+		}
+		lost := (cb.steps/cb.secs-cf.steps/cf.secs)*cb.cpu/cb.steps + (pb.steps/pb.secs-pf.steps/pf.secs)*pb.cpu/pb.steps
+		perSec := float64(t.fetches) / cf.secs
+		slices.Sort(t.lat)
+		metric := func(v float64, unit string) {
+			if i > 0 {
+				unit = names[i] + "-" + unit
+			}
+			b.ReportMetric(v, unit)
+		}
+		if !waiting {
+			if i == 0 {
+				metric(cb.steps/cb.secs+pb.steps/pb.secs, "steps/s-idle")
+				metric(cf.steps/cf.secs+pf.steps/pf.secs, "steps/s")
+			}
+			metric(lost/perSec*1e6, "lost-µs/fetch")
+		}
+		if i == 0 {
+			metric(perSec, "fetches/s")
+		}
+		metric(lib/float64(t.fetches)*1e6, "cpu-µs/fetch")
+		metric(float64(t.lat[len(t.lat)/2].Nanoseconds())/1e3, "p50-µs")
+		if i == 0 {
+			metric(float64(t.lat[len(t.lat)*99/100].Nanoseconds())/1e3, "p99-µs")
+		}
+		if t.skipped > 0 {
+			metric(float64(t.skipped), "skipped")
+		}
 	}
 }

@@ -230,6 +230,7 @@ func (s *floorServer) close() {
 // floorLoad is the consumer's end, an engineLoad: a fetch is a request,
 // its answer, and the notification sent on the answer.
 type floorLoad struct {
+	name  string
 	b     *testing.B
 	f     *floorConn
 	dues  []time.Time // of the fetches asked for, in order
@@ -268,18 +269,14 @@ func (l *floorLoad) inFlight() int                       { return len(l.dues) }
 func (l *floorLoad) failed() int                         { return 0 }
 func (l *floorLoad) wait(context.Context, time.Duration) {}
 
-// engineFloor is a floor anchor: see the top of this file. Its far end
-// answers from a busy engine's loop only.
-func engineFloor(b *testing.B, polled bool, rate float64) {
-	if *engineWork <= 0 {
-		b.Skip("the floor anchors need busy engines: -engine.work > 0")
-	}
-	proc := startEngineProducer(b, 1, 4096, "tcp", *engineWork)
-	addr := proc.netpoller
+// newFloorLoad connects a floor load to the engine producer proc, whose
+// engine must be busy: its floor server answers from its loop.
+func newFloorLoad(b *testing.B, proc engineProc, polled bool) *floorLoad {
+	addr, name := proc.netpoller, "floor-netpoller"
 	if polled {
-		addr = proc.polled
+		addr, name = proc.polled, "floor-polled"
 	}
 	f := must(newFloorConn(must(net.Dial("tcp", addr)), polled))
-	defer f.close()
-	engineDrive(b, &floorLoad{b: b, f: f}, proc.remote, *engineWork, rate)
+	b.Cleanup(f.close)
+	return &floorLoad{b: b, f: f, name: name}
 }
