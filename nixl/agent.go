@@ -79,9 +79,11 @@ type Agent struct {
 	beforePost func() // tests: runs before the progress goroutine posts a READ
 
 	expect  atomic.Int64  // reads a producer expects (ExpectReads)
+	credit  atomic.Int64  // peers' notifications that may still count as work (notifWorks)
 	grantAt atomic.Int64  // when the newest grant was made (UnixNano; granted)
 	parked  atomic.Bool   // tests: the progress goroutine waits (idle, or its pause), holding no lock
 	wakeups atomic.Uint64 // tests: the progress goroutine's returns from a pause or idle wait
+	spun    atomic.Int64  // tests: nanoseconds the progress goroutine spent in rounds it did not pause after
 	wake    chan struct{} // wakes the progress goroutine from a pause or idle wait
 	ready   chan struct{} // notifications wait in the inbox
 	stop    chan struct{}
@@ -264,6 +266,7 @@ func (a *Agent) expectReads(n int) {
 // a peer's notification, is what keeps a producer driven closely.
 func (a *Agent) granted() {
 	a.grantAt.Store(time.Now().UnixNano())
+	a.credit.Store(max(a.expect.Load(), 1))
 	a.kick()
 }
 
@@ -1245,10 +1248,10 @@ const defaultProgressDelay = 10 * time.Millisecond
 // from firstPause (grantPause). While READs are outstanding, this agent's
 // own or peers' of its live grants, they stop growing at readPause, or a
 // readLag-th of the time since the last event (a post, an end, a
-// notification, a kick) if that is longer: an end is seen at most 1 ms,
-// or 5 %, late. For peers' READs the time is counted from the newest
-// grant (granted), and from later events only while that grant is younger
-// than youngGrant: otherwise a peer holding a grant it never reads could
+// notification that counts, see notifWorks, a kick) if that is longer: an
+// end is seen at most 1 ms, or 5 %, late. For peers' READs the time is
+// counted from the newest grant (granted), and from later events only
+// while that grant is younger than youngGrant: otherwise a peer holding a grant it never reads could
 // keep us waking every millisecond by sending a notification every
 // 20 ms. A peer's READ needs us driven as much as our own does: over UCX
 // tcp its bytes, and under UCX's default transports its notification and
@@ -1277,6 +1280,29 @@ const youngGrant = 100 * time.Millisecond
 // keep a producer waking every few hundred microseconds.
 func (a *Agent) oldGrantsOnly(now time.Time, reading bool) bool {
 	return !reading && a.expect.Load() > 0 && a.grantAge(now) >= youngGrant
+}
+
+// notifWorks says whether a peer's notification, just seen, counts as
+// work: whether it restarts the spin and the pauses, and their cap's
+// clock (see readPause). Only grants' notifications can, and no more of
+// them than grants were live at the newest grant, while it is young
+// (oldGrantsOnly): a peer that sends notifications as fast as it can then
+// costs wake-ups in proportion to the grants it was given, never a core.
+// A READ of our own ends by itself (checkEndsC), so a peer's notification
+// never counts for it.
+func (a *Agent) notifWorks(now time.Time, reading bool) bool {
+	if a.oldGrantsOnly(now, reading) {
+		return false
+	}
+	for {
+		c := a.credit.Load()
+		if c <= 0 {
+			return false
+		}
+		if a.credit.CompareAndSwap(c, c-1) {
+			return true
+		}
+	}
 }
 
 // grantAge is the time since the newest grant (granted).
@@ -1348,10 +1374,14 @@ func (a *Agent) progressLoop() {
 		a.mu.Unlock()
 		a.cmu.Unlock()
 		now := time.Now()
-		if notified || ended || posted {
+		works := notified && a.notifWorks(now, reading)
+		// A call that met a flood of notifications is slow for them: it
+		// counts as moving bytes only if they count as work.
+		moved = moved && (!notified || works)
+		if works || ended || posted {
 			event = now
 		}
-		if ended || posted || moved || kicked && reading || notified && !a.oldGrantsOnly(now, reading) {
+		if ended || posted || moved || kicked && reading || works {
 			worked, wait = now, 0
 		}
 		kicked = false
@@ -1371,6 +1401,7 @@ func (a *Agent) progressLoop() {
 			a.wakeups.Add(1)
 		case now.Sub(worked) < a.cfg.Spin:
 			runtime.Gosched()
+			a.spun.Add(int64(time.Since(t0)))
 		default:
 			limit := a.cfg.ProgressDelay
 			switch {

@@ -825,3 +825,16 @@ func TestHungTouchOfARemovedPeer(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// A peer's notifications, sent as fast as it can, do not keep the
+// progress goroutine spinning while a READ of ours hangs: with no grant
+// made, none counts as work (see TestPeerNotificationsDoNotKeepUsSpinning).
+func TestPeerNotificationsDoNotSpinAHungRead(t *testing.T) {
+	fakeSetHang(true)
+	defer fakeSetHang(false) // before the agents close
+	a, peer := slowPair(t, Config{})
+	if _, err := a.PostRead([]int{1}, peer.Agent, []int{1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	floodSpinsLittle(t, a, false)
+}

@@ -74,7 +74,7 @@ type Config struct {
 	// (200 µs while only a producer's grants are live) up to
 	// ProgressDelay; while READs are outstanding (this agent's own, or
 	// peers' of its live grants), up to 1 ms until a twentieth of the time
-	// since the last post, end or notification is longer (an end, or a
+	// since the last post, end or grant's notification is longer (an end, or a
 	// peer's READ that needs us driven, is seen at most 1 ms, or 5 %,
 	// late). Default 10 ms: an agent whose READ hangs, or a producer with
 	// grants live and nothing happening, wakes about 100 times a second
@@ -84,8 +84,11 @@ type Config struct {
 	ProgressDelay time.Duration
 	// Spin is how long ProgressGoroutine goes on driving the agent round
 	// after round, yielding between rounds but never pausing, after a
-	// round that found work (a READ posted or ended, a notification, a
-	// progress call that moved bytes); default 50 µs. A READ that ends
+	// round that found work (a READ posted or ended, a peer's
+	// notification of a grant, a progress call that moved bytes); default
+	// 50 µs. A peer's notification counts only while the newest grant is
+	// young, and no more often than grants were live at it: a peer cannot
+	// keep the goroutine spinning by sending notifications. A READ that ends
 	// within it is seen at once; one that ends later is seen within about
 	// the time it took, as the pauses double. A longer Spin costs a core
 	// for that long after every such event, also while a READ hangs: set
