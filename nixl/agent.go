@@ -252,21 +252,34 @@ func (a *Agent) MemDescriptor() []byte { return a.desc }
 
 // expectReads implements plane.Driven: a producer says how many grants are
 // live, and while any is, the progress goroutine drives the agent (see
-// Config.ProgressDelay). More grants than before count as a new one (see
-// granted).
-func (a *Agent) expectReads(n int) {
-	if old := a.expect.Swap(int64(n)); int64(n) > old {
-		a.granted()
+// Config.ProgressDelay). More grants than before count as new ones (see
+// granted), and it reports whether there were.
+func (a *Agent) expectReads(n int) bool {
+	old := a.expect.Swap(int64(n))
+	if n == 0 {
+		a.credit.Store(0) // no grant's notification to come
 	}
+	if int64(n) > old {
+		a.granted(int64(n) - old)
+		return true
+	}
+	return false
 }
 
-// granted says a grant was made: a peer's READ may come soon. It wakes the
-// progress goroutine from its pause, its pauses start again from their
-// shortest, and their cap is timed from now (see readPause): a grant, not
-// a peer's notification, is what keeps a producer driven closely.
-func (a *Agent) granted() {
+// granted says k grants were made: a peer's READ may come soon. It wakes
+// the progress goroutine from its pause, its pauses start again from
+// their shortest, and their cap is timed from now (see readPause): a
+// grant, not a peer's notification, is what keeps a producer driven
+// closely. Each grant lets one notification count as work (notifWorks),
+// up to as many as grants are live (one when none is: a contact's).
+func (a *Agent) granted(k int64) {
 	a.grantAt.Store(time.Now().UnixNano())
-	a.credit.Store(max(a.expect.Load(), 1))
+	for {
+		c := a.credit.Load()
+		if a.credit.CompareAndSwap(c, min(c+k, max(a.expect.Load(), 1))) {
+			break
+		}
+	}
 	a.kick()
 }
 
@@ -676,9 +689,8 @@ func (c agentPlane) Name() string { return c.a.cfg.Name }
 
 // ExpectReads implements plane.Driven (see Agent.expectReads).
 func (c agentPlane) ExpectReads(n int, fresh bool) {
-	c.a.expectReads(n)
-	if fresh && n > 0 {
-		c.a.granted()
+	if !c.a.expectReads(n) && fresh && n > 0 {
+		c.a.granted(1) // grants that replaced ones ended in the same step
 	}
 }
 
@@ -1284,12 +1296,11 @@ func (a *Agent) oldGrantsOnly(now time.Time, reading bool) bool {
 
 // notifWorks says whether a peer's notification, just seen, counts as
 // work: whether it restarts the spin and the pauses, and their cap's
-// clock (see readPause). Only grants' notifications can, and no more of
-// them than grants were live at the newest grant, while it is young
-// (oldGrantsOnly): a peer that sends notifications as fast as it can then
-// costs wake-ups in proportion to the grants it was given, never a core.
-// A READ of our own ends by itself (checkEndsC), so a peer's notification
-// never counts for it.
+// clock (see readPause). Only grants' notifications can: one per grant
+// made (granted), while the newest grant is young (oldGrantsOnly). A peer
+// that sends notifications as fast as it can then costs a spin per grant
+// made, never a core. A READ of our own ends by itself (checkEndsC), so a
+// peer's notification never counts for it.
 func (a *Agent) notifWorks(now time.Time, reading bool) bool {
 	if a.oldGrantsOnly(now, reading) {
 		return false

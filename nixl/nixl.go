@@ -87,8 +87,8 @@ type Config struct {
 	// round that found work (a READ posted or ended, a peer's
 	// notification of a grant, a progress call that moved bytes); default
 	// 50 µs. A peer's notification counts only while the newest grant is
-	// young, and no more often than grants were live at it: a peer cannot
-	// keep the goroutine spinning by sending notifications. A READ that ends
+	// young, and at most once per grant made: a peer cannot keep the
+	// goroutine spinning by sending notifications. A READ that ends
 	// within it is seen at once; one that ends later is seen within about
 	// the time it took, as the pauses double. A longer Spin costs a core
 	// for that long after every such event, also while a READ hangs: set
