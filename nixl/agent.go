@@ -84,6 +84,7 @@ type Agent struct {
 	parked  atomic.Bool   // tests: the progress goroutine waits (idle, or its pause), holding no lock
 	wakeups atomic.Uint64 // tests: the progress goroutine's returns from a pause or idle wait
 	spun    atomic.Int64  // tests: nanoseconds the progress goroutine spent in rounds it did not pause after
+	counted atomic.Uint64 // tests: peers' notifications that counted as work (notifWorks)
 	wake    chan struct{} // wakes the progress goroutine from a pause or idle wait
 	ready   chan struct{} // notifications wait in the inbox
 	stop    chan struct{}
@@ -253,11 +254,16 @@ func (a *Agent) MemDescriptor() []byte { return a.desc }
 // expectReads implements plane.Driven: a producer says how many grants are
 // live, and while any is, the progress goroutine drives the agent (see
 // Config.ProgressDelay). More grants than before count as new ones (see
-// granted), and it reports whether there were.
+// granted), and it reports whether there were; fewer leave no more
+// notifications counting than grants are live. Only the producer's step
+// calls it.
 func (a *Agent) expectReads(n int) bool {
 	old := a.expect.Swap(int64(n))
-	if n == 0 {
-		a.credit.Store(0) // no grant's notification to come
+	for {
+		c := a.credit.Load()
+		if c <= int64(n) || a.credit.CompareAndSwap(c, int64(n)) {
+			break
+		}
 	}
 	if int64(n) > old {
 		a.granted(int64(n) - old)
@@ -271,12 +277,13 @@ func (a *Agent) expectReads(n int) bool {
 // their shortest, and their cap is timed from now (see readPause): a
 // grant, not a peer's notification, is what keeps a producer driven
 // closely. Each grant lets one notification count as work (notifWorks),
-// up to as many as grants are live (one when none is: a contact's).
+// up to as many as grants are live. A step that replaced grants that
+// ended says only that it granted (plane.Driven), and lends one.
 func (a *Agent) granted(k int64) {
 	a.grantAt.Store(time.Now().UnixNano())
 	for {
 		c := a.credit.Load()
-		if a.credit.CompareAndSwap(c, min(c+k, max(a.expect.Load(), 1))) {
+		if a.credit.CompareAndSwap(c, min(c+k, a.expect.Load())) {
 			break
 		}
 	}
@@ -1297,10 +1304,11 @@ func (a *Agent) oldGrantsOnly(now time.Time, reading bool) bool {
 // notifWorks says whether a peer's notification, just seen, counts as
 // work: whether it restarts the spin and the pauses, and their cap's
 // clock (see readPause). Only grants' notifications can: one per grant
-// made (granted), while the newest grant is young (oldGrantsOnly). A peer
-// that sends notifications as fast as it can then costs a spin per grant
-// made, never a core. A READ of our own ends by itself (checkEndsC), so a
-// peer's notification never counts for it.
+// made (granted) and no more than grants are live, and, unless READs of
+// our own are outstanding, only while the newest grant is young
+// (oldGrantsOnly). A peer that sends notifications as fast as it can then
+// costs a spin per grant made, never a core. A READ of our own ends by
+// itself (checkEndsC): with no grant live, no notification counts.
 func (a *Agent) notifWorks(now time.Time, reading bool) bool {
 	if a.oldGrantsOnly(now, reading) {
 		return false
@@ -1311,6 +1319,7 @@ func (a *Agent) notifWorks(now time.Time, reading bool) bool {
 			return false
 		}
 		if a.credit.CompareAndSwap(c, c-1) {
+			a.counted.Add(1)
 			return true
 		}
 	}
@@ -1336,8 +1345,9 @@ const grantPause = 200 * time.Microsecond
 const movedCall = 200 * time.Microsecond
 
 // progressLoop drives the agent for ProgressGoroutine. After a round that
-// found work (a READ posted or ended, a notification, a progress call
-// that moved bytes, a kick while READs of its own are outstanding) it goes
+// found work (a READ posted or ended, a notification that counts (see
+// notifWorks), a progress call that moved bytes, a kick while READs of its
+// own are outstanding) it goes
 // on round after round, yielding between them, for Config.Spin; then it
 // pauses on a precise timer, each pause twice the last, up to
 // ProgressDelay, and while READs of its own are outstanding up to
@@ -1354,7 +1364,7 @@ func (a *Agent) progressLoop() {
 	pause := ptimer.New()
 	defer pause.Close()
 	worked := time.Now() // the last round that found work
-	event := worked      // the last post, end, notification or kick
+	event := worked      // the last post, end, counted notification or kick
 	var wait time.Duration
 	kicked := false
 	for {

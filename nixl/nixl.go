@@ -86,9 +86,11 @@ type Config struct {
 	// after round, yielding between rounds but never pausing, after a
 	// round that found work (a READ posted or ended, a peer's
 	// notification of a grant, a progress call that moved bytes); default
-	// 50 µs. A peer's notification counts only while the newest grant is
-	// young, and at most once per grant made: a peer cannot keep the
-	// goroutine spinning by sending notifications. A READ that ends
+	// 50 µs. A peer's notification counts at most once per grant made,
+	// never more often than grants are live, and, unless this agent's own
+	// READs are outstanding, only while the newest grant is under 100 ms
+	// old: a peer cannot keep the goroutine spinning by sending
+	// notifications. A READ that ends
 	// within it is seen at once; one that ends later is seen within about
 	// the time it took, as the pauses double. A longer Spin costs a core
 	// for that long after every such event, also while a READ hangs: set
