@@ -254,40 +254,40 @@ func (a *Agent) MemDescriptor() []byte { return a.desc }
 // expectReads implements plane.Driven: a producer says how many grants are
 // live, and while any is, the progress goroutine drives the agent (see
 // Config.ProgressDelay). More grants than before count as new ones (see
-// granted), and it reports whether there were; fewer leave no more
-// notifications counting than grants are live. Only the producer's step
+// granted), and it reports whether there were. Only the producer's step
 // calls it.
 func (a *Agent) expectReads(n int) bool {
-	old := a.expect.Swap(int64(n))
-	for {
-		c := a.credit.Load()
-		if c <= int64(n) || a.credit.CompareAndSwap(c, int64(n)) {
-			break
-		}
+	k := max(int64(n)-a.expect.Swap(int64(n)), 0)
+	if k == 0 {
+		a.lend(0) // fewer grants: no more counts than are live
+		return false
 	}
-	if int64(n) > old {
-		a.granted(int64(n) - old)
-		return true
-	}
-	return false
+	a.granted(k)
+	return true
 }
 
 // granted says k grants were made: a peer's READ may come soon. It wakes
 // the progress goroutine from its pause, its pauses start again from
 // their shortest, and their cap is timed from now (see readPause): a
 // grant, not a peer's notification, is what keeps a producer driven
-// closely. Each grant lets one notification count as work (notifWorks),
-// up to as many as grants are live. A step that replaced grants that
-// ended says only that it granted (plane.Driven), and lends one.
+// closely. It lends each grant a count (lend).
 func (a *Agent) granted(k int64) {
 	a.grantAt.Store(time.Now().UnixNano())
+	a.lend(k)
+	a.kick()
+}
+
+// lend adds k counts, one per grant made, to those that let a peer's
+// notification count as work (notifWorks), keeping them no more than
+// grants are live. A step that replaced grants that ended says only that
+// it granted (plane.Driven), and lends one.
+func (a *Agent) lend(k int64) {
 	for {
 		c := a.credit.Load()
 		if a.credit.CompareAndSwap(c, min(c+k, a.expect.Load())) {
-			break
+			return
 		}
 	}
-	a.kick()
 }
 
 // readyChan implements plane.Signaling: the channel receives when the progress
@@ -1270,9 +1270,9 @@ const defaultProgressDelay = 10 * time.Millisecond
 // notification that counts, see notifWorks, a kick) if that is longer: an
 // end is seen at most 1 ms, or 5 %, late. For peers' READs the time is
 // counted from the newest grant (granted), and from later events only
-// while that grant is younger than youngGrant: otherwise a peer holding a grant it never reads could
-// keep us waking every millisecond by sending a notification every
-// 20 ms. A peer's READ needs us driven as much as our own does: over UCX
+// while that grant is younger than youngGrant: otherwise a peer holding a
+// grant it never reads could keep us waking every millisecond by sending
+// a notification every 20 ms. A peer's READ needs us driven as much as our own does: over UCX
 // tcp its bytes, and under UCX's default transports its notification and
 // the flush that ends it, move only while we drive; with pauses growing
 // to ProgressDelay instead, a fetch one at a time from another process
@@ -1345,10 +1345,10 @@ const grantPause = 200 * time.Microsecond
 const movedCall = 200 * time.Microsecond
 
 // progressLoop drives the agent for ProgressGoroutine. After a round that
-// found work (a READ posted or ended, a notification that counts (see
-// notifWorks), a progress call that moved bytes, a kick while READs of its
-// own are outstanding) it goes
-// on round after round, yielding between them, for Config.Spin; then it
+// found work (a READ posted or ended, a notification that counts, see
+// notifWorks, a progress call that moved bytes, a kick while READs of its
+// own are outstanding) it goes on round after round, yielding between
+// them, for Config.Spin; then it
 // pauses on a precise timer, each pause twice the last, up to
 // ProgressDelay, and while READs of its own are outstanding up to
 // readPause at first (see above). With nothing to drive it polls every

@@ -74,8 +74,8 @@ type Config struct {
 	// (200 µs while only a producer's grants are live) up to
 	// ProgressDelay; while READs are outstanding (this agent's own, or
 	// peers' of its live grants), up to 1 ms until a twentieth of the time
-	// since the last post, end or grant's notification is longer (an end, or a
-	// peer's READ that needs us driven, is seen at most 1 ms, or 5 %,
+	// since the last post, end or grant's notification is longer (an end,
+	// or a peer's READ that needs us driven, is seen at most 1 ms, or 5 %,
 	// late). Default 10 ms: an agent whose READ hangs, or a producer with
 	// grants live and nothing happening, wakes about 100 times a second
 	// once 200 ms have passed without an event. For ProgressThread it is NIXL's
@@ -90,9 +90,9 @@ type Config struct {
 	// never more often than grants are live, and, unless this agent's own
 	// READs are outstanding, only while the newest grant is under 100 ms
 	// old: a peer cannot keep the goroutine spinning by sending
-	// notifications. A READ that ends
-	// within it is seen at once; one that ends later is seen within about
-	// the time it took, as the pauses double. A longer Spin costs a core
+	// notifications. A READ that ends within it is seen at once; one that
+	// ends later is seen within about the time it took, as the pauses
+	// double. A longer Spin costs a core
 	// for that long after every such event, also while a READ hangs: set
 	// it only where a core is to spare. A Spin as long as a READ may take
 	// drives READs continuously, a core for as long as any is outstanding.
