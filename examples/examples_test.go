@@ -148,6 +148,12 @@ func TestLoopbackDefaults(t *testing.T) {
 			if !strings.Contains(string(out), "verified 1000 transfers (0 failed)") || !strings.Contains(string(out), "GB/s") {
 				t.Fatalf("loopback output:\n%s", out)
 			}
+			// The producer's counters are read once its grants have ended:
+			// every grant's notification is counted, none by its lease.
+			m := regexp.MustCompile(`producer: requests \d+, grants (\d+), completions (\d+), .* lease expiries (\d+)`).FindStringSubmatch(string(out))
+			if m == nil || m[1] != m[2] || m[3] != "0" {
+				t.Fatalf("producer's grants and completions differ:\n%s", out)
+			}
 		})
 	}
 }

@@ -117,6 +117,12 @@ func main() {
 	cfg.MetricsAlso = append(cfg.MetricsAlso, prod.Collector())
 	sum, err := demo.RunConsumer(ctx, cfg, prod.Control, os.Stdout, log)
 	sum.Print(os.Stdout)
+	// The last notifications may still be on their way: count them in.
+	sctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	if serr := prod.Shutdown(sctx); serr != nil {
+		fmt.Fprintln(os.Stderr, "loopback: producer:", serr)
+	}
+	cancel()
 	fmt.Println("  producer:", prod.Stats())
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loopback:", err)

@@ -290,6 +290,13 @@ func (p *Producer) Stats() string {
 		s.Requests, s.Grants, s.Completions, s.Nacks, s.Expired, s.Malformed)
 }
 
+// Shutdown stops granting and waits, while Serve goes on, for the live
+// grants to end: a consumer's last notifications may still be on their
+// way when its run ends, and counters read before them would miss them.
+// If ctx ends first, the grants left are ended and the error says how
+// many.
+func (p *Producer) Shutdown(ctx context.Context) error { return p.prod.Shutdown(ctx) }
+
 // Close stops serving and frees everything.
 func (p *Producer) Close() {
 	p.cancel()
