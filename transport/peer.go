@@ -25,6 +25,11 @@ type peer struct {
 	notes  chan []byte  // notify frames for the links' writers
 	stop   chan struct{}
 	once   sync.Once
+	// hmu orders hand-offs before the stop: a READ goes to a goroutine's
+	// channel only under it, while p is not stopped, and shutdown closes
+	// stop under it, so every READ handed off is in a channel before its
+	// goroutine's last look at it, and none is stranded there.
+	hmu sync.Mutex
 	// inflight counts READs posted and not ended: at most MaxQueued, so
 	// that a producer that stops answering cannot make them pile up.
 	inflight atomic.Int64
@@ -119,30 +124,35 @@ func (p *peer) start(op *readOp, way int) {
 			op.land(live)
 		}
 	case viaCopier:
-		select {
-		case p.sh.copies <- op:
-		default: // cannot happen while inflight bounds the queue
+		if !p.handOff(p.sh.copies, op) {
 			p.readers.Done()
 			op.fail()
 		}
 	case viaFirst:
-		if p.links[0].tryPost(op) {
-			return
-		}
-		select {
-		case p.firstq <- op:
-		default: // cannot happen while inflight bounds the queue
+		if !p.links[0].tryPost(op) && !p.handOff(p.firstq, op) {
 			op.fail()
 		}
 	default:
-		if p.tryPost(op) {
-			return
-		}
-		select {
-		case p.queue <- op:
-		default: // cannot happen while inflight bounds the queue
+		if !p.tryPost(op) && !p.handOff(p.queue, op) {
 			op.fail()
 		}
+	}
+}
+
+// handOff puts op in ch, a channel of one of p's goroutines, unless p is
+// shut down (see hmu). The channel is never full while inflight bounds the
+// READs.
+func (p *peer) handOff(ch chan *readOp, op *readOp) bool {
+	p.hmu.Lock()
+	defer p.hmu.Unlock()
+	if p.stopped() {
+		return false
+	}
+	select {
+	case ch <- op:
+		return true
+	default:
+		return false
 	}
 }
 
@@ -158,7 +168,9 @@ func (p *peer) ended(_ *readOp, signal bool) {
 // shutdown stops the peer's goroutines and fails its READs. Called with d.mu.
 func (p *peer) shutdown(err error) {
 	p.once.Do(func() {
+		p.hmu.Lock()
 		close(p.stop)
+		p.hmu.Unlock()
 		for _, l := range p.links {
 			l.mu.Lock()
 			l.breakLocked(err)
