@@ -83,9 +83,12 @@
 // reader (the answer's bytes, or a push that came on that link before the
 // answer), a copy out of a same-host producer's region under a grant its
 // board shows live, or a push kept for it. Exactly one of them moves
-// a READ into writing. Release of a READ in writing closes its connection
-// (a socket lander then stops) and waits for the lander: nothing writes
-// into its blocks once Release returns.
+// a READ into writing. Release of a READ in writing closes the connection
+// its lander reads from, if it reads from one (every socket lander names
+// its connection on the READ before it claims it: an answer's, or a
+// push's that came before the READ's frame went), so it stops, and waits
+// for the lander: nothing writes into its blocks once Release returns, and
+// Release never waits on the network.
 //
 // Deadlines count progress, the same on both sides: a READ fails when no
 // byte of it moved for IOTimeout, its clock starting when it reached the

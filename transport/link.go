@@ -252,7 +252,7 @@ func (l *link) breakIf(conn net.Conn, err error) {
 // breakOp breaks the connection op's bytes are landing from (Release).
 func (l *link) breakOp(op *readOp) {
 	l.mu.Lock()
-	if op.link.Load() == l {
+	if op.from.Load() == l {
 		l.breakLocked(errReleased)
 	}
 	l.mu.Unlock()
@@ -452,7 +452,7 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 	case status != dataOK || size != uint64(op.n)*uint64(bs):
 		op.fail()
 		return fmt.Errorf("%w: answer %d: status %d, %d bytes for %d blocks", errProtocol, id, status, size, op.n)
-	case op.claim(opSent):
+	case op.claimFrom(l, opSent):
 		err := l.landBytes(r, op)
 		if err == nil {
 			// Every byte is in: the producer's notification goes before

@@ -287,8 +287,8 @@ func (l *link) takePush(r *bufio.Reader) error {
 		// push lands it as its answer would (the producer answers it
 		// "pushed", and its done brings the notification). Sent
 		// elsewhere, or ended, the push is dropped.
-		unsent := op.claim(opQueued)
-		if !unsent && (op.link.Load() != l || !op.claim(opSent)) {
+		unsent := op.claimFrom(l, opQueued)
+		if !unsent && (op.link.Load() != l || !op.claimFrom(l, opSent)) {
 			p.d.pushDrops.Add(1)
 			_, err := r.Discard(int(size))
 			return err

@@ -32,6 +32,10 @@ type readOp struct {
 	state  atomic.Int32
 	landed chan struct{}        // closed by the lander as it leaves writing
 	link   atomic.Pointer[link] // the connection its frame went on, once sent
+	// from: the connection a socket lander reads its bytes from, set
+	// before the lander claims it (claimFrom), so that Release can break
+	// it: an answer's, or a push's that came before the frame went.
+	from atomic.Pointer[link]
 	// sentAt: when its frame was written, under its link's mu.
 	sentAt time.Time
 	staged *staged // the push route found for it (between route and start)
@@ -45,6 +49,13 @@ func newReadOp(h xfer.Handle, p *peer, local, remote []int, notif []byte) *readO
 
 // claim moves op from state from into writing: the caller is its lander.
 func (op *readOp) claim(from int32) bool { return op.state.CompareAndSwap(from, opWriting) }
+
+// claimFrom is claim for a lander that reads op's bytes from l's socket:
+// a Release that finds op writing finds l, and breaks it.
+func (op *readOp) claimFrom(l *link, from int32) bool {
+	op.from.Store(l)
+	return op.claim(from)
+}
 
 // land ends op's writing, as its lander: done or failed. It wakes a
 // Release waiting for it, and the consumer's loop.
@@ -73,8 +84,9 @@ func (op *readOp) fail() {
 }
 
 // release ends op for Release: at once unless a lander is writing into
-// its blocks; then it breaks op's connection, which stops a socket lander,
-// and waits for the lander to leave (a copy runs to its end).
+// its blocks; then it breaks the connection a socket lander reads from,
+// which stops it, and waits for the lander to leave (a copy runs to its
+// end). Every lander that reads from a socket claims op with claimFrom.
 func (op *readOp) release() {
 	for {
 		s := op.state.Load()
@@ -85,7 +97,7 @@ func (op *readOp) release() {
 				return
 			}
 		case opWriting:
-			if l := op.link.Load(); l != nil {
+			if l := op.from.Load(); l != nil {
 				l.breakOp(op)
 			}
 			<-op.landed

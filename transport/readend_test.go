@@ -1,0 +1,151 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"io"
+	"net"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/plane"
+)
+
+// Close while READs are being posted and released on other goroutines
+// returns, every time: a READ routed to one of the peer's goroutines just
+// as the peer shuts down is failed, never left in a channel its goroutine
+// no longer reads (which kept the READ, and the producer's mapping, until
+// Close waited forever for them).
+func TestCloseRacingPostRead(t *testing.T) {
+	const bs = 64 << 10
+	pr := newSharedRegion(t, 16, bs)
+	p, g := gatedProducer(t, pr, TCPConfig{})
+	ids := []int{0, 1, 2, 3, 4, 5, 6, 7} // 512 KiB: the copy goroutine's
+	notif := g.grant(ids...)
+	for trial := range 100 {
+		cr, err := cache.NewRegion(cache.RegionConfig{Blocks: 16, BlockSize: bs, NoLock: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm(t, c, peer.Agent, g)
+		stop := make(chan struct{})
+		var posted atomic.Int64
+		var wg sync.WaitGroup
+		for range 3 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					if h, err := c.PostRead(ids, peer.Agent, ids, notif); err == nil {
+						posted.Add(1)
+						c.Release(h)
+					}
+				}
+			}()
+		}
+		poll(t, 10*time.Second, "READs under way", func() bool { return posted.Load() >= 8 })
+		done := make(chan struct{})
+		go func() { c.Close(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(20 * time.Second):
+			t.Fatalf("trial %d: Close did not return", trial)
+		}
+		close(stop)
+		wg.Wait()
+		cr.Close()
+	}
+}
+
+// fakePusher is a producer that pushes: it accepts connections, reads each
+// one's hello, welcomes it and hands it to the test.
+func fakePusher(t *testing.T, bs, blocks int) (meta []byte, conns chan net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	m := metaOf(t, agentMetaBytes(t, "pusher", ln.Addr().String(), bs, blocks, metaVersion))
+	m.Push = true
+	conns = make(chan net.Conn, 4)
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			t.Cleanup(func() { conn.Close() })
+			var hdr [headLen + 2]byte
+			io.ReadFull(conn, hdr[:])
+			rest := make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen)
+			io.ReadFull(conn, rest)
+			conn.Write(appendWelcome(nil, nil))
+			conns <- conn
+		}
+	}()
+	return agentMetaBytesOf(t, m), conns
+}
+
+// Release of a READ that a push is landing before the READ's frame went
+// out stops the push's lander, as it stops an answer's: a producer that
+// trickles the push (a byte a second, within IOTimeout) does not hold
+// Release, which must not wait on the network.
+func TestReleaseStopsAPushLandingAnUnsentRead(t *testing.T) {
+	const bs = 4096
+	meta, conns := fakePusher(t, bs, 8)
+	cr := newRegion(t, 8, bs)
+	c := newTCP(t, cr, TCPConfig{Conns: 1, IOTimeout: time.Minute})
+	peer, err := c.AddRemotePeer(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := (tcpPlane{c}).Contact(context.Background(), peer.Agent, plane.Contact{}); err != nil {
+		t.Fatal(err)
+	}
+	conn := <-conns
+	c.mu.Lock()
+	l := c.peers[peer.Agent].links[0]
+	c.mu.Unlock()
+	l.wmu.Lock() // a write in progress: the READ stays queued
+	notif := []byte("00000000-0000-4000-8000-000000000001:h#7.0102030405060708090a0b0c0d0e0f10")
+	h, err := c.PostRead([]int{0, 1}, peer.Agent, []int{2, 3}, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Half of its push comes, and stops.
+	conn.Write(appendPushHead(nil, notif, 2*bs, []int{2, 3}))
+	conn.Write(make([]byte, bs))
+	until(t, "the push's lander claimed the READ", func() bool {
+		c.mu.Lock()
+		op := c.handles[h]
+		c.mu.Unlock()
+		return op.state.Load() == opWriting
+	})
+	l.wmu.Unlock()
+	released := make(chan struct{})
+	go func() { c.Release(h); close(released) }()
+	select {
+	case <-released:
+	case <-time.After(30 * time.Second): // IOTimeout is a minute
+		conn.Close()
+		<-released
+		t.Fatal("Release waited for the producer")
+	}
+}
