@@ -108,6 +108,7 @@ type ProducerStats struct {
 
 type consumerState struct {
 	id        uint64 // names the session to the data plane (plane.Hold.Consumer)
+	ident     string // the control-plane identity that opened it
 	grants    int
 	blocks    int    // pinned by its live grants
 	agent     string // the agent its READs come from, once known
@@ -123,6 +124,10 @@ type grant struct {
 	agent string     // the agent allowed to read it; "" while unknown
 	ident string     // the control-plane identity that asked
 	cs    *consumerState
+	// own: the identity that asked it opened its consumer session. Only
+	// such a grant's READs bind their connection to the session, which
+	// then takes its pushes (see gate.Authorize).
+	own bool
 	// hold counts the READs being served under the grant (Authorize to
 	// their release), plus endedBit once the grant ended. Whoever brings
 	// it to exactly endedBit unpins: the step loop ending an idle grant,
@@ -186,6 +191,8 @@ type ProducerSession struct {
 	// a READ since our agent metadata last changed (then it has registered
 	// our agent, and acks can leave the mem descriptor out).
 	consumers  map[string]*consumerState
+	pruneAt    int            // consumers' size at which pruneConsumers scans next
+	prunes     int            // its scans, for tests
 	idents     map[string]int // blocks pinned per control-plane identity
 	lastMeta   []byte
 	metaDigest uint64 // wirext.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
@@ -487,7 +494,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	if cs == nil {
 		p.pruneConsumers()
 		p.nextCons++
-		cs = &consumerState{id: p.nextCons}
+		cs = &consumerState{id: p.nextCons, ident: string(ident)}
 		p.consumers[sid] = cs
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
@@ -499,6 +506,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
+	g.own = cs.ident == string(ident)
 	p.fresh = true
 	if req.Attempt != 0 {
 		// A Go consumer: it presents the token with the grant's READs
@@ -568,7 +576,7 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	if cs == nil {
 		p.pruneConsumers()
 		p.nextCons++
-		cs = &consumerState{id: p.nextCons}
+		cs = &consumerState{id: p.nextCons, ident: string(ident)}
 		p.consumers[sid] = cs
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
@@ -580,6 +588,7 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs, g.ident = grantIDs.Add(1), key, cs.agent, cs, string(ident)
+	g.own = cs.ident == g.ident
 	p.fresh = true
 	p.tokens.Read(g.token[:])
 	p.lock()
@@ -622,16 +631,21 @@ func (p *ProducerSession) unpin(mmHash string) {
 
 // pruneConsumers forgets consumer sessions without grants once there are
 // many: forgetting only costs the descriptor in its next ack, and the agent
-// binding of a session that holds nothing.
+// binding of a session that holds nothing. After a scan it waits for the
+// map to double (the sessions left hold grants, so they are at most the
+// grants), so that a flood of new sessions costs a scan per doubling, not
+// one per request.
 func (p *ProducerSession) pruneConsumers() {
-	if len(p.consumers) < 4*p.maxGrants/p.perSess+1024 {
+	if len(p.consumers) < max(p.pruneAt, 4*p.maxGrants/p.perSess+1024) {
 		return
 	}
+	p.prunes++
 	for id, c := range p.consumers {
 		if c.grants == 0 {
 			delete(p.consumers, id)
 		}
 	}
+	p.pruneAt = 2 * len(p.consumers)
 }
 
 // canonicalUUID reports whether s is a UUID in canonical form: 36 lowercase
@@ -811,13 +825,21 @@ func (p *ProducerSession) authorize(agent string, notif []byte, blocks []int) *g
 type gate struct{ p *ProducerSession }
 
 // Authorize implements plane.Gate; the hold names the grant's consumer
-// session, whose pushes then go to the connection that proved it.
+// session, whose pushes then go to the connection that proved it. A
+// session id is a name the consumer states: a grant asked for from
+// another control-plane connection than the one that opened the session
+// names none, so a peer that states another's session id gets its grants
+// but never its pushes.
 func (g gate) Authorize(agent string, notif []byte, blocks []int) (plane.Hold, bool) {
 	gr := g.p.authorize(agent, notif, blocks)
 	if gr == nil {
 		return plane.Hold{}, false
 	}
-	return plane.Hold{Release: gr.release, Consumer: gr.cs.id}, true
+	h := plane.Hold{Release: gr.release}
+	if gr.own {
+		h.Consumer = gr.cs.id
+	}
+	return h, true
 }
 
 // covers reports whether every block of want is one of have's, which is
