@@ -47,12 +47,20 @@ const defaultPushBuffer = 8 << 20
 // pushKeep is how long an unclaimed push is kept at most.
 const pushKeep = 10 * time.Second
 
+// maxKept bounds the pushes a stage keeps, whatever their size, as asked
+// and lost are bounded.
+const maxKept = 4096
+
 // stage holds a consumer's pushes from one producer until READs claim them.
+// What it does per push is bounded, not only what it holds: the pushes
+// kept are a list, oldest first, and a push makes room by evicting from
+// its head only, each eviction O(1).
 type stage struct {
 	cap   int // bytes
 	mu    sync.Mutex
 	kept  map[string]*staged // by notification
-	order []*staged          // oldest first
+	head  *staged            // the oldest kept; then next
+	tail  *staged
 	bytes int
 	// asked are the READs posted with no push kept for them, by
 	// notification: a push that comes for one lands it, if it is not
@@ -73,6 +81,8 @@ type staged struct {
 	at    time.Time
 	ready bool    // every byte arrived
 	op    *readOp // a READ that claimed it before it was ready: the reader lands it
+
+	prev, next *staged // kept, in arrival order
 }
 
 func newStage(capacity int) *stage {
@@ -137,25 +147,34 @@ func (s *stage) keep(notif string, ids []int, size int) *staged {
 		return nil
 	}
 	now := time.Now()
-	for i := 0; i < len(s.order); {
-		old := s.order[i]
-		if !old.ready || old.op != nil || (s.bytes+size <= s.cap && now.Sub(old.at) < pushKeep) {
-			i++
-			continue
+	// Oldest first: once one is young and there is room, so are the rest.
+	// One arriving, or claimed while it arrives, stays.
+	for old := s.head; old != nil; {
+		next := old.next
+		if s.bytes+size <= s.cap && len(s.kept) < maxKept && now.Sub(old.at) < pushKeep {
+			break
 		}
-		s.unkeepLocked(old)
-		s.freeLocked(old.buf)
+		if old.ready && old.op == nil {
+			s.unkeepLocked(old)
+			s.freeLocked(old.buf)
+		}
+		old = next
 	}
-	if s.bytes+size > s.cap {
+	if s.bytes+size > s.cap || len(s.kept) >= maxKept {
 		if len(s.lost) >= 4096 {
 			clear(s.lost) // bounded: a READ that misses it fails, and is asked for anew
 		}
 		s.lost[notif] = struct{}{}
 		return nil
 	}
-	st := &staged{notif: notif, ids: ids, buf: s.bufLocked(size), at: now}
+	st := &staged{notif: notif, ids: ids, buf: s.bufLocked(size), at: now, prev: s.tail}
 	s.kept[notif] = st
-	s.order = append(s.order, st)
+	if s.tail != nil {
+		s.tail.next = st
+	} else {
+		s.head = st
+	}
+	s.tail = st
 	s.bytes += size
 	return st
 }
@@ -180,14 +199,14 @@ func (s *stage) arrived(st *staged, ok bool) *readOp {
 func (s *stage) shutdown() {
 	s.mu.Lock()
 	var waiting []*readOp
-	for _, st := range s.order {
+	for st := s.head; st != nil; st = st.next {
 		if st.op != nil {
 			waiting = append(waiting, st.op)
 		}
 	}
 	s.down = true
 	clear(s.kept)
-	s.order, s.free, s.bytes = nil, nil, 0
+	s.head, s.tail, s.free, s.bytes = nil, nil, nil, 0
 	s.mu.Unlock()
 	for _, op := range waiting {
 		op.fail()
@@ -196,11 +215,18 @@ func (s *stage) shutdown() {
 
 func (s *stage) unkeepLocked(st *staged) {
 	delete(s.kept, st.notif)
-	s.order = slices.DeleteFunc(s.order, func(t *staged) bool { return t == st })
-	s.bytes -= len(st.buf)
-	if len(s.order) == 0 {
-		s.order = nil // a burst's list goes with it
+	if st.prev != nil {
+		st.prev.next = st.next
+	} else {
+		s.head = st.next
 	}
+	if st.next != nil {
+		st.next.prev = st.prev
+	} else {
+		s.tail = st.prev
+	}
+	st.prev, st.next = nil, nil
+	s.bytes -= len(st.buf)
 }
 
 func (s *stage) bufLocked(n int) []byte {

@@ -3,6 +3,7 @@ package transport
 import (
 	"context"
 	"encoding/binary"
+	"fmt"
 	"io"
 	"net"
 	"sync"
@@ -147,5 +148,39 @@ func TestReleaseStopsAPushLandingAnUnsentRead(t *testing.T) {
 		conn.Close()
 		<-released
 		t.Fatal("Release waited for the producer")
+	}
+}
+
+// A producer's pushes that nobody claims are kept up to a count as well as
+// a size, the oldest going first, each in constant time: many small
+// unclaimed pushes cannot make a push's keeping (under the stage's lock,
+// which PostRead takes too) scan them all.
+func TestStageKeepsBoundedPushes(t *testing.T) {
+	const bs = 256
+	s := newStage(8 << 20) // room for 32,768 such pushes
+	for i := range 3 * maxKept {
+		st := s.keep(fmt.Sprintf("n%d", i), []int{i}, bs)
+		if st == nil {
+			t.Fatalf("push %d not kept", i)
+		}
+		s.arrived(st, true)
+	}
+	if len(s.kept) != maxKept || s.bytes != maxKept*bs {
+		t.Fatalf("kept %d pushes, %d bytes; want %d, %d", len(s.kept), s.bytes, maxKept, maxKept*bs)
+	}
+	n, want := 0, 2*maxKept // the newest are kept, in order
+	for st := s.head; st != nil; st = st.next {
+		if st.notif != fmt.Sprintf("n%d", want) {
+			t.Fatalf("kept %q at %d, want n%d", st.notif, n, want)
+		}
+		n, want = n+1, want+1
+	}
+	if n != maxKept {
+		t.Fatalf("the list holds %d", n)
+	}
+	// A large push makes room from the head.
+	st := s.keep("big", []int{0}, 1<<20)
+	if st == nil || len(s.kept) > maxKept || s.bytes > 8<<20 || s.kept["big"] != st {
+		t.Fatalf("the large push: %v, kept %d, %d bytes", st != nil, len(s.kept), s.bytes)
 	}
 }
