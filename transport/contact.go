@@ -121,14 +121,23 @@ func (c tcpPlane) readNothing(ctx context.Context, agent string, notif []byte) e
 		return fmt.Errorf("transport: contact READ: %w", err)
 	}
 	defer c.d.Release(h)
-	t := time.NewTicker(50 * time.Microsecond)
+	c.d.mu.Lock()
+	op := c.d.handles[h]
+	c.d.mu.Unlock()
+	// An answered READ ends by landing, which wakes us; a refused or
+	// failed one is seen by Check, at pauses that double up to 50 ms, so
+	// a producer that never answers costs no core.
+	t := time.NewTimer(50 * time.Microsecond)
 	defer t.Stop()
-	for {
+	for pause := 50 * time.Microsecond; ; pause = min(2*pause, 50*time.Millisecond) {
+		c.d.contactChecks.Add(1)
 		p, err := c.d.Check(h)
 		if err != nil || p != xfer.InProgress {
 			return err
 		}
+		t.Reset(pause)
 		select {
+		case <-op.landed:
 		case <-t.C:
 		case <-ctx.Done():
 			return ctx.Err()

@@ -184,3 +184,46 @@ func TestStageKeepsBoundedPushes(t *testing.T) {
 		t.Fatalf("the large push: %v, kept %d, %d bytes", st != nil, len(s.kept), s.bytes)
 	}
 }
+
+// A contact whose READ the producer never answers waits at pauses that
+// grow, not on a fast ticker: over a second it looks at the READ a few
+// dozen times, not twenty thousand.
+func TestContactWithASilentProducerParks(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	go func() {
+		for {
+			conn, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer conn.Close()
+				var hdr [headLen + 2]byte
+				io.ReadFull(conn, hdr[:])
+				rest := make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen)
+				io.ReadFull(conn, rest)
+				conn.Write(appendWelcome(nil, nil))
+				io.Copy(io.Discard, conn) // never answers
+			}()
+		}
+	}()
+	c := newTCP(t, newRegion(t, 8, 4096), TCPConfig{})
+	m := metaOf(t, agentMetaBytes(t, "silent", ln.Addr().String(), 4096, 8, metaVersion))
+	rp, err := c.AddRemotePeer(agentMetaBytesOf(t, m), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	err = tcpPlane{c}.Contact(ctx, rp.Agent, plane.Contact{Notif: []byte("s:#1.0102030405060708090a0b0c0d0e0f10")})
+	if err == nil {
+		t.Fatal("the contact ended")
+	}
+	if n := c.contactChecks.Load(); n > 100 {
+		t.Fatalf("the contact READ was looked at %d times in a second", n)
+	}
+}
