@@ -92,7 +92,7 @@ func (l *link) up() bool {
 // send writes op's READ on l, connecting first if it must; buf is scratch
 // space, returned for the next READ.
 func (l *link) send(op *readOp, buf []byte) []byte {
-	conn, err := l.connect(context.Background())
+	conn, err := l.connect(l.p.dials)
 	if err != nil {
 		// A READ still queued when its peer is removed or the plane
 		// closes (a consumer shutting down) fails quietly: the producer
@@ -227,7 +227,7 @@ func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
 
 // note sends one notification, connecting if it must.
 func (l *link) note(n []byte) {
-	conn, err := l.connect(context.Background())
+	conn, err := l.connect(l.p.dials)
 	if err != nil {
 		l.p.d.notesLost.Add(1)
 		return

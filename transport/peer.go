@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -24,6 +25,8 @@ type peer struct {
 	firstq chan *readOp // READs that must go on the first link (see viaFirst)
 	notes  chan []byte  // notify frames for the links' writers
 	stop   chan struct{}
+	dials  context.Context // ends with stop: a dial in progress is cut short
+	cancel context.CancelFunc
 	once   sync.Once
 	// hmu orders hand-offs before the stop: a READ goes to a goroutine's
 	// channel only under it, while p is not stopped, and shutdown closes
@@ -55,6 +58,7 @@ func newPeer(d *TCPData, m agentMeta, key string) *peer {
 	p := &peer{d: d, name: key, addr: m.Addr, blocks: m.Blocks,
 		queue: make(chan *readOp, d.cfg.MaxQueued), firstq: make(chan *readOp, d.cfg.MaxQueued),
 		notes: make(chan []byte, 256), stop: make(chan struct{})}
+	p.dials, p.cancel = context.WithCancel(context.Background())
 	if m.Shm != "" && !d.cfg.NoSharedMemory {
 		sh, err := d.mapShared(m)
 		if err != nil {
@@ -171,6 +175,7 @@ func (p *peer) shutdown(err error) {
 		p.hmu.Lock()
 		close(p.stop)
 		p.hmu.Unlock()
+		p.cancel()
 		for _, l := range p.links {
 			l.mu.Lock()
 			l.breakLocked(err)

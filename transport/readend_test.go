@@ -8,6 +8,7 @@ import (
 	"net"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -225,5 +226,68 @@ func TestContactWithASilentProducerParks(t *testing.T) {
 	}
 	if n := c.contactChecks.Load(); n > 100 {
 		t.Fatalf("the contact READ was looked at %d times in a second", n)
+	}
+}
+
+// Close cuts short a dial in progress to a producer that does not answer
+// (its accept queue full: SYNs dropped), instead of waiting for
+// DialTimeout.
+func TestCloseCutsADialShort(t *testing.T) {
+	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer syscall.Close(fd)
+	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
+		t.Fatal(err)
+	}
+	syscall.Listen(fd, 0)
+	sa, _ := syscall.Getsockname(fd)
+	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
+	for range 4 { // fill the accept queue
+		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+			defer c.Close()
+		}
+	}
+	if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
+		c.Close()
+		t.Skip("this kernel accepts beyond the queue: nothing to cut short")
+	}
+	cr := newRegion(t, 8, 64)
+	c, err := NewTCPData(TCPConfig{Logger: quiet, DialTimeout: time.Minute}, cr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	peer, err := c.AddRemotePeer(agentMetaBytes(t, "blackhole", addr, 64, 8, metaVersion), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, []byte("a:b")); err != nil {
+		t.Fatal(err)
+	}
+	c.mu.Lock()
+	links := c.peers[peer.Agent].links
+	c.mu.Unlock()
+	dialing := func() bool { // on whichever link's writer took the READ
+		for _, l := range links {
+			if !l.dial.TryLock() {
+				return true
+			}
+			l.dial.Unlock()
+		}
+		return false
+	}
+	for end := time.Now().Add(5 * time.Second); !dialing(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Skip("no dial stayed under way: the kernel answered it")
+		}
+	}
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	select {
+	case <-closed:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waited for the dial")
 	}
 }
