@@ -215,7 +215,7 @@ func engineProducerMain(spec string) int {
 	echo := must(net.Listen("tcp", "127.0.0.1:0"))
 	go serveEcho(echo)
 	defer echo.Close()
-	fmt.Println(srv.Endpoint(), echo.Addr(), floor.addr(true), floor.addr(false))
+	fmt.Println(srv.Endpoint(), echo.Addr(), floor.addrs())
 	in := bufio.NewScanner(os.Stdin)
 	for in.Scan() {
 		fmt.Println(e.snap())
@@ -254,10 +254,11 @@ func engineProducerMain(spec string) int {
 //
 // The 16 × 8 KiB rows carry their floors, measured between the same two
 // engines in phases of their own after the library's (each followed by
-// one without fetches): floor-polled-* and floor-netpoller-* are the
-// same figures for a fetch's three messages with no library, read once
-// per step off the runtime's poller, or by goroutines it wakes (see
-// floor_bench_test.go). The library's row over the same-host copy can be
+// one without fetches): floor-polled-*, floor-registered-* and
+// floor-netpoller-* are the same figures for a fetch's three messages
+// with no library, read once per step off the runtime's poller, once per
+// step on descriptors the poller still watches, or by goroutines it wakes
+// (see floor_bench_test.go). The library's row over the same-host copy can be
 // read against them run by run.
 //
 // waiting/<plane> is the same with idle engines: the consumer's loop
@@ -301,9 +302,9 @@ func BenchmarkEngine(b *testing.B) {
 
 // engineProc is BenchmarkEngine's second process.
 type engineProc struct {
-	ctl, echo         string // its control endpoint; its echo server's address
-	polled, netpoller string // its floor servers' addresses (floorServer)
-	remote            func() engineSnap
+	ctl, echo string             // its control endpoint; its echo server's address
+	floors    [floorModes]string // its floor servers' addresses (floorServer)
+	remote    func() engineSnap
 }
 
 // startEngineProducer starts BenchmarkEngine's second process.
@@ -334,7 +335,9 @@ func startEngineProducer(b *testing.B, blocks, bs int, data string, work time.Du
 		}
 		return s
 	}
-	return engineProc{ctl: addrs[0], echo: addrs[1], polled: addrs[2], netpoller: addrs[3], remote: remote}
+	p := engineProc{ctl: addrs[0], echo: addrs[1], remote: remote}
+	copy(p.floors[:], addrs[2:])
+	return p
 }
 
 // serveEcho answers each 200 bytes with themselves: the ping-pong anchor.
@@ -447,8 +450,8 @@ func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work tim
 	names := []string{data}
 	loads := []engineLoad{newPoolLoad(b, proc.ctl, blocks, bs, data, missing)}
 	if work > 0 && blocks*bs <= 128<<10 { // the floors beside small fetches
-		for _, polled := range []bool{true, false} {
-			f := newFloorLoad(b, proc, polled)
+		for mode := range floorModes {
+			f := newFloorLoad(b, proc, mode)
 			names = append(names, f.name)
 			loads = append(loads, f)
 		}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -14,16 +15,31 @@ import (
 
 // The floor anchors of BenchmarkEngine: a fetch's three messages (request,
 // answer, completion notification, floorMsg bytes each) between the same
-// two engines, with no library at all, read in one of two ways:
+// two engines, with no library at all, read in one of three ways:
 //
 //   - polled: the engine's loop reads a descriptor outside the runtime's
 //     network poller once per step, without waiting; a message arriving
 //     wakes no thread;
+//   - registered: the same, on a descriptor the runtime's poller still
+//     watches (the net.Conn stays open) though no goroutine waits on it:
+//     what reading a library's sockets in its Step, and no more, buys;
 //   - netpoller: a goroutine per connection waits in the runtime's poller,
 //     as the library's sockets do, and hands whole messages to the loop.
 //
 // What a fetch costs beyond the first is the price of I/O that wakes a
 // thread for each message, on this machine.
+
+// floorMode is how a floor connection is read.
+type floorMode int
+
+const (
+	floorPolled floorMode = iota
+	floorRegistered
+	floorNetpoller
+	floorModes
+)
+
+var floorNames = [floorModes]string{"floor-polled", "floor-registered", "floor-netpoller"}
 
 // floorMsg is the size of each floor message, about a request's, an
 // answer's and a notification's on the wire.
@@ -38,11 +54,12 @@ const (
 
 // floorConn is one end of a floor connection.
 type floorConn struct {
-	fd  int      // polled: a descriptor of our own, non-blocking
-	c   net.Conn // netpoller
-	in  []byte   // polled: bytes read, the start of a message (in inb)
-	inb [floorMsg]byte
-	out [floorMsg]byte
+	fd   int      // polled, registered: a descriptor of our own, non-blocking
+	c    net.Conn // netpoller
+	keep net.Conn // registered: the conn, open, its descriptor in the poller
+	in   []byte   // polled: bytes read, the start of a message (in inb)
+	inb  [floorMsg]byte
+	out  [floorMsg]byte
 
 	mu    sync.Mutex // netpoller: the reader's
 	kinds []byte
@@ -51,10 +68,11 @@ type floorConn struct {
 
 // newFloorConn takes c over. Polled, its descriptor leaves the runtime's
 // poller: a duplicate is kept and c is closed (which removes it from the
-// poller's set; the socket lives on in the duplicate).
-func newFloorConn(c net.Conn, polled bool) (*floorConn, error) {
+// poller's set; the socket lives on in the duplicate). Registered, c stays
+// open beside the duplicate, and in the poller's set.
+func newFloorConn(c net.Conn, mode floorMode) (*floorConn, error) {
 	f := &floorConn{c: c, fd: -1}
-	if !polled {
+	if mode == floorNetpoller {
 		go f.read()
 		return f, nil
 	}
@@ -66,7 +84,11 @@ func newFloorConn(c net.Conn, polled bool) (*floorConn, error) {
 	if err := raw.Control(func(s uintptr) { f.fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil {
 		return nil, err
 	}
-	c.Close()
+	if mode == floorRegistered {
+		f.keep = c
+	} else {
+		c.Close()
+	}
 	f.c = nil
 	if derr == nil {
 		derr = unix.SetNonblock(f.fd, true)
@@ -151,13 +173,16 @@ func (f *floorConn) close() {
 		f.c.Close()
 		return
 	}
+	if f.keep != nil {
+		f.keep.Close()
+	}
 	unix.Close(f.fd)
 }
 
 // floorServer is the producer process's end: it answers each request once
 // per engine step, as a Producer's Step would.
 type floorServer struct {
-	lns   [2]net.Listener // polled, netpoller
+	lns   [floorModes]net.Listener
 	mu    sync.Mutex
 	conns []*floorConn
 	kinds []byte
@@ -173,7 +198,7 @@ func newFloorServer() *floorServer {
 				if err != nil {
 					return
 				}
-				f, err := newFloorConn(c, i == 0)
+				f, err := newFloorConn(c, floorMode(i))
 				if err != nil {
 					c.Close()
 					continue
@@ -187,11 +212,13 @@ func newFloorServer() *floorServer {
 	return s
 }
 
-func (s *floorServer) addr(polled bool) string {
-	if polled {
-		return s.lns[0].Addr().String()
+// addrs returns the servers' addresses, one per mode, space-separated.
+func (s *floorServer) addrs() string {
+	var a []string
+	for _, ln := range s.lns {
+		a = append(a, ln.Addr().String())
 	}
-	return s.lns[1].Addr().String()
+	return strings.Join(a, " ")
 }
 
 // step answers the requests that arrived.
@@ -271,12 +298,8 @@ func (l *floorLoad) wait(context.Context, time.Duration) {}
 
 // newFloorLoad connects a floor load to the engine producer proc, whose
 // engine must be busy: its floor server answers from its loop.
-func newFloorLoad(b *testing.B, proc engineProc, polled bool) *floorLoad {
-	addr, name := proc.netpoller, "floor-netpoller"
-	if polled {
-		addr, name = proc.polled, "floor-polled"
-	}
-	f := must(newFloorConn(must(net.Dial("tcp", addr)), polled))
+func newFloorLoad(b *testing.B, proc engineProc, mode floorMode) *floorLoad {
+	f := must(newFloorConn(must(net.Dial("tcp", proc.floors[mode])), mode))
 	b.Cleanup(f.close)
-	return &floorLoad{b: b, f: f, name: name}
+	return &floorLoad{b: b, f: f, name: floorNames[mode]}
 }
