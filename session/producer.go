@@ -107,8 +107,11 @@ type ProducerStats struct {
 }
 
 type consumerState struct {
-	id        uint64 // names the session to the data plane (plane.Hold.Consumer)
-	ident     string // the control-plane identity that opened it
+	id uint64 // names the session to the data plane (plane.Hold.Consumer)
+	// push names, per control-plane identity that asked under the
+	// session, where the grants it asked for are pushed (see
+	// gate.Authorize); the identity that opened the session has id.
+	push      map[string]uint64
 	grants    int
 	blocks    int    // pinned by its live grants
 	agent     string // the agent its READs come from, once known
@@ -124,10 +127,9 @@ type grant struct {
 	agent string     // the agent allowed to read it; "" while unknown
 	ident string     // the control-plane identity that asked
 	cs    *consumerState
-	// own: the identity that asked it opened its consumer session. Only
-	// such a grant's READs bind their connection to the session, which
-	// then takes its pushes (see gate.Authorize).
-	own bool
+	// push names where its blocks are pushed: its consumer session's, as
+	// the identity that asked knows it (consumerState.push); 0: nowhere.
+	push uint64
 	// hold counts the READs being served under the grant (Authorize to
 	// their release), plus endedBit once the grant ended. Whoever brings
 	// it to exactly endedBit unpins: the step loop ending an idle grant,
@@ -363,7 +365,7 @@ func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 		}
 		return
 	}
-	if g != nil && p.att != nil && !g.token.IsZero() && g.cs.grants <= maxPushLive && len(g.Blocks) > 0 {
+	if g != nil && p.att != nil && !g.token.IsZero() && g.push != 0 && g.cs.grants <= maxPushLive && len(g.Blocks) > 0 {
 		// The ack is out and the grant live: its blocks follow it at
 		// once, under a hold of the pin until they are out of the region.
 		// (Ahead of the ack they delayed it by as much as they saved.)
@@ -373,7 +375,7 @@ func (p *ProducerSession) handle(m *xfer.Message, now time.Time, out Replier) {
 		// loopback at 64 in flight halved).
 		g.hold.Add(1)
 		p.notifBuf = wirext.AppendNotifGrant(append(p.notifBuf[:0], g.key...), g.id, g.token)
-		if p.att.Push(g.cs.id, p.notifBuf, g.Blocks, g.release) {
+		if p.att.Push(g.push, p.notifBuf, g.Blocks, g.release) {
 			p.stats.Pushes++
 		} else {
 			g.release()
@@ -494,7 +496,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	if cs == nil {
 		p.pruneConsumers()
 		p.nextCons++
-		cs = &consumerState{id: p.nextCons, ident: string(ident)}
+		cs = &consumerState{id: p.nextCons, push: map[string]uint64{string(ident): p.nextCons}}
 		p.consumers[sid] = cs
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
@@ -506,7 +508,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
-	g.own = cs.ident == string(ident)
+	g.push = p.pushID(cs, ident)
 	p.fresh = true
 	if req.Attempt != 0 {
 		// A Go consumer: it presents the token with the grant's READs
@@ -576,7 +578,7 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	if cs == nil {
 		p.pruneConsumers()
 		p.nextCons++
-		cs = &consumerState{id: p.nextCons, ident: string(ident)}
+		cs = &consumerState{id: p.nextCons, push: map[string]uint64{string(ident): p.nextCons}}
 		p.consumers[sid] = cs
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
@@ -588,7 +590,7 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs, g.ident = grantIDs.Add(1), key, cs.agent, cs, string(ident)
-	g.own = cs.ident == g.ident
+	g.push = p.pushID(cs, ident)
 	p.fresh = true
 	p.tokens.Read(g.token[:])
 	p.lock()
@@ -824,22 +826,35 @@ func (p *ProducerSession) authorize(agent string, notif []byte, blocks []int) *g
 // gate is the session's side of a data plane it is attached to.
 type gate struct{ p *ProducerSession }
 
-// Authorize implements plane.Gate; the hold names the grant's consumer
-// session, whose pushes then go to the connection that proved it. A
-// session id is a name the consumer states: a grant asked for from
-// another control-plane connection than the one that opened the session
-// names none, so a peer that states another's session id gets its grants
-// but never its pushes.
+// Authorize implements plane.Gate; the hold names where the grant's
+// pushes go (grant.push), which then go to the connection that proved it.
+// A session id is a name the consumer states: grants asked for under it
+// from another control-plane identity than the one that opened the
+// session are pushed elsewhere, so a peer that states another's session
+// id, whether before or after that consumer does, never takes its pushes.
 func (g gate) Authorize(agent string, notif []byte, blocks []int) (plane.Hold, bool) {
 	gr := g.p.authorize(agent, notif, blocks)
 	if gr == nil {
 		return plane.Hold{}, false
 	}
-	h := plane.Hold{Release: gr.release}
-	if gr.own {
-		h.Consumer = gr.cs.id
+	return plane.Hold{Release: gr.release, Consumer: gr.push}, true
+}
+
+// maxPushIdents bounds the control-plane identities a consumer session
+// keeps a push id for; grants asked by more are not pushed.
+const maxPushIdents = 16
+
+// pushID returns where the grants that ident asks for under cs are pushed.
+func (p *ProducerSession) pushID(cs *consumerState, ident []byte) uint64 {
+	if id, ok := cs.push[string(ident)]; ok {
+		return id
 	}
-	return h, true
+	if len(cs.push) >= maxPushIdents {
+		return 0
+	}
+	p.nextCons++
+	cs.push[string(ident)] = p.nextCons
+	return p.nextCons
 }
 
 // covers reports whether every block of want is one of have's, which is

@@ -2,6 +2,7 @@ package session
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -11,47 +12,102 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// A session id is a name the consumer states. A peer that states another
-// consumer's, from another control-plane connection, stating its agent or
-// none, gets grants whose READs bind its data connection to no consumer
-// session: it never takes the other's pushes. The consumer's own grants
-// still bind.
+// A session id is a name the consumer states. Whatever another peer does
+// with it (states it before the consumer does, or after, or once the
+// producer forgot the session, from another control-plane identity,
+// stating the consumer's agent or none), the consumer's grants are pushed
+// only where its own grants' READs bind their connections, never where
+// the other's do; and a consumer that comes back under a new identity is
+// pushed to where its new grants bind.
 func TestStatedSessionIDTakesNoPushes(t *testing.T) {
-	for _, agent := range []string{"", "victim-agent"} {
-		t.Run(fmt.Sprintf("agent %q", agent), func(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		first  bool // the other peer asks first
+		forget bool // the producer forgets the session in between
+		agent  string
+	}{
+		{"after the consumer", false, false, ""},
+		{"after the consumer, stating its agent", false, false, "victim-agent"},
+		{"before the consumer", true, false, ""},
+		{"once the session was forgotten", true, true, "victim-agent"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
 			po, f := newPlaneProducer(t)
-			f.take()
 			victim := sid("victim")
-			ask := func(ident, agent string, attempt uint64) wire.XferAck {
+			now := t0
+			attempt := uint64(0)
+			// ask returns the ack, where its grant's READs bind their
+			// connection, and where its blocks were pushed (0: nowhere).
+			ask := func(ident, agent string) (bind, pushed uint64) {
 				t.Helper()
-				acks := po.poll2(t, t0, xfer.Message{Identity: []byte(ident), Payload: wire.AppendReq(nil,
+				f.take()
+				attempt++
+				acks := po.poll2(t, now, xfer.Message{Identity: []byte(ident), Payload: wire.AppendReq(nil,
 					&wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: victim, Attempt: attempt, Agent: agent})})
 				if len(acks) != 1 || acks[0].Status != wire.OK || acks[0].Token.IsZero() {
 					t.Fatalf("acks %+v", acks)
 				}
-				return acks[0]
-			}
-			own := ask("victim-ident", "victim-agent", 1)
-			stated := ask("other-ident", agent, 99)
-			again := ask("victim-ident", "victim-agent", 2)
-			e, _ := po.cache.Get("R")
-			consumer := func(a wire.XferAck) uint64 {
-				t.Helper()
+				a := acks[0]
+				for _, e := range f.take() {
+					var c, g uint64
+					if strings.HasPrefix(e, "push ") {
+						fmt.Sscanf(e, "push %d", &c)
+						fmt.Sscanf(e[strings.Index(e, "#")+1:], "%d", &g)
+						if g == a.Grant {
+							pushed = c
+						}
+					}
+				}
+				e, _ := po.cache.Get("R")
+				// A data connection's agent name is a label: the other
+				// peer's hello states the consumer's.
 				h, ok := f.att.gate.Authorize("victim-agent", fmt.Appendf(nil, "%s:R#%d.%x", victim, a.Grant, a.Token), e.Blocks)
 				if !ok {
 					t.Fatalf("grant %d refused", a.Grant)
 				}
 				h.Release()
-				return h.Consumer
+				return h.Consumer, pushed
 			}
-			if c := consumer(own); c == 0 {
-				t.Fatal("the consumer's own grant names no session")
+			others := map[uint64]bool{0: true}
+			if tc.first {
+				if tc.forget {
+					ask("victim-ident", "victim-agent") // the consumer's session, forgotten below
+					now = now.Add(11 * time.Second)     // past the lease: its grant ends
+					var msgs []xfer.Message
+					for i := range 1100 {
+						s := fmt.Sprintf("%08x-0000-4000-8000-%012x", i, i)
+						msgs = append(msgs, xfer.Message{Identity: []byte("flood"), Payload: wire.AppendReq(nil,
+							&wire.XferReq{MMHash: "R", CompatibilityHash: compat, SessionID: s, Attempt: uint64(100 + i)})})
+					}
+					po.p.Poll(msgs, po.out, now)
+					po.out.take()
+					now = now.Add(11 * time.Second)
+					po.p.Poll(nil, po.out, now)
+				}
+				b, _ := ask("other-ident", tc.agent)
+				others[b] = true
 			}
-			if c := consumer(again); c != consumer(own) {
-				t.Fatalf("the consumer's grants name sessions %d and %d", consumer(own), c)
+			own := map[uint64]bool{}
+			for range 2 {
+				b, pushed := ask("victim-ident", "victim-agent")
+				if b == 0 || others[b] {
+					t.Fatalf("the consumer's grant binds %d (the other's: %v)", b, others)
+				}
+				own[b] = true
+				if pushed != 0 && !own[pushed] {
+					t.Fatalf("the consumer's grant was pushed to %d, where its own grants bind %v", pushed, own)
+				}
 			}
-			if c := consumer(stated); c != 0 {
-				t.Fatalf("a grant asked for under a stated session id names session %d: its READs' connection would take that session's pushes", c)
+			if !tc.first {
+				b, pushed := ask("other-ident", tc.agent)
+				if own[b] || own[pushed] {
+					t.Fatalf("the other's grant binds %d, pushed to %d: the consumer's (%v)", b, pushed, own)
+				}
+			}
+			// The consumer comes back under a new identity, same session.
+			b, pushed := ask("victim-ident-2", "victim-agent")
+			if b == 0 || others[b] || (pushed != 0 && pushed != b) {
+				t.Fatalf("under a new identity the consumer's grant binds %d and was pushed to %d", b, pushed)
 			}
 		})
 	}
