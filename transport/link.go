@@ -92,7 +92,7 @@ func (l *link) up() bool {
 // send writes op's READ on l, connecting first if it must; buf is scratch
 // space, returned for the next READ.
 func (l *link) send(op *readOp, buf []byte) []byte {
-	conn, err := l.connect(l.p.dials)
+	conn, err := l.connect(context.Background())
 	if err != nil {
 		// A READ still queued when its peer is removed or the plane
 		// closes (a consumer shutting down) fails quietly: the producer
@@ -227,7 +227,7 @@ func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
 
 // note sends one notification, connecting if it must.
 func (l *link) note(n []byte) {
-	conn, err := l.connect(l.p.dials)
+	conn, err := l.connect(context.Background())
 	if err != nil {
 		l.p.d.notesLost.Add(1)
 		return
@@ -287,6 +287,11 @@ func (l *link) connect(ctx context.Context) (net.Conn, error) {
 	if l.p.stopped() {
 		return nil, xfer.ErrClosed
 	}
+	// Whoever asked (a READ's writer, a contact), the dial ends with the
+	// peer: Close and RemoveRemotePeer do not wait for DialTimeout.
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(l.p.dials, cancel)()
 	dialer := net.Dialer{Timeout: l.p.d.cfg.DialTimeout}
 	c, err := dialer.DialContext(ctx, "tcp", l.p.addr)
 	if err != nil {

@@ -231,8 +231,14 @@ func TestContactWithASilentProducerParks(t *testing.T) {
 
 // Close cuts short a dial in progress to a producer that does not answer
 // (its accept queue full: SYNs dropped), instead of waiting for
-// DialTimeout.
+// DialTimeout: a READ's, and a contact's, whose Contact then returns.
 func TestCloseCutsADialShort(t *testing.T) {
+	for _, contact := range []bool{false, true} {
+		t.Run(fmt.Sprintf("contact %v", contact), func(t *testing.T) { closeCutsADialShort(t, contact) })
+	}
+}
+
+func closeCutsADialShort(t *testing.T, contact bool) {
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
@@ -263,7 +269,10 @@ func TestCloseCutsADialShort(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, []byte("a:b")); err != nil {
+	contacted := make(chan error, 1)
+	if contact {
+		go func() { contacted <- (tcpPlane{c}).Contact(context.Background(), peer.Agent, plane.Contact{}) }()
+	} else if _, err := c.PostRead([]int{0}, peer.Agent, []int{1}, []byte("a:b")); err != nil {
 		t.Fatal(err)
 	}
 	c.mu.Lock()
@@ -289,5 +298,12 @@ func TestCloseCutsADialShort(t *testing.T) {
 	case <-closed:
 	case <-time.After(30 * time.Second):
 		t.Fatal("Close waited for the dial")
+	}
+	if contact {
+		select {
+		case <-contacted:
+		case <-time.After(30 * time.Second):
+			t.Fatal("Contact waited for the dial")
+		}
 	}
 }
