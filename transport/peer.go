@@ -144,8 +144,9 @@ func (p *peer) start(op *readOp, way int) {
 }
 
 // handOff puts op in ch, a channel of one of p's goroutines, unless p is
-// shut down (see hmu). The channel is never full while inflight bounds the
-// READs.
+// shut down (see hmu). The channel holds MaxQueued, as many as READs may be
+// in flight, but READs released while queued keep their places in it
+// until a writer takes them: then a READ finds it full, and fails.
 func (p *peer) handOff(ch chan *readOp, op *readOp) bool {
 	p.hmu.Lock()
 	defer p.hmu.Unlock()

@@ -47,9 +47,12 @@ const defaultPushBuffer = 8 << 20
 // pushKeep is how long an unclaimed push is kept at most.
 const pushKeep = 10 * time.Second
 
-// maxKept bounds the pushes a stage keeps, whatever their size, as asked
-// and lost are bounded.
-const maxKept = 4096
+// maxKept bounds the pushes a stage keeps, whatever their size, as
+// maxAsked bounds asked, and lost is bounded.
+const (
+	maxKept  = 4096
+	maxAsked = 4096
+)
 
 // stage holds a consumer's pushes from one producer until READs claim them.
 // What it does per push is bounded, not only what it holds: the pushes
@@ -65,7 +68,8 @@ type stage struct {
 	// asked are the READs posted with no push kept for them, by
 	// notification: a push that comes for one lands it, if it is not
 	// answered yet; else it is dropped.
-	asked map[string]*readOp
+	asked   map[string]*readOp
+	askSkip int // claims before the next scan of asked (claim)
 	// lost are notifications whose push was dropped for want of room:
 	// their READ tells the producer to send the bytes (readResend).
 	lost map[string]struct{}
@@ -99,14 +103,23 @@ func (s *stage) claim(op *readOp) (st *staged, ready, resend bool) {
 	defer s.mu.Unlock()
 	st = s.kept[string(op.notif)]
 	if st == nil || st.op != nil || !sameRuns(st.ids, op.remote) {
-		if len(s.asked) >= 4096 {
+		// Ended READs are forgotten by a scan when the map is full, and
+		// after a scan that left it nearly full, only once as many claims
+		// as it holds went by: a scan per claim would cost each READ
+		// posted thousands of looks under the lock.
+		if s.askSkip > 0 {
+			s.askSkip--
+		} else if len(s.asked) >= maxAsked {
 			for k, o := range s.asked {
 				if o.state.Load() > opWriting { // ended
 					delete(s.asked, k)
 				}
 			}
+			if len(s.asked) >= maxAsked/2 {
+				s.askSkip = len(s.asked)
+			}
 		}
-		if len(s.asked) < 4096 {
+		if len(s.asked) < maxAsked {
 			s.asked[string(op.notif)] = op
 		}
 		_, resend = s.lost[string(op.notif)]
