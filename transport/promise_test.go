@@ -2,7 +2,6 @@ package transport
 
 import (
 	"bytes"
-	"encoding/binary"
 	"io"
 	"net"
 	"strconv"
@@ -377,11 +376,7 @@ func TestHostilePushes(t *testing.T) {
 					return
 				}
 				defer conn.Close()
-				var hdr [headLen + 2]byte
-				io.ReadFull(conn, hdr[:])
-				rest := make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen)
-				io.ReadFull(conn, rest)
-				room := int(binary.BigEndian.Uint32(rest[len(rest)-4-challengeLen:]))
+				room := readHello(conn)
 				conn.Write(appendWelcome(nil, nil))
 				conn.Write(frame(room))
 				io.Copy(io.Discard, conn)

@@ -75,17 +75,18 @@ func TestCloseRacingPostRead(t *testing.T) {
 	}
 }
 
-// fakePusher is a producer that pushes: it accepts connections, reads each
-// one's hello, welcomes it and hands it to the test.
-func fakePusher(t *testing.T, bs, blocks int) (meta []byte, conns chan net.Conn) {
+// welcomingProducer is a producer's data port that welcomes every
+// consumer and hands its connection to the test, which plays the rest;
+// push says whether its metadata offers pushes.
+func welcomingProducer(t *testing.T, bs, blocks int, push bool) (meta []byte, conns chan net.Conn) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { ln.Close() })
-	m := metaOf(t, agentMetaBytes(t, "pusher", ln.Addr().String(), bs, blocks, metaVersion))
-	m.Push = true
+	m := metaOf(t, agentMetaBytes(t, "welcoming", ln.Addr().String(), bs, blocks, metaVersion))
+	m.Push = push
 	conns = make(chan net.Conn, 4)
 	go func() {
 		for {
@@ -94,15 +95,22 @@ func fakePusher(t *testing.T, bs, blocks int) (meta []byte, conns chan net.Conn)
 				return
 			}
 			t.Cleanup(func() { conn.Close() })
-			var hdr [headLen + 2]byte
-			io.ReadFull(conn, hdr[:])
-			rest := make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen)
-			io.ReadFull(conn, rest)
+			readHello(conn)
 			conn.Write(appendWelcome(nil, nil))
 			conns <- conn
 		}
 	}()
 	return agentMetaBytesOf(t, m), conns
+}
+
+// readHello reads a consumer's hello on conn and returns the room it
+// offers for pushes.
+func readHello(conn net.Conn) (room int) {
+	var hdr [headLen + 2]byte
+	io.ReadFull(conn, hdr[:])
+	rest := make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen)
+	io.ReadFull(conn, rest)
+	return int(binary.BigEndian.Uint32(rest[len(rest)-4-challengeLen:]))
 }
 
 // Release of a READ that a push is landing before the READ's frame went
@@ -111,7 +119,7 @@ func fakePusher(t *testing.T, bs, blocks int) (meta []byte, conns chan net.Conn)
 // Release, which must not wait on the network.
 func TestReleaseStopsAPushLandingAnUnsentRead(t *testing.T) {
 	const bs = 4096
-	meta, conns := fakePusher(t, bs, 8)
+	meta, conns := welcomingProducer(t, bs, 8, true)
 	cr := newRegion(t, 8, bs)
 	c := newTCP(t, cr, TCPConfig{Conns: 1, IOTimeout: time.Minute})
 	peer, err := c.AddRemotePeer(meta, nil)
@@ -190,31 +198,9 @@ func TestStageKeepsBoundedPushes(t *testing.T) {
 // grow, not on a fast ticker: over a second it looks at the READ a few
 // dozen times, not twenty thousand.
 func TestContactWithASilentProducerParks(t *testing.T) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	go func() {
-		for {
-			conn, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer conn.Close()
-				var hdr [headLen + 2]byte
-				io.ReadFull(conn, hdr[:])
-				rest := make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen)
-				io.ReadFull(conn, rest)
-				conn.Write(appendWelcome(nil, nil))
-				io.Copy(io.Discard, conn) // never answers
-			}()
-		}
-	}()
+	meta, _ := welcomingProducer(t, 4096, 8, false) // it never answers
 	c := newTCP(t, newRegion(t, 8, 4096), TCPConfig{})
-	m := metaOf(t, agentMetaBytes(t, "silent", ln.Addr().String(), 4096, 8, metaVersion))
-	rp, err := c.AddRemotePeer(agentMetaBytesOf(t, m), nil)
+	rp, err := c.AddRemotePeer(meta, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
