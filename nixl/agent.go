@@ -1272,8 +1272,8 @@ const defaultProgressDelay = 10 * time.Millisecond
 // counted from the newest grant (granted), and from later events only
 // while that grant is younger than youngGrant: otherwise a peer holding a
 // grant it never reads could keep us waking every millisecond by sending
-// a notification every 20 ms. A peer's READ needs us driven as much as our own does: over UCX
-// tcp its bytes, and under UCX's default transports its notification and
+// a notification every 20 ms. A peer's READ needs us driven as much as
+// our own does: over UCX tcp its bytes, and under UCX's default transports its notification and
 // the flush that ends it, move only while we drive; with pauses growing
 // to ProgressDelay instead, a fetch one at a time from another process
 // took 10 ms over NIXL's default transports here, 0.5 ms with these. Each

@@ -107,11 +107,12 @@ type ProducerStats struct {
 }
 
 type consumerState struct {
-	id uint64 // names the session to the data plane (plane.Hold.Consumer)
-	// push names, per control-plane identity that asked under the
-	// session, where the grants it asked for are pushed (see
-	// gate.Authorize); the identity that opened the session has id.
-	push      map[string]uint64
+	// Where the grants asked for under the session are pushed (see
+	// gate.Authorize): id for those the identity that opened it asked for,
+	// others' for another identity's (made as they ask).
+	id        uint64
+	ident     string
+	others    map[string]uint64
 	grants    int
 	blocks    int    // pinned by its live grants
 	agent     string // the agent its READs come from, once known
@@ -128,7 +129,7 @@ type grant struct {
 	ident string     // the control-plane identity that asked
 	cs    *consumerState
 	// push names where its blocks are pushed: its consumer session's, as
-	// the identity that asked knows it (consumerState.push); 0: nowhere.
+	// the identity that asked knows it (pushID); 0: nowhere.
 	push uint64
 	// hold counts the READs being served under the grant (Authorize to
 	// their release), plus endedBit once the grant ended. Whoever brings
@@ -494,10 +495,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	}
 	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
 	if cs == nil {
-		p.pruneConsumers()
-		p.nextCons++
-		cs = &consumerState{id: p.nextCons, push: map[string]uint64{string(ident): p.nextCons}}
-		p.consumers[sid] = cs
+		cs = p.openConsumer(sid, ident)
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
 		p.lock() // Authorize reads it
@@ -576,10 +574,7 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	}
 	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
 	if cs == nil {
-		p.pruneConsumers()
-		p.nextCons++
-		cs = &consumerState{id: p.nextCons, push: map[string]uint64{string(ident): p.nextCons}}
-		p.consumers[sid] = cs
+		cs = p.openConsumer(sid, ident)
 	}
 	if cs.agent == "" && len(req.Agent) > 0 {
 		p.lock()
@@ -846,15 +841,30 @@ const maxPushIdents = 16
 
 // pushID returns where the grants that ident asks for under cs are pushed.
 func (p *ProducerSession) pushID(cs *consumerState, ident []byte) uint64 {
-	if id, ok := cs.push[string(ident)]; ok {
+	if string(ident) == cs.ident {
+		return cs.id
+	}
+	if id, ok := cs.others[string(ident)]; ok {
 		return id
 	}
-	if len(cs.push) >= maxPushIdents {
+	if len(cs.others) >= maxPushIdents {
 		return 0
 	}
+	if cs.others == nil {
+		cs.others = map[string]uint64{}
+	}
 	p.nextCons++
-	cs.push[string(ident)] = p.nextCons
+	cs.others[string(ident)] = p.nextCons
 	return p.nextCons
+}
+
+// openConsumer starts the consumer session sid, which ident opens.
+func (p *ProducerSession) openConsumer(sid string, ident []byte) *consumerState {
+	p.pruneConsumers()
+	p.nextCons++
+	cs := &consumerState{id: p.nextCons, ident: string(ident)}
+	p.consumers[sid] = cs
+	return cs
 }
 
 // covers reports whether every block of want is one of have's, which is

@@ -187,12 +187,12 @@ type TCPData struct {
 
 	boardCopies atomic.Uint64 // consumer: READs copied under a published grant
 	pushLanded  atomic.Uint64 // consumer: READs landed from a push
+	pushDrops   atomic.Uint64 // consumer: pushes dropped (no room, asked already, unclaimed)
+	pushes      atomic.Uint64 // producer: grants pushed
+	notesLost   atomic.Uint64 // consumer: notifications not sent (no connection)
+	beforeCopy  func()        // tests: runs as a copy starts
 	// contactChecks counts the looks at contact READs, for tests.
 	contactChecks atomic.Uint64
-	pushDrops     atomic.Uint64 // consumer: pushes dropped (no room, asked already, unclaimed)
-	pushes        atomic.Uint64 // producer: grants pushed
-	notesLost     atomic.Uint64 // consumer: notifications not sent (no connection)
-	beforeCopy    func()        // tests: runs as a copy starts
 }
 
 var _ xfer.DataTransport = (*TCPData)(nil)
