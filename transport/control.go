@@ -88,6 +88,9 @@ type Server struct {
 	// served that request.
 	kick      chan struct{}
 	onRequest atomic.Pointer[func()]
+
+	steps stepReads
+	got   []xfer.Message // what Drain's reads took, under steps.mu
 }
 
 // Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
@@ -114,6 +117,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	gcfg := newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
 	gcfg.deliver, gcfg.ready, gcfg.gone, gcfg.maxOut = s.deliver, s.connected, s.disconnected, cfg.MaxQueued
+	gcfg.steps, gcfg.take = &s.steps, s.take
 	ep, forget, err := guardEndpoint(gcfg, hp)
 	if err != nil {
 		return nil, err
@@ -218,6 +222,18 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 	return true
 }
 
+// take takes one request a Drain read: as deliver, for Drain's caller.
+func (s *Server) take(g *guardConn, frames [][]byte) bool {
+	if len(frames) != 2 || len(frames[0]) != 0 {
+		s.stats.malformed.Add(1)
+		return true
+	}
+	s.stats.received.Add(1)
+	s.steps.taken.Add(1)
+	s.got = append(s.got, xfer.Message{Identity: g.identity, Payload: frames[1]})
+	return true
+}
+
 // wake makes the Wait in progress, or else the next one, return true.
 func (s *Server) wake() {
 	select {
@@ -243,15 +259,25 @@ func (s *Server) onRequestHook(f func()) {
 // Drain appends the requests received since the last call to dst, without
 // blocking.
 func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
+	s.steps.drained()
+	s.steps.mu.Lock()
+	defer s.steps.mu.Unlock()
 	for {
 		select {
 		case m := <-s.in:
 			s.stats.received.Add(1)
 			dst = append(dst, m)
+			continue
 		default:
-			return dst
 		}
+		break
 	}
+	// Then what the busy connections' sockets have (see stepReads): after
+	// the queue, which holds what each of them delivered before.
+	s.got = dst
+	s.steps.readLocked()
+	dst, s.got = s.got, nil
+	return dst
 }
 
 // Wait blocks until a request is waiting for Drain (or the connector wakes it) or
@@ -266,6 +292,7 @@ func (s *Server) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	if len(s.in) > 0 {
 		return true
 	}
+	defer s.steps.wait()()
 	select {
 	case <-s.kick:
 		return true
@@ -360,6 +387,9 @@ type Client struct {
 	closed bool
 	held   []inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
+
+	steps stepReads
+	got   []inbound // what Drain's reads took, under steps.mu
 }
 
 // NewClient returns a client.
@@ -383,6 +413,7 @@ func NewClient(cfg ClientConfig) *Client {
 		wake: make(chan struct{}, 1)}
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
+	c.gcfg.steps = &c.steps
 	return c
 }
 
@@ -517,8 +548,10 @@ type inbound struct {
 // that Remove dropped, is dropped, so that it can never be taken for a
 // reply on the connection that replaced it.
 func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
+	c.steps.drained()
+	c.steps.mu.Lock()
+	defer c.steps.mu.Unlock()
 	c.mu.Lock()
-	defer c.mu.Unlock()
 	for _, m := range c.held {
 		dst = c.take(dst, m)
 	}
@@ -528,10 +561,26 @@ func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 		select {
 		case m := <-c.in:
 			dst = c.take(dst, m)
+			continue
 		default:
-			return dst
 		}
+		break
 	}
+	c.mu.Unlock()
+	// Then what the busy connections' sockets have (see stepReads): after
+	// the queue, which holds what each of them delivered before. Not under
+	// mu: a connection that fails reports its death under it.
+	c.steps.readLocked()
+	if len(c.got) > 0 {
+		c.mu.Lock()
+		for _, m := range c.got {
+			dst = c.take(dst, m)
+		}
+		c.mu.Unlock()
+		clear(c.got)
+		c.got = c.got[:0]
+	}
+	return dst
 }
 
 // take appends m to dst if its DEALER is still its address's; under mu.
@@ -558,6 +607,7 @@ func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	if n > 0 {
 		return true
 	}
+	defer c.steps.wait()()
 	select {
 	case m := <-c.in:
 		c.mu.Lock()
@@ -664,7 +714,7 @@ func (d *dealer) run() {
 	defer d.c.wg.Done()
 	gcfg := *d.c.gcfg
 	gcfg.stop = d.stop
-	gcfg.deliver, gcfg.maxOut = d.deliver, d.c.cfg.MaxQueued
+	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
 	gcfg.gone = func(*guardConn) { d.die(errors.New("connection closed")) }
 	gcfg.track = func(c net.Conn) {
 		d.sockM.Lock()
@@ -719,6 +769,17 @@ func (d *dealer) run() {
 	d.g = g
 	d.qmu.Unlock()
 	close(d.up)
+}
+
+// take takes one reply a Drain read: as deliver, for Drain's caller.
+func (d *dealer) take(_ *guardConn, frames [][]byte) bool {
+	if len(frames) != 2 || len(frames[0]) != 0 {
+		d.c.stats.malformed.Add(1)
+		return true
+	}
+	d.c.steps.taken.Add(1)
+	d.c.got = append(d.c.got, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
+	return true
 }
 
 // deliver takes one reply off the connection: ["", payload] from a ROUTER.

@@ -31,7 +31,12 @@
 // when the socket has room (a write that would wait goes to that
 // connection's own writer, under the write deadline). A round trip thus
 // crosses two goroutine hand-offs instead of eight, and a consumer that
-// stops reading delays no reply to anyone else. Replies are routed by the
+// stops reading delays no reply to anyone else. While its owner steps
+// (Drain every step, no Wait), a connection that carries messages is read
+// by Drain itself, without waiting, and its goroutine rests: a message
+// then wakes no thread. Waiting, or 20 ms without a Drain, hands every
+// connection back to its goroutine; messages keep their order across the
+// hand-offs. Replies are routed by the
 // consumer's Identity property, or by one the server makes up when it sent
 // none. A second connection presenting an identity in use takes it over
 // and the first is closed (libzmq's ROUTER_HANDOVER), so a reconnecting

@@ -74,6 +74,11 @@ type guardConfig struct {
 	ready   func(g *guardConn)
 	gone    func(g *guardConn)
 	maxOut  int
+	// steps, if set, is the owner's: while the owner is stepped, its
+	// Drains read the connections that are busy (see stepReads), and
+	// take the messages they read, as deliver does for the goroutine's.
+	steps *stepReads
+	take  func(g *guardConn, frames [][]byte) bool
 }
 
 // spawn runs f on a goroutine of the owner's group; false once the group
@@ -207,6 +212,18 @@ type guardConn struct {
 	obroken  error
 	okick    chan struct{}
 
+	// The message path's inbound side: whoever reads the socket, the
+	// connection's goroutine or a Drain (see stepReads), feeds what
+	// arrived under smu.
+	smu      sync.Mutex
+	in       []byte   // bytes not parsed yet
+	inFrames [][]byte // the frames of the message being read
+	inHdr    bool     // the frame header at in's start passed the caps
+	sink     func(g *guardConn, frames [][]byte) bool
+	hot      atomic.Bool   // Drains read the socket; the goroutine waits on cool
+	cool     chan struct{} // wakes the goroutine when it is no longer hot
+	empty    int           // Drains in a row that found nothing, under smu
+
 	closeOnce sync.Once
 	done      chan struct{}
 	started   atomic.Bool
@@ -216,7 +233,7 @@ type guardConn struct {
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
 	c = quietIO(c)
 	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{}),
-		okick: make(chan struct{}, 1)}
+		okick: make(chan struct{}, 1), cool: make(chan struct{}, 1)}
 	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)
 	g.raw = newNBWriter(c)
 	g.outParse.greetLeft = greetingLen
@@ -340,7 +357,7 @@ func (g *guardConn) nextFrame() error {
 		return err
 	}
 	if g.cfg.deliver != nil {
-		err := g.messages(flags, size)
+		err := g.messages(hl)
 		g.Close()
 		return err
 	}
@@ -379,7 +396,13 @@ func (g *guardConn) command(flags byte, size uint64) (ready bool, err error) {
 	if err := g.srcFull(g.cmd); err != nil {
 		return false, err
 	}
-	name, body, ok := parseCommand(g.cmd)
+	return g.onCommand(g.cmd)
+}
+
+// onCommand acts on a command frame's body; ready reports a valid first
+// READY.
+func (g *guardConn) onCommand(c []byte) (ready bool, err error) {
+	name, body, ok := parseCommand(c)
 	if !ok {
 		return false, g.fail("bad command")
 	}
@@ -424,66 +447,130 @@ func (g *guardConn) dataFrame(flags byte, size uint64) error {
 	return nil
 }
 
-// messages is the inbound message path: it reads whole messages, the first
-// of whose frames has a checked header (flags, size), and delivers them
-// until the connection fails or deliver says stop. It runs on zmq4's reader
-// goroutine, which never sees a data frame.
-func (g *guardConn) messages(flags byte, size uint64) error {
-	var spare [4][]byte // a message's frames; deliver keeps the bodies, not the slice
-	frames := spare[:0]
+// messages is the inbound message path. Its first data frame's header,
+// checked (flags, size), is in g.hdr[:hl]; from there on the bytes that
+// arrive are fed to the parser (feed), which delivers whole messages,
+// until the connection fails or deliver says stop. It runs on zmq4's
+// reader goroutine, which never sees a data frame: that goroutine reads
+// the socket, waiting in Go's poller, except while the connection is hot
+// (see stepReads), when the Drains of a stepped owner read it instead and
+// the goroutine waits to be cooled.
+func (g *guardConn) messages(hl int) error {
+	g.smu.Lock()
+	g.in = append(g.in[:0], g.hdr[:hl]...)
+	if k := g.br.Buffered(); k > 0 { // read ahead, then the handshake's
+		b, _ := g.br.Peek(k)
+		g.in = append(g.in, b...)
+		g.br.Discard(k)
+	}
+	g.in = append(g.in, g.pre...)
+	g.pre = nil
+	g.inHdr = true
+	g.sink = g.cfg.deliver
+	err := g.feed(nil)
+	g.smu.Unlock()
+	if err != nil {
+		return err
+	}
+	buf := make([]byte, 16<<10)
 	for {
-		body, err := g.readBody(size)
+		if g.hot.Load() {
+			select {
+			case <-g.cool:
+			case <-g.done:
+				return net.ErrClosed
+			}
+			continue
+		}
+		n, err := g.Conn.Read(buf)
+		if n > 0 {
+			g.received(n)
+			g.smu.Lock()
+			g.sink = g.cfg.deliver
+			ferr := g.feed(buf[:n])
+			g.smu.Unlock()
+			if ferr != nil {
+				return ferr
+			}
+		}
 		if err != nil {
 			return err
 		}
-		frames = append(frames, body)
-		if flags&flagMore == 0 {
-			if !g.cfg.deliver(g, frames) {
-				return net.ErrClosed
-			}
-			clear(frames)
-			frames = frames[:0]
-		}
-		for {
-			var err error
-			if flags, _, size, err = g.header(); err != nil {
-				return err
-			}
-			if flags&flagCommand == 0 {
-				break
-			}
-			if ready, err := g.command(flags, size); err != nil {
-				return err
-			} else if ready { // command refuses a second READY: unreachable
-				return g.fail("second READY")
-			}
-		}
-		if err := g.dataFrame(flags, size); err != nil {
-			return err
+		if st := g.cfg.steps; st != nil {
+			st.heat(g)
 		}
 	}
 }
 
-// readBody reads a data frame's body of the declared size, allocating as
-// its bytes arrive: readChunk at first, then twice what arrived.
-func (g *guardConn) readBody(size uint64) ([]byte, error) {
-	if size <= readChunk {
-		b := make([]byte, size)
-		return b, g.srcFull(b)
-	}
-	b := make([]byte, 0, readChunk)
-	for uint64(len(b)) < size {
-		if len(b) == cap(b) {
-			nb := make([]byte, len(b), min(size, 2*uint64(len(b))))
-			copy(nb, b)
-			b = nb
+// received notes n bytes read from the socket.
+func (g *guardConn) received(n int) {
+	g.lastRecv.Store(time.Now().UnixNano())
+	g.inBytes.Add(uint64(n))
+}
+
+// feed parses p, after the bytes held, delivering each whole message to
+// g.sink (which may keep the frames' bodies, not the slice); under smu.
+// Caps are checked as each frame's header arrives, and a frame's bytes
+// are held as they arrive: a peer that declares a large frame and sends
+// it slowly makes us hold what it sent, not what it declared.
+func (g *guardConn) feed(p []byte) error {
+	g.in = append(g.in, p...)
+	b := g.in
+	var err error
+	for err == nil && len(b) >= 2 {
+		flags, hl, size := b[0], 2, uint64(b[1])
+		if flags&^(flagMore|flagLong|flagCommand) != 0 {
+			err = g.fail("bad frame flags")
+			break
 		}
-		if err := g.srcFull(b[len(b):cap(b)]); err != nil {
-			return nil, err
+		if flags&flagLong != 0 {
+			if len(b) < 9 {
+				break
+			}
+			hl, size = 9, binary.BigEndian.Uint64(b[1:9])
 		}
-		b = b[:cap(b)]
+		if !g.inHdr {
+			if flags&flagCommand != 0 {
+				if flags&flagMore != 0 || size > maxCommand || g.msgFrames > 0 {
+					err = g.fail("bad command frame")
+					break
+				}
+			} else if err = g.dataFrame(flags, size); err != nil {
+				break
+			}
+			g.inHdr = true
+		}
+		if uint64(len(b)-hl) < size {
+			break
+		}
+		body := b[hl : hl+int(size)]
+		b = b[hl+int(size):]
+		g.inHdr = false
+		if flags&flagCommand != 0 {
+			var ready bool
+			if ready, err = g.onCommand(body); err == nil && ready {
+				err = g.fail("second READY") // onCommand refuses one: unreachable
+			}
+			continue
+		}
+		g.inFrames = append(g.inFrames, bytes.Clone(body))
+		if flags&flagMore == 0 {
+			ok := g.sink(g, g.inFrames)
+			clear(g.inFrames)
+			g.inFrames = g.inFrames[:0]
+			if !ok {
+				err = net.ErrClosed
+			}
+		}
 	}
-	return b, nil
+	switch {
+	case len(b) == len(g.in): // nothing parsed: a frame still arriving
+	case cap(g.in) > readChunk && len(b) < readChunk/2:
+		g.in = append([]byte(nil), b...) // a large frame's buffer goes with it
+	default:
+		g.in = g.in[:copy(g.in, b)]
+	}
+	return err
 }
 
 // metaProp returns the value of a READY property (names are
@@ -667,6 +754,7 @@ func (g *guardConn) heartbeat() {
 				g.fail("peer silent")
 				return
 			}
+
 			if g.cfg.deliver != nil {
 				g.sendCommand(ctlPing, ping)
 				continue

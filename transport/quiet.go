@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"io"
 	"net"
 	"os"
@@ -24,12 +25,14 @@ type quietConn struct {
 	*net.TCPConn
 	raw syscall.RawConn
 
-	rmu  sync.Mutex // one read at a time: the callback's state is shared
-	rfn  func(fd uintptr) bool
-	rb   []byte
-	rn   int
-	rEOF bool
-	rerr syscall.Errno
+	rmu    sync.Mutex // one read at a time: the callback's state is shared
+	rfn    func(fd uintptr) bool
+	rb     []byte
+	rn     int
+	rEOF   bool
+	rerr   syscall.Errno
+	rnow   bool // tryRead: do not wait
+	rempty bool // tryRead found nothing
 
 	wmu  sync.Mutex
 	wfn  func(fd uintptr) bool
@@ -108,12 +111,37 @@ func (q *quietConn) readOnce(fd uintptr) bool {
 		case syscall.EINTR:
 			continue
 		case syscall.EAGAIN:
-			return false // the poller waits, within the deadline
+			q.rempty = q.rnow
+			return q.rnow // else the poller waits, within the deadline
 		default:
 			q.rerr = e
 			return true
 		}
 	}
+}
+
+// errNothing is tryRead's answer when the socket has nothing to read.
+var errNothing = errors.New("transport: nothing to read")
+
+// tryRead reads what the socket has now, without waiting: errNothing if
+// it has nothing.
+func (q *quietConn) tryRead(p []byte) (int, error) {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	q.rb, q.rn, q.rEOF, q.rerr, q.rnow, q.rempty = p, 0, false, 0, true, false
+	err := q.raw.Read(q.rfn)
+	q.rb, q.rnow = nil, false
+	switch {
+	case err != nil:
+		return 0, err
+	case q.rempty:
+		return 0, errNothing
+	case q.rerr != 0:
+		return 0, q.opError("read", q.rerr)
+	case q.rEOF:
+		return 0, io.EOF
+	}
+	return q.rn, nil
 }
 
 // Read reads what the socket has, waiting for something as net.Conn does.

@@ -1,0 +1,199 @@
+package transport
+
+import (
+	"errors"
+		"sync"
+	"sync/atomic"
+	"time"
+)
+
+// Reading in the step. A message that wakes a goroutine waiting in Go's
+// poller costs tens of microseconds of CPU on a small VM, and, beside an
+// engine that keeps every processor busy, a quarter of a millisecond of
+// the engine's time (docs/performance.md, "Beside a busy engine"). An
+// engine that calls Drain every step and never waits can read its sockets
+// itself, for a system call that finds nothing most of the time.
+//
+// So a connection is read by one of two readers, never both:
+//
+//   - cold (at first): its goroutine, waiting in Go's poller, hands whole
+//     messages to the owner's queue, which Drain and Wait take from;
+//   - hot: Drain reads what the socket has, without waiting, and takes
+//     the messages itself; the goroutine waits to be cooled.
+//
+// A connection is heated by its own goroutine, between messages, while its
+// owner is stepped: no one waits in Wait, and Drain ran at least twice
+// since anyone last did, the last time within coolAfter. A Drain takes
+// the queue and reads the hot sockets under mu, which heating takes too,
+// so what a goroutine delivered before its connection was heated is taken
+// before what a Drain reads from it: a connection's messages stay in
+// order. It is cooled, and its goroutine woken, when someone waits; when
+// no Drain ran for coolAfter (an owner that stopped stepping without
+// waiting: a timer, armed while anything is hot, checks); when its socket
+// is closed or fails; when a large frame is on its way (the goroutine
+// reads it whole, faster); and after idleDrains Drains in a row found
+// nothing on it. A loop that waits between steps (Serve, the README's
+// idle loop) never heats anything.
+type stepReads struct {
+	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
+	hot     []*guardConn
+	buf     []byte
+	waiters int         // in Wait now, under mu
+	timer   *time.Timer // checks that Drain still runs, while anything is hot
+	armed   bool        // under mu
+	drains  atomic.Int64
+	last    atomic.Int64  // unix nanos of the last Drain
+	taken   atomic.Uint64 // messages read in Drain, for tests
+}
+
+const (
+	coolAfter  = 20 * time.Millisecond
+	idleDrains = 4096
+)
+
+// drained notes a Drain.
+func (st *stepReads) drained() {
+	st.drains.Add(1)
+	st.last.Store(time.Now().UnixNano())
+}
+
+// wait notes that the owner waits until done is called, cooling every hot
+// connection: their goroutines read for the waiter.
+func (st *stepReads) wait() (done func()) {
+	st.mu.Lock()
+	st.waiters++
+	st.drains.Store(0)
+	st.coolAllLocked()
+	st.mu.Unlock()
+	return st.waited
+}
+
+func (st *stepReads) coolAllLocked() {
+	for _, g := range st.hot {
+		g.coolLocked()
+	}
+	clear(st.hot)
+	st.hot = st.hot[:0]
+}
+
+// check cools everything if no Drain ran for coolAfter; the timer's.
+func (st *stepReads) check() {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	since := time.Duration(time.Now().UnixNano() - st.last.Load())
+	if since >= coolAfter {
+		st.coolAllLocked()
+	}
+	if st.armed = len(st.hot) > 0; st.armed {
+		st.timer.Reset(coolAfter - since)
+	}
+}
+
+func (st *stepReads) waited() {
+	st.mu.Lock()
+	st.waiters--
+	st.mu.Unlock()
+}
+
+// heat makes g hot if its owner is stepped; called by g's goroutine.
+func (st *stepReads) heat(g *guardConn) {
+	if _, ok := g.Conn.(*quietConn); !ok || st.drains.Load() < 2 ||
+		time.Now().UnixNano()-st.last.Load() > int64(coolAfter) {
+		return
+	}
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.waiters > 0 {
+		return
+	}
+	select {
+	case <-g.done:
+		return
+	default:
+	}
+	g.smu.Lock()
+	defer g.smu.Unlock()
+	if len(g.in) > 0 {
+		return // within a message
+	}
+	g.hot.Store(true)
+	g.empty = 0
+	st.hot = append(st.hot, g)
+	if !st.armed {
+		st.armed = true
+		if st.timer == nil {
+			st.timer = time.AfterFunc(coolAfter, st.check)
+		} else {
+			st.timer.Reset(coolAfter)
+		}
+	}
+}
+
+// coolLocked clears g's hot flag, under st.mu, and wakes its goroutine.
+func (g *guardConn) coolLocked() {
+	g.smu.Lock()
+	g.hot.Store(false)
+	g.smu.Unlock()
+	select {
+	case g.cool <- struct{}{}:
+	default:
+	}
+}
+
+// readLocked reads what the hot connections' sockets have, under mu,
+// handing whole messages to their guardConfig's take, which may keep the
+// frames' bodies (not the slice). A connection whose socket is closed,
+// failed or stayed empty is cooled: its goroutine sees the same and
+// handles it as it always does.
+func (st *stepReads) readLocked() {
+	if len(st.hot) == 0 {
+		return
+	}
+	if st.buf == nil {
+		st.buf = make([]byte, 16<<10)
+	}
+	keep := st.hot[:0]
+	for _, g := range st.hot {
+		if g.readNow(st.buf) {
+			keep = append(keep, g)
+		} else {
+			g.coolLocked()
+		}
+	}
+	clear(st.hot[len(keep):])
+	st.hot = keep
+}
+
+// readNow reads what g's socket has, up to a few buffers; false when g
+// should be cooled.
+func (g *guardConn) readNow(buf []byte) bool {
+	if !g.smu.TryLock() {
+		return true // its goroutine is cooling it, or was delivering
+	}
+	defer g.smu.Unlock()
+	q := g.Conn.(*quietConn)
+	for range 4 {
+		n, err := q.tryRead(buf)
+		if n > 0 {
+			g.empty = 0
+			g.received(n)
+			g.sink = g.cfg.take
+			if g.feed(buf[:n]) != nil {
+				return false // closed
+			}
+			if len(g.in) > readChunk {
+				return false // a large frame: its goroutine reads it
+			}
+		}
+		switch {
+		case errors.Is(err, errNothing):
+			g.empty++
+			return g.empty < idleDrains
+		case err != nil:
+			return false
+		case n < len(buf):
+			return true // it had no more
+		}
+	}
+	return true
+}

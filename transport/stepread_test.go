@@ -1,0 +1,265 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// heat drains until g is hot, sending a message with send whenever it is
+// not: g's goroutine heats it after delivering, while its owner steps.
+func heat(t testing.TB, g *guardConn, send, drain func()) {
+	t.Helper()
+	poll(t, 10*time.Second, "hot connection", func() bool {
+		if !g.hot.Load() {
+			send()
+		}
+		drain()
+		return g.hot.Load()
+	})
+}
+
+// seq encodes a message's number.
+func seq(i int) []byte { return binary.BigEndian.AppendUint64(nil, uint64(i)) }
+
+// Requests and replies arrive whole and in order, none lost, while both
+// owners read some of them in Drain and some through their connections'
+// goroutines, switching between the two as they alternate stepping with
+// waiting: every rule that hands a connection from one reader to the
+// other keeps its messages in order.
+func TestStepReadsKeepOrder(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	c := newClient(t, ClientConfig{})
+	ep := s.Endpoint()
+	const n, window = 20000, 64
+	stop := make(chan struct{})
+	defer close(stop)
+	served := make(chan error, 1)
+	go func() {
+		next := 0
+		var msgs []xfer.Message
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				served <- nil
+				return
+			default:
+			}
+			if i%512 == 511 { // a while idle: Wait cools what is hot
+				ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+				s.Wait(ctx)
+				cancel()
+			}
+			msgs = s.Drain(msgs[:0])
+			for _, m := range msgs {
+				if got := int(binary.BigEndian.Uint64(m.Payload)); got != next {
+					served <- fmt.Errorf("request %d came after %d", got, next-1)
+					return
+				}
+				next++
+				if err := s.Reply(m.Identity, m.Payload); err != nil {
+					served <- err
+					return
+				}
+			}
+		}
+	}()
+	sent, got := 0, 0
+	var in []xfer.Inbound
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; got < n; i++ {
+		for ; sent < n && sent-got < window; sent++ {
+			if err := c.Send(ep, seq(sent)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		if i%700 == 699 {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Millisecond)
+			c.Wait(ctx)
+			cancel()
+		}
+		in = c.Drain(in[:0])
+		for _, m := range in {
+			if v := int(binary.BigEndian.Uint64(m.Payload)); v != got {
+				t.Fatalf("reply %d came after %d", v, got-1)
+			}
+			got++
+		}
+		select {
+		case err := <-served:
+			t.Fatal(err)
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d replies", got, n)
+		}
+	}
+	// Both readers were used on both sides, or the test proved little.
+	t.Logf("read in Drain: %d of %d requests, %d of %d replies", s.steps.taken.Load(), n, c.steps.taken.Load(), n)
+	if s.steps.taken.Load() == 0 || s.steps.taken.Load() == n || c.steps.taken.Load() == 0 || c.steps.taken.Load() == n {
+		t.Fatalf("requests read in Drain: %d, replies: %d, of %d: want some, not all", s.steps.taken.Load(), c.steps.taken.Load(), n)
+	}
+}
+
+// A hot connection's goroutine reads for Wait: a request that comes while
+// the server waits wakes it, though the last Drains read the socket.
+func TestWaitCoolsHotConnections(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	c := newClient(t, ClientConfig{})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	c.Send(ep, []byte("hello"))
+	var sg *guardConn
+	poll(t, 10*time.Second, "server connection", func() bool {
+		s.connMu.Lock()
+		defer s.connMu.Unlock()
+		for _, x := range s.conns {
+			sg = x
+		}
+		return sg != nil
+	})
+	heat(t, sg, func() { c.Send(ep, []byte("warm")) }, func() { s.Drain(nil) })
+	woke := make(chan bool, 1)
+	go func() { woke <- s.Wait(context.Background()) }()
+	poll(t, 10*time.Second, "Wait to cool the connection", func() bool { return !sg.hot.Load() })
+	c.Send(ep, []byte("during the wait"))
+	select {
+	case ok := <-woke:
+		if !ok {
+			t.Fatal("Wait returned false")
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("a request during Wait did not wake it")
+	}
+	var got []xfer.Message
+	poll(t, 10*time.Second, "request", func() bool {
+		got = s.Drain(got)
+		return len(got) > 0 && string(got[len(got)-1].Payload) == "during the wait"
+	})
+}
+
+// An owner that stops stepping without waiting does not leave a hot
+// connection unread: it is handed back to its goroutine, which answers
+// PINGs and queues messages again.
+func TestHotConnectionCooledWhenStepsStop(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	raw := rawHandshakeAs(t, s.Addr().String(), "quiet-owner")
+	sg := serverConn(t, s, "quiet-owner")
+	heat(t, sg, func() { raw.Write(envelope("warm")) }, func() { s.Drain(nil) })
+	raw.Write(envelope("after the steps"))
+	poll(t, 10*time.Second, "the request queued by the connection's goroutine", func() bool { return len(s.in) > 0 })
+	if sg.hot.Load() {
+		t.Fatal("the connection is still hot")
+	}
+	got := s.Drain(nil)
+	if len(got) != 1 || string(got[0].Payload) != "after the steps" {
+		t.Fatalf("drained %q", got)
+	}
+}
+
+// rawHandshakeAs is rawHandshake presenting an identity.
+func rawHandshakeAs(t testing.TB, addr, identity string) net.Conn {
+	t.Helper()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := zmtpHello(c, readyWithIdentity(identity)); err != nil {
+		t.Fatalf("handshake: %v", err)
+	}
+	return c
+}
+
+// What a peer sends on a hot connection gets what it gets on a cold one:
+// a PING its PONG, a frame over the cap or with bad flags the connection
+// closed and counted, and a close the server forgetting the connection.
+func TestHotConnectionGuarded(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		send []byte
+	}{
+		{"over the cap", binary.BigEndian.AppendUint64([]byte{flagMore, 0, flagLong}, 1<<40)},
+		{"bad flags", []byte{0x80, 0}},
+		{"command inside a message", append([]byte{flagMore, 0}, floodPing...)},
+		{"second READY", readyCommand()},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := newServer(t, ServerConfig{MaxFrame: 1 << 20, PingInterval: time.Hour})
+			raw := rawHandshakeAs(t, s.Addr().String(), "hostile")
+			sg := serverConn(t, s, "hostile")
+			heat(t, sg, func() { raw.Write(envelope("warm")) }, func() { s.Drain(nil) })
+			// A PING is answered while the connection is hot.
+			raw.Write(floodPing)
+			pong := make(chan error, 1)
+			go func() {
+				raw.SetReadDeadline(time.Now().Add(10 * time.Second))
+				b := make([]byte, floodPong)
+				_, err := io.ReadFull(raw, b)
+				if err == nil && string(b[3:7]) != "PONG" {
+					err = fmt.Errorf("got %q", b)
+				}
+				pong <- err
+			}()
+			var err error
+			poll(t, 10*time.Second, "PONG", func() bool {
+				s.Drain(nil)
+				select {
+				case err = <-pong:
+					return true
+				default:
+					return false
+				}
+			})
+			if err != nil {
+				t.Fatalf("PONG: %v", err)
+			}
+			if !sg.hot.Load() {
+				t.Fatal("the connection cooled: the PING was not read in Drain")
+			}
+			dropped := s.Stats().Dropped
+			raw.Write(tc.send)
+			done := make(chan struct{})
+			go func() {
+				defer close(done)
+				expectClosed(t, raw, 10*time.Second)
+			}()
+			poll(t, 10*time.Second, "connection closed", func() bool {
+				s.Drain(nil)
+				select {
+				case <-done:
+					return true
+				default:
+					return false
+				}
+			})
+			if s.Stats().Dropped == dropped {
+				t.Fatal("the drop was not counted")
+			}
+			poll(t, 10*time.Second, "connection forgotten", func() bool {
+				return errors.Is(s.Reply([]byte("hostile"), []byte("x")), xfer.ErrPeerDown)
+			})
+		})
+	}
+}
+
+// A producer that closes a hot connection is reported dead, as from a cold
+// one.
+func TestHotConnectionClosedByPeer(t *testing.T) {
+	cl, c, g := fakeProducer(t, ClientConfig{PingInterval: time.Hour})
+	heat(t, g, func() { c.Write(envelope("warm")) }, func() { cl.Drain(nil) })
+	c.Close()
+	var dead []string
+	poll(t, 10*time.Second, "death", func() bool {
+		cl.Drain(nil)
+		dead = cl.Dead(dead)
+		return len(dead) > 0
+	})
+}
