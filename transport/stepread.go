@@ -2,7 +2,7 @@ package transport
 
 import (
 	"errors"
-		"sync"
+	"sync"
 	"sync/atomic"
 	"time"
 )
