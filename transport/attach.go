@@ -212,7 +212,7 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 		s.wmu.Unlock()
 		release()
 		if err != nil {
-			s.c.Close() // its serve sees it and ends
+			s.close() // its serve sees it and ends
 		}
 		d.wg.Done()
 		return true
@@ -224,7 +224,7 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 		s.wmu.Unlock()
 		release()
 		if err != nil {
-			s.c.Close()
+			s.close()
 		}
 	}()
 	return true

@@ -23,6 +23,10 @@ func init() {
 	})
 }
 
+// Waiting implements plane.Waiter: the served connections that Drains
+// read are handed back to their goroutines while the producer waits.
+func (c tcpPlane) Waiting() (done func()) { return c.d.steps.wait() }
+
 // serverHooks are a Server's hooks for session/connector's Producer,
 // which steps on the goroutine a request arrived on and waits on its data
 // plane's signal and the control plane at once.

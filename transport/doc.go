@@ -62,7 +62,9 @@
 // once its confirmation is written, a pushed one once the push is in).
 // The plane hands its notification to the session whose gate granted it,
 // which ends its grant at once instead of at
-// its lease. Malformed frames, oversized lengths, out-of-range
+// its lease. A connection that brings notifications alone (the same-host
+// copy's, and pushes') is read by DrainNotifs itself while the producer
+// steps, as the control plane's are by Drain. Malformed frames, oversized lengths, out-of-range
 // blocks and stalls close that connection only. Producers are told apart
 // by name, address and incarnation. The agent metadata is a msgpack map:
 // {"v": 2, "name", "addr", "inc" (a new incarnation id on every start),

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/plane"
@@ -24,7 +25,17 @@ const maxQueuedNotifs = 1 << 16
 // servedConn is a consumer's connection a producer serves: its answers and
 // pushes take turns on it under wmu.
 type servedConn struct {
-	c     net.Conn
+	c    net.Conn
+	d    *TCPData
+	gone chan struct{} // closed with c (close)
+	shut sync.Once
+	// Read by Drains while the producer steps (see stepReads): the bytes
+	// they read and left for the serve goroutine, under smu.
+	smu   sync.Mutex
+	pre   []byte
+	hot   atomic.Bool
+	cool  chan struct{}
+	empty int       // Drains in a row that found nothing, under smu
 	nb    *nbWriter // for pushes, which must not wait
 	wmu   sync.Mutex
 	agent string // as its hello named it: a label
@@ -91,7 +102,7 @@ func (d *TCPData) accept() {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tuneConn(tc)
 		}
-		s := &servedConn{c: quietIO(c)}
+		s := &servedConn{c: quietIO(c), d: d, gone: make(chan struct{}), cool: make(chan struct{}, 1)}
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
@@ -129,11 +140,11 @@ func (d *TCPData) serve(s *servedConn) {
 		d.mu.Lock()
 		delete(d.served, s)
 		d.mu.Unlock()
-		s.c.Close()
+		s.close()
 		s.unbind()
 	}()
 	in := &deadlineReader{c: s.c, timeout: d.cfg.IOTimeout, progress: true}
-	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(in, 4096), awaiting: map[uint64]awaited{},
+	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(preReader{s, in}, 4096), awaiting: map[uint64]awaited{},
 		notif: make([]byte, maxNotifLen), scratch: make([]byte, 16<<10)}
 	defer func() {
 		if v.brokeAll() || v.pending {
@@ -187,6 +198,13 @@ func (v *server) frame() bool {
 		v.pending = false
 		v.d.notified()
 	}
+	for v.s.hot.Load() { // Drains read it (see stepReads)
+		select {
+		case <-v.s.cool:
+		case <-v.s.gone:
+			return false
+		}
+	}
 	// Idle until a frame starts; then no more than IOTimeout without a
 	// byte.
 	v.in.progress = false
@@ -222,9 +240,115 @@ func (v *server) frame() bool {
 		if _, err := io.ReadFull(v.r, v.notif[:nl]); err != nil {
 			return false
 		}
-		return v.queue(bytes.Clone(v.notif[:nl]))
+		if !v.queue(bytes.Clone(v.notif[:nl])) {
+			return false
+		}
+		if v.r.Buffered() == 0 && len(v.awaiting) == 0 {
+			// Notifications alone: while the producer steps, its Drains
+			// may read them.
+			if v.pending {
+				v.pending = false
+				v.d.notified()
+			}
+			v.d.steps.heat(v.s)
+		}
+		return true
 	}
 	return false
+}
+
+// close closes the connection, waking its serve goroutine if it waits to
+// be cooled.
+func (s *servedConn) close() {
+	s.shut.Do(func() { close(s.gone) })
+	s.c.Close()
+}
+
+// preReader is what a served connection's reader reads: the bytes Drains
+// left, then the network.
+type preReader struct {
+	s *servedConn
+	r io.Reader
+}
+
+func (p preReader) Read(b []byte) (int, error) {
+	s := p.s
+	s.smu.Lock()
+	if len(s.pre) > 0 {
+		n := copy(b, s.pre)
+		if s.pre = s.pre[n:]; len(s.pre) == 0 {
+			s.pre = nil
+		}
+		s.smu.Unlock()
+		return n, nil
+	}
+	s.smu.Unlock()
+	return p.r.Read(b)
+}
+
+// setHot implements stepConn.
+func (s *servedConn) setHot(on bool) bool {
+	if _, ok := s.c.(*quietConn); on && !ok {
+		return false
+	}
+	s.smu.Lock()
+	defer s.smu.Unlock()
+	if on {
+		select {
+		case <-s.gone:
+			return false
+		default:
+		}
+		if len(s.pre) > 0 {
+			return false
+		}
+	}
+	s.hot.Store(on)
+	s.empty = 0
+	return true
+}
+
+// wake implements stepConn.
+func (s *servedConn) wake() {
+	select {
+	case s.cool <- struct{}{}:
+	default:
+	}
+}
+
+// readNow implements stepConn: it takes the notifications that came whole;
+// anything else (a READ, a frame in part, a full queue, an error) is left
+// to the serve goroutine, which handles it as it always does.
+func (s *servedConn) readNow(buf []byte) bool {
+	if !s.smu.TryLock() {
+		return true
+	}
+	defer s.smu.Unlock()
+	n, err := s.c.(*quietConn).tryRead(buf)
+	if n > 0 {
+		s.empty = 0
+		s.pre = append(s.pre, buf[:n]...)
+	}
+	for len(s.pre) >= headLen+2 && string(s.pre[:4]) == frameMagic && s.pre[4] == frameNotify {
+		nl := int(binary.BigEndian.Uint16(s.pre[headLen:]))
+		if nl > maxNotifLen || len(s.pre) < headLen+2+nl ||
+			!s.d.queueNotif(s.agent, bytes.Clone(s.pre[headLen+2:headLen+2+nl])) {
+			break
+		}
+		s.pre = s.pre[headLen+2+nl:]
+	}
+	switch {
+	case len(s.pre) > 0:
+		return false
+	case errors.Is(err, errNothing):
+		s.pre = nil
+		s.empty++
+		return s.empty < idleDrains
+	case err != nil:
+		return false
+	}
+	s.pre = nil
+	return true
 }
 
 // awaited is a READ served and not confirmed: the attachment whose gate
@@ -255,14 +379,22 @@ func (v *server) brokeAll() bool {
 // (nobody drains it: a consumer flooding us, or a producer that stopped
 // stepping), and this connection is cut off.
 func (v *server) queue(msg []byte) bool {
-	d := v.d
+	if !v.d.queueNotif(v.s.agent, msg) {
+		return false
+	}
+	v.pending = true
+	return true
+}
+
+// queueNotif queues a notification from agent for DrainNotifs; false: the
+// queue is full.
+func (d *TCPData) queueNotif(agent string, msg []byte) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	if len(d.notifs) >= maxQueuedNotifs {
 		return false
 	}
-	d.notifs = append(d.notifs, xfer.Notif{Agent: v.s.agent, Msg: msg})
-	v.pending = true
+	d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: msg})
 	return true
 }
 

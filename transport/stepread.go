@@ -21,6 +21,11 @@ import (
 //   - hot: Drain reads what the socket has, without waiting, and takes
 //     the messages itself; the goroutine waits to be cooled.
 //
+// The connections are the control plane's (a Server's or a Client's;
+// their Drain) and a producer's served data connections that bring
+// notifications alone (TCPData's DrainNotifs; anything else they bring
+// cools them, and their goroutine handles it).
+//
 // A connection is heated by its own goroutine, between messages, while its
 // owner is stepped: no one waits in Wait, and Drain ran at least twice
 // since anyone last did, the last time within coolAfter. A Drain takes
@@ -36,7 +41,7 @@ import (
 // idle loop) never heats anything.
 type stepReads struct {
 	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
-	hot     []*guardConn
+	hot     []stepConn
 	buf     []byte
 	waiters int         // in Wait now, under mu
 	timer   *time.Timer // checks that Drain still runs, while anything is hot
@@ -44,6 +49,19 @@ type stepReads struct {
 	drains  atomic.Int64
 	last    atomic.Int64  // unix nanos of the last Drain
 	taken   atomic.Uint64 // messages read in Drain, for tests
+}
+
+// stepConn is a connection a Drain can read: the control plane's
+// (guardConn) and the data plane's served ones (servedConn).
+type stepConn interface {
+	// readNow reads what the socket has, without waiting, and handles the
+	// whole messages; false: the connection is to be cooled.
+	readNow(buf []byte) bool
+	// setHot sets whether Drains read the connection, under its own lock;
+	// a connection that is within a message, or closed, is not heated.
+	setHot(on bool) bool
+	// wake wakes its goroutine, waiting to be cooled.
+	wake()
 }
 
 const (
@@ -69,8 +87,8 @@ func (st *stepReads) wait() (done func()) {
 }
 
 func (st *stepReads) coolAllLocked() {
-	for _, g := range st.hot {
-		g.coolLocked()
+	for _, c := range st.hot {
+		cool(c)
 	}
 	clear(st.hot)
 	st.hot = st.hot[:0]
@@ -95,30 +113,18 @@ func (st *stepReads) waited() {
 	st.mu.Unlock()
 }
 
-// heat makes g hot if its owner is stepped; called by g's goroutine.
-func (st *stepReads) heat(g *guardConn) {
-	if _, ok := g.Conn.(*quietConn); !ok || st.drains.Load() < 2 ||
-		time.Now().UnixNano()-st.last.Load() > int64(coolAfter) {
+// heat makes c hot if its owner is stepped; called by c's goroutine,
+// between messages.
+func (st *stepReads) heat(c stepConn) {
+	if st.drains.Load() < 2 || time.Now().UnixNano()-st.last.Load() > int64(coolAfter) {
 		return
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.waiters > 0 {
+	if st.waiters > 0 || !c.setHot(true) {
 		return
 	}
-	select {
-	case <-g.done:
-		return
-	default:
-	}
-	g.smu.Lock()
-	defer g.smu.Unlock()
-	if len(g.in) > 0 {
-		return // within a message
-	}
-	g.hot.Store(true)
-	g.empty = 0
-	st.hot = append(st.hot, g)
+	st.hot = append(st.hot, c)
 	if !st.armed {
 		st.armed = true
 		if st.timer == nil {
@@ -129,11 +135,36 @@ func (st *stepReads) heat(g *guardConn) {
 	}
 }
 
-// coolLocked clears g's hot flag, under st.mu, and wakes its goroutine.
-func (g *guardConn) coolLocked() {
+// cool clears c's hot flag, under st.mu, and wakes its goroutine.
+func cool(c stepConn) {
+	c.setHot(false)
+	c.wake()
+}
+
+// setHot implements stepConn.
+func (g *guardConn) setHot(on bool) bool {
+	if _, ok := g.Conn.(*quietConn); on && !ok {
+		return false
+	}
 	g.smu.Lock()
-	g.hot.Store(false)
-	g.smu.Unlock()
+	defer g.smu.Unlock()
+	if on {
+		select {
+		case <-g.done:
+			return false
+		default:
+		}
+		if len(g.in) > 0 {
+			return false // within a message
+		}
+	}
+	g.hot.Store(on)
+	g.empty = 0
+	return true
+}
+
+// wake implements stepConn.
+func (g *guardConn) wake() {
 	select {
 	case g.cool <- struct{}{}:
 	default:
@@ -153,19 +184,18 @@ func (st *stepReads) readLocked() {
 		st.buf = make([]byte, 16<<10)
 	}
 	keep := st.hot[:0]
-	for _, g := range st.hot {
-		if g.readNow(st.buf) {
-			keep = append(keep, g)
+	for _, c := range st.hot {
+		if c.readNow(st.buf) {
+			keep = append(keep, c)
 		} else {
-			g.coolLocked()
+			cool(c)
 		}
 	}
 	clear(st.hot[len(keep):])
 	st.hot = keep
 }
 
-// readNow reads what g's socket has, up to a few buffers; false when g
-// should be cooled.
+// readNow implements stepConn: it reads up to a few buffers.
 func (g *guardConn) readNow(buf []byte) bool {
 	if !g.smu.TryLock() {
 		return true // its goroutine is cooling it, or was delivering

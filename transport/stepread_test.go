@@ -263,3 +263,139 @@ func TestHotConnectionClosedByPeer(t *testing.T) {
 		return len(dead) > 0
 	})
 }
+
+// helloConsumer connects to a producer's data plane as a consumer named
+// name, reads its welcome, and returns the producer's side of it too.
+func helloConsumer(t testing.TB, p *TCPData, name string) (net.Conn, *servedConn) {
+	t.Helper()
+	known := map[*servedConn]bool{}
+	p.mu.Lock()
+	for s := range p.served {
+		known[s] = true
+	}
+	p.mu.Unlock()
+	conn, err := net.Dial("tcp", p.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	conn.Write(appendHello(nil, name, 0, nil))
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := io.ReadFull(conn, make([]byte, headLen+proofLen)); err != nil {
+		t.Fatalf("welcome: %v", err)
+	}
+	conn.SetReadDeadline(time.Time{})
+	var s *servedConn
+	until(t, "the served connection", func() bool {
+		p.mu.Lock()
+		defer p.mu.Unlock()
+		for x := range p.served {
+			if !known[x] {
+				s = x
+			}
+		}
+		return s != nil
+	})
+	return conn, s
+}
+
+// A producer's loop that drains notifications every step reads the
+// connections that bring them itself, and gets every notification, in
+// order, also across waits that hand the connection back to its
+// goroutine.
+func TestProducerDrainsNotificationsInOrder(t *testing.T) {
+	p, _ := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
+	conn, s := helloConsumer(t, p, "notifier")
+	const n = 20000
+	sent := make(chan error, 1)
+	go func() {
+		var b []byte
+		for i := range n {
+			b = appendNotify(b, fmt.Appendf(nil, "%d", i))
+			if len(b) > 4<<10 || i == n-1 || i%7 == 0 {
+				if _, err := conn.Write(b); err != nil {
+					sent <- err
+					return
+				}
+				b = b[:0]
+			}
+		}
+		sent <- nil
+	}()
+	got, hot := 0, 0
+	var notifs []xfer.Notif
+	deadline := time.Now().Add(60 * time.Second)
+	for i := 0; got < n; i++ {
+		if i%2000 == 1999 {
+			done := tcpPlane{p}.Waiting() // as the producer's wait does
+			if s.hot.Load() {
+				t.Fatal("a wait left the connection hot")
+			}
+			done()
+		}
+		if s.hot.Load() {
+			hot++
+		}
+		notifs, _ = p.DrainNotifs(notifs[:0])
+		for _, m := range notifs {
+			if string(m.Msg) != fmt.Sprint(got) || m.Agent != "notifier" {
+				t.Fatalf("notification %q from %q, want %d", m.Msg, m.Agent, got)
+			}
+			got++
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d notifications", got, n)
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatal(err)
+	}
+	if hot == 0 {
+		t.Fatal("the connection was never read in DrainNotifs")
+	}
+}
+
+// On a hot served connection, whatever is not a notification (here a
+// frame with a bad magic) goes to its goroutine, which closes the
+// connection as it always does; and Close wakes a goroutine that waits to
+// be cooled.
+func TestHotServedConnection(t *testing.T) {
+	p, _ := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
+	conn, s := helloConsumer(t, p, "notifier")
+	heatServed := func() {
+		t.Helper()
+		until(t, "a hot connection", func() bool {
+			if !s.hot.Load() {
+				conn.Write(appendNotify(nil, []byte("warm")))
+			}
+			p.DrainNotifs(nil)
+			return s.hot.Load()
+		})
+	}
+	heatServed()
+	conn.Write([]byte("XXXX\x06\x00\x00"))
+	closed := make(chan struct{})
+	go func() {
+		defer close(closed)
+		conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+		io.Copy(io.Discard, conn)
+	}()
+	until(t, "the connection closed", func() bool {
+		p.DrainNotifs(nil)
+		select {
+		case <-closed:
+			return true
+		default:
+			return false
+		}
+	})
+	conn, s = helloConsumer(t, p, "second")
+	heatServed()
+	done := make(chan struct{})
+	go func() { p.Close(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		t.Fatal("Close waited for a hot connection's goroutine")
+	}
+}

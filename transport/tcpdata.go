@@ -191,6 +191,9 @@ type TCPData struct {
 	pushes      atomic.Uint64 // producer: grants pushed
 	notesLost   atomic.Uint64 // consumer: notifications not sent (no connection)
 	beforeCopy  func()        // tests: runs as a copy starts
+	// steps reads the served connections that bring notifications while
+	// the producer steps (see stepReads).
+	steps stepReads
 	// contactChecks counts the looks at contact READs, for tests.
 	contactChecks atomic.Uint64
 }
@@ -442,6 +445,10 @@ func (d *TCPData) signal() {
 
 // DrainNotifs implements xfer.DataTransport.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
+	d.steps.drained()
+	d.steps.mu.Lock()
+	d.steps.readLocked() // before the queue: it queues what it reads
+	d.steps.mu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	dst = append(dst, d.notifs...)
@@ -468,7 +475,7 @@ func (d *TCPData) Close() error {
 	}
 	clear(d.peers)
 	for s := range d.served {
-		s.c.Close()
+		s.close()
 	}
 	d.mu.Unlock()
 	if a := d.att.Load(); a != nil {

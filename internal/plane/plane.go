@@ -139,6 +139,14 @@ type Signaling interface {
 	Ready() <-chan struct{}
 }
 
+// Waiter is a data plane that reads some of its sockets in DrainNotifs
+// while its loop steps, and must know when the loop waits instead:
+// Waiting is called before the loop blocks, and the function it returns
+// when it stops waiting.
+type Waiter interface {
+	Waiting() (done func())
+}
+
 // Named is a data plane whose agent has a name its peers see on
 // notifications. A consumer sends it with its requests, so that a Go
 // producer lets only this agent read and complete its grants.

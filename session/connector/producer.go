@@ -69,6 +69,7 @@ type Producer struct {
 	ctl     ControlServer
 	data    xfer.DataTransport
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
+	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
 	backlog []xfer.Message // waiting, in arrival order
@@ -138,6 +139,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
+	p.waiter, _ = plane.As[plane.Waiter](data)
 	return p, nil
 }
 
@@ -278,6 +280,9 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 		wait = min(wait, d)
 	}
 	p.wakeAt.Store(t.Add(wait).UnixNano())
+	if p.waiter != nil {
+		defer p.waiter.Waiting()()
+	}
 	if wo, ok := p.ctl.(serverWaiterOr); ok {
 		// One select, no goroutine: the wake-up is the latency.
 		p.waitMu.Lock()
