@@ -6,8 +6,12 @@ import (
 	"net"
 	"os"
 	"sync"
+	"sync/atomic"
 	"syscall"
+	"time"
 	"unsafe"
+
+	"golang.org/x/sys/unix"
 )
 
 // quietConn is a TCP connection whose reads and writes enter the kernel as
@@ -21,9 +25,25 @@ import (
 // peer on a small host. Race-detector builds make the same calls, and
 // tell the detector which bytes the kernel moves and what it orders (see
 // rawSys): the production path is the one the detector checks.
+//
+// While its owner steps, a hot connection (see stepReads) is also taken
+// out of Go's poller: its descriptor is duplicated and the net.TCPConn
+// closed, so that a message arriving wakes no thread; Drain reads the
+// duplicate without waiting. The first read or write that has to wait
+// wraps the duplicate again (attach), and waits in the poller as before.
 type quietConn struct {
-	*net.TCPConn
-	raw syscall.RawConn
+	// mmu guards the mode: tc and raw while attached, fd while detached,
+	// and is held over a detached descriptor's system calls, so that the
+	// descriptor is not closed under one. Taken after rmu and wmu.
+	mmu      sync.Mutex
+	tc       *net.TCPConn // nil while detached
+	raw      syscall.RawConn
+	fd       int // the duplicate while detached, else -1
+	detached atomic.Bool
+	closed   bool
+	rdl, wdl time.Time // the deadlines, set again on attach
+	laddr    net.Addr
+	raddr    net.Addr
 
 	rmu    sync.Mutex // one read at a time: the callback's state is shared
 	rfn    func(fd uintptr) bool
@@ -55,7 +75,7 @@ func quietIO(c net.Conn) net.Conn {
 	if err != nil {
 		return c
 	}
-	q := &quietConn{TCPConn: tc, raw: raw}
+	q := &quietConn{tc: tc, raw: raw, fd: -1, laddr: tc.LocalAddr(), raddr: tc.RemoteAddr()}
 	q.rfn, q.wfn, q.wvfn = q.readOnce, q.writeOnce, q.writevOnce // bound once: a closure per call allocates
 	return q
 }
@@ -129,7 +149,10 @@ func (q *quietConn) tryRead(p []byte) (int, error) {
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
 	q.rb, q.rn, q.rEOF, q.rerr, q.rnow, q.rempty = p, 0, false, 0, true, false
-	err := q.raw.Read(q.rfn)
+	raw, err := q.current(q.rfn, "read")
+	if raw != nil {
+		err = raw.Read(q.rfn)
+	}
 	q.rb, q.rnow = nil, false
 	switch {
 	case err != nil:
@@ -152,7 +175,10 @@ func (q *quietConn) Read(p []byte) (int, error) {
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
 	q.rb, q.rn, q.rEOF, q.rerr = p, 0, false, 0
-	err := q.raw.Read(q.rfn)
+	raw, err := q.current(nil, "read")
+	if raw != nil {
+		err = raw.Read(q.rfn)
+	}
 	q.rb = nil
 	switch {
 	case err != nil: // closed, or the deadline passed
@@ -188,7 +214,10 @@ func (q *quietConn) Write(p []byte) (int, error) {
 	q.wmu.Lock()
 	defer q.wmu.Unlock()
 	q.wb, q.wn, q.werr = p, 0, 0
-	err := q.raw.Write(q.wfn)
+	raw, err := q.current(q.wfn, "write")
+	if raw != nil {
+		err = raw.Write(q.wfn)
+	}
 	q.wb = nil
 	if err == nil && q.werr != 0 {
 		err = q.opError("write", q.werr)
@@ -246,7 +275,10 @@ func (q *quietConn) writeBuffers(v *net.Buffers) (int64, error) {
 	q.wmu.Lock()
 	defer q.wmu.Unlock()
 	q.wv, q.wn, q.werr = v, 0, 0
-	err := q.raw.Write(q.wvfn)
+	raw, err := q.current(q.wvfn, "writev")
+	if raw != nil {
+		err = raw.Write(q.wvfn)
+	}
 	q.wv = nil
 	clear(q.iov) // keep no pointer into the caller's buffers
 	if err == nil && q.werr != 0 {
@@ -270,7 +302,135 @@ func consume(v *net.Buffers, n int64) {
 }
 
 func (q *quietConn) opError(op string, e syscall.Errno) error {
-	return &net.OpError{Op: op, Net: "tcp", Source: q.LocalAddr(), Addr: q.RemoteAddr(), Err: os.NewSyscallError(op, e)}
+	return &net.OpError{Op: op, Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: os.NewSyscallError(op, e)}
+}
+
+// current returns the connection to wait on with fn, attached; or, while
+// detached, runs fn on the duplicate once and returns nil if it had no
+// need to wait (fn nil: it always has), attaching otherwise. The caller
+// holds rmu or wmu.
+func (q *quietConn) current(fn func(fd uintptr) bool, op string) (syscall.RawConn, error) {
+	q.mmu.Lock()
+	defer q.mmu.Unlock()
+	if q.closed {
+		return nil, &net.OpError{Op: op, Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: net.ErrClosed}
+	}
+	if q.tc != nil {
+		return q.raw, nil
+	}
+	if fn != nil && fn(uintptr(q.fd)) {
+		return nil, nil
+	}
+	if err := q.attachLocked(); err != nil {
+		return nil, &net.OpError{Op: op, Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: err}
+	}
+	return q.raw, nil
+}
+
+// detach takes the connection out of Go's poller, if no read or write is
+// waiting in it; called by the one reader that reads it hot (Drain).
+func (q *quietConn) detach() {
+	q.rmu.Lock()
+	defer q.rmu.Unlock()
+	if !q.wmu.TryLock() {
+		return // a write waits for room: try again at a later Drain
+	}
+	defer q.wmu.Unlock()
+	q.mmu.Lock()
+	defer q.mmu.Unlock()
+	if q.closed || q.tc == nil {
+		return
+	}
+	fd, derr := -1, error(nil)
+	if err := q.raw.Control(func(s uintptr) { fd, derr = unix.FcntlInt(s, unix.F_DUPFD_CLOEXEC, 0) }); err != nil || derr != nil {
+		return
+	}
+	q.tc.Close() // nothing waits in it: rmu and wmu are ours
+	q.tc, q.raw, q.fd = nil, nil, fd
+	q.detached.Store(true)
+}
+
+// attachLocked wraps the duplicate in a net.TCPConn again, in Go's poller;
+// under mmu, detached. On failure the connection is closed.
+func (q *quietConn) attachLocked() error {
+	f := os.NewFile(uintptr(q.fd), "")
+	c, err := net.FileConn(f) // a duplicate of its own
+	f.Close()
+	q.fd = -1
+	q.detached.Store(false)
+	tc, ok := c.(*net.TCPConn)
+	if err == nil && !ok {
+		c.Close()
+		err = errors.New("not a TCP connection")
+	}
+	if err != nil {
+		q.closed = true
+		return err
+	}
+	raw, err := tc.SyscallConn()
+	if err != nil {
+		tc.Close()
+		q.closed = true
+		return err
+	}
+	if !q.rdl.IsZero() {
+		tc.SetReadDeadline(q.rdl)
+	}
+	if !q.wdl.IsZero() {
+		tc.SetWriteDeadline(q.wdl)
+	}
+	q.tc, q.raw = tc, raw
+	return nil
+}
+
+// Close closes the connection, attached or not.
+func (q *quietConn) Close() error {
+	q.mmu.Lock()
+	defer q.mmu.Unlock()
+	if q.closed {
+		return &net.OpError{Op: "close", Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: net.ErrClosed}
+	}
+	q.closed = true
+	if q.tc != nil {
+		return q.tc.Close()
+	}
+	fd := q.fd
+	q.fd = -1
+	q.detached.Store(false)
+	return unix.Close(fd)
+}
+
+func (q *quietConn) LocalAddr() net.Addr  { return q.laddr }
+func (q *quietConn) RemoteAddr() net.Addr { return q.raddr }
+
+func (q *quietConn) SetDeadline(t time.Time) error {
+	q.mmu.Lock()
+	defer q.mmu.Unlock()
+	q.rdl, q.wdl = t, t
+	if q.tc != nil {
+		return q.tc.SetDeadline(t)
+	}
+	return nil
+}
+
+func (q *quietConn) SetReadDeadline(t time.Time) error {
+	q.mmu.Lock()
+	defer q.mmu.Unlock()
+	q.rdl = t
+	if q.tc != nil {
+		return q.tc.SetReadDeadline(t)
+	}
+	return nil
+}
+
+func (q *quietConn) SetWriteDeadline(t time.Time) error {
+	q.mmu.Lock()
+	defer q.mmu.Unlock()
+	q.wdl = t
+	if q.tc != nil {
+		return q.tc.SetWriteDeadline(t)
+	}
+	return nil
 }
 
 // rawWrite writes what the non-blocking descriptor fd takes of b, for
@@ -281,4 +441,43 @@ func rawWrite(fd uintptr, b []byte) (int, error) {
 		return 0, e
 	}
 	return n, nil
+}
+
+// SyscallConn returns a RawConn that follows the connection's mode: its
+// calls run on the duplicate while detached, and wait in the poller only
+// once attached again.
+func (q *quietConn) SyscallConn() (syscall.RawConn, error) { return quietRaw{q}, nil }
+
+type quietRaw struct{ q *quietConn }
+
+func (r quietRaw) Control(f func(fd uintptr)) error {
+	q := r.q
+	q.mmu.Lock()
+	if q.tc != nil || q.closed {
+		raw, closed := q.raw, q.closed
+		q.mmu.Unlock()
+		if closed {
+			return net.ErrClosed
+		}
+		return raw.Control(f)
+	}
+	defer q.mmu.Unlock()
+	f(uintptr(q.fd))
+	return nil
+}
+
+func (r quietRaw) Read(f func(fd uintptr) bool) error {
+	raw, err := r.q.current(f, "read")
+	if raw != nil {
+		return raw.Read(f)
+	}
+	return err
+}
+
+func (r quietRaw) Write(f func(fd uintptr) bool) error {
+	raw, err := r.q.current(f, "write")
+	if raw != nil {
+		return raw.Write(f)
+	}
+	return err
 }

@@ -324,7 +324,11 @@ func (s *servedConn) readNow(buf []byte) bool {
 		return true
 	}
 	defer s.smu.Unlock()
-	n, err := s.c.(*quietConn).tryRead(buf)
+	q := s.c.(*quietConn)
+	if !q.detached.Load() {
+		q.detach()
+	}
+	n, err := q.tryRead(buf)
 	if n > 0 {
 		s.empty = 0
 		s.pre = append(s.pre, buf[:n]...)

@@ -202,6 +202,9 @@ func (g *guardConn) readNow(buf []byte) bool {
 	}
 	defer g.smu.Unlock()
 	q := g.Conn.(*quietConn)
+	if !q.detached.Load() {
+		q.detach()
+	}
 	for range 4 {
 		n, err := q.tryRead(buf)
 		if n > 0 {
