@@ -219,6 +219,7 @@ type guardConn struct {
 	in       []byte   // bytes not parsed yet
 	inFrames [][]byte // the frames of the message being read
 	inHdr    bool     // the frame header at in's start passed the caps
+	inWant   int      // a large frame in part: the length in must reach to hold it
 	sink     func(g *guardConn, frames [][]byte) bool
 	hot      atomic.Bool   // Drains read the socket; the goroutine waits on cool
 	cool     chan struct{} // wakes the goroutine when it is no longer hot
@@ -514,8 +515,16 @@ func (g *guardConn) received(n int) {
 // are held as they arrive: a peer that declares a large frame and sends
 // it slowly makes us hold what it sent, not what it declared.
 func (g *guardConn) feed(p []byte) error {
+	if n := len(g.in) + len(p); n > cap(g.in) && g.inWant > 0 {
+		// A large frame grows its buffer by doubling up to its size, as
+		// it arrives: at most half as much again as the frame, at once.
+		nb := make([]byte, len(g.in), max(n, min(g.inWant, 2*cap(g.in))))
+		g.in = nb[:copy(nb, g.in)]
+	}
 	g.in = append(g.in, p...)
 	b := g.in
+	handed := false // a large body went with its message: in is not reused
+	want := 0       // a large frame in part: its length, header and body
 	var err error
 	for err == nil && len(b) >= 2 {
 		flags, hl, size := b[0], 2, uint64(b[1])
@@ -541,9 +550,12 @@ func (g *guardConn) feed(p []byte) error {
 			g.inHdr = true
 		}
 		if uint64(len(b)-hl) < size {
+			if size > readChunk {
+				want = hl + int(size)
+			}
 			break
 		}
-		body := b[hl : hl+int(size)]
+		body := b[hl : hl+int(size) : hl+int(size)]
 		b = b[hl+int(size):]
 		g.inHdr = false
 		if flags&flagCommand != 0 {
@@ -553,7 +565,12 @@ func (g *guardConn) feed(p []byte) error {
 			}
 			continue
 		}
-		g.inFrames = append(g.inFrames, bytes.Clone(body))
+		if size > readChunk {
+			handed = true // the body is the buffer's: no copy of a large frame
+		} else {
+			body = bytes.Clone(body)
+		}
+		g.inFrames = append(g.inFrames, body)
 		if flags&flagMore == 0 {
 			ok := g.sink(g, g.inFrames)
 			clear(g.inFrames)
@@ -564,12 +581,15 @@ func (g *guardConn) feed(p []byte) error {
 		}
 	}
 	switch {
+	case handed:
+		g.in = append([]byte(nil), b...)
 	case len(b) == len(g.in): // nothing parsed: a frame still arriving
 	case cap(g.in) > readChunk && len(b) < readChunk/2:
 		g.in = append([]byte(nil), b...) // a large frame's buffer goes with it
 	default:
 		g.in = g.in[:copy(g.in, b)]
 	}
+	g.inWant = want // the frame in part starts in's bytes now
 	return err
 }
 

@@ -314,3 +314,51 @@ func TestClientLargeFrameGrowsAsItArrives(t *testing.T) {
 		t.Fatalf("reply of %d bytes differs from the %d sent", len(got), len(body))
 	}
 }
+
+// A large frame arriving in pieces is held in one buffer that grows by
+// doubling up to the frame's size, and that buffer is the body delivered:
+// at no time does the guard hold more than half as much again as the
+// frame, and the frame is not copied once whole.
+func TestLargeFrameHeldOnce(t *testing.T) {
+	var st controlCounters
+	cfg := newGuardConfig(64<<20, time.Second, 0, 0, 0, 0, 0, &st)
+	c1, c2 := net.Pipe()
+	defer c1.Close()
+	defer c2.Close()
+	g := newGuardConn(c1, cfg, nil, true)
+	g.readyIn.Store(true)
+	const size = 8<<20 + 5
+	var got [][]byte
+	g.sink = func(_ *guardConn, frames [][]byte) bool {
+		got = append(got, frames...)
+		return true
+	}
+	msg := make([]byte, 9+size+2+3)
+	msg[0] = flagLong
+	binary.BigEndian.PutUint64(msg[1:9], size)
+	for i := range size {
+		msg[9+i] = byte(i * 7)
+	}
+	copy(msg[9+size:], []byte{0, 3, 'a', 'b', 'c'}) // a small message after it
+	most := 0
+	for p := msg; len(p) > 0; {
+		n := min(len(p), 16<<10)
+		if err := g.feed(p[:n]); err != nil {
+			t.Fatal(err)
+		}
+		p = p[n:]
+		most = max(most, cap(g.in))
+	}
+	if len(got) != 2 || len(got[0]) != size || string(got[1]) != "abc" {
+		t.Fatalf("delivered %d frames", len(got))
+	}
+	if !bytes.Equal(got[0], msg[9:9+size]) {
+		t.Fatal("the large frame's bytes differ")
+	}
+	if cap(got[0]) != size {
+		t.Errorf("the body's buffer holds %d bytes for a frame of %d", cap(got[0]), size)
+	}
+	if most > 9+size+16<<10 {
+		t.Errorf("the guard held a buffer of %d bytes for a frame of %d", most, size)
+	}
+}
