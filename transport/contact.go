@@ -43,6 +43,10 @@ func (h serverHooks) OnRequest(f func()) { h.s.onRequestHook(f) }
 // Wake makes the Wait in progress, or else the next one, return true.
 func (h serverHooks) Wake() { h.s.wake() }
 
+// Waiting implements plane.Waiter: Serve, whose steps run where requests
+// arrive, holds it for its whole run, so that no connection is heated.
+func (h serverHooks) Waiting() (done func()) { return h.s.steps.wait() }
+
 // clientHooks are a Client's hooks for session/connector's Pool.
 type clientHooks struct{ c *Client }
 

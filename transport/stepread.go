@@ -47,9 +47,16 @@ type stepReads struct {
 	timer   *time.Timer // checks that Drain still runs, while anything is hot
 	armed   bool        // under mu
 	drains  atomic.Int64
-	last    atomic.Int64  // unix nanos of the last Drain
+	last    atomic.Int64  // monoNow of the last Drain
 	taken   atomic.Uint64 // messages read in Drain, for tests
 }
+
+// monoEpoch anchors monoNow: durations between its readings are the
+// monotonic clock's, whatever the wall clock does.
+var monoEpoch = time.Now()
+
+// monoNow is the time since monoEpoch, on the monotonic clock.
+func monoNow() int64 { return int64(time.Since(monoEpoch)) }
 
 // stepConn is a connection a Drain can read: the control plane's
 // (guardConn) and the data plane's served ones (servedConn).
@@ -64,15 +71,20 @@ type stepConn interface {
 	wake()
 }
 
+// A Drain's work is bounded: it reads at most maxHot connections, each
+// up to four buffers (readNow); a connection that brought nothing for
+// idleDrains Drains goes back to its goroutine, and another may take its
+// place.
 const (
 	coolAfter  = 20 * time.Millisecond
-	idleDrains = 4096
+	idleDrains = 1024
+	maxHot     = 32
 )
 
 // drained notes a Drain.
 func (st *stepReads) drained() {
 	st.drains.Add(1)
-	st.last.Store(time.Now().UnixNano())
+	st.last.Store(monoNow())
 }
 
 // wait notes that the owner waits until done is called, cooling every hot
@@ -98,7 +110,7 @@ func (st *stepReads) coolAllLocked() {
 func (st *stepReads) check() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	since := time.Duration(time.Now().UnixNano() - st.last.Load())
+	since := time.Duration(monoNow() - st.last.Load())
 	if since >= coolAfter {
 		st.coolAllLocked()
 	}
@@ -116,12 +128,12 @@ func (st *stepReads) waited() {
 // heat makes c hot if its owner is stepped; called by c's goroutine,
 // between messages.
 func (st *stepReads) heat(c stepConn) {
-	if st.drains.Load() < 2 || time.Now().UnixNano()-st.last.Load() > int64(coolAfter) {
+	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(coolAfter) {
 		return
 	}
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.waiters > 0 || !c.setHot(true) {
+	if st.waiters > 0 || len(st.hot) >= maxHot || !c.setHot(true) {
 		return
 	}
 	st.hot = append(st.hot, c)

@@ -232,6 +232,14 @@ func (p *Producer) Serve(ctx context.Context) error {
 		case <-ctx.Done():
 		}
 	}()
+	// Serve waits between its steps, which run where messages arrive: the
+	// planes' goroutines read every socket, and none is read in a step.
+	if w, ok := plane.As[plane.Waiter](p.ctl); ok {
+		defer w.Waiting()()
+	}
+	if p.waiter != nil {
+		defer p.waiter.Waiting()()
+	}
 	if s, ok := plane.As[inlineServer](p.ctl); ok {
 		s.OnRequest(func() { p.serveInline(s, now) })
 		defer s.OnRequest(nil)
