@@ -373,6 +373,16 @@ func TestHotServedConnection(t *testing.T) {
 		})
 	}
 	heatServed()
+	q := s.c.(*quietConn)
+	until(t, "the connection out of Go's poller", func() bool {
+		p.DrainNotifs(nil)
+		return q.detached.Load()
+	})
+	conn.Write(appendNotify(nil, []byte("while detached")))
+	until(t, "the notification read by DrainNotifs", func() bool {
+		got, _ := p.DrainNotifs(nil)
+		return len(got) > 0 && string(got[len(got)-1].Msg) == "while detached"
+	})
 	conn.Write([]byte("XXXX\x06\x00\x00"))
 	closed := make(chan struct{})
 	go func() {
