@@ -31,12 +31,22 @@
 // when the socket has room (a write that would wait goes to that
 // connection's own writer, under the write deadline). A round trip thus
 // crosses two goroutine hand-offs instead of eight, and a consumer that
-// stops reading delays no reply to anyone else. While its owner steps
-// (Drain every step, no Wait), a connection that carries messages is read
-// by Drain itself, without waiting, and its goroutine rests: a message
-// then wakes no thread. Waiting, or 20 ms without a Drain, hands every
-// connection back to its goroutine; messages keep their order across the
-// hand-offs. Replies are routed by the
+// stops reading delays no reply to anyone else.
+//
+// While its owner steps (Drain every step, no Wait), a connection that
+// carries messages is read by Drain itself, without waiting, and its
+// descriptor leaves Go's network poller: a descriptor the poller watches
+// wakes a sleeping thread when bytes arrive, whether or not a goroutine
+// waits on it, and on a small host each such wake-up costs more CPU than
+// the library's own work for a fetch. The descriptor is duplicated and its
+// net.TCPConn closed; Drain reads the duplicate; the first read or write
+// that must wait (a reply larger than the socket takes, the goroutine
+// reading again) wraps it again. Waiting, Serve, or 20 ms without a
+// Drain hands every connection back to its goroutine; messages keep their
+// order across the hand-offs. A Drain reads at most 32 connections, each
+// up to 64 KiB, and one idle for 1,024 Drains goes back to its goroutine.
+//
+// Replies are routed by the
 // consumer's Identity property, or by one the server makes up when it sent
 // none. A second connection presenting an identity in use takes it over
 // and the first is closed (libzmq's ROUTER_HANDOVER), so a reconnecting
