@@ -204,3 +204,60 @@ func TestWaitingOwnerHeatsNothing(t *testing.T) {
 		t.Fatalf("%d messages read in Drain", s.steps.taken.Load())
 	}
 }
+
+// tcpPair returns a quietConn and its raw peer.
+func tcpPair(t *testing.T) (*quietConn, net.Conn) {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	acc := make(chan net.Conn, 1)
+	go func() { c, _ := ln.Accept(); acc <- c }()
+	c, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := <-acc
+	t.Cleanup(func() { c.Close(); p.Close() })
+	return quietIO(c).(*quietConn), p
+}
+
+// The rule: a change of mode never fails a read or write in progress. A
+// write that must not wait (a reply, a PING, a push, through the
+// connection's RawConn) racing the detaches and attaches of a stepped
+// connection always goes out.
+func TestModeChangesFailNoWrite(t *testing.T) {
+	q, peer := tcpPair(t)
+	go io.Copy(io.Discard, peer)
+	nb := newNBWriter(q)
+	stop := make(chan struct{})
+	errc := make(chan error, 1)
+	go func() {
+		defer close(errc)
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			if _, err := nb.write([]byte("x")); err != nil {
+				errc <- err
+				return
+			}
+		}
+	}()
+	for end := time.Now().Add(time.Second); time.Now().Before(end); {
+		q.detach() // as a Drain does
+		q.mmu.Lock()
+		if q.tc == nil && !q.closed {
+			q.attachLocked() // as a read or write that waits does
+		}
+		q.mmu.Unlock()
+	}
+	close(stop)
+	if err := <-errc; err != nil {
+		t.Fatalf("a write failed on a live connection: %v", err)
+	}
+}

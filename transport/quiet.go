@@ -453,20 +453,22 @@ type quietRaw struct{ q *quietConn }
 func (r quietRaw) Control(f func(fd uintptr)) error {
 	q := r.q
 	q.mmu.Lock()
-	if q.tc != nil || q.closed {
-		raw, closed := q.raw, q.closed
-		q.mmu.Unlock()
-		if closed {
-			return net.ErrClosed
-		}
-		return raw.Control(f)
+	defer q.mmu.Unlock() // detach cannot close tc under the call
+	if q.closed {
+		return net.ErrClosed
 	}
-	defer q.mmu.Unlock()
+	if q.tc != nil {
+		return q.raw.Control(f)
+	}
 	f(uintptr(q.fd))
 	return nil
 }
 
+// Read and Write hold rmu / wmu, as quietConn's own do, so that detach
+// (which takes both) cannot close the attached net.TCPConn under them.
 func (r quietRaw) Read(f func(fd uintptr) bool) error {
+	r.q.rmu.Lock()
+	defer r.q.rmu.Unlock()
 	raw, err := r.q.current(f, "read")
 	if raw != nil {
 		return raw.Read(f)
@@ -475,6 +477,8 @@ func (r quietRaw) Read(f func(fd uintptr) bool) error {
 }
 
 func (r quietRaw) Write(f func(fd uintptr) bool) error {
+	r.q.wmu.Lock()
+	defer r.q.wmu.Unlock()
 	raw, err := r.q.current(f, "write")
 	if raw != nil {
 		return raw.Write(f)
