@@ -516,9 +516,16 @@ func (g *guardConn) received(n int) {
 // it slowly makes us hold what it sent, not what it declared.
 func (g *guardConn) feed(p []byte) error {
 	if n := len(g.in) + len(p); n > cap(g.in) && g.inWant > 0 {
-		// A large frame grows its buffer by doubling up to its size, as
-		// it arrives: at most half as much again as the frame, at once.
-		nb := make([]byte, len(g.in), max(n, min(g.inWant, 2*cap(g.in))))
+		// A large frame grows its buffer by doubling as it arrives, and
+		// to its whole size once that is at most four times the buffer:
+		// the old buffer and the new one together hold at most half as
+		// much again as the frame, and what is held stays within four
+		// times what the peer sent.
+		c := min(g.inWant, 2*cap(g.in))
+		if 4*cap(g.in) >= g.inWant {
+			c = g.inWant
+		}
+		nb := make([]byte, len(g.in), max(n, c))
 		g.in = nb[:copy(nb, g.in)]
 	}
 	g.in = append(g.in, p...)

@@ -317,8 +317,9 @@ func TestClientLargeFrameGrowsAsItArrives(t *testing.T) {
 
 // A large frame arriving in pieces is held in one buffer that grows by
 // doubling up to the frame's size, and that buffer is the body delivered:
-// at no time does the guard hold more than half as much again as the
-// frame, and the frame is not copied once whole.
+// at no time do its buffers hold more than half as much again as the
+// frame, nor more than four times what arrived, and the frame is not
+// copied once whole.
 func TestLargeFrameHeldOnce(t *testing.T) {
 	var st controlCounters
 	cfg := newGuardConfig(64<<20, time.Second, 0, 0, 0, 0, 0, &st)
@@ -340,14 +341,20 @@ func TestLargeFrameHeldOnce(t *testing.T) {
 		msg[9+i] = byte(i * 7)
 	}
 	copy(msg[9+size:], []byte{0, 3, 'a', 'b', 'c'}) // a small message after it
-	most := 0
+	most, sent := 0, 0
 	for p := msg; len(p) > 0; {
 		n := min(len(p), 16<<10)
+		before := cap(g.in)
 		if err := g.feed(p[:n]); err != nil {
 			t.Fatal(err)
 		}
-		p = p[n:]
-		most = max(most, cap(g.in))
+		p, sent = p[n:], sent+n
+		if cap(g.in) != before { // both buffers live while it copies
+			most = max(most, before+cap(g.in))
+		}
+		if cap(g.in) > 4*sent+readChunk {
+			t.Fatalf("after %d bytes the guard holds a buffer of %d", sent, cap(g.in))
+		}
 	}
 	if len(got) != 2 || len(got[0]) != size || string(got[1]) != "abc" {
 		t.Fatalf("delivered %d frames", len(got))
@@ -358,7 +365,7 @@ func TestLargeFrameHeldOnce(t *testing.T) {
 	if cap(got[0]) != size {
 		t.Errorf("the body's buffer holds %d bytes for a frame of %d", cap(got[0]), size)
 	}
-	if most > 9+size+16<<10 {
-		t.Errorf("the guard held a buffer of %d bytes for a frame of %d", most, size)
+	if most > (9+size)*3/2 {
+		t.Errorf("the guard held %d bytes at once for a frame of %d", most, size)
 	}
 }
