@@ -328,7 +328,7 @@ func TestLargeFrameHeldOnce(t *testing.T) {
 	defer c2.Close()
 	g := newGuardConn(c1, cfg, nil, true)
 	g.readyIn.Store(true)
-	const size = 8<<20 + 5
+	const size = 6<<20 + 5
 	var got [][]byte
 	g.sink = func(_ *guardConn, frames [][]byte) bool {
 		got = append(got, frames...)
