@@ -261,3 +261,22 @@ func TestModeChangesFailNoWrite(t *testing.T) {
 		t.Fatalf("a write failed on a live connection: %v", err)
 	}
 }
+
+// An owner that keeps stepping is not woken by the timer that cools its
+// connections once it stops: each Drain pushes it back.
+func TestSteppingOwnerTakesNoTimerWakeUps(t *testing.T) {
+	s, raw, sg, _ := hotServerConn(t, "ticks")
+	before := s.steps.checks.Load()
+	for end := time.Now().Add(5 * coolAfter); time.Now().Before(end); {
+		s.Drain(nil)
+		time.Sleep(200 * time.Microsecond) // an engine's step
+	}
+	if n := s.steps.checks.Load() - before; n > 0 || !sg.hot.Load() {
+		t.Fatalf("%d checks by the timer over 5 of its periods; hot: %v", n, sg.hot.Load())
+	}
+	raw.Write(envelope("after the steps"))
+	poll(t, 10*time.Second, "the connection cooled once the steps stopped", func() bool { return !sg.hot.Load() })
+	if s.steps.checks.Load() == before {
+		t.Fatal("cooled without the timer")
+	}
+}

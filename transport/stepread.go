@@ -46,9 +46,11 @@ type stepReads struct {
 	waiters int         // in Wait now, under mu
 	timer   *time.Timer // checks that Drain still runs, while anything is hot
 	armed   bool        // under mu
+	pushing atomic.Bool // armed, for Drain: each Drain pushes the timer back
 	drains  atomic.Int64
 	last    atomic.Int64  // monoNow of the last Drain
 	taken   atomic.Uint64 // messages read in Drain, for tests
+	checks  atomic.Uint64 // the timer's checks, for tests
 }
 
 // monoEpoch anchors monoNow: durations between its readings are the
@@ -82,9 +84,15 @@ const (
 )
 
 // drained notes a Drain.
+//
+// While anything is hot it pushes the timer back to coolAfter from now,
+// so that an owner that keeps stepping is never woken by it.
 func (st *stepReads) drained() {
 	st.drains.Add(1)
 	st.last.Store(monoNow())
+	if st.pushing.Load() {
+		st.timer.Reset(coolAfter)
+	}
 }
 
 // wait notes that the owner waits until done is called, cooling every hot
@@ -104,17 +112,21 @@ func (st *stepReads) coolAllLocked() {
 	}
 	clear(st.hot)
 	st.hot = st.hot[:0]
+	st.pushing.Store(false) // the timer fires once more, and disarms
 }
 
 // check cools everything if no Drain ran for coolAfter; the timer's.
 func (st *stepReads) check() {
+	st.checks.Add(1)
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	since := time.Duration(monoNow() - st.last.Load())
 	if since >= coolAfter {
 		st.coolAllLocked()
 	}
-	if st.armed = len(st.hot) > 0; st.armed {
+	st.armed = len(st.hot) > 0
+	st.pushing.Store(st.armed)
+	if st.armed {
 		st.timer.Reset(coolAfter - since)
 	}
 }
@@ -145,6 +157,7 @@ func (st *stepReads) heat(c stepConn) {
 			st.timer.Reset(coolAfter)
 		}
 	}
+	st.pushing.Store(true)
 }
 
 // cool clears c's hot flag, under st.mu, and wakes its goroutine.
@@ -205,6 +218,9 @@ func (st *stepReads) readLocked() {
 	}
 	clear(st.hot[len(keep):])
 	st.hot = keep
+	if len(keep) == 0 {
+		st.pushing.Store(false)
+	}
 }
 
 // readNow implements stepConn: it reads up to a few buffers.
