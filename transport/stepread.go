@@ -12,7 +12,10 @@ import (
 // engine that keeps every processor busy, a quarter of a millisecond of
 // the engine's time (docs/performance.md, "Beside a busy engine"). An
 // engine that calls Drain every step and never waits can read its sockets
-// itself, for a system call that finds nothing most of the time.
+// itself, for a system call that finds nothing most of the time; and only
+// if their descriptors are out of Go's poller, which otherwise wakes a
+// sleeping thread for every message whether or not anyone waits on it
+// (quietConn.detach, done by the first Drain that reads a hot connection).
 //
 // So a connection is read by one of two readers, never both:
 //
@@ -34,11 +37,13 @@ import (
 // before what a Drain reads from it: a connection's messages stay in
 // order. It is cooled, and its goroutine woken, when someone waits; when
 // no Drain ran for coolAfter (an owner that stopped stepping without
-// waiting: a timer, armed while anything is hot, checks); when its socket
+// waiting: a timer, armed while anything is hot and pushed back by each
+// Drain, checks); when its socket
 // is closed or fails; when a large frame is on its way (the goroutine
 // reads it whole, faster); and after idleDrains Drains in a row found
-// nothing on it. A loop that waits between steps (Serve, the README's
-// idle loop) never heats anything.
+// nothing on it. A loop that waits between steps (the README's idle
+// loop) heats nothing, and Serve, whose steps run where messages arrive,
+// holds its planes waiting for its whole run.
 type stepReads struct {
 	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
 	hot     []stepConn
