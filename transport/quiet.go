@@ -403,34 +403,31 @@ func (q *quietConn) Close() error {
 func (q *quietConn) LocalAddr() net.Addr  { return q.laddr }
 func (q *quietConn) RemoteAddr() net.Addr { return q.raddr }
 
-func (q *quietConn) SetDeadline(t time.Time) error {
+func (q *quietConn) SetDeadline(t time.Time) error      { return q.setDeadline(t, true, true) }
+func (q *quietConn) SetReadDeadline(t time.Time) error  { return q.setDeadline(t, true, false) }
+func (q *quietConn) SetWriteDeadline(t time.Time) error { return q.setDeadline(t, false, true) }
+
+// setDeadline keeps the read or write deadline for attach, and sets it on
+// the attached connection.
+func (q *quietConn) setDeadline(t time.Time, read, write bool) error {
 	q.mmu.Lock()
 	defer q.mmu.Unlock()
-	q.rdl, q.wdl = t, t
-	if q.tc != nil {
+	if read {
+		q.rdl = t
+	}
+	if write {
+		q.wdl = t
+	}
+	switch {
+	case q.tc == nil:
+		return nil
+	case read && write:
 		return q.tc.SetDeadline(t)
-	}
-	return nil
-}
-
-func (q *quietConn) SetReadDeadline(t time.Time) error {
-	q.mmu.Lock()
-	defer q.mmu.Unlock()
-	q.rdl = t
-	if q.tc != nil {
+	case read:
 		return q.tc.SetReadDeadline(t)
-	}
-	return nil
-}
-
-func (q *quietConn) SetWriteDeadline(t time.Time) error {
-	q.mmu.Lock()
-	defer q.mmu.Unlock()
-	q.wdl = t
-	if q.tc != nil {
+	default:
 		return q.tc.SetWriteDeadline(t)
 	}
-	return nil
 }
 
 // rawWrite writes what the non-blocking descriptor fd takes of b, for
