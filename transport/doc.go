@@ -45,6 +45,8 @@
 // Drain hands every connection back to its goroutine; messages keep their
 // order across the hand-offs. A Drain reads at most 32 connections, each
 // up to 64 KiB, and one idle for 1,024 Drains goes back to its goroutine.
+// An owner whose Drains are more than 5 ms apart is read by the goroutines
+// as a waiting one is.
 //
 // Replies are routed by the
 // consumer's Identity property, or by one the server makes up when it sent

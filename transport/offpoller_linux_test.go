@@ -280,3 +280,23 @@ func TestSteppingOwnerTakesNoTimerWakeUps(t *testing.T) {
 		t.Fatal("cooled without the timer")
 	}
 }
+
+// An owner that steps more slowly than stepsAtMost heats nothing: the
+// timer would cool its connections before each next step, for a heat, a
+// cool and no read per step.
+func TestSlowSteppingOwnerHeatsNothing(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	raw := rawHandshakeAs(t, s.Addr().String(), "slow")
+	sg := serverConn(t, s, "slow")
+	for i := range 20 {
+		time.Sleep(stepsAtMost + time.Millisecond) // a slow engine's step
+		raw.Write(envelope("m"))
+		poll(t, 10*time.Second, "the message queued by the goroutine", func() bool { return len(s.in) > 0 })
+		if got := s.Drain(nil); len(got) != 1 {
+			t.Fatalf("step %d drained %d messages", i+1, len(got))
+		}
+		if sg.hot.Load() {
+			t.Fatalf("hot after %d slow steps", i+1)
+		}
+	}
+}

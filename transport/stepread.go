@@ -31,9 +31,10 @@ import (
 //
 // A connection is heated by its own goroutine, between messages, while its
 // owner is stepped: no one waits in Wait, and Drain ran at least twice
-// since anyone last did, the last time within coolAfter. A Drain takes
-// the queue and reads the hot sockets under mu, which heating takes too,
-// so what a goroutine delivered before its connection was heated is taken
+// since anyone last did, the last time within coolAfter and the one
+// before within stepsAtMost of it. A Drain takes the queue and reads the
+// hot sockets under mu, which heating takes too, so what a goroutine
+// delivered before its connection was heated is taken
 // before what a Drain reads from it: a connection's messages stay in
 // order. It is cooled, and its goroutine woken, when someone waits; when
 // no Drain ran for coolAfter (an owner that stopped stepping without
@@ -54,6 +55,7 @@ type stepReads struct {
 	pushing atomic.Bool // armed, for Drain: each Drain pushes the timer back
 	drains  atomic.Int64
 	last    atomic.Int64  // monoNow of the last Drain
+	gap     atomic.Int64  // between the last two Drains
 	taken   atomic.Uint64 // messages read in Drain, for tests
 	checks  atomic.Uint64 // the timer's checks, for tests
 }
@@ -83,9 +85,13 @@ type stepConn interface {
 // idleDrains Drains goes back to its goroutine, and another may take its
 // place.
 const (
-	coolAfter  = 20 * time.Millisecond
-	idleDrains = 1024
-	maxHot     = 32
+	coolAfter = 20 * time.Millisecond
+	// stepsAtMost is the longest step of an owner whose connections are
+	// heated: one that steps more slowly would see the timer cool them
+	// before its next step, for a heat and a cool per step and no read.
+	stepsAtMost = coolAfter / 4
+	idleDrains  = 1024
+	maxHot      = 32
 )
 
 // drained notes a Drain.
@@ -94,7 +100,8 @@ const (
 // so that an owner that keeps stepping is never woken by it.
 func (st *stepReads) drained() {
 	st.drains.Add(1)
-	st.last.Store(monoNow())
+	now := monoNow()
+	st.gap.Store(now - st.last.Swap(now))
 	if st.pushing.Load() {
 		st.timer.Reset(coolAfter)
 	}
@@ -145,7 +152,7 @@ func (st *stepReads) waited() {
 // heat makes c hot if its owner is stepped; called by c's goroutine,
 // between messages.
 func (st *stepReads) heat(c stepConn) {
-	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(coolAfter) {
+	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(coolAfter) || st.gap.Load() > int64(stepsAtMost) {
 		return
 	}
 	st.mu.Lock()
