@@ -2,6 +2,7 @@ package connector_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -97,6 +98,32 @@ func freeAddr(t *testing.T) string {
 	return ln.Addr().String()
 }
 
+// behindProxy makes a producer's data plane listening on an address a
+// fault proxy forwards to, the plane advertising the proxy. The address is
+// picked free and then bound, so another listener (the proxy's own, one
+// of another test) may take it between the two: then it tries another.
+func behindProxy(t *testing.T, mk func(listen, advertise string) (*transport.TCPData, error)) (*faultproxy.Proxy, *transport.TCPData) {
+	t.Helper()
+	for range 20 {
+		addr := freeAddr(t)
+		proxy, err := faultproxy.New(addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d, err := mk(addr, proxy.Addr())
+		if err == nil {
+			t.Cleanup(func() { proxy.Close() })
+			return proxy, d
+		}
+		proxy.Close()
+		if !errors.Is(err, syscall.EADDRINUSE) {
+			t.Fatal(err)
+		}
+	}
+	t.Fatal("no free address for the data plane")
+	return nil, nil
+}
+
 func newFaultWorld(t *testing.T) *faultWorld {
 	w := &faultWorld{}
 	pregion := must(cache.NewRegion(cache.RegionConfig{Blocks: faultItems * faultBlocks, BlockSize: faultBS, NoLock: true}))
@@ -109,14 +136,11 @@ func newFaultWorld(t *testing.T) *faultWorld {
 		}
 		entries.MarkReady(benchHash(i))
 	}
-	dataAddr := freeAddr(t)
 	var err error
-	if w.data, err = faultproxy.New(dataAddr); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { w.data.Close() })
-	w.pdata = must(transport.NewTCPData(transport.TCPConfig{Listen: dataAddr, Advertise: w.data.Addr(),
-		IOTimeout: 500 * time.Millisecond, Logger: benchQuiet}, pregion))
+	w.data, w.pdata = behindProxy(t, func(listen, advertise string) (*transport.TCPData, error) {
+		return transport.NewTCPData(transport.TCPConfig{Listen: listen, Advertise: advertise,
+			IOTimeout: 500 * time.Millisecond, Logger: benchQuiet}, pregion)
+	})
 	t.Cleanup(func() { w.pdata.Close() })
 	w.srv = must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet,
 		PingInterval: 100 * time.Millisecond, PeerTimeout: 500 * time.Millisecond}))
@@ -522,13 +546,12 @@ func TestBrokenReadsEndTheirGrants(t *testing.T) {
 		}
 		entries.MarkReady(benchHash(i))
 	}
-	dataAddr := freeAddr(t)
-	proxy := must(faultproxy.New(dataAddr))
-	t.Cleanup(func() { proxy.Close() })
 	var served atomic.Int64 // READ frames the producer took
-	pdata := must(transport.NewTCPData(transport.TCPConfig{Listen: dataAddr, Advertise: proxy.Addr(), NoPush: true,
-		IOTimeout: 5 * time.Second, Logger: benchQuiet,
-		Authorize: func(string, []byte, []int) (func(), bool) { served.Add(1); return func() {}, true }}, pregion))
+	proxy, pdata := behindProxy(t, func(listen, advertise string) (*transport.TCPData, error) {
+		return transport.NewTCPData(transport.TCPConfig{Listen: listen, Advertise: advertise, NoPush: true,
+			IOTimeout: 5 * time.Second, Logger: benchQuiet,
+			Authorize: func(string, []byte, []int) (func(), bool) { served.Add(1); return func() {}, true }}, pregion)
+	})
 	t.Cleanup(func() { pdata.Close() })
 	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
 	t.Cleanup(func() { srv.Close() })
