@@ -781,7 +781,6 @@ func (g *guardConn) heartbeat() {
 				g.fail("peer silent")
 				return
 			}
-
 			if g.cfg.deliver != nil {
 				g.sendCommand(ctlPing, ping)
 				continue

@@ -144,8 +144,12 @@ func (q *quietConn) readOnce(fd uintptr) bool {
 var errNothing = errors.New("transport: nothing to read")
 
 // tryRead reads what the socket has now, without waiting: errNothing if
-// it has nothing.
+// it has nothing. It is the hot reader's (a Drain's), so it takes the
+// connection out of Go's poller first.
 func (q *quietConn) tryRead(p []byte) (int, error) {
+	if !q.detached.Load() {
+		q.detach()
+	}
 	q.rmu.Lock()
 	defer q.rmu.Unlock()
 	q.rb, q.rn, q.rEOF, q.rerr, q.rnow, q.rempty = p, 0, false, 0, true, false

@@ -324,11 +324,7 @@ func (s *servedConn) readNow(buf []byte) bool {
 		return true
 	}
 	defer s.smu.Unlock()
-	q := s.c.(*quietConn)
-	if !q.detached.Load() {
-		q.detach()
-	}
-	n, err := q.tryRead(buf)
+	n, err := s.c.(*quietConn).tryRead(buf)
 	if n > 0 {
 		s.empty = 0
 		s.pre = append(s.pre, buf[:n]...)

@@ -15,7 +15,8 @@ import (
 // itself, for a system call that finds nothing most of the time; and only
 // if their descriptors are out of Go's poller, which otherwise wakes a
 // sleeping thread for every message whether or not anyone waits on it
-// (quietConn.detach, done by the first Drain that reads a hot connection).
+// (quietConn.detach, done by the first Drain that reads a hot connection,
+// in tryRead).
 //
 // So a connection is read by one of two readers, never both:
 //
@@ -34,15 +35,14 @@ import (
 // since anyone last did, the last time within coolAfter and the one
 // before within stepsAtMost of it. A Drain takes the queue and reads the
 // hot sockets under mu, which heating takes too, so what a goroutine
-// delivered before its connection was heated is taken
-// before what a Drain reads from it: a connection's messages stay in
-// order. It is cooled, and its goroutine woken, when someone waits; when
-// no Drain ran for coolAfter (an owner that stopped stepping without
-// waiting: a timer, armed while anything is hot and pushed back by each
-// Drain, checks); when its socket
-// is closed or fails; when a large frame is on its way (the goroutine
-// reads it whole, faster); and after idleDrains Drains in a row found
-// nothing on it. A loop that waits between steps (the README's idle
+// delivered before its connection was heated is taken before what a Drain
+// reads from it: a connection's messages stay in order. It is cooled, and
+// its goroutine woken, when someone waits; when no Drain ran for
+// coolAfter (an owner that stopped stepping without waiting: a timer,
+// armed while anything is hot and pushed back by each Drain, checks);
+// when its socket is closed or fails; when a large frame is on its way
+// (the goroutine reads it whole, faster); and after idleDrains Drains in a
+// row found nothing on it. A loop that waits between steps (the README's idle
 // loop) heats nothing, and Serve, whose steps run where messages arrive,
 // holds its planes waiting for its whole run.
 type stepReads struct {
@@ -242,9 +242,6 @@ func (g *guardConn) readNow(buf []byte) bool {
 	}
 	defer g.smu.Unlock()
 	q := g.Conn.(*quietConn)
-	if !q.detached.Load() {
-		q.detach()
-	}
 	for range 4 {
 		n, err := q.tryRead(buf)
 		if n > 0 {

@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -485,5 +486,69 @@ func TestProducerWait(t *testing.T) {
 	}
 	if p.Wait(ctx) {
 		t.Fatal("Wait on a closed producer returned true")
+	}
+}
+
+// holdCount is a plane that counts who holds it waiting (plane.Waiter).
+type holdCount struct {
+	mu sync.Mutex
+	n  int
+}
+
+func (h *holdCount) Waiting() (done func()) {
+	h.mu.Lock()
+	h.n++
+	h.mu.Unlock()
+	return func() {
+		h.mu.Lock()
+		h.n--
+		h.mu.Unlock()
+	}
+}
+
+func (h *holdCount) count() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.n
+}
+
+// waitingServer is a control server that is a plane.Waiter and counts
+// the Drains made while it and the data plane were both held waiting.
+type waitingServer struct {
+	*memServer
+	holdCount
+	data          *holdCount
+	drains, holds atomic.Int64
+}
+
+func (w *waitingServer) Drain(dst []xfer.Message) []xfer.Message {
+	w.drains.Add(1)
+	if w.count() > 0 && w.data.count() > 0 {
+		w.holds.Add(1)
+	}
+	return w.memServer.Drain(dst)
+}
+
+type waitingData struct {
+	*xfake.Fake
+	*holdCount
+}
+
+// Serve holds both planes waiting for its whole run, its own steps
+// included: its steps run where messages arrive, and a plane that reads
+// its sockets in the steps of a loop that never waits must not, for Serve.
+func TestServeHoldsItsPlanesWaiting(t *testing.T) {
+	data := waitingData{xfake.New("prod", 16, 8), &holdCount{}}
+	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.holdCount}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // an idle Serve steps once a second
+	defer cancel()
+	p.Serve(ctx)
+	if d, h := srv.drains.Load(), srv.holds.Load(); d == 0 || h != d {
+		t.Fatalf("%d of Serve's %d steps ran with both planes held waiting", h, d)
+	}
+	if srv.count() != 0 || data.count() != 0 {
+		t.Fatalf("held after Serve returned: control %d, data %d", srv.count(), data.count())
 	}
 }
