@@ -28,6 +28,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/steal"
 	"github.com/ecxfer/ecxfer/nixl"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/session/connector/metrics"
@@ -326,6 +327,11 @@ type Summary struct {
 	// Quarantined counts blocks given back forced (a READ not confirmed
 	// stopped): kept out of use for the rest of the run.
 	Quarantined int
+	// Steal is the CPU time the hypervisor took from this machine's CPUs
+	// during the run, all CPUs together (-1: unknown). On a shared VM a
+	// latency tail comes with it: a CPU taken for 10 ms holds whatever ran
+	// on it.
+	Steal time.Duration
 }
 
 // Print writes the summary for a person.
@@ -338,6 +344,9 @@ func (s Summary) Print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  NACKs: %v; retries %d; ack timeouts %d; quarantines %d; peer deaths %d\n",
 		s.Stats.Nacks, s.Stats.Retries, s.Stats.AckTimeouts, s.Stats.Quarantines, s.Stats.PeerDeaths)
+	if s.Steal >= 0 {
+		fmt.Fprintf(w, "  CPU time the hypervisor took from this machine meanwhile (steal): %v\n", s.Steal)
+	}
 	if len(s.FailedWhy) > 0 {
 		var why []string
 		for _, r := range slices.Sorted(maps.Keys(s.FailedWhy)) {
@@ -407,9 +416,10 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	// before the clock starts, as testing.B does before a benchmark.
 	runtime.GC()
 	item := map[string]int{} // mm_hash -> item in flight
-	sum := Summary{FailedWhy: map[string]int{}}
+	sum := Summary{FailedWhy: map[string]int{}, Steal: -1}
 	var lat latencies
 	next := 0
+	steal0, stealOK := steal.Machine()
 	start := time.Now()
 	lastReport := start
 	fetches := cfg.Fetches
@@ -515,6 +525,9 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 		}
 	}
 	sum.Start, sum.Elapsed = start, time.Since(start)
+	if steal1, ok := steal.Machine(); ok && stealOK {
+		sum.Steal = steal1 - steal0
+	}
 	sum.Stats = pool.Stats()
 	sum.Bytes = sum.Stats.BytesMoved
 	sum.P50, sum.P99 = lat.quantile(0.5), lat.quantile(0.99)

@@ -222,7 +222,7 @@ func progress(out io.Writer, tick func() Tick, stop <-chan struct{}) {
 // and agent setup out); elapsed, from before the setup, if a summary has
 // no start (a consumer that failed to set up).
 func merge(sums []Summary, elapsed time.Duration) Summary {
-	m := Summary{Elapsed: elapsed, FailedWhy: map[string]int{}}
+	m := Summary{Elapsed: elapsed, FailedWhy: map[string]int{}, Steal: -1}
 	var first, last time.Time
 	for _, s := range sums {
 		if s.Start.IsZero() {
@@ -240,6 +240,7 @@ func merge(sums []Summary, elapsed time.Duration) Summary {
 		m.Start, m.Elapsed = first, last.Sub(first)
 	}
 	for _, s := range sums {
+		m.Steal = max(m.Steal, s.Steal) // the machine's, over much the same time
 		m.Verified += s.Verified
 		m.Failed += s.Failed
 		m.Bytes += s.Bytes
