@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/steal"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -250,7 +251,14 @@ func engineProducerMain(spec string) int {
 //     cost without them, per fetch: above cpu-µs/fetch when the library
 //     costs the engines more than its CPU;
 //   - p50-µs, p99-µs: from when a fetch fell due to the step that saw it
-//     complete.
+//     complete;
+//   - skipped: fetches that fell due while the previous fetch of the same
+//     entry was still in flight (each entry comes round every 16 ms), so
+//     were not asked for;
+//   - steal-ms: the CPU time the hypervisor took from the machine during
+//     the phase with fetches (Linux's steal time): on a shared VM, a CPU
+//     taken for 100 ms stalls an engine's step, and the fetches behind it,
+//     as long.
 //
 // The 16 × 8 KiB rows carry their floors, measured between the same two
 // engines in phases of their own after the library's (each followed by
@@ -267,7 +275,9 @@ func engineProducerMain(spec string) int {
 // idle library's is the fetches'.
 //
 // Anchors, in the same run: memmove (the CPU of copying the same bytes,
-// cycling over the same number of entries); tcp-ping-pong (both
+// cycling over the same number of entries); messages (16 × 8 KiB only:
+// the system calls of a fetch's three messages, one thread, caches warm,
+// a lower bound for any fetch over sockets); tcp-ping-pong (both
 // processes' CPU per 200-byte TCP round trip at 1,000/s, sleeping
 // between: what waking each side once costs on this machine); and
 // request → answer, one outstanding, back to back: sessions (a Pool
@@ -294,6 +304,9 @@ func BenchmarkEngine(b *testing.B) {
 		b.Run(sh.name+"/memmove", func(b *testing.B) {
 			engineMemmove(b, sh.blocks, sh.bs)
 		})
+		if sh.blocks*sh.bs <= 128<<10 {
+			b.Run(sh.name+"/messages", engineMessages)
+		}
 	}
 	b.Run("tcp-ping-pong", func(b *testing.B) { enginePingPong(b, shapes[0].rate) })
 	b.Run("request-answer/sessions", func(b *testing.B) { engineRun(b, 1, 4096, "missing", 0, 0) })
@@ -420,6 +433,51 @@ func engineMemmove(b *testing.B, blocks, bs int) {
 	}
 	b.ReportMetric(0, "ns/op")
 	b.ReportMetric(float64(threadCPU()-t0)/copies/1e3, "cpu-µs/fetch")
+}
+
+// engineMessages reports the CPU of a fetch's three messages' system calls
+// alone: a request, its answer and a notification, floorMsg bytes each,
+// written and read at once by one thread over a loopback TCP connection,
+// caches warm, nothing woken. No design that sends those messages over
+// sockets costs less on this machine.
+func engineMessages(b *testing.B) {
+	ln := must(net.Listen("tcp", "127.0.0.1:0"))
+	defer ln.Close()
+	dialed := must(net.Dial("tcp", ln.Addr().String()))
+	accepted := must(ln.Accept())
+	c := must(newFloorConn(dialed, floorPolled)) // the consumer's end
+	p := must(newFloorConn(accepted, floorPolled))
+	defer c.close()
+	defer p.close()
+	var kinds []byte
+	message := func(from, to *floorConn, kind byte) {
+		if err := from.send(kind); err != nil {
+			b.Fatal(err)
+		}
+		for kinds = kinds[:0]; len(kinds) == 0; {
+			var err error
+			if kinds, err = to.poll(kinds); err != nil {
+				b.Fatal(err)
+			}
+		}
+	}
+	fetch := func() {
+		message(c, p, floorRequest)
+		message(p, c, floorAnswer)
+		message(c, p, floorDone)
+	}
+	for range 1000 {
+		fetch()
+	}
+	const fetches = 20000
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	t0 := threadCPU()
+	for range fetches {
+		fetch()
+	}
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(threadCPU()-t0)/fetches/1e3, "cpu-µs/fetch")
 }
 
 // engineLoad is what an engine's loop fetches through, for engineDrive: the
@@ -602,7 +660,9 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 			}
 			t := &tallies[asking]
 			if !loads[asking].ask(d, now) {
-				t.skipped++
+				if record {
+					t.skipped++
+				}
 				continue
 			}
 			if record {
@@ -656,10 +716,18 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 		}
 		settle()
 	}
+	// stolen is the CPU time the hypervisor took from the machine in each
+	// load's phase with fetches: a stolen CPU stalls whatever ran on it
+	// (10 ms at a time), a fetch's latency and an engine's step alike.
+	stolen := make([]time.Duration, len(loads))
 	measure := func(asking int) (enginePhase, enginePhase) {
+		s0, _ := steal.Machine()
 		r0, l0 := remote(), e.snap()
 		run(*engineFor, asking)
 		l1, r1 := e.snap(), remote()
+		if s1, _ := steal.Machine(); asking >= 0 {
+			stolen[asking] += s1 - s0
+		}
 		settle()
 		return phaseOf(l0, l1), phaseOf(r0, r1)
 	}
@@ -710,5 +778,6 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 		if t.skipped > 0 {
 			metric(float64(t.skipped), "skipped")
 		}
+		metric(float64(stolen[i].Microseconds())/1e3, "steal-ms")
 	}
 }
