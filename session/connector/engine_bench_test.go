@@ -277,7 +277,7 @@ func engineProducerMain(spec string) int {
 // Anchors, in the same run: memmove (the CPU of copying the same bytes,
 // cycling over the same number of entries); messages (16 × 8 KiB only:
 // the system calls of a fetch's three messages, one thread, caches warm,
-// a lower bound for any fetch over sockets); tcp-ping-pong (both
+// a lower bound for any fetch whose messages cross TCP); tcp-ping-pong (both
 // processes' CPU per 200-byte TCP round trip at 1,000/s, sleeping
 // between: what waking each side once costs on this machine); and
 // request → answer, one outstanding, back to back: sessions (a Pool
@@ -439,7 +439,7 @@ func engineMemmove(b *testing.B, blocks, bs int) {
 // alone: a request, its answer and a notification, floorMsg bytes each,
 // written and read at once by one thread over a loopback TCP connection,
 // caches warm, nothing woken. No design that sends those messages over
-// sockets costs less on this machine.
+// TCP costs less on this machine.
 func engineMessages(b *testing.B) {
 	ln := must(net.Listen("tcp", "127.0.0.1:0"))
 	defer ln.Close()
