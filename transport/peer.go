@@ -127,6 +127,7 @@ func (p *peer) start(op *readOp, way int) {
 			}
 			op.land(live)
 		}
+		p.sh.lastLeft.Store(monoNow())
 	case viaCopier:
 		if !p.handOff(p.sh.copies, op) {
 			p.readers.Done()
@@ -258,7 +259,12 @@ func (p *peer) tryNotes(notes [][]byte) bool {
 	return false
 }
 
-// fastBurst: a READ posted within this of the previous one to its peer is
-// part of a burst (a step that took many acks), which the copy goroutine
-// copies while the step goes on; a lone one is copied at once.
-const fastBurst = 50 * time.Microsecond
+// fastBurst: a READ posted within this of the moment the previous one to
+// its peer left the caller (copied there, or handed to the copy goroutine)
+// is part of a burst (a step that took many acks: the next READ follows
+// at once), which the copy goroutine copies while the step goes on; a
+// lone one is copied at once. Counted from the previous post instead, a
+// loop whose fetches end in a few tens of microseconds (one process, or a
+// fast engine) had every other one taken for a burst's, and waiting for
+// the copy goroutine to be woken.
+const fastBurst = 10 * time.Microsecond

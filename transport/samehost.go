@@ -9,7 +9,6 @@ import (
 	"runtime"
 	"strings"
 	"sync/atomic"
-	"time"
 	"unsafe"
 
 	"golang.org/x/sys/unix"
@@ -76,8 +75,9 @@ type sharedPeer struct {
 	populates bool           // our mapping is new: fault its pages in ahead of the copies
 	populated chan struct{}  // closed once its pages are faulted in (or that gave up)
 	unmap     func()
-	copies    chan *readOp // large READs, and bursts, for the copy goroutine
-	lastPost  time.Time    // of the last READ copied, under d.mu: bursts
+	copies    chan *readOp  // large READs, and bursts, for the copy goroutine
+	offloaded atomic.Uint64 // READs handed to it, for tests
+	lastLeft  atomic.Int64  // monoNow when the last READ copied out of the region left the caller: bursts
 }
 
 // proof is the welcome's answer to a challenge from the token's owner.
@@ -108,15 +108,16 @@ func (sh *sharedPeer) route(op *readOp) int {
 	if g == 0 || sh.table[g%uint64(len(sh.table))].Load() != g {
 		return viaSocket
 	}
-	now := time.Now()
-	burst := now.Sub(sh.lastPost) < fastBurst
-	sh.lastPost = now
+	now := monoNow()
+	burst := now-sh.lastLeft.Load() < int64(fastBurst)
 	if op.n*op.peer.d.region.BlockSize() < copyOnCallerMax && !burst {
-		return viaBoard
+		return viaBoard // start notes when it left
 	}
 	if len(sh.copies) == cap(sh.copies) {
 		return viaSocket
 	}
+	sh.lastLeft.Store(now)
+	sh.offloaded.Add(1)
 	return viaCopier
 }
 
