@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"net"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -233,6 +234,65 @@ func (p *peer) sendNotes(notes [][]byte) {
 			p.d.notesLost.Add(1)
 		}
 	}
+}
+
+// noteFlush bounds how long Close waits for a producer's connection to
+// take the notifications still to be written.
+const noteFlush = 500 * time.Millisecond
+
+// flushNotes writes the notifications queued for the writers, and lets
+// the writes under way (a frame's rest, a writer's notification) end,
+// waiting until until at most. A writer may still take one from the queue
+// as this returns: best effort, as a notification is.
+func (p *peer) flushNotes(until time.Time) {
+	idle := func() bool { // no write under way on any link
+		for _, l := range p.links {
+			for !l.wmu.TryLock() {
+				if time.Now().After(until) {
+					return false
+				}
+				time.Sleep(50 * time.Microsecond)
+			}
+			l.wmu.Unlock()
+		}
+		return true
+	}
+	if !idle() {
+		return
+	}
+	for {
+		select {
+		case n := <-p.notes:
+			if !p.writeNote(n, until) {
+				p.d.notesLost.Add(1)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	idle()
+}
+
+// writeNote writes notification n on a connected link by until; false: it
+// was not written.
+func (p *peer) writeNote(n []byte, until time.Time) bool {
+	for _, l := range p.links {
+		l.mu.Lock()
+		conn := l.conn
+		l.mu.Unlock()
+		if conn == nil {
+			continue
+		}
+		l.wmu.Lock()
+		err := writeFull(conn, net.Buffers{appendNotify(nil, n)}, max(time.Until(until), time.Millisecond))
+		l.wmu.Unlock()
+		if err == nil {
+			return true
+		}
+		l.breakIf(conn, err)
+	}
+	return false
 }
 
 // tryNotes writes notes on a connected link without waiting; false: none

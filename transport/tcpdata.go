@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"net"
 	"runtime"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -461,9 +463,26 @@ func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	return dst, nil
 }
 
-// Close implements xfer.DataTransport: it stops serving, closes every
-// connection, fails the READs in flight and waits for its goroutines.
+// Close implements xfer.DataTransport: it writes the notifications of
+// READs that landed and are not yet written (waiting half a second at most
+// for connections that do not take them), then stops serving, closes
+// every connection, fails the READs in flight and waits for its
+// goroutines.
 func (d *TCPData) Close() error {
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return nil
+	}
+	peers := slices.Collect(maps.Values(d.peers))
+	d.mu.Unlock()
+	// The notifications of READs that landed go out first: a consumer
+	// that closes right after its last fetches would otherwise leave
+	// their grants pinned until the producer's lease ends them.
+	until := time.Now().Add(noteFlush)
+	for _, p := range peers {
+		p.flushNotes(until)
+	}
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()

@@ -93,3 +93,56 @@ func TestLoneReadsAreCopiedOnTheCaller(t *testing.T) {
 		t.Fatal("no READ of a burst went to the copy goroutine")
 	}
 }
+
+// Closing a consumer's data plane writes the notifications of READs that
+// landed before it first: one waiting for a connection that another write
+// holds goes out once that write ends, instead of being dropped with the
+// connection (which left the producer's grant pinned until its lease).
+func TestCloseWritesQueuedNotifications(t *testing.T) {
+	if !checkAfterCopy {
+		t.Skip("same-host copies are amd64's")
+	}
+	pr, cr := newSharedRegion(t, 8, 4096), newRegion(t, 8, 4096)
+	copy(pr.Block(5), "landed")
+	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, g := gatedProducer(t, pr, TCPConfig{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(t, c, peer.Agent, g)
+	waitNotifs(t, p, 3) // warm's
+	c.mu.Lock()
+	links := c.peers[peer.Agent].links
+	c.mu.Unlock()
+	// Every connection busy with a write: the notification waits in the
+	// queue, or in a writer waiting for a connection.
+	for _, l := range links {
+		l.wmu.Lock()
+	}
+	notif := g.grant(5)
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{5}, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitEnd(t, c, h); got != xfer.Complete {
+		t.Fatalf("READ: %v", got)
+	}
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	time.Sleep(20 * time.Millisecond) // Close under way, the writes still held
+	for _, l := range links {
+		l.wmu.Unlock()
+	}
+	<-closed
+	got := waitNotifs(t, p, 1)
+	if string(got[0].Msg) != string(notif) {
+		t.Fatalf("notification %q, want %q", got[0].Msg, notif)
+	}
+	if !bytes.HasPrefix(cr.Block(1), []byte("landed")) {
+		t.Fatal("bytes")
+	}
+}
