@@ -2,6 +2,7 @@ package transport
 
 import (
 	"bytes"
+	"fmt"
 	"testing"
 	"time"
 
@@ -144,5 +145,237 @@ func TestCloseWritesQueuedNotifications(t *testing.T) {
 	}
 	if !bytes.HasPrefix(cr.Block(1), []byte("landed")) {
 		t.Fatal("bytes")
+	}
+}
+
+// A burst is a step's READs, whichever producers they go to: READs
+// alternating between two same-host producers, posted back to back, are
+// mostly the copy goroutine's, not each copied on the caller because the
+// other producer's copy came between.
+func TestBurstsSpanProducers(t *testing.T) {
+	if !checkAfterCopy {
+		t.Skip("same-host copies are amd64's")
+	}
+	const bs, blocks, step, rounds = 8 << 10, 16, 32, 10
+	c := newTCP(t, newRegion(t, step*blocks, bs), TCPConfig{})
+	type producer struct {
+		agent string
+		g     *testGate
+		sh    *sharedPeer
+	}
+	var ps []producer
+	for range 2 {
+		p, g := gatedProducer(t, newSharedRegion(t, 8*blocks, bs), TCPConfig{})
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm(t, c, peer.Agent, g)
+		c.mu.Lock()
+		sh := c.peers[peer.Agent].sh
+		c.mu.Unlock()
+		if sh == nil {
+			t.Fatal("the producer's region is not in use")
+		}
+		ps = append(ps, producer{peer.Agent, g, sh})
+	}
+	ids := func(first int) []int {
+		s := make([]int, blocks)
+		for i := range s {
+			s[i] = first + i
+		}
+		return s
+	}
+	offloaded := func() (n uint64) {
+		for _, p := range ps {
+			n += p.sh.offloaded.Load()
+		}
+		return n
+	}
+	notifs := make([][]byte, step)
+	onCaller := 0
+	for range rounds {
+		for i := range notifs { // the grants first: the step only posts
+			notifs[i] = ps[i%2].g.grant(ids(blocks * (i % 8))...)
+		}
+		before := offloaded()
+		var hs []xfer.Handle
+		for i := range step {
+			h, err := c.PostRead(ids(blocks*i), ps[i%2].agent, ids(blocks*(i%8)), notifs[i])
+			if err != nil {
+				t.Fatal(err)
+			}
+			hs = append(hs, h)
+		}
+		onCaller += step - int(offloaded()-before)
+		for _, h := range hs {
+			if got := waitEnd(t, c, h); got != xfer.Complete {
+				t.Fatalf("READ: %v", got)
+			}
+			c.Release(h)
+		}
+	}
+	if onCaller > rounds*step/2 {
+		t.Fatalf("%d of %d READs of bursts copied on the caller", onCaller, rounds*step)
+	}
+}
+
+// The consumer session's own order of closing: it removes the producer's
+// peer (RemoveRemotePeer), then the data plane is closed. The removal
+// returns at once, and the notification still waiting for a connection is
+// written before the peer's connections close.
+func TestRemovingAPeerWritesQueuedNotifications(t *testing.T) {
+	if !checkAfterCopy {
+		t.Skip("same-host copies are amd64's")
+	}
+	pr, cr := newSharedRegion(t, 8, 4096), newRegion(t, 8, 4096)
+	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, g := gatedProducer(t, pr, TCPConfig{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(t, c, peer.Agent, g)
+	waitNotifs(t, p, 3) // warm's
+	c.mu.Lock()
+	links := c.peers[peer.Agent].links
+	c.mu.Unlock()
+	for _, l := range links { // every connection busy with a write
+		l.wmu.Lock()
+	}
+	notif := g.grant(5)
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{5}, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := waitEnd(t, c, h); got != xfer.Complete {
+		t.Fatalf("READ: %v", got)
+	}
+	c.Release(h)
+	if err := c.RemoveRemotePeer(peer.Agent); err != nil { // returns, the writes still held
+		t.Fatal(err)
+	}
+	for _, l := range links {
+		l.wmu.Unlock()
+	}
+	c.Close()
+	got := waitNotifs(t, p, 1)
+	if string(got[0].Msg) != string(notif) {
+		t.Fatalf("notification %q, want %q", got[0].Msg, notif)
+	}
+}
+
+// The READs of a burst that the copy goroutine landed keep their
+// notifications when the consumer closes right after seeing the first
+// complete (the rest of its batch still copying).
+func TestCopiedBurstsNotificationsOutliveClose(t *testing.T) {
+	if !checkAfterCopy {
+		t.Skip("same-host copies are amd64's")
+	}
+	const bs, per = 64 << 10, 32 // 2 MiB READs: the copy goroutine's
+	for range 3 {
+		pr, cr := newSharedRegion(t, 4*per, bs), newRegion(t, 4*per, bs)
+		c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, g := gatedProducer(t, pr, TCPConfig{})
+		peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		warm(t, c, peer.Agent, g)
+		waitNotifs(t, p, 3) // warm's
+		ids := func(first int) []int {
+			s := make([]int, per)
+			for i := range s {
+				s[i] = first + i
+			}
+			return s
+		}
+		var first xfer.Handle
+		var want []byte
+		for i := range 4 {
+			n := g.grant(ids(per * i)...)
+			h, err := c.PostRead(ids(per*i), peer.Agent, ids(per*i), n)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if i == 0 {
+				first, want = h, n
+			}
+		}
+		if got := waitEnd(t, c, first); got != xfer.Complete {
+			t.Fatalf("READ: %v", got)
+		}
+		c.Close()
+		found := false
+		for end := time.Now().Add(5 * time.Second); !found && time.Now().Before(end); time.Sleep(time.Millisecond) {
+			got, _ := p.DrainNotifs(nil)
+			for _, n := range got {
+				found = found || string(n.Msg) == string(want)
+			}
+		}
+		if !found {
+			t.Fatal("the notification of a READ seen complete before Close was lost")
+		}
+	}
+}
+
+// Close waits noteFlush at most for connections that do not take the
+// notifications, even when a write starts on a connection it already
+// found free.
+func TestCloseFlushIsBounded(t *testing.T) {
+	pr, cr := newRegion(t, 8, 4096), newRegion(t, 8, 4096)
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
+	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, _ := c.PostRead([]int{0}, peer.Agent, []int{0}, []byte("s:h"))
+	waitEnd(t, c, h)
+	c.mu.Lock()
+	pe := c.peers[peer.Agent]
+	c.mu.Unlock()
+	if len(pe.links) < 2 || !pe.links[0].up() {
+		t.Fatal("want two links, the first up")
+	}
+	l0, l1 := pe.links[0], pe.links[1]
+	// The writers held before they write (dialing), so that notifications
+	// stay queued for Close; link 1 busy with a write.
+	l0.dial.Lock()
+	l1.dial.Lock()
+	l1.wmu.Lock()
+	for i := range 3 { // as sendNotes queues them
+		pe.noting.Add(1)
+		pe.notes <- fmt.Appendf(nil, "s:note%d", i)
+	}
+	t0 := time.Now()
+	closed := make(chan struct{})
+	go func() { c.Close(); close(closed) }()
+	time.Sleep(20 * time.Millisecond) // Close past link 0, waiting for link 1
+	l0.wmu.Lock()                     // a write starts on link 0, and lasts
+	l1.wmu.Unlock()
+	var flushed time.Duration
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && flushed == 0; time.Sleep(time.Millisecond) {
+		c.mu.Lock()
+		if c.closed {
+			flushed = time.Since(t0)
+		}
+		c.mu.Unlock()
+	}
+	l0.wmu.Unlock()
+	l0.dial.Unlock()
+	l1.dial.Unlock()
+	<-closed
+	if flushed == 0 || flushed > noteFlush+400*time.Millisecond {
+		t.Fatalf("Close flushed for %v (0: over 3 s), bound %v", flushed, noteFlush)
 	}
 }

@@ -227,6 +227,7 @@ func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
 
 // note sends one notification, connecting if it must.
 func (l *link) note(n []byte) {
+	defer l.p.noting.Add(-1) // sendNotes counted it
 	conn, err := l.connect(context.Background())
 	if err != nil {
 		l.p.d.notesLost.Add(1)

@@ -25,6 +25,7 @@ type peer struct {
 	queue  chan *readOp // READs for the links' writers to send
 	firstq chan *readOp // READs that must go on the first link (see viaFirst)
 	notes  chan []byte  // notify frames for the links' writers
+	noting atomic.Int32 // notifications put in notes and not yet written (or lost)
 	stop   chan struct{}
 	dials  context.Context // ends with stop: a dial in progress is cut short
 	cancel context.CancelFunc
@@ -128,9 +129,9 @@ func (p *peer) start(op *readOp, way int) {
 			}
 			op.land(live)
 		}
-		p.sh.lastLeft.Store(monoNow())
 	case viaCopier:
 		if !p.handOff(p.sh.copies, op) {
+			p.sh.queued.Add(-1)
 			p.readers.Done()
 			op.fail()
 		}
@@ -228,36 +229,84 @@ func (p *peer) sendNotes(notes [][]byte) {
 		return
 	}
 	for _, n := range notes {
+		p.noting.Add(1) // until a writer, or flushNotes, wrote it
 		select {
 		case p.notes <- n:
 		default:
+			p.noting.Add(-1)
 			p.d.notesLost.Add(1)
 		}
 	}
 }
 
-// noteFlush bounds how long Close waits for a producer's connection to
-// take the notifications still to be written.
+// noteFlush bounds how long a peer that is closed or removed waits for
+// its producer's connection to take the notifications still to be written.
 const noteFlush = 500 * time.Millisecond
 
-// flushNotes writes the notifications queued for the writers, and lets
-// the writes under way (a frame's rest, a writer's notification) end,
-// waiting until until at most. A writer may still take one from the queue
-// as this returns: best effort, as a notification is.
+// retire shuts p down, once the notifications of READs that landed are
+// written (or noteFlush passed): at once when none is waiting, else on a
+// goroutine of the plane's, so that the caller (an engine's step) never
+// waits. p is no longer reachable: no READ is posted to it meanwhile.
+func (p *peer) retire(err error) {
+	if p.notesDone() {
+		p.shutdown(err)
+		return
+	}
+	p.d.wg.Add(1)
+	go func() {
+		defer p.d.wg.Done()
+		p.flushNotes(time.Now().Add(noteFlush))
+		p.shutdown(err)
+	}()
+}
+
+// notesDone reports, without waiting, that no notification of p's is
+// waiting to be written: none queued, none with the copy goroutine, no
+// write under way.
+func (p *peer) notesDone() bool {
+	if len(p.notes) > 0 || p.noting.Load() > 0 || (p.sh != nil && p.sh.queued.Load() > 0) {
+		return false
+	}
+	for _, l := range p.links {
+		if !l.wmu.TryLock() {
+			return false
+		}
+		l.wmu.Unlock()
+	}
+	return true
+}
+
+// flushNotes writes the notifications of READs that landed and are not yet
+// written: those the copy goroutine has still to send, those queued for
+// the writers, and the writes under way (a frame's rest, a writer's
+// notification), by until at most.
 func (p *peer) flushNotes(until time.Time) {
-	idle := func() bool { // no write under way on any link
-		for _, l := range p.links {
-			for !l.wmu.TryLock() {
-				if time.Now().After(until) {
-					return false
-				}
-				time.Sleep(50 * time.Microsecond)
+	wait := func(done func() bool) bool {
+		for !done() {
+			if time.Now().After(until) {
+				return false
 			}
-			l.wmu.Unlock()
+			time.Sleep(50 * time.Microsecond)
 		}
 		return true
 	}
-	if !idle() {
+	idle := func() { // every notification written, no write under way
+		if !wait(func() bool { return p.noting.Load() <= 0 }) {
+			return
+		}
+		for _, l := range p.links {
+			if !wait(func() bool {
+				if !l.wmu.TryLock() {
+					return false
+				}
+				l.wmu.Unlock()
+				return true
+			}) {
+				return
+			}
+		}
+	}
+	if p.sh != nil && !wait(func() bool { return p.sh.queued.Load() <= 0 }) {
 		return
 	}
 	for {
@@ -266,6 +315,7 @@ func (p *peer) flushNotes(until time.Time) {
 			if !p.writeNote(n, until) {
 				p.d.notesLost.Add(1)
 			}
+			p.noting.Add(-1)
 			continue
 		default:
 		}
@@ -274,8 +324,8 @@ func (p *peer) flushNotes(until time.Time) {
 	idle()
 }
 
-// writeNote writes notification n on a connected link by until; false: it
-// was not written.
+// writeNote writes notification n on a connected link that is free by
+// until, before until; false: it was not written.
 func (p *peer) writeNote(n []byte, until time.Time) bool {
 	for _, l := range p.links {
 		l.mu.Lock()
@@ -284,8 +334,21 @@ func (p *peer) writeNote(n []byte, until time.Time) bool {
 		if conn == nil {
 			continue
 		}
-		l.wmu.Lock()
-		err := writeFull(conn, net.Buffers{appendNotify(nil, n)}, max(time.Until(until), time.Millisecond))
+		for !l.wmu.TryLock() {
+			if time.Now().After(until) {
+				return false
+			}
+			time.Sleep(50 * time.Microsecond)
+		}
+		conn.SetWriteDeadline(until)
+		bufs := net.Buffers{appendNotify(nil, n)}
+		var err error
+		if q, ok := conn.(*quietConn); ok {
+			_, err = q.writeBuffers(&bufs)
+		} else {
+			_, err = bufs.WriteTo(conn)
+		}
+		conn.SetWriteDeadline(time.Time{})
 		l.wmu.Unlock()
 		if err == nil {
 			return true
@@ -319,8 +382,8 @@ func (p *peer) tryNotes(notes [][]byte) bool {
 	return false
 }
 
-// fastBurst: a READ posted within this of the moment the previous one to
-// its peer left the caller (copied there, or handed to the copy goroutine)
+// fastBurst: a READ posted within this of the moment the previous one
+// (to any producer) left the caller (copied there, handed off, or sent)
 // is part of a burst (a step that took many acks: the next READ follows
 // at once), which the copy goroutine copies while the step goes on; a
 // lone one is copied at once. Counted from the previous post instead, a

@@ -77,7 +77,7 @@ type sharedPeer struct {
 	unmap     func()
 	copies    chan *readOp  // large READs, and bursts, for the copy goroutine
 	offloaded atomic.Uint64 // READs handed to it, for tests
-	lastLeft  atomic.Int64  // monoNow when the last READ copied out of the region left the caller: bursts
+	queued    atomic.Int64  // READs handed to the copy goroutine whose notifications it has not sent
 }
 
 // proof is the welcome's answer to a challenge from the token's owner.
@@ -109,15 +109,15 @@ func (sh *sharedPeer) route(op *readOp) int {
 		return viaSocket
 	}
 	now := monoNow()
-	burst := now-sh.lastLeft.Load() < int64(fastBurst)
+	burst := now-op.peer.d.lastPost.Load() < int64(fastBurst)
 	if op.n*op.peer.d.region.BlockSize() < copyOnCallerMax && !burst {
 		return viaBoard // start notes when it left
 	}
 	if len(sh.copies) == cap(sh.copies) {
 		return viaSocket
 	}
-	sh.lastLeft.Store(now)
 	sh.offloaded.Add(1)
+	sh.queued.Add(1)
 	return viaCopier
 }
 
@@ -199,13 +199,19 @@ func (p *peer) copier() {
 	defer p.d.wg.Done()
 	defer p.readers.Done()
 	var done [][]byte
+	taken := int64(0) // READs taken whose notifications are not sent yet (queued)
 	for {
 		select {
 		case <-p.stop:
+			if len(done) > 0 { // landed: their notifications go as the writers' would
+				p.sendNotes(done)
+			}
+			p.sh.queued.Add(-taken)
 			for {
 				select {
 				case op := <-p.sh.copies:
 					op.fail()
+					p.sh.queued.Add(-1)
 					p.readers.Done()
 				default:
 					return
@@ -219,12 +225,17 @@ func (p *peer) copier() {
 					done = append(done, op.notif)
 				}
 			}
+			taken++
 			p.readers.Done()
 		}
-		if len(done) > 0 && (len(p.sh.copies) == 0 || len(done) == 64) {
-			p.sendNotes(done)
-			clear(done)
-			done = done[:0]
+		if len(p.sh.copies) == 0 || len(done) == 64 {
+			if len(done) > 0 {
+				p.sendNotes(done)
+				clear(done)
+				done = done[:0]
+			}
+			p.sh.queued.Add(-taken)
+			taken = 0
 		}
 	}
 }

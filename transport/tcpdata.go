@@ -188,11 +188,14 @@ type TCPData struct {
 	grantTab []atomic.Uint64
 
 	boardCopies atomic.Uint64 // consumer: READs copied under a published grant
-	pushLanded  atomic.Uint64 // consumer: READs landed from a push
-	pushDrops   atomic.Uint64 // consumer: pushes dropped (no room, asked already, unclaimed)
-	pushes      atomic.Uint64 // producer: grants pushed
-	notesLost   atomic.Uint64 // consumer: notifications not sent (no connection)
-	beforeCopy  func()        // tests: runs as a copy starts
+	// lastPost is monoNow when the last PostRead returned, its READ on its
+	// way (copied, handed off or sent), whichever its producer: bursts.
+	lastPost   atomic.Int64
+	pushLanded atomic.Uint64 // consumer: READs landed from a push
+	pushDrops  atomic.Uint64 // consumer: pushes dropped (no room, asked already, unclaimed)
+	pushes     atomic.Uint64 // producer: grants pushed
+	notesLost  atomic.Uint64 // consumer: notifications not sent (no connection)
+	beforeCopy func()        // tests: runs as a copy starts
 	// steps reads the served connections that bring notifications while
 	// the producer steps (see stepReads).
 	steps stepReads
@@ -347,7 +350,9 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 }
 
 // RemoveRemotePeer implements xfer.DataTransport. The last removal closes
-// the peer's connections; READs still in flight to it fail.
+// the peer's connections, once the notifications of READs that landed are
+// written (when any is still to be, on a goroutine of the plane's, for
+// half a second at most); READs still in flight to it fail.
 func (d *TCPData) RemoveRemotePeer(agent string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -357,7 +362,7 @@ func (d *TCPData) RemoveRemotePeer(agent string) error {
 	}
 	if p.refs--; p.refs == 0 {
 		delete(d.peers, agent)
-		p.shutdown(fmt.Errorf("transport: peer %s removed", agent))
+		p.retire(fmt.Errorf("transport: peer %s removed", agent))
 	}
 	return nil
 }
@@ -405,6 +410,7 @@ func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte
 	way := p.route(op) // under d.mu: p is not shut down
 	d.mu.Unlock()
 	p.start(op, way)
+	d.lastPost.Store(monoNow())
 	return op.h, nil
 }
 
