@@ -379,3 +379,49 @@ func TestCloseFlushIsBounded(t *testing.T) {
 		t.Fatalf("Close flushed for %v (0: over 3 s), bound %v", flushed, noteFlush)
 	}
 }
+
+// A notification that comes after its peer stopped (a copy that outlasted
+// the removal's flush) is counted lost, not left in a queue that no writer
+// reads.
+func TestNotificationsAfterTheStopAreCountedLost(t *testing.T) {
+	if !checkAfterCopy {
+		t.Skip("same-host copies are amd64's")
+	}
+	const bs = 64 << 10
+	pr, cr := newSharedRegion(t, 8, bs), newRegion(t, 8, bs)
+	c := newTCP(t, cr, TCPConfig{})
+	p, g := gatedProducer(t, pr, TCPConfig{})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(t, c, peer.Agent, g)
+	c.mu.Lock()
+	pe := c.peers[peer.Agent]
+	c.mu.Unlock()
+	started, resume := make(chan struct{}), make(chan struct{})
+	c.beforeCopy = func() { close(started); <-resume }
+	ids := []int{0, 1, 2, 3}
+	h, err := c.PostRead(ids, peer.Agent, ids, g.grant(ids...))
+	if err != nil {
+		t.Fatal(err)
+	}
+	<-started // the copy goroutine's (a 256 KiB READ), held
+	if err := c.RemoveRemotePeer(peer.Agent); err != nil {
+		t.Fatal(err)
+	}
+	for !pe.stopped() { // the removal's flush gave up waiting for the copy
+		time.Sleep(time.Millisecond)
+	}
+	lost := c.Stats().NotesLost
+	close(resume)
+	waitEnd(t, c, h)
+	for end := time.Now().Add(5 * time.Second); c.Stats().NotesLost == lost; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatal("the notification was not counted lost")
+		}
+	}
+	if n := pe.noting.Load(); n != 0 || len(pe.notes) != 0 {
+		t.Fatalf("%d notifications counted pending, %d queued, on a stopped peer", n, len(pe.notes))
+	}
+}

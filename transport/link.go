@@ -53,6 +53,9 @@ func (l *link) writer() {
 					op.fail()
 				case op := <-firstq:
 					op.fail()
+				case <-l.p.notes: // none comes after the stop (sendNotes)
+					l.p.d.notesLost.Add(1)
+					l.p.noting.Add(-1)
 				default:
 					return
 				}

@@ -228,7 +228,15 @@ func (p *peer) sendNotes(notes [][]byte) {
 	if p.tryNotes(notes) {
 		return
 	}
+	// Under hmu, as hand-offs: once the peer is stopped, no writer takes
+	// them (see writer).
+	p.hmu.Lock()
+	defer p.hmu.Unlock()
 	for _, n := range notes {
+		if p.stopped() {
+			p.d.notesLost.Add(1)
+			continue
+		}
 		p.noting.Add(1) // until a writer, or flushNotes, wrote it
 		select {
 		case p.notes <- n:
@@ -264,7 +272,9 @@ func (p *peer) retire(err error) {
 // waiting to be written: none queued, none with the copy goroutine, no
 // write under way.
 func (p *peer) notesDone() bool {
-	if len(p.notes) > 0 || p.noting.Load() > 0 || (p.sh != nil && p.sh.queued.Load() > 0) {
+	// The copy goroutine's first: it counts a notification in noting
+	// before it stops counting the READ in queued.
+	if (p.sh != nil && p.sh.queued.Load() > 0) || p.noting.Load() > 0 {
 		return false
 	}
 	for _, l := range p.links {

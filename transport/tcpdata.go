@@ -351,8 +351,9 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 
 // RemoveRemotePeer implements xfer.DataTransport. The last removal closes
 // the peer's connections, once the notifications of READs that landed are
-// written (when any is still to be, on a goroutine of the plane's, for
-// half a second at most); READs still in flight to it fail.
+// written: when any is still to be, on a goroutine of the plane's, for
+// half a second at most, during which READs in flight to it may still
+// land; those left then fail.
 func (d *TCPData) RemoveRemotePeer(agent string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
