@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -17,9 +18,6 @@ import (
 // READs, each copied before PostRead returns, and none waits for the copy
 // goroutine.
 func TestLoneReadsAreCopiedOnTheCaller(t *testing.T) {
-	if !checkAfterCopy {
-		t.Skip("same-host copies are amd64's")
-	}
 	const bs, blocks = 4096, 8
 	pr, cr := newSharedRegion(t, 64, bs), newRegion(t, 64, bs)
 	for b := range 64 {
@@ -28,15 +26,8 @@ func TestLoneReadsAreCopiedOnTheCaller(t *testing.T) {
 		}
 	}
 	c := newTCP(t, cr, TCPConfig{})
-	p, g := gatedProducer(t, pr, TCPConfig{})
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	warm(t, c, peer.Agent, g)
-	c.mu.Lock()
-	sh := c.peers[peer.Agent].sh
-	c.mu.Unlock()
+	_, g, agent, pe := sameHost(t, c, pr)
+	sh := pe.sh
 	if sh == nil || !sh.verified.Load() {
 		t.Fatal("the producer's region is not in use")
 	}
@@ -48,7 +39,7 @@ func TestLoneReadsAreCopiedOnTheCaller(t *testing.T) {
 		return s
 	}
 	post := func(local, remote int) xfer.Handle {
-		h, err := c.PostRead(ids(local), peer.Agent, ids(remote), g.grant(ids(remote)...))
+		h, err := c.PostRead(ids(local), agent, ids(remote), g.grant(ids(remote)...))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -100,32 +91,19 @@ func TestLoneReadsAreCopiedOnTheCaller(t *testing.T) {
 // holds goes out once that write ends, instead of being dropped with the
 // connection (which left the producer's grant pinned until its lease).
 func TestCloseWritesQueuedNotifications(t *testing.T) {
-	if !checkAfterCopy {
-		t.Skip("same-host copies are amd64's")
-	}
 	pr, cr := newSharedRegion(t, 8, 4096), newRegion(t, 8, 4096)
 	copy(pr.Block(5), "landed")
-	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, g := gatedProducer(t, pr, TCPConfig{})
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	warm(t, c, peer.Agent, g)
+	c := newTCP(t, cr, TCPConfig{})
+	p, g, agent, pe := sameHost(t, c, pr)
 	waitNotifs(t, p, 3) // warm's
-	c.mu.Lock()
-	links := c.peers[peer.Agent].links
-	c.mu.Unlock()
+	links := pe.links
 	// Every connection busy with a write: the notification waits in the
 	// queue, or in a writer waiting for a connection.
 	for _, l := range links {
 		l.wmu.Lock()
 	}
 	notif := g.grant(5)
-	h, err := c.PostRead([]int{1}, peer.Agent, []int{5}, notif)
+	h, err := c.PostRead([]int{1}, agent, []int{5}, notif)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -153,9 +131,6 @@ func TestCloseWritesQueuedNotifications(t *testing.T) {
 // mostly the copy goroutine's, not each copied on the caller because the
 // other producer's copy came between.
 func TestBurstsSpanProducers(t *testing.T) {
-	if !checkAfterCopy {
-		t.Skip("same-host copies are amd64's")
-	}
 	const bs, blocks, step, rounds = 8 << 10, 16, 32, 10
 	c := newTCP(t, newRegion(t, step*blocks, bs), TCPConfig{})
 	type producer struct {
@@ -165,19 +140,8 @@ func TestBurstsSpanProducers(t *testing.T) {
 	}
 	var ps []producer
 	for range 2 {
-		p, g := gatedProducer(t, newSharedRegion(t, 8*blocks, bs), TCPConfig{})
-		peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		warm(t, c, peer.Agent, g)
-		c.mu.Lock()
-		sh := c.peers[peer.Agent].sh
-		c.mu.Unlock()
-		if sh == nil {
-			t.Fatal("the producer's region is not in use")
-		}
-		ps = append(ps, producer{peer.Agent, g, sh})
+		_, g, agent, pe := sameHost(t, c, newSharedRegion(t, 8*blocks, bs))
+		ps = append(ps, producer{agent, g, pe.sh})
 	}
 	ids := func(first int) []int {
 		s := make([]int, blocks)
@@ -225,29 +189,16 @@ func TestBurstsSpanProducers(t *testing.T) {
 // returns at once, and the notification still waiting for a connection is
 // written before the peer's connections close.
 func TestRemovingAPeerWritesQueuedNotifications(t *testing.T) {
-	if !checkAfterCopy {
-		t.Skip("same-host copies are amd64's")
-	}
 	pr, cr := newSharedRegion(t, 8, 4096), newRegion(t, 8, 4096)
-	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	p, g := gatedProducer(t, pr, TCPConfig{})
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	warm(t, c, peer.Agent, g)
+	c := newTCP(t, cr, TCPConfig{})
+	p, g, agent, pe := sameHost(t, c, pr)
 	waitNotifs(t, p, 3) // warm's
-	c.mu.Lock()
-	links := c.peers[peer.Agent].links
-	c.mu.Unlock()
+	links := pe.links
 	for _, l := range links { // every connection busy with a write
 		l.wmu.Lock()
 	}
 	notif := g.grant(5)
-	h, err := c.PostRead([]int{1}, peer.Agent, []int{5}, notif)
+	h, err := c.PostRead([]int{1}, agent, []int{5}, notif)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -255,7 +206,7 @@ func TestRemovingAPeerWritesQueuedNotifications(t *testing.T) {
 		t.Fatalf("READ: %v", got)
 	}
 	c.Release(h)
-	if err := c.RemoveRemotePeer(peer.Agent); err != nil { // returns, the writes still held
+	if err := c.RemoveRemotePeer(agent); err != nil { // returns, the writes still held
 		t.Fatal(err)
 	}
 	for _, l := range links {
@@ -272,22 +223,11 @@ func TestRemovingAPeerWritesQueuedNotifications(t *testing.T) {
 // notifications when the consumer closes right after seeing the first
 // complete (the rest of its batch still copying).
 func TestCopiedBurstsNotificationsOutliveClose(t *testing.T) {
-	if !checkAfterCopy {
-		t.Skip("same-host copies are amd64's")
-	}
 	const bs, per = 64 << 10, 32 // 2 MiB READs: the copy goroutine's
 	for range 3 {
 		pr, cr := newSharedRegion(t, 4*per, bs), newRegion(t, 4*per, bs)
-		c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
-		if err != nil {
-			t.Fatal(err)
-		}
-		p, g := gatedProducer(t, pr, TCPConfig{})
-		peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		warm(t, c, peer.Agent, g)
+		c := newTCP(t, cr, TCPConfig{})
+		p, g, agent, _ := sameHost(t, c, pr)
 		waitNotifs(t, p, 3) // warm's
 		ids := func(first int) []int {
 			s := make([]int, per)
@@ -300,7 +240,7 @@ func TestCopiedBurstsNotificationsOutliveClose(t *testing.T) {
 		var want []byte
 		for i := range 4 {
 			n := g.grant(ids(per * i)...)
-			h, err := c.PostRead(ids(per*i), peer.Agent, ids(per*i), n)
+			h, err := c.PostRead(ids(per*i), agent, ids(per*i), n)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -384,30 +324,19 @@ func TestCloseFlushIsBounded(t *testing.T) {
 // the removal's flush) is counted lost, not left in a queue that no writer
 // reads.
 func TestNotificationsAfterTheStopAreCountedLost(t *testing.T) {
-	if !checkAfterCopy {
-		t.Skip("same-host copies are amd64's")
-	}
 	const bs = 64 << 10
 	pr, cr := newSharedRegion(t, 8, bs), newRegion(t, 8, bs)
 	c := newTCP(t, cr, TCPConfig{})
-	p, g := gatedProducer(t, pr, TCPConfig{})
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	warm(t, c, peer.Agent, g)
-	c.mu.Lock()
-	pe := c.peers[peer.Agent]
-	c.mu.Unlock()
+	_, g, agent, pe := sameHost(t, c, pr)
 	started, resume := make(chan struct{}), make(chan struct{})
 	c.beforeCopy = func() { close(started); <-resume }
 	ids := []int{0, 1, 2, 3}
-	h, err := c.PostRead(ids, peer.Agent, ids, g.grant(ids...))
+	h, err := c.PostRead(ids, agent, ids, g.grant(ids...))
 	if err != nil {
 		t.Fatal(err)
 	}
 	<-started // the copy goroutine's (a 256 KiB READ), held
-	if err := c.RemoveRemotePeer(peer.Agent); err != nil {
+	if err := c.RemoveRemotePeer(agent); err != nil {
 		t.Fatal(err)
 	}
 	for !pe.stopped() { // the removal's flush gave up waiting for the copy
@@ -424,4 +353,27 @@ func TestNotificationsAfterTheStopAreCountedLost(t *testing.T) {
 	if n := pe.noting.Load(); n != 0 || len(pe.notes) != 0 {
 		t.Fatalf("%d notifications counted pending, %d queued, on a stopped peer", n, len(pe.notes))
 	}
+}
+
+// sameHost connects c to a gated producer over the shared region pr, its
+// region proven (warm), and returns the producer, its gate, its agent name
+// and c's peer for it. Same-host copies are amd64's: elsewhere it skips.
+func sameHost(t *testing.T, c *TCPData, pr *cache.Region) (*TCPData, *testGate, string, *peer) {
+	t.Helper()
+	if !checkAfterCopy {
+		t.Skip("same-host copies are amd64's")
+	}
+	p, g := gatedProducer(t, pr, TCPConfig{})
+	info, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	warm(t, c, info.Agent, g)
+	c.mu.Lock()
+	pe := c.peers[info.Agent]
+	c.mu.Unlock()
+	if pe.sh == nil {
+		t.Fatal("the producer's region is not mapped")
+	}
+	return p, g, info.Agent, pe
 }
