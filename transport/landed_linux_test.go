@@ -91,37 +91,16 @@ func TestLoneReadsAreCopiedOnTheCaller(t *testing.T) {
 // holds goes out once that write ends, instead of being dropped with the
 // connection (which left the producer's grant pinned until its lease).
 func TestCloseWritesQueuedNotifications(t *testing.T) {
-	pr, cr := newSharedRegion(t, 8, 4096), newRegion(t, 8, 4096)
-	copy(pr.Block(5), "landed")
-	c := newTCP(t, cr, TCPConfig{})
-	p, g, agent, pe := sameHost(t, c, pr)
-	waitNotifs(t, p, 3) // warm's
-	links := pe.links
-	// Every connection busy with a write: the notification waits in the
-	// queue, or in a writer waiting for a connection.
-	for _, l := range links {
-		l.wmu.Lock()
-	}
-	notif := g.grant(5)
-	h, err := c.PostRead([]int{1}, agent, []int{5}, notif)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if got := waitEnd(t, c, h); got != xfer.Complete {
-		t.Fatalf("READ: %v", got)
-	}
+	c, p, _, notif, release, landed := heldNotification(t)
 	closed := make(chan struct{})
 	go func() { c.Close(); close(closed) }()
 	time.Sleep(20 * time.Millisecond) // Close under way, the writes still held
-	for _, l := range links {
-		l.wmu.Unlock()
-	}
+	release()
 	<-closed
-	got := waitNotifs(t, p, 1)
-	if string(got[0].Msg) != string(notif) {
+	if got := waitNotifs(t, p, 1); string(got[0].Msg) != string(notif) {
 		t.Fatalf("notification %q, want %q", got[0].Msg, notif)
 	}
-	if !bytes.HasPrefix(cr.Block(1), []byte("landed")) {
+	if !landed() {
 		t.Fatal("bytes")
 	}
 }
@@ -189,15 +168,34 @@ func TestBurstsSpanProducers(t *testing.T) {
 // returns at once, and the notification still waiting for a connection is
 // written before the peer's connections close.
 func TestRemovingAPeerWritesQueuedNotifications(t *testing.T) {
+	c, p, agent, notif, release, _ := heldNotification(t)
+	if err := c.RemoveRemotePeer(agent); err != nil { // returns, the writes still held
+		t.Fatal(err)
+	}
+	release()
+	c.Close()
+	if got := waitNotifs(t, p, 1); string(got[0].Msg) != string(notif) {
+		t.Fatalf("notification %q, want %q", got[0].Msg, notif)
+	}
+}
+
+// heldNotification lands a same-host READ while every connection of the
+// consumer to its producer is busy with a write, so that its notification
+// waits in the queue, or in a writer waiting for a connection, until
+// release ends those writes. It returns the consumer, the producer (its
+// own warm-up notifications drained), the producer's agent name, the
+// notification, release, and whether the READ's bytes landed.
+func heldNotification(t *testing.T) (c, p *TCPData, agent string, notif []byte, release func(), landed func() bool) {
+	t.Helper()
 	pr, cr := newSharedRegion(t, 8, 4096), newRegion(t, 8, 4096)
-	c := newTCP(t, cr, TCPConfig{})
+	copy(pr.Block(5), "landed")
+	c = newTCP(t, cr, TCPConfig{})
 	p, g, agent, pe := sameHost(t, c, pr)
 	waitNotifs(t, p, 3) // warm's
-	links := pe.links
-	for _, l := range links { // every connection busy with a write
+	for _, l := range pe.links {
 		l.wmu.Lock()
 	}
-	notif := g.grant(5)
+	notif = g.grant(5)
 	h, err := c.PostRead([]int{1}, agent, []int{5}, notif)
 	if err != nil {
 		t.Fatal(err)
@@ -206,17 +204,12 @@ func TestRemovingAPeerWritesQueuedNotifications(t *testing.T) {
 		t.Fatalf("READ: %v", got)
 	}
 	c.Release(h)
-	if err := c.RemoveRemotePeer(agent); err != nil { // returns, the writes still held
-		t.Fatal(err)
+	release = func() {
+		for _, l := range pe.links {
+			l.wmu.Unlock()
+		}
 	}
-	for _, l := range links {
-		l.wmu.Unlock()
-	}
-	c.Close()
-	got := waitNotifs(t, p, 1)
-	if string(got[0].Msg) != string(notif) {
-		t.Fatalf("notification %q, want %q", got[0].Msg, notif)
-	}
+	return c, p, agent, notif, release, func() bool { return bytes.HasPrefix(cr.Block(1), []byte("landed")) }
 }
 
 // The READs of a burst that the copy goroutine landed keep their
@@ -271,10 +264,7 @@ func TestCopiedBurstsNotificationsOutliveClose(t *testing.T) {
 func TestCloseFlushIsBounded(t *testing.T) {
 	pr, cr := newRegion(t, 8, 4096), newRegion(t, 8, 4096)
 	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
-	c, err := NewTCPData(TCPConfig{Logger: quiet}, cr)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := newTCP(t, cr, TCPConfig{})
 	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
 	if err != nil {
 		t.Fatal(err)

@@ -529,13 +529,7 @@ func writeFull(c net.Conn, bufs net.Buffers, timeout time.Duration) error {
 	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
 	for len(bufs) > 0 {
 		c.SetWriteDeadline(time.Now().Add(timeout))
-		var n int64
-		var err error
-		if q, ok := c.(*quietConn); ok {
-			n, err = q.writeBuffers(&bufs)
-		} else {
-			n, err = bufs.WriteTo(c)
-		}
+		n, err := writeBufs(c, &bufs)
 		if err != nil {
 			var ne net.Error
 			if n > 0 && errors.As(err, &ne) && ne.Timeout() {
@@ -545,6 +539,14 @@ func writeFull(c net.Conn, bufs net.Buffers, timeout time.Duration) error {
 		}
 	}
 	return nil
+}
+
+// writeBufs writes *bufs on c, consuming it, until done or c's deadline.
+func writeBufs(c net.Conn, bufs *net.Buffers) (int64, error) {
+	if q, ok := c.(*quietConn); ok {
+		return q.writeBuffers(bufs)
+	}
+	return bufs.WriteTo(c)
 }
 
 // tuneConn sets a data connection's options: no Nagle delay for the small

@@ -232,11 +232,11 @@ func (p *peer) sendNotes(notes [][]byte) {
 	// them (see writer).
 	p.hmu.Lock()
 	defer p.hmu.Unlock()
+	if p.stopped() {
+		p.d.notesLost.Add(uint64(len(notes)))
+		return
+	}
 	for _, n := range notes {
-		if p.stopped() {
-			p.d.notesLost.Add(1)
-			continue
-		}
 		p.noting.Add(1) // until a writer, or flushNotes, wrote it
 		select {
 		case p.notes <- n:
@@ -269,14 +269,16 @@ func (p *peer) retire(err error) {
 }
 
 // notesDone reports, without waiting, that no notification of p's is
-// waiting to be written: none queued, none with the copy goroutine, no
-// write under way.
+// waiting to be written: none with the copy goroutine, none queued or with
+// a writer, no write under way.
 func (p *peer) notesDone() bool {
 	// The copy goroutine's first: it counts a notification in noting
 	// before it stops counting the READ in queued.
-	if (p.sh != nil && p.sh.queued.Load() > 0) || p.noting.Load() > 0 {
-		return false
-	}
+	return (p.sh == nil || p.sh.queued.Load() <= 0) && p.noting.Load() <= 0 && p.writesIdle()
+}
+
+// writesIdle reports that no link has a write under way.
+func (p *peer) writesIdle() bool {
 	for _, l := range p.links {
 		if !l.wmu.TryLock() {
 			return false
@@ -286,37 +288,24 @@ func (p *peer) notesDone() bool {
 	return true
 }
 
+// waitUntil checks done every 50 µs until it holds (true) or until
+// passes (false).
+func waitUntil(until time.Time, done func() bool) bool {
+	for !done() {
+		if time.Now().After(until) {
+			return false
+		}
+		time.Sleep(50 * time.Microsecond)
+	}
+	return true
+}
+
 // flushNotes writes the notifications of READs that landed and are not yet
-// written: those the copy goroutine has still to send, those queued for
-// the writers, and the writes under way (a frame's rest, a writer's
-// notification), by until at most.
+// written, by until at most: it waits for the copy goroutine to send its
+// own, writes those queued for the writers, and waits for the writers'
+// and the writes under way (a frame's rest) to end.
 func (p *peer) flushNotes(until time.Time) {
-	wait := func(done func() bool) bool {
-		for !done() {
-			if time.Now().After(until) {
-				return false
-			}
-			time.Sleep(50 * time.Microsecond)
-		}
-		return true
-	}
-	idle := func() { // every notification written, no write under way
-		if !wait(func() bool { return p.noting.Load() <= 0 }) {
-			return
-		}
-		for _, l := range p.links {
-			if !wait(func() bool {
-				if !l.wmu.TryLock() {
-					return false
-				}
-				l.wmu.Unlock()
-				return true
-			}) {
-				return
-			}
-		}
-	}
-	if p.sh != nil && !wait(func() bool { return p.sh.queued.Load() <= 0 }) {
+	if p.sh != nil && !waitUntil(until, func() bool { return p.sh.queued.Load() <= 0 }) {
 		return
 	}
 	for {
@@ -331,7 +320,7 @@ func (p *peer) flushNotes(until time.Time) {
 		}
 		break
 	}
-	idle()
+	waitUntil(until, func() bool { return p.noting.Load() <= 0 && p.writesIdle() })
 }
 
 // writeNote writes notification n on a connected link that is free by
@@ -344,20 +333,12 @@ func (p *peer) writeNote(n []byte, until time.Time) bool {
 		if conn == nil {
 			continue
 		}
-		for !l.wmu.TryLock() {
-			if time.Now().After(until) {
-				return false
-			}
-			time.Sleep(50 * time.Microsecond)
+		if !waitUntil(until, l.wmu.TryLock) {
+			return false
 		}
 		conn.SetWriteDeadline(until)
 		bufs := net.Buffers{appendNotify(nil, n)}
-		var err error
-		if q, ok := conn.(*quietConn); ok {
-			_, err = q.writeBuffers(&bufs)
-		} else {
-			_, err = bufs.WriteTo(conn)
-		}
+		_, err := writeBufs(conn, &bufs)
 		conn.SetWriteDeadline(time.Time{})
 		l.wmu.Unlock()
 		if err == nil {

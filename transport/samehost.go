@@ -111,7 +111,7 @@ func (sh *sharedPeer) route(op *readOp) int {
 	now := monoNow()
 	burst := now-op.peer.d.lastPost.Load() < int64(fastBurst)
 	if op.n*op.peer.d.region.BlockSize() < copyOnCallerMax && !burst {
-		return viaBoard // start notes when it left
+		return viaBoard
 	}
 	if len(sh.copies) == cap(sh.copies) {
 		return viaSocket

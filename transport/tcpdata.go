@@ -6,10 +6,8 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"maps"
 	"net"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -481,23 +479,13 @@ func (d *TCPData) Close() error {
 		d.mu.Unlock()
 		return nil
 	}
-	peers := slices.Collect(maps.Values(d.peers))
-	d.mu.Unlock()
-	// The notifications of READs that landed go out first: a consumer
-	// that closes right after its last fetches would otherwise leave
-	// their grants pinned until the producer's lease ends them.
-	until := time.Now().Add(noteFlush)
-	for _, p := range peers {
-		p.flushNotes(until)
-	}
-	d.mu.Lock()
-	if d.closed {
-		d.mu.Unlock()
-		return nil
-	}
 	d.closed = true
+	// Each goes once the notifications of READs that landed are written
+	// (the wait below): a consumer that closes right after its last
+	// fetches would otherwise leave their grants pinned until the
+	// producer's lease ends them.
 	for _, p := range d.peers {
-		p.shutdown(xfer.ErrClosed)
+		p.retire(xfer.ErrClosed)
 	}
 	clear(d.peers)
 	for s := range d.served {

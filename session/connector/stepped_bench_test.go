@@ -16,12 +16,20 @@ import (
 // waits, fetch after fetch, so that every message is read in a step and
 // nothing is woken. cpu-µs/fetch is the loop's thread time (both sides:
 // the three messages' system calls, the copy, the protocol), against the
-// Engine benchmark's messages and memmove anchors; steps/fetch counts the
-// loop's rounds per fetch (one: nothing waited for another goroutine).
+// anchors in the same run: messages (the three messages' system calls
+// alone) and memmove (the copy alone), as BenchmarkEngine's; steps/fetch
+// counts the loop's rounds per fetch (one: nothing waited for another
+// goroutine).
 //
 //	go test -run '^$' -bench SteppedFetch ./session/connector
 func BenchmarkSteppedFetch(b *testing.B) {
 	const blocks, bs = 16, 8 << 10
+	b.Run("library", func(b *testing.B) { steppedFetch(b, blocks, bs) })
+	b.Run("messages", engineMessages)
+	b.Run("memmove", func(b *testing.B) { engineMemmove(b, blocks, bs) })
+}
+
+func steppedFetch(b *testing.B, blocks, bs int) {
 	region := must(cache.NewRegion(cache.RegionConfig{Blocks: benchItems * blocks, BlockSize: bs, NoLock: true, Shared: true}))
 	defer region.Close()
 	entries := cache.NewEmbeddingCache(region.Blocks())
