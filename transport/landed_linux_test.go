@@ -259,8 +259,7 @@ func TestCopiedBurstsNotificationsOutliveClose(t *testing.T) {
 }
 
 // Close waits noteFlush at most for connections that do not take the
-// notifications, even when a write starts on a connection it already
-// found free.
+// notifications: busy with writes that last, they are given up on.
 func TestCloseFlushIsBounded(t *testing.T) {
 	pr, cr := newRegion(t, 8, 4096), newRegion(t, 8, 4096)
 	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", Authorize: allowAll})
@@ -277,33 +276,30 @@ func TestCloseFlushIsBounded(t *testing.T) {
 	if len(pe.links) < 2 || !pe.links[0].up() {
 		t.Fatal("want two links, the first up")
 	}
-	l0, l1 := pe.links[0], pe.links[1]
-	// The writers held before they write (dialing), so that notifications
-	// stay queued for Close; link 1 busy with a write.
-	l0.dial.Lock()
-	l1.dial.Lock()
-	l1.wmu.Lock()
-	for i := range 3 { // as sendNotes queues them
+	// The writers held before they write (dialing), so that a notification
+	// stays queued for Close, and every connection busy with a write that
+	// lasts.
+	for _, l := range pe.links {
+		l.dial.Lock()
+		l.wmu.Lock()
+	}
+	for i := range len(pe.links) + 1 { // as sendNotes queues them; a writer takes one each
 		pe.noting.Add(1)
 		pe.notes <- fmt.Appendf(nil, "s:note%d", i)
 	}
 	t0 := time.Now()
 	closed := make(chan struct{})
 	go func() { c.Close(); close(closed) }()
-	time.Sleep(20 * time.Millisecond) // Close past link 0, waiting for link 1
-	l0.wmu.Lock()                     // a write starts on link 0, and lasts
-	l1.wmu.Unlock()
-	var flushed time.Duration
+	var flushed time.Duration // until the peer is shut down, its flush over
 	for end := time.Now().Add(3 * time.Second); time.Now().Before(end) && flushed == 0; time.Sleep(time.Millisecond) {
-		c.mu.Lock()
-		if c.closed {
+		if pe.stopped() {
 			flushed = time.Since(t0)
 		}
-		c.mu.Unlock()
 	}
-	l0.wmu.Unlock()
-	l0.dial.Unlock()
-	l1.dial.Unlock()
+	for _, l := range pe.links {
+		l.wmu.Unlock()
+		l.dial.Unlock()
+	}
 	<-closed
 	if flushed == 0 || flushed > noteFlush+400*time.Millisecond {
 		t.Fatalf("Close flushed for %v (0: over 3 s), bound %v", flushed, noteFlush)
