@@ -20,8 +20,12 @@ var (
 	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
 	ErrDuplicate = errors.New("cache: duplicate alloc")
 	ErrNotFound  = errors.New("cache: no such entry")
+	// ErrNotReady: Pin of an entry whose data has not landed.
+	ErrNotReady = errors.New("cache: entry is not ready")
+	// ErrPinned: Remove of an entry someone still holds.
+	ErrPinned = errors.New("cache: entry is pinned")
 
-	errNotReady     = errors.New("cache: entry is not ready")
+	errNotReady     = ErrNotReady
 	errAlreadyReady = errors.New("cache: entry is already ready")
 	errNotPinned    = errors.New("cache: entry is not pinned")
 	errReady        = errors.New("cache: entry is ready and cannot be discarded")
@@ -173,18 +177,74 @@ func (c *EmbeddingCache) MarkReady(key string) error {
 	return nil
 }
 
-// pin takes one more pin on a ready entry; a pinned entry is never evicted.
-func (c *EmbeddingCache) pin(key string) error {
+// Pin holds key's ready entry: a pinned entry is never evicted or removed
+// until every pin is let go with Unpin. Pins count: each Pin needs its
+// Unpin. A reader of the entry's blocks (the engine, a producer serving
+// it) holds a pin for as long as it reads. It fails with ErrNotFound, or
+// ErrNotReady while the entry's data has not landed.
+func (c *EmbeddingCache) Pin(key string) (Entry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return Entry{}, err
+	}
+	if !e.ready {
+		return Entry{}, fmt.Errorf("%w: %q", errNotReady, key)
+	}
+	c.pinLocked(e)
+	return e.snapshot(), nil
+}
+
+// Unpin lets go of one pin of key; the last one makes the entry evictable
+// again, at the back of the eviction order.
+func (c *EmbeddingCache) Unpin(key string) error { return c.unpin(key) }
+
+// MarkReadyPinned is MarkReady and Pin in one step: no Alloc can evict the
+// entry between the two. The writer of an entry that it goes on to read
+// (a fetch into this cache, an encoder that hands its output on) uses it.
+func (c *EmbeddingCache) MarkReadyPinned(key string) (Entry, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return Entry{}, err
+	}
+	if e.ready {
+		return Entry{}, fmt.Errorf("%w: %q", errAlreadyReady, key)
+	}
+	e.ready = true
+	c.notReady--
+	c.pins0Locked(e)
+	return e.snapshot(), nil
+}
+
+// pins0Locked takes the first pin of an entry that just became ready (it
+// was never on the evictable list).
+func (c *EmbeddingCache) pins0Locked(e *entry) {
+	e.pins = 1
+	c.pinned++
+}
+
+// Remove drops key's entry, ready or not, and frees its blocks, unless it
+// is pinned (ErrPinned). It fails with ErrNotFound for no such entry.
+func (c *EmbeddingCache) Remove(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, err := c.lookupLocked(key)
 	if err != nil {
 		return err
 	}
-	if !e.ready {
-		return fmt.Errorf("%w: %q", errNotReady, key)
+	switch {
+	case e.pins > 0:
+		return fmt.Errorf("%w: %q (%d pins)", ErrPinned, key, e.pins)
+	case e.ready:
+		c.unlinkLocked(e)
+	default:
+		c.notReady--
 	}
-	c.pinLocked(e)
+	delete(c.entries, key)
+	c.free = append(c.free, e.blocks...)
 	return nil
 }
 

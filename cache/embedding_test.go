@@ -92,7 +92,7 @@ func TestAllocErrors(t *testing.T) {
 	}
 	mustAlloc(t, c, "b", 2)
 	mustReady(t, c, "b")
-	if err := c.pin("b"); err != nil {
+	if err := pin(c, "b"); err != nil {
 		t.Fatal(err)
 	}
 	// Everything pinned or not ready: nothing evicted.
@@ -121,14 +121,14 @@ func TestAllocErrors(t *testing.T) {
 func TestReadyPinUnpinDiscard(t *testing.T) {
 	c := NewEmbeddingCache(4)
 	mustAlloc(t, c, "a", 1)
-	if err := c.pin("a"); !errors.Is(err, errNotReady) {
+	if err := pin(c, "a"); !errors.Is(err, errNotReady) {
 		t.Fatalf("pin not ready: %v", err)
 	}
 	mustReady(t, c, "a")
 	if err := c.MarkReady("a"); !errors.Is(err, errAlreadyReady) {
 		t.Fatalf("double ready: %v", err)
 	}
-	for _, err := range []error{c.MarkReady("x"), c.pin("x"), c.unpin("x"), c.Discard("x")} {
+	for _, err := range []error{c.MarkReady("x"), pin(c, "x"), c.unpin("x"), c.Discard("x")} {
 		if !errors.Is(err, ErrNotFound) {
 			t.Fatalf("absent key: %v", err)
 		}
@@ -137,7 +137,7 @@ func TestReadyPinUnpinDiscard(t *testing.T) {
 		t.Fatalf("ready entry not evictable: %+v", st)
 	}
 	for range 2 {
-		if err := c.pin("a"); err != nil {
+		if err := pin(c, "a"); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -228,7 +228,7 @@ func TestEvictionOrder(t *testing.T) {
 			mustAlloc(t, c, "A", 1)
 			mustAlloc(t, c, "B", 1)
 			mustReady(t, c, "A", "B")
-			c.pin("A")
+			pin(c, "A")
 		}, 1, []string{"B"}, []string{"A"}},
 		{"not ready survives", 2, func(t *testing.T, c *EmbeddingCache) {
 			mustAlloc(t, c, "A", 1)
@@ -245,7 +245,7 @@ func TestEvictionOrder(t *testing.T) {
 			mustAlloc(t, c, "A", 1)
 			mustAlloc(t, c, "B", 1)
 			mustReady(t, c, "A", "B")
-			c.pin("A")
+			pin(c, "A")
 			c.unpin("A") // A moves behind B
 		}, 1, []string{"B"}, []string{"A"}},
 		{"ready order, not alloc order", 2, func(t *testing.T, c *EmbeddingCache) {
@@ -288,7 +288,7 @@ func TestConcurrentUse(t *testing.T) {
 		go func() {
 			defer wg.Done()
 			for range 500 {
-				if err := c.pin("hot"); err != nil {
+				if err := pin(c, "hot"); err != nil {
 					errs <- err
 					return
 				}
@@ -340,7 +340,7 @@ func TestPressure(t *testing.T) {
 	}
 	mustAlloc(t, c, "a", 4)
 	mustReady(t, c, "a")
-	if err := c.pin("a"); err != nil {
+	if err := pin(c, "a"); err != nil {
 		t.Fatal(err)
 	}
 	mustAlloc(t, c, "b", 3) // under way: 5 blocks free
@@ -351,7 +351,7 @@ func TestPressure(t *testing.T) {
 	if c.pressure(8) {
 		t.Fatal("pressure with no save under way or refused")
 	}
-	if err := c.pin("b"); err != nil {
+	if err := pin(c, "b"); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Alloc("c", 6); !errors.Is(err, ErrNoSpace) {
@@ -364,5 +364,66 @@ func TestPressure(t *testing.T) {
 	mustReady(t, c, "d")
 	if c.pressure(1) {
 		t.Fatal("pressure after a save found room")
+	}
+}
+
+func pin(c *EmbeddingCache, key string) error {
+	_, err := c.Pin(key)
+	return err
+}
+
+func TestHoldAPI(t *testing.T) {
+	c := NewEmbeddingCache(4)
+	if _, err := c.Alloc("a", 2); err != nil {
+		t.Fatal(err)
+	}
+	e, err := c.MarkReadyPinned("a")
+	if err != nil || !e.Ready || e.Pins != 1 {
+		t.Fatalf("MarkReadyPinned: %+v, %v", e, err)
+	}
+	if _, err := c.MarkReadyPinned("a"); err == nil {
+		t.Fatal("MarkReadyPinned twice accepted")
+	}
+	// Held: an Alloc that needs its blocks finds no room, and Remove refuses.
+	if _, err := c.Alloc("b", 3); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("Alloc over a held entry: %v", err)
+	}
+	if err := c.Remove("a"); !errors.Is(err, ErrPinned) {
+		t.Fatalf("Remove of a held entry: %v", err)
+	}
+	if err := c.Unpin("a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Pinned != 0 || st.Evictable != 1 {
+		t.Fatalf("after Unpin: %+v", st)
+	}
+	// A ready, unheld entry can be removed; its blocks are free again.
+	if err := c.Remove("a"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Free != 4 || st.Entries != 0 || st.Evictable != 0 || st.EvictableBlock != 0 {
+		t.Fatalf("after Remove: %+v", st)
+	}
+	// So can one not ready.
+	if _, err := c.Alloc("n", 1); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Remove("n"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Free != 4 || st.NotReady != 0 {
+		t.Fatalf("after Remove of a not-ready entry: %+v", st)
+	}
+	if err := c.Remove("n"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Remove twice: %v", err)
+	}
+	if _, err := c.Pin("n"); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("Pin of nothing: %v", err)
+	}
+	if _, err := c.Alloc("r", 1); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := c.Pin("r"); !errors.Is(err, ErrNotReady) {
+		t.Fatalf("Pin of a not-ready entry: %v", err)
 	}
 }
