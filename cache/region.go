@@ -25,8 +25,13 @@ type RegionConfig struct {
 	// anonymous memory.
 	Name string
 	// NoLock skips mlock. By default the region is locked in RAM; a refusal
-	// (RLIMIT_MEMLOCK) is reported by LockErr, not fatal.
+	// (RLIMIT_MEMLOCK, or too little memory) is reported by LockErr, not
+	// fatal. Locking faults in the whole region at once: it costs its full
+	// size in RAM whether or not its blocks are ever used.
 	NoLock bool
+	// RequireLock makes a refused mlock an error from NewRegion (which then
+	// unmaps the region) instead of LockErr. It excludes NoLock.
+	RequireLock bool
 	// NoHugePages keeps the region on base pages. By default an anonymous
 	// region is aligned to 2 MiB and asks for transparent huge pages: on
 	// the development VM that more than doubled the data plane's
@@ -72,6 +77,9 @@ var errRegionSize = errors.New("cache: bad region size")
 func NewRegion(cfg RegionConfig) (*Region, error) {
 	if cfg.Blocks <= 0 || cfg.BlockSize <= 0 || cfg.Blocks > (1<<62)/cfg.BlockSize {
 		return nil, fmt.Errorf("%w: %w: %d blocks of %d bytes", xfer.ErrBadConfig, errRegionSize, cfg.Blocks, cfg.BlockSize)
+	}
+	if cfg.NoLock && cfg.RequireLock {
+		return nil, fmt.Errorf("%w: cache: a region is NoLock or RequireLock, not both", xfer.ErrBadConfig)
 	}
 	size := cfg.Blocks * cfg.BlockSize
 	page := os.Getpagesize()
@@ -132,12 +140,31 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 	r.mem = r.mem[:size:size]
 	if !cfg.NoLock {
 		if err := unix.Mlock(r.mem); err != nil {
-			r.lockErr = fmt.Errorf("cache: mlock %d bytes: %w", size, err)
+			r.lockErr = lockError(size, err)
+			if cfg.RequireLock {
+				r.Close()
+				return nil, r.lockErr
+			}
 		}
 	} else {
 		r.lockErr = errors.New("cache: mlock not asked for")
 	}
 	return r, nil
+}
+
+// lockError says why mlock refused size bytes and what to change.
+func lockError(size int, err error) error {
+	limit := "unknown"
+	var rl unix.Rlimit
+	if unix.Getrlimit(unix.RLIMIT_MEMLOCK, &rl) == nil {
+		if rl.Cur >= 1<<62 { // RLIM_INFINITY
+			limit = "unlimited"
+		} else {
+			limit = fmt.Sprintf("%d KiB", rl.Cur>>10)
+		}
+	}
+	return fmt.Errorf("cache: mlock of a %d-byte region (%.1f MiB) refused: %w; the locked-memory limit RLIMIT_MEMLOCK (ulimit -l) is %s: raise it, or do not lock (NoLock)",
+		size, float64(size)/(1<<20), err, limit)
 }
 
 func mapFile(path string, size int) ([]byte, error) {

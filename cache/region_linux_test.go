@@ -1,12 +1,16 @@
 package cache
 
 import (
+	"errors"
 	"os"
+	"runtime"
+	"strings"
 	"testing"
 
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/internal/shm"
+	"github.com/ecxfer/ecxfer/xfer"
 )
 
 // A Shared region is one file: what the owner writes, a reader of
@@ -79,4 +83,86 @@ func TestBorrowShared(t *testing.T) {
 		t.Fatal("the last return does not unmap")
 	}
 	unix.Munmap(mem)
+}
+
+// withoutLockPrivilege runs f on a thread of its own that may lock at most
+// limit bytes: RLIMIT_MEMLOCK lowered for the process, CAP_IPC_LOCK (which
+// lets root lock past it) dropped from that thread. The thread ends with f.
+func withoutLockPrivilege(t *testing.T, limit uint64, f func()) {
+	t.Helper()
+	var old unix.Rlimit
+	if err := unix.Getrlimit(unix.RLIMIT_MEMLOCK, &old); err != nil {
+		t.Fatal(err)
+	}
+	low := unix.Rlimit{Cur: limit, Max: old.Max}
+	if err := unix.Setrlimit(unix.RLIMIT_MEMLOCK, &low); err != nil {
+		t.Skip("cannot lower RLIMIT_MEMLOCK:", err)
+	}
+	defer unix.Setrlimit(unix.RLIMIT_MEMLOCK, &old)
+	errc := make(chan error, 1)
+	go func() {
+		runtime.LockOSThread() // never unlocked: the thread exits with this goroutine
+		hdr := unix.CapUserHeader{Version: unix.LINUX_CAPABILITY_VERSION_3}
+		var data [2]unix.CapUserData
+		if err := unix.Capget(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		data[0].Effective &^= 1 << unix.CAP_IPC_LOCK
+		if err := unix.Capset(&hdr, &data[0]); err != nil {
+			errc <- err
+			return
+		}
+		f()
+		errc <- nil
+	}()
+	if err := <-errc; err != nil {
+		t.Skip("cannot drop CAP_IPC_LOCK:", err)
+	}
+}
+
+// A refused mlock names the limit and the size asked for: an error from
+// NewRegion with RequireLock (and nothing left mapped), LockErr without.
+func TestRegionLockRefused(t *testing.T) {
+	const size = 1 << 20
+	var required, lenient error
+	var region *Region
+	withoutLockPrivilege(t, 64<<10, func() {
+		_, required = NewRegion(RegionConfig{Blocks: 16, BlockSize: size / 16, RequireLock: true})
+		region, lenient = NewRegion(RegionConfig{Blocks: 16, BlockSize: size / 16})
+	})
+	if required == nil {
+		t.Fatal("RequireLock: a region past RLIMIT_MEMLOCK was made")
+	}
+	for _, want := range []string{"RLIMIT_MEMLOCK", "ulimit -l", "1048576", "64 KiB"} {
+		if !strings.Contains(required.Error(), want) {
+			t.Errorf("the refusal does not say %q: %v", want, required)
+		}
+	}
+	if lenient != nil {
+		t.Fatal("without RequireLock a refused mlock failed NewRegion:", lenient)
+	}
+	defer region.Close()
+	if region.LockErr() == nil || region.LockErr().Error() != required.Error() {
+		t.Fatalf("LockErr %v, want %v", region.LockErr(), required)
+	}
+	if _, err := NewRegion(RegionConfig{Blocks: 1, BlockSize: 8, NoLock: true, RequireLock: true}); !errors.Is(err, xfer.ErrBadConfig) {
+		t.Fatal("NoLock with RequireLock:", err)
+	}
+}
+
+// Within the limit, RequireLock locks.
+func TestRegionRequireLock(t *testing.T) {
+	var err error
+	var region *Region
+	withoutLockPrivilege(t, 64<<10, func() {
+		region, err = NewRegion(RegionConfig{Blocks: 4, BlockSize: 4096, RequireLock: true, NoHugePages: true})
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer region.Close()
+	if region.LockErr() != nil {
+		t.Fatal(region.LockErr())
+	}
 }
