@@ -58,7 +58,7 @@ const (
 
 func newPeer(d *TCPData, m agentMeta, key string) *peer {
 	p := &peer{d: d, name: key, addr: m.Addr, blocks: m.Blocks,
-		queue: make(chan *readOp, d.cfg.MaxQueued), firstq: make(chan *readOp, d.cfg.MaxQueued),
+		queue: make(chan *readOp, 2*d.cfg.MaxQueued), firstq: make(chan *readOp, 2*d.cfg.MaxQueued),
 		notes: make(chan []byte, 256), stop: make(chan struct{})}
 	p.dials, p.cancel = context.WithCancel(context.Background())
 	if m.Shm != "" && !d.cfg.NoSharedMemory {
@@ -147,20 +147,49 @@ func (p *peer) start(op *readOp, way int) {
 }
 
 // handOff puts op in ch, a channel of one of p's goroutines, unless p is
-// shut down (see hmu). The channel holds MaxQueued, as many as READs may be
-// in flight, but READs released while queued keep their places in it
-// until a writer takes them: then a READ finds it full, and fails.
+// shut down (see hmu). A READ released (or landed by a push) while it
+// waits in ch keeps its place there until a writer takes it, which a dial
+// that hangs delays for DialTimeout: so ch holds 2*MaxQueued, and when it
+// is full, the READs that ended are dropped from it. At most MaxQueued in
+// it are still to be sent (inflight), so that frees MaxQueued places at
+// least: a full ch costs each READ posted O(1), and one posted within
+// MaxQueued always finds a place. Only the writers' queues are: the copy
+// goroutine accounts for each READ it takes (and route keeps its channel
+// from filling).
 func (p *peer) handOff(ch chan *readOp, op *readOp) bool {
 	p.hmu.Lock()
 	defer p.hmu.Unlock()
 	if p.stopped() {
 		return false
 	}
+	if len(ch) == cap(ch) && (ch == p.queue || ch == p.firstq) {
+		dropEnded(ch)
+	}
 	select {
 	case ch <- op:
 		return true
 	default:
 		return false
+	}
+}
+
+// dropEnded takes the READs that are no longer queued out of ch, keeping
+// the others in order. Called under hmu: no one else puts a READ in ch
+// meanwhile, so those put back find room (a writer may take some of them
+// first, which changes nothing).
+func dropEnded(ch chan *readOp) {
+	var keep []*readOp
+	for range len(ch) {
+		select {
+		case op := <-ch:
+			if op.state.Load() == opQueued {
+				keep = append(keep, op)
+			}
+		default:
+		}
+	}
+	for _, op := range keep {
+		ch <- op
 	}
 }
 
