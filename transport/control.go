@@ -625,18 +625,23 @@ func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
-// Dead appends the producer addresses declared dead since the last call to
-// dst. Their DEALERs are gone: the next Send to one builds a new one.
+// Dead appends the producers declared dead since the last call to dst,
+// each with why: the network's error, or one matching xfer.ErrPeerSilent
+// when it stayed silent past the peer timeout. Their DEALERs are gone: the next Send to one builds a new one.
 // A death is reported only while the connection that died is still the
 // address's: one Remove dropped, or a later connection replaced, is not
 // (its session is gone; the new one's is healthy).
-func (c *Client) Dead(dst []string) []string {
+func (c *Client) Dead(dst []xfer.Death) []xfer.Death {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	for i, d := range c.dead {
 		if c.peers[d.addr] == d {
 			delete(c.peers, d.addr)
-			dst = append(dst, d.addr)
+			var err error = errConnClosed
+			if e := d.err.Load(); e != nil {
+				err = *e
+			}
+			dst = append(dst, xfer.Death{Addr: d.addr, Err: err})
 		}
 		c.dead[i] = nil
 	}
@@ -715,7 +720,7 @@ func (d *dealer) run() {
 	gcfg := *d.c.gcfg
 	gcfg.stop = d.stop
 	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
-	gcfg.gone = func(*guardConn) { d.die(errors.New("connection closed")) }
+	gcfg.gone = func(g *guardConn) { d.die(g.cause()) }
 	gcfg.track = func(c net.Conn) {
 		d.sockM.Lock()
 		defer d.sockM.Unlock()

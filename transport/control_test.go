@@ -82,7 +82,7 @@ func waitDead(t testing.TB, c *Client, limit time.Duration) (string, time.Durati
 	start := time.Now()
 	for end := start.Add(limit); time.Now().Before(end); time.Sleep(time.Millisecond) {
 		if d := c.Dead(nil); len(d) > 0 {
-			return d[0], time.Since(start)
+			return d[0].Addr, time.Since(start)
 		}
 	}
 	t.Fatalf("no peer reported dead within %v", limit)

@@ -172,6 +172,8 @@ func validGreeting(g []byte) bool {
 type guardConn struct {
 	net.Conn
 	cfg *guardConfig
+	// why is the error fail closed the connection for, if it did.
+	why atomic.Pointer[error]
 
 	// inbound, used by zmq4's reader goroutine
 	rmu       sync.Mutex
@@ -270,12 +272,30 @@ func (g *guardConn) Close() error {
 
 // fail closes the connection because of what the peer did (or did not do).
 func (g *guardConn) fail(reason string) error {
+	return g.failWith(fmt.Errorf("%w: %s", errGuard, reason), reason)
+}
+
+// failWith is fail for a cause that is err.
+func (g *guardConn) failWith(err error, reason string) error {
 	if g.cfg.onDrop != nil {
 		g.cfg.onDrop(reason)
 	}
+	g.why.CompareAndSwap(nil, &err)
 	g.Close()
-	return fmt.Errorf("%w: %s", errGuard, reason)
+	return err
 }
+
+// cause says why the connection closed: what fail closed it for, or that
+// it closed (the peer's doing, or the network's).
+func (g *guardConn) cause() error {
+	if e := g.why.Load(); e != nil {
+		return *e
+	}
+	return errConnClosed
+}
+
+// errConnClosed: the connection closed, by the peer or the network.
+var errConnClosed = errors.New("connection closed")
 
 // guardSrc is what the guard's bufio.Reader reads: the read-ahead buffer
 // first, then the network.
@@ -778,7 +798,7 @@ func (g *guardConn) heartbeat() {
 			return
 		case now := <-t.C:
 			if now.Sub(time.Unix(0, g.lastRecv.Load())) > g.cfg.peerTimeout {
-				g.fail("peer silent")
+				g.failWith(fmt.Errorf("%w: %w", errGuard, xfer.ErrPeerSilent), "peer silent")
 				return
 			}
 			if g.cfg.deliver != nil {

@@ -258,7 +258,7 @@ func TestHotConnectionClosedByPeer(t *testing.T) {
 	cl, c, g := fakeProducer(t, ClientConfig{PingInterval: time.Hour})
 	heat(t, g, func() { c.Write(envelope("warm")) }, func() { cl.Drain(nil) })
 	c.Close()
-	var dead []string
+	var dead []xfer.Death
 	poll(t, 10*time.Second, "death", func() bool {
 		cl.Drain(nil)
 		dead = cl.Dead(dead)

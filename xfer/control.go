@@ -25,6 +25,15 @@ type Inbound struct {
 	Payload []byte
 }
 
+// Death is a producer a consumer's control plane declared dead, and why.
+type Death struct {
+	Addr string // the producer's address, as given to Send
+	// Err is the cause: the network's error, or one matching
+	// ErrPeerSilent when the producer stayed silent past the peer timeout
+	// (hung, stopped, cut off), as opposed to a connection that closed.
+	Err error
+}
+
 // Errors of control planes. A control plane wraps them (errors.Is) so that
 // the layers above can tell a refusal worth retrying from the end.
 var (
@@ -35,4 +44,7 @@ var (
 	ErrPeerDown = errors.New("xfer: producer is down")
 	// ErrNotAllowed: the producer's address is refused by the allowlist.
 	ErrNotAllowed = errors.New("xfer: producer address not allowed")
+	// ErrPeerSilent: the producer sent nothing, not even a heartbeat, for
+	// the peer timeout; a Death's Err matches it.
+	ErrPeerSilent = errors.New("xfer: producer silent past the peer timeout")
 )
