@@ -39,7 +39,7 @@ func TestUnknownAckStatusEndsTheTransfer(t *testing.T) {
 	}
 	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9, "session_id": co.c.id})
 	r := co.poll(at(2*time.Millisecond), odd)
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck || r.Len() != 1 {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.BadAck || r.Len() != 1 {
 		t.Fatalf("results %+v", r)
 	}
 	if co.c.InFlight() > 0 {

@@ -69,10 +69,16 @@ type ConsumerConfig struct {
 
 // ConsumerStats counts what a ConsumerSession has seen.
 type ConsumerStats struct {
-	Started, Completed, Tombstoned, Quarantined, Retryable, Settled uint64
-	ForcedSettles                                                   uint64 // settled at the quarantine deadline, unconfirmed
-	LateCompletions                                                 uint64 // READs done after the producer's lease could have run out
-	BadAcks                                                         uint64 // OK acks whose block list did not fit
+	Started, Completed, Failed uint64
+	Held                       uint64 // failures whose READ might still write (BlocksHeld)
+	Released                   uint64 // their blocks given back
+	ForcedReleases             uint64 // given back at the quarantine deadline, unconfirmed
+	LateCompletions            uint64 // READs done after the producer's lease could have run out
+	BadAcks                    uint64 // OK acks whose block list did not fit
+	// Unread counts the grants this session will not READ (an ack that
+	// does not fit, came late, or answers a transfer that ended) whose
+	// notification it sent at once, so that the producer unpins now.
+	Unread uint64
 	Nacks                                                           NackCounts
 	Malformed                                                       uint64 // payloads that did not decode as an XferAck
 	ForeignAcks                                                     uint64 // acks echoing another session's id
@@ -488,7 +494,7 @@ func (c *ConsumerSession) badAck(raw []byte) {
 		c.stats.StrayAcks++
 		return
 	}
-	c.end(x, &c.results.Tombstoned, xfer.BadAck, wire.OK)
+	c.fail(x, xfer.BadAck, wire.OK, false)
 }
 
 // ours reports whether a reply echoing session id sid (or none) may be
@@ -531,6 +537,11 @@ func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 			return
 		}
 		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
+		if answered != 0 && wire.Status(ack.Status) == wire.OK {
+			// It answers a request of ours whose transfer ended (cancelled,
+			// past its deadline): no one will READ this grant.
+			c.unread(ack, nil)
+		}
 		return
 	}
 	if status := wire.Status(ack.Status); status != wire.OK {
@@ -540,37 +551,35 @@ func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 			level = slog.LevelInfo
 		}
 		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", status.String(), "mm_hash", x.MMHash, "session", c.id)
-		if status.Retryable() {
-			c.end(x, &c.results.Retryable, xfer.Nacked, status)
-		} else {
-			c.end(x, &c.results.Tombstoned, xfer.Nacked, status)
-		}
+		c.fail(x, xfer.Nacked, status, status.Retryable())
 		return
 	}
 	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.CheckLease(now); err != nil {
 		c.stats.LateAcks++
 		c.log.Warn("ec consumer: OK ack past its lease; no READ posted; may retry", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
+		c.fail(x, x.Reason(), wire.OK, true)
+		c.unread(ack, x.Notif())
 		return
 	}
 	peer, err := c.register(ack)
 	if err != nil {
 		c.log.Warn("ec consumer: cannot register producer", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Tombstoned, xfer.RegisterFailed, wire.OK, err)
+		c.fail(x, xfer.RegisterFailed, wire.OK, false, err)
 		return
 	}
 	if err := x.HandleAckView(ack, peer, now); err != nil {
+		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
+		c.fail(x, x.Reason(), wire.OK, false, err)
 		if errors.Is(err, fsm.ErrBadAck) {
 			c.stats.BadAcks++
+			c.unread(ack, x.Notif())
 		}
 		if errors.Is(err, xfer.ErrUnknownPeer) {
 			// The data plane no longer knows the producer (a load it
 			// made later failed): register it again on the next ack.
 			c.forget()
 		}
-		c.log.Warn("ec consumer: READ not posted", "mm_hash", x.MMHash, "err", err)
-		c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK, err)
 		return
 	}
 	if ack.Grant == 0 {
@@ -648,14 +657,17 @@ func (c *ConsumerSession) advance(now time.Time) {
 		case fsm.WaitingAck, fsm.Reading:
 			kept = append(kept, x)
 		case fsm.Done:
-			c.end(x, &c.results.Completed, xfer.NoReason, wire.OK)
+			c.complete(x)
 			c.spare = append(c.spare, x)
 		case fsm.AckTimeout:
 			c.log.Warn("ec consumer: no XferAck in time; may retry", "mm_hash", x.MMHash, "session", c.id)
-			c.end(x, &c.results.Retryable, x.Reason(), wire.OK)
+			c.fail(x, x.Reason(), wire.OK, true)
 			c.spare = append(c.spare, x)
 		case fsm.ReadFailed:
-			c.end(x, &c.results.Tombstoned, x.Reason(), wire.OK)
+			// A READ that failed has ended (its blocks are free); the entry
+			// may still be there, under a new grant. One done past its lease
+			// is not trusted, and not worth asking again now.
+			c.fail(x, x.Reason(), wire.OK, x.Reason() == xfer.ReadError)
 			c.spare = append(c.spare, x)
 		case fsm.Quarantined:
 			c.enterQuarantine(x)
@@ -666,11 +678,15 @@ func (c *ConsumerSession) advance(now time.Time) {
 	c.drainQuarantine(now)
 }
 
+// enterQuarantine fails a transfer whose READ may still write: its blocks
+// stay held (BlocksHeld) until the READ is seen ended, or the quarantine
+// deadline passes, and then come back in Released.
 func (c *ConsumerSession) enterQuarantine(x *cxfer) {
-	c.log.Warn("ec consumer: READ quarantined; blocks held", "mm_hash", x.MMHash, "reason", x.Reason().String())
+	c.log.Warn("ec consumer: READ failed and may still write; blocks held", "mm_hash", x.MMHash, "reason", x.Reason().String())
 	c.quarantined = append(c.quarantined, x)
-	c.results.Quarantined = append(c.results.Quarantined, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason()})
-	c.stats.Quarantined++
+	c.results.Failed = append(c.results.Failed, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), BlocksHeld: true})
+	c.stats.Failed++
+	c.stats.Held++
 }
 
 func (c *ConsumerSession) drainQuarantine(now time.Time) {
@@ -681,11 +697,11 @@ func (c *ConsumerSession) drainQuarantine(now time.Time) {
 			continue
 		}
 		if x.Forced() {
-			c.stats.ForcedSettles++
+			c.stats.ForcedReleases++
 			c.log.Warn("ec consumer: quarantine deadline passed; READ not confirmed ended", "mm_hash", x.MMHash)
 		}
-		c.results.Settled = append(c.results.Settled, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), Forced: x.Forced()})
-		c.stats.Settled++
+		c.results.Released = append(c.results.Released, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), Forced: x.Forced()})
+		c.stats.Released++
 		delete(c.byHash, x.MMHash)
 		c.spare = append(c.spare, x)
 	}
@@ -693,27 +709,85 @@ func (c *ConsumerSession) drainQuarantine(now time.Time) {
 	c.quarantined = kept
 }
 
-// end records the outcome of an active transfer and forgets its mm_hash. The
-// transfer leaves c.active in the next pass of advance.
-func (c *ConsumerSession) end(x *cxfer, to *[]Outcome, reason xfer.Reason, status wire.Status, cause ...error) {
-	o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status}
+// complete records that an active transfer's blocks hold its entry, and
+// forgets its mm_hash. The transfer leaves c.active in the next pass of
+// advance.
+func (c *ConsumerSession) complete(x *cxfer) {
+	c.results.Completed = append(c.results.Completed, Outcome{MMHash: x.MMHash, Blocks: x.Blocks})
+	c.stats.Completed++
+	delete(c.byHash, x.MMHash)
+	x.ended = true
+}
+
+// fail records that an active transfer ended without its entry, with its
+// blocks free, as complete does.
+func (c *ConsumerSession) fail(x *cxfer, reason xfer.Reason, status wire.Status, retry bool, cause ...error) {
+	o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status, Retry: retry}
 	if len(cause) > 0 {
 		o.Err = cause[0]
 	}
-	*to = append(*to, o)
-	switch to {
-	case &c.results.Completed:
-		c.stats.Completed++
-	case &c.results.Tombstoned:
-		c.stats.Tombstoned++
-		if reason == xfer.LateCompletion {
-			c.stats.LateCompletions++
-		}
-	case &c.results.Retryable:
-		c.stats.Retryable++
+	c.results.Failed = append(c.results.Failed, o)
+	c.stats.Failed++
+	if reason == xfer.LateCompletion && !retry {
+		c.stats.LateCompletions++
 	}
 	delete(c.byHash, x.MMHash)
 	x.ended = true
+}
+
+// unread sends the notification of a grant no READ will use, so that the
+// producer unpins its entry now instead of at the lease: notif is the
+// notification the transfer's READ would have carried, or nil to make it
+// from the ack (a transfer that ended before its ack came). It is sent
+// only where it can end nothing but that grant: a Go producer's names the
+// grant and carries its token; a grant named by "<session_id>:<mm_hash>"
+// alone (vLLM's producer) is ended by it only while no other request or
+// transfer of this session shares that name. Nothing is sent on a data
+// plane that cannot notify without a READ, or to a producer not
+// registered with the ack's metadata.
+func (c *ConsumerSession) unread(ack *wireview.Ack, notif []byte) {
+	nt, ok := plane.As[plane.Notifier](c.data)
+	if !ok || !c.registered || !bytes.Equal(ack.AgentMetadata, c.agentMeta) {
+		return
+	}
+	if notif == nil {
+		sid := ack.SessionID
+		if len(sid) == 0 {
+			sid = []byte(c.id)
+		}
+		if ack.Grant == 0 && c.named(string(sid), string(ack.MMHash)) {
+			return
+		}
+		notif = append(append(append(c.buf[:0], sid...), ':'), ack.MMHash...)
+		if ack.Grant != 0 {
+			notif = wirext.AppendNotifGrant(notif, ack.Grant, ack.Token)
+		}
+	} else if ack.Grant == 0 && c.named(string(ack.SessionID), string(ack.MMHash)) {
+		return
+	}
+	if err := nt.Notify(c.agent.Agent, notif); err != nil {
+		c.log.Debug("ec consumer: notification of an unread grant not sent", "mm_hash", string(ack.MMHash), "err", err)
+		return
+	}
+	c.stats.Unread++
+}
+
+// named reports whether a request still unanswered, or a transfer in
+// flight, of mmHash carries session id sid: a notification naming
+// "<sid>:<mm_hash>" alone could end its grant.
+func (c *ConsumerSession) named(sid, mmHash string) bool {
+	if sid == "" {
+		sid = c.id
+	}
+	if x := c.byHash[mmHash]; x != nil && !x.ended && x.SessionID() == sid {
+		return true
+	}
+	for _, r := range c.sent[c.sentHead:] {
+		if r.mmHash == mmHash && (r.sid == sid || r.sid == "" && sid == c.id) {
+			return true
+		}
+	}
+	return false
 }
 
 // PeerDown handles the death of the control connection to the producer:
@@ -742,7 +816,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 			continue
 		}
 		if x.PeerDown(now) == fsm.AckTimeout {
-			c.end(x, &c.results.Retryable, xfer.PeerDown, wire.OK)
+			c.fail(x, xfer.PeerDown, wire.OK, true)
 			c.spare = append(c.spare, x)
 			continue
 		}
@@ -787,8 +861,7 @@ func (c *ConsumerSession) trim() {
 
 // fitResults gives back the capacity of r's slices far beyond n outcomes.
 func fitResults(r *Results, n int) {
-	r.Completed, r.Tombstoned, r.Quarantined = shrink.Slice(r.Completed, n), shrink.Slice(r.Tombstoned, n), shrink.Slice(r.Quarantined, n)
-	r.Retryable, r.Settled = shrink.Slice(r.Retryable, n), shrink.Slice(r.Settled, n)
+	r.Completed, r.Failed, r.Released = shrink.Slice(r.Completed, n), shrink.Slice(r.Failed, n), shrink.Slice(r.Released, n)
 }
 
 // keep drops the elements of a spare list beyond n (and 16 more).
@@ -807,6 +880,11 @@ func keep[T any](spare []T, n int) []T {
 // and Settled once the data plane says it ended. A transfer already in
 // quarantine is left to settle. The outcome is in the next TakeResults.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
+	return c.abort(mmHash, now, xfer.Canceled)
+}
+
+// abort is Cancel for why.
+func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) error {
 	if c.closed {
 		return xfer.ErrClosed
 	}
@@ -817,13 +895,13 @@ func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	switch x.State() {
 	case fsm.WaitingAck:
 		x.Cancel()
-		c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
+		c.fail(x, why, wire.OK, false)
 	case fsm.Reading:
 		if st, ok := plane.As[plane.Stoppable](c.data); ok && st.StopsReads() && x.Release() == nil {
-			c.end(x, &c.results.Tombstoned, xfer.Canceled, wire.OK)
+			c.fail(x, why, wire.OK, false)
 			return nil
 		}
-		x.Quarantine(now, xfer.Canceled)
+		x.Quarantine(now, why)
 		x.moved = true
 		c.enterQuarantine(x)
 	}
@@ -854,14 +932,17 @@ func (c *ConsumerSession) Close() error {
 		case err != nil:
 			c.log.Warn("ec consumer: READ could not be stopped at close; blocks unsafe", "mm_hash", x.MMHash, "err", err)
 			if !quarantined {
-				c.results.Quarantined = append(c.results.Quarantined, o)
+				held := o
+				held.BlocksHeld = true
+				c.results.Failed = append(c.results.Failed, held)
 			}
 			o.Forced = true
-			c.results.Settled = append(c.results.Settled, o)
+			c.results.Released = append(c.results.Released, o)
 		case quarantined:
-			c.results.Settled = append(c.results.Settled, o)
+			c.results.Released = append(c.results.Released, o)
 		default:
-			c.results.Retryable = append(c.results.Retryable, o)
+			o.Retry = true
+			c.results.Failed = append(c.results.Failed, o)
 		}
 	}
 	for _, x := range c.active {
@@ -900,3 +981,6 @@ func (i internals) ContactOf() plane.Contact      { return i.c.contactOf() }
 func (i internals) Registered() (xfer.Peer, bool) { return i.c.registeredPeer() }
 func (i internals) Probing() bool                 { return i.c.probing() }
 func (i internals) Trim()                         { i.c.trim() }
+func (i internals) End(mmHash string, now time.Time, why xfer.Reason) error {
+	return i.c.abort(mmHash, now, why)
+}

@@ -134,7 +134,7 @@ func TestAckThenDoneInOnePoll(t *testing.T) { // ack and completion in one poll;
 	co := newConsumer(t)
 	mustStart(t, co.c, "H", []int{4, 5}, at(2*time.Second))
 	r := co.poll(at(time.Second), co.ok("H", 7, 8))
-	if !slices.Equal(hashes(r.Completed), []string{"H"}) || len(r.Tombstoned) != 0 {
+	if !slices.Equal(hashes(r.Completed), []string{"H"}) || len(r.tombstoned()) != 0 {
 		t.Fatalf("results %+v", r)
 	}
 	if !slices.Equal(r.Completed[0].Blocks, []int{4, 5}) {
@@ -151,9 +151,9 @@ func TestNacks(t *testing.T) { // NACK_NOT_READY retryable, other NACKs final
 			co := newConsumer(t)
 			mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 			r := co.poll(at(time.Second), encAck(wire.XferAck{MMHash: "H", Status: s}))
-			got := r.Tombstoned
+			got := r.tombstoned()
 			if s.Retryable() {
-				got = r.Retryable
+				got = r.retryable()
 			}
 			if r.Len() != 1 || len(got) != 1 || got[0].Status != s || got[0].Reason != xfer.Nacked {
 				t.Fatalf("results %+v", r)
@@ -172,7 +172,7 @@ func TestAckTimeout(t *testing.T) { // tombstoned at the ack deadline, results t
 		t.Fatalf("at the deadline: %+v", r)
 	}
 	r := co.poll(at(3 * time.Second))
-	if !slices.Equal(hashes(r.Retryable), []string{"H"}) || r.Retryable[0].Reason != xfer.AckTimedOut {
+	if !slices.Equal(hashes(r.retryable()), []string{"H"}) || r.retryable()[0].Reason != xfer.AckTimedOut {
 		t.Fatalf("results %+v", r)
 	}
 	if r := co.poll(at(4 * time.Second)); r.Len() != 0 {
@@ -203,8 +203,8 @@ func TestPeerDown(t *testing.T) { // waiting: retryable; reading: quarantined (t
 	co.c.PeerDown(at(time.Second))
 	var r Results
 	co.c.TakeResults(&r)
-	if !slices.Equal(hashes(r.Retryable), []string{"W"}) || r.Retryable[0].Reason != xfer.PeerDown {
-		t.Fatalf("retryable %+v", r.Retryable)
+	if !slices.Equal(hashes(r.retryable()), []string{"W"}) || r.retryable()[0].Reason != xfer.PeerDown {
+		t.Fatalf("retryable %+v", r.retryable())
 	}
 	if r.Len() != 1 || co.c.InFlight() != 3 {
 		t.Fatalf("READs judged at the control connection's death: %+v, %d in flight", r, co.c.InFlight())
@@ -219,18 +219,19 @@ func TestPeerDown(t *testing.T) { // waiting: retryable; reading: quarantined (t
 	if !slices.Equal(hashes(r.Completed), []string{"R"}) || !slices.Equal(r.Completed[0].Blocks, []int{2, 3}) {
 		t.Fatalf("completed %+v", r)
 	}
-	if !slices.Equal(hashes(r.Tombstoned), []string{"F"}) || r.Tombstoned[0].Reason != xfer.ReadError {
-		t.Fatalf("tombstoned %+v", r)
+	// A READ that failed ended: its blocks are free, and a new grant may serve it.
+	if !slices.Equal(hashes(r.retryable()), []string{"F"}) || r.retryable()[0].Reason != xfer.ReadError {
+		t.Fatalf("retryable %+v", r)
 	}
 	// S outlives its deadline: quarantined, followed until it settles.
 	r = co.poll(at(22 * time.Second))
-	if !slices.Equal(hashes(r.Quarantined), []string{"S"}) || r.Quarantined[0].Reason != xfer.ReadTimedOut {
+	if !slices.Equal(hashes(r.quarantined()), []string{"S"}) || r.quarantined()[0].Reason != xfer.ReadTimedOut {
 		t.Fatalf("quarantined %+v", r)
 	}
 	co.data.Finish(posts[2].Handle)
 	r = co.poll(at(23 * time.Second))
-	if len(r.Settled) != 1 || r.Settled[0].MMHash != "S" || r.Settled[0].Forced {
-		t.Fatalf("settled %+v", r.Settled)
+	if len(r.settled()) != 1 || r.settled()[0].MMHash != "S" || r.settled()[0].Forced {
+		t.Fatalf("settled %+v", r.settled())
 	}
 	if co.c.InFlight() > 0 {
 		t.Fatal("not cleaned up")
@@ -248,14 +249,14 @@ func TestQuarantineSettlesInEveryPoll(t *testing.T) { // re-polled every poll; a
 	mustStart(t, co.c, "H", []int{9}, at(2*time.Second))
 	co.poll(at(time.Second), co.ok("H", 1))
 	r := co.poll(at(22 * time.Second))
-	if len(r.Quarantined) != 1 || r.Quarantined[0].Reason != xfer.ReadTimedOut {
+	if len(r.quarantined()) != 1 || r.quarantined()[0].Reason != xfer.ReadTimedOut {
 		t.Fatalf("%+v", r)
 	}
 	r = co.poll(at(83 * time.Second))
-	if len(r.Settled) != 1 || !r.Settled[0].Forced || r.Settled[0].Reason != xfer.QuarantineTimedOut {
+	if len(r.settled()) != 1 || !r.settled()[0].Forced || r.settled()[0].Reason != xfer.QuarantineTimedOut {
 		t.Fatalf("%+v", r)
 	}
-	if co.c.Stats().ForcedSettles != 1 {
+	if co.c.Stats().ForcedReleases != 1 {
 		t.Fatal("forced settle not counted")
 	}
 }
@@ -275,8 +276,8 @@ func TestAckDispatchEdges(t *testing.T) { // stray and undecodable acks; bad ack
 		ackOK("D", "", co.prod.AgentMetadata(), 4, 5), // empty echo accepted (reference NACK style)
 		co.ok("D", 6, 7), // second ack for a READ posted: ignored
 	)
-	if !slices.Equal(hashes(r.Tombstoned), []string{"B", "C"}) || r.Tombstoned[0].Reason != xfer.BadAck {
-		t.Fatalf("tombstoned %+v", r.Tombstoned)
+	if !slices.Equal(hashes(r.tombstoned()), []string{"B", "C"}) || r.tombstoned()[0].Reason != xfer.BadAck {
+		t.Fatalf("tombstoned %+v", r.tombstoned())
 	}
 	st := co.c.Stats()
 	if st.Malformed != 1 || st.StrayAcks != 2 || st.ForeignAcks != 1 || st.BadAcks != 2 {
@@ -288,7 +289,7 @@ func TestAckDispatchEdges(t *testing.T) { // stray and undecodable acks; bad ack
 	}
 	// A is still waiting for its own ack.
 	r = co.poll(at(3 * time.Second))
-	if !slices.Equal(hashes(r.Retryable), []string{"A"}) {
+	if !slices.Equal(hashes(r.retryable()), []string{"A"}) {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -324,7 +325,7 @@ func TestRegistration(t *testing.T) { // registered once per metadata; a failed 
 	data.SetAddPeerError(xfake.ErrInjected)
 	r.Reset()
 	step("D", []byte("fake:prod:9:64"), at(3))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed || len(data.Posts()) != posts {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.RegisterFailed || len(data.Posts()) != posts {
 		t.Fatalf("%+v", r)
 	}
 	// Then a good ack registers again.
@@ -343,7 +344,7 @@ func TestPostFailsTombstones(t *testing.T) { // a refused post tombstones that t
 	co.data.SetPostError(xfake.ErrInjected)
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	r := co.poll(at(time.Second), co.ok("H", 1))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed || co.c.InFlight() > 0 {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.PostFailed || co.c.InFlight() > 0 {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -357,7 +358,7 @@ func TestLateCompletion(t *testing.T) { // done after the lease: tombstoned, not
 	// No poll saw it in progress past the read deadline: the first look at
 	// t0+32s finds it done, after ack + 30 s lease.
 	r := co.poll(at(32 * time.Second))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.LateCompletion || co.c.Stats().LateCompletions != 1 {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.LateCompletion || co.c.Stats().LateCompletions != 1 {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -382,13 +383,13 @@ func TestClose(t *testing.T) { // releases every handle, removes the peer, repor
 	// W ended retryable at PeerDown, before Close; R (its READ stopped) and
 	// W2 (waiting) end retryable at Close; Q's READ could not be stopped:
 	// quarantined and settled at once, forced.
-	if got := hashes(rep.Retryable); !slices.Equal(got, []string{"W", "R", "W2"}) {
+	if got := hashes(rep.retryable()); !slices.Equal(got, []string{"W", "R", "W2"}) {
 		t.Fatalf("retryable %v", got)
 	}
-	if !slices.Equal(hashes(rep.Quarantined), []string{"Q"}) || !slices.Equal(hashes(rep.Settled), []string{"Q"}) || !rep.Settled[0].Forced {
-		t.Fatalf("quarantined %v settled %+v", hashes(rep.Quarantined), rep.Settled)
+	if !slices.Equal(hashes(rep.quarantined()), []string{"Q"}) || !slices.Equal(hashes(rep.settled()), []string{"Q"}) || !rep.settled()[0].Forced {
+		t.Fatalf("quarantined %v settled %+v", hashes(rep.quarantined()), rep.settled())
 	}
-	for _, o := range rep.Retryable[1:] {
+	for _, o := range rep.retryable()[1:] {
 		if o.Reason != xfer.Closed {
 			t.Fatalf("%s ended %v, not closed", o.MMHash, o.Reason)
 		}
@@ -415,7 +416,7 @@ func TestClose(t *testing.T) { // releases every handle, removes the peer, repor
 func TestResultsReuse(t *testing.T) {
 	var r Results
 	r.Completed = append(r.Completed, Outcome{MMHash: "x"})
-	r.Settled = append(r.Settled, Outcome{})
+	r.Released = append(r.Released, Outcome{})
 	if r.Len() != 2 {
 		t.Fatal(r.Len())
 	}
@@ -435,7 +436,7 @@ func TestUnknownPeerRegistersAgain(t *testing.T) {
 	mustStart(t, co.c, "H", []int{1}, at(2*time.Second))
 	co.data.SetPostError(fmt.Errorf("%w: its load failed", xfer.ErrUnknownPeer))
 	r := co.poll(at(time.Second), co.ok("H", 3))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.PostFailed {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.PostFailed {
 		t.Fatalf("results %+v", r)
 	}
 	if n := len(co.data.Leaks().Peers); n != 0 {
@@ -485,11 +486,11 @@ func TestRegistrationFromShape(t *testing.T) {
 	wrong := region
 	wrong.Count--
 	step("A", ack("A", wrong, nil))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.RegisterFailed || len(data.Leaks().Peers) != 0 {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.RegisterFailed || len(data.Leaks().Peers) != 0 {
 		t.Fatalf("a wrong shape: %+v, peers %v", r, data.Leaks().Peers)
 	}
 	step("B", ack("B", wrong, prod.MemDescriptor()))
-	if len(r.Tombstoned) != 0 || c.Stats().Registrations != 1 {
+	if len(r.tombstoned()) != 0 || c.Stats().Registrations != 1 {
 		t.Fatalf("a descriptor and a wrong shape: %+v, %d registrations", r, c.Stats().Registrations)
 	}
 	c2 := must(NewConsumerSession(ConsumerConfig{Logger: quiet}, out, fab.New("cons2", 64, 16), compat))
@@ -505,7 +506,7 @@ func TestRegistrationFromShape(t *testing.T) {
 		SrcBlockIndices: []wire.Int{wire.IntOf(2)}, Shape: region})}, at(0))
 	r.Reset()
 	c2.TakeResults(&r)
-	if len(r.Tombstoned) != 0 || c2.Stats().Registrations != 1 {
+	if len(r.tombstoned()) != 0 || c2.Stats().Registrations != 1 {
 		t.Fatalf("the region's shape: %+v", r)
 	}
 }

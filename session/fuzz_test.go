@@ -57,7 +57,7 @@ func FuzzConsumerPoll(f *testing.F) {
 		take := func() {
 			r.Reset()
 			c.TakeResults(&r)
-			for _, set := range [][]Outcome{r.Completed, r.Tombstoned, r.Retryable} {
+			for _, set := range [][]Outcome{r.Completed, r.tombstoned(), r.retryable()} {
 				for _, o := range set {
 					ended[o.MMHash]++
 				}
@@ -72,7 +72,7 @@ func FuzzConsumerPoll(f *testing.F) {
 		}
 		r.Reset()
 		c.TakeResults(&r)
-		for _, set := range [][]Outcome{r.Completed, r.Tombstoned, r.Retryable, r.Settled} {
+		for _, set := range [][]Outcome{r.Completed, r.tombstoned(), r.retryable(), r.settled()} {
 			for _, o := range set {
 				ended[o.MMHash]++
 			}

@@ -92,3 +92,28 @@ func must[T any](v T, err error) T {
 	}
 	return v
 }
+
+// The reference's words for the outcomes, as the tests check them: a
+// failure that is not worth retrying is vLLM's "tombstoned", one that is
+// its "retryable", one whose READ may still write its "quarantined", and
+// the release of its blocks its "settled".
+func (r Results) tombstoned() []Outcome {
+	return filter(r.Failed, func(o Outcome) bool { return !o.Retry && !o.BlocksHeld })
+}
+func (r Results) retryable() []Outcome {
+	return filter(r.Failed, func(o Outcome) bool { return o.Retry })
+}
+func (r Results) quarantined() []Outcome {
+	return filter(r.Failed, func(o Outcome) bool { return o.BlocksHeld })
+}
+func (r Results) settled() []Outcome { return r.Released }
+
+func filter(os []Outcome, keep func(Outcome) bool) []Outcome {
+	var out []Outcome
+	for _, o := range os {
+		if keep(o) {
+			out = append(out, o)
+		}
+	}
+	return out
+}

@@ -107,15 +107,15 @@ func TestConsumerProducerLoop(t *testing.T) {
 			completed++
 			free = append(free, o.Blocks...)
 		}
-		for _, o := range r.Tombstoned {
+		for _, o := range r.tombstoned() {
 			nacked++
 			free = append(free, o.Blocks...)
 		}
-		for _, o := range r.Retryable {
+		for _, o := range r.retryable() {
 			order = append(order, o.MMHash) // ask again later
 			free = append(free, o.Blocks...)
 		}
-		if len(r.Quarantined) > 0 || len(r.Settled) > 0 {
+		if len(r.quarantined()) > 0 || len(r.settled()) > 0 {
 			t.Fatalf("unexpected quarantine: %+v", r)
 		}
 		// Saves land over time.

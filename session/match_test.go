@@ -100,7 +100,7 @@ func TestReplyMatchingTable(t *testing.T) {
 					// The history.
 					mustStart(t, co.c, "H", []int{1, 2}, at(3*time.Second))
 					a1 := co.lastAttempt(t)
-					if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 {
+					if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.retryable()) != 1 {
 						t.Fatalf("attempt 1: %+v", r)
 					}
 					if err := co.c.StartXfer("H", []int{1, 2}, at(7500*time.Millisecond), sent2); err != nil {
@@ -124,7 +124,7 @@ func TestReplyMatchingTable(t *testing.T) {
 						if err := co.c.Cancel("H", at(4500*time.Millisecond)); err != nil {
 							t.Fatal(err)
 						}
-						if r := co.poll(at(4500 * time.Millisecond)); len(r.Quarantined) != 1 {
+						if r := co.poll(at(4500 * time.Millisecond)); len(r.quarantined()) != 1 {
 							t.Fatalf("quarantine: %+v", r)
 						}
 					case ended:
@@ -212,7 +212,7 @@ func TestReplyMatchingTable(t *testing.T) {
 					}
 					switch {
 					case !decodable:
-						if len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck || r.Len() != 1 {
+						if len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.BadAck || r.Len() != 1 {
 							t.Fatalf("results %+v", r)
 						}
 					case k.status == wire.OK:
@@ -238,9 +238,9 @@ func TestReplyMatchingTable(t *testing.T) {
 							t.Fatalf("done at the lease's end: %+v", r)
 						}
 					default:
-						got := r.Tombstoned
+						got := r.tombstoned()
 						if k.status.Retryable() {
-							got = r.Retryable
+							got = r.retryable()
 						}
 						if r.Len() != 1 || len(got) != 1 || got[0].Status != k.status || got[0].Reason != xfer.Nacked {
 							t.Fatalf("results %+v", r)
@@ -322,7 +322,7 @@ func TestCompletionMatchesItsRead(t *testing.T) {
 			a.TakeResults(&r)
 			got := r.Completed
 			if st == "quarantined" {
-				got = r.Settled
+				got = r.settled()
 			}
 			if !slices.Equal(hashes(got), []string{"H"}) || r.Len() != 1 {
 				t.Fatalf("its own READ ended: %+v", r)

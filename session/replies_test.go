@@ -55,7 +55,7 @@ func TestReferenceAckOfEarlierAttemptDropped(t *testing.T) {
 	co := newConsumerWith(t, xfer.Config{PinLease: 5 * time.Second})
 	co.fillProd(0xaa, 7, 8)
 	mustStart(t, co.c, "H", []int{1, 2}, at(3*time.Second))
-	if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.AckTimedOut {
+	if r := co.poll(at(3*time.Second + time.Millisecond)); len(r.retryable()) != 1 || r.retryable()[0].Reason != xfer.AckTimedOut {
 		t.Fatalf("attempt 1: %+v", r)
 	}
 	if err := co.c.StartXfer("H", []int{1, 2}, at(6*time.Second), at(3*time.Second+time.Millisecond)); err != nil {
@@ -68,7 +68,7 @@ func TestReferenceAckOfEarlierAttemptDropped(t *testing.T) {
 	if len(co.data.Posts()) != 0 {
 		t.Fatalf("READ posted for an earlier attempt's ack: %+v", co.data.Posts())
 	}
-	if len(r.Completed) != 0 || len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.Nacked || r.Tombstoned[0].Status != wire.NackMissing {
+	if len(r.Completed) != 0 || len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.Nacked || r.tombstoned()[0].Status != wire.NackMissing {
 		t.Fatalf("results %+v", r)
 	}
 	if bytes.Equal(co.data.Block(1), co.prod.Block(7)) {
@@ -114,7 +114,7 @@ func TestAckPastItsLeasePostsNoRead(t *testing.T) {
 	if len(co.data.Posts()) != 0 {
 		t.Fatalf("READ posted past the lease: %+v", co.data.Posts())
 	}
-	if len(r.Retryable) != 1 || r.Retryable[0].Reason != xfer.LateCompletion || r.Len() != 1 {
+	if len(r.retryable()) != 1 || r.retryable()[0].Reason != xfer.LateCompletion || r.Len() != 1 {
 		t.Fatalf("results %+v", r)
 	}
 }
@@ -130,7 +130,7 @@ func TestUnansweredRequestsBounded(t *testing.T) {
 	for range maxUnansweredPerHash {
 		mustStart(t, co.c, "H", []int{1}, now.Add(time.Second))
 		now = now.Add(2 * time.Second)
-		if r := co.poll(now); len(r.Retryable) != 1 {
+		if r := co.poll(now); len(r.retryable()) != 1 {
 			t.Fatalf("%+v", r)
 		}
 	}
@@ -159,7 +159,7 @@ func TestNamedReplyForgetsEarlierRequests(t *testing.T) {
 	co.poll(at(2 * time.Second)) // attempt 1 times out: the producer dropped it
 	mustStart(t, co.c, "H", []int{1}, at(3*time.Second))
 	nack := wire.XferAck{MMHash: "H", Status: wire.NackNotReady, Attempt: co.lastAttempt(t)}
-	if r := co.poll(at(2*time.Second), encAck(nack)); len(r.Retryable) != 1 {
+	if r := co.poll(at(2*time.Second), encAck(nack)); len(r.retryable()) != 1 {
 		t.Fatalf("%+v", r)
 	}
 	if co.c.unanswered() != 0 || len(co.c.perHash) != 0 {
@@ -167,7 +167,7 @@ func TestNamedReplyForgetsEarlierRequests(t *testing.T) {
 	}
 	mustStart(t, co.c, "H", []int{1}, at(5*time.Second))
 	odd, _ := msgpack.Marshal(map[string]any{"type": "ack", "mm_hash": "H", "status": 9})
-	if r := co.poll(at(4*time.Second), odd); len(r.Tombstoned) != 1 || r.Tombstoned[0].Reason != xfer.BadAck {
+	if r := co.poll(at(4*time.Second), odd); len(r.tombstoned()) != 1 || r.tombstoned()[0].Reason != xfer.BadAck {
 		t.Fatalf("%+v", r)
 	}
 }
@@ -224,7 +224,7 @@ func TestReplyForgetsRequestsSentBefore(t *testing.T) {
 	if !slices.Equal(hashes(r.Completed), []string{"H"}) || co.c.unanswered() != 0 {
 		t.Fatalf("%+v, %d unanswered", r, co.c.unanswered())
 	}
-	if r := co.poll(at(5 * time.Second)); !slices.Equal(hashes(r.Retryable), []string{"G"}) {
+	if r := co.poll(at(5 * time.Second)); !slices.Equal(hashes(r.retryable()), []string{"G"}) {
 		t.Fatalf("%+v", r)
 	}
 	mustStart(t, co.c, "G", []int{1}, at(7*time.Second))
@@ -296,7 +296,7 @@ func TestOwnSessionIDsForAProducerThatNamesNoGrant(t *testing.T) {
 	}
 	// A NACK names no session: it answers the oldest request of its key.
 	r := co.poll(at(7*time.Millisecond), encAck(wire.XferAck{MMHash: "G", Status: wire.NackMissing}))
-	if len(r.Tombstoned) != 1 || r.Tombstoned[0].MMHash != "G" {
+	if len(r.tombstoned()) != 1 || r.tombstoned()[0].MMHash != "G" {
 		t.Fatalf("G's NACK: %+v", r)
 	}
 }

@@ -78,7 +78,7 @@ func TestReRegisterAfterUnknownPeer(t *testing.T) {
 		t.Fatalf("A: %+v", r)
 	}
 	cdata.failPosts = 1 // the data plane lost the producer's load
-	if r := fetch("B", 2); len(r.Tombstoned) != 1 {
+	if r := fetch("B", 2); len(r.tombstoned()) != 1 {
 		t.Fatalf("B: %+v", r)
 	}
 	for i, h := range []string{"C", "D"} {

@@ -8,55 +8,56 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Outcome is how one transfer ended, or that it entered quarantine.
+// Outcome is how one transfer ended, or that its blocks came back.
 type Outcome struct {
 	MMHash string
 	Blocks []int       // the local blocks given to StartXfer
-	Reason xfer.Reason // why, when it is not the happy path
+	Reason xfer.Reason // why it failed; xfer.NoReason when it completed
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
 	// Err is the cause, where there is one beyond Reason and Status: why
 	// the producer could not be registered (xfer.RegisterFailed) or the
 	// READ not posted. Nil otherwise.
 	Err error
-	// Forced is set on a Settled outcome whose READ was given up at the
+	// Retry, on a failure, says another attempt may succeed (a NACK_NOT_READY,
+	// an ack timeout, a READ that failed): vLLM's "retryable". Without it the
+	// failure is vLLM's "tombstoned": do not ask again now.
+	Retry bool
+	// BlocksHeld, on a failure, says a READ may still write into Blocks:
+	// do not reuse them until they come back in Released (vLLM's
+	// "quarantined").
+	BlocksHeld bool
+	// Forced, on a Released outcome, says the READ was given up at the
 	// quarantine deadline without the data plane confirming it ended: its
 	// blocks may still be written. Keep them out of use if you can.
 	Forced bool
 }
 
 // Results are the outcomes since the last TakeResults, in the order they
-// happened. Each transfer appears in exactly one of Completed, Tombstoned,
-// Retryable and Settled once it ends, and in Quarantined when it enters
-// quarantine (before it settles).
+// happened, in the words connector.Pool uses. Each transfer ends once, in
+// Completed or Failed; a failure with BlocksHeld is followed later by one
+// Released.
 type Results struct {
-	Completed   []Outcome // blocks hold the entry: promote them
-	Tombstoned  []Outcome // free the blocks; do not retry this mm_hash now
-	Quarantined []Outcome // a READ may still write: do NOT free the blocks
-	Retryable   []Outcome // free the blocks; another attempt may succeed
-	Settled     []Outcome // a quarantined READ ended: the blocks may be freed
+	Completed []Outcome // the blocks hold the entry
+	Failed    []Outcome // ended without the entry
+	Released  []Outcome // the blocks of a failure with BlocksHeld, free now
 }
 
 // Reset empties r, keeping its capacity.
 func (r *Results) Reset() {
-	r.Completed = r.Completed[:0]
-	r.Tombstoned = r.Tombstoned[:0]
-	r.Quarantined = r.Quarantined[:0]
-	r.Retryable = r.Retryable[:0]
-	r.Settled = r.Settled[:0]
+	clear(r.Completed)
+	clear(r.Failed)
+	clear(r.Released)
+	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
 // Len returns the number of outcomes held.
-func (r *Results) Len() int {
-	return len(r.Completed) + len(r.Tombstoned) + len(r.Quarantined) + len(r.Retryable) + len(r.Settled)
-}
+func (r *Results) Len() int { return len(r.Completed) + len(r.Failed) + len(r.Released) }
 
 // appendTo appends every outcome of r to dst.
 func (r *Results) appendTo(dst *Results) {
 	dst.Completed = append(dst.Completed, r.Completed...)
-	dst.Tombstoned = append(dst.Tombstoned, r.Tombstoned...)
-	dst.Quarantined = append(dst.Quarantined, r.Quarantined...)
-	dst.Retryable = append(dst.Retryable, r.Retryable...)
-	dst.Settled = append(dst.Settled, r.Settled...)
+	dst.Failed = append(dst.Failed, r.Failed...)
+	dst.Released = append(dst.Released, r.Released...)
 }
 
 // NackCounts counts NACKs by status: n[wire.NackMissing] and so on.

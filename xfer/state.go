@@ -20,10 +20,11 @@ const (
 	QuarantineTimedOut        // forced out of quarantine at its deadline
 	Closed                    // the session was closed
 	Canceled                  // the caller canceled the fetch
+	DeadlineExceeded          // the fetch's deadline passed before it completed
 )
 
 var reasonNames = [...]string{"", "nacked", "ack-timeout", "peer-down", "bad-ack", "register-failed",
-	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed", "canceled"}
+	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed", "canceled", "deadline"}
 
 // Error makes a Reason an error, so that a failure's error matches it:
 // errors.Is(err, xfer.Nacked), or errors.As(err, &reason).

@@ -38,6 +38,7 @@ type ConsumerXfer struct {
 	Blocks []int // local destination blocks
 
 	notif    []byte // "<session_id>:<mm_hash>", what the producer matches
+	sidLen   int    // the session id's length in notif
 	data     xfer.DataTransport
 	cfg      *xfer.Config
 	state    State
@@ -67,7 +68,7 @@ func (x *ConsumerXfer) Reset(mmHash string, blocks []int, sessionID string, sent
 	notif = append(notif, ':')
 	notif = append(notif, mmHash...)
 	*x = ConsumerXfer{
-		MMHash: mmHash, Blocks: blocks, notif: notif, data: data, cfg: cfg,
+		MMHash: mmHash, Blocks: blocks, notif: notif, sidLen: len(sessionID), data: data, cfg: cfg,
 		state: WaitingAck, sentAt: sentAt, deadline: ackDeadline, remote: x.remote[:0], seen: x.seen[:0], sorted: x.sorted[:0],
 		lease: cfg.PinLease,
 	}
@@ -127,6 +128,9 @@ func (x *ConsumerXfer) CheckLease(now time.Time) error {
 	x.state, x.reason = AckTimeout, xfer.LateCompletion
 	return fmt.Errorf("%w: %s at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
 }
+
+// SessionID returns the session id the transfer's request carried.
+func (x *ConsumerXfer) SessionID() string { return string(x.notif[:x.sidLen]) }
 
 // HasHandle reports whether a READ handle is held.
 func (x *ConsumerXfer) HasHandle() bool { return x.handle != 0 }

@@ -26,6 +26,8 @@ type Consumer interface {
 	Probing() bool
 	// Trim gives back memory kept for a past peak.
 	Trim()
+	// End ends the transfer of mmHash at now as Cancel does, for why.
+	End(mmHash string, now time.Time, why xfer.Reason) error
 }
 
 // ConsumerOf returns s's Consumer; s is a *session.ConsumerSession.

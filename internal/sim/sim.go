@@ -20,6 +20,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"hash/fnv"
 	"io"
@@ -512,8 +513,11 @@ func (s *sim) tick() {
 		}
 		if s.chance(s.cfg.Faults.SpuriousDown) {
 			p := s.prods[s.rng.IntN(len(s.prods))]
-			s.event("c%d told %s died (it did not)", c.id, p.name)
-			c.ctl.peerDown(p.addr)
+			// Half of them as a silence (its READs end), half as a
+			// connection that closed (they run on).
+			silent := s.rng.IntN(2) == 0
+			s.event("c%d told %s died (it did not; silent %v)", c.id, p.name, silent)
+			c.ctl.peerDown(p.addr, silent)
 		}
 		s.endStuck(c)
 		if len(c.inflight) > 0 && s.chance(s.cfg.Faults.Cancel) {
@@ -663,7 +667,7 @@ func (s *sim) restartProducer(p *producer) {
 	// the death.
 	s.net = slices.DeleteFunc(s.net, func(m msg) bool { return m.addr == p.addr })
 	for _, c := range s.cons {
-		c.ctl.peerDown(p.addr)
+		c.ctl.peerDown(p.addr, false)
 	}
 	s.startProducer(p)
 }
@@ -1050,7 +1054,7 @@ type simClient struct {
 	s    *sim
 	c    *consumer
 	in   []xfer.Inbound
-	dead []string
+	dead []xfer.Death
 	conn map[string]int  // connection generation per producer
 	down map[string]bool // reported dead, not yet taken by Dead
 }
@@ -1066,7 +1070,7 @@ func (v *simClient) Send(addr string, payload []byte) error {
 	if v.s.chance(v.s.cfg.Faults.SendDie) {
 		// The producer dies as we send, in the middle of the pool's step.
 		v.s.event("c%d: %s dies during a send", v.c.id, addr)
-		v.peerDown(addr)
+		v.peerDown(addr, false)
 		return xfer.ErrPeerDown
 	}
 	m := msg{toProd: true, addr: addr, cons: v.c.id, conn: v.conn[addr], payload: bytes.Clone(payload)}
@@ -1094,19 +1098,23 @@ func (v *simClient) Drain(dst []xfer.Inbound) []xfer.Inbound {
 
 // peerDown breaks the connection to addr: what was in flight on it is
 // lost; the next Dead reports it and the next Send reconnects.
-func (v *simClient) peerDown(addr string) {
+func (v *simClient) peerDown(addr string, silent bool) {
 	if v.down[addr] {
 		return
 	}
 	v.down[addr] = true
-	v.dead = append(v.dead, addr)
+	err := errors.New("connection closed")
+	if silent {
+		err = xfer.ErrPeerSilent
+	}
+	v.dead = append(v.dead, xfer.Death{Addr: addr, Err: err})
 	v.in = slices.DeleteFunc(v.in, func(m xfer.Inbound) bool { return m.Addr == addr })
 }
 
-func (v *simClient) Dead(dst []string) []string {
-	for _, a := range v.dead {
-		delete(v.down, a)
-		v.conn[a]++
+func (v *simClient) Dead(dst []xfer.Death) []xfer.Death {
+	for _, d := range v.dead {
+		delete(v.down, d.Addr)
+		v.conn[d.Addr]++
 	}
 	dst = append(dst, v.dead...)
 	v.dead = v.dead[:0]
@@ -1119,7 +1127,7 @@ func (v *simClient) Dead(dst []string) []string {
 func (v *simClient) Remove(addr string) {
 	v.conn[addr]++
 	delete(v.down, addr)
-	v.dead = slices.DeleteFunc(v.dead, func(a string) bool { return a == addr })
+	v.dead = slices.DeleteFunc(v.dead, func(d xfer.Death) bool { return d.Addr == addr })
 	v.in = slices.DeleteFunc(v.in, func(m xfer.Inbound) bool { return m.Addr == addr })
 }
 

@@ -34,7 +34,7 @@ func (e *echoCtl) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	e.in = nil
 	return dst
 }
-func (e *echoCtl) Dead(dst []string) []string { return dst }
+func (e *echoCtl) Dead(dst []xfer.Death) []xfer.Death { return dst }
 func (e *echoCtl) Remove(string)              {}
 func (e *echoCtl) Wait(context.Context) bool  { return true }
 

@@ -37,8 +37,11 @@ type ControlClient interface {
 	// reported (or that Remove dropped): a reply that names no request
 	// would be taken for one on the connection that replaced it.
 	Drain(dst []xfer.Inbound) []xfer.Inbound
-	// Dead appends the producers declared dead since the last call.
-	Dead(dst []string) []string
+	// Dead appends the producers declared dead since the last call, and
+	// why: a Death whose Err matches xfer.ErrPeerSilent (silent past the
+	// peer timeout) ends the READs from that producer; any other lets
+	// them run on, on their data connections.
+	Dead(dst []xfer.Death) []xfer.Death
 	// Remove drops the connection to addr, without reporting a death.
 	Remove(addr string)
 	// Wait blocks until Drain or Dead has something, or ctx ends, and
@@ -250,6 +253,7 @@ type fetch struct {
 	retryAt  time.Time // zero while an attempt is in flight
 	lastWhy  xfer.Reason
 	lastSt   wire.Status
+	lastErr  error
 	pe       *peer // the session of the current attempt
 	// heldOn is the session f waits on while its producer's first
 	// answer is on its way (see hold); held says f waited once.
@@ -264,6 +268,7 @@ type peer struct {
 	s          *session.ConsumerSession
 	msgs       [][]byte
 	lastUsed   time.Time // the last attempt started on it
+	died       error     // why its control connection was declared dead
 }
 
 // Pool fetches entries from producers: it owns one ConsumerSession per
@@ -290,7 +295,8 @@ type Pool struct {
 
 	res     Results
 	inbound []xfer.Inbound
-	dead    []string
+	dead    []xfer.Death
+	overdue []string // scratch of endOverdue
 	sres    session.Results
 	stats   PoolStats
 	closed  bool
@@ -301,6 +307,9 @@ type Pool struct {
 
 	ready     <-chan struct{} // the data plane's, if it signals (plane.Signaling)
 	lastStep  time.Time       // the now of the last Step
+	// nextDeadline is at or before the earliest deadline of the fetches
+	// in flight (zero: none): endOverdue looks at them only once it passed.
+	nextDeadline time.Time
 	published time.Time       // the now of the last publish
 	timer     *time.Timer     // Wait's, reused
 	ptimer    *ptimer.Timer   // Wait's for waits under preciseBelow
@@ -418,7 +427,12 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 		return true, nil
 	}
 	f := &fetch{mmHash: mmHash, addr: addr, blocks: blocks, started: now, deadline: deadline}
-	if err := p.attempt(f, now); err != nil {
+	if !now.Before(deadline) {
+		// Over before it starts: nothing is sent, and the next Step ends
+		// it as any fetch past its deadline.
+		f.retryAt = now
+		p.retrying = append(p.retrying, f)
+	} else if err := p.attempt(f, now); err != nil {
 		// A producer whose death the control plane has not reported yet
 		// (a later Step takes the report and drops its connection), or a
 		// full queue: the fetch starts, and its first send is retried
@@ -429,6 +443,9 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 		}
 	}
 	p.fetches[mmHash] = f
+	if p.nextDeadline.IsZero() || deadline.Before(p.nextDeadline) {
+		p.nextDeadline = deadline
+	}
 	p.lately = max(p.lately, len(p.fetches))
 	p.fetchesMade = max(p.fetchesMade, len(p.fetches))
 	p.stats.Fetches++
@@ -574,6 +591,11 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	f.attempts++
 	f.retryAt = time.Time{}
 	f.pe, f.heldOn = pe, nil
+	if _, ok := hooks.ConsumerOf(pe.s).Registered(); !ok {
+		// Sent before its producer is registered, it may be the request
+		// the others are held behind: its own retries never wait on it.
+		f.held = true
+	}
 	return nil
 }
 
@@ -664,9 +686,10 @@ func (p *Pool) step(now time.Time) *Results {
 	// Deaths after the replies that came before them: an ack that arrived
 	// still counts.
 	p.dead = p.ctl.Dead(p.dead[:0])
-	for _, addr := range p.dead {
-		p.peerDown(addr, now)
+	for _, d := range p.dead {
+		p.peerDown(d, now)
 	}
+	clear(p.dead)
 	kept := p.draining[:0]
 	for _, pe := range p.draining {
 		pe.s.Poll(nil, now)
@@ -679,6 +702,7 @@ func (p *Pool) step(now time.Time) *Results {
 	}
 	clear(p.draining[len(kept):])
 	p.draining = kept
+	p.endOverdue(now)
 	p.retryDue(now)
 	p.lately = max(p.lately, len(p.res.Completed)+len(p.res.Failed)+len(p.res.Released), len(p.retrying))
 	p.reapIdle(now)
@@ -734,8 +758,7 @@ func (p *Pool) trim() {
 	p.retrying, p.spareRetry = shrink.Slice(p.retrying, n), shrink.Slice(p.spareRetry, n)
 	p.res.Completed, p.res.Failed, p.res.Released = shrink.Slice(p.res.Completed, n), shrink.Slice(p.res.Failed, n), shrink.Slice(p.res.Released, n)
 	r := &p.sres
-	r.Completed, r.Tombstoned, r.Quarantined = shrink.Slice(r.Completed, n), shrink.Slice(r.Tombstoned, n), shrink.Slice(r.Quarantined, n)
-	r.Retryable, r.Settled = shrink.Slice(r.Retryable, n), shrink.Slice(r.Settled, n)
+	r.Completed, r.Failed, r.Released = shrink.Slice(r.Completed, n), shrink.Slice(r.Failed, n), shrink.Slice(r.Released, n)
 	for _, pe := range p.allPeers() {
 		pe.msgs = shrink.Slice(pe.msgs, n)
 		hooks.ConsumerOf(pe.s).Trim()
@@ -752,13 +775,14 @@ func (p *Pool) sessions() int { return len(p.order) + len(p.draining) }
 // followed to their end, a READ that completes a completed fetch (a
 // control connection that broke says nothing of the data's); the next
 // fetch to addr starts a new session on a new socket.
-func (p *Pool) peerDown(addr string, now time.Time) {
-	pe := p.peers[addr]
+func (p *Pool) peerDown(d xfer.Death, now time.Time) {
+	pe := p.peers[d.Addr]
 	if pe == nil {
 		return
 	}
 	p.stats.PeerDeaths++
-	delete(p.peers, addr)
+	pe.died = d.Err
+	delete(p.peers, d.Addr)
 	for i, o := range p.order {
 		if o == pe {
 			p.order = append(p.order[:i], p.order[i+1:]...)
@@ -767,6 +791,14 @@ func (p *Pool) peerDown(addr string, now time.Time) {
 	}
 	pe.s.PeerDown(now)
 	p.collect(pe, now)
+	if errors.Is(d.Err, xfer.ErrPeerSilent) {
+		// Silent past the peer timeout: hung, stopped or cut off, not a
+		// connection that closed and may be made again. Its READs end
+		// now, as at their deadline: held where they may still write.
+		for _, h := range p.fetchesOn(pe) {
+			p.end(p.fetches[h], xfer.PeerDown, now)
+		}
+	}
 	if pe.s.InFlight() > 0 {
 		p.draining = append(p.draining, pe)
 	} else {
@@ -783,27 +815,8 @@ func (p *Pool) closeSession(pe *peer) {
 	r.Reset()
 	_ = pe.s.Close() // never fails
 	pe.s.TakeResults(r)
-	// What Close ended: Retryable (blocks free), Settled (Forced: a READ
-	// that could not be stopped); Quarantined only announces the latter.
-	p.abandon(pe, r.Retryable)
-	p.abandon(pe, r.Settled)
-}
-
-// abandon reports transfers a closed session gave up: a fetch still on
-// that session fails; blocks already reported held come back as Released.
-// A Forced outcome's blocks may still be written.
-func (p *Pool) abandon(pe *peer, os []session.Outcome) {
-	for _, o := range os {
-		unsafe := o.Forced
-		if f := p.fetches[o.MMHash]; f != nil && f.pe == pe {
-			p.fail(o.MMHash, xfer.Closed, wire.OK, nil, unsafe)
-		} else if !unsafe {
-			p.release(o, false)
-		}
-		if unsafe {
-			p.release(o, true)
-		}
-	}
+	// What Close ended fails as closed, with no retry: now is zero.
+	p.apply(pe, r, time.Time{})
 }
 
 func (p *Pool) release(o session.Outcome, forced bool) {
@@ -830,6 +843,8 @@ func (p *Pool) collect(pe *peer, now time.Time) {
 	p.apply(pe, &p.sres, now)
 }
 
+// apply turns a session's outcomes into the fetches' (now is zero for a
+// session being closed: nothing is retried).
 func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 	for _, o := range r.Completed {
 		f := p.current(pe, o.MMHash)
@@ -843,49 +858,51 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		p.stats.BytesMoved += uint64(len(f.blocks) * p.cfg.BlockSize)
 		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat})
 	}
-	for _, o := range r.Tombstoned {
-		p.countNack(o)
-		f := p.current(pe, o.MMHash)
-		if f == nil {
-			continue
-		}
-		// A READ the data plane reports failed has ended (its blocks are
-		// free): a connection that broke, a grant the producer no longer
-		// finds. The entry may still be there, so it is asked for anew
-		// while the budget lasts (the session tombstones it, as the
-		// reference does; a new request is a new grant).
-		if o.Reason == xfer.ReadError && !now.IsZero() {
-			f.lastWhy, f.lastSt = o.Reason, o.Status
-			if p.scheduleRetry(f, now) {
-				continue
-			}
-		}
-		p.fail(o.MMHash, o.Reason, o.Status, o.Err, false)
-	}
-	for _, o := range r.Retryable {
+	for _, o := range r.Failed {
 		p.countNack(o)
 		if o.Reason == xfer.AckTimedOut {
 			p.stats.AckTimeouts++
 		}
+		if o.BlocksHeld {
+			p.stats.Quarantines++
+		}
+		if o.Reason == xfer.PeerDown && o.Err == nil {
+			o.Err = pe.died
+		}
 		f := p.current(pe, o.MMHash)
 		if f == nil {
 			continue
 		}
-		f.lastWhy, f.lastSt = o.Reason, o.Status
-		if now.IsZero() || !p.scheduleRetry(f, now) {
-			p.fail(o.MMHash, o.Reason, o.Status, o.Err, false)
+		// A failure worth another attempt is retried while the deadline
+		// and the budget allow (a new request is a new grant): a NACK_NOT_READY,
+		// an ack timeout, a READ that failed (its blocks are free).
+		if o.Retry && !o.BlocksHeld && !now.IsZero() {
+			f.lastWhy, f.lastSt, f.lastErr = o.Reason, o.Status, o.Err
+			if p.scheduleRetry(f, now) {
+				continue
+			}
+			if !now.Before(f.deadline) {
+				p.fail(o.MMHash, xfer.DeadlineExceeded, wire.OK, causeOf(o), false)
+				continue
+			}
 		}
+		p.fail(o.MMHash, o.Reason, o.Status, o.Err, o.BlocksHeld)
 	}
-	for _, o := range r.Quarantined {
-		p.stats.Quarantines++
-		if p.current(pe, o.MMHash) != nil {
-			p.fail(o.MMHash, o.Reason, wire.OK, o.Err, true)
-		}
-	}
-	for _, o := range r.Settled {
+	for _, o := range r.Released {
 		p.stats.Settled++
 		p.release(o, o.Forced)
 	}
+}
+
+// causeOf is what a session's failure says of its cause, as an error.
+func causeOf(o session.Outcome) error {
+	switch {
+	case o.Reason == xfer.Nacked:
+		return fmt.Errorf("%w: %w", o.Reason, o.Status)
+	case o.Err != nil:
+		return fmt.Errorf("%w: %w", o.Reason, o.Err)
+	}
+	return o.Reason
 }
 
 func (p *Pool) countNack(o session.Outcome) {
@@ -924,6 +941,65 @@ func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) 
 		return fmt.Errorf("%s: %w: %w", at, why, cause)
 	}
 	return fmt.Errorf("%s: %w", at, why)
+}
+
+// fetchesOn returns the mm_hashes of the fetches whose attempt runs on pe,
+// sorted, so that what ends them ends them in one order.
+func (p *Pool) fetchesOn(pe *peer) []string {
+	p.overdue = p.overdue[:0]
+	for h, f := range p.fetches {
+		if f.pe == pe && f.retryAt.IsZero() {
+			p.overdue = append(p.overdue, h)
+		}
+	}
+	slices.Sort(p.overdue)
+	return p.overdue
+}
+
+// endOverdue ends every fetch whose deadline has passed, whatever it
+// waits for (see Fetch).
+func (p *Pool) endOverdue(now time.Time) {
+	if p.nextDeadline.IsZero() || now.Before(p.nextDeadline) {
+		return
+	}
+	p.overdue = p.overdue[:0]
+	var next time.Time
+	for h, f := range p.fetches {
+		switch {
+		case !now.Before(f.deadline):
+			p.overdue = append(p.overdue, h)
+		case next.IsZero() || f.deadline.Before(next):
+			next = f.deadline
+		}
+	}
+	p.nextDeadline = next
+	slices.Sort(p.overdue)
+	for _, h := range p.overdue {
+		p.end(p.fetches[h], xfer.DeadlineExceeded, now)
+	}
+}
+
+// end ends f at now for why, where it stands: between attempts nothing
+// runs; a request waiting for its ack is forgotten (a late ack's grant is
+// given back unread); a READ is stopped where the data plane can stop it
+// for certain, and otherwise its blocks are held until it ends.
+func (p *Pool) end(f *fetch, why xfer.Reason, now time.Time) {
+	if f == nil {
+		return
+	}
+	if !f.retryAt.IsZero() || f.pe == nil {
+		var cause error
+		if f.lastWhy != xfer.NoReason {
+			cause = causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
+		}
+		p.fail(f.mmHash, why, wire.OK, cause, false)
+		return
+	}
+	if err := hooks.ConsumerOf(f.pe.s).End(f.mmHash, now, why); err != nil {
+		p.fail(f.mmHash, why, wire.OK, err, false) // cannot happen: the session holds every fetch on it
+		return
+	}
+	p.collect(f.pe, now)
 }
 
 // scheduleRetry plans the next attempt of f, if the budget allows one.
@@ -1005,6 +1081,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	// Retries are due on the caller's clock; measure from the last Step.
 	for _, f := range p.retrying {
 		wait = min(wait, max(0, f.retryAt.Sub(p.lastStep)))
+	}
+	if !p.nextDeadline.IsZero() {
+		wait = min(wait, max(0, p.nextDeadline.Sub(p.lastStep)))
 	}
 	if wo, ok := plane.As[waiterOr](p.ctl); ok {
 		// No goroutine, no context: the loop may wait thousands of times

@@ -31,7 +31,7 @@ const compat = "compat"
 type memCtl struct {
 	out     map[string][][]byte // addr -> requests not yet delivered
 	in      []xfer.Inbound
-	dead    []string
+	dead    []xfer.Death
 	removed []string
 	sendErr error
 }
@@ -48,7 +48,7 @@ func (m *memCtl) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	m.in = nil
 	return dst
 }
-func (m *memCtl) Dead(dst []string) []string {
+func (m *memCtl) Dead(dst []xfer.Death) []xfer.Death {
 	dst = append(dst, m.dead...)
 	m.dead = nil
 	return dst
@@ -217,7 +217,7 @@ func TestPoolPeerDeathDuringRead(t *testing.T) {
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond) // READ posted, stuck
-	w.ctl.dead = append(w.ctl.dead, addr)
+	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed})
 	if r := w.step(time.Millisecond); len(r.Completed)+len(r.Failed)+len(r.Released) != 0 {
 		t.Fatalf("judged at the control connection's death: %+v", r)
 	}
@@ -252,7 +252,7 @@ func TestPoolPeerDeathThenReadFails(t *testing.T) {
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond)
-	w.ctl.dead = append(w.ctl.dead, addr)
+	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed})
 	w.step(time.Millisecond)
 	w.cdata.FailRead(w.cdata.Posts()[0].Handle)
 	r := w.until(t, 10*time.Millisecond, 20, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
@@ -268,7 +268,7 @@ func TestPoolPeerDeathBeforeAck(t *testing.T) {
 	w.entry(t, "H", 1, true)
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
 	delete(w.ctl.out, addr) // the request is lost with the producer
-	w.ctl.dead = append(w.ctl.dead, addr)
+	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed})
 	r := w.until(t, 5*time.Millisecond, 20, func(r Results) bool { return len(r.Completed)+len(r.Failed) > 0 })
 	if len(r.Completed) != 1 || w.pool.Stats().Retries != 1 {
 		t.Fatalf("%+v", r)
@@ -305,10 +305,11 @@ func TestPoolFetchRetriesRefusedSend(t *testing.T) {
 	if len(r.Completed) != 1 || len(r.Failed) != 0 {
 		t.Fatalf("%+v", r)
 	}
-	// A refusal that no retry can fit (the deadline is now) is returned.
+	// A refusal that no retry can fit (the deadline is before the first
+	// backoff ends) is returned.
 	w.ctl.sendErr = xfer.ErrQueueFull
 	w.entry(t, "G", 1, true)
-	if _, err := w.pool.Fetch(addr, "G", []int{3}, w.now, w.now); !errors.Is(err, xfer.ErrQueueFull) {
+	if _, err := w.pool.Fetch(addr, "G", []int{3}, w.now.Add(time.Millisecond), w.now); !errors.Is(err, xfer.ErrQueueFull) {
 		t.Fatalf("Fetch with no time to retry: %v", err)
 	}
 	if w.pool.InFlight() != 0 {
@@ -379,7 +380,7 @@ func TestPoolAckBeforeDeath(t *testing.T) {
 	w := newWorld(t, PoolConfig{})
 	w.entry(t, "H", 1, true)
 	w.pool.Fetch(addr, "H", []int{3}, w.now.Add(time.Minute), w.now)
-	w.ctl.dead = append(w.ctl.dead, addr) // reported in the same step as the ack
+	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed}) // reported in the same step as the ack
 	r := w.step(time.Millisecond)
 	if len(r.Completed) != 1 || w.pool.Stats().Retries != 0 || w.pool.Stats().PeerDeaths != 1 {
 		t.Fatalf("%+v, stats %+v", r, w.pool.Stats())
@@ -621,3 +622,6 @@ func TestFailureCountsString(t *testing.T) {
 		t.Fatalf("%q, want %q", got, want)
 	}
 }
+
+// errClosed is a death's cause when a connection closed (not a silence).
+var errClosed = errors.New("connection closed")
