@@ -138,6 +138,7 @@ type peer struct {
 type peerOp struct {
 	key     string
 	remove  bool
+	notify  bool // send peer key the notification md (Notify)
 	connect chan error // non-nil: connect to peer key (loaded before), and say how it went; md the notification, shape the touch page
 	name    string
 	md      []byte
@@ -452,6 +453,10 @@ func (a *Agent) runPeerOp(op peerOp) {
 		op.connect <- a.connectC(op.key, op.md, op.shape)
 		return
 	}
+	if op.notify {
+		_ = a.notifyC(op.key, op.md) // one not sent is lost, as any notification may be
+		return
+	}
 	if op.remove {
 		a.mu.Lock()
 		inUse := false
@@ -610,6 +615,43 @@ func (a *Agent) contact(ctx context.Context, key string, notif []byte, touch wir
 		case <-tick.C:
 		}
 	}
+}
+
+// Notify sends the registered producer agent notif with no READ (NIXL's
+// genNotif), so that a consumer gives back a grant it will not READ and
+// the producer unpins at once. Unless Config.SyncPost it returns at once,
+// the progress goroutine sending it after what is queued before it; one
+// it cannot send is lost, as any notification may be.
+func (a *Agent) Notify(agent string, notif []byte) error {
+	if !a.async {
+		return a.underC(func() error { return a.notifyC(agent, notif) })
+	}
+	a.mu.Lock()
+	switch p := a.peers[agent]; {
+	case a.closed:
+		a.mu.Unlock()
+		return xfer.ErrClosed
+	case p.refs == 0:
+		a.mu.Unlock()
+		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	a.peerOps = append(a.peerOps, peerOp{key: agent, notify: true, md: bytes.Clone(notif)})
+	a.mu.Unlock()
+	a.kick()
+	return nil
+}
+
+// notifyC sends peer key notif with genNotif; the caller holds cmu, not mu.
+func (a *Agent) notifyC(key string, notif []byte) error {
+	a.mu.Lock()
+	p, live := a.peers[key]
+	a.mu.Unlock()
+	if !live || p.refs == 0 || p.failed != nil || p.name == "" {
+		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, key)
+	}
+	n := C.CString(p.name)
+	defer C.free(unsafe.Pointer(n))
+	return statusErr("notify", int(C.cnixl_gen_notif(a.c, n, unsafe.Pointer(unsafe.SliceData(notif)), C.size_t(len(notif)))))
 }
 
 // connect has NIXL connect to peer key, sends it notif and reads its touch

@@ -75,6 +75,13 @@ func (*Agent) Release(xfer.Handle) error { return ErrNotBuilt }
 // counted and dropped). In this build: dst and ErrNotBuilt.
 func (*Agent) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) { return dst, ErrNotBuilt }
 
+// Notify sends a registered producer a notification with no READ
+// (NIXL's genNotif), so that a consumer gives back a grant it will not
+// READ; it returns at once, the progress goroutine sending it.
+//
+// In this build it returns ErrNotBuilt.
+func (*Agent) Notify(string, []byte) error { return ErrNotBuilt }
+
 // Close implements xfer.DataTransport: it waits up to Config.CloseTimeout
 // for READs in flight to end, driving the agent, then releases every
 // request and remote agent, deregisters the region and destroys the

@@ -161,6 +161,7 @@ type Fake struct {
 	postErr    error
 	drainErr   error
 	drains     int // DrainNotifs calls
+	notifies   int // Notify calls that sent
 	closed     bool
 }
 
@@ -169,6 +170,7 @@ var (
 	_ plane.ShapedPeers  = (*Fake)(nil)
 	_ plane.Named        = (*Fake)(nil)
 	_ plane.Stoppable    = (*Fake)(nil)
+	_ plane.Notifier     = (*Fake)(nil)
 )
 
 // Name returns the agent name.
@@ -214,6 +216,27 @@ func (f *Fake) InjectNotif(agent string, msg []byte) {
 	f.notifs = append(f.notifs, xfer.Notif{Agent: agent, Msg: bytes.Clone(msg)})
 	f.mu.Unlock()
 }
+
+// Notify implements plane.Notifier: notif reaches the agent as a READ's
+// would, with no READ. Notifies counts them.
+func (f *Fake) Notify(agent string, notif []byte) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	switch {
+	case f.closed:
+		return xfer.ErrClosed
+	case f.peers[agent] == 0:
+		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	f.notifies++
+	if t := f.fab.lookup(agent); t != nil && t != f && !t.closed {
+		t.notifs = append(t.notifs, xfer.Notif{Agent: f.name, Msg: bytes.Clone(notif)})
+	}
+	return nil
+}
+
+// Notifies returns how many notifications Notify sent.
+func (f *Fake) Notifies() int { f.mu.Lock(); defer f.mu.Unlock(); return f.notifies }
 
 // Posts returns the READs posted so far.
 func (f *Fake) Posts() []Post {

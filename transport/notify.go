@@ -1,0 +1,32 @@
+package transport
+
+import (
+	"bytes"
+	"fmt"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// Notify sends the producer agent a notify frame carrying notif, with no
+// READ: a consumer that will not READ a grant gives it back at once, and
+// the producer unpins its entry instead of waiting out the lease. It does
+// not block; a notification that cannot be sent is counted lost, as one
+// after a READ may be. It fails for an agent not registered, a
+// notification over 1 KiB, or a closed plane.
+func (d *TCPData) Notify(agent string, notif []byte) error {
+	if len(notif) > maxNotifLen {
+		return fmt.Errorf("transport: notification longer than %d bytes", maxNotifLen)
+	}
+	d.mu.Lock()
+	if d.closed {
+		d.mu.Unlock()
+		return xfer.ErrClosed
+	}
+	p := d.peers[agent]
+	d.mu.Unlock()
+	if p == nil {
+		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
+	}
+	p.sendNotes([][]byte{bytes.Clone(notif)})
+	return nil
+}
