@@ -827,12 +827,14 @@ type gate struct{ p *ProducerSession }
 // from another control-plane identity than the one that opened the
 // session are pushed elsewhere, so a peer that states another's session
 // id, whether before or after that consumer does, never takes its pushes.
+// The lease bounds what the grant has left: a consumer that reads slowly
+// does not keep the entry pinned past it.
 func (g gate) Authorize(agent string, notif []byte, blocks []int) (plane.Hold, bool) {
 	gr := g.p.authorize(agent, notif, blocks)
 	if gr == nil {
 		return plane.Hold{}, false
 	}
-	return plane.Hold{Release: gr.release, Consumer: gr.push}, true
+	return plane.Hold{Release: gr.release, Consumer: gr.push, Left: g.p.lease}, true
 }
 
 // maxPushIdents bounds the control-plane identities a consumer session

@@ -12,6 +12,7 @@ package plane
 
 import (
 	"context"
+	"time"
 
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -34,6 +35,11 @@ type Hold struct {
 	// connection that presented one of its grants' tokens is that
 	// session's, and takes pushes of its grants.
 	Consumer uint64
+	// Left is at most how long the grant has left (its lease will do):
+	// the plane stops serving the READ, and releases the hold, once Left
+	// and a short grace have passed since Authorize, however slowly the
+	// consumer takes the bytes. Zero: no bound but the plane's own.
+	Left time.Duration
 }
 
 // Attacher is implemented by data planes a producer session attaches to.
