@@ -23,7 +23,30 @@ type attachment struct {
 	mu     sync.Mutex
 	pushTo map[uint64][]*servedConn // by consumer session: connections that proved it, taking pushes
 	broken []xfer.Notif             // READs served under its grants that cannot complete (Broken)
+	// waiting are the pushes that found their connection being written
+	// to, by connection: its drainer writes them once the write is done.
+	waiting map[*servedConn]*pushQueue
 }
+
+// pushQueue is the pushes waiting on one connection for its write lock,
+// in order. What waits is bounded as a push is: with it, a quarter of
+// what the consumer keeps (room), and maxPushWaiting pushes; a push past
+// either is declined, and its READ asks for the bytes.
+type pushQueue struct {
+	pushes []waitingPush
+	bytes  int
+}
+
+type waitingPush struct {
+	notif   []byte
+	blocks  []int
+	release func()
+}
+
+// maxPushWaiting bounds the pushes waiting on one connection: as many as
+// the grants it remembers pushing (servedConn.recent), so that none of
+// theirs is forgotten before its READ comes.
+const maxPushWaiting = 64
 
 // maxBound is how many consumer sessions one connection takes pushes for:
 // a consumer's data plane has a session per producer, or a few.
@@ -33,7 +56,7 @@ const maxBound = 8
 // alone or with TCPConfig.Authorize. An attachment already there is
 // detached, and the board starts empty.
 func (d *TCPData) attach(g plane.Gate) plane.Attachment {
-	a := &attachment{d: d, gate: g, pushTo: map[uint64][]*servedConn{}}
+	a := &attachment{d: d, gate: g, pushTo: map[uint64][]*servedConn{}, waiting: map[*servedConn]*pushQueue{}}
 	if old := d.att.Swap(a); old != nil {
 		old.drop()
 	}
@@ -168,45 +191,54 @@ func (s *servedConn) unbind() {
 }
 
 // Push implements plane.Attachment: it writes the grant's blocks, with
-// notif, on a connection of consumer's that takes pushes of that size and
-// that no one is writing to, without waiting; what the socket does not
-// take at once is finished by a goroutine, which calls release when the
-// bytes are out of the region.
+// notif, on a connection of consumer's that takes pushes of that size,
+// without waiting. On a connection no one is writing to, it writes at
+// once, and what the socket does not take is finished by a goroutine;
+// when every such connection is being written to (an answer, another
+// push), the push waits on one, behind that write, for its drainer
+// (pushQueue bounds what waits). release is called when the bytes are out
+// of the region, or will never be (the connection closed first).
 func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release func()) bool {
 	d := a.d
 	size := len(blocks) * d.region.BlockSize()
 	if size == 0 || size > maxPushSize || len(notif) > maxNotifLen || d.cfg.NoPush || a.detached.Load() {
 		return false
 	}
-	a.mu.Lock()
-	var s *servedConn
-	for _, t := range a.pushTo[consumer] {
-		// A quarter of what the consumer keeps: room for the next ones.
-		if 4*size <= t.room && t.nb != nil && t.wmu.TryLock() {
-			s = t
-			break
-		}
-	}
-	a.mu.Unlock()
-	if s == nil {
-		return false
-	}
+	// Counted before a connection is chosen: Close waits for the write,
+	// or for the drainer.
 	d.mu.Lock()
 	if d.closed {
 		d.mu.Unlock()
-		s.wmu.Unlock()
 		return false
 	}
-	d.wg.Add(1) // Close waits for the rest of the write
+	d.wg.Add(1)
 	d.mu.Unlock()
-	s.pushed(notif, blocks)
-	s.frame = appendPushHead(s.frame[:0], notif, uint64(size), blocks)
-	s.bufs = append(s.bufs[:0], s.frame)
-	s.runs = spans(s.runs[:0], blocks)
-	for _, r := range s.runs {
-		s.bufs = append(s.bufs, d.region.Span(r[0], r[1]))
+	a.mu.Lock()
+	var s, busy *servedConn
+	for _, t := range a.pushTo[consumer] {
+		// A quarter of what the consumer keeps: room for the next ones.
+		if 4*size > t.room || t.nb == nil {
+			continue
+		}
+		if t.wmu.TryLock() {
+			s = t
+			break
+		}
+		if busy == nil && a.waits(t, size) {
+			busy = t
+		}
 	}
-	rest, err := s.nb.writeAll(s.bufs)
+	if s == nil {
+		queued := busy != nil && a.wait(busy, notif, blocks, size, release)
+		a.mu.Unlock()
+		if !queued {
+			d.wg.Done()
+		}
+		return queued
+	}
+	a.mu.Unlock()
+	bufs := pushFrame(s, notif, blocks, size)
+	rest, err := s.nb.writeAll(bufs)
 	d.pushes.Add(1)
 	if err != nil || len(rest) == 0 {
 		s.wmu.Unlock()
@@ -228,4 +260,86 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 		}
 	}()
 	return true
+}
+
+// pushFrame records a push of notif's grant, of blocks (size bytes), on
+// s and returns its frame, the blocks' bytes in place; under s.wmu, whose
+// scratch it uses.
+func pushFrame(s *servedConn, notif []byte, blocks []int, size int) net.Buffers {
+	s.pushed(notif, blocks)
+	s.frame = appendPushHead(s.frame[:0], notif, uint64(size), blocks)
+	s.bufs = append(s.bufs[:0], s.frame)
+	s.runs = spans(s.runs[:0], blocks)
+	for _, r := range s.runs {
+		s.bufs = append(s.bufs, s.d.region.Span(r[0], r[1]))
+	}
+	return s.bufs
+}
+
+// waits reports whether a push of size bytes may wait on s. Under a.mu.
+func (a *attachment) waits(s *servedConn, size int) bool {
+	q := a.waiting[s]
+	return q == nil || (len(q.pushes) < maxPushWaiting && 4*(q.bytes+size) <= s.room)
+}
+
+// wait queues a push on s, which another write holds, and starts s's
+// drainer if none runs; the caller counted it in d.wg, which the drainer
+// takes over (false: a already detached, nothing queued). Under a.mu.
+func (a *attachment) wait(s *servedConn, notif []byte, blocks []int, size int, release func()) bool {
+	if a.detached.Load() {
+		return false
+	}
+	w := waitingPush{notif: slices.Clone(notif), blocks: slices.Clone(blocks), release: release} // the caller's to reuse
+	if q := a.waiting[s]; q != nil {
+		q.pushes = append(q.pushes, w)
+		q.bytes += size
+		a.d.wg.Done() // its drainer is counted already
+		return true
+	}
+	q := &pushQueue{pushes: []waitingPush{w}, bytes: size}
+	a.waiting[s] = q
+	go a.drain(s, q)
+	return true
+}
+
+// drain writes the pushes waiting on s, each time s's write lock comes
+// free, until none waits. Those left when s closed, or a was detached, are
+// not written, and their holds end.
+func (a *attachment) drain(s *servedConn, q *pushQueue) {
+	d := a.d
+	defer d.wg.Done()
+	for {
+		s.wmu.Lock()
+		a.mu.Lock()
+		batch := q.pushes
+		q.pushes, q.bytes = nil, 0
+		if len(batch) == 0 {
+			delete(a.waiting, s)
+			a.mu.Unlock()
+			s.wmu.Unlock()
+			return
+		}
+		a.mu.Unlock()
+		for _, w := range batch {
+			if !isClosed(s.gone) && !a.detached.Load() {
+				size := len(w.blocks) * d.region.BlockSize()
+				if err := writeFull(s.c, pushFrame(s, w.notif, w.blocks, size), d.cfg.IOTimeout); err != nil {
+					s.close()
+				}
+				d.pushes.Add(1)
+			}
+			w.release()
+		}
+		s.wmu.Unlock()
+	}
+}
+
+// isClosed reports whether ch is closed.
+func isClosed(ch <-chan struct{}) bool {
+	select {
+	case <-ch:
+		return true
+	default:
+		return false
+	}
 }

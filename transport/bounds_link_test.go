@@ -1,8 +1,10 @@
 package transport
 
 import (
+	"bytes"
 	"fmt"
 	"net"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -97,5 +99,93 @@ func releasedReadsFreeTheirPlaces(t *testing.T, push bool) {
 	c.Close()
 	if n := p.inflight.Load(); n != 0 {
 		t.Fatalf("%d places counted after Close", n)
+	}
+}
+
+// servedOne returns the one connection p serves.
+func servedOne(t *testing.T, p *TCPData) *servedConn {
+	t.Helper()
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.served) != 1 {
+		t.Fatalf("%d connections served", len(p.served))
+	}
+	for s := range p.served {
+		return s
+	}
+	return nil
+}
+
+// kept is how many pushes c keeps from agent.
+func kept(c *TCPData, agent string) int {
+	c.mu.Lock()
+	st := c.peers[agent].push
+	c.mu.Unlock()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	return len(st.kept)
+}
+
+// Pushes that find their consumer's connection being written to (an
+// answer, another push) wait behind that write instead of being declined,
+// and go once it is done: the consumer keeps each, and its READs land
+// from them with the producer's bytes, asking for none.
+func TestPushesWaitBehindAWrite(t *testing.T) {
+	c, p, cb, pb, g, agent := pushPair(t)
+	s := servedOne(t, p)
+	s.wmu.Lock() // an answer being written
+	var notifs [][]byte
+	var released atomic.Int32
+	declined := 0
+	for b := range 4 {
+		n := g.grant(b)
+		notifs = append(notifs, n)
+		if !g.att.Push(1, n, []int{b}, func() { released.Add(1) }) {
+			declined++
+		}
+	}
+	early := released.Load()
+	s.wmu.Unlock()
+	if declined != 0 || early != 0 {
+		t.Fatalf("with a write under way, %d of 4 pushes declined, %d written", declined, early)
+	}
+	until(t, "every push is out", func() bool { return released.Load() == 4 })
+	until(t, "the consumer keeps every push", func() bool { return kept(c, agent) == 4 })
+	asked := g.asked.Load()
+	for i, n := range notifs {
+		h, _ := c.PostRead([]int{8 + i}, agent, []int{i}, n)
+		if waitEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(8+i), pb(i)) {
+			t.Fatalf("READ %d", i)
+		}
+	}
+	if g.asked.Load() != asked || c.Stats().Pushed != 4 || p.Stats().PushesSent != 4 {
+		t.Fatalf("asked %d, landed from pushes %d, pushed %d", g.asked.Load()-asked, c.Stats().Pushed, p.Stats().PushesSent)
+	}
+}
+
+// What waits on a connection is bounded: past maxPushWaiting a push is
+// declined (its hold stays the caller's). When the connection closes
+// before the write ahead ends, the pushes waiting are not written, and
+// each one's hold ends, once.
+func TestWaitingPushesBoundedAndReleased(t *testing.T) {
+	_, p, _, _, g, _ := pushPair(t)
+	s := servedOne(t, p)
+	s.wmu.Lock()
+	var released atomic.Int32
+	declined := 0
+	for range maxPushWaiting + 1 {
+		if !g.att.Push(1, g.grant(0), []int{0}, func() { released.Add(1) }) {
+			declined++
+		}
+	}
+	s.close()
+	s.wmu.Unlock()
+	if declined != 1 {
+		t.Fatalf("%d of %d pushes declined", declined, maxPushWaiting+1)
+	}
+	until(t, "every waiting push's hold ends", func() bool { return released.Load() == maxPushWaiting })
+	p.Close() // waits for the drainer
+	if n := released.Load(); n != maxPushWaiting || p.Stats().PushesSent != 0 {
+		t.Fatalf("%d holds ended, %d pushed", n, p.Stats().PushesSent)
 	}
 }
