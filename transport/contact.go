@@ -2,6 +2,7 @@ package transport
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -103,7 +104,7 @@ func (c tcpPlane) Contact(ctx context.Context, agent string, k plane.Contact) er
 		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
 	}
 	for _, l := range p.links {
-		if err := l.contact(ctx); err != nil {
+		if err := c.contactLink(ctx, l); err != nil {
 			return fmt.Errorf("transport: contact with %s: %w", p.name, err)
 		}
 	}
@@ -118,6 +119,32 @@ func (c tcpPlane) Contact(ctx context.Context, agent string, k plane.Contact) er
 		return c.readNothing(ctx, agent, k.Notif)
 	}
 	return nil
+}
+
+// errNoWelcome fails a contact whose producer accepted the connection and
+// did not answer its hello.
+var errNoWelcome = errors.New("no welcome within the hello timeout")
+
+// contactLink is l.contact, with the welcome bounded by the hello timeout from
+// when the connection is up (the dial has DialTimeout). A connection whose
+// welcome did not come is closed, so that nothing waits on it.
+func (c tcpPlane) contactLink(ctx context.Context, l *link) error {
+	if _, err := l.connect(ctx); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeoutCause(ctx, c.d.cfg.helloTimeout(), errNoWelcome)
+	defer cancel()
+	err := l.contact(ctx)
+	if err == nil || !errors.Is(context.Cause(ctx), errNoWelcome) {
+		return err
+	}
+	l.mu.Lock()
+	conn := l.conn
+	l.mu.Unlock()
+	if conn != nil {
+		l.breakIf(conn, errNoWelcome)
+	}
+	return fmt.Errorf("%s: %w", l.p.addr, errNoWelcome)
 }
 
 // readNothing posts a READ of no blocks under notif's grant and waits for

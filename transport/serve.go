@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/plane"
+	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -19,8 +20,23 @@ import (
 // READs in order, writing the granted blocks straight out of the region.
 // Anything malformed closes that connection only.
 
-// maxQueuedNotifs bounds the notifications waiting for DrainNotifs.
+// maxQueuedNotifs bounds the notifications of READs that cannot complete
+// an attachment keeps for its session (attachment.broke).
 const maxQueuedNotifs = 1 << 16
+
+// connNotifBytes bounds what the notifications one served connection
+// queued, and DrainNotifs has not taken, hold: each costs its length and
+// notifCost. A connection at the bound waits for a drain; so a peer that
+// floods notifications holds no more than this, and never takes a
+// neighbour's room.
+const (
+	connNotifBytes = 256 << 10
+	notifCost      = 64
+)
+
+// answerGrace is how long past its grant's time left (plane.Hold.Left) a
+// READ's answer may still be written.
+const answerGrace = time.Second
 
 // servedConn is a consumer's connection a producer serves: its answers and
 // pushes take turns on it under wmu.
@@ -40,6 +56,17 @@ type servedConn struct {
 	wmu   sync.Mutex
 	agent string // as its hello named it: a label
 	room  int    // bytes of pushes the consumer keeps for it; 0: none
+	// seq orders the connections as they were accepted; proven is set once
+	// the connection presented a grant a gate holds live: at MaxConns, the
+	// oldest connection not proven makes room for a new one.
+	seq    uint64
+	proven atomic.Bool
+	// Its notifications' share of the queue (see connNotifBytes), and
+	// whether it waits for room, under d.mu; a drain that makes room
+	// sends on drained.
+	queued  int
+	full    bool
+	drained chan struct{}
 	// Where it takes pushes: the consumer sessions whose grants it
 	// presented, in att. Its serve goroutine's own.
 	att   *attachment
@@ -102,18 +129,47 @@ func (d *TCPData) accept() {
 		if tc, ok := c.(*net.TCPConn); ok {
 			tuneConn(tc)
 		}
-		s := &servedConn{c: quietIO(c), d: d, gone: make(chan struct{}), cool: make(chan struct{}, 1)}
+		s := &servedConn{c: quietIO(c), d: d, gone: make(chan struct{}), cool: make(chan struct{}, 1),
+			drained: make(chan struct{}, 1)}
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
 			c.Close()
 			return
 		}
+		if len(d.served) >= d.cfg.MaxConns && !d.shedLocked() {
+			// Every connection proved a grant: the newcomer waits for one
+			// to end.
+			d.mu.Unlock()
+			c.Close()
+			d.connsShed.Add(1)
+			continue
+		}
+		d.acceptSeq++
+		s.seq = d.acceptSeq
 		d.served[s] = struct{}{}
 		d.wg.Add(1)
 		d.mu.Unlock()
 		go d.serve(s)
 	}
+}
+
+// shedLocked closes the oldest served connection that has not presented a
+// live grant, making room for a new one; false: every one has. Under d.mu.
+func (d *TCPData) shedLocked() bool {
+	var oldest *servedConn
+	for s := range d.served {
+		if !s.proven.Load() && (oldest == nil || s.seq < oldest.seq) {
+			oldest = s
+		}
+	}
+	if oldest == nil {
+		return false
+	}
+	delete(d.served, oldest) // its goroutine ends as it sees the close
+	oldest.close()
+	d.connsShed.Add(1)
+	return true
 }
 
 // server is what serve keeps of one connection.
@@ -151,6 +207,9 @@ func (d *TCPData) serve(s *servedConn) {
 			d.notified()
 		}
 	}()
+	// The hello comes whole within the hello timeout, however it trickles.
+	in.progress = false
+	s.c.SetReadDeadline(time.Now().Add(d.cfg.helloTimeout()))
 	if !v.hello() {
 		return
 	}
@@ -226,8 +285,10 @@ func (v *server) frame() bool {
 		}
 		id := binary.BigEndian.Uint64(v.buf[:8])
 		if w, ok := v.awaiting[id]; ok {
+			if !v.queue(w.notif) {
+				return false // still awaited: brokeAll hands it to its session
+			}
 			delete(v.awaiting, id)
-			return v.queue(w.notif)
 		}
 		return true
 	case frameNotify:
@@ -240,7 +301,7 @@ func (v *server) frame() bool {
 		if _, err := io.ReadFull(v.r, v.notif[:nl]); err != nil {
 			return false
 		}
-		if !v.queue(bytes.Clone(v.notif[:nl])) {
+		if v.d.admits(v.s, v.notif[:nl]) && !v.queue(bytes.Clone(v.notif[:nl])) {
 			return false
 		}
 		if v.r.Buffered() == 0 && len(v.awaiting) == 0 {
@@ -331,9 +392,12 @@ func (s *servedConn) readNow(buf []byte) bool {
 	}
 	for len(s.pre) >= headLen+2 && string(s.pre[:4]) == frameMagic && s.pre[4] == frameNotify {
 		nl := int(binary.BigEndian.Uint16(s.pre[headLen:]))
-		if nl > maxNotifLen || len(s.pre) < headLen+2+nl ||
-			!s.d.queueNotif(s.agent, bytes.Clone(s.pre[headLen+2:headLen+2+nl])) {
+		if nl > maxNotifLen || len(s.pre) < headLen+2+nl {
 			break
+		}
+		msg := s.pre[headLen+2 : headLen+2+nl]
+		if s.d.admits(s, msg) && !s.d.queueNotif(s, bytes.Clone(msg)) {
+			break // at its bound: its goroutine waits for room
 		}
 		s.pre = s.pre[headLen+2+nl:]
 	}
@@ -375,26 +439,92 @@ func (v *server) brokeAll() bool {
 	return any
 }
 
-// queue queues a notification for DrainNotifs; false: the queue is full
-// (nobody drains it: a consumer flooding us, or a producer that stopped
-// stepping), and this connection is cut off.
+// queue queues a notification for DrainNotifs. When the connection's
+// share is full it waits for a drain, reading nothing meanwhile; false:
+// none made room within IOTimeout (a consumer flooding us, or a producer
+// that stopped stepping), and this connection is cut off.
 func (v *server) queue(msg []byte) bool {
-	if !v.d.queueNotif(v.s.agent, msg) {
-		return false
+	for !v.d.queueNotif(v.s, msg) {
+		if v.pending { // the producer must hear of what waits
+			v.pending = false
+			v.d.notified()
+		}
+		if !v.s.awaitDrain(v.d.cfg.IOTimeout) {
+			v.d.notifCuts.Add(1)
+			return false
+		}
 	}
 	v.pending = true
 	return true
 }
 
-// queueNotif queues a notification from agent for DrainNotifs; false: the
-// queue is full.
-func (d *TCPData) queueNotif(agent string, msg []byte) bool {
+// awaitDrain waits until a drain takes some of s's notifications; false:
+// none did within timeout, or s closed.
+func (s *servedConn) awaitDrain(timeout time.Duration) bool {
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-s.drained:
+		return true
+	case <-t.C:
+	case <-s.gone:
+	}
+	return false
+}
+
+// queueNotif queues a notification s brought for DrainNotifs; false: s's
+// share of the queue is full.
+func (d *TCPData) queueNotif(s *servedConn, msg []byte) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	if len(d.notifs) >= maxQueuedNotifs {
+	cost := len(msg) + notifCost
+	if s.queued+cost > connNotifBytes {
+		s.full = true
 		return false
 	}
-	d.notifs = append(d.notifs, xfer.Notif{Agent: agent, Msg: msg})
+	s.queued += cost
+	d.notifs = append(d.notifs, xfer.Notif{Agent: s.agent, Msg: msg})
+	d.notifFrom = append(d.notifFrom, s)
+	return true
+}
+
+// tookNotifsLocked gives back the share of the notifications DrainNotifs
+// took, waking the connections that wait for room. Under d.mu.
+func (d *TCPData) tookNotifsLocked() {
+	for i, s := range d.notifFrom {
+		s.queued -= len(d.notifs[i].Msg) + notifCost
+		if s.full {
+			s.full = false
+			select {
+			case s.drained <- struct{}{}:
+			default:
+			}
+		}
+	}
+	clear(d.notifFrom)
+	d.notifFrom = d.notifFrom[:0]
+}
+
+// admits reports whether a notification s brought goes to the session. One
+// that presents a grant's token (a Go consumer's) must name a grant the
+// attached session holds live for s's agent; else it is dropped, and
+// counted, here: it would end no grant. Others go on, and the session
+// counts what it does not know.
+func (d *TCPData) admits(s *servedConn, msg []byte) bool {
+	a := d.att.Load()
+	if a == nil {
+		return true
+	}
+	if _, _, _, ok := wirext.SplitNotifGrant(msg); !ok {
+		return true
+	}
+	h, ok := a.gate.Authorize(s.agent, msg, nil)
+	if !ok {
+		d.notifDrops.Add(1)
+		return false
+	}
+	h.Release()
+	s.proven.Store(true)
 	return true
 }
 
@@ -427,6 +557,11 @@ func (v *server) read() bool {
 		v.head = appendDataHead(v.head[:0], id, dataRefused, 0)
 		return v.write(net.Buffers{v.head}) == nil
 	}
+	v.s.proven.Store(true)
+	var by time.Time // when the grant's time is up
+	if hold.Left > 0 {
+		by = time.Now().Add(hold.Left + answerGrace)
+	}
 	if a != nil {
 		a.bind(v.s, hold.Consumer)
 	}
@@ -444,17 +579,54 @@ func (v *server) read() bool {
 	for _, r := range v.runs {
 		v.out = append(v.out, d.region.Span(r[0], r[1]))
 	}
-	err := v.write(v.out)
+	err := v.writeBy(v.out, by)
+	if errors.Is(err, errGrantTime) {
+		d.answersCut.Add(1)
+	}
 	hold.Release() // the bytes are out of the region (or never will be)
 	return err == nil
 }
 
 // write writes bufs under the connection's write lock (pushes take turns
 // with answers), failing when no byte moved for IOTimeout.
-func (v *server) write(bufs net.Buffers) error {
+func (v *server) write(bufs net.Buffers) error { return v.writeBy(bufs, time.Time{}) }
+
+// errGrantTime fails an answer still being written when its grant's time
+// is up.
+var errGrantTime = errors.New("transport: the grant's time is up with its answer unwritten")
+
+// writeBy is write that also fails at by, if set, however the bytes move:
+// a consumer that reads slowly holds the grant's entry no longer.
+func (v *server) writeBy(bufs net.Buffers, by time.Time) error {
 	v.s.wmu.Lock()
 	defer v.s.wmu.Unlock()
-	return writeFull(v.s.c, bufs, v.d.cfg.IOTimeout)
+	c, timeout := v.s.c, v.d.cfg.IOTimeout
+	if by.IsZero() {
+		return writeFull(c, bufs, timeout)
+	}
+	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
+	for len(bufs) > 0 {
+		dl := time.Now().Add(timeout)
+		if by.Before(dl) {
+			dl = by
+		}
+		c.SetWriteDeadline(dl)
+		n, err := writeBufs(c, &bufs)
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return err
+		}
+		if !time.Now().Before(by) {
+			return errGrantTime
+		}
+		if n == 0 {
+			return err
+		}
+	}
+	return nil
 }
 
 // authorize asks the gates: TCPConfig.Authorize's, if set, and the

@@ -53,6 +53,26 @@ type TCPConfig struct {
 	IdleTimeout time.Duration
 	// DialTimeout bounds connecting to a producer. Default 8 s.
 	DialTimeout time.Duration
+	// HelloTimeout bounds the hello: a producer closes a connection whose
+	// hello has not come whole within it, and a consumer's contact fails
+	// when the producer's welcome has not come within it (after the
+	// dial). Default 5 s, or IOTimeout if that is shorter.
+	HelloTimeout time.Duration
+	// MaxConns bounds the connections a producer serves at once. At the
+	// bound a new connection takes the place of the oldest one that has
+	// not yet presented a live grant, or is closed when every one has: a
+	// consumer that proved a grant is never cut for strangers. Default
+	// 1024.
+	//
+	// Each served connection pays for what it makes the producer hold:
+	// its notifications not yet drained are bounded (256 KiB of them;
+	// past that its reads wait for a drain, and the connection is closed
+	// when none comes within IOTimeout), a notification that presents a
+	// grant token the session does not know is dropped and counted, and
+	// the answer to a READ is cut, its connection closed, once the
+	// grant's lease (and a second) has passed, however slowly the
+	// consumer reads.
+	MaxConns int
 	// MaxQueued bounds READs posted to one peer and not yet ended;
 	// PostRead beyond it fails ("too many READs queued to this peer").
 	// Default 4096.
@@ -89,6 +109,12 @@ func (c TCPConfig) withDefaults() TCPConfig {
 	if c.DialTimeout <= 0 {
 		c.DialTimeout = 8 * time.Second
 	}
+	if c.HelloTimeout <= 0 {
+		c.HelloTimeout = 5 * time.Second
+	}
+	if c.MaxConns <= 0 {
+		c.MaxConns = 1024
+	}
 	if c.MaxQueued <= 0 {
 		c.MaxQueued = 4096
 	}
@@ -104,6 +130,9 @@ func (c TCPConfig) withDefaults() TCPConfig {
 	}
 	return c
 }
+
+// helloTimeout is how long a hello, or a welcome, may take.
+func (c *TCPConfig) helloTimeout() time.Duration { return min(c.HelloTimeout, c.IOTimeout) }
 
 // copyWorkers is how many goroutines copy a same-host READ, read now:
 // GOMAXPROCS may change under a running process (Go follows a container's
@@ -176,8 +205,12 @@ type TCPData struct {
 	handles map[xfer.Handle]*readOp
 	next    xfer.Handle
 	notifs  []xfer.Notif
-	served  map[*servedConn]struct{}
-	maps    map[regionKey]*regionMap // producers' regions this plane mapped
+	// notifFrom[i] is the connection notifs[i] came on (its share, see
+	// connNotifBytes).
+	notifFrom []*servedConn
+	served    map[*servedConn]struct{}
+	acceptSeq uint64
+	maps      map[regionKey]*regionMap // producers' regions this plane mapped
 
 	// producer: the session attached, and the same-host path's token and
 	// grant table in the Shared region's header
@@ -193,6 +226,11 @@ type TCPData struct {
 	pushDrops  atomic.Uint64 // consumer: pushes dropped (no room, asked already, unclaimed)
 	pushes     atomic.Uint64 // producer: grants pushed
 	notesLost  atomic.Uint64 // consumer: notifications not sent (no connection)
+	// producer: what the bounds on served connections cost their peers
+	connsShed  atomic.Uint64 // connections closed at MaxConns
+	notifDrops atomic.Uint64 // notifications naming no live grant
+	notifCuts  atomic.Uint64 // connections closed with their notifications not drained
+	answersCut atomic.Uint64 // answers cut when their grant's time was up
 	beforeCopy func()        // tests: runs as a copy starts
 	// steps reads the served connections that bring notifications while
 	// the producer steps (see stepReads).
@@ -267,12 +305,20 @@ type TCPStats struct {
 	PushDrops   uint64 // pushes dropped: no room, asked for already, or unclaimed
 	PushesSent  uint64 // as a producer: grants pushed
 	NotesLost   uint64 // notifications of landed READs that could not be sent (the lease ends their grant)
+	// As a producer, what its bounds on served connections cut (see
+	// TCPConfig.MaxConns).
+	ConnsShed  uint64 // connections closed at MaxConns: the oldest without a grant, or the newest
+	NotifDrops uint64 // notifications dropped that presented a token of no live grant
+	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout
+	AnswersCut uint64 // READ answers cut, their connection closed, once their grant's time was up
 }
 
 // Stats returns the counters; it is safe to call from any goroutine.
 func (d *TCPData) Stats() TCPStats {
 	return TCPStats{BoardCopies: d.boardCopies.Load(), Pushed: d.pushLanded.Load(), PushDrops: d.pushDrops.Load(),
-		PushesSent: d.pushes.Load(), NotesLost: d.notesLost.Load()}
+		PushesSent: d.pushes.Load(), NotesLost: d.notesLost.Load(),
+		ConnsShed: d.connsShed.Load(), NotifDrops: d.notifDrops.Load(), NotifCuts: d.notifCuts.Load(),
+		AnswersCut: d.answersCut.Load()}
 }
 
 // Addr returns the address READs are served on, or nil.
@@ -459,9 +505,10 @@ func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	dst = append(dst, d.notifs...)
+	d.tookNotifsLocked()
 	clear(d.notifs)
 	if cap(d.notifs) > 1024 {
-		d.notifs = nil // a burst's queue goes with it
+		d.notifs, d.notifFrom = nil, nil // a burst's queue goes with it
 	} else {
 		d.notifs = d.notifs[:0]
 	}
