@@ -78,10 +78,10 @@ type ConsumerStats struct {
 	// Unread counts the grants this session will not READ (an ack that
 	// does not fit, came late, or answers a transfer that ended) whose
 	// notification it sent at once, so that the producer unpins now.
-	Unread uint64
-	Nacks                                                           NackCounts
-	Malformed                                                       uint64 // payloads that did not decode as an XferAck
-	ForeignAcks                                                     uint64 // acks echoing another session's id
+	Unread      uint64
+	Nacks       NackCounts
+	Malformed   uint64 // payloads that did not decode as an XferAck
+	ForeignAcks uint64 // acks echoing another session's id
 	// StrayAcks are replies matched to no transfer waiting for its ack:
 	// they answer an earlier request, or one already answered, or one
 	// this session never sent. Dropped.
@@ -743,11 +743,15 @@ func (c *ConsumerSession) fail(x *cxfer, reason xfer.Reason, status wire.Status,
 // grant and carries its token; a grant named by "<session_id>:<mm_hash>"
 // alone (vLLM's producer) is ended by it only while no other request or
 // transfer of this session shares that name. Nothing is sent on a data
-// plane that cannot notify without a READ, or to a producer not
-// registered with the ack's metadata.
+// plane that cannot notify without a READ; the producer is registered
+// from the ack if it is not yet, as a READ of it would have.
 func (c *ConsumerSession) unread(ack *wireview.Ack, notif []byte) {
 	nt, ok := plane.As[plane.Notifier](c.data)
-	if !ok || !c.registered || !bytes.Equal(ack.AgentMetadata, c.agentMeta) {
+	if !ok || len(ack.AgentMetadata) == 0 {
+		return
+	}
+	if _, err := c.register(ack); err != nil { // a first ack, or a restarted producer's
+		c.log.Debug("ec consumer: notification of an unread grant not sent", "mm_hash", string(ack.MMHash), "err", err)
 		return
 	}
 	if notif == nil {

@@ -35,8 +35,8 @@ func (e *echoCtl) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	return dst
 }
 func (e *echoCtl) Dead(dst []xfer.Death) []xfer.Death { return dst }
-func (e *echoCtl) Remove(string)              {}
-func (e *echoCtl) Wait(context.Context) bool  { return true }
+func (e *echoCtl) Remove(string)                      {}
+func (e *echoCtl) Wait(context.Context) bool          { return true }
 
 // instantData is a data plane whose READs are done at once, and that keeps
 // nothing.

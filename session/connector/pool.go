@@ -305,14 +305,14 @@ type Pool struct {
 	// the last trim, and the most fetches since the map was made.
 	lately, fetchesMade int
 
-	ready     <-chan struct{} // the data plane's, if it signals (plane.Signaling)
-	lastStep  time.Time       // the now of the last Step
+	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
+	lastStep time.Time       // the now of the last Step
 	// nextDeadline is at or before the earliest deadline of the fetches
 	// in flight (zero: none): endOverdue looks at them only once it passed.
 	nextDeadline time.Time
-	published time.Time       // the now of the last publish
-	timer     *time.Timer     // Wait's, reused
-	ptimer    *ptimer.Timer   // Wait's for waits under preciseBelow
+	published    time.Time     // the now of the last publish
+	timer        *time.Timer   // Wait's, reused
+	ptimer       *ptimer.Timer // Wait's for waits under preciseBelow
 
 	closedMalformed uint64 // Malformed of sessions closed
 	kept            bool   // p.res holds outcomes of Connect's steps, for the next Step
@@ -438,7 +438,7 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 		// full queue: the fetch starts, and its first send is retried
 		// like any other. Anything else is the caller's to see.
 		f.lastWhy = xfer.PeerDown
-		if !(errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull)) || !p.scheduleRetry(f, now) {
+		if !(errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull)) || p.scheduleRetry(f, now) != retried {
 			return false, err
 		}
 	}
@@ -878,10 +878,12 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		// an ack timeout, a READ that failed (its blocks are free).
 		if o.Retry && !o.BlocksHeld && !now.IsZero() {
 			f.lastWhy, f.lastSt, f.lastErr = o.Reason, o.Status, o.Err
-			if p.scheduleRetry(f, now) {
+			switch p.scheduleRetry(f, now) {
+			case retried:
 				continue
-			}
-			if !now.Before(f.deadline) {
+			case pastDeadline:
+				// No retry fits before the deadline: the deadline ends it
+				// now, rather than at the deadline for nothing.
 				p.fail(o.MMHash, xfer.DeadlineExceeded, wire.OK, causeOf(o), false)
 				continue
 			}
@@ -1002,11 +1004,21 @@ func (p *Pool) end(f *fetch, why xfer.Reason, now time.Time) {
 	p.collect(f.pe, now)
 }
 
-// scheduleRetry plans the next attempt of f, if the budget allows one.
-func (p *Pool) scheduleRetry(f *fetch, now time.Time) bool {
+// What scheduleRetry did.
+type retryPlan uint8
+
+const (
+	noRetry      retryPlan = iota // the retry budget is spent
+	retried                       // a retry is planned
+	pastDeadline                  // the next retry would come at or after the deadline
+)
+
+// scheduleRetry plans the next attempt of f, if the budget and the
+// deadline allow one.
+func (p *Pool) scheduleRetry(f *fetch, now time.Time) retryPlan {
 	r := p.cfg.Retry
 	if f.attempts >= r.MaxAttempts || now.Sub(f.started) >= r.MaxElapsed {
-		return false
+		return noRetry
 	}
 	back := r.BaseBackoff << min(max(f.attempts-1, 0), 30)
 	if back > r.MaxBackoff || back <= 0 {
@@ -1014,13 +1026,16 @@ func (p *Pool) scheduleRetry(f *fetch, now time.Time) bool {
 	}
 	back += time.Duration((p.rng.Float64()*2 - 1) * r.Jitter * float64(back))
 	at := now.Add(back)
-	if !at.Before(f.deadline) || at.Sub(f.started) >= r.MaxElapsed {
-		return false
+	switch {
+	case !at.Before(f.deadline):
+		return pastDeadline
+	case at.Sub(f.started) >= r.MaxElapsed:
+		return noRetry
 	}
 	f.retryAt = at
 	p.retrying = append(p.retrying, f)
 	p.stats.Retries++
-	return true
+	return retried
 }
 
 // retryDue starts the retries whose backoff has passed. A retry whose send
@@ -1038,12 +1053,17 @@ func (p *Pool) retryDue(now time.Time) {
 			continue
 		}
 		if err := p.attempt(f, now); err != nil {
+			err = fmt.Errorf("connector: retry of %s: %w", f.mmHash, err)
 			if errors.Is(err, session.ErrInFlight) || errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull) {
-				if p.scheduleRetry(f, now) {
+				switch p.scheduleRetry(f, now) {
+				case retried:
+					continue
+				case pastDeadline:
+					p.fail(f.mmHash, xfer.DeadlineExceeded, wire.OK, err, false)
 					continue
 				}
 			}
-			p.fail(f.mmHash, f.lastWhy, f.lastSt, fmt.Errorf("connector: retry of %s: %w", f.mmHash, err), false)
+			p.fail(f.mmHash, f.lastWhy, f.lastSt, err, false)
 		}
 	}
 	clear(due)

@@ -81,6 +81,8 @@ type world struct {
 	prod  *session.ProducerSession
 	pool  *Pool
 	now   time.Time
+	// failed collects every failure step has seen.
+	failed []Failure
 }
 
 const addr = "tcp://producer:1"
@@ -116,6 +118,7 @@ func (w *world) step(d time.Duration) Results {
 	delete(w.ctl.out, addr)
 	w.prod.Poll(msgs, replier{w.ctl, addr}, w.now)
 	r := w.pool.Step(w.now)
+	w.failed = append(w.failed, r.Failed...)
 	return Results{slices.Clone(r.Completed), slices.Clone(r.Failed), slices.Clone(r.Released)}
 }
 
