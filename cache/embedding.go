@@ -330,16 +330,15 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 	return e.snapshot(), true
 }
 
-// pressure reports whether saves are short of room: the last save found
-// none, or saves are under way (entries not ready) and the blocks a save
+// pressure reports whether saves are short of room: the blocks a save
 // could have now (free, or held by ready unpinned entries, which Alloc
-// evicts) are fewer than the largest save yet asked for, or than n. A
-// producer refuses pins beyond a consumer's share only then: while no
-// save is short of room, they cost nobody.
-func (c *EmbeddingCache) pressure(n int) bool {
+// evicts) are fewer than the largest save yet asked for, or than reserve.
+// A producer refuses pins beyond a consumer's share only then, so that
+// the next save, as large as the largest yet, finds room.
+func (c *EmbeddingCache) pressure(reserve int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.starved || c.notReady > 0 && len(c.free)+c.evictable < max(c.maxSave, n)
+	return len(c.free)+c.evictable < max(c.maxSave, reserve)
 }
 
 // hasHeldEntries reports whether any entry is not ready or pinned.

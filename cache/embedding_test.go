@@ -331,8 +331,8 @@ func TestConcurrentUse(t *testing.T) {
 	}
 }
 
-// Pressure: a save found no room, or saves are under way and a save as
-// large as the largest yet (or as n) would not find it.
+// Pressure: a save as large as the largest yet (or as reserve) would not
+// find room, whether saves are under way or not.
 func TestPressure(t *testing.T) {
 	c := NewEmbeddingCache(12)
 	if c.pressure(12) {
@@ -347,9 +347,9 @@ func TestPressure(t *testing.T) {
 	if c.pressure(3) || !c.pressure(6) {
 		t.Fatalf("5 free, largest save 4: pressure(3) %v, pressure(6) %v", c.pressure(3), c.pressure(6))
 	}
-	mustReady(t, c, "b") // none under way, none refused: no pressure
-	if c.pressure(8) {
-		t.Fatal("pressure with no save under way or refused")
+	mustReady(t, c, "b") // evictable: 8 blocks for a save
+	if c.pressure(8) || !c.pressure(9) {
+		t.Fatalf("8 blocks for a save: pressure(8) %v, pressure(9) %v", c.pressure(8), c.pressure(9))
 	}
 	if err := pin(c, "b"); err != nil {
 		t.Fatal(err)
@@ -361,9 +361,15 @@ func TestPressure(t *testing.T) {
 		t.Fatal("no pressure after a save found no room")
 	}
 	mustAlloc(t, c, "d", 3)
-	mustReady(t, c, "d")
+	mustReady(t, c, "d") // 5 blocks for a save: still short of the largest, 6
+	if !c.pressure(1) {
+		t.Fatal("no pressure with less room than the largest save")
+	}
+	if err := c.unpin("b"); err != nil {
+		t.Fatal(err)
+	}
 	if c.pressure(1) {
-		t.Fatal("pressure after a save found room")
+		t.Fatal("pressure with room for the largest save")
 	}
 }
 

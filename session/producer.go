@@ -52,15 +52,25 @@ type ProducerConfig struct {
 	// answered NACK_NOT_READY, which consumers retry: the earlier grants
 	// end as their notifications land. Default 8.
 	MaxGrantsPerEntry int
-	// MaxPinnedShare bounds the blocks the live grants of one consumer
-	// session, and of one control-plane identity, may pin, as a share of
-	// the cache's capacity, so that no one consumer can pin the cache full
-	// and make every save fail. It applies under pressure only (the
-	// cache's last save found no room, or saves are under way and a save
-	// as large as the largest yet would not find it): a request over it is then answered NACK_NOT_READY,
-	// which consumers retry after a backoff; otherwise it is granted.
-	// Default 0.5.
+	// MaxPinnedShare and SaveReserve keep one consumer from pinning the
+	// cache full, so that the encoder's saves find room, without refusing
+	// consumers while it has room. The rule: a request is refused for its
+	// pins only when its grant would both take its consumer session's, or
+	// its control-plane identity's, pinned blocks over MaxPinnedShare of
+	// the cache and leave saves less room (free blocks, or those of ready
+	// unpinned entries, which a save evicts) than the reserve, the larger
+	// of SaveReserve and the largest save the cache has seen. So a consumer
+	// within its share is never refused for pins, one beyond it is granted
+	// while the reserve stays free, and one session alone never takes the
+	// reserve unless its share reaches into it (MaxPinnedShare above
+	// 1 - reserve/capacity); sessions within their shares may together
+	// hold the reserve. A refused request is answered NACK_NOT_READY,
+	// which consumers retry after a backoff, and counted OverPinned.
+	// Defaults 0.5 and 0 (the largest save alone). A second grant of an
+	// entry the session already holds pins no new block and is not
+	// counted.
 	MaxPinnedShare float64
+	SaveReserve    int // blocks
 	// MaxRequestAge refuses requests that waited longer than this between
 	// their arrival (xfer.Message.At) and their turn: their consumer may have
 	// given up (its ack timeout, 2 s by default), and a grant would pin
@@ -207,6 +217,7 @@ type ProducerSession struct {
 	perEntry  int
 	maxGrants int
 	maxPinned int
+	reserve   int // ProducerConfig.SaveReserve
 	maxAge    time.Duration
 	draining  bool
 	// contactUntil: a consumer asked for contact (its data plane connects
@@ -258,7 +269,7 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log,
 		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{},
 		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
-		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge,
+		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge, reserve: max(0, cfg.SaveReserve),
 		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Stats().Capacity)))}
 	var seed [32]byte
 	r := cfg.Rand
@@ -284,10 +295,11 @@ func (p *ProducerSession) Stats() ProducerStats { return p.stats }
 // ended ones whose READ is still being served.
 func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 
-// Poll answers every request in msgs, in order, through out; then drains the
-// data plane's completion notifications and ends the grants whose lease ran
-// out by now. It never fails: malformed requests are counted, logged and
-// answered NACK_INTERNAL when they still name their mm_hash and session.
+// Poll drains the data plane's completion notifications and ends the
+// grants whose lease ran out by now; then it answers every request in msgs,
+// in order, through out. It never fails: malformed requests are counted,
+// logged and answered NACK_INTERNAL when they still name their mm_hash and
+// session.
 func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) {
 	if p.closed {
 		// Grants Close left (a data plane that cannot refuse READs) end
@@ -308,12 +320,15 @@ func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) 
 			c.confirmed = false
 		}
 	}
-	for i := range msgs {
-		p.handle(&msgs[i], now, out)
-	}
+	// The grants that ended by now end first: a consumer whose
+	// notification came before its next request is not charged for the
+	// entry it let go (its share).
 	p.drainNotifs()
 	p.drainBroken()
 	p.sweep(now)
+	for i := range msgs {
+		p.handle(&msgs[i], now, out)
+	}
 	p.reapHeld()
 	if p.driven != nil {
 		n := p.Grants()
@@ -472,19 +487,15 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 		return nack(wire.NackNotReady, "ec producer: entry not ready; NACK")
 	}
 	// The shares count the blocks a session (and an identity) keeps
-	// pinned: a second grant of an entry it holds adds none. They bite
-	// only under pressure (the cache's pressure: the last save
-	// found no room, or saves under way would not): otherwise a pin over
-	// a share costs nobody, and a consumer's pins outlive its READs by
-	// the notification's way back, so a share counts READs that are done.
+	// pinned: a second grant of an entry it holds adds none. The entry is
+	// pinned already, so the cache's room is what the grant leaves.
 	n := len(blocks)
-	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) {
-		if cachex.Pressure(p.cache, n) {
-			p.unpin(string(req.MMHash))
-			p.stats.OverPinned++
-			// Retryable: the consumer backs off until its own grants end.
-			return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache; NACK")
-		}
+	if len(same) == 0 && ((cs != nil && cs.blocks+n > p.maxPinned) || p.idents[string(ident)]+n > p.maxPinned) &&
+		cachex.Pressure(p.cache, p.reserve) {
+		p.unpin(string(req.MMHash))
+		p.stats.OverPinned++
+		// Retryable: the consumer backs off until its own grants end.
+		return nack(wire.NackNotReady, "ec producer: consumer pins its share of the cache and saves need the rest; NACK")
 	}
 	var key string
 	if len(same) > 0 {

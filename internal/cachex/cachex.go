@@ -36,13 +36,12 @@ var (
 	PinIfReady func(c any, key string) (blocks []int, res PinResult)
 	// Unpin drops one pin of key, taken by PinIfReady.
 	Unpin func(c any, key string) error
-	// Pressure reports whether saves are short of room: the last save
-	// found none, or saves are under way (entries not ready) and the
-	// blocks a save could have now (free, or held by ready unpinned
-	// entries, which Alloc evicts) are fewer than the largest save yet
-	// asked for, or than n. A producer refuses pins beyond a consumer's
-	// share only then: while no save is short of room, they cost nobody.
-	Pressure func(c any, n int) bool
+	// Pressure reports whether saves are short of room: the blocks a
+	// save could have now (free, or held by ready unpinned entries, which
+	// Alloc evicts) are fewer than the largest save yet asked for, or
+	// than reserve. A producer refuses pins beyond a consumer's share
+	// only then.
+	Pressure func(c any, reserve int) bool
 	// Header returns a Shared region's header (zeroed at creation), or nil.
 	Header func(r any) []byte
 	// SharedPath returns the path through which a same-host process of
