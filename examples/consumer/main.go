@@ -1,6 +1,7 @@
 // Command consumer fetches every embedding from a running examples/producer
-// (the same -items, -blocks-per-item and -block-size), -concurrency at a
-// time, checks every byte, and prints a summary. It exits non-zero if any
+// (the same -items, -blocks-per-item and -block-size), as many at a time as
+// -inflight-bytes holds (at most -concurrency), checks every byte, and
+// prints a summary. It exits non-zero if any
 // fetch failed; at once, saying why, when the producer's data plane is not
 // its own (a TCP consumer against a NIXL producer, say).
 //
@@ -36,26 +37,51 @@ func main() {
 	items := flag.Int("items", 1000, "embeddings")
 	perItem := flag.Int("blocks-per-item", 16, "blocks per embedding")
 	blockSize := flag.Int("block-size", 8192, "bytes per block")
-	concurrency := flag.Int("concurrency", 64, "fetches in flight")
-	flag.Parse()
+	concurrency := flag.Int("concurrency", 64, "fetches in flight at most (fewer when -inflight-bytes holds fewer items)")
+	budget := size(1 << 30)
+	flag.Var(&budget, "inflight-bytes", "bytes in flight, and so the size of the region fetched into: as many fetches as whole items fit, at most -concurrency (K, M, G or T: 256M, 1GiB)")
+	lock := flag.Bool("mlock", false, "lock the region in RAM (mlock): a refusal (ulimit -l) fails the start")
+	every := flag.Duration("progress-every", 2*time.Second, "how often to report how far along the fetches are; 0: never")
+	parseFlags("consumer")
+	item := itemBytes(*perItem, *blockSize)
+	err := positive([]string{"items", "blocks-per-item", "block-size", "concurrency"}, *items, *perItem, *blockSize, *concurrency)
+	switch {
+	case err != nil:
+	case *plane != "shm" && *plane != "tcp" && *plane != "nixl":
+		err = fmt.Errorf("-data %q: want shm, tcp or nixl", *plane)
+	case *every < 0:
+		err = fmt.Errorf("-progress-every %v: want 0 (never) or more", *every)
+	case item < 0 || item > int64(budget):
+		err = fmt.Errorf("-inflight-bytes %v holds no item of %d blocks of %s: give -inflight-bytes %s or more, or a smaller -block-size or -blocks-per-item",
+			budget, *perItem, formatSize(int64(*blockSize)), formatSize(item))
+	}
+	var inFlight int
+	if err == nil {
+		inFlight = int(min(int64(budget)/item, int64(*concurrency), int64(*items))) // an item is fetched once
+		err = checkMemory(int64(inFlight)*item, "-inflight-bytes")
+	}
+	if err != nil {
+		usage("consumer", err)
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *producer, *plane, *items, *perItem, *blockSize, *concurrency); err != nil {
+	if err := run(ctx, *producer, *plane, *items, *perItem, *blockSize, inFlight, *lock, *every); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, producer, plane string, items, perItem, blockSize, concurrency int) error {
-	if items <= 0 || perItem <= 0 || blockSize <= 0 || concurrency <= 0 {
-		return fmt.Errorf("-items, -blocks-per-item, -block-size and -concurrency must be positive")
-	}
+func run(ctx context.Context, producer, plane string, items, perItem, blockSize, inFlight int, lock bool, every time.Duration) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	region, err := cache.NewRegion(cache.RegionConfig{Blocks: concurrency * perItem, BlockSize: blockSize})
+	// The region holds the items in flight. Unlocked by default: locking
+	// takes the whole region at once, and a refusal names the limit
+	// (ulimit -l).
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: inFlight * perItem, BlockSize: blockSize, NoLock: !lock, RequireLock: lock})
 	if err != nil {
 		return err
 	}
 	defer region.Close()
+	fmt.Printf("fetching %d items of %s, %d in flight (a %s region)\n", items, formatSize(int64(perItem*blockSize)), inFlight, formatSize(int64(len(region.Bytes()))))
 	var data xfer.DataTransport
 	switch plane {
 	case "shm", "tcp":
@@ -80,7 +106,7 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 		return explain(producer, plane, err)
 	}
 
-	free := make([][]int, concurrency) // block groups not in use
+	free := make([][]int, inFlight) // block groups not in use
 	for i := range free {
 		free[i] = make([]int, perItem)
 		for j := range perItem {
@@ -91,6 +117,7 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 	want := make([]byte, blockSize)
 	var verified, failed, next int
 	start := time.Now()
+	report := start.Add(every)
 	for next < items || len(item) > 0 {
 		now := time.Now()
 		for ; next < items && len(free) > 0; next++ {
@@ -100,8 +127,17 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 			}
 			free, item[Hash(next)] = free[:len(free)-1], next
 		}
-		if !pool.Wait(ctx) {
+		wait := time.Duration(-1) // until something happens
+		if every > 0 {
+			wait = max(0, time.Until(report))
+		}
+		if !pool.WaitFor(ctx, wait) {
 			return ctx.Err()
+		}
+		if now := time.Now(); every > 0 && !now.Before(report) {
+			report = now.Add(every)
+			fmt.Printf("  %d of %d verified (%s of %s), %d in flight, %.1fs\n", verified, items,
+				formatSize(int64(verified)*int64(perItem*blockSize)), formatSize(int64(items)*int64(perItem*blockSize)), len(item), now.Sub(start).Seconds())
 		}
 		r := pool.Step(time.Now())
 		for _, d := range r.Completed {

@@ -4,6 +4,13 @@
 // verifies the content of every block (a keyed hash of all its bytes), and
 // prints a summary.
 //
+// Its memory is the producer's region (every item) and the consumer's
+// (-inflight-bytes, 1 GiB by default: as many fetches in flight as whole
+// items fit, at most -concurrency); a run that needs more than the machine
+// has available, or whose item does not fit -inflight-bytes, fails at
+// once. -mlock locks both regions in RAM. Large runs report how far along
+// they are every -progress-every.
+//
 // It is also a load generator shaped like a fleet: -producers N and
 // -consumers M (each consumer a Pool with its own control-plane client,
 // fetching from every producer), -duration D to run for a time, and -procs
@@ -15,7 +22,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
@@ -43,7 +49,7 @@ func main() {
 	cpuProfile := flag.String("cpuprofile", "", "write this process's CPU profile to the file (go tool pprof reads it)")
 	memProfile := flag.String("memprofile", "", "write this process's allocation profile to the file at the end (go tool pprof -sample_index=alloc_space)")
 	traceFile := flag.String("trace", "", "write this process's execution trace to the file (go tool trace reads it)")
-	flag.Parse()
+	demo.ParseFlags("loopback", flag.CommandLine, os.Args[1:])
 	if *traceFile != "" {
 		f, err := os.Create(*traceFile)
 		if err == nil {
@@ -78,8 +84,18 @@ func main() {
 		}()
 	}
 	err := cfg.Check(true)
-	if err == nil && (fc.Producers < 1 || fc.Consumers < 1) {
-		err = errors.New("-producers and -consumers must be positive")
+	switch {
+	case err != nil:
+	case fc.Producers < 1:
+		err = fmt.Errorf("-producers %d: want 1 or more", fc.Producers)
+	case fc.Consumers < 1:
+		err = fmt.Errorf("-consumers %d: want 1 or more", fc.Consumers)
+	case fc.Duration < 0:
+		err = fmt.Errorf("-duration %v: want 0 (a count of fetches) or more", fc.Duration)
+	case *role == "":
+		// A fleet's members are checked once, by the process that starts
+		// them all.
+		err = cfg.CheckMemory(fc.Producers, fc.Consumers)
 	}
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loopback:", err)
@@ -105,9 +121,12 @@ func main() {
 		return
 	}
 
-	fmt.Printf("loopback: %d items x %d blocks x %d bytes, concurrency %d\n", cfg.Items, cfg.BlocksPerItem, cfg.BlockSize, cfg.Concurrency)
+	inFlight, _ := cfg.InFlight() // checked above
+	fmt.Printf("loopback: %d items x %d blocks x %s, %d in flight (-inflight-bytes %v, -concurrency %d)\n",
+		cfg.Items, cfg.BlocksPerItem, demo.FormatBytes(int64(cfg.BlockSize)), inFlight, cfg.InflightBytes, cfg.Concurrency)
 	pcfg := cfg
 	pcfg.Metrics = "" // one endpoint, the consumer's, serves both sides
+	pcfg.Progress = os.Stdout
 	prod, err := demo.StartProducer(pcfg, "127.0.0.1:0", "127.0.0.1:0", log)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "loopback: producer:", err)
@@ -140,8 +159,9 @@ func fleet(ctx context.Context, cfg demo.Config, fc demo.FleetConfig, log *slog.
 	if fc.Duration > 0 {
 		what = "for " + fc.Duration.String()
 	}
-	fmt.Printf("loopback: %d producers x %d consumers as %s, %d items x %d blocks x %d bytes, concurrency %d per consumer, %s\n",
-		fc.Producers, fc.Consumers, mode, cfg.Items, cfg.BlocksPerItem, cfg.BlockSize, cfg.Concurrency, what)
+	inFlight, _ := cfg.InFlight()
+	fmt.Printf("loopback: %d producers x %d consumers as %s, %d items x %d blocks x %s, %d in flight per consumer (-inflight-bytes %v, -concurrency %d), %s\n",
+		fc.Producers, fc.Consumers, mode, cfg.Items, cfg.BlocksPerItem, demo.FormatBytes(int64(cfg.BlockSize)), inFlight, cfg.InflightBytes, cfg.Concurrency, what)
 	start := time.Now()
 	sum, err := demo.RunFleet(ctx, cfg, fc, os.Stdout, log)
 	sum.Print(os.Stdout)

@@ -84,7 +84,7 @@ examples/producer and examples/loopback. Exit status 0: healthy (and fetched).
 	pc := probe.Config{Producer: *producer, CompatHash: hash, MMHash: *mm, Version: *version, Timeout: *timeout, Logger: log}
 	if *fetch != "" {
 		pc.MMHash, pc.Fetch, pc.BlockSize = *fetch, true, cfg.BlockSize
-		region, err := cache.NewRegion(cache.RegionConfig{Blocks: *blocks, BlockSize: cfg.BlockSize})
+		region, err := cache.NewRegion(cache.RegionConfig{Blocks: *blocks, BlockSize: cfg.BlockSize, NoLock: !cfg.Lock, RequireLock: cfg.Lock})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "probe:", err)
 			os.Exit(2)

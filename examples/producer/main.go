@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"os/signal"
 	"strings"
@@ -35,26 +36,50 @@ func main() {
 	items := flag.Int("items", 1000, "embeddings")
 	perItem := flag.Int("blocks-per-item", 16, "blocks per embedding")
 	blockSize := flag.Int("block-size", 8192, "bytes per block")
-	flag.Parse()
-	if err := run(*control, *dataAddr, *plane, *items, *perItem, *blockSize); err != nil {
+	lock := flag.Bool("mlock", false, "lock the region in RAM (mlock): a refusal (ulimit -l) fails the start")
+	every := flag.Duration("progress-every", 2*time.Second, "how often to report how far the fill is; 0: never")
+	parseFlags("producer")
+	// The region holds every item: it is checked against the machine's
+	// memory before it is mapped and filled.
+	region := itemBytes(*perItem, *blockSize)
+	if region > 0 && int64(*items) > math.MaxInt64/region {
+		region = -1
+	}
+	region *= int64(*items)
+	err := positive([]string{"items", "blocks-per-item", "block-size"}, *items, *perItem, *blockSize)
+	switch {
+	case err != nil:
+	case *plane != "shm" && *plane != "tcp" && *plane != "nixl":
+		err = fmt.Errorf("-data %q: want shm, tcp or nixl", *plane)
+	case *every < 0:
+		err = fmt.Errorf("-progress-every %v: want 0 (never) or more", *every)
+	default:
+		err = checkMemory(region, "-items, -blocks-per-item or -block-size")
+	}
+	if err != nil {
+		usage("producer", err)
+	}
+	if err := run(*control, *dataAddr, *plane, *items, *perItem, *blockSize, *lock, *every); err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(control, dataAddr, plane string, items, perItem, blockSize int) error {
-	if items <= 0 || perItem <= 0 || blockSize <= 0 {
-		return fmt.Errorf("-items, -blocks-per-item and -block-size must be positive")
-	}
+func run(control, dataAddr, plane string, items, perItem, blockSize int, lock bool, every time.Duration) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// The blocks live in a region; the cache says which blocks hold which
-	// entry (by mm_hash) and which are ready to serve.
-	region, err := cache.NewRegion(cache.RegionConfig{Blocks: items * perItem, BlockSize: blockSize, Shared: plane == "shm"})
+	// entry (by mm_hash) and which are ready to serve. Unlocked by
+	// default: locking takes the whole region at once, and a refusal
+	// names the limit (ulimit -l).
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: items * perItem, BlockSize: blockSize, Shared: plane == "shm",
+		NoLock: !lock, RequireLock: lock})
 	if err != nil {
 		return err
 	}
 	defer region.Close()
 	entries := cache.NewEmbeddingCache(region.Blocks()) // one entry per block at most: it matches the region
+	total := len(region.Bytes())
+	next := time.Now().Add(every)
 	for i := range items {
 		e, err := entries.Alloc(Hash(i), perItem)
 		if err != nil {
@@ -62,6 +87,10 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int) error {
 		}
 		for j, b := range e.Blocks {
 			Fill(region.Block(b), i, j) // an encoder writes the embedding here
+			if now := time.Now(); every > 0 && now.After(next) {
+				next = now.Add(every)
+				fmt.Fprintf(os.Stderr, "producer: filled %s of %s\n", formatSize(int64((i*perItem+j+1)*blockSize)), formatSize(int64(total)))
+			}
 		}
 		entries.MarkReady(Hash(i))
 	}
@@ -81,8 +110,6 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int) error {
 			return fmt.Errorf("-data nixl: %w", err)
 		}
 		data = a
-	default:
-		return fmt.Errorf("-data %q: want shm, tcp or nixl", plane)
 	}
 	defer data.Close()
 	ctl, err := transport.Listen(control, transport.ServerConfig{Logger: log})

@@ -16,6 +16,7 @@ import (
 	"maps"
 	"net"
 	"net/http"
+	"os"
 	"runtime"
 	"slices"
 	"strconv"
@@ -42,8 +43,20 @@ type Config struct {
 	Items         int // embeddings
 	BlocksPerItem int
 	BlockSize     int
-	Concurrency   int // fetches in flight
+	Concurrency   int // fetches in flight at most
 	Fetches       int // fetches in all, cycling over the items; 0: Items
+	// InflightBytes bounds a consumer's bytes in flight, and so its region:
+	// it keeps as many fetches in flight as whole items fit (at most
+	// Concurrency). 0: DefaultInflightBytes.
+	InflightBytes Bytes
+	// Lock locks the regions in RAM (mlock); a refusal fails the run. Off,
+	// the kernel may page them out like any memory.
+	Lock bool
+	// ProgressEvery is how often a single consumer reports how far along
+	// it is, and StartProducer how far its fill (0: never).
+	ProgressEvery time.Duration
+	// Progress is where StartProducer reports its fill (nil: nowhere).
+	Progress io.Writer
 	// Rate makes a consumer open loop: a fetch falls due every 1/Rate s,
 	// whatever is in flight (within Concurrency), and its latency counts
 	// from when it fell due, so that a backlog shows. 0: closed loop, as
@@ -75,11 +88,15 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 	fs.IntVar(&c.BlocksPerItem, "blocks-per-item", 16, "blocks per embedding")
 	fs.IntVar(&c.BlockSize, "block-size", 8192, "bytes per block")
 	if concurrency {
-		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight")
+		fs.IntVar(&c.Concurrency, "concurrency", 64, "fetches in flight at most (fewer when -inflight-bytes holds fewer items)")
+		c.InflightBytes = DefaultInflightBytes
+		fs.Var(&c.InflightBytes, "inflight-bytes", "bytes in flight per consumer, and so the size of its region: as many fetches in flight as whole items fit, at most -concurrency (K, M, G or T: 256M, 1GiB)")
 		fs.IntVar(&c.Fetches, "fetches", 0, "fetches in all, cycling over the items (0: one per item); more than -items re-fetches entries in one session")
 		fs.DurationVar(&c.Warmup, "warmup", 0, "leave fetches asked for in the first this long out of the latencies")
 		fs.Float64Var(&c.Rate, "rate", 0, "fetches per second per consumer, due at fixed intervals whatever is in flight (open loop; latency from when each fell due); 0: keep -concurrency in flight")
 	}
+	fs.BoolVar(&c.Lock, "mlock", false, "lock the regions in RAM (mlock): they then take their full size at once, and a refusal (ulimit -l) fails the run")
+	fs.DurationVar(&c.ProgressEvery, "progress-every", 2*time.Second, "how often to report how far along a fetch run (or a producer's fill) is; 0: never")
 	fs.StringVar(&c.Metrics, "metrics", "", "serve Prometheus metrics at http://ADDR/metrics, e.g. :9100")
 	fs.StringVar(&c.Data, "data", "shm", "data plane: shm (pure Go: same-host copies out of the producer's shared region, TCP otherwise), tcp (pure Go, TCP only) or nixl (a build with -tags nixl)")
 	fs.StringVar(&c.NIXLParams, "nixl-params", "", "NIXL backend parameters, k=v,k=v (UCX shared memory needs ucx_error_handling_mode=none)")
@@ -98,15 +115,40 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 // Args returns the flags that give another process this shape.
 func (c Config) Args() []string {
 	return []string{"-items", fmt.Sprint(c.Items), "-blocks-per-item", fmt.Sprint(c.BlocksPerItem),
-		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-rate", fmt.Sprint(c.Rate), "-warmup", c.Warmup.String(),
+		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-inflight-bytes", fmt.Sprint(int64(c.InflightBytes)),
+		fmt.Sprintf("-mlock=%v", c.Lock), "-progress-every", c.ProgressEvery.String(), "-rate", fmt.Sprint(c.Rate), "-warmup", c.Warmup.String(),
 		"-fetches", fmt.Sprint(c.Fetches), "-data", c.Data, "-nixl-params", c.NIXLParams,
 		"-nixl-progress", c.NIXLProgress, "-nixl-post", c.NIXLPost, fmt.Sprintf("-no-push=%v", c.NoPush)}
 }
 
-// Check reports a shape that cannot run.
+// Check reports a shape that cannot run, in one line naming the flag.
 func (c Config) Check(concurrency bool) error {
-	if c.Items <= 0 || c.BlocksPerItem <= 0 || c.BlockSize <= 0 || c.Fetches < 0 || (concurrency && c.Concurrency <= 0) {
-		return errors.New("every size flag must be positive")
+	for _, f := range []struct {
+		name string
+		v    int
+	}{{"items", c.Items}, {"blocks-per-item", c.BlocksPerItem}, {"block-size", c.BlockSize}, {"concurrency", map[bool]int{true: c.Concurrency, false: 1}[concurrency]}} {
+		if f.v <= 0 {
+			return fmt.Errorf("-%s %d: want a positive number", f.name, f.v)
+		}
+	}
+	switch {
+	case c.Fetches < 0:
+		return fmt.Errorf("-fetches %d: want 0 (one per item) or more", c.Fetches)
+	case c.Rate < 0:
+		return fmt.Errorf("-rate %v: want 0 (closed loop) or more", c.Rate)
+	case c.Warmup < 0:
+		return fmt.Errorf("-warmup %v: want 0 or more", c.Warmup)
+	case c.ProgressEvery < 0:
+		return fmt.Errorf("-progress-every %v: want 0 (never) or more", c.ProgressEvery)
+	case c.InflightBytes < 0:
+		return fmt.Errorf("-inflight-bytes %d: want a positive size such as 1GiB", c.InflightBytes)
+	case c.ItemBytes() < 0 || c.Items > (1<<62)/(c.BlocksPerItem):
+		return fmt.Errorf("-blocks-per-item %d of -block-size %d: too large a region", c.BlocksPerItem, c.BlockSize)
+	}
+	if concurrency {
+		if _, err := c.InFlight(); err != nil {
+			return err
+		}
 	}
 	if c.Data != "" && c.Data != "shm" && c.Data != "tcp" && c.Data != "nixl" {
 		return fmt.Errorf("-data %q: want shm, tcp or nixl", c.Data)
@@ -197,16 +239,56 @@ func Hash(i int) string {
 }
 
 // Fill writes the content of block j of item i into b.
-func Fill(b []byte, item, j int) {
-	var seed [8]byte
-	binary.LittleEndian.PutUint64(seed[:], uint64(item)<<20|uint64(j))
-	x := binary.LittleEndian.Uint64(seed[:])*0x9e3779b97f4a7c15 + 1
+func Fill(b []byte, item, j int) { fillFrom(b, seed(item, j)) }
+
+func seed(item, j int) uint64 { return (uint64(item)<<20|uint64(j))*0x9e3779b97f4a7c15 + 1 }
+
+// fillFrom writes the content that follows state x into b, 8 bytes at a
+// time (a shorter tail is left as it is), and returns the state after it:
+// a block can be made a piece at a time.
+func fillFrom(b []byte, x uint64) uint64 {
 	for k := 0; k+8 <= len(b); k += 8 {
 		x ^= x << 13
 		x ^= x >> 7
 		x ^= x << 17
 		binary.LittleEndian.PutUint64(b[k:], x)
 	}
+	return x
+}
+
+// pacer says when a progress line is due: every `every` (0: never).
+type pacer struct {
+	every time.Duration
+	next  time.Time
+}
+
+func newPacer(start time.Time, every time.Duration) pacer { return pacer{every, start.Add(every)} }
+
+func (p *pacer) due(now time.Time) bool {
+	if p.every <= 0 || now.Before(p.next) {
+		return false
+	}
+	p.next = now.Add(p.every)
+	return true
+}
+
+// until is the wait for the next line, -1 when there is none.
+func (p *pacer) until(now time.Time) time.Duration {
+	if p.every <= 0 {
+		return -1
+	}
+	return max(0, p.next.Sub(now))
+}
+
+// progressLine says how far along a consumer's run is: of fetches, when
+// it is not timed.
+func progressLine(w io.Writer, verified, fetches int, timed bool, bytes, item int64, inFlight int, elapsed time.Duration) {
+	if timed {
+		fmt.Fprintf(w, "  %d verified (%s), %d in flight, %.1fs\n", verified, FormatBytes(bytes), inFlight, elapsed.Seconds())
+		return
+	}
+	fmt.Fprintf(w, "  %d of %d verified (%s of %s), %d in flight (%s), %.1fs\n", verified, fetches,
+		FormatBytes(bytes), FormatBytes(int64(fetches)*item), inFlight, FormatBytes(int64(inFlight)*item), elapsed.Seconds())
 }
 
 // Producer is a running demo producer.
@@ -228,11 +310,14 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 	blocks := cfg.Items * cfg.BlocksPerItem
 	// Shared: a same-host consumer copies straight out of it (-data shm).
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: cfg.BlockSize,
-		Shared: cfg.Data == "" || cfg.Data == "shm"})
+		Shared: cfg.Data == "" || cfg.Data == "shm", NoLock: !cfg.Lock, RequireLock: cfg.Lock})
 	if err != nil {
 		return nil, err
 	}
 	c := cache.NewEmbeddingCache(blocks)
+	total := int64(blocks) * int64(cfg.BlockSize)
+	report := newPacer(time.Now(), cfg.ProgressEvery)
+	var filled int64
 	for i := range cfg.Items {
 		e, err := c.Alloc(Hash(i), cfg.BlocksPerItem)
 		if err != nil {
@@ -240,7 +325,15 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 			return nil, err
 		}
 		for j, b := range e.Blocks {
-			Fill(region.Block(b), i, j)
+			// A piece at a time, so that a large block's fill reports too.
+			blk, x := region.Block(b), seed(i, j)
+			for off := 0; off < len(blk); off += sumChunk {
+				x = fillFrom(blk[off:min(off+sumChunk, len(blk))], x)
+				filled += int64(min(sumChunk, len(blk)-off))
+				if cfg.Progress != nil && report.due(time.Now()) {
+					fmt.Fprintf(cfg.Progress, "  producer: filled %s of %s\n", FormatBytes(filled), FormatBytes(total))
+				}
+			}
 		}
 		c.MarkReady(Hash(i))
 	}
@@ -256,7 +349,10 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 		return nil, err
 	}
 	p := &Producer{Control: srv.Endpoint(), Data: addr, srv: srv, data: data, region: region, done: make(chan struct{})}
-	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: cfg.CompatHash(), Logger: log}, srv, data, c)
+	// The whole cache may be pinned: nothing is saved into it while it
+	// serves, and a consumer with a few large items in flight would
+	// otherwise be refused past half of it until its earlier READs end.
+	p.prod, err = connector.NewProducer(connector.ProducerConfig{CompatHash: cfg.CompatHash(), Logger: log, MaxPinnedShare: 1}, srv, data, c)
 	if err != nil {
 		srv.Close()
 		data.Close()
@@ -319,11 +415,13 @@ type Summary struct {
 	// Start is when the first fetch was asked for: after the region, the
 	// data plane and the pool were set up (a NIXL agent takes
 	// milliseconds), which Elapsed leaves out.
-	Start     time.Time
-	Bytes     uint64
-	P50, P99  time.Duration
-	Stats     connector.PoolStats
-	FailedWhy map[string]int
+	Start    time.Time
+	Bytes    uint64
+	P50, P99 time.Duration
+	// MaxInFlight is the most fetches that were in flight at once.
+	MaxInFlight int
+	Stats       connector.PoolStats
+	FailedWhy   map[string]int
 	// Quarantined counts blocks given back forced (a READ not confirmed
 	// stopped): kept out of use for the rest of the run.
 	Quarantined int
@@ -368,11 +466,26 @@ func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Wr
 // verifies every block by content (see sums). Progress goes to progress (nil: none) and each
 // completed fetch to live (nil: none).
 func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Time, progress io.Writer, live *Live, log *slog.Logger) (Summary, error) {
-	region, err := cache.NewRegion(cache.RegionConfig{Blocks: cfg.Concurrency * cfg.BlocksPerItem, BlockSize: cfg.BlockSize})
+	inFlight, err := cfg.InFlight()
+	if err != nil {
+		return Summary{}, err
+	}
+	region, err := cache.NewRegion(cache.RegionConfig{Blocks: inFlight * cfg.BlocksPerItem, BlockSize: cfg.BlockSize,
+		NoLock: !cfg.Lock, RequireLock: cfg.Lock})
 	if err != nil {
 		return Summary{}, err
 	}
 	defer region.Close()
+	// Touched before the clock starts, as mlock would: the first fetches
+	// would otherwise pay the region's page faults.
+	touch := newPacer(time.Now(), cfg.ProgressEvery)
+	page, mem := os.Getpagesize(), region.Bytes()
+	for off := 0; off < len(mem); off += page {
+		mem[off] = 0
+		if progress != nil && off%sumChunk == 0 && touch.due(time.Now()) {
+			fmt.Fprintf(progress, "  consumer: touched %s of its %s region\n", FormatBytes(int64(off)), FormatBytes(int64(len(mem))))
+		}
+	}
 	data, _, err := cfg.dataPlane("consumer", "", region, log)
 	if err != nil {
 		return Summary{}, err
@@ -399,7 +512,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	for i := range free {
 		free[i] = len(free) - 1 - i
 	}
-	want := expected(cfg)
+	want := expected(cfg, progress)
 	hashes := make([]string, cfg.Items)
 	for i := range hashes {
 		hashes[i] = Hash(i)
@@ -421,7 +534,11 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	next := 0
 	steal0, stealOK := steal.Machine()
 	start := time.Now()
-	lastReport := start
+	report := newPacer(start, cfg.ProgressEvery)
+	if progress == nil {
+		report = newPacer(start, 0)
+	}
+	var verifiedBytes int64
 	fetches := cfg.Fetches
 	if fetches == 0 {
 		fetches = cfg.Items
@@ -448,7 +565,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 		if !more(now) && len(item) == 0 {
 			break
 		}
-		for more(now) && (interval == 0 || !now.Before(due)) && len(item) < cfg.Concurrency && len(free) >= cfg.BlocksPerItem {
+		for more(now) && (interval == 0 || !now.Before(due)) && len(item) < inFlight && len(free) >= cfg.BlocksPerItem {
 			i := next % cfg.Items
 			h := hashes[i]
 			if _, busy := item[h]; busy {
@@ -461,6 +578,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 			}
 			free = free[:len(free)-cfg.BlocksPerItem]
 			item[h] = i
+			sum.MaxInFlight = max(sum.MaxInFlight, len(item))
 			next++
 			if interval > 0 {
 				dueOf[h] = due
@@ -478,6 +596,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 				}
 			}
 			sum.Verified++
+			verifiedBytes += int64(len(d.Blocks)) * int64(cfg.BlockSize)
 			l := d.Latency
 			if t, ok := dueOf[d.MMHash]; ok {
 				l = now.Sub(t)
@@ -512,16 +631,20 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 			}
 			free = append(free, rel.Blocks...)
 		}
-		if progress != nil && now.Sub(lastReport) >= time.Second {
-			lastReport = now
-			fmt.Fprintf(progress, "  %d verified, %d in flight\n", sum.Verified, len(item))
+		if report.due(now) {
+			progressLine(progress, sum.Verified, fetches, timed, verifiedBytes, cfg.ItemBytes(), len(item), now.Sub(start))
 		}
 		switch {
 		case interval > 0 && more(now):
 			// Until the next one falls due, or something ends first.
-			pool.WaitFor(ctx, max(0, time.Until(due)))
+			wait := max(0, time.Until(due))
+			if u := report.until(now); u >= 0 {
+				wait = min(wait, u)
+			}
+			pool.WaitFor(ctx, wait)
 		case len(item) > 0:
-			pool.Wait(ctx) // until a reply, a READ's end or a retry
+			// Until a reply, a READ's end, a retry or the next report.
+			pool.WaitFor(ctx, report.until(now))
 		}
 	}
 	sum.Start, sum.Elapsed = start, time.Since(start)

@@ -246,6 +246,7 @@ func merge(sums []Summary, elapsed time.Duration) Summary {
 		m.Bytes += s.Bytes
 		m.Quarantined += s.Quarantined
 		m.P50, m.P99 = max(m.P50, s.P50), max(m.P99, s.P99)
+		m.MaxInFlight = max(m.MaxInFlight, s.MaxInFlight) // per consumer
 		m.Stats.Retries += s.Stats.Retries
 		m.Stats.AckTimeouts += s.Stats.AckTimeouts
 		m.Stats.Quarantines += s.Stats.Quarantines

@@ -12,8 +12,8 @@ import (
 // changed byte fails it.
 func TestExpectedSums(t *testing.T) {
 	cfg := Config{Items: 5, BlocksPerItem: 3, BlockSize: 4096}
-	s := expected(cfg)
-	if expected(cfg) != s {
+	s := expected(cfg, nil)
+	if expected(cfg, nil) != s {
 		t.Fatal("the table is computed again for the same shape")
 	}
 	b := make([]byte, cfg.BlockSize)

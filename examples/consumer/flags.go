@@ -1,0 +1,118 @@
+package main
+
+// Flag and memory helpers both programs share (the same file is in
+// examples/producer and examples/consumer).
+
+import (
+	"bufio"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"math"
+	"os"
+	"strconv"
+	"strings"
+)
+
+// size is a flag of bytes: a number, or one with K, M, G or T (powers of
+// 1024: 256M, 1GiB).
+type size int64
+
+func (s size) String() string { return formatSize(int64(s)) }
+
+func (s *size) Set(v string) error {
+	t := strings.TrimSpace(v)
+	digits := strings.TrimRightFunc(t, func(r rune) bool { return r < '0' || r > '9' })
+	unit := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(t[len(digits):])), "B"), "I")
+	shift, ok := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[unit]
+	n, err := strconv.ParseInt(digits, 10, 64)
+	if !ok || err != nil || n > math.MaxInt64>>shift {
+		return errors.New("want bytes, or with K, M, G or T: 256M, 1GiB")
+	}
+	*s = size(n << shift)
+	return nil
+}
+
+// formatSize writes n exactly when it is a whole number of its unit
+// ("64MiB"), else to a tenth ("1.5GiB").
+func formatSize(n int64) string {
+	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
+	u := 0
+	for u+1 < len(units) && n >= 1<<(10*(u+1)) {
+		u++
+	}
+	if n%(1<<(10*u)) == 0 {
+		return strconv.FormatInt(n>>(10*u), 10) + units[u]
+	}
+	return strconv.FormatFloat(float64(n)/float64(int64(1)<<(10*u)), 'f', 1, 64) + units[u]
+}
+
+// itemBytes is the size of one item, or -1 if it overflows.
+func itemBytes(perItem, blockSize int) int64 {
+	if perItem <= 0 || blockSize <= 0 || int64(blockSize) > math.MaxInt64/int64(perItem) {
+		return -1
+	}
+	return int64(perItem) * int64(blockSize)
+}
+
+// positive checks that each named flag is above zero.
+func positive(names []string, values ...int) error {
+	for i, v := range values {
+		if v <= 0 {
+			return fmt.Errorf("-%s %d: want a positive number", names[i], v)
+		}
+	}
+	return nil
+}
+
+// checkMemory fails, before anything is mapped, a region larger than the
+// memory this machine has available (MemAvailable of /proc/meminfo; no
+// check where it is unknown). what names the flags that set it.
+func checkMemory(need int64, what string) error {
+	f, err := os.Open("/proc/meminfo")
+	if err != nil {
+		return nil
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		v, ok := strings.CutPrefix(sc.Text(), "MemAvailable:")
+		if !ok {
+			continue
+		}
+		kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+		if err == nil && (need < 0 || need > kb<<10) {
+			return fmt.Errorf("the region needs %s but this machine has %s available: lower %s", formatSize(need), formatSize(kb<<10), what)
+		}
+		break
+	}
+	return nil
+}
+
+// parseFlags parses the command line and exits on a bad flag: status 2
+// with one line naming it (the usage only for -h).
+func parseFlags(name string) {
+	fs := flag.CommandLine
+	fs.Init(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	err := fs.Parse(os.Args[1:])
+	fs.SetOutput(os.Stderr)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		fs.Usage()
+	case err != nil:
+		fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	case fs.NArg() > 0:
+		fmt.Fprintf(os.Stderr, "%s: %q is not a flag (flags start with -)\n", name, fs.Arg(0))
+	default:
+		return
+	}
+	os.Exit(2)
+}
+
+// usage exits with status 2 and one line, for a flag with a bad value.
+func usage(name string, err error) {
+	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
+	os.Exit(2)
+}
