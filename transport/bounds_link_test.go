@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"net"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -187,5 +188,78 @@ func TestWaitingPushesBoundedAndReleased(t *testing.T) {
 	p.Close() // waits for the drainer
 	if n := released.Load(); n != maxPushWaiting || p.Stats().PushesSent != 0 {
 		t.Fatalf("%d holds ended, %d pushed", n, p.Stats().PushesSent)
+	}
+}
+
+// peerOf returns c's peer for agent.
+func peerOf(c *TCPData, agent string) *peer {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.peers[agent]
+}
+
+// pushesTaken is how many pushes c landed or dropped.
+func pushesTaken(c *TCPData) uint64 { return c.pushLanded.Load() + c.pushDrops.Load() }
+
+// A push that comes while its READ's frame is being sent (the READ is
+// sent, its frame not yet out) lands the READ: the producer, which pushed
+// before it saw the READ, answers "pushed", and the READ must not then
+// fail for want of bytes.
+func TestPushDuringItsReadsSend(t *testing.T) {
+	c, _, cb, pb, g, agent := pushPair(t)
+	notif := g.grant(5, 6)
+	var once sync.Once
+	hook := func(op *readOp) {
+		if !bytes.Equal(op.notif, notif) {
+			return
+		}
+		once.Do(func() {
+			// The push goes now, and the consumer's reader takes it while
+			// this READ's frame waits to be written.
+			before := pushesTaken(c)
+			if !g.att.Push(1, notif, []int{5, 6}, func() {}) {
+				t.Error("push declined")
+				return
+			}
+			for end := time.Now().Add(10 * time.Second); pushesTaken(c) == before; time.Sleep(50 * time.Microsecond) {
+				if time.Now().After(end) {
+					t.Error("the push was not taken")
+					return
+				}
+			}
+		})
+	}
+	peerOf(c, agent).sentHook.Store(&hook)
+	h, _ := c.PostRead([]int{2, 3}, agent, []int{5, 6}, notif)
+	if got := waitEnd(t, c, h); got != xfer.Complete || !bytes.Equal(cb(2), pb(5)) || !bytes.Equal(cb(3), pb(6)) {
+		t.Fatalf("the READ: %v (landed from pushes %d, pushes dropped %d)", got, c.Stats().Pushed, c.Stats().PushDrops)
+	}
+}
+
+// A READ posted as a push of its grant, which no READ asked for yet, is
+// being taken lands from that push: it finds the push kept, or the push
+// finds it asked; never neither (the push kept for no one, and the READ,
+// answered "pushed", failed).
+func TestReadPostedAsItsPushIsTaken(t *testing.T) {
+	c, _, cb, pb, g, agent := pushPair(t)
+	notif := g.grant(5, 6)
+	var once sync.Once
+	posted := make(chan xfer.Handle, 1)
+	hook := func() {
+		once.Do(func() {
+			h, err := c.PostRead([]int{2, 3}, agent, []int{5, 6}, notif)
+			if err != nil {
+				t.Error(err)
+			}
+			posted <- h
+		})
+	}
+	peerOf(c, agent).pushHook.Store(&hook)
+	if !g.att.Push(1, notif, []int{5, 6}, func() {}) {
+		t.Fatal("push declined")
+	}
+	h := <-posted
+	if got := waitEnd(t, c, h); got != xfer.Complete || !bytes.Equal(cb(2), pb(5)) || !bytes.Equal(cb(3), pb(6)) {
+		t.Fatalf("the READ: %v (landed from pushes %d, pushes dropped %d)", got, c.Stats().Pushed, c.Stats().PushDrops)
 	}
 }

@@ -127,6 +127,12 @@ func (l *link) send(op *readOp, buf []byte) []byte {
 // enqueue moves op from queued to sent on conn, the caller about to write
 // its frame (holding wmu). false: conn broke meanwhile (op failed) or op
 // was released.
+//
+// A READ's link is set before its state says sent, so that whoever sees
+// it sent sees the connection it went on: a push that comes while the
+// frame is being written lands it (takePush), as the producer, which
+// pushed before it read the frame, answers "pushed". Set on a READ that
+// then is not sent, the link is never read.
 func (l *link) enqueue(conn net.Conn, op *readOp) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
@@ -134,10 +140,13 @@ func (l *link) enqueue(conn net.Conn, op *readOp) bool {
 		op.fail()
 		return false
 	}
+	op.link.Store(l)
 	if !op.state.CompareAndSwap(opQueued, opSent) {
 		return false
 	}
-	op.link.Store(l)
+	if f := l.p.sentHook.Load(); f != nil {
+		(*f)(op)
+	}
 	op.sentAt = time.Now()
 	l.pending = append(l.pending, op)
 	if len(l.pending) == 1 {

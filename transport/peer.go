@@ -44,6 +44,12 @@ type peer struct {
 	// readers counts the goroutines that may read the mapped region; it
 	// is unmapped once they are gone.
 	readers sync.WaitGroup
+
+	// Tests: sentHook runs as a READ's state moved to sent, its frame not
+	// yet written (under its link's mu); pushHook runs as a push is about
+	// to be matched with the READ asked for it, or kept.
+	sentHook atomic.Pointer[func(*readOp)]
+	pushHook atomic.Pointer[func()]
 }
 
 // The ways a READ can go (route).

@@ -134,11 +134,24 @@ func (s *stage) claim(op *readOp) (st *staged, ready, resend bool) {
 	return st, false, false
 }
 
-// askedFor returns the READ asked for notif, with exactly ids, that a push
-// of its grant may land (queued, or sent on l), and forgets it.
-func (s *stage) askedFor(notif []byte, ids []int) *readOp {
+// take matches a push of notif's grant, of ids (size bytes), with the READ
+// asked for it, or else keeps it, in one hold of s.mu, as claim runs: a
+// READ posted while the push arrives either is found asked here, or finds
+// the push kept, never neither (the push kept for no one, and the READ,
+// which the producer answers "pushed", failed). op: the READ the push may
+// land; st: the push, kept; neither: the push is to be dropped.
+func (s *stage) take(notif []byte, ids []int, size int) (op *readOp, st *staged) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if op = s.askedLocked(notif, ids); op != nil {
+		return op, nil
+	}
+	return nil, s.keepLocked(string(notif), ids, size)
+}
+
+// askedLocked returns the READ asked for notif, with exactly ids, that a
+// push of its grant may land (queued, or sent on l), and forgets it.
+func (s *stage) askedLocked(notif []byte, ids []int) *readOp {
 	op := s.asked[string(notif)]
 	if op == nil {
 		return nil
@@ -156,6 +169,10 @@ func (s *stage) askedFor(notif []byte, ids []int) *readOp {
 func (s *stage) keep(notif string, ids []int, size int) *staged {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	return s.keepLocked(notif, ids, size)
+}
+
+func (s *stage) keepLocked(notif string, ids []int, size int) *staged {
 	if s.kept[notif] != nil || s.down {
 		return nil
 	}
@@ -320,12 +337,17 @@ func (l *link) takePush(r *bufio.Reader) error {
 	if !ok {
 		return errProtocol
 	}
-	if op := p.push.askedFor(notif, ids); op != nil {
+	if f := p.pushHook.Load(); f != nil {
+		(*f)()
+	}
+	op, st := p.push.take(notif, ids, int(size))
+	if op != nil {
 		// Its READ was posted before the push came. Not sent yet, the
 		// push lands it and no READ goes; sent on this connection, the
 		// push lands it as its answer would (the producer answers it
 		// "pushed", and its done brings the notification). Sent
-		// elsewhere, or ended, the push is dropped.
+		// elsewhere, or ended, the push is dropped. Its link is set
+		// before it is sent (enqueue): sent, it shows where.
 		unsent := op.claimFrom(l, opQueued)
 		if !unsent && (op.link.Load() != l || !op.claimFrom(l, opSent)) {
 			p.d.pushDrops.Add(1)
@@ -342,14 +364,13 @@ func (l *link) takePush(r *bufio.Reader) error {
 		op.land(err == nil)
 		return err
 	}
-	st := p.push.keep(string(notif), ids, int(size))
 	if st == nil {
 		p.d.pushDrops.Add(1)
 		_, err := r.Discard(int(size))
 		return err
 	}
 	_, err := io.ReadFull(r, st.buf)
-	op := p.push.arrived(st, err == nil)
+	op = p.push.arrived(st, err == nil)
 	switch {
 	case op == nil:
 	case err != nil:
