@@ -216,12 +216,20 @@
 //     authorizes READs (the TCP plane) holds the entry's pin while it
 //     serves one, past the end of its grant.
 //
-//  10. One session, and one control-plane identity, pins at most
-//     MaxPinnedShare of the cache while a pin beyond it would leave no
-//     room for a save, and holds at most MaxGrantsPerEntry grants of one
-//     entry (NACK_NOT_READY beyond either, which consumers retry);
-//     requests older than MaxRequestAge are answered NACK_NOT_READY, not
-//     granted.
+//  10. A request is refused for its pins only when its grant would both
+//     take its session's, or its control-plane identity's, pinned blocks
+//     over MaxPinnedShare of the cache and leave saves less room than the
+//     reserve (the larger of SaveReserve and the largest save seen): a
+//     consumer within its share is never refused for its pins, and one
+//     beyond it never takes the room of the encoder's next save. A session
+//     holds at most MaxGrantsPerEntry grants of one entry. Beyond either
+//     the answer is NACK_NOT_READY, which consumers retry; requests older
+//     than MaxRequestAge are answered NACK_NOT_READY, not granted. The
+//     grants that ended by a Poll (notifications, leases) end before it
+//     answers requests, so a consumer that let an entry go is not charged
+//     for it. A contact request (ecx_contact) is known by its flag alone:
+//     it is never looked up in the cache and pins nothing, and an entry
+//     that has its mm_hash is an ordinary entry.
 //
 //  11. The consumer sends connector_version explicitly, its agent name and
 //     an attempt number; it posts a READ, and trusts its completion, only

@@ -138,6 +138,9 @@ type grant struct {
 	agent string     // the agent allowed to read it; "" while unknown
 	ident string     // the control-plane identity that asked
 	cs    *consumerState
+	// contact: a contact grant (contactGrant), of no blocks and no pin,
+	// found by its id alone: never among byKey's, whatever its mm_hash.
+	contact bool
 	// push names where its blocks are pushed: its consumer session's, as
 	// the identity that asked knows it (pushID); 0: nowhere.
 	push uint64
@@ -576,13 +579,11 @@ func (p *ProducerSession) describe(acceptsShape bool) {
 
 // contactGrant makes a grant of no blocks for req, a contact request of a
 // Go consumer: a token for its data plane's contact READ, which ends it.
+// It stays out of byKey: an entry that happens to have the contact's
+// mm_hash keeps its own grants, bounds and share, and a notification
+// reaches the contact grant only by its id and token.
 func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ident []byte, now time.Time) *grant {
-	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
-	same := p.byKey[string(p.keyBuf)]
-	key := string(p.keyBuf)
-	if len(same) > 0 {
-		key = same[0].key
-	}
+	key := string(req.SessionID) + ":" + string(req.MMHash)
 	sid, mmHash := key[:len(req.SessionID)], key[len(req.SessionID)+1:]
 	if cs == nil {
 		cs = p.openConsumer(sid, ident)
@@ -595,12 +596,11 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	cs.grants++
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
-	g.id, g.key, g.agent, g.cs, g.ident = grantIDs.Add(1), key, cs.agent, cs, string(ident)
+	g.id, g.key, g.agent, g.cs, g.ident, g.contact = grantIDs.Add(1), key, cs.agent, cs, string(ident), true
 	g.push = p.pushID(cs, ident)
 	p.fresh = true
 	p.tokens.Read(g.token[:])
 	p.lock()
-	p.byKey[key] = append(same, g)
 	p.byID[g.id] = g
 	p.unlock()
 	p.link(g)
@@ -687,7 +687,7 @@ func (p *ProducerSession) newGrant() *grant {
 	g.release = func() {
 		// Read before the hold drops: once it is endedBit, the step loop
 		// may recycle g.
-		mm, pinned := g.MMHash, len(g.Blocks) > 0
+		mm, pinned := g.MMHash, !g.contact
 		if g.hold.Add(-1) == endedBit && pinned {
 			p.unpin(mm) // the cache is safe for concurrent use
 		}
@@ -713,18 +713,8 @@ func (p *ProducerSession) endGrant(g *grant) {
 	g.prev, g.next = nil, nil
 	g.cs.grants--
 	p.lock()
-	list := p.byKey[g.key]
-	if i := slices.Index(list, g); i >= 0 {
-		list = slices.Delete(list, i, i+1)
-	}
-	if len(list) == 0 {
-		delete(p.byKey, g.key)
-		g.cs.blocks -= len(g.Blocks)
-		if p.idents[g.ident] -= len(g.Blocks); p.idents[g.ident] <= 0 {
-			delete(p.idents, g.ident)
-		}
-	} else {
-		p.byKey[g.key] = list
+	if !g.contact {
+		p.dropKeyed(g)
 	}
 	delete(p.byID, g.id)
 	p.unlock()
@@ -733,10 +723,28 @@ func (p *ProducerSession) endGrant(g *grant) {
 		p.held = append(p.held, g) // a READ is still being served
 		return
 	}
-	if len(g.Blocks) > 0 { // a contact grant pins nothing
+	if !g.contact { // a contact grant pins nothing
 		p.unpin(g.MMHash)
 	}
 	p.recycle(g)
+}
+
+// dropKeyed takes g off its key's grants; the last one of the key gives
+// back the blocks its session and identity were charged. With authMu held.
+func (p *ProducerSession) dropKeyed(g *grant) {
+	list := p.byKey[g.key]
+	if i := slices.Index(list, g); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	}
+	if len(list) > 0 {
+		p.byKey[g.key] = list
+		return
+	}
+	delete(p.byKey, g.key)
+	g.cs.blocks -= len(g.Blocks)
+	if p.idents[g.ident] -= len(g.Blocks); p.idents[g.ident] <= 0 {
+		delete(p.idents, g.ident)
+	}
 }
 
 func (p *ProducerSession) recycle(g *grant) {
@@ -777,12 +785,12 @@ func init() {
 // the simulator's invariant checks (internal/hooks).
 func (p *ProducerSession) pinCounts(dst map[string]int) {
 	for g := p.lru.next; g != &p.lru; g = g.next {
-		if len(g.Blocks) > 0 {
+		if !g.contact {
 			dst[g.MMHash]++
 		}
 	}
 	for _, g := range p.held {
-		if g.hold.Load() != endedBit && len(g.Blocks) > 0 {
+		if g.hold.Load() != endedBit && !g.contact {
 			dst[g.MMHash]++
 		}
 	}

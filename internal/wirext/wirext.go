@@ -81,7 +81,8 @@ func lowerHex(b []byte) bool {
 
 // ContactHash is the mm_hash of a contact request (wire.XferReq.Contact):
 // not a content hash, so that a producer that does not read the
-// extension holds no entry of it.
+// extension holds no entry of it. A Go producer knows a contact by the
+// flag alone: a request for this mm_hash without it is an ordinary one.
 const ContactHash = "ecxfer-contact"
 
 // MetaDigest is the digest of a producer's agent metadata a consumer
