@@ -14,6 +14,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/logx"
@@ -69,8 +70,15 @@ type PoolConfig struct {
 	// reference's consumer_ack_timeout_s.
 	AckTimeout time.Duration
 	Retry      RetryConfig
-	// BlockSize is the size of a local block, for the bytes-moved count.
+	// BlockSize is the size of a local block: for the bytes-moved count,
+	// and the blocks FetchEntry allocates for an entry's size.
 	BlockSize int
+	// Cache, if set, is the cache of this consumer's blocks (those of the
+	// region its data plane reads into) that FetchEntry allocates from:
+	// the Pool gives out a fetch's blocks, marks the entry ready and held
+	// when it lands, and takes them back when it fails. A Producer over
+	// the same cache serves what was fetched.
+	Cache *cache.EmbeddingCache
 	// pollInterval bounds Wait while fetches are in flight on a data plane
 	// that does not signal READ completion: 1 ms. maxWait bounds Wait on
 	// one that signals, so that deadlines (ack, READ, quarantine) are
@@ -140,6 +148,10 @@ type Done struct {
 	// valid after the next Step, unlike the Results that hold it.
 	Blocks  []int
 	Latency time.Duration // from Fetch to completion
+	// Held says the blocks are the entry MMHash of PoolConfig.Cache, held
+	// for the caller (FetchEntry): no Alloc evicts it until the caller lets
+	// it go with Cache.Unpin(MMHash), once.
+	Held bool
 }
 
 // Failure is a fetch that ended without the entry: the caller falls back
@@ -157,7 +169,9 @@ type Failure struct {
 	// registered or the READ posted, the control plane's refusal of a send.
 	Err error
 	// BlocksHeld says a READ may still write into Blocks: do not reuse
-	// them until they come back in Results.Released.
+	// them until they come back in Results.Released. (A FetchEntry's
+	// blocks are the Pool's: it gives them back to the cache itself, at
+	// once or on their release.)
 	BlocksHeld bool
 }
 
@@ -214,6 +228,7 @@ type PoolStats struct {
 	Settled, Released, PeerDeaths               uint64
 	BytesMoved                                  uint64
 	Malformed                                   uint64 // undecodable acks
+	Hits                                        uint64 // FetchEntry's of entries held ready already
 	Reaped                                      uint64 // idle sessions closed
 	InFlight, Sessions                          int    // fetches not ended; producer sessions held
 	FailedBy                                    FailureCounts
@@ -255,6 +270,7 @@ type fetch struct {
 	lastSt   wire.Status
 	lastErr  error
 	pe       *peer // the session of the current attempt
+	managed  bool  // FetchEntry's: the blocks are an entry of the Pool's cache
 	// heldOn is the session f waits on while its producer's first
 	// answer is on its way (see hold); held says f waited once.
 	heldOn *peer
@@ -316,6 +332,10 @@ type Pool struct {
 
 	closedMalformed uint64 // Malformed of sessions closed
 	kept            bool   // p.res holds outcomes of Connect's steps, for the next Step
+	hits            []Done // FetchEntry's of entries the cache held ready, for the next Step
+	// unsettled holds the mm_hashes of FetchEntry's failures whose READ
+	// may still write: their blocks go back to the cache on release.
+	unsettled map[string]struct{}
 	pubMu           sync.Mutex
 	pub             PoolStats // what Stats returns
 }
@@ -660,6 +680,9 @@ func (p *Pool) Step(now time.Time) *Results {
 	} else {
 		p.res.reset()
 	}
+	p.res.Completed = append(p.res.Completed, p.hits...)
+	clear(p.hits)
+	p.hits = p.hits[:0]
 	return p.step(now)
 }
 
@@ -824,6 +847,10 @@ func (p *Pool) release(o session.Outcome, forced bool) {
 	if forced {
 		p.stats.ForcedEvictions++
 	}
+	if _, ok := p.unsettled[o.MMHash]; ok {
+		delete(p.unsettled, o.MMHash)
+		p.giveBack(o.MMHash)
+	}
 	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced})
 }
 
@@ -852,11 +879,24 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 			continue
 		}
 		delete(p.fetches, o.MMHash)
+		held := false
+		if f.managed {
+			if _, err := p.cfg.Cache.MarkReadyPinned(f.mmHash); err != nil {
+				// The engine removed the entry under its fetch: its blocks
+				// are not the entry's to hand out.
+				p.stats.Failed++
+				p.stats.FailedBy[xfer.BadAck]++
+				p.res.Failed = append(p.res.Failed, Failure{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Reason: xfer.BadAck,
+					Err: fmt.Errorf("connector: fetch of %s from %s: the cache entry it filled: %w", f.mmHash, f.addr, err)})
+				continue
+			}
+			held = true
+		}
 		lat := now.Sub(f.started)
 		p.stats.Completed++
 		(*hist.Histogram)(&p.stats.Latency).Add(lat)
 		p.stats.BytesMoved += uint64(len(f.blocks) * p.cfg.BlockSize)
-		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat})
+		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat, Held: held})
 	}
 	for _, o := range r.Failed {
 		p.countNack(o)
@@ -920,10 +960,81 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 		return
 	}
 	delete(p.fetches, mmHash)
+	if f.managed {
+		if held {
+			if p.unsettled == nil {
+				p.unsettled = map[string]struct{}{}
+			}
+			p.unsettled[mmHash] = struct{}{}
+		} else {
+			p.giveBack(mmHash)
+		}
+	}
 	p.stats.Failed++
 	p.stats.FailedBy[why]++
 	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st,
 		Err: failErr(mmHash, f.addr, why, st, err), BlocksHeld: held})
+}
+
+// giveBack returns a FetchEntry's blocks to the cache: its entry, not
+// ready, goes.
+func (p *Pool) giveBack(mmHash string) {
+	if err := p.cfg.Cache.Discard(mmHash); err != nil {
+		p.log.Warn("ec consumer: cache entry of a failed fetch not given back", "mm_hash", mmHash, "err", err)
+	}
+}
+
+// FetchEntry is Fetch into blocks the Pool allocates in PoolConfig.Cache,
+// for an entry of size bytes (the blocks its size takes at BlockSize):
+// the engine names the entry and the size it expects, and the Pool does
+// the rest. When the fetch completes, its Done has Held set: the entry is
+// ready and held for the engine, and no Alloc can evict it until the
+// engine calls Cache.Unpin(mmHash), once. When it fails, the Pool gives
+// the blocks back to the cache, at once or, where a READ may still write,
+// once it ended; the Failure's Blocks are then not the engine's.
+//
+// An entry the cache holds ready already is not fetched: it is held for
+// the engine and completes in the next Step (Latency 0, counted in
+// PoolStats.Hits). One being fetched is joined, as Fetch does. It fails as
+// Fetch does, with ErrBadConfig without a Cache or a BlockSize, with the
+// cache's ErrNoSpace or ErrTooLarge when the blocks cannot be had (then
+// encode locally, or let go of held entries), and with ErrInFlight for an
+// entry being written by another (the engine's own save, or a READ of an
+// earlier failed fetch that may still write).
+func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
+	c := p.cfg.Cache
+	switch {
+	case p.closed:
+		return false, ErrClosed
+	case c == nil || p.cfg.BlockSize <= 0:
+		return false, fmt.Errorf("%w: connector: FetchEntry needs PoolConfig.Cache and BlockSize", ErrBadConfig)
+	case size < 0:
+		return false, fmt.Errorf("%w: %d bytes", cache.ErrTooLarge, size)
+	}
+	if _, ok := p.fetches[mmHash]; ok {
+		p.stats.Joined++
+		return true, nil
+	}
+	e, err := c.Pin(mmHash)
+	switch {
+	case err == nil:
+		p.stats.Hits++
+		p.hits = append(p.hits, Done{MMHash: mmHash, Addr: addr, Blocks: e.Blocks, Held: true})
+		return false, nil
+	case errors.Is(err, cache.ErrNotReady):
+		return false, fmt.Errorf("%w: %s: its cache entry is being written", ErrInFlight, mmHash)
+	}
+	e, err = c.Alloc(mmHash, (size+p.cfg.BlockSize-1)/p.cfg.BlockSize)
+	if err != nil {
+		return false, fmt.Errorf("connector: blocks for %s (%d bytes): %w", mmHash, size, err)
+	}
+	joined, err = p.Fetch(addr, mmHash, e.Blocks, deadline, now)
+	if err != nil {
+		p.giveBack(mmHash)
+		return false, err
+	}
+	p.fetches[mmHash].managed = true
+	return joined, nil
 }
 
 // planeHint says what a registration failure most likely means.
