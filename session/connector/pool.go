@@ -336,8 +336,8 @@ type Pool struct {
 	// unsettled holds the mm_hashes of FetchEntry's failures whose READ
 	// may still write: their blocks go back to the cache on release.
 	unsettled map[string]struct{}
-	pubMu           sync.Mutex
-	pub             PoolStats // what Stats returns
+	pubMu     sync.Mutex
+	pub       PoolStats // what Stats returns
 }
 
 // ErrInFlight is returned by Fetch for an mm_hash whose previous fetch
