@@ -505,14 +505,15 @@ func (d *TCPData) tookNotifsLocked() {
 	d.notifFrom = d.notifFrom[:0]
 }
 
-// admits reports whether a notification s brought goes to the session. One
-// that presents a grant's token (a Go consumer's) must name a grant the
-// attached session holds live for s's agent; else it is dropped, and
-// counted, here: it would end no grant. Others go on, and the session
-// counts what it does not know.
+// admits reports whether a notification s brought goes to the session.
+// Until s has presented a live grant, one that presents a grant's token (a
+// Go consumer's) must name a grant the attached session holds live for s's
+// agent; else it is dropped, and counted, here: a peer with no grant costs
+// the session nothing. Others go on, within s's share of the queue, and
+// the session counts what it does not know.
 func (d *TCPData) admits(s *servedConn, msg []byte) bool {
 	a := d.att.Load()
-	if a == nil {
+	if a == nil || s.proven.Load() {
 		return true
 	}
 	if _, _, _, ok := wirext.SplitNotifGrant(msg); !ok {

@@ -67,11 +67,11 @@ type TCPConfig struct {
 	// Each served connection pays for what it makes the producer hold:
 	// its notifications not yet drained are bounded (256 KiB of them;
 	// past that its reads wait for a drain, and the connection is closed
-	// when none comes within IOTimeout), a notification that presents a
-	// grant token the session does not know is dropped and counted, and
-	// the answer to a READ is cut, its connection closed, once the
-	// grant's lease (and a second) has passed, however slowly the
-	// consumer reads.
+	// when none comes within IOTimeout); until it presents a live grant,
+	// a notification naming a grant the session does not hold live is
+	// dropped and counted; and the answer to a READ is cut, its
+	// connection closed, once the grant's lease and a second have passed
+	// since the READ came, however slowly the consumer reads.
 	MaxConns int
 	// MaxQueued bounds READs posted to one peer and not yet ended;
 	// PostRead beyond it fails ("too many READs queued to this peer").
