@@ -17,10 +17,21 @@
 // until the data plane says it ended. The producer unpins the entry when that
 // notification arrives, or when the pin lease runs out.
 //
-// Results tell the consumer's block allocator what to do: Completed (promote
-// the blocks), Tombstoned (free them, do not retry now), Retryable (free
-// them, retry allowed), Quarantined (a READ may still write: keep them) and
-// Settled (a quarantined READ ended: free them now).
+// Results use connector.Pool's words: a transfer ends once, in Completed
+// (the blocks hold the entry) or Failed (they do not); a failure with
+// BlocksHeld keeps its blocks until they come back, once, in Released.
+// How vLLM's names map onto them:
+//
+//	vLLM's consumer    here
+//	completed          Completed
+//	tombstoned         Failed, Retry false (do not ask again now)
+//	retryable          Failed, Retry true (another attempt may succeed)
+//	quarantined        Failed, BlocksHeld (a READ may still write)
+//	settled            Released (Forced: given up at the quarantine deadline)
+//
+// One difference: a READ the data plane reports failed is Retry here
+// (its blocks are free and the entry may still be there, under a new
+// grant), where vLLM tombstones it.
 //
 // # Which request a reply answers
 //
@@ -99,10 +110,20 @@
 // its grant's lease: the send time of the request it answers plus the
 // lease the ack advertises (ecx_lease_ms), else xfer.Config.PinLease.
 // Past it, no READ is posted (over NIXL a posted READ cannot be stopped,
-// and the producer may have reused the blocks): the transfer ends
-// Retryable with reason late-completion (LateAcks), and connector.Pool
-// asks again, for a new grant. A READ seen complete after the same moment
-// is tombstoned (LateCompletion).
+// and the producer may have reused the blocks): the transfer fails, Retry,
+// with reason late-completion (LateAcks), and connector.Pool asks again,
+// for a new grant. A READ seen complete after the same moment fails
+// without Retry (LateCompletion).
+//
+// An OK ack that no READ will use (it does not fit, it came past its
+// lease, or its transfer ended before it came: cancelled, or past the
+// Pool's deadline) is given back at once: the session sends the grant's
+// notification without reading, on a data plane that can
+// (transport.TCPData, nixl.Agent), so that the producer unpins now rather
+// than at its lease (Unread counts them). A Go producer's notification
+// names the grant and its token; one naming "<session_id>:<mm_hash>" alone
+// (vLLM's producer) is sent only while no other request or transfer of the
+// session carries that name, since it would end that one's grant too.
 //
 // The unanswered requests are bounded, 16 per mm_hash and 2^20 in all.
 // Past either, StartXfer refuses with an xfer.ErrQueueFull (which the
@@ -176,7 +197,7 @@
 //  4. Blocks are reported free only when the data plane confirms the READ
 //     ended. A failed state check quarantines the transfer instead of
 //     failing it. The quarantine deadline still forces a transfer out, but
-//     the Settled outcome says Forced when nothing confirmed the READ
+//     the Released outcome says Forced when nothing confirmed the READ
 //     stopped, and it is counted and logged.
 //
 //  5. A READ first seen complete after request time + pin lease is

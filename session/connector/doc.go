@@ -27,11 +27,29 @@
 // [Pool.Step] and [Producer.Step] never block; [Producer.Serve] is there for
 // engines that do not step while idle.
 //
-// The consumer frees a fetch's blocks only when the data plane says its READ
-// ended: a READ that outlives its timeout is quarantined, and its blocks come
-// back ([Released]) only once it settles, even when its producer died.
-// [Pool.Cancel] ends one fetch the same way. [Producer.Shutdown] shuts a
-// producer down without pulling blocks from under running READs.
+// # The deadline is the engine's budget
+//
+// A fetch ends by the deadline given to [Pool.Fetch], whatever it waits
+// for (a dial, its ack, a retry's backoff, a READ): at the first
+// [Pool.Step] at or after it, in Failed with reason xfer.DeadlineExceeded,
+// or earlier with that reason once no retry fits before it. A producer
+// that stays silent past the control plane's peer timeout ends its fetches
+// the same way at once (reason peer-down, the cause in Err); one whose
+// connection merely closed lets its READs run on. Where a READ may still
+// write (NIXL cannot stop one for certain; the TCP plane can), the Failure
+// says BlocksHeld and the blocks come back once, in a later Released. A
+// grant no READ will use (the ack of an ended fetch, one that does not
+// fit, one past its lease) is given back to the producer at once.
+//
+// # Blocks
+//
+// [Pool.Fetch] reads into blocks the engine allocated; [Pool.FetchEntry]
+// allocates them itself in the consumer's [cache.EmbeddingCache]
+// (PoolConfig.Cache): the completed entry is handed over ready and held
+// (Done.Held: cache.Unpin when done with it), and every failure gives the
+// blocks back. A [Producer] over the same cache serves what was fetched.
+// [Pool.Cancel] ends one fetch as the deadline does. [Producer.Shutdown]
+// shuts a producer down without pulling blocks from under running READs.
 //
 // # Mapping onto vLLM
 //
