@@ -450,7 +450,11 @@ func (v *server) queue(msg []byte) bool {
 			v.d.notified()
 		}
 		if !v.s.awaitDrain(v.d.cfg.IOTimeout) {
-			v.d.notifCuts.Add(1)
+			select {
+			case <-v.s.gone: // closed: not for its notifications
+			default:
+				v.d.notifCuts.Add(1)
+			}
 			return false
 		}
 	}
