@@ -40,12 +40,12 @@ func (c plainClient) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	return dst
 }
 
-// A consumer re-fetches the entries of a producer that holds 128, its
-// cache full of them and every one ready, 64 fetches in flight, over real
+// A consumer re-fetches the entries of a producer that holds 128, every one
+// ready, with room for one more save, 64 fetches in flight, over real
 // sockets and the TCP data plane: a consumer that speaks as vLLM's gets
-// no NACK_NOT_READY (the pinned share bites only when a save would find
-// no room, and none is being made), and a Go consumer sends at most 1 %
-// more requests than it fetches.
+// no NACK_NOT_READY (the pinned share bites only when a pin would leave a
+// save no room), and a Go consumer sends at most 1 % more requests than it
+// fetches.
 func TestRefetchCountsRequests(t *testing.T) {
 	if testing.Short() {
 		t.Skip("20,200 fetches over real sockets, twice")
@@ -58,7 +58,7 @@ func TestRefetchCountsRequests(t *testing.T) {
 	)
 	for _, kind := range []string{"vllm-shaped", "go"} {
 		t.Run(kind, func(t *testing.T) {
-			pr := must(cache.NewRegion(cache.RegionConfig{Blocks: 2 * entries, BlockSize: bs, NoLock: true}))
+			pr := must(cache.NewRegion(cache.RegionConfig{Blocks: 2*entries + 2, BlockSize: bs, NoLock: true}))
 			defer pr.Close()
 			pc := cache.NewEmbeddingCache(pr.Blocks())
 			for i := range entries {
