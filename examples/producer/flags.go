@@ -15,8 +15,8 @@ import (
 	"strings"
 )
 
-// size is a flag of bytes: a number, or one with K, M, G or T (powers of
-// 1024: 256M, 1GiB).
+// size is a flag of bytes: a positive number, or one with K, M, G or T
+// (powers of 1024: 256M, 1GiB).
 type size int64
 
 func (s size) String() string { return formatSize(int64(s)) }
@@ -29,6 +29,9 @@ func (s *size) Set(v string) error {
 	n, err := strconv.ParseInt(digits, 10, 64)
 	if !ok || err != nil || n > math.MaxInt64>>shift {
 		return errors.New("want bytes, or with K, M, G or T: 256M, 1GiB")
+	}
+	if n == 0 {
+		return errors.New("want a positive size: 256M, 1GiB")
 	}
 	*s = size(n << shift)
 	return nil

@@ -4,6 +4,7 @@
 package demo
 
 import (
+	"cmp"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -115,7 +116,7 @@ func (c *Config) Flags(fs *flag.FlagSet, concurrency bool) {
 // Args returns the flags that give another process this shape.
 func (c Config) Args() []string {
 	return []string{"-items", fmt.Sprint(c.Items), "-blocks-per-item", fmt.Sprint(c.BlocksPerItem),
-		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-inflight-bytes", fmt.Sprint(int64(c.InflightBytes)),
+		"-block-size", fmt.Sprint(c.BlockSize), "-concurrency", fmt.Sprint(c.Concurrency), "-inflight-bytes", fmt.Sprint(int64(cmp.Or(c.InflightBytes, DefaultInflightBytes))),
 		fmt.Sprintf("-mlock=%v", c.Lock), "-progress-every", c.ProgressEvery.String(), "-rate", fmt.Sprint(c.Rate), "-warmup", c.Warmup.String(),
 		"-fetches", fmt.Sprint(c.Fetches), "-data", c.Data, "-nixl-params", c.NIXLParams,
 		"-nixl-progress", c.NIXLProgress, "-nixl-post", c.NIXLPost, fmt.Sprintf("-no-push=%v", c.NoPush)}

@@ -17,8 +17,8 @@ import (
 // -concurrency allows. The consumer's region is this big at most.
 const DefaultInflightBytes = 1 << 30
 
-// Bytes is a size flag: a number of bytes, or one with K, M, G or T
-// (powers of 1024, "256M", "1GiB").
+// Bytes is a size flag: a positive number of bytes, or one with K, M, G
+// or T (powers of 1024, "256M", "1GiB").
 type Bytes int64
 
 // String implements flag.Value.
@@ -29,6 +29,9 @@ func (b *Bytes) Set(s string) error {
 	n, err := ParseBytes(s)
 	if err != nil {
 		return err
+	}
+	if n == 0 {
+		return errors.New("want a positive size: 256M, 1GiB")
 	}
 	*b = Bytes(n)
 	return nil
