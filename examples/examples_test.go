@@ -78,13 +78,16 @@ func TestProducerConsumerPrograms(t *testing.T) {
 			for k, v := range plane.env {
 				t.Setenv(k, v)
 			}
-			runPrograms(t, prodBin, consBin, plane.args)
+			sizes := append([]string{"-items", "300", "-blocks-per-item", "4", "-block-size", "4096"}, plane.args...)
+			runPrograms(t, prodBin, consBin, sizes, []string{"-concurrency", "16"}, 300)
 		})
 	}
 }
 
-func runPrograms(t *testing.T, prodBin, consBin string, planeArgs []string) {
-	sizes := append([]string{"-items", "300", "-blocks-per-item", "4", "-block-size", "4096"}, planeArgs...)
+// runPrograms runs the producer with sizes and the consumer with sizes and
+// consArgs, and checks that it verified items; it returns the consumer's
+// output.
+func runPrograms(t *testing.T, prodBin, consBin string, sizes, consArgs []string, items int) []byte {
 	prod := exec.Command(prodBin, append([]string{"-control", "127.0.0.1:0", "-data-addr", "127.0.0.1:0"}, sizes...)...)
 	out, err := prod.StdoutPipe()
 	if err != nil {
@@ -116,15 +119,16 @@ func runPrograms(t *testing.T, prodBin, consBin string, planeArgs []string) {
 	if len(f) != 3 || f[0] != "ready" {
 		t.Fatalf("producer said %q", line)
 	}
-	cons := exec.Command(consBin, append([]string{"-producer", f[1], "-concurrency", "16"}, sizes...)...)
+	cons := exec.Command(consBin, append(append([]string{"-producer", f[1]}, consArgs...), sizes...)...)
 	res, err := cons.Output()
 	if err != nil {
 		t.Fatalf("consumer: %v\n%s", err, res)
 	}
 	m := regexp.MustCompile(`verified (\d+) transfers \((\d+) failed\)`).FindSubmatch(res)
-	if m == nil || string(m[1]) != "300" || string(m[2]) != "0" {
+	if m == nil || string(m[1]) != strconv.Itoa(items) || string(m[2]) != "0" {
 		t.Fatalf("consumer output:\n%s", res)
 	}
+	return res
 }
 
 // The main job with defaults exits 0 after verifying every block by content, and so

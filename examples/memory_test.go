@@ -75,3 +75,16 @@ func TestLoopbackLargeItems(t *testing.T) {
 	}
 	t.Logf("peak RSS %d MiB", rss>>20)
 }
+
+// The producer and consumer programs with 256 MiB items and a budget that
+// holds one: the consumer keeps one in flight and verifies both.
+func TestProducerConsumerLargeItems(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves 512 MiB between two programs")
+	}
+	sizes := []string{"-items", "2", "-blocks-per-item", "4", "-block-size", "67108864"}
+	out := runPrograms(t, build(t, "producer"), build(t, "consumer"), sizes, []string{"-inflight-bytes", "256MiB"}, 2)
+	if !strings.Contains(string(out), "fetching 2 items of 256MiB, 1 in flight (a 256MiB region)") {
+		t.Fatalf("consumer output:\n%s", out)
+	}
+}
