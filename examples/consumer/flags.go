@@ -1,7 +1,7 @@
 package main
 
-// Flag and memory helpers both programs share (the same file is in
-// examples/producer and examples/consumer).
+// Flag and memory helpers both programs share (examples/producer's
+// flags.go is this file without the size flag type).
 
 import (
 	"bufio"

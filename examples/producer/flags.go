@@ -1,7 +1,7 @@
 package main
 
-// Flag and memory helpers both programs share (the same file is in
-// examples/producer and examples/consumer).
+// Flag and memory helpers both programs share (examples/consumer's
+// flags.go is this file and its -inflight-bytes flag type).
 
 import (
 	"bufio"
@@ -14,28 +14,6 @@ import (
 	"strconv"
 	"strings"
 )
-
-// size is a flag of bytes: a positive number, or one with K, M, G or T
-// (powers of 1024: 256M, 1GiB).
-type size int64
-
-func (s size) String() string { return formatSize(int64(s)) }
-
-func (s *size) Set(v string) error {
-	t := strings.TrimSpace(v)
-	digits := strings.TrimRightFunc(t, func(r rune) bool { return r < '0' || r > '9' })
-	unit := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(t[len(digits):])), "B"), "I")
-	shift, ok := map[string]uint{"": 0, "K": 10, "M": 20, "G": 30, "T": 40}[unit]
-	n, err := strconv.ParseInt(digits, 10, 64)
-	if !ok || err != nil || n > math.MaxInt64>>shift {
-		return errors.New("want bytes, or with K, M, G or T: 256M, 1GiB")
-	}
-	if n == 0 {
-		return errors.New("want a positive size: 256M, 1GiB")
-	}
-	*s = size(n << shift)
-	return nil
-}
 
 // formatSize writes n exactly when it is a whole number of its unit
 // ("64MiB"), else to a tenth ("1.5GiB").
