@@ -50,6 +50,7 @@ type Stats struct {
 	Evictable      int    // ready, unpinned entries
 	EvictableBlock int    // blocks those entries hold
 	Evictions      uint64 // entries evicted by Alloc so far
+	Retired        int    // blocks kept out of use for good (Retire)
 }
 
 type entry struct {
@@ -78,6 +79,7 @@ type EmbeddingCache struct {
 	notReady  int
 	pinned    int
 	evictions uint64
+	retired   int // blocks retired: never handed out again
 	maxSave   int  // the most blocks an Alloc asked for
 	starved   bool // the last Alloc found no room
 }
@@ -319,6 +321,27 @@ func (c *EmbeddingCache) Discard(key string) error {
 	return nil
 }
 
+// Retire drops key's entry, not ready, and keeps its blocks out of use for
+// good: for a write that may still land in them (a READ the data plane
+// could not stop, nor confirm ended), where reusing them could hand out
+// another entry's bytes. Stats.Retired counts them. It fails with
+// ErrNotFound, or for an entry that is ready.
+func (c *EmbeddingCache) Retire(key string) error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, err := c.lookupLocked(key)
+	if err != nil {
+		return err
+	}
+	if e.ready {
+		return fmt.Errorf("%w: %q", errReady, key)
+	}
+	delete(c.entries, key)
+	c.notReady--
+	c.retired += len(e.blocks)
+	return nil
+}
+
 // Get returns key's entry, ready or not.
 func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 	c.mu.Lock()
@@ -361,5 +384,6 @@ func (c *EmbeddingCache) Stats() Stats {
 		Evictable:      c.nEvict,
 		EvictableBlock: c.evictable,
 		Evictions:      c.evictions,
+		Retired:        c.retired,
 	}
 }

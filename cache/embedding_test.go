@@ -433,3 +433,27 @@ func TestHoldAPI(t *testing.T) {
 		t.Fatalf("Pin of a not-ready entry: %v", err)
 	}
 }
+
+// A retired entry's blocks are never handed out again.
+func TestRetire(t *testing.T) {
+	c := NewEmbeddingCache(3)
+	if _, err := c.Alloc("w", 2); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Retire("w"); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.Retired != 2 || st.Free != 1 || st.Entries != 0 || st.NotReady != 0 {
+		t.Fatalf("%+v", st)
+	}
+	if _, err := c.Alloc("x", 2); !errors.Is(err, ErrNoSpace) {
+		t.Fatalf("a retired block was handed out again: %v", err)
+	}
+	if _, err := c.Alloc("x", 1); err != nil {
+		t.Fatal(err)
+	}
+	c.MarkReady("x")
+	if err := c.Retire("x"); err == nil {
+		t.Fatal("a ready entry was retired")
+	}
+}

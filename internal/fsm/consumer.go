@@ -48,9 +48,12 @@ type ConsumerXfer struct {
 	sentAt   time.Time // when the request went out
 	lease    time.Duration
 	handle   xfer.Handle
-	remote   []int    // scratch: the ack's source blocks
-	seen     []uint64 // scratch: for the uniqueness check
-	sorted   []int
+	// loose: a Release could not stop the READ; its handle is gone, and
+	// it may still write until the quarantine deadline.
+	loose  bool
+	remote []int    // scratch: the ack's source blocks
+	seen   []uint64 // scratch: for the uniqueness check
+	sorted []int
 }
 
 // NewConsumerXfer returns a transfer whose request was sent at sentAt,
@@ -285,17 +288,19 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 }
 
 func (x *ConsumerXfer) pollQuarantined(now time.Time) {
-	p, err := x.data.Check(x.handle)
-	if err == nil && p != xfer.InProgress {
-		x.releaseEnded()
-		x.state = Settled
-		return
+	if !x.loose {
+		p, err := x.data.Check(x.handle)
+		if err == nil && p != xfer.InProgress {
+			x.releaseEnded()
+			x.state = Settled
+			return
+		}
 	}
 	if now.After(x.deadline) {
 		// Assume the data plane is stuck. The blocks are handed back, but
 		// flagged: nothing confirmed the DMA stopped.
-		x.forced = x.data.Release(x.handle) != nil
-		x.handle = 0
+		x.forced = x.loose || x.data.Release(x.handle) != nil
+		x.handle, x.loose = 0, false
 		x.state, x.reason = Settled, xfer.QuarantineTimedOut
 	}
 }
@@ -353,11 +358,15 @@ func (x *ConsumerXfer) Quarantine(now time.Time, why xfer.Reason) error {
 // blocks must then not be reused.
 func (x *ConsumerXfer) Release() error {
 	if x.handle == 0 {
+		if x.loose { // released before, and not stopped
+			return fmt.Errorf("%w: %s", xfer.ErrMayStillWrite, x.MMHash)
+		}
 		return nil
 	}
 	err := x.data.Release(x.handle)
 	x.handle = 0
 	if err != nil {
+		x.loose = true
 		return fmt.Errorf("%w: %s: %v", xfer.ErrMayStillWrite, x.MMHash, err)
 	}
 	return nil

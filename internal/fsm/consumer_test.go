@@ -448,3 +448,24 @@ func TestAckPastTheLeasePostsNothing(t *testing.T) {
 		t.Fatalf("reading: %v, %s", err, r.x.State())
 	}
 }
+
+// A READ a Release could not stop stays one that may write: a later
+// Release says so, and its quarantine ends forced, never as confirmed.
+func TestUnstoppedReadStaysUnsafe(t *testing.T) {
+	r := newRig(t)
+	r.read(t, xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	if err := r.x.Release(); !errors.Is(err, xfer.ErrMayStillWrite) {
+		t.Fatalf("first Release: %v", err)
+	}
+	if err := r.x.Quarantine(r.ackAt, xfer.Canceled); err != nil {
+		t.Fatal(err)
+	}
+	if err := r.x.Release(); !errors.Is(err, xfer.ErrMayStillWrite) {
+		t.Fatalf("a second Release called the READ stopped: %v", err)
+	}
+	r.expect(t, r.ackAt.Add(time.Second), fsm.Quarantined)
+	r.expect(t, r.ackAt.Add(r.cfg.QuarantineTimeout+time.Second), fsm.Settled)
+	if !r.x.Forced() {
+		t.Fatal("settled as confirmed, though nothing confirmed the READ ended")
+	}
+}

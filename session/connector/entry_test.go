@@ -3,7 +3,10 @@ package connector
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,6 +94,7 @@ func fetchEntryRandom(t *testing.T, seed uint64) {
 		w.entry(t, fmt.Sprint("e", i), 1+i%3, i%5 != 0)
 	}
 	held := map[string][]int{} // entries the engine holds, and their blocks
+	var retired map[int]bool
 	check := func() {
 		t.Helper()
 		owner := map[int]string{}
@@ -123,8 +127,25 @@ func fetchEntryRandom(t *testing.T, seed uint64) {
 				claim(b, "unsettled "+h)
 			}
 		}
+		// No block a READ may still write is free, or another entry's.
+		for b := range w.cdata.Blocks() {
+			if !w.cdata.MayWrite(b) {
+				continue
+			}
+			if o, ok := owner[b]; (!ok || strings.HasPrefix(o, "held ")) && !retired[b] {
+				t.Fatalf("seed %d: block %d may still be written, and is %q", seed, b, o)
+			}
+		}
 	}
+	retired = map[int]bool{}
 	take := func(r Results) {
+		for _, rel := range r.Released {
+			if rel.Forced {
+				for _, b := range rel.Blocks {
+					retired[b] = true
+				}
+			}
+		}
 		for _, d := range r.Completed {
 			if _, dup := held[d.MMHash]; dup {
 				cc.Unpin(d.MMHash) // held twice (a hit): let one go
@@ -147,15 +168,14 @@ func fetchEntryRandom(t *testing.T, seed uint64) {
 				t.Fatalf("seed %d: %v", seed, err)
 			}
 		case 3:
-			for h := range w.pool.fetches {
-				w.pool.Cancel(h, w.now)
-				break
+			if hs := slices.Sorted(maps.Keys(w.pool.fetches)); len(hs) > 0 {
+				w.pool.Cancel(hs[rng.IntN(len(hs))], w.now)
 			}
 		case 4:
-			for h := range held {
+			if hs := slices.Sorted(maps.Keys(held)); len(hs) > 0 {
+				h := hs[rng.IntN(len(hs))]
 				cc.Unpin(h)
 				delete(held, h)
-				break
 			}
 		case 5:
 			if rng.IntN(4) == 0 {
@@ -188,7 +208,7 @@ func fetchEntryRandom(t *testing.T, seed uint64) {
 		cc.Unpin(h)
 	}
 	st := cc.Stats()
-	if st.Free+st.EvictableBlock != st.Capacity || st.NotReady != 0 || st.Pinned != 0 {
+	if st.Free+st.EvictableBlock+st.Retired != st.Capacity || st.NotReady != 0 || st.Pinned != 0 {
 		t.Fatalf("seed %d: blocks lost: %+v", seed, st)
 	}
 }

@@ -849,7 +849,12 @@ func (p *Pool) release(o session.Outcome, forced bool) {
 	}
 	if _, ok := p.unsettled[o.MMHash]; ok {
 		delete(p.unsettled, o.MMHash)
-		p.giveBack(o.MMHash)
+		if !forced {
+			p.giveBack(o.MMHash)
+		} else if err := p.cfg.Cache.Retire(o.MMHash); err != nil {
+			// Its READ may still write: its blocks are never handed out again.
+			p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
+		}
 	}
 	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced})
 }
@@ -991,7 +996,10 @@ func (p *Pool) giveBack(mmHash string) {
 // ready and held for the engine, and no Alloc can evict it until the
 // engine calls Cache.Unpin(mmHash), once. When it fails, the Pool gives
 // the blocks back to the cache, at once or, where a READ may still write,
-// once it ended; the Failure's Blocks are then not the engine's.
+// once it ended; the Failure's Blocks are then not the engine's. Blocks
+// given up at the quarantine deadline without the READ confirmed ended
+// (a Forced release) are retired from the cache for good
+// (cache.Stats.Retired), not reused.
 //
 // An entry the cache holds ready already is not fetched: it is held for
 // the engine and completes in the next Step (Latency 0, counted in
