@@ -86,12 +86,19 @@ type Config struct {
 	// VLLM producers (the last ones) speak as vLLM's: they see requests
 	// without this library's extensions and send replies without them.
 	VLLM int
+	// Managed consumers (the first ones) fetch with FetchEntry into a
+	// cache of their blocks, which the pool allocates and takes back;
+	// they hold what completed for a few steps, then let it go.
+	Managed int
+	// ShortDeadlines is the share of fetches, with faults on, whose
+	// deadline is 50-600 ms away: it fires in every stage of a fetch.
+	ShortDeadlines float64
 }
 
 // DefaultConfig is the shape CI runs, for seed.
 func DefaultConfig(seed uint64) Config {
 	return Config{Seed: seed, Steps: 2000, Quiet: 1500, Producers: 3, Consumers: 3, Entries: 24, Blocks: 24,
-		Faults: DefaultFaults(), Trace: 40, VLLM: 1}
+		Faults: DefaultFaults(), Trace: 40, VLLM: 1, Managed: 1, ShortDeadlines: 0.2}
 }
 
 // The simulated timeouts keep the reference's order (ack < read < lease <
@@ -126,6 +133,8 @@ type Stats struct {
 	Stalls, Refused, Drains, Saves, Canceled     int
 	LateReplies                                  int
 	Reaped                                       int // idle sessions the pools closed
+	Deadlines                                    int // fetches ended by their deadline
+	Hits                                         int // managed fetches of entries the cache held ready
 }
 
 func (s *Stats) add(o Stats) {
@@ -147,6 +156,8 @@ func (s *Stats) add(o Stats) {
 	s.Saves += o.Saves
 	s.Canceled += o.Canceled
 	s.LateReplies += o.LateReplies
+	s.Deadlines += o.Deadlines
+	s.Hits += o.Hits
 }
 
 type msg struct {
@@ -183,11 +194,13 @@ type producer struct {
 }
 
 type fetch struct {
-	hash    string
-	addr    string
-	blocks  []int
-	start   int
-	mustEnd int // step by which it must have completed (0: no promise)
+	hash     string
+	addr     string
+	blocks   []int // nil for a managed consumer's: the pool's
+	start    int
+	mustEnd  int       // step by which it must have completed (0: no promise)
+	deadline time.Time // by which it must have ended
+	hit      bool      // a managed fetch of an entry its cache held ready
 }
 
 type consumer struct {
@@ -205,6 +218,17 @@ type consumer struct {
 	// READ posted, and the end of its grant's lease.
 	granted map[string]time.Time
 	reads   map[string]read
+	// A managed consumer's cache (the pool allocates its blocks), the
+	// entries it holds (step to let go), and the blocks retired by forced
+	// releases.
+	cache   *cache.EmbeddingCache
+	owned   map[string]ownedEntry
+	retired map[int]bool
+}
+
+type ownedEntry struct {
+	blocks []int
+	until  int
 }
 
 type read struct {
@@ -296,6 +320,9 @@ func Run(cfg Config) (Stats, error) {
 		c := &consumer{id: i, data: s.fab.New(fmt.Sprintf("c%d", i), cfg.Blocks, blockSize),
 			held: map[string][]int{}, inflight: map[string]*fetch{}, stuck: map[xfer.Handle]int{},
 			granted: map[string]time.Time{}, reads: map[string]read{}}
+		if i < cfg.Managed {
+			c.cache, c.owned, c.retired = cache.NewEmbeddingCache(cfg.Blocks), map[string]ownedEntry{}, map[int]bool{}
+		}
 		for b := range cfg.Blocks {
 			c.free = append(c.free, b)
 		}
@@ -421,7 +448,7 @@ func (s *sim) startPool(c *consumer) {
 	var err error
 	c.pool, err = connector.NewPool(connector.PoolConfig{CompatHash: "sim", Xfer: xcfg, AckTimeout: ackTimeout,
 		Retry:     connector.RetryConfig{MaxAttempts: 4, MaxElapsed: 2 * time.Second, BaseBackoff: 20 * time.Millisecond, MaxBackoff: 200 * time.Millisecond},
-		BlockSize: blockSize, Seed: s.rng.Uint64() | 1, Logger: s.log,
+		BlockSize: blockSize, Seed: s.rng.Uint64() | 1, Logger: s.log, Cache: c.cache,
 		// Short, so that sessions are reaped (and their connections
 		// dropped) in a run, some while a death is on its way.
 		IdleSession: idleSession}, c.ctl, c.data)
@@ -549,6 +576,9 @@ func (s *sim) tick() {
 	for _, c := range s.cons {
 		s.startFetches(c)
 		s.collect(c, c.pool.Step(s.now))
+		if c.cache != nil {
+			s.letGo(c, !s.faulty() && s.step >= s.cfg.Steps+s.cfg.Quiet-100)
+		}
 	}
 	s.check()
 }
@@ -704,25 +734,48 @@ func (s *sim) startFetches(c *consumer) {
 			}
 			n = len(e.Blocks)
 		}
-		if _, busy := c.inflight[h]; busy || len(c.free) < n {
+		if _, busy := c.inflight[h]; busy || c.cache == nil && len(c.free) < n {
 			continue
 		}
 		if _, held := c.held[h]; held {
 			continue // the pool would refuse it: a READ for it may still run
 		}
-		blocks := slices.Clone(c.free[len(c.free)-n:])
-		joined, err := c.pool.Fetch(p.addr, h, blocks, s.now.Add(5*time.Second), s.now)
-		if joined || err != nil {
-			continue
+		deadline := s.now.Add(5 * time.Second)
+		short := s.chance(s.cfg.ShortDeadlines)
+		if short {
+			deadline = s.now.Add(50*time.Millisecond + time.Duration(s.rng.IntN(56))*stepLen)
 		}
-		c.free = c.free[:len(c.free)-n]
-		f := &fetch{hash: h, addr: p.addr, blocks: blocks, start: s.step}
-		if e, ok := p.cache.Get(h); ok && e.Ready && s.step > s.cfg.Steps+200 {
+		f := &fetch{hash: h, addr: p.addr, start: s.step, deadline: deadline}
+		if c.cache != nil {
+			if _, owned := c.owned[h]; owned {
+				continue // one hold at a time, in this engine
+			}
+			e, ok := c.cache.Get(h)
+			f.hit = ok && e.Ready
+			joined, err := c.pool.FetchEntry(p.addr, h, n*blockSize-blockSize/2, deadline, s.now)
+			switch {
+			case joined:
+				s.fail("c%d: FetchEntry of %s joined a fetch the engine does not know", c.id, h)
+			case errors.Is(err, cache.ErrNoSpace) || errors.Is(err, connector.ErrInFlight):
+				continue
+			case err != nil:
+				s.fail("c%d: FetchEntry of %s: %v", c.id, h, err)
+				continue
+			}
+		} else {
+			f.blocks = slices.Clone(c.free[len(c.free)-n:])
+			joined, err := c.pool.Fetch(p.addr, h, f.blocks, deadline, s.now)
+			if joined || err != nil {
+				continue
+			}
+			c.free = c.free[:len(c.free)-n]
+		}
+		if e, ok := p.cache.Get(h); ok && e.Ready && s.step > s.cfg.Steps+200 && !short {
 			f.mustEnd = s.step + 150
 		}
 		c.inflight[h] = f
 		s.stats.Fetches++
-		s.event("c%d fetch %s blocks %v", c.id, h, blocks)
+		s.event("c%d fetch %s blocks %v by +%v", c.id, h, f.blocks, deadline.Sub(s.now))
 	}
 }
 
@@ -737,7 +790,15 @@ func (s *sim) collect(c *consumer, r *connector.Results) {
 		}
 		delete(c.inflight, d.MMHash)
 		s.stats.Completed++
-		s.event("c%d completed %s", c.id, d.MMHash)
+		s.event("c%d completed %s into %v", c.id, d.MMHash, d.Blocks)
+		if d.Held != (c.cache != nil) {
+			s.fail("c%d: completion of %s held %v", c.id, d.MMHash, d.Held)
+		}
+		if f.hit {
+			s.stats.Hits++
+			s.own(c, d.MMHash, d.Blocks)
+			continue // no READ: the bytes were checked when it landed
+		}
 		// The producer's bytes for that entry, never another's: a pin
 		// dropped under a READ shows here once a save reuses the blocks.
 		// And none written after the lease of the grant read under.
@@ -756,6 +817,10 @@ func (s *sim) collect(c *consumer, r *connector.Results) {
 				s.fail("c%d: %s block %d holds bytes written %v after its grant's lease ended", c.id, d.MMHash, j, at.Sub(rd.leaseEnd))
 			}
 		}
+		if c.cache != nil {
+			s.own(c, d.MMHash, d.Blocks)
+			continue
+		}
 		s.free(c, d.Blocks, "completed "+d.MMHash)
 	}
 	for _, f := range r.Failed {
@@ -766,13 +831,19 @@ func (s *sim) collect(c *consumer, r *connector.Results) {
 		fe := c.inflight[f.MMHash]
 		delete(c.inflight, f.MMHash)
 		s.stats.Failed++
+		if f.Reason == xfer.DeadlineExceeded {
+			s.stats.Deadlines++
+		}
 		s.event("c%d failed %s: %s %s held=%v", c.id, f.MMHash, f.Reason, f.Status, f.BlocksHeld)
 		if fe.mustEnd != 0 {
 			s.fail("c%d: fetch of ready %s failed without faults: %s %s", c.id, f.MMHash, f.Reason, f.Status)
 		}
+		if fe.hit {
+			s.fail("c%d: a hit of %s failed", c.id, f.MMHash)
+		}
 		if f.BlocksHeld {
 			c.held[f.MMHash] = f.Blocks
-		} else {
+		} else if c.cache == nil {
 			s.free(c, f.Blocks, "failed "+f.MMHash)
 		}
 	}
@@ -785,13 +856,109 @@ func (s *sim) collect(c *consumer, r *connector.Results) {
 		delete(c.held, rel.MMHash)
 		s.stats.Released++
 		s.event("c%d released %s forced=%v", c.id, rel.MMHash, rel.Forced)
-		if rel.Forced {
+		switch {
+		case rel.Forced && c.cache != nil:
+			s.stats.Forced++
+			for _, b := range rel.Blocks {
+				c.retired[b] = true
+			}
+		case rel.Forced:
 			s.stats.Forced++
 			c.poisoned = append(c.poisoned, rel.Blocks...)
-		} else {
+		case c.cache == nil:
 			s.free(c, rel.Blocks, "released "+rel.MMHash)
 		}
 	}
+}
+
+// own holds a managed consumer's completed entry for a few steps.
+func (s *sim) own(c *consumer, h string, blocks []int) {
+	if _, dup := c.owned[h]; dup {
+		s.fail("c%d: %s held twice", c.id, h)
+		return
+	}
+	c.owned[h] = ownedEntry{blocks: slices.Clone(blocks), until: s.step + s.rng.IntN(30)}
+}
+
+// letGo lets go of a managed consumer's entries whose time has come (all of
+// them, with all).
+func (s *sim) letGo(c *consumer, all bool) {
+	for _, h := range slices.Sorted(maps.Keys(c.owned)) {
+		if o := c.owned[h]; o.until <= s.step || all {
+			if err := c.cache.Unpin(h); err != nil {
+				s.fail("c%d: let go of %s: %v", c.id, h, err)
+			}
+			delete(c.owned, h)
+		}
+	}
+}
+
+// checkManaged checks a managed consumer's blocks: the entries it holds
+// are there, ready, held and unmoved; no block a READ may still write is
+// free or another's (in flight, a failure whose READ may still write, or
+// retired); the cache's counts add up.
+func (s *sim) checkManaged(c *consumer) {
+	mine := map[int]string{}
+	for h, o := range c.owned {
+		e, ok := c.cache.Get(h)
+		if !ok || !e.Ready || e.Pins == 0 || !slices.Equal(e.Blocks, o.blocks) {
+			s.fail("c%d: held entry %s evicted, let go or moved: %+v", c.id, h, e)
+			return
+		}
+		for _, b := range o.blocks {
+			mine[b] = "owned " + h
+		}
+	}
+	for h, f := range c.inflight {
+		if f.hit {
+			continue
+		}
+		e, ok := c.cache.Get(h)
+		if !ok || e.Ready {
+			s.fail("c%d: %s in flight has no entry being written", c.id, h)
+			return
+		}
+		for _, b := range e.Blocks {
+			mine[b] = "fetch " + h
+		}
+	}
+	for h, bs := range c.held {
+		if e, ok := c.cache.Get(h); !ok || e.Ready || !slices.Equal(e.Blocks, bs) {
+			s.fail("c%d: %s, whose READ may write, has no entry being written", c.id, h)
+			return
+		}
+		for _, b := range bs {
+			mine[b] = "held failure " + h
+		}
+	}
+	for b := range s.cfg.Blocks {
+		if who, ok := mine[b]; c.data.MayWrite(b) && (!ok || strings.HasPrefix(who, "owned ")) && !c.retired[b] {
+			s.fail("c%d: block %d may still be written, and is %q", c.id, b, who)
+			return
+		}
+	}
+	if st := c.cache.Stats(); st.Free+st.EvictableBlock+st.Retired+blocksOf(c) != st.Capacity || st.Retired != len(c.retired) {
+		s.fail("c%d: cache blocks add up wrong: %+v", c.id, st)
+	}
+}
+
+// blocksOf counts the blocks of a managed consumer's cache entries that
+// are held or not ready.
+func blocksOf(c *consumer) int {
+	n := 0
+	for h := range c.owned {
+		e, _ := c.cache.Get(h)
+		n += len(e.Blocks)
+	}
+	for h, f := range c.inflight {
+		if e, ok := c.cache.Get(h); ok && !f.hit && !e.Ready {
+			n += len(e.Blocks)
+		}
+	}
+	for _, bs := range c.held {
+		n += len(bs)
+	}
+	return n
 }
 
 func (s *sim) free(c *consumer, blocks []int, why string) {
@@ -855,6 +1022,13 @@ func (s *sim) check() {
 			if f.mustEnd != 0 && s.step > f.mustEnd {
 				s.fail("c%d: fetch of ready %s (step %d) has not completed", c.id, f.hash, f.start)
 			}
+			if !s.now.Before(f.deadline) && !f.hit {
+				s.fail("c%d: fetch of %s (step %d) still in flight %v past its deadline", c.id, f.hash, f.start, s.now.Sub(f.deadline))
+			}
+		}
+		if c.cache != nil {
+			s.checkManaged(c)
+			continue
 		}
 		held := 0
 		for _, b := range c.held {
@@ -908,6 +1082,13 @@ func (s *sim) finish() {
 		s.collect(c, c.pool.Step(s.now)) // what Close ended
 		if l := c.data.Leaks(); len(l.Handles) > 0 || len(l.Peers) > 0 {
 			s.fail("c%d leaks handles %v, peers %v", c.id, l.Handles, l.Peers)
+		}
+		if c.cache != nil {
+			s.letGo(c, true)
+			if st := c.cache.Stats(); st.Free+st.EvictableBlock+st.Retired != s.cfg.Blocks || st.NotReady+st.Pinned != 0 {
+				s.fail("c%d: cache blocks not all back: %+v", c.id, st)
+			}
+			continue
 		}
 		if len(c.free)+len(c.poisoned) != s.cfg.Blocks {
 			s.fail("c%d: %d of %d blocks back", c.id, len(c.free)+len(c.poisoned), s.cfg.Blocks)
