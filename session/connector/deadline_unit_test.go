@@ -3,6 +3,7 @@ package connector
 import (
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -257,4 +258,30 @@ func TestEndedFetchsAckIsGivenBack(t *testing.T) {
 			}
 		})
 	}
+}
+
+// A failure prints what failed and why, never a status "OK".
+func TestFailurePrintsNoOK(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 2, true)
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	w.fetch(t, "H", 50*time.Millisecond)
+	r := w.until(t, 10*time.Millisecond, 10, func(r Results) bool { return len(r.Failed) > 0 })
+	for _, s := range []string{fmt.Sprint(r.Failed[0]), fmt.Sprintf("%v", r.Failed)} {
+		if strings.Contains(s, "OK") || !strings.Contains(s, "deadline") || !strings.Contains(s, "held") {
+			t.Fatalf("printed %q", s)
+		}
+	}
+	nack := w.fetchNack(t)
+	if s := fmt.Sprint(nack); !strings.Contains(s, "NACK_MISSING") {
+		t.Fatalf("a NACK printed %q", s)
+	}
+}
+
+func (w *world) fetchNack(t *testing.T) Failure {
+	t.Helper()
+	if _, err := w.pool.Fetch(addr, "absent", []int{3}, w.now.Add(time.Minute), w.now); err != nil {
+		t.Fatal(err)
+	}
+	return w.until(t, time.Millisecond, 10, func(r Results) bool { return len(pick(r.Failed, "absent")) > 0 }).Failed[0]
 }

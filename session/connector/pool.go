@@ -175,6 +175,20 @@ type Failure struct {
 	BlocksHeld bool
 }
 
+// String says what failed and why in words, as Err does, and whether the
+// blocks are held: a NACK's status where there is one, never a status
+// "OK" of a failure that had none.
+func (f Failure) String() string {
+	s := "connector: fetch of " + f.MMHash + " failed: " + f.Reason.String()
+	if f.Err != nil {
+		s = f.Err.Error()
+	}
+	if f.BlocksHeld {
+		s += " (blocks held until released)"
+	}
+	return s
+}
+
 // Released hands back the blocks of a failed fetch whose READ has ended.
 type Released struct {
 	MMHash string
