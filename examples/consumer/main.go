@@ -78,6 +78,9 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 	// (ulimit -l).
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: inFlight * perItem, BlockSize: blockSize, NoLock: !lock, RequireLock: lock})
 	if err != nil {
+		if lock { // a refused lock is undone by leaving -mlock out
+			err = fmt.Errorf("-mlock: %w", err)
+		}
 		return err
 	}
 	defer region.Close()

@@ -74,6 +74,9 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int, lock bo
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: items * perItem, BlockSize: blockSize, Shared: plane == "shm",
 		NoLock: !lock, RequireLock: lock})
 	if err != nil {
+		if lock { // a refused lock is undone by leaving -mlock out
+			err = fmt.Errorf("-mlock: %w", err)
+		}
 		return err
 	}
 	defer region.Close()

@@ -233,6 +233,15 @@ func (c Config) CompatHash() string {
 	return wire.CompatHash("ecxfer-demo", "demo/model", "torch.bfloat16", c.BlockSize)
 }
 
+// regionError names -mlock in a region's error when it was given: a
+// refused lock is undone by leaving it out.
+func (c Config) regionError(err error) error {
+	if c.Lock {
+		return fmt.Errorf("-mlock: %w", err)
+	}
+	return err
+}
+
 // Hash is item i's mm_hash.
 func Hash(i int) string {
 	s := sha256.Sum256(fmt.Appendf(nil, "ecxfer demo item %d", i))
@@ -313,7 +322,7 @@ func StartProducer(cfg Config, controlAddr, dataAddr string, log *slog.Logger) (
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: cfg.BlockSize,
 		Shared: cfg.Data == "" || cfg.Data == "shm", NoLock: !cfg.Lock, RequireLock: cfg.Lock})
 	if err != nil {
-		return nil, err
+		return nil, cfg.regionError(err)
 	}
 	c := cache.NewEmbeddingCache(blocks)
 	total := int64(blocks) * int64(cfg.BlockSize)
@@ -474,7 +483,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: inFlight * cfg.BlocksPerItem, BlockSize: cfg.BlockSize,
 		NoLock: !cfg.Lock, RequireLock: cfg.Lock})
 	if err != nil {
-		return Summary{}, err
+		return Summary{}, cfg.regionError(err)
 	}
 	defer region.Close()
 	// Touched before the clock starts, as mlock would: the first fetches
