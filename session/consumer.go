@@ -120,6 +120,9 @@ type ConsumerSession struct {
 	ownMade int                 // ownSent's size when made (Trim)
 	contact contact
 	replied bool // a reply answered one of our requests
+	// echoes: a reply named the request it answers (a Go producer's do),
+	// so a reply to a forgotten request is never taken for another's.
+	echoes bool
 
 	byHash      map[string]*cxfer // active and quarantined
 	active      []*cxfer          // in start order
@@ -216,7 +219,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, no
 	if c.perHash[mmHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: %s", errUnanswered, mmHash)
 	}
-	attempt, sid, err := c.send(mmHash, false)
+	attempt, sid, err := c.send(mmHash, false, ackDeadline)
 	if err != nil {
 		return err
 	}
@@ -241,7 +244,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, no
 // records it as unanswered; it returns its attempt and the session id it
 // carries: the session's, or one of its own once the producer is known to
 // name no grant (see ownIDs).
-func (c *ConsumerSession) send(mmHash string, contact bool) (uint64, string, error) {
+func (c *ConsumerSession) send(mmHash string, contact bool, expires time.Time) (uint64, string, error) {
 	attempt := attemptIDs.Add(1)
 	sid := c.id
 	if c.ownIDs && !contact {
@@ -260,7 +263,7 @@ func (c *ConsumerSession) send(mmHash string, contact bool) (uint64, string, err
 	if err := c.peer.Send(c.buf); err != nil {
 		return 0, "", fmt.Errorf("session: send XferReq for %s: %w", mmHash, err)
 	}
-	r := request{mmHash: mmHash, attempt: attempt}
+	r := request{mmHash: mmHash, attempt: attempt, expires: expires}
 	if sid != c.id {
 		r.sid = sid
 		if c.ownSent == nil {
@@ -308,7 +311,7 @@ func (c *ConsumerSession) sendContact(deadline, now time.Time) error {
 	if c.perHash[wirext.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: contact", errUnanswered)
 	}
-	attempt, _, err := c.send(wirext.ContactHash, true)
+	attempt, _, err := c.send(wirext.ContactHash, true, deadline)
 	if err != nil {
 		return err
 	}
@@ -372,7 +375,8 @@ func (c *ConsumerSession) contactOf() plane.Contact {
 type request struct {
 	mmHash  string
 	attempt uint64
-	sid     string // its own session id (ownIDs), or "" for the session's
+	sid     string    // its own session id (ownIDs), or "" for the session's
+	expires time.Time // its ack deadline
 }
 
 // unanswered returns how many requests are unanswered.
@@ -397,8 +401,9 @@ func (c *ConsumerSession) answer(mmHash, sid []byte, attempt uint64) (*cxfer, ui
 		var found bool
 		i, found = slices.BinarySearchFunc(q, attempt, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
 		if !found || q[i].mmHash != string(mmHash) {
-			return nil, 0 // not ours, or answered already
+			return nil, 0 // not ours, answered already, or forgotten
 		}
+		c.echoes = true
 	case len(sid) != 0:
 		// The session's id answers a request that carried it, a
 		// request's own id exactly that request.
@@ -676,6 +681,27 @@ func (c *ConsumerSession) advance(now time.Time) {
 	clear(c.active[len(kept):])
 	c.active = kept
 	c.drainQuarantine(now)
+	c.expire(now)
+}
+
+// expire forgets the oldest unanswered requests once their ack deadline
+// has passed, where a late reply to one can only be told for what it is:
+// the producer names the request a reply answers (echoes), or the request
+// carried a session id of its own, which its OK ack echoes. (A NACK names
+// neither; one taken for a later request of its mm_hash ends that one
+// without a READ.) Others are kept until answered, or the connection
+// dies: matched by order, a late reply would otherwise be taken for a
+// later request's, whose grant may be younger than the reply's. Records
+// go in the order they were sent, so one not yet due holds those behind
+// it; with the ack timeout fixed they expire in order.
+func (c *ConsumerSession) expire(now time.Time) {
+	for c.unanswered() > 0 {
+		r := &c.sent[c.sentHead]
+		if !now.After(r.expires) || !c.echoes && r.sid == "" || r.attempt == c.contact.attempt && !c.contact.done {
+			return
+		}
+		c.forgetSent(1)
+	}
 }
 
 // enterQuarantine fails a transfer whose READ may still write: its blocks
