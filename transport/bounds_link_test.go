@@ -2,7 +2,9 @@ package transport
 
 import (
 	"bytes"
+	"encoding/binary"
 	"fmt"
+	"io"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -261,5 +263,66 @@ func TestReadPostedAsItsPushIsTaken(t *testing.T) {
 	h := <-posted
 	if got := waitEnd(t, c, h); got != xfer.Complete || !bytes.Equal(cb(2), pb(5)) || !bytes.Equal(cb(3), pb(6)) {
 		t.Fatalf("the READ: %v (landed from pushes %d, pushes dropped %d)", got, c.Stats().Pushed, c.Stats().PushDrops)
+	}
+}
+
+// readReadFrame reads a consumer's READ frame on conn and returns its id.
+func readReadFrame(t *testing.T, conn net.Conn) uint64 {
+	t.Helper()
+	var b [headLen + 14]byte
+	if _, err := io.ReadFull(conn, b[:]); err != nil || b[4] != frameRead {
+		t.Fatalf("READ frame: %v, type %d", err, b[4])
+	}
+	nl := int(binary.BigEndian.Uint16(b[headLen+8:]) &^ readResend)
+	n := int(binary.BigEndian.Uint32(b[headLen+10:]))
+	if _, err := io.ReadFull(conn, make([]byte, nl+4*n)); err != nil {
+		t.Fatal(err)
+	}
+	return binary.BigEndian.Uint64(b[headLen:])
+}
+
+// A push that lands the READ at the head of its connection's queue starts
+// the turn of the READ behind it, as the head's answer would: on a link
+// that moves bytes steadily (the push trickling in, each piece well
+// within IOTimeout) for longer than IOTimeout, the head's deadline does
+// not pass before the producer's "pushed" answer comes, and the READ
+// behind is answered, not failed.
+func TestPushLandingTheHeadStartsTheNextTurn(t *testing.T) {
+	const bs = 4096
+	const timeout = 800 * time.Millisecond
+	meta, conns := welcomingProducer(t, bs, 8, true)
+	cr := newRegion(t, 8, bs)
+	c := newTCP(t, cr, TCPConfig{Conns: 1, IOTimeout: timeout})
+	peer, err := c.AddRemotePeer(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	notif := []byte("00000000-0000-4000-8000-000000000001:h#7.0102030405060708090a0b0c0d0e0f10")
+	ha, err := c.PostRead([]int{0, 1}, peer.Agent, []int{2, 3}, notif)
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn := <-conns
+	ida := readReadFrame(t, conn)
+	hb, err := c.PostRead([]int{4}, peer.Agent, []int{5}, []byte("s:m"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idb := readReadFrame(t, conn)
+	// The head's push: a piece every quarter of IOTimeout, 3/2 of it in all.
+	want := bytes.Repeat([]byte{7}, 2*bs)
+	push := append(appendPushHead(nil, notif, 2*bs, []int{2, 3}), want...)
+	const pieces = 6
+	for i := range pieces {
+		conn.Write(push[i*len(push)/pieces : (i+1)*len(push)/pieces])
+		time.Sleep(timeout / 4)
+	}
+	conn.Write(appendDataHead(nil, ida, dataPushed, 0))
+	conn.Write(append(appendDataHead(nil, idb, dataOK, bs), bytes.Repeat([]byte{9}, bs)...))
+	if got := waitEnd(t, c, ha); got != xfer.Complete || !bytes.Equal(cr.Bytes()[:2*bs], want) {
+		t.Fatalf("the head: %v", got)
+	}
+	if got := waitEnd(t, c, hb); got != xfer.Complete || !bytes.Equal(cr.Block(4), bytes.Repeat([]byte{9}, bs)) {
+		t.Fatalf("the READ behind the head: %v", got)
 	}
 }

@@ -362,6 +362,9 @@ func (l *link) takePush(r *bufio.Reader) error {
 			}
 		}
 		op.land(err == nil)
+		if err == nil && !unsent {
+			l.pushedHead(op)
+		}
 		return err
 	}
 	if st == nil {
@@ -379,4 +382,18 @@ func (l *link) takePush(r *bufio.Reader) error {
 		p.landStaged(op, st)
 	}
 	return err
+}
+
+// pushedHead starts the turn of the READ behind op when op, landed by its
+// push, is the head of l's queue: as when an answer lands it (answer), the
+// next READ's deadline runs from now. The head's own answer ("pushed", a
+// few bytes) comes right behind its push; were the deadline left to run
+// from when the head was sent, a push that took most of IOTimeout to
+// arrive, on a link moving bytes all along, would fail the READs behind.
+func (l *link) pushedHead(op *readOp) {
+	l.mu.Lock()
+	if len(l.pending) > 0 && l.pending[0] == op {
+		l.headAt = time.Now()
+	}
+	l.mu.Unlock()
 }
