@@ -6,9 +6,11 @@
 // its own (a TCP consumer against a NIXL producer, say).
 //
 // It is written against the public API only: a region for the blocks
-// fetched (cache), a control plane and a data plane (transport, nixl), and
-// the Pool that fetches (session/connector), driven by the loop an engine
-// would run.
+// fetched and the cache that gives them out (cache), a control plane and a
+// data plane (transport, nixl), and the Pool that fetches into that cache
+// (session/connector, FetchEntry), driven by the loop an engine would run.
+// Each fetch has -deadline to complete, whatever it waits for: after it,
+// the engine would encode the item itself.
 package main
 
 import (
@@ -42,6 +44,7 @@ func main() {
 	flag.Var(&budget, "inflight-bytes", "bytes in flight, and so the size of the region fetched into: as many fetches as whole items fit, at most -concurrency (K, M, G or T: 256M, 1GiB)")
 	lock := flag.Bool("mlock", false, "lock the region in RAM (mlock): a refusal (ulimit -l) fails the start")
 	every := flag.Duration("progress-every", 2*time.Second, "how often to report how far along the fetches are; 0: never")
+	deadline := flag.Duration("deadline", 30*time.Second, "how long each fetch may take, from its start: past it, it fails (an engine would encode the item itself)")
 	parseFlags("consumer")
 	item := itemBytes(*perItem, *blockSize)
 	err := positive([]string{"items", "blocks-per-item", "block-size", "concurrency"}, *items, *perItem, *blockSize, *concurrency)
@@ -51,6 +54,8 @@ func main() {
 		err = fmt.Errorf("-data %q: want shm, tcp or nixl", *plane)
 	case *every < 0:
 		err = fmt.Errorf("-progress-every %v: want 0 (never) or more", *every)
+	case *deadline <= 0:
+		err = fmt.Errorf("-deadline %v: want more than 0", *deadline)
 	case item < 0 || item > int64(budget):
 		err = fmt.Errorf("-inflight-bytes %v holds no item of %d blocks of %s: give -inflight-bytes %s or more, or a smaller -block-size or -blocks-per-item",
 			budget, *perItem, formatSize(int64(*blockSize)), formatSize(item))
@@ -65,13 +70,13 @@ func main() {
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
-	if err := run(ctx, *producer, *plane, *items, *perItem, *blockSize, inFlight, *lock, *every); err != nil {
+	if err := run(ctx, *producer, *plane, *items, *perItem, *blockSize, inFlight, *lock, *every, *deadline); err != nil {
 		fmt.Fprintln(os.Stderr, "consumer:", err)
 		os.Exit(1)
 	}
 }
 
-func run(ctx context.Context, producer, plane string, items, perItem, blockSize, inFlight int, lock bool, every time.Duration) error {
+func run(ctx context.Context, producer, plane string, items, perItem, blockSize, inFlight int, lock bool, every, deadline time.Duration) error {
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	// The region holds the items in flight. Unlocked by default: locking
 	// takes the whole region at once, and a refusal names the limit
@@ -100,7 +105,10 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 	defer data.Close()
 	ctl := transport.NewClient(transport.ClientConfig{Logger: log})
 	defer ctl.Close()
-	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: CompatHash(blockSize), BlockSize: blockSize, Logger: log}, ctl, data)
+	// The cache gives out the region's blocks: the Pool allocates each
+	// fetch's, and hands a landed entry over held until we let it go.
+	entries := cache.NewEmbeddingCache(region.Blocks())
+	pool, err := connector.NewPool(connector.PoolConfig{CompatHash: CompatHash(blockSize), BlockSize: blockSize, Logger: log, Cache: entries}, ctl, data)
 	if err != nil {
 		return err
 	}
@@ -109,13 +117,6 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 		return explain(producer, plane, err)
 	}
 
-	free := make([][]int, inFlight) // block groups not in use
-	for i := range free {
-		free[i] = make([]int, perItem)
-		for j := range perItem {
-			free[i][j] = i*perItem + j
-		}
-	}
 	item := map[string]int{} // mm_hash -> item, in flight
 	want := make([]byte, blockSize)
 	var verified, failed, next int
@@ -123,16 +124,22 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 	report := start.Add(every)
 	for next < items || len(item) > 0 {
 		now := time.Now()
-		for ; next < items && len(free) > 0; next++ {
-			blocks := free[len(free)-1]
-			if _, err := pool.Fetch(producer, Hash(next), blocks, now.Add(30*time.Second), now); err != nil {
+		for ; next < items && len(item) < inFlight; next++ {
+			_, err := pool.FetchEntry(producer, Hash(next), perItem*blockSize, now.Add(deadline), now)
+			if errors.Is(err, cache.ErrNoSpace) {
+				break // blocks whose READ may still write are not back yet
+			}
+			if err != nil {
 				return fmt.Errorf("fetch item %d: %w", next, err)
 			}
-			free, item[Hash(next)] = free[:len(free)-1], next
+			item[Hash(next)] = next
 		}
 		wait := time.Duration(-1) // until something happens
 		if every > 0 {
 			wait = max(0, time.Until(report))
+		}
+		if len(item) == 0 { // nothing in flight: blocks held by READs that may still write come back in a Step
+			wait = 10 * time.Millisecond
 		}
 		if !pool.WaitFor(ctx, wait) {
 			return ctx.Err()
@@ -151,7 +158,11 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 			}
 			verified++
 			delete(item, d.MMHash)
-			free = append(free, d.Blocks)
+			// Done with it: let it go, and drop it, as an engine that
+			// serves no one would; the blocks are free again.
+			if err := errors.Join(entries.Unpin(d.MMHash), entries.Remove(d.MMHash)); err != nil {
+				return err
+			}
 		}
 		for _, f := range r.Failed {
 			if errors.Is(f.Err, xfer.RegisterFailed) || errors.Is(f.Err, wire.NackIncompat) {
@@ -159,13 +170,7 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 			}
 			fmt.Fprintln(os.Stderr, "consumer:", f.Err) // an engine would encode the item itself
 			failed++
-			delete(item, f.MMHash)
-			if !f.BlocksHeld { // else they come back in a later Released
-				free = append(free, f.Blocks)
-			}
-		}
-		for _, rel := range r.Released {
-			free = append(free, rel.Blocks)
+			delete(item, f.MMHash) // the Pool gives its blocks back to the cache
 		}
 	}
 	summary(verified, failed, time.Since(start), pool.Stats())
