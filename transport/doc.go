@@ -111,7 +111,7 @@
 //
 // Deadlines count progress, the same on both sides: a READ fails when no
 // byte of it moved for IOTimeout, its clock starting when it reached the
-// head of its connection's queue (the answer ahead of it landed), and the
+// head of its connection's queue (the answer ahead of it, or the push that landed the READ ahead of it), and the
 // producer's writes follow the same rule.
 //
 // Sockets, of both planes, are read and written with raw system calls

@@ -73,7 +73,8 @@ func TestPushesOnlyToProvenConnections(t *testing.T) {
 	notif := g.grant(3, 4)
 	released := make(chan struct{})
 	// The answer to pushPair's READ may still hold the connection's
-	// write lock (a push never waits for it): try until it is free.
+	// write lock (a push then waits for it, or is declined while others
+	// wait): try until it is taken.
 	until(t, "pushed to the consumer", func() bool {
 		return g.att.Push(1, notif, []int{3, 4}, func() { close(released) })
 	})
