@@ -115,10 +115,11 @@ func rtt(b *testing.B, once func()) {
 	b.ReportMetric(float64(lat[len(lat)/2].Microseconds()), "p50-µs")
 }
 
-// pyRTT runs the pyzmq DEALER benchmark once for 2 s and reports its
-// numbers.
+// pyRTT runs the pyzmq DEALER benchmark once for 2 s (pybench.Short
+// under -benchtime 1x) and reports its numbers.
 func pyRTT(b *testing.B, args ...string) {
-	pybench.Run(b, python, append([]string{pyScript("py_dealer_bench.py"), args[0], "2"}, args[1:]...)...)
+	secs := pybench.Seconds(2 * time.Second)
+	pybench.Run(b, python, append([]string{pyScript("py_dealer_bench.py"), args[0], secs}, args[1:]...)...)
 }
 
 // serveEcho answers every request with its own payload until ctx ends,

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/pybench"
 	"github.com/ecxfer/ecxfer/internal/steal"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
@@ -28,7 +29,7 @@ import (
 )
 
 var (
-	engineFor  = flag.Duration("engine.for", 2*time.Second, "how long BenchmarkEngine measures each phase")
+	engineFor  = flag.Duration("engine.for", 2*time.Second, "how long BenchmarkEngine measures each phase (pybench.Short under -benchtime 1x unless set)")
 	engineWork = flag.Duration("engine.work", 200*time.Microsecond, "BenchmarkEngine: CPU work of each engine goroutine per step")
 )
 
@@ -170,6 +171,9 @@ func (p enginePhase) add(q enginePhase) enginePhase {
 func (base enginePhase) own(f enginePhase) float64 {
 	return f.work + f.steps*(base.cpu-base.work)/base.steps
 }
+
+// enginePhaseLen is how long each phase of BenchmarkEngine lasts.
+func enginePhaseLen() time.Duration { return pybench.For(*engineFor, "engine.for") }
 
 // engineProducerMain is the second process of BenchmarkEngine: a Producer
 // stepped by an engine, with spec <blocks>x<bs>,<data>,<work ns>: it
@@ -399,12 +403,13 @@ func enginePingPong(b *testing.B, rate float64) {
 			n++
 		}
 	}
-	run(*engineFor / 4)
+	phase := enginePhaseLen()
+	run(phase / 4)
 	r0, l0 := remote(), e.snap()
-	time.Sleep(*engineFor)
+	time.Sleep(phase)
 	l1, r1, r2, l2 := e.snap(), remote(), remote(), e.snap()
 	n = 0
-	run(*engineFor)
+	run(phase)
 	l3, r3 := e.snap(), remote()
 	cb, pb, cf, pf := phaseOf(l0, l1), phaseOf(r0, r1), phaseOf(l2, l3), phaseOf(r2, r3)
 	lib := cf.cpu - cb.cpu*cf.secs/cb.secs + pf.cpu - pb.cpu*pf.secs/pb.secs
@@ -707,9 +712,10 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 			step(-1, false)
 		}
 	}
+	phase := enginePhaseLen()
 	// Warm-up: connections, mappings, first touches; not recorded.
 	for i := range loads {
-		until = time.Now().Add(*engineFor / 4)
+		until = time.Now().Add(phase / 4)
 		due = time.Now()
 		for time.Now().Before(until) {
 			step(i, false)
@@ -723,7 +729,7 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 	measure := func(asking int) (enginePhase, enginePhase) {
 		s0, _ := steal.Machine()
 		r0, l0 := remote(), e.snap()
-		run(*engineFor, asking)
+		run(phase, asking)
 		l1, r1 := e.snap(), remote()
 		if s1, _ := steal.Machine(); asking >= 0 {
 			stolen[asking] += s1 - s0
@@ -745,6 +751,9 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 		cf, pf := cfs[i], pfs[i]
 		if load.failed() > 0 || t.fetches == 0 {
 			b.Fatalf("%s: %d fetches, %d failed", names[i], t.fetches, load.failed())
+		}
+		if len(t.lat) == 0 {
+			b.Fatalf("%s: no fetch ended within its phase of %v", names[i], phase)
 		}
 		b.Logf("%s: consumer: without fetches %+v, with %+v; producer: %+v, %+v", names[i], cb, cf, pb, pf)
 		lib := (cf.cpu - cb.own(cf)) + (pf.cpu - pb.own(pf))

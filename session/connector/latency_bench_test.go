@@ -383,7 +383,7 @@ func rtt(b *testing.B, once func()) {
 	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-µs")
 }
 
-var idleFor = flag.Duration("idle.for", 2*time.Second, "how long BenchmarkIdleCPU measures each case (put it after the package: -bench IdleCPU ./session/connector -idle.for=10s)")
+var idleFor = flag.Duration("idle.for", 2*time.Second, "how long BenchmarkIdleCPU measures each case (put it after the package: -bench IdleCPU ./session/connector -idle.for=10s); pybench.Short under -benchtime 1x unless set")
 
 // cpuTime is the process's user and system time.
 func cpuTime() time.Duration {
@@ -404,7 +404,7 @@ func BenchmarkIdleCPU(b *testing.B) {
 		}
 		runtime.GC()
 		start, t0 := cpuTime(), time.Now()
-		time.Sleep(*idleFor)
+		time.Sleep(pybench.For(*idleFor, "idle.for"))
 		b.ReportMetric(100*float64(cpuTime()-start)/float64(time.Since(t0)), "%-core")
 	}
 	b.Run("producer", func(b *testing.B) {
@@ -497,8 +497,8 @@ func BenchmarkUnpin(b *testing.B) {
 	}
 }
 
-// pySessions runs testdata/py_sessions_bench.py for 2 s and reports its
-// numbers.
+// pySessions runs testdata/py_sessions_bench.py for 2 s (pybench.Short
+// under -benchtime 1x) and reports its numbers.
 func pySessions(b *testing.B) {
 	seeds, _ := filepath.Glob("../../../shared/seed/*.txt")
 	seed := ""
@@ -510,5 +510,5 @@ func pySessions(b *testing.B) {
 	if seed == "" {
 		b.Skip("the reference's session module (../shared/seed) is not here")
 	}
-	pybench.Run(b, "/usr/bin/python3", "testdata/py_sessions_bench.py", seed, "2")
+	pybench.Run(b, "/usr/bin/python3", "testdata/py_sessions_bench.py", seed, pybench.Seconds(2*time.Second))
 }
