@@ -384,6 +384,10 @@ type Client struct {
 	mu     sync.Mutex
 	peers  map[string]*dealer
 	dead   []*dealer // declared dead, not yet reported by Dead
+	// down holds the addresses whose last connection died and that no
+	// connection reached since: a death there is not news, and is logged
+	// at Debug, so a dead producer that a loop keeps dialing logs once.
+	down   map[string]bool
 	closed bool
 	held   []inbound // taken by Wait, handed out by the next Drain
 	wake   chan struct{}
@@ -410,7 +414,7 @@ func NewClient(cfg ClientConfig) *Client {
 		cfg.Logger = slog.Default()
 	}
 	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan inbound, 4096), peers: map[string]*dealer{},
-		wake: make(chan struct{}, 1)}
+		down: map[string]bool{}, wake: make(chan struct{}, 1)}
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
 	c.gcfg.steps = &c.steps
@@ -702,12 +706,20 @@ func (d *dealer) die(err error) {
 	default:
 	}
 	d.err.Store(&err)
-	d.c.log.Warn("ec control: producer declared dead", "addr", d.addr, "err", err)
 	d.c.mu.Lock()
 	if d.c.peers[d.addr] == d {
 		d.c.dead = append(d.c.dead, d)
 	}
+	news := !d.c.down[d.addr]
+	if news && len(d.c.down) < maxDown {
+		d.c.down[d.addr] = true
+	}
 	d.c.mu.Unlock()
+	level := slog.LevelDebug
+	if news {
+		level = slog.LevelWarn
+	}
+	d.c.log.Log(context.Background(), level, "ec control: producer declared dead", "addr", d.addr, "err", err)
 	select {
 	case d.c.wake <- struct{}{}:
 	default:
@@ -750,7 +762,7 @@ func (d *dealer) run() {
 	d.sock = sock
 	d.sockM.Unlock()
 	if err := sock.Dial(ep); err != nil {
-		d.die(err)
+		d.die(&dialErr{msg: "connect to " + d.addr + ": " + strings.ReplaceAll(err.Error(), ep, d.addr), err: err})
 		return
 	}
 	d.sockM.Lock()
@@ -773,8 +785,30 @@ func (d *dealer) run() {
 	}
 	d.g = g
 	d.qmu.Unlock()
+	d.c.mu.Lock()
+	back := d.c.down[d.addr]
+	delete(d.c.down, d.addr)
+	d.c.mu.Unlock()
+	if back {
+		d.c.log.Info("ec control: producer reachable again", "addr", d.addr)
+	}
 	close(d.up)
 }
+
+// maxDown bounds the addresses a Client remembers as down: past it, a
+// death at another address is logged as news every time.
+const maxDown = 4096
+
+// dialErr is a failed dial's error as the user sees it: the address they
+// gave, not the guard's internal one, with the cause still reachable
+// (errors.Is(err, syscall.ECONNREFUSED)).
+type dialErr struct {
+	msg string
+	err error
+}
+
+func (e *dialErr) Error() string { return e.msg }
+func (e *dialErr) Unwrap() error { return e.err }
 
 // take takes one reply a Drain read: as deliver, for Drain's caller.
 func (d *dealer) take(_ *guardConn, frames [][]byte) bool {
