@@ -381,9 +381,9 @@ type Client struct {
 	stats controlCounters
 	wg    sync.WaitGroup
 
-	mu     sync.Mutex
-	peers  map[string]*dealer
-	dead   []*dealer // declared dead, not yet reported by Dead
+	mu    sync.Mutex
+	peers map[string]*dealer
+	dead  []*dealer // declared dead, not yet reported by Dead
 	// down holds the addresses whose last connection died and that no
 	// connection reached since: a death there is not news, and is logged
 	// at Debug, so a dead producer that a loop keeps dialing logs once.
