@@ -79,7 +79,7 @@ type EmbeddingCache struct {
 	notReady  int
 	pinned    int
 	evictions uint64
-	retired   int // blocks retired: never handed out again
+	retired   int  // blocks retired: never handed out again
 	maxSave   int  // the most blocks an Alloc asked for
 	starved   bool // the last Alloc found no room
 }

@@ -138,7 +138,7 @@ type peer struct {
 type peerOp struct {
 	key     string
 	remove  bool
-	notify  bool // send peer key the notification md (Notify)
+	notify  bool       // send peer key the notification md (Notify)
 	connect chan error // non-nil: connect to peer key (loaded before), and say how it went; md the notification, shape the touch page
 	name    string
 	md      []byte
