@@ -185,6 +185,7 @@ type ProducerSession struct {
 	driven   plane.Driven     // data, when it must be told of the live grants
 	fresh    bool             // this Poll made a grant, or took a contact request (driven)
 	att      plane.Attachment // data, when it serves READs through our gate (set once)
+	notes    plane.Drainer    // where our completion notifications are taken: att's own, else data
 	gating   bool             // data serves only what we grant: Close may unpin at once
 	nextCons uint64           // consumer sessions' ids
 	notifBuf []byte           // a pushed grant's notification, reused
@@ -285,8 +286,12 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	p.tokens = mrand.NewChaCha8(seed)
 	p.lru.prev, p.lru.next = &p.lru, &p.lru
 	p.driven, _ = plane.As[plane.Driven](data)
+	p.notes = data
 	if a := plane.AttacherOf(data); a != nil {
 		p.att, p.gating = a.Attach(gate{p}), true
+		if d, ok := p.att.(plane.Drainer); ok {
+			p.notes = d // not another session's, on a plane it shares with us
+		}
 	}
 	return p, nil
 }
@@ -856,6 +861,9 @@ func (g gate) Authorize(agent string, notif []byte, blocks []int) (plane.Hold, b
 	return plane.Hold{Release: gr.release, Consumer: gr.push, Left: g.p.lease}, true
 }
 
+// Lease implements plane.Leased: a push of a grant is written within it.
+func (g gate) Lease() time.Duration { return g.p.lease }
+
 // maxPushIdents bounds the control-plane identities a consumer session
 // keeps a push id for; grants asked by more are not pushed.
 const maxPushIdents = 16
@@ -962,7 +970,7 @@ func (p *ProducerSession) lookup(msg []byte) (g *grant, forged bool) {
 
 func (p *ProducerSession) drainNotifs() {
 	var err error
-	p.notifs, err = p.data.DrainNotifs(p.notifs[:0])
+	p.notifs, err = p.notes.DrainNotifs(p.notifs[:0])
 	if err != nil {
 		p.stats.DrainErrors++
 		p.log.Warn("ec producer: draining notifications failed", "err", err)

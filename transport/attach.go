@@ -1,10 +1,12 @@
 package transport
 
 import (
+	"errors"
 	"net"
 	"slices"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/xfer"
@@ -12,21 +14,45 @@ import (
 
 // attachment is a producer session's hold on the data plane (see package
 // internal/plane): its gate, its grants on the board, the connections
-// proven to be its consumers' (for pushes), its notification hook. All of
-// it goes with Detach, or with the next Attach.
+// proven to be its consumers' (for pushes), its notification hook, its
+// broken READs. All of it goes with Detach.
+//
+// Several may be live at once (a producer draining while its successor
+// grants): what a READ served under one's gate brings (its done, its
+// notification, its broken report) and its pushes stay that one's, until
+// it is detached. The newest is the current one: its gate is asked first,
+// it alone shows grants on the board, and it takes notifications that name
+// no live grant of another.
 type attachment struct {
 	d        *TCPData
 	gate     plane.Gate
+	lease    time.Duration // the gate's (plane.Leased): bounds its pushes' writes
 	hook     atomic.Pointer[func() bool]
 	detached atomic.Bool
+	// Under d.mu: its notifications were queued while its wake went to
+	// Ready, which another waiter may take; nudges counts the signals
+	// others' drains sent it since (at most maxNudges).
+	owed   bool
+	nudges int
 
-	mu     sync.Mutex
-	pushTo map[uint64][]*servedConn // by consumer session: connections that proved it, taking pushes
-	broken []xfer.Notif             // READs served under its grants that cannot complete (Broken)
+	mu        sync.Mutex
+	pushTo    map[uint64][]*servedConn // by consumer session: connections that proved it, taking pushes
+	broken    []xfer.Notif             // READs served under its grants that cannot complete (Broken)
+	maxBroken int
 	// waiting are the pushes that found their connection being written
 	// to, by connection: its drainer writes them once the write is done.
 	waiting map[*servedConn]*pushQueue
 }
+
+// maxLive bounds the attachments live at once on one plane: an Attach
+// beyond it detaches the oldest, whose grants then end at their leases.
+const maxLive = 4
+
+// maxNudges bounds the signals other sessions' drains send for an
+// attachment whose notifications wait, until it drains: enough that a wake
+// another waiter took reaches it, without a loop that spins for one no
+// one steps.
+const maxNudges = 4
 
 // pushQueue is the pushes waiting on one connection for its write lock,
 // in order. What waits is bounded as a push is: with it, a quarter of
@@ -41,6 +67,29 @@ type waitingPush struct {
 	notif   []byte
 	blocks  []int
 	release func()
+	by      time.Time // its grant's time is up (pushBy)
+}
+
+// pushBy is when a push made now must be written by: its grant's lease
+// and the grace a READ's answer has (answerGrace), so that a consumer
+// that reads slowly holds the entry no longer through a push than through
+// a READ. Zero: the gate has no lease, and only IOTimeout bounds it.
+func (a *attachment) pushBy() time.Time {
+	if a.lease <= 0 {
+		return time.Time{}
+	}
+	return time.Now().Add(a.lease + answerGrace)
+}
+
+// pushDone ends a push's write: a cut one is counted, and its connection,
+// a frame in part on it, closed.
+func (d *TCPData) pushDone(s *servedConn, err error) {
+	if errors.Is(err, errGrantTime) {
+		d.pushesCut.Add(1)
+	}
+	if err != nil {
+		s.close()
+	}
 }
 
 // maxPushWaiting bounds the pushes waiting on one connection: as many as
@@ -53,25 +102,67 @@ const maxPushWaiting = 64
 const maxBound = 8
 
 // attach implements plane.Attacher: g gates the READs served from now on,
-// alone or with TCPConfig.Authorize. An attachment already there is
-// detached, and the board starts empty.
+// alone or with TCPConfig.Authorize, asked before the gates of the
+// attachments still live. The board starts empty: it is the new
+// attachment's.
 func (d *TCPData) attach(g plane.Gate) plane.Attachment {
-	a := &attachment{d: d, gate: g, pushTo: map[uint64][]*servedConn{}, waiting: map[*servedConn]*pushQueue{}}
-	if old := d.att.Swap(a); old != nil {
-		old.drop()
+	a := &attachment{d: d, gate: g, pushTo: map[uint64][]*servedConn{}, waiting: map[*servedConn]*pushQueue{},
+		maxBroken: maxQueuedNotifs}
+	if l, ok := g.(plane.Leased); ok {
+		a.lease = l.Lease()
 	}
+	d.mu.Lock()
+	live := slices.Clone(d.liveList())
+	var oldest *attachment
+	if len(live) >= maxLive {
+		oldest = live[0]
+	}
+	live = append(live, a)
+	d.live.Store(&live)
+	d.att.Store(a)
+	d.mu.Unlock()
 	d.clearBoard()
+	if oldest != nil {
+		oldest.Detach()
+	}
 	return a
 }
 
-// Detach implements plane.Attachment.
-func (a *attachment) Detach() {
-	if a.d.att.CompareAndSwap(a, nil) {
-		a.drop()
-		a.d.clearBoard()
-		return
+// liveList returns the attachments live, oldest first; the last is
+// current.
+func (d *TCPData) liveList() []*attachment {
+	if l := d.live.Load(); l != nil {
+		return *l
 	}
+	return nil
+}
+
+// Detach implements plane.Attachment: its notifications not yet drained
+// are dropped (its session ended its grants), and the board is cleared if
+// it was the current one, the one before it current again.
+func (a *attachment) Detach() {
+	d := a.d
+	a.detached.Store(true) // first: queueNotif, Publish and broke see it
+	d.mu.Lock()
+	live := d.liveList()
+	if i := slices.Index(live, a); i >= 0 {
+		live = slices.Delete(slices.Clone(live), i, i+1)
+		d.live.Store(&live)
+	}
+	current := d.att.Load() == a
+	if current {
+		var next *attachment
+		if len(live) > 0 {
+			next = live[len(live)-1]
+		}
+		d.att.Store(next)
+	}
+	d.takeNotifsLocked(nil, func(o *attachment) bool { return o == a }, true)
+	d.mu.Unlock()
 	a.drop()
+	if current {
+		d.clearBoard() // no grant of a's is retired one by one
+	}
 }
 
 // drop ends what a holds; the board is the caller's to clear.
@@ -85,6 +176,37 @@ func (a *attachment) drop() {
 	a.mu.Unlock()
 }
 
+// DrainNotifs implements plane.Drainer: the notifications queued for a's
+// grants, and, while it is current, those routed to no attachment. If
+// another live attachment's wait while its wake may have gone to another
+// waiter of Ready, Ready is signalled again (maxNudges).
+func (a *attachment) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
+	d := a.d
+	if a.detached.Load() {
+		return dst, nil
+	}
+	d.steps.drained()
+	d.steps.mu.Lock()
+	d.steps.readLocked() // before the queue: it queues what it reads
+	d.steps.mu.Unlock()
+	d.mu.Lock()
+	current := d.att.Load() == a
+	dst = d.takeNotifsLocked(dst, func(o *attachment) bool { return o == a || (o == nil && current) }, false)
+	a.owed, a.nudges = false, 0
+	nudge := false
+	for _, o := range d.liveList() {
+		if o != a && o.owed && o.nudges < maxNudges {
+			o.nudges++
+			nudge = true
+		}
+	}
+	d.mu.Unlock()
+	if nudge {
+		d.signal()
+	}
+	return dst, nil
+}
+
 // Broken implements plane.Attachment.
 func (a *attachment) Broken(dst []xfer.Notif) []xfer.Notif {
 	a.mu.Lock()
@@ -96,12 +218,17 @@ func (a *attachment) Broken(dst []xfer.Notif) []xfer.Notif {
 }
 
 // broke queues the notification of a READ served under a's gate whose
-// connection closed before its done; false when there is no room (its
-// grant then ends with its lease) or a is detached.
+// connection closed before its done; false when a is detached, or its
+// list is full (maxBroken): that grant then ends at its lease, counted in
+// TCPStats.BrokenLost.
 func (a *attachment) broke(agent string, notif []byte) bool {
 	a.mu.Lock()
 	defer a.mu.Unlock()
-	if a.detached.Load() || len(a.broken) >= maxQueuedNotifs {
+	if a.detached.Load() {
+		return false
+	}
+	if len(a.broken) >= a.maxBroken {
+		a.d.brokenLost.Add(1)
 		return false
 	}
 	a.broken = append(a.broken, xfer.Notif{Agent: agent, Msg: notif})
@@ -116,14 +243,16 @@ func (d *TCPData) clearBoard() {
 
 // Publish implements plane.Attachment: the grant's slot shows its id,
 // unless another live grant holds the slot (its consumer asks per READ).
+// Only the current attachment shows grants: the board is cleared as the
+// next one attaches, and an earlier one's consumers ask per READ.
 func (a *attachment) Publish(id uint64) {
 	t := a.d.grantTab
-	if len(t) == 0 || id == 0 || a.detached.Load() {
+	if len(t) == 0 || id == 0 || a.detached.Load() || a.d.att.Load() != a {
 		return
 	}
 	slot := &t[id%uint64(len(t))]
-	if slot.CompareAndSwap(0, id) && a.detached.Load() {
-		slot.CompareAndSwap(id, 0) // detached meanwhile: the board is the next session's
+	if slot.CompareAndSwap(0, id) && (a.detached.Load() || a.d.att.Load() != a) {
+		slot.CompareAndSwap(id, 0) // replaced or detached meanwhile: the board is the next session's
 	}
 }
 
@@ -148,6 +277,9 @@ func (a *attachment) OnNotify(f func() bool) {
 func (a *attachment) bind(s *servedConn, consumer uint64) {
 	if s.room == 0 || consumer == 0 || a.detached.Load() {
 		return
+	}
+	if s.att != nil && s.att != a {
+		s.unbind() // its pushes are now another attachment's consumers'
 	}
 	a.mu.Lock()
 	defer a.mu.Unlock()
@@ -213,6 +345,7 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 	}
 	d.wg.Add(1)
 	d.mu.Unlock()
+	by := a.pushBy()
 	a.mu.Lock()
 	var s, busy *servedConn
 	for _, t := range a.pushTo[consumer] {
@@ -229,7 +362,7 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 		}
 	}
 	if s == nil {
-		queued := busy != nil && a.wait(busy, notif, blocks, size, release)
+		queued := busy != nil && a.wait(busy, waitingPush{notif, blocks, release, by}, size)
 		a.mu.Unlock()
 		if !queued {
 			d.wg.Done()
@@ -252,12 +385,10 @@ func (a *attachment) Push(consumer uint64, notif []byte, blocks []int, release f
 	left := net.Buffers(slices.Clone(rest)) // s.bufs is the next push's
 	go func() {
 		defer d.wg.Done()
-		err := writeFull(s.c, left, d.cfg.IOTimeout)
+		err := writeBy(s.c, left, d.cfg.IOTimeout, by)
 		s.wmu.Unlock()
 		release()
-		if err != nil {
-			s.close()
-		}
+		d.pushDone(s, err)
 	}()
 	return true
 }
@@ -285,11 +416,11 @@ func (a *attachment) waits(s *servedConn, size int) bool {
 // wait queues a push on s, which another write holds, and starts s's
 // drainer if none runs; the caller counted it in d.wg, which the drainer
 // takes over (false: a already detached, nothing queued). Under a.mu.
-func (a *attachment) wait(s *servedConn, notif []byte, blocks []int, size int, release func()) bool {
+func (a *attachment) wait(s *servedConn, w waitingPush, size int) bool {
 	if a.detached.Load() {
 		return false
 	}
-	w := waitingPush{notif: slices.Clone(notif), blocks: slices.Clone(blocks), release: release} // the caller's to reuse
+	w.notif, w.blocks = slices.Clone(w.notif), slices.Clone(w.blocks) // the caller's to reuse
 	if q := a.waiting[s]; q != nil {
 		q.pushes = append(q.pushes, w)
 		q.bytes += size
@@ -321,11 +452,13 @@ func (a *attachment) drain(s *servedConn, q *pushQueue) {
 		}
 		a.mu.Unlock()
 		for _, w := range batch {
-			if !isClosed(s.gone) && !a.detached.Load() {
+			switch {
+			case isClosed(s.gone) || a.detached.Load():
+			case !w.by.IsZero() && !time.Now().Before(w.by):
+				d.pushesCut.Add(1) // its time went by in the queue: its READ asks
+			default:
 				size := len(w.blocks) * d.region.BlockSize()
-				if err := writeFull(s.c, pushFrame(s, w.notif, w.blocks, size), d.cfg.IOTimeout); err != nil {
-					s.close()
-				}
+				d.pushDone(s, writeBy(s.c, pushFrame(s, w.notif, w.blocks, size), d.cfg.IOTimeout, w.by))
 				d.pushes.Add(1)
 			}
 			w.release()

@@ -77,7 +77,20 @@
 // its lease. A connection that brings notifications alone (the same-host
 // copy's, and pushes') is read by DrainNotifs itself while the producer
 // steps, as the control plane's are by Drain. Malformed frames, oversized lengths, out-of-range
-// blocks and stalls close that connection only. Producers are told apart
+// blocks and stalls close that connection only.
+//
+// Several sessions may be attached to one TCPData at once (at most 4; a
+// fifth detaches the oldest), one draining while its successor grants:
+// every READ, its notification, its broken-READ report and every push
+// belong to the session whose gate authorized the grant, until it
+// detaches. The newest is asked first and alone shows grants on the
+// board; a notification with no READ (a same-host copy's, a push's, a
+// grant given back) goes to the session whose gate holds its grant live,
+// and each session takes its own from its attachment, not DrainNotifs,
+// which hands out every one queued. A push is written within its grant's
+// lease and a second, as an answer is (TCPStats.PushesCut); each
+// session's list of broken READs holds 65536, past which their grants end
+// at their leases (TCPStats.BrokenLost). Producers are told apart
 // by name, address and incarnation. The agent metadata is a msgpack map:
 // {"v": 2, "name", "addr", "inc" (a new incarnation id on every start),
 // "bs" (block size), "n" (block count), "push" (it pushes to consumers

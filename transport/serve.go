@@ -7,6 +7,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -186,7 +187,25 @@ type server struct {
 	head     []byte
 	notif    []byte
 	scratch  []byte
-	pending  bool // notifications queued since the last notified
+	// pend are the attachments (nil: none live) whose notifications were
+	// queued since their hooks last ran.
+	pend []*attachment
+}
+
+// note notes that a notification was queued for a.
+func (v *server) note(a *attachment) {
+	if !slices.Contains(v.pend, a) {
+		v.pend = append(v.pend, a)
+	}
+}
+
+// flush runs the hooks of the attachments noted: one call for a burst.
+func (v *server) flush() {
+	for _, a := range v.pend {
+		v.d.notified(a)
+	}
+	clear(v.pend)
+	v.pend = v.pend[:0]
 }
 
 // serve answers one consumer's READs in order.
@@ -203,9 +222,8 @@ func (d *TCPData) serve(s *servedConn) {
 	v := &server{d: d, s: s, in: in, r: bufio.NewReaderSize(preReader{s, in}, 4096), awaiting: map[uint64]awaited{},
 		notif: make([]byte, maxNotifLen), scratch: make([]byte, 16<<10)}
 	defer func() {
-		if v.brokeAll() || v.pending {
-			d.notified()
-		}
+		v.brokeAll()
+		v.flush()
 	}()
 	// The hello comes whole within the hello timeout, however it trickles.
 	in.progress = false
@@ -252,10 +270,8 @@ func (v *server) hello() bool {
 
 // frame takes one frame from the consumer; false: the connection ends.
 func (v *server) frame() bool {
-	if v.pending && v.r.Buffered() == 0 {
-		// The frames read so far are handled: one call for a burst.
-		v.pending = false
-		v.d.notified()
+	if len(v.pend) > 0 && v.r.Buffered() == 0 {
+		v.flush() // the frames read so far are handled
 	}
 	for v.s.hot.Load() { // Drains read it (see stepReads)
 		select {
@@ -285,7 +301,7 @@ func (v *server) frame() bool {
 		}
 		id := binary.BigEndian.Uint64(v.buf[:8])
 		if w, ok := v.awaiting[id]; ok {
-			if !v.queue(w.notif) {
+			if !v.queue(w.notif, w.att) {
 				return false // still awaited: brokeAll hands it to its session
 			}
 			delete(v.awaiting, id)
@@ -301,16 +317,13 @@ func (v *server) frame() bool {
 		if _, err := io.ReadFull(v.r, v.notif[:nl]); err != nil {
 			return false
 		}
-		if v.d.admits(v.s, v.notif[:nl]) && !v.queue(bytes.Clone(v.notif[:nl])) {
+		if a, ok := v.d.route(v.s, v.notif[:nl]); ok && !v.queue(bytes.Clone(v.notif[:nl]), a) {
 			return false
 		}
 		if v.r.Buffered() == 0 && len(v.awaiting) == 0 {
 			// Notifications alone: while the producer steps, its Drains
 			// may read them.
-			if v.pending {
-				v.pending = false
-				v.d.notified()
-			}
+			v.flush()
 			v.d.steps.heat(v.s)
 		}
 		return true
@@ -396,8 +409,10 @@ func (s *servedConn) readNow(buf []byte) bool {
 			break
 		}
 		msg := s.pre[headLen+2 : headLen+2+nl]
-		if s.d.admits(s, msg) && !s.d.queueNotif(s, bytes.Clone(msg)) {
+		if a, ok := s.d.route(s, msg); ok && !s.d.queueNotif(s, a, bytes.Clone(msg)) {
 			break // at its bound: its goroutine waits for room
+		} else if ok {
+			s.d.owe(a)
 		}
 		s.pre = s.pre[headLen+2+nl:]
 	}
@@ -427,28 +442,24 @@ type awaited struct {
 // none can complete now (the consumer lands a READ only once its done is
 // written, and nothing more comes on this connection), and every byte
 // served is out of the region (the hold of each ended after its write).
-// It reports whether any was handed over.
-func (v *server) brokeAll() bool {
-	any := false
+// The attachments that took any are noted, for their hooks.
+func (v *server) brokeAll() {
 	for id, w := range v.awaiting {
 		if w.att != nil && w.att.broke(v.s.agent, w.notif) {
-			any = true
+			v.note(w.att)
 		}
 		delete(v.awaiting, id)
 	}
-	return any
 }
 
-// queue queues a notification for DrainNotifs. When the connection's
+// queue queues a notification for a's session. When the connection's
 // share is full it waits for a drain, reading nothing meanwhile; false:
 // none made room within IOTimeout (a consumer flooding us, or a producer
 // that stopped stepping), and this connection is cut off.
-func (v *server) queue(msg []byte) bool {
-	for !v.d.queueNotif(v.s, msg) {
-		if v.pending { // the producer must hear of what waits
-			v.pending = false
-			v.d.notified()
-		}
+func (v *server) queue(msg []byte, a *attachment) bool {
+	for !v.d.queueNotif(v.s, a, msg) {
+		v.note(a)
+		v.flush() // the producer must hear of what waits
 		if !v.s.awaitDrain(v.d.cfg.IOTimeout) {
 			select {
 			case <-v.s.gone: // closed: not for its notifications
@@ -458,7 +469,7 @@ func (v *server) queue(msg []byte) bool {
 			return false
 		}
 	}
-	v.pending = true
+	v.note(a)
 	return true
 }
 
@@ -476,11 +487,15 @@ func (s *servedConn) awaitDrain(timeout time.Duration) bool {
 	return false
 }
 
-// queueNotif queues a notification s brought for DrainNotifs; false: s's
-// share of the queue is full.
-func (d *TCPData) queueNotif(s *servedConn, msg []byte) bool {
+// queueNotif queues a notification s brought for a (see route), for its
+// session's drain; false: s's share of the queue is full. One for an
+// attachment detached meanwhile is dropped: its session ended its grants.
+func (d *TCPData) queueNotif(s *servedConn, a *attachment, msg []byte) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
+	if a != nil && a.detached.Load() {
+		return true
+	}
 	cost := len(msg) + notifCost
 	if s.queued+cost > connNotifBytes {
 		s.full = true
@@ -489,14 +504,27 @@ func (d *TCPData) queueNotif(s *servedConn, msg []byte) bool {
 	s.queued += cost
 	d.notifs = append(d.notifs, xfer.Notif{Agent: s.agent, Msg: msg})
 	d.notifFrom = append(d.notifFrom, s)
+	d.notifAtt = append(d.notifAtt, a)
 	return true
 }
 
-// tookNotifsLocked gives back the share of the notifications DrainNotifs
-// took, waking the connections that wait for room. Under d.mu.
-func (d *TCPData) tookNotifsLocked() {
-	for i, s := range d.notifFrom {
-		s.queued -= len(d.notifs[i].Msg) + notifCost
+// takeNotifsLocked appends to dst the queued notifications for the
+// attachments mine picks (drop: forgets them instead), giving back their
+// connections' shares and waking those that wait for room; the others
+// stay queued, in order. Under d.mu.
+func (d *TCPData) takeNotifsLocked(dst []xfer.Notif, mine func(*attachment) bool, drop bool) []xfer.Notif {
+	k := 0
+	for i, n := range d.notifs {
+		if !mine(d.notifAtt[i]) {
+			d.notifs[k], d.notifFrom[k], d.notifAtt[k] = n, d.notifFrom[i], d.notifAtt[i]
+			k++
+			continue
+		}
+		if !drop {
+			dst = append(dst, n)
+		}
+		s := d.notifFrom[i]
+		s.queued -= len(n.Msg) + notifCost
 		if s.full {
 			s.full = false
 			select {
@@ -505,32 +533,50 @@ func (d *TCPData) tookNotifsLocked() {
 			}
 		}
 	}
-	clear(d.notifFrom)
-	d.notifFrom = d.notifFrom[:0]
+	clear(d.notifs[k:])
+	clear(d.notifFrom[k:])
+	clear(d.notifAtt[k:])
+	if k == 0 && cap(d.notifs) > 1024 {
+		d.notifs, d.notifFrom, d.notifAtt = nil, nil, nil // a burst's queue goes with it
+	} else {
+		d.notifs, d.notifFrom, d.notifAtt = d.notifs[:k], d.notifFrom[:k], d.notifAtt[:k]
+	}
+	return dst
 }
 
-// admits reports whether a notification s brought goes to the session.
-// Until s has presented a live grant, one that presents a grant's token (a
-// Go consumer's) must name a grant the attached session holds live for s's
-// agent; else it is dropped, and counted, here: a peer with no grant costs
-// the session nothing. Others go on, within s's share of the queue, and
-// the session counts what it does not know.
-func (d *TCPData) admits(s *servedConn, msg []byte) bool {
-	a := d.att.Load()
-	if a == nil || s.proven.Load() {
-		return true
+// route says which attachment a notification s brought (with no READ:
+// a copy off the board, a push landed, a grant given back) is for, and
+// whether it goes on at all. One that presents a grant's token (a Go
+// consumer's) goes to the live attachment whose gate holds that grant live
+// for s's agent; with one attachment live, and s proven, that one is not
+// asked. Until s has presented a live grant, one that names none is
+// dropped, and counted, here: a peer with no grant costs the sessions
+// nothing. The rest go to the current attachment, within s's share of the
+// queue, and its session counts what it does not know.
+func (d *TCPData) route(s *servedConn, msg []byte) (*attachment, bool) {
+	live := d.liveList()
+	if len(live) == 0 {
+		return nil, true
+	}
+	current := live[len(live)-1]
+	if len(live) == 1 && s.proven.Load() {
+		return current, true
 	}
 	if _, _, _, ok := wirext.SplitNotifGrant(msg); !ok {
-		return true
+		return current, true
 	}
-	h, ok := a.gate.Authorize(s.agent, msg, nil)
-	if !ok {
-		d.notifDrops.Add(1)
-		return false
+	for i := len(live) - 1; i >= 0; i-- {
+		if h, ok := live[i].gate.Authorize(s.agent, msg, nil); ok {
+			h.Release()
+			s.proven.Store(true)
+			return live[i], true
+		}
 	}
-	h.Release()
-	s.proven.Store(true)
-	return true
+	if s.proven.Load() {
+		return current, true
+	}
+	d.notifDrops.Add(1)
+	return nil, false
 }
 
 // read takes a READ frame (its head read) and answers it.
@@ -605,7 +651,12 @@ var errGrantTime = errors.New("transport: the grant's time is up with its answer
 func (v *server) writeBy(bufs net.Buffers, by time.Time) error {
 	v.s.wmu.Lock()
 	defer v.s.wmu.Unlock()
-	c, timeout := v.s.c, v.d.cfg.IOTimeout
+	return writeBy(v.s.c, bufs, v.d.cfg.IOTimeout, by)
+}
+
+// writeBy writes bufs on c, failing when no byte moved for timeout, or
+// with errGrantTime at by, if set; the caller holds c's write lock.
+func writeBy(c net.Conn, bufs net.Buffers, timeout time.Duration, by time.Time) error {
 	if by.IsZero() {
 		return writeFull(c, bufs, timeout)
 	}
@@ -635,8 +686,9 @@ func (v *server) writeBy(bufs net.Buffers, by time.Time) error {
 }
 
 // authorize asks the gates: TCPConfig.Authorize's, if set, and the
-// attached session's, if any; with neither nothing is served. a is the
-// attachment that granted.
+// attached sessions', the current one first, until one grants; with
+// neither nothing is served. a is the attachment that granted: what the
+// READ brings is its.
 func (d *TCPData) authorize(agent string, notif []byte, ids []int) (h plane.Hold, a *attachment, ok bool) {
 	var user func()
 	if f := d.cfg.Authorize; f != nil {
@@ -647,11 +699,16 @@ func (d *TCPData) authorize(agent string, notif []byte, ids []int) (h plane.Hold
 			user = func() {}
 		}
 	}
-	a = d.att.Load()
-	if a == nil {
+	live := d.liveList()
+	if len(live) == 0 {
 		return plane.Hold{Release: user}, nil, user != nil
 	}
-	if h, ok = a.gate.Authorize(agent, notif, ids); !ok {
+	ok = false
+	for i := len(live) - 1; i >= 0 && !ok; i-- {
+		a = live[i]
+		h, ok = a.gate.Authorize(agent, notif, ids)
+	}
+	if !ok {
 		if user != nil {
 			user()
 		}
@@ -664,13 +721,29 @@ func (d *TCPData) authorize(agent string, notif []byte, ids []int) (h plane.Hold
 	return h, a, true
 }
 
-// notified runs the attached session's notification hook, or signals
-// Ready.
-func (d *TCPData) notified() {
-	if a := d.att.Load(); a != nil {
+// notified runs the hook of a's session (nil: the current one's), where
+// its notifications were queued, or signals Ready.
+func (d *TCPData) notified(a *attachment) {
+	if a == nil {
+		a = d.att.Load()
+	}
+	if a != nil {
 		if f := a.hook.Load(); f != nil && (*f)() {
 			return
 		}
+		d.owe(a)
 	}
 	d.signal()
+}
+
+// owe notes that a's notifications wait with no hook that took them, when
+// others are live: another waiter of Ready may take the signal meant for
+// a's session, and its drain then signals again (attachment.DrainNotifs).
+func (d *TCPData) owe(a *attachment) {
+	if a == nil || len(d.liveList()) < 2 {
+		return
+	}
+	d.mu.Lock()
+	a.owed = true
+	d.mu.Unlock()
 }

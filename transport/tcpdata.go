@@ -206,15 +206,19 @@ type TCPData struct {
 	next    xfer.Handle
 	notifs  []xfer.Notif
 	// notifFrom[i] is the connection notifs[i] came on (its share, see
-	// connNotifBytes).
+	// connNotifBytes), notifAtt[i] the attachment it is for (nil: none
+	// was live; the current one takes it).
 	notifFrom []*servedConn
+	notifAtt  []*attachment
 	served    map[*servedConn]struct{}
 	acceptSeq uint64
 	maps      map[regionKey]*regionMap // producers' regions this plane mapped
 
-	// producer: the session attached, and the same-host path's token and
-	// grant table in the Shared region's header
+	// producer: the sessions attached (live, oldest first, at most
+	// maxLive; att is the last, the current one), and the same-host
+	// path's token and grant table in the Shared region's header
 	att      atomic.Pointer[attachment]
+	live     atomic.Pointer[[]*attachment]
 	token    []byte
 	grantTab []atomic.Uint64
 
@@ -231,6 +235,8 @@ type TCPData struct {
 	notifDrops atomic.Uint64 // notifications naming no live grant
 	notifCuts  atomic.Uint64 // connections closed with their notifications not drained
 	answersCut atomic.Uint64 // answers cut when their grant's time was up
+	pushesCut  atomic.Uint64 // pushes cut when their grant's time was up
+	brokenLost atomic.Uint64 // broken READs not handed over: their attachment's list was full
 	beforeCopy func()        // tests: runs as a copy starts
 	// steps reads the served connections that bring notifications while
 	// the producer steps (see stepReads).
@@ -311,6 +317,8 @@ type TCPStats struct {
 	NotifDrops uint64 // notifications dropped that presented a token of no live grant
 	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout
 	AnswersCut uint64 // READ answers cut, their connection closed, once their grant's time was up
+	PushesCut  uint64 // pushes cut once their grant's time was up: not written, or their connection closed
+	BrokenLost uint64 // READs that cannot complete not handed to their session (its list full): their grants end at their leases
 }
 
 // Stats returns the counters; it is safe to call from any goroutine.
@@ -318,7 +326,7 @@ func (d *TCPData) Stats() TCPStats {
 	return TCPStats{BoardCopies: d.boardCopies.Load(), Pushed: d.pushLanded.Load(), PushDrops: d.pushDrops.Load(),
 		PushesSent: d.pushes.Load(), NotesLost: d.notesLost.Load(),
 		ConnsShed: d.connsShed.Load(), NotifDrops: d.notifDrops.Load(), NotifCuts: d.notifCuts.Load(),
-		AnswersCut: d.answersCut.Load()}
+		AnswersCut: d.answersCut.Load(), PushesCut: d.pushesCut.Load(), BrokenLost: d.brokenLost.Load()}
 }
 
 // Addr returns the address READs are served on, or nil.
@@ -496,7 +504,9 @@ func (d *TCPData) signal() {
 	}
 }
 
-// DrainNotifs implements xfer.DataTransport.
+// DrainNotifs implements xfer.DataTransport: every notification queued,
+// whichever attachment it is for. A producer session attached takes its
+// own from its attachment instead (plane.Drainer).
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	d.steps.drained()
 	d.steps.mu.Lock()
@@ -504,15 +514,7 @@ func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	d.steps.mu.Unlock()
 	d.mu.Lock()
 	defer d.mu.Unlock()
-	dst = append(dst, d.notifs...)
-	d.tookNotifsLocked()
-	clear(d.notifs)
-	if cap(d.notifs) > 1024 {
-		d.notifs, d.notifFrom = nil, nil // a burst's queue goes with it
-	} else {
-		d.notifs = d.notifs[:0]
-	}
-	return dst, nil
+	return d.takeNotifsLocked(dst, func(*attachment) bool { return true }, false), nil
 }
 
 // Close implements xfer.DataTransport: it writes the notifications of
@@ -539,7 +541,7 @@ func (d *TCPData) Close() error {
 		s.close()
 	}
 	d.mu.Unlock()
-	if a := d.att.Load(); a != nil {
+	for _, a := range d.liveList() {
 		a.Detach()
 	}
 	if d.ln != nil {

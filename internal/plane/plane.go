@@ -8,6 +8,8 @@
 // Everything it installed goes with its attachment: after Detach the plane
 // serves no READ through its gate, shows none of its grants, pushes none,
 // and calls none of its hooks, so a session that replaces it starts clean.
+// Until then it stays live beside a successor: what its grants bring is
+// its own (see Attacher).
 package plane
 
 import (
@@ -43,7 +45,12 @@ type Hold struct {
 }
 
 // Attacher is implemented by data planes a producer session attaches to.
-// A second Attach replaces the first, which is detached.
+// Several attachments may be live at once on one plane (a session draining
+// while its successor grants): the newest is asked first and alone shows
+// grants on the board, and every READ, its notification, its broken-READ
+// report and every push belong to the attachment whose gate authorized
+// the grant, until that one's Detach. A plane may bound how many are live
+// (the TCP plane: 4, detaching the oldest at the bound).
 type Attacher interface {
 	Attach(g Gate) Attachment
 }
@@ -73,11 +80,28 @@ type Attachment interface {
 	// their connection closed before the consumer confirmed that every
 	// byte landed. Every byte had left the region (or never will) by
 	// then: the session may end their grants at once instead of at the
-	// lease. The hook is run when some are queued.
+	// lease. The hook is run when some are queued. The list is bounded
+	// per attachment (the TCP plane: 65536); past it a grant ends at its
+	// lease, and the plane counts it.
 	Broken(dst []xfer.Notif) []xfer.Notif
 	// Detach ends the attachment: the board is cleared, connections
 	// forget the consumers they served, the hook is removed.
 	Detach()
+}
+
+// Drainer is an Attachment that keeps the completion notifications of its
+// own grants' READs: its session takes them here instead of from the data
+// plane's DrainNotifs, which hands out those of every session attached.
+type Drainer interface {
+	DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error)
+}
+
+// Leased is a Gate whose grants hold their entries for at most Lease
+// from when they are made: the plane stops writing a push of one, and
+// ends its hold, once the lease and the grace of a READ's answer
+// (Hold.Left) have passed since Push, however slowly the consumer reads.
+type Leased interface {
+	Lease() time.Duration
 }
 
 // Contacter is a data plane that can make contact with a producer it has
