@@ -93,7 +93,7 @@ func newPlaneWorld(t *testing.T, cfg worldConfig) *planeWorld {
 }
 
 // blocks returns n consumer blocks never used before.
-func (w *planeWorld) blocks(n int) []int {
+func (w *consumer) blocks(n int) []int {
 	ids := make([]int, n)
 	for j := range ids {
 		ids[j] = w.next
