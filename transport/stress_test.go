@@ -37,6 +37,15 @@ import (
 // many run (CI runs 1,000), ECXFER_STRESS_FIRST the first of them, and
 // ECXFER_STRESS_SEED runs one.
 func TestStress(t *testing.T) {
+	stressSeeds(t, "TestStress$", stress)
+	if stressTotals.completed == 0 {
+		t.Fatal("no READ completed in any seed")
+	}
+}
+
+// stressSeeds runs run for each seed the environment asks for (see
+// TestStress) and returns how many ran.
+func stressSeeds(t *testing.T, pattern string, run func(t *testing.T, seed uint64)) int {
 	seeds := 8
 	if os.Getenv("ECXFER_LONG") == "1" && !raceEnabled && !testing.Short() {
 		seeds = 40
@@ -64,13 +73,11 @@ func TestStress(t *testing.T) {
 		first, seeds = n, 1
 	}
 	for seed := first; seed < first+uint64(seeds); seed++ {
-		if !t.Run(fmt.Sprint(seed), func(t *testing.T) { stress(t, seed) }) {
-			t.Fatalf("seed %d failed: ECXFER_STRESS_SEED=%d go test -run TestStress ./transport", seed, seed)
+		if !t.Run(fmt.Sprint(seed), func(t *testing.T) { run(t, seed) }) {
+			t.Fatalf("seed %d failed: ECXFER_STRESS_SEED=%d go test -run '%s' ./transport", seed, seed, pattern)
 		}
 	}
-	if stressTotals.completed == 0 {
-		t.Fatal("no READ completed in any seed")
-	}
+	return seeds
 }
 
 // stressTotals adds up what the seeds did.
@@ -96,8 +103,9 @@ type stressGate struct {
 	region *cache.Region
 	mu     sync.Mutex
 	grants map[uint64]*sgrant
-	owner  []uint64 // per producer block: the grant whose bytes it holds, 0 when free
-	holds  int      // given and not given back
+	owner  []uint64      // per producer block: the grant whose bytes it holds, 0 when free
+	holds  int           // given and not given back
+	left   time.Duration // what a hold says its grant has left (plane.Hold.Left)
 }
 
 type sgrant struct {
@@ -196,7 +204,7 @@ func (g *stressGate) Authorize(_ string, notif []byte, blocks []int) (plane.Hold
 			return plane.Hold{}, false
 		}
 	}
-	return plane.Hold{Release: g.hold(gr), Consumer: 1}, true
+	return plane.Hold{Release: g.hold(gr), Consumer: 1, Left: g.left}, true
 }
 
 // hold takes a hold on gr (under mu) and returns its release.
@@ -261,6 +269,17 @@ type stressRun struct {
 const canary = 0xa5
 
 func stress(t *testing.T, seed uint64) {
+	r := newStressRun(t, seed, TCPConfig{Listen: "127.0.0.1:0", IOTimeout: 5 * time.Second}, 0)
+	for step := range stressSteps {
+		r.step(step)
+		r.collect(false)
+	}
+	r.finish()
+}
+
+// newStressRun sets up a seed's run: a producer configured by pcfg, whose
+// holds say their grant has left left, and a consumer that registered it.
+func newStressRun(t *testing.T, seed uint64, pcfg TCPConfig, left time.Duration) *stressRun {
 	rng := rand.New(rand.NewPCG(seed, seed*0x9e3779b97f4a7c15))
 	r := &stressRun{t: t, rng: rng, shared: rng.IntN(2) == 0}
 	var pr *cache.Region
@@ -276,8 +295,8 @@ func stress(t *testing.T, seed uint64) {
 	for b := range stressCBlocks {
 		r.free = append(r.free, b)
 	}
-	r.p = newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", IOTimeout: 5 * time.Second})
-	r.gate = &stressGate{t: t, region: pr, grants: map[uint64]*sgrant{}, owner: make([]uint64, stressPBlocks)}
+	r.p = newTCP(t, pr, pcfg)
+	r.gate = &stressGate{t: t, region: pr, grants: map[uint64]*sgrant{}, owner: make([]uint64, stressPBlocks), left: left}
 	r.gate.att = r.p.attach(r.gate)
 	ccfg := TCPConfig{IOTimeout: 5 * time.Second, Conns: 1 + rng.IntN(2), CopyWorkers: 1 + rng.IntN(3)}
 	if rng.IntN(4) == 0 {
@@ -285,11 +304,7 @@ func stress(t *testing.T, seed uint64) {
 	}
 	r.c = newTCP(t, r.cr, ccfg)
 	r.register()
-	for step := range stressSteps {
-		r.step(step)
-		r.collect(false)
-	}
-	r.finish()
+	return r
 }
 
 func (r *stressRun) register() {
