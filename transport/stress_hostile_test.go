@@ -200,11 +200,21 @@ func (h *hostileRun) drain() {
 		case !known:
 			h.t.Fatalf("a notification of grant %d, which was never made, reached the session", id)
 		case tok != want:
-			h.t.Fatalf("a notification of grant %d with a wrong token reached the session", id)
+			h.t.Fatalf("a notification of grant %d with a wrong token reached the session, from %q: %q (%s)", id, n.Agent, n.Msg, h.whoseToken(tok))
 		}
 		h.notes[string(n.Msg)]++
 	}
 	clear(h.buf)
+}
+
+// whoseToken names the honest grant whose token tok is, if any.
+func (h *hostileRun) whoseToken(tok wire.Token) string {
+	for id, t := range h.tokens {
+		if t == tok {
+			return fmt.Sprintf("grant %d's token", id)
+		}
+	}
+	return "no honest grant's token"
 }
 
 // probe reads a fresh grant over the socket (it is not on the board, and
