@@ -138,36 +138,39 @@
 //
 // # Same host
 //
-// When the producer's region is cache.RegionConfig.Shared (a sealed
-// memfd), its metadata names the file (/proc/<pid>/fd/<n>), and its
-// header holds a random token and a table of the live grants, which the
-// producer session writes before each ack leaves and clears before the
-// grant's pin goes. A consumer that can open the file (same host, same
-// user, same PID namespace) maps it read-only and sends a random challenge
-// in its hello; only once the producer's welcome answers it with
-// HMAC-SHA256(token, challenge) does the consumer copy, without a READ
+// When the producer's region is cache.RegionConfig.Shared (a sealed memfd),
+// its metadata names the file (/proc/<pid>/fd/<n>), and its header holds a
+// random token and a table of the live grants, which the producer session
+// writes before each ack leaves and clears before the grant's pin goes. A
+// consumer that can open the file (same host, same user, same PID
+// namespace) maps it read-only and sends a random challenge in its hello;
+// only once the producer's welcome answers it with HMAC-SHA256(token,
+// challenge, address, incarnation) does the consumer copy, without a READ
 // frame, the blocks of a READ whose grant the table shows live, and then
 // check the table again: grants only end and grant ids never repeat in a
-// process, so a grant still shown was live throughout and the bytes are
-// the entry's; a grant gone fails that READ only. It then sends the
+// process, so a grant still shown was live throughout and the bytes are the
+// entry's; a grant gone fails that READ only. It then sends the
 // notification, with the grant's token. Nothing is revealed to a producer
 // that cannot prove the region is its own: metadata from another host
 // naming a local producer's file gets a random challenge, and TCP. The
 // check relies on loads not passing older loads, so it is used on amd64
-// only; elsewhere READs go over the socket. A lone small READ is copied
-// on the caller's goroutine; large ones, and bursts, on the peer's copy
+// only; elsewhere READs go over the socket. A lone small READ is copied on
+// the caller's goroutine; large ones, and bursts, on the peer's copy
 // goroutine; a READ of 2 MiB or more on TCPConfig.CopyWorkers goroutines
-// started for it, which leave when it is done: nothing spins or lingers.
-// In one process a consumer reads the producer's region through the
-// producer's own mapping, whose pages are mapped already, found in a
-// registry of the process's Shared regions; that registry is the one
-// thing data planes in a process share.
+// started for it, which leave when it is done: nothing spins or lingers. In
+// one process a consumer reads the producer's region through the producer's
+// own mapping, whose pages are mapped already, found in a registry of the
+// process's Shared regions; that registry is the one thing data planes in a
+// process share.
 //
-// What it trusts: a process of the producer's user on its host can open
-// the file and read any block, granted or not (as any agent with a
-// producer's NIXL metadata can). The file is not in any directory, is
-// opened through /proc (which the kernel limits to the same user, or
-// root), and dies with the producer.
+// What the proof shows: whoever answers at the address the consumer dialed
+// owns the region and is the incarnation the metadata names, so a relay
+// elsewhere that passes the challenge on to the owner, or an earlier run's
+// metadata, gets TCP. It vouches for no ack: a grant id an ack names is
+// copied if the table shows it live. Nor can it stop a process of the
+// producer's user on its host, which can open the file (through /proc, not
+// in any directory, gone with the producer) and read the token and any
+// block, as any agent with a producer's NIXL metadata can.
 //
 // # Pushes
 //

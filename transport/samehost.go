@@ -4,6 +4,7 @@ import (
 	"crypto/hmac"
 	"crypto/rand"
 	"crypto/sha256"
+	"encoding/binary"
 	"fmt"
 	"os"
 	"runtime"
@@ -11,6 +12,7 @@ import (
 	"sync/atomic"
 	"unsafe"
 
+	"github.com/vmihailenco/msgpack/v5"
 	"golang.org/x/sys/unix"
 
 	"github.com/ecxfer/ecxfer/internal/shm"
@@ -28,9 +30,13 @@ import (
 // Nothing is revealed before the producer proves itself: a consumer that
 // mapped a region sends a random challenge in its hello, and uses the
 // region for that producer only once the welcome answers with
-// HMAC-SHA256(token, challenge), which only the region's owner can
-// compute. Metadata from another host that names a local producer's region
-// thus gets a consumer to do nothing but read over TCP.
+// HMAC-SHA256(token, challenge, address, incarnation), which only the
+// region's owner can compute, naming the address the consumer dialed and
+// the incarnation its metadata gave. Metadata from another host that names
+// a local producer's region thus gets a consumer to do nothing but read
+// over TCP, and so does a relay at another address that passes the
+// challenge on to the local producer: the owner's answer names its own
+// address, not the relay's.
 //
 // Once proven, a READ whose grant the table shows live is copied out of the
 // mapping without a READ frame: one memcpy instead of two kernel copies
@@ -80,12 +86,31 @@ type sharedPeer struct {
 	queued    atomic.Int64  // READs handed to the copy goroutine whose notifications it has not sent
 }
 
-// proof is the welcome's answer to a challenge from the token's owner.
-func proof(token, challenge []byte) []byte {
+// proof is the welcome's answer to a challenge from the token's owner,
+// bound to who answers: the address its metadata names, which the
+// consumer dialed, and its incarnation. A relay that forwards the
+// challenge to the region's owner at another address gets back a proof
+// for that address, not its own.
+func proof(token, challenge []byte, addr, inc string) []byte {
 	m := hmac.New(sha256.New, token)
-	m.Write([]byte("ecxfer same-host proof\x00"))
+	m.Write([]byte("ecxfer same-host proof v2\x00"))
 	m.Write(challenge)
+	for _, s := range []string{addr, inc} {
+		m.Write(binary.BigEndian.AppendUint32(nil, uint32(len(s))))
+		m.Write([]byte(s))
+	}
 	return m.Sum(nil)
+}
+
+// welcomeProof is a producer's answer to a hello's challenge, bound to the
+// address and incarnation of its own metadata (read there: a hello is
+// once per connection). nil: it has no token.
+func (d *TCPData) welcomeProof(challenge []byte) []byte {
+	var m agentMeta
+	if d.token == nil || msgpack.Unmarshal(d.meta, &m) != nil {
+		return nil
+	}
+	return proof(d.token, challenge, m.Addr, m.Incarnation)
 }
 
 // verify takes a welcome's proof: the producer at the other end owns the
@@ -338,7 +363,9 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 		sh.unmap()
 		return nil, err
 	}
-	copy(sh.want[:], proof(sh.mem[:tokenLen], sh.challenge[:]))
+	// Only the owner listening at the address we dial, of the
+	// incarnation named, answers this one.
+	copy(sh.want[:], proof(sh.mem[:tokenLen], sh.challenge[:], m.Addr, m.Incarnation))
 	return sh, nil
 }
 

@@ -263,7 +263,7 @@ func (v *server) hello() bool {
 	}
 	var answer []byte
 	if challenge := tail[4:]; v.d.token != nil && !bytes.Equal(challenge, make([]byte, challengeLen)) {
-		answer = proof(v.d.token, challenge)
+		answer = v.d.welcomeProof(challenge)
 	}
 	return v.write(net.Buffers{appendWelcome(nil, answer)}) == nil
 }

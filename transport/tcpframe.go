@@ -30,11 +30,14 @@ import (
 // The hello names the consumer (a label for logs), says how many bytes of
 // pushes it keeps for this connection (0: none), and carries a random
 // challenge when the consumer mapped the producer's shared region: the
-// welcome answers it with HMAC-SHA256(the region's token, challenge), which
-// only the region's owner can compute (see samehost.go). Every read and
-// notify presents the grant's token inside its notification
-// ("<session>:<mm_hash>#<grant>.<token>"), which the producer's session
-// checks: a connection is never trusted for the name it gives.
+// welcome answers it with HMAC-SHA256 keyed with the region's token over
+// the challenge, the producer's advertised address and its incarnation (as
+// its metadata gives them), which only the region's owner can compute, and
+// which a relay at another address cannot pass on as its own (see
+// samehost.go). Every read and notify presents the grant's token inside
+// its notification ("<session>:<mm_hash>#<grant>.<token>"), which the
+// producer's session checks: a connection is never trusted for the name it
+// gives.
 //
 // A producer answers reads in order. It queues a read's notification only
 // when the consumer's done for it arrives, so a notification means every
