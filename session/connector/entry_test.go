@@ -118,7 +118,10 @@ func fetchEntryRandom(t *testing.T, seed uint64) {
 				claim(b, "fetch "+h)
 			}
 		}
-		for h := range w.pool.unsettled {
+		for h, hf := range w.pool.held {
+			if !hf.managed {
+				continue
+			}
 			e, ok := cc.Get(h)
 			if !ok || e.Ready {
 				t.Fatalf("seed %d: unsettled %s has no entry being written", seed, h)

@@ -346,12 +346,15 @@ type Pool struct {
 
 	closedMalformed uint64 // Malformed of sessions closed
 	kept            bool   // p.res holds outcomes of Connect's steps, for the next Step
+	connecting      bool   // Connect is running
 	hits            []Done // FetchEntry's of entries the cache held ready, for the next Step
-	// unsettled holds the mm_hashes of FetchEntry's failures whose READ
-	// may still write: their blocks go back to the cache on release.
-	unsettled map[string]struct{}
-	pubMu     sync.Mutex
-	pub       PoolStats // what Stats returns
+	// held holds the mm_hashes of the failed fetches whose READ may still
+	// write, whichever session follows it: no fetch of one starts until
+	// its blocks are released, so a release names one fetch. managed says
+	// the blocks are FetchEntry's, back to the cache on release.
+	held  map[string]heldFetch
+	pubMu sync.Mutex
+	pub   PoolStats // what Stats returns
 }
 
 // ErrInFlight is returned by Fetch for an mm_hash whose previous fetch
@@ -433,8 +436,20 @@ func (p *Pool) allPeers() []*peer {
 	return append(out, p.draining...)
 }
 
-// InFlight returns how many fetches have not ended.
-func (p *Pool) InFlight() int { return len(p.fetches) }
+// InFlight returns how many fetches have not ended: those under way, and
+// FetchEntry's of entries held already, whose outcome the next Step hands
+// out.
+func (p *Pool) InFlight() int { return len(p.fetches) + p.owed() }
+
+// owed counts the fetches that ended and whose outcome the next Step
+// hands out: FetchEntry's hits, and those Connect's steps ended.
+func (p *Pool) owed() int {
+	n := len(p.hits)
+	if p.kept {
+		n += len(p.res.Completed) + len(p.res.Failed)
+	}
+	return n
+}
 
 // Fetch starts fetching mmHash from the producer at addr into blocks, to end
 // by deadline; the fetch ends once, in a later Step's Completed or Failed.
@@ -459,6 +474,9 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 	if _, ok := p.fetches[mmHash]; ok {
 		p.stats.Joined++
 		return true, nil
+	}
+	if _, ok := p.held[mmHash]; ok {
+		return false, fmt.Errorf("%w: %s", ErrInFlight, mmHash)
 	}
 	f := &fetch{mmHash: mmHash, addr: addr, blocks: blocks, started: now, deadline: deadline}
 	if !now.Before(deadline) {
@@ -530,6 +548,8 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		return ErrClosed
 	}
 	now := p.cfg.Now
+	p.connecting = true // its own waits wait, outcomes kept or not
+	defer func() { p.connecting = false }()
 	if c, ok := p.ctl.(connecter); ok {
 		if err := c.Connect(ctx, addr); err != nil {
 			return err
@@ -558,7 +578,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				// Its death is reported in a step to come; or a full
 				// queue: wait a little.
 				p.WaitFor(ctx, p.cfg.pollInterval)
-				p.kept = true
+				p.keep()
 				p.step(now())
 				continue
 			}
@@ -568,7 +588,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			if !p.WaitFor(ctx, p.cfg.AckTimeout) && ctx.Err() != nil {
 				return ctx.Err()
 			}
-			p.kept = true
+			p.keep()
 			p.step(now())
 			done, again, st, err := hooks.ConsumerOf(pe.s).Contacted()
 			if p.peers[addr] != pe || !done {
@@ -682,6 +702,16 @@ type sender struct {
 }
 
 func (s sender) Send(b []byte) error { return s.ctl.Send(s.addr, b) }
+
+// keep makes what is added to p.res from now on go out with the next
+// Step's Results (Connect's steps, Close), dropping first what the last
+// Step handed out already: each outcome is handed out once.
+func (p *Pool) keep() {
+	if !p.kept {
+		p.res.reset()
+		p.kept = true
+	}
+}
 
 // Step runs one engine step at now: it takes the producers' replies and
 // deaths from the control plane, advances every session, retries what is
@@ -830,9 +860,10 @@ func (p *Pool) peerDown(d xfer.Death, now time.Time) {
 	p.collect(pe, now)
 	if errors.Is(d.Err, xfer.ErrPeerSilent) {
 		// Silent past the peer timeout: hung, stopped or cut off, not a
-		// connection that closed and may be made again. Its READs end
-		// now, as at their deadline: held where they may still write.
-		for _, h := range p.fetchesOn(pe) {
+		// connection that closed and may be made again. Its fetches end
+		// now, whatever they wait for, as at their deadline: held where a
+		// READ may still write.
+		for _, h := range p.fetchesTo(d.Addr) {
 			p.end(p.fetches[h], xfer.PeerDown, now)
 		}
 	}
@@ -861,13 +892,17 @@ func (p *Pool) release(o session.Outcome, forced bool) {
 	if forced {
 		p.stats.ForcedEvictions++
 	}
-	if _, ok := p.unsettled[o.MMHash]; ok {
-		delete(p.unsettled, o.MMHash)
-		if !forced {
+	if h, ok := p.held[o.MMHash]; ok {
+		delete(p.held, o.MMHash)
+		switch {
+		case !h.managed:
+		case !forced:
 			p.giveBack(o.MMHash)
-		} else if err := p.cfg.Cache.Retire(o.MMHash); err != nil {
+		default:
 			// Its READ may still write: its blocks are never handed out again.
-			p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
+			if err := p.cfg.Cache.Retire(o.MMHash); err != nil {
+				p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
+			}
 		}
 	}
 	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced})
@@ -979,21 +1014,23 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 		return
 	}
 	delete(p.fetches, mmHash)
-	if f.managed {
-		if held {
-			if p.unsettled == nil {
-				p.unsettled = map[string]struct{}{}
-			}
-			p.unsettled[mmHash] = struct{}{}
-		} else {
-			p.giveBack(mmHash)
+	switch {
+	case held:
+		if p.held == nil {
+			p.held = map[string]heldFetch{}
 		}
+		p.held[mmHash] = heldFetch{managed: f.managed}
+	case f.managed:
+		p.giveBack(mmHash)
 	}
 	p.stats.Failed++
 	p.stats.FailedBy[why]++
 	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st,
 		Err: failErr(mmHash, f.addr, why, st, err), BlocksHeld: held})
 }
+
+// heldFetch is a failed fetch whose READ may still write.
+type heldFetch struct{ managed bool }
 
 // giveBack returns a FetchEntry's blocks to the cache: its entry, not
 // ready, goes.
@@ -1037,6 +1074,9 @@ func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time
 		p.stats.Joined++
 		return true, nil
 	}
+	if _, ok := p.held[mmHash]; ok {
+		return false, fmt.Errorf("%w: %s: a READ of an earlier fetch may still write", ErrInFlight, mmHash)
+	}
 	e, err := c.Pin(mmHash)
 	switch {
 	case err == nil:
@@ -1078,12 +1118,12 @@ func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) 
 	return fmt.Errorf("%s: %w", at, why)
 }
 
-// fetchesOn returns the mm_hashes of the fetches whose attempt runs on pe,
-// sorted, so that what ends them ends them in one order.
-func (p *Pool) fetchesOn(pe *peer) []string {
+// fetchesTo returns the mm_hashes of the fetches from the producer at
+// addr, sorted, so that what ends them ends them in one order.
+func (p *Pool) fetchesTo(addr string) []string {
 	p.overdue = p.overdue[:0]
 	for h, f := range p.fetches {
-		if f.pe == pe && f.retryAt.IsZero() {
+		if f.addr == addr {
 			p.overdue = append(p.overdue, h)
 		}
 	}
@@ -1218,6 +1258,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
 	}
+	if p.owed() > 0 && !p.connecting {
+		return true // the next Step has outcomes already
+	}
 	if len(p.fetches) == 0 && d < 0 {
 		return p.ctl.Wait(ctx)
 	}
@@ -1316,7 +1359,7 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 		return Failure{}, fmt.Errorf("%w: %s", ErrNotInFlight, mmHash)
 	}
 	n := len(p.res.Failed)
-	if !f.retryAt.IsZero() { // between attempts: nothing runs
+	if !f.retryAt.IsZero() || f.pe == nil { // between attempts: nothing runs
 		p.fail(mmHash, xfer.Canceled, wire.OK, nil, false)
 	} else if err := f.pe.s.Cancel(mmHash, now); err != nil {
 		return Failure{}, err
@@ -1351,10 +1394,7 @@ func (p *Pool) Close() error {
 	if p.closed {
 		return nil
 	}
-	if !p.kept {
-		p.res.reset() // the last Step's, handed out already
-	}
-	p.kept = true
+	p.keep()
 	p.closed = true
 	for _, pe := range p.order {
 		p.ctl.Remove(pe.addr)
