@@ -123,6 +123,9 @@ type ConsumerSession struct {
 	// echoes: a reply named the request it answers (a Go producer's do),
 	// so a reply to a forgotten request is never taken for another's.
 	echoes bool
+	// forgot remembers, for a while, the requests expire forgot: the first
+	// OK reply to one is a grant no READ will use, given back at once.
+	forgot forgotten
 
 	byHash      map[string]*cxfer // active and quarantined
 	active      []*cxfer          // in start order
@@ -530,6 +533,14 @@ type cxfer struct {
 // dispatch handles one ack. Its fields alias the payload: nothing of it is
 // kept without a copy.
 func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
+	if wire.Status(ack.Status) == wire.OK && (ack.Attempt != 0 || !c.ours(ack.SessionID)) &&
+		c.forgot.take(ack.Attempt, string(ack.SessionID)) {
+		// The first answer to a request expire forgot: a grant no READ
+		// will use.
+		c.stats.StrayAcks++
+		c.unread(ack, nil)
+		return
+	}
 	if !c.ours(ack.SessionID) {
 		c.stats.ForeignAcks++
 		c.log.Warn("ec consumer: ack for another session ignored", "session", c.id, "acked", string(ack.SessionID), "mm_hash", string(ack.MMHash))
@@ -700,8 +711,55 @@ func (c *ConsumerSession) expire(now time.Time) {
 		if !now.After(r.expires) || !c.echoes && r.sid == "" || r.attempt == c.contact.attempt && !c.contact.done {
 			return
 		}
+		c.forgot.add(r.attempt, r.sid)
 		c.forgetSent(1)
 	}
+}
+
+// forgotten holds the last maxForgotten requests expire forgot, by
+// attempt and by their own session id, until a reply names one.
+type forgotten struct {
+	attempts map[uint64]string // attempt -> own session id, or ""
+	sids     map[string]uint64
+	order    []uint64 // attempts, oldest first
+}
+
+const maxForgotten = 4096
+
+func (f *forgotten) add(attempt uint64, sid string) {
+	if f.attempts == nil {
+		f.attempts, f.sids = map[uint64]string{}, map[string]uint64{}
+	}
+	if len(f.order) >= maxForgotten {
+		f.take(f.order[0], "")
+	}
+	f.attempts[attempt] = sid
+	if sid != "" {
+		f.sids[sid] = attempt
+	}
+	f.order = append(f.order, attempt)
+}
+
+// take reports whether a reply naming attempt (nonzero) or own session id
+// sid answers a forgotten request, and forgets it: a request is answered
+// once.
+func (f *forgotten) take(attempt uint64, sid string) bool {
+	if attempt == 0 {
+		var ok bool
+		if attempt, ok = f.sids[sid]; !ok || sid == "" {
+			return false
+		}
+	}
+	own, ok := f.attempts[attempt]
+	if !ok {
+		return false
+	}
+	delete(f.attempts, attempt)
+	delete(f.sids, own)
+	if i := slices.Index(f.order, attempt); i >= 0 {
+		f.order = slices.Delete(f.order, i, i+1)
+	}
+	return true
 }
 
 // enterQuarantine fails a transfer whose READ may still write: its blocks
