@@ -291,7 +291,7 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 	if p.waiter != nil {
 		defer p.waiter.Waiting()()
 	}
-	if wo, ok := p.ctl.(serverWaiterOr); ok {
+	if wo, ok := plane.As[serverWaiterOr](p.ctl); ok {
 		// One select, no goroutine: the wake-up is the latency.
 		p.waitMu.Lock()
 		defer p.waitMu.Unlock()
