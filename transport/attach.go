@@ -111,6 +111,7 @@ func (d *TCPData) attach(g plane.Gate) plane.Attachment {
 	if l, ok := g.(plane.Leased); ok {
 		a.lease = l.Lease()
 	}
+	d.everAttached.Store(true)
 	d.mu.Lock()
 	live := slices.Clone(d.liveList())
 	var oldest *attachment

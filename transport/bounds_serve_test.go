@@ -337,3 +337,24 @@ func TestContactWelcomeDeadline(t *testing.T) {
 		t.Fatal("contact waited past its hello timeout")
 	}
 }
+
+// Between two producer sessions (the last detached, the next not yet
+// attached) no notification is queued: the grants it could name ended
+// with the last session, and the next has none of them.
+func TestNotifBetweenSessionsIsDropped(t *testing.T) {
+	pr := newRegion(t, 8, 4096)
+	p, g := gatedProducer(t, pr, TCPConfig{})
+	c := rawConsumer(t, p)
+	live := g.grant(5)
+	g.att.Detach()
+	drops := p.Stats().NotifDrops
+	if _, err := c.Write(appendNotify(nil, live)); err != nil {
+		t.Fatal(err)
+	}
+	poll(t, 10*time.Second, "the drop", func() bool { return p.Stats().NotifDrops > drops })
+	next := attachGate(p)
+	defer next.att.Detach()
+	if got, _ := p.DrainNotifs(nil); len(got) != 0 {
+		t.Fatalf("a notification from between the sessions reached the next: %q", got[0].Msg)
+	}
+}

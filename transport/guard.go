@@ -798,7 +798,7 @@ func (g *guardConn) heartbeat() {
 			return
 		case now := <-t.C:
 			if now.Sub(time.Unix(0, g.lastRecv.Load())) > g.cfg.peerTimeout {
-				g.failWith(fmt.Errorf("%w: %w", errGuard, xfer.ErrPeerSilent), "peer silent")
+				g.failWith(fmt.Errorf("transport: nothing heard for %v: %w", g.cfg.peerTimeout, xfer.ErrPeerSilent), "peer silent")
 				return
 			}
 			if g.cfg.deliver != nil {

@@ -556,7 +556,13 @@ func (d *TCPData) takeNotifsLocked(dst []xfer.Notif, mine func(*attachment) bool
 func (d *TCPData) route(s *servedConn, msg []byte) (*attachment, bool) {
 	live := d.liveList()
 	if len(live) == 0 {
-		return nil, true
+		if d.everAttached.Load() {
+			// Between sessions: the grants it could name ended with the
+			// last one, and the next has none of them.
+			d.notifDrops.Add(1)
+			return nil, false
+		}
+		return nil, true // a plane gated by TCPConfig.Authorize alone
 	}
 	current := live[len(live)-1]
 	if len(live) == 1 && s.proven.Load() {

@@ -95,18 +95,13 @@ type hostileRun struct {
 	addrs  map[string]bool // local addresses of the hostile connections, under mu
 	// The main goroutine's: the honest grants' tokens, the notifications
 	// of honest grants drained, every served connection seen.
-	tokens map[uint64]wire.Token
-	notes  map[string]int
-	seen   map[*servedConn]bool
-	buf    []xfer.Notif
-	probes int
-	// While a session is replaced no session is attached, and the plane
-	// lets every notification on (see route): window counts the checks
-	// after a replacement in which a forged one may still be drained;
-	// unattached counts those.
-	window, unattached int
-	full               int // checks that found a connection at its share of the queue
-	refused            atomic.Uint64
+	tokens  map[uint64]wire.Token
+	notes   map[string]int
+	seen    map[*servedConn]bool
+	buf     []xfer.Notif
+	probes  int
+	full    int // checks that found a connection at its share of the queue
+	refused atomic.Uint64
 }
 
 func stressHostile(t *testing.T, seed uint64) {
@@ -131,7 +126,7 @@ func stressHostile(t *testing.T, seed uint64) {
 	tot.full += uint64(h.full)
 	tot.answersCut += st.AnswersCut
 	tot.Unlock()
-	t.Logf("probes %d, hostile READs refused %d, forged notifications let on with no session attached %d, %+v", h.probes, h.refused.Load(), h.unattached, st)
+	t.Logf("probes %d, hostile READs refused %d, %+v", h.probes, h.refused.Load(), st)
 }
 
 // step takes one random action: a hostile peer, an honest probe, or one of
@@ -143,11 +138,7 @@ func (h *hostileRun) step(step int) {
 	case x < 16:
 		h.probe()
 	default:
-		att := h.gate.att
 		h.stressRun.step(step)
-		if h.gate.att != att {
-			h.window = 3
-		}
 	}
 }
 
@@ -192,7 +183,6 @@ func (h *hostileRun) record() {
 // a hostile peer's plain one (no grant: the session counts what it does
 // not know).
 func (h *hostileRun) drain() {
-	defer func() { h.window = max(0, h.window-1) }()
 	h.buf, _ = h.p.DrainNotifs(h.buf[:0])
 	h.buf = h.gate.att.Broken(h.buf)
 	for _, n := range h.buf {
@@ -204,10 +194,6 @@ func (h *hostileRun) drain() {
 			continue
 		}
 		want, known := h.tokens[id]
-		if (id >= hostileIDs || known && tok != want) && h.window > 0 {
-			h.unattached++
-			continue
-		}
 		switch {
 		case id >= hostileIDs:
 			h.t.Fatalf("a notification of made-up grant %d reached the session", id)

@@ -217,10 +217,13 @@ type TCPData struct {
 	// producer: the sessions attached (live, oldest first, at most
 	// maxLive; att is the last, the current one), and the same-host
 	// path's token and grant table in the Shared region's header
-	att      atomic.Pointer[attachment]
-	live     atomic.Pointer[[]*attachment]
-	token    []byte
-	grantTab []atomic.Uint64
+	att  atomic.Pointer[attachment]
+	live atomic.Pointer[[]*attachment]
+	// everAttached: a producer session attached once; from then on a
+	// notification that no live session's gate routes is dropped.
+	everAttached atomic.Bool
+	token        []byte
+	grantTab     []atomic.Uint64
 
 	boardCopies atomic.Uint64 // consumer: READs copied under a published grant
 	// lastPost is monoNow when the last PostRead returned, its READ on its
