@@ -860,6 +860,22 @@ func (c *ConsumerSession) unread(ack *wireview.Ack, notif []byte) {
 	c.stats.Unread++
 }
 
+// giveBack sends the notification of x's grant, whose READ was stopped
+// for certain: no byte of it will be used, and the producer unpins now
+// (it keeps the blocks until its own answer is out). As unread, only
+// where it can end no other grant.
+func (c *ConsumerSession) giveBack(x *cxfer) {
+	nt, ok := plane.As[plane.Notifier](c.data)
+	if !ok || !c.registered || x.GrantID() == 0 && c.named(x.SessionID(), x.MMHash) {
+		return
+	}
+	if err := nt.Notify(c.agent.Agent, x.Notif()); err != nil {
+		c.log.Debug("ec consumer: notification of a stopped READ's grant not sent", "mm_hash", x.MMHash, "err", err)
+		return
+	}
+	c.stats.Unread++
+}
+
 // named reports whether a request still unanswered, or a transfer in
 // flight, of mmHash carries session id sid: a notification naming
 // "<sid>:<mm_hash>" alone could end its grant.
@@ -987,6 +1003,7 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 	case fsm.Reading:
 		if st, ok := plane.As[plane.Stoppable](c.data); ok && st.StopsReads() && x.Release() == nil {
 			c.fail(x, why, wire.OK, false)
+			c.giveBack(x)
 			return nil
 		}
 		x.Quarantine(now, why)

@@ -39,6 +39,7 @@ type ConsumerXfer struct {
 
 	notif    []byte // "<session_id>:<mm_hash>", what the producer matches
 	sidLen   int    // the session id's length in notif
+	grant    uint64 // the grant the ack named (Grant), or 0
 	data     xfer.DataTransport
 	cfg      *xfer.Config
 	state    State
@@ -89,6 +90,7 @@ func (x *ConsumerXfer) Grant(id uint64, token wire.Token, lease time.Duration) {
 	}
 	if id != 0 {
 		x.notif = wirext.AppendNotifGrant(x.notif, id, token)
+		x.grant = id
 	}
 	if lease > 0 {
 		x.lease = lease
@@ -131,6 +133,10 @@ func (x *ConsumerXfer) CheckLease(now time.Time) error {
 	x.state, x.reason = AckTimeout, xfer.LateCompletion
 	return fmt.Errorf("%w: %s at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
 }
+
+// GrantID returns the grant the ack named (a Go producer's), or 0: then
+// the notification names the grant by "<session_id>:<mm_hash>" alone.
+func (x *ConsumerXfer) GrantID() uint64 { return x.grant }
 
 // SessionID returns the session id the transfer's request carried.
 func (x *ConsumerXfer) SessionID() string { return string(x.notif[:x.sidLen]) }

@@ -285,3 +285,33 @@ func (w *world) fetchNack(t *testing.T) Failure {
 	}
 	return w.until(t, time.Millisecond, 10, func(r Results) bool { return len(pick(r.Failed, "absent")) > 0 }).Failed[0]
 }
+
+// A READ stopped for certain (by the deadline, or Cancel) gives its grant
+// back: the producer unpins at once, not at the lease.
+func TestStoppedReadGivesItsGrantBack(t *testing.T) {
+	for _, how := range []string{"deadline", "cancel"} {
+		t.Run(how, func(t *testing.T) {
+			w := newWorld(t, PoolConfig{})
+			w.entry(t, "H", 2, true)
+			w.cdata.SetStopsReads(true)
+			w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck})
+			w.fetch(t, "H", 50*time.Millisecond)
+			w.step(time.Millisecond)
+			w.step(time.Millisecond)
+			if len(w.cdata.Posts()) != 1 || w.cache.Stats().Pinned != 1 {
+				t.Fatal("no READ under a grant")
+			}
+			if how == "cancel" {
+				if f, err := w.pool.Cancel("H", w.now); err != nil || f.BlocksHeld {
+					t.Fatalf("%+v %v", f, err)
+				}
+			} else if r := w.step(60 * time.Millisecond); len(r.Failed) != 1 || r.Failed[0].BlocksHeld {
+				t.Fatalf("%+v", r)
+			}
+			w.step(time.Millisecond) // the producer takes the notification
+			if st := w.cache.Stats(); st.Pinned != 0 {
+				t.Fatalf("pinned %d after the stopped READ's grant was given back", st.Pinned)
+			}
+		})
+	}
+}
