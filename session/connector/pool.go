@@ -457,7 +457,7 @@ func (p *Pool) owed() int {
 //
 // If mmHash is being fetched already, the fetch is joined: joined is true,
 // nothing starts, blocks are not taken, and the one outcome comes for the
-// first fetch.
+// first fetch, by the first fetch's deadline.
 //
 // On error nothing started and blocks are the caller's again. The errors:
 // ErrClosed after Close; session.ErrBadBlocks for negative or repeated
@@ -1059,7 +1059,9 @@ func (p *Pool) giveBack(mmHash string) {
 // cache's ErrNoSpace or ErrTooLarge when the blocks cannot be had (then
 // encode locally, or let go of held entries), and with ErrInFlight for an
 // entry being written by another (the engine's own save, or a READ of an
-// earlier failed fetch that may still write).
+// earlier failed fetch that may still write). While its fetch runs, and
+// until a failure's blocks are released, the entry is the Pool's: the
+// engine must not Remove, Discard or Retire it.
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
 	c := p.cfg.Cache
 	switch {
