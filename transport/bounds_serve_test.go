@@ -358,3 +358,34 @@ func TestNotifBetweenSessionsIsDropped(t *testing.T) {
 		t.Fatalf("a notification from between the sessions reached the next: %q", got[0].Msg)
 	}
 }
+
+// A link opened to send notifications alone (no READ waits on it) still
+// waits for the producer's welcome no longer than the hello timeout.
+func TestNotifyLinkWelcomeDeadline(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	c := newTCP(t, newRegion(t, 8, 64), TCPConfig{HelloTimeout: 200 * time.Millisecond})
+	peer, err := c.AddRemotePeer(agentMetaBytes(t, "silent", ln.Addr().String(), 64, 8, metaVersion), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Notify(peer.Agent, []byte("s:h")); err != nil {
+		t.Fatal(err)
+	}
+	conn, err := ln.Accept()
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	conn.SetReadDeadline(time.Now().Add(10 * time.Second))
+	start := time.Now()
+	if _, err := io.Copy(io.Discard, conn); err != nil { // until the consumer gives up
+		t.Fatalf("the consumer kept the link past 10 s: %v", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("the link waited %v for the welcome", d)
+	}
+}

@@ -27,6 +27,8 @@ type link struct {
 	// welcomed is conn's: closed once its reader took the producer's
 	// welcome (and its proof), or gave up on it.
 	welcomed chan struct{}
+	// welcomeErr says why the last connection gave up on its welcome.
+	welcomeErr error
 	// pending are the READs sent on conn and not answered, in order;
 	// headAt is when pending[0] became the head: the deadline of its
 	// answer runs from then (see arm).
@@ -362,7 +364,13 @@ func (l *link) contact(ctx context.Context) error {
 		return ctx.Err()
 	}
 	if !l.up() {
-		return fmt.Errorf("transport: connection to %s closed before its welcome", l.p.addr)
+		l.mu.Lock()
+		err := l.welcomeErr
+		l.mu.Unlock()
+		if err == nil {
+			err = errors.New("closed")
+		}
+		return fmt.Errorf("transport: connection to %s before its welcome: %w", l.p.addr, err)
 	}
 	return nil
 }
@@ -375,6 +383,12 @@ func (l *link) reader(c net.Conn, welcomed chan struct{}) {
 	r := bufio.NewReaderSize(in, 64<<10)
 	err := l.welcome(r, in)
 	if err != nil {
+		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
+			err = fmt.Errorf("%w: %w", errNoWelcome, err)
+		}
+		l.mu.Lock()
+		l.welcomeErr = err
+		l.mu.Unlock()
 		l.breakIf(c, err) // before the close: contact sees the link down
 	}
 	close(welcomed)
@@ -415,6 +429,9 @@ func (l *link) welcome(r *bufio.Reader, in *deadlineReader) error {
 		l.armLocked()
 	}
 	l.mu.Unlock()
+	// Whatever waits on the link (READs, or notifications alone), the
+	// welcome comes within the hello timeout, or the link breaks.
+	in.c.SetReadDeadline(time.Now().Add(l.p.d.cfg.helloTimeout()))
 	var b [headLen + proofLen]byte
 	if _, err := r.Peek(1); err != nil {
 		return err
