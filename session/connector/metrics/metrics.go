@@ -13,6 +13,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/wire"
 )
@@ -181,14 +182,23 @@ func nacks(ch chan<- prometheus.Metric, d *prometheus.Desc, n [6]uint64) {
 	}
 }
 
-// histogram turns a latency histogram (bucket i: [2^i, 2^(i+1)) µs) into
-// a Prometheus one in seconds.
+// Exported bucket bounds: 2 µs, 4 µs, ... 2^27 µs (134 s). Each is an edge
+// of the histogram's finer buckets, so the counts under it are exact.
+const promBuckets = 27
+
+// histogram turns a latency histogram into a Prometheus one in seconds,
+// with power-of-two microsecond bounds: the histogram's thousands of fine
+// buckets would make as many series.
 func histogram(d *prometheus.Desc, h *connector.Histogram) prometheus.Metric {
-	buckets := make(map[float64]uint64, len(h.Counts))
+	buckets := make(map[float64]uint64, promBuckets)
 	var cum uint64
-	for i, n := range h.Counts[:len(h.Counts)-1] {
-		cum += n
-		buckets[float64(time.Duration(1<<(i+1))*time.Microsecond)/float64(time.Second)] = cum
+	next := 0
+	for e := 1; e <= promBuckets; e++ {
+		bound := time.Duration(1<<e) * time.Microsecond
+		for end := hist.Bucket(bound); next < end; next++ {
+			cum += h.Counts[next]
+		}
+		buckets[bound.Seconds()] = cum
 	}
 	return prometheus.MustNewConstHistogram(d, h.N, h.Sum.Seconds(), buckets)
 }
