@@ -37,6 +37,10 @@ func TestExampleFlagErrors(t *testing.T) {
 		{"producer", []string{"-data", "udp"}, "-data"},
 		{"producer", []string{"-items", "100000", "-blocks-per-item", "16", "-block-size", "67108864"}, "lower -items"},
 		{"producer", []string{"-progress-every", "-1s"}, "-progress-every"},
+		{"producer", []string{"-data", "nixl", "-nixl-params", "foo"}, "-nixl-params"},
+		{"producer", []string{"-data", "nixl", "-nixl-params", "=none"}, "-nixl-params"},
+		{"consumer", []string{"-data", "nixl", "-nixl-params", "ucx_error_handling_mode=none,foo"}, "-nixl-params"},
+		{"consumer", []string{"-data", "nixl", "-nixl-params", "a=1,a=2"}, "-nixl-params"},
 	} {
 		cmd := exec.Command(build(t, c.prog), c.args...)
 		var stdout, stderr bytes.Buffer

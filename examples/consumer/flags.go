@@ -11,6 +11,7 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -34,6 +35,39 @@ func (s *size) Set(v string) error {
 		return errors.New("want a positive size: 256M, 1GiB")
 	}
 	*s = size(n << shift)
+	return nil
+}
+
+// params is a flag of NIXL backend parameters, key=value[,key=value]: an
+// entry without '=', with an empty key or a key given twice is refused, so
+// a typo fails the start rather than leaving a backend default in place.
+type params map[string]string
+
+func (p params) String() string {
+	kvs := make([]string, 0, len(p))
+	for k, v := range p {
+		kvs = append(kvs, k+"="+v)
+	}
+	slices.Sort(kvs)
+	return strings.Join(kvs, ",")
+}
+
+func (p *params) Set(s string) error {
+	m := params{}
+	for _, kv := range strings.Split(s, ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q is not key=value", kv)
+		}
+		if _, dup := m[k]; dup {
+			return fmt.Errorf("%q given twice", k)
+		}
+		m[k] = v
+	}
+	*p = m
 	return nil
 }
 

@@ -22,7 +22,6 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
-	"strings"
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
@@ -95,7 +94,7 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 	case "shm", "tcp":
 		data, err = transport.NewTCPData(transport.TCPConfig{NoSharedMemory: plane == "tcp", Logger: log}, region)
 	case "nixl":
-		data, err = nixl.New(nixl.Config{Name: fmt.Sprintf("consumer-%d", os.Getpid()), Params: params(*nixlParams)}, region)
+		data, err = nixl.New(nixl.Config{Name: fmt.Sprintf("consumer-%d", os.Getpid()), Params: nixlParams}, region)
 	default:
 		err = fmt.Errorf("-data %q: want shm, tcp or nixl", plane)
 	}
@@ -201,17 +200,8 @@ func summary(verified, failed int, took time.Duration, s connector.PoolStats) {
 	fmt.Printf("  failures by reason: %v\n", s.FailedBy)
 }
 
-var nixlParams = flag.String("nixl-params", "", "NIXL backend parameters, key=value[,key=value] (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")
+var nixlParams params
 
-// params parses key=value[,key=value] into NIXL backend parameters.
-func params(s string) map[string]string {
-	if s == "" {
-		return nil
-	}
-	m := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	return m
+func init() {
+	flag.Var(&nixlParams, "nixl-params", "NIXL backend parameters, `key=value[,key=value]` (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")
 }

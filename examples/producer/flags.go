@@ -11,9 +11,43 @@ import (
 	"io"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 )
+
+// params is a flag of NIXL backend parameters, key=value[,key=value]: an
+// entry without '=', with an empty key or a key given twice is refused, so
+// a typo fails the start rather than leaving a backend default in place.
+type params map[string]string
+
+func (p params) String() string {
+	kvs := make([]string, 0, len(p))
+	for k, v := range p {
+		kvs = append(kvs, k+"="+v)
+	}
+	slices.Sort(kvs)
+	return strings.Join(kvs, ",")
+}
+
+func (p *params) Set(s string) error {
+	m := params{}
+	for _, kv := range strings.Split(s, ",") {
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok || k == "" {
+			return fmt.Errorf("%q is not key=value", kv)
+		}
+		if _, dup := m[k]; dup {
+			return fmt.Errorf("%q given twice", k)
+		}
+		m[k] = v
+	}
+	*p = m
+	return nil
+}
 
 // formatSize writes n exactly when it is a whole number of its unit
 // ("64MiB"), else to a tenth ("1.5GiB").

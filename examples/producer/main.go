@@ -18,7 +18,6 @@ import (
 	"math"
 	"os"
 	"os/signal"
-	"strings"
 	"syscall"
 	"time"
 
@@ -108,7 +107,7 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int, lock bo
 		}
 		data, where = t, t.Addr().String()
 	case "nixl":
-		a, err := nixl.New(nixl.Config{Name: fmt.Sprintf("producer-%d", os.Getpid()), Params: params(*nixlParams)}, region)
+		a, err := nixl.New(nixl.Config{Name: fmt.Sprintf("producer-%d", os.Getpid()), Params: nixlParams}, region)
 		if err != nil {
 			return fmt.Errorf("-data nixl: %w", err)
 		}
@@ -143,17 +142,8 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int, lock bo
 	return err
 }
 
-var nixlParams = flag.String("nixl-params", "", "NIXL backend parameters, key=value[,key=value] (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")
+var nixlParams params
 
-// params parses key=value[,key=value] into NIXL backend parameters.
-func params(s string) map[string]string {
-	if s == "" {
-		return nil
-	}
-	m := map[string]string{}
-	for _, kv := range strings.Split(s, ",") {
-		k, v, _ := strings.Cut(kv, "=")
-		m[k] = v
-	}
-	return m
+func init() {
+	flag.Var(&nixlParams, "nixl-params", "NIXL backend parameters, `key=value[,key=value]` (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")
 }
