@@ -865,10 +865,12 @@ func (p *Pool) peerDown(d xfer.Death, now time.Time) {
 	p.collect(pe, now)
 	if errors.Is(d.Err, xfer.ErrPeerSilent) {
 		// Silent past the peer timeout: hung, stopped or cut off, not a
-		// connection that closed and may be made again. Its fetches end
-		// now, whatever they wait for, as at their deadline: held where a
-		// READ may still write.
-		for _, h := range p.fetchesTo(d.Addr) {
+		// connection that closed and may be made again. The fetches it
+		// held end now, whatever they wait for (an ack, a READ, a retry,
+		// its first answer), as at their deadline: held where a READ may
+		// still write. A fetch none of whose requests went on it (its
+		// send refused) goes on, on a new connection.
+		for _, h := range p.fetchesOn(pe) {
 			p.end(p.fetches[h], xfer.PeerDown, now)
 		}
 	}
@@ -1125,12 +1127,13 @@ func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) 
 	return fmt.Errorf("%s: %w", at, why)
 }
 
-// fetchesTo returns the mm_hashes of the fetches from the producer at
-// addr, sorted, so that what ends them ends them in one order.
-func (p *Pool) fetchesTo(addr string) []string {
+// fetchesOn returns the mm_hashes of the fetches whose last request went
+// on pe, or that wait on its first answer, sorted, so that what ends them
+// ends them in one order.
+func (p *Pool) fetchesOn(pe *peer) []string {
 	p.overdue = p.overdue[:0]
 	for h, f := range p.fetches {
-		if f.addr == addr {
+		if f.pe == pe || f.heldOn == pe {
 			p.overdue = append(p.overdue, h)
 		}
 	}
