@@ -2,7 +2,8 @@
 // -block-size bytes (the content examples/consumer checks) until
 // interrupted, over the TCP data plane or NIXL (-data nixl, in a build with
 // -tags nixl). It prints "ready <control endpoint> <data address>" once
-// serving, and what it served when it stops.
+// serving, and what it served when it stops: an interrupt gives the READs
+// under way up to 10 s to finish, a second one ends them at once.
 //
 // It is written against the public API only: a region of blocks and the
 // cache of its entries (cache), a control plane and a data plane
@@ -14,6 +15,7 @@ import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"log/slog"
 	"math"
 	"os"
@@ -124,22 +126,47 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int, lock bo
 		return err
 	}
 
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer stop()
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	defer signal.Stop(sigs)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	served := make(chan error, 1)
 	go func() { served <- prod.Serve(ctx) }()
 	fmt.Println("ready", ctl.Endpoint(), where)
 	fmt.Printf("serving %d items; item 0 is mm_hash %s (examples/probe -fetch takes it)\n", items, Hash(0))
-	<-ctx.Done()
-	// Stop granting; give the READs under way 10 s to finish.
-	grace, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	err = prod.Shutdown(grace)
+	<-sigs
+	cancel()
+	err = shutdown(prod, sigs, 10*time.Second, os.Stderr)
 	<-served
 	s := prod.Stats()
 	fmt.Printf("producer: %d requests, %d grants, %d completed READs, %d leases expired; NACKs: %v; malformed requests: %d\n",
 		s.Requests, s.Grants, s.Completions, s.Expired, s.Nacks, s.Malformed)
 	return err
+}
+
+// shutdown stops prod granting and gives the READs under way grace to
+// finish, saying so on w; another signal on sigs ends the wait at once
+// (the grants left are ended, and the error says how many).
+func shutdown(prod interface {
+	Grants() int
+	Shutdown(context.Context) error
+}, sigs <-chan os.Signal, grace time.Duration, w io.Writer) error {
+	ctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	if n := prod.Grants(); n > 0 {
+		fmt.Fprintf(w, "producer: stopping: waiting up to %v for %d READs under way (interrupt again to exit at once)\n", grace, n)
+	} else {
+		fmt.Fprintln(w, "producer: stopping")
+	}
+	go func() {
+		select {
+		case <-sigs:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	return prod.Shutdown(ctx)
 }
 
 var nixlParams params
