@@ -113,11 +113,16 @@ func TestBrokenReadsPerAttachmentBounded(t *testing.T) {
 	for _, c := range []net.Conn{ca1, ca2, cb} {
 		c.Close()
 	}
+	// A's list is not drained until both of its READs broke: its second
+	// finds the list full.
 	var gotA, gotB []xfer.Notif
 	until(t, "the broken READs handed over", func() bool {
-		gotA, gotB = a.att.Broken(gotA), b.att.Broken(gotB)
-		return len(gotA) == 1 && len(gotB) == 1 && p.Stats().BrokenLost == 1
+		gotB = b.att.Broken(gotB)
+		return len(gotB) == 1 && p.Stats().BrokenLost == 1
 	})
+	if gotA = a.att.Broken(gotA); len(gotA) != 1 {
+		t.Fatalf("the first attachment was handed %d broken READs, want 1 (the other lost)", len(gotA))
+	}
 	if string(gotB[0].Msg) != string(nb) {
 		t.Fatalf("the successor was handed %q, want its own %q", gotB[0].Msg, nb)
 	}
