@@ -1,6 +1,8 @@
 // Package nixl is a data plane over NVIDIA NIXL, the library vLLM moves
 // embeddings with (RDMA between machines; UCX also over TCP and shared
-// memory), through cgo.
+// memory), through cgo. An [Agent] is an xfer.DataTransport: give it to
+// connector.NewPool or connector.NewProducer in place of transport.TCPData
+// to fetch from vLLM producers or serve vLLM consumers.
 //
 // Build tags:
 //   - nixl: the real thing, over NIXL's C++ agent API (cnixl_nixl.cpp);
@@ -12,38 +14,18 @@
 //   - neither: the package compiles and New returns ErrNotBuilt.
 //
 // The agent registers the block region (memory-mapped, never Go heap) as
-// DRAM with one transfer descriptor per block, so block i is descriptor i,
-// exactly as the reference does. No Go pointer is kept by C.
+// DRAM with one transfer descriptor per block, as the reference does. Over
+// UCX a READ moves only while both agents are driven: by default a
+// goroutine drives the agent while a READ may come (see [Progress]). NIXL
+// cannot stop a READ for certain: one released while it runs is reported
+// as possibly writing (xfer.ErrMayStillWrite) and released once it ends.
 //
-// Over UCX a READ moves only while both agents are driven, and a producer
-// has nothing of its own to call while a peer reads its memory: see
-// Progress for who drives an agent. The producer session reports its live
-// grants to its data plane, so by default a goroutine drives the agent exactly
-// while a READ may come: briefly without pause after each event, then
-// with pauses that double. NIXL 1.4.0 exposes no event descriptor to wait
-// on instead: its UCX plugin waits on its workers' descriptors only in
-// its own progress thread (ProgressThread).
+// NIXL does not enforce grants: a peer that has a producer's metadata can
+// READ any block it registered. Keep NIXL producers on a trusted network;
+// the TCP data plane refuses what was not granted.
 //
-// Where it differs from the reference's NIXL transport: a producer's
-// descriptor of back-to-back blocks of one size (a region's) is kept as
-// its shape, not as a list NIXL prepares (building a 16,000-block list
-// cost more than NIXL's loading of the producer's metadata); block ids are
-// checked against both regions and NIXL's int32 before a READ is posted; a
-// READ released while it runs is kept, reported as possibly writing
-// (xfer.ErrMayStillWrite), and released once it ends, instead of being
-// handed to UCX to abort; Close lets READs in flight end before it
-// deregisters the region and destroys the agent; by default the progress
-// goroutine posts READs of more than Config.InlinePost bytes and loads
-// producers' metadata, so the caller's step never waits for C, runs UCX's
-// shared-memory copy of a large READ, nor waits for the load.
-//
-// NIXL does not enforce grants: a peer that has our metadata can READ any
-// registered block, and NIXL 1.4.0 over UCX 1.22 served READs, through a
-// descriptor list the reading side prepared, of memory past the
-// registration too. The TCP data plane refuses what was not granted; with
-// NIXL, keep producers on a trusted network. A producer's shape or list
-// naming memory it never registered costs a consumer only that READ (or,
-// through a list, the producer's own bytes in the block it named).
+// The example programs run over NIXL with -data nixl (docs/nixl.md). The
+// design, and why: docs/design.md in the repository.
 package nixl
 
 import (
