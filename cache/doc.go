@@ -1,13 +1,24 @@
-// Package cache owns blocks: [EmbeddingCache] decides which entry holds which
-// blocks of a fixed pool, whether an entry's data has landed, and who has it
-// pinned; the block region (memory-mapped, off the Go heap) holds the bytes.
+// Package cache owns blocks: [EmbeddingCache] decides which entry holds
+// which blocks of a fixed pool, whether an entry's data has landed, and who
+// has it pinned; a [Region] (memory-mapped, off the Go heap) holds the
+// bytes, and is what a data plane reads and writes.
 //
-// Differences from the reference's EmbeddingCache:
-//   - Every misuse the reference asserts on (duplicate alloc, more blocks than
-//     the capacity, marking ready twice, unpinning an unpinned entry,
-//     discarding a ready entry) returns an error instead of raising.
-//   - A full cache answers [ErrNoSpace] instead of None, so callers branch
-//     with errors.Is like on every other outcome.
-//   - Operations are O(1) (an intrusive eviction list instead of a scan);
-//     Alloc also pays for the blocks it hands out and the entries it evicts.
+// An encoder saves an entry with Alloc, writes its blocks in the region and
+// calls MarkReady; a reader holds it with Pin while it reads, and lets it
+// go with Unpin, once per Pin. Ready, unpinned entries are evicted oldest
+// first when Alloc needs room; a full cache answers [ErrNoSpace]. Misuse
+// (marking ready twice, unpinning an entry not pinned) is an error, never
+// a panic.
+//
+//	e, err := entries.Alloc(mmHash, n) // n blocks; ErrNoSpace: no room now
+//	if err != nil {
+//		return err
+//	}
+//	for i, b := range e.Blocks { // ascending, not always contiguous
+//		copy(region.Block(b), embedding[i*region.BlockSize():])
+//	}
+//	return entries.MarkReady(mmHash)
+//
+// The design, and why (where it differs from vLLM's reference):
+// docs/design.md in the repository.
 package cache

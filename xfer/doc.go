@@ -5,24 +5,20 @@
 // per-block mem descriptor, peers, one-sided READs with a completion
 // notification, their progress and release. The pure-Go TCP plane
 // (transport.TCPData) and NIXL (package nixl) implement it; users may write
-// their own and test it with xfertest.Conformance. The sessions get more
-// out of this module's own planes (a channel that signals work, a Release
-// that stops a READ for certain, producers registered from their region's
-// shape) through an internal interface; a plane of your own is polled and
-// followed as the contract alone allows.
+// their own and test it with xfertest.Conformance (see its example). The
+// sessions get more out of this module's own planes (a channel that
+// signals work, a Release that stops a READ for certain, producers
+// registered from their region's shape) through an internal interface; a
+// plane of your own is polled and followed as the contract alone allows.
 //
 // [Message], [Inbound] and the errors [ErrQueueFull], [ErrPeerDown] and
 // [ErrNotAllowed] are a control plane's side of the contract, so that
 // session/connector drives any control plane without linking one.
 //
 // [Reason] says why a transfer ended the way it did; [Config] holds its
-// timeouts. [ErrClosed] is the one "closed" error of
-// every component of the module, [ErrBadConfig] the one of constructors.
+// timeouts. [ErrClosed] is the one "closed" error of every component of
+// the module, [ErrBadConfig] the one of constructors.
 //
-// Where a transfer differs from the reference's ConsumerXfer: an OK ack is
-// checked before the READ is posted; a state check that fails quarantines
-// instead of failing (the DMA may still run); a quarantined READ is asked
-// for its state before the deadline forces it out, and a forced one says
-// so; a READ first seen done after request time + pin lease is not
-// trusted.
+// The design, and why (where a transfer differs from vLLM's reference):
+// docs/design.md in the repository.
 package xfer
