@@ -148,7 +148,9 @@ func (p Progress) String() string {
 
 // ErrNotBuilt is returned by New when ecxfer was built without the nixl
 // build tag. (With the tag, a build that does not find NIXL's headers
-// fails.)
-var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl and NIXL's include path in " +
-	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS), e.g. " +
-	`CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"`)
+// fails.) Its message says how to build with the tag whether or not NIXL
+// installed a pkg-config file (a source build installs none).
+var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl, NIXL's include path in " +
+	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS) and its library folder in CGO_LDFLAGS, " +
+	`all absolute, e.g. CGO_CPPFLAGS=-I$NIXL/include CGO_LDFLAGS="-L$NIXL/lib -Wl,-rpath,$NIXL/lib" ` +
+	"with NIXL the install prefix, or from pkg-config where a nixl.pc is installed; see docs/nixl.md")

@@ -4,11 +4,20 @@ package nixl
 
 import (
 	"errors"
+	"strings"
 	"testing"
 )
 
 func TestNotBuilt(t *testing.T) {
-	if _, err := New(Config{Name: "x"}, nil); !errors.Is(err, ErrNotBuilt) {
+	_, err := New(Config{Name: "x"}, nil)
+	if !errors.Is(err, ErrNotBuilt) {
 		t.Fatalf("New: %v", err)
+	}
+	// How to build with the tag without pkg-config (a source-built NIXL
+	// has no nixl.pc), and where the whole recipe is.
+	for _, want := range []string{"-tags nixl", "CGO_CPPFLAGS=-I$NIXL/include", "docs/nixl.md"} {
+		if !strings.Contains(err.Error(), want) {
+			t.Errorf("%q does not say %q", err, want)
+		}
 	}
 }
