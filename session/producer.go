@@ -39,12 +39,22 @@ type ProducerConfig struct {
 	// completion notification. Default 30 s.
 	PinLease time.Duration
 	// MaxGrantsPerSession bounds the live grants of one consumer session,
-	// MaxGrants those of all together. A request over either is refused
-	// with NACK_INTERNAL, which consumers treat as terminal (they fall back
-	// to encoding locally) instead of retrying. Defaults 4096 and 65536:
-	// far above what a well-behaved consumer holds.
-	MaxGrantsPerSession int
-	MaxGrants           int
+	// MaxGrantsPerIdentity those one control-plane identity asked for,
+	// whatever session ids it names, and MaxGrants those of all together.
+	// A request over its session's bound is refused with NACK_INTERNAL,
+	// which consumers treat as terminal (they encode locally); one over
+	// its identity's, or over MaxGrants, with NACK_NOT_READY, which they
+	// retry after a backoff. So no identity takes the table by making up
+	// session ids, and one within its share is refused only while
+	// identities each within theirs fill it. Contact grants count as
+	// grants; a consumer session holds at most one (its new contact
+	// request ends the earlier one) and an identity at most four; past
+	// any bound a contact request is answered OK without a grant. Defaults 4096, MaxGrants/4 (at least
+	// MaxGrantsPerSession, at most MaxGrants) and 65536: far above what a
+	// well-behaved consumer holds.
+	MaxGrantsPerSession  int
+	MaxGrantsPerIdentity int
+	MaxGrants            int
 	// MaxGrantsPerEntry bounds the live grants of one consumer session for
 	// one mm_hash: a re-request keeps the earlier grants (each ends with its
 	// own READ's notification or lease), so that a late notification can
@@ -127,7 +137,20 @@ type consumerState struct {
 	blocks    int    // pinned by its live grants
 	agent     string // the agent its READs come from, once known
 	confirmed bool
+	contact   *grant // its live contact grant, if any
 }
+
+// asker counts the live grants one control-plane identity asked for,
+// whichever sessions it named; it is forgotten when they reach zero.
+type asker struct {
+	name     string
+	grants   int // contact grants included
+	contacts int
+}
+
+// maxContactsPerIdent bounds the live contact grants of one control-plane
+// identity: a consumer holds one per producer connection.
+const maxContactsPerIdent = 4
 
 // grant is one live ProducerXfer, on the lease list in deadline order.
 type grant struct {
@@ -136,7 +159,8 @@ type grant struct {
 	token wire.Token // the grant's capability; zero for a consumer that takes none
 	key   string     // "<session_id>:<mm_hash>", the notification's text
 	agent string     // the agent allowed to read it; "" while unknown
-	ident string     // the control-plane identity that asked
+	ident string     // the control-plane identity charged for its pins
+	by    *asker     // the control-plane identity that asked
 	cs    *consumerState
 	// contact: a contact grant (contactGrant), of no blocks and no pin,
 	// found by its id alone: never among byKey's, whatever its mm_hash.
@@ -211,6 +235,7 @@ type ProducerSession struct {
 	pruneAt    int            // consumers' size at which pruneConsumers scans next
 	prunes     int            // its scans, for tests
 	idents     map[string]int // blocks pinned per control-plane identity
+	askers     map[string]*asker
 	lastMeta   []byte
 	metaDigest uint64 // wirext.MetaDigest(lastMeta): a consumer that has it registered says so (ecx_known)
 	// The shape of the data plane's descriptor (shapeOf), if it is one.
@@ -218,6 +243,7 @@ type ProducerSession struct {
 	shape     wire.Blocks
 	shapeOK   bool
 	perSess   int
+	perIdent  int
 	perEntry  int
 	maxGrants int
 	maxPinned int
@@ -261,6 +287,9 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	if cfg.MaxGrants <= 0 {
 		cfg.MaxGrants = 65536
 	}
+	if cfg.MaxGrantsPerIdentity <= 0 {
+		cfg.MaxGrantsPerIdentity = min(cfg.MaxGrants, max(cfg.MaxGrants/4, cfg.MaxGrantsPerSession))
+	}
 	if cfg.MaxGrantsPerEntry <= 0 {
 		cfg.MaxGrantsPerEntry = 8
 	}
@@ -272,7 +301,8 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 	}
 	p := &ProducerSession{data: data, cache: c, compat: compatHash, lease: cfg.PinLease, log: log,
 		byKey: map[string][]*grant{}, byID: map[uint64]*grant{}, consumers: map[string]*consumerState{},
-		idents: map[string]int{}, perSess: cfg.MaxGrantsPerSession, perEntry: cfg.MaxGrantsPerEntry,
+		idents: map[string]int{}, askers: map[string]*asker{}, perSess: cfg.MaxGrantsPerSession,
+		perIdent: cfg.MaxGrantsPerIdentity, perEntry: cfg.MaxGrantsPerEntry,
 		maxGrants: cfg.MaxGrants, maxAge: cfg.MaxRequestAge, reserve: max(0, cfg.SaveReserve),
 		maxPinned: max(1, int(cfg.MaxPinnedShare*float64(c.Stats().Capacity)))}
 	var seed [32]byte
@@ -458,8 +488,15 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 		// consumer session's (pushes go there), and ends it.
 		p.stats.Contacts++
 		var g *grant
-		if req.Attempt != 0 && p.att != nil && (cs == nil || cs.grants < p.perSess) && len(p.byID) < p.maxGrants {
-			g = p.contactGrant(req, cs, ident, now)
+		if req.Attempt != 0 && p.att != nil {
+			if cs != nil && cs.contact != nil && cs.contact.by.name == string(ident) {
+				p.endGrant(cs.contact) // replaced: one per session
+			}
+			a := p.askers[string(ident)]
+			if (cs == nil || cs.contact == nil && cs.grants < p.perSess) && len(p.byID) < p.maxGrants &&
+				(a == nil || a.grants < p.perIdent && a.contacts < maxContactsPerIdent) {
+				g = p.contactGrant(req, cs, ident, now)
+			}
 		}
 		p.ack = wire.XferAck{MMHash: string(req.MMHash), Status: wire.OK, SessionID: string(req.SessionID),
 			AgentMetadata: p.lastMeta, LeaseMillis: uint64(p.lease.Milliseconds()), Attempt: req.Attempt,
@@ -475,9 +512,20 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	}
 	p.keyBuf = append(append(append(p.keyBuf[:0], req.SessionID...), ':'), req.MMHash...)
 	same := p.byKey[string(p.keyBuf)]
-	if len(p.byID) >= p.maxGrants || (cs != nil && cs.grants >= p.perSess) {
+	if cs != nil && cs.grants >= p.perSess {
 		p.stats.OverBound++
-		return nack(wire.NackInternal, "ec producer: grant bound reached; NACK")
+		return nack(wire.NackInternal, "ec producer: grant bound of the session reached; NACK")
+	}
+	if a := p.askers[string(ident)]; a != nil && a.grants >= p.perIdent {
+		// Its own grants end first: retryable, as for its pin share.
+		p.stats.OverBound++
+		return nack(wire.NackNotReady, "ec producer: identity holds its share of the grants; NACK")
+	}
+	if len(p.byID) >= p.maxGrants {
+		// Identities each within their share hold every grant: some end
+		// within a lease.
+		p.stats.OverBound++
+		return nack(wire.NackNotReady, "ec producer: grant bound reached; NACK")
 	}
 	if len(same) >= p.perEntry {
 		// The earlier grants end as their READs' notifications land: a
@@ -525,6 +573,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Blocks: blocks, Deadline: now.Add(p.lease)}
 	g.id, g.key, g.agent, g.cs = grantIDs.Add(1), key, cs.agent, cs
+	p.charge(g, ident)
 	g.push = p.pushID(cs, ident)
 	p.fresh = true
 	if req.Attempt != 0 {
@@ -533,7 +582,7 @@ func (p *ProducerSession) grantOrNack(req *wireview.Req, ident []byte, now time.
 		p.tokens.Read(g.token[:])
 	}
 	if len(same) == 0 {
-		g.ident = string(ident)
+		g.ident = g.by.name
 		cs.blocks += n
 		p.idents[g.ident] += n
 	} else {
@@ -601,7 +650,10 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	cs.grants++
 	g := p.newGrant()
 	g.ProducerXfer = fsm.ProducerXfer{MMHash: mmHash, SessionID: sid, Deadline: now.Add(p.lease)}
-	g.id, g.key, g.agent, g.cs, g.ident, g.contact = grantIDs.Add(1), key, cs.agent, cs, string(ident), true
+	g.id, g.key, g.agent, g.cs, g.contact = grantIDs.Add(1), key, cs.agent, cs, true
+	p.charge(g, ident)
+	g.ident = g.by.name
+	cs.contact = g
 	g.push = p.pushID(cs, ident)
 	p.fresh = true
 	p.tokens.Read(g.token[:])
@@ -611,6 +663,20 @@ func (p *ProducerSession) contactGrant(req *wireview.Req, cs *consumerState, ide
 	p.link(g)
 	p.stats.Grants++
 	return g
+}
+
+// charge counts g, made now, against the grants of ident, which asked.
+func (p *ProducerSession) charge(g *grant, ident []byte) {
+	a := p.askers[string(ident)]
+	if a == nil {
+		a = &asker{name: string(ident)}
+		p.askers[a.name] = a
+	}
+	a.grants++
+	if g.contact {
+		a.contacts++
+	}
+	g.by = a
 }
 
 // regionShape returns, when the consumer accepts shapes, the shape the
@@ -717,6 +783,15 @@ func (p *ProducerSession) endGrant(g *grant) {
 	g.prev.next, g.next.prev = g.next, g.prev
 	g.prev, g.next = nil, nil
 	g.cs.grants--
+	if g.by.grants--; g.contact {
+		g.by.contacts--
+		if g.cs.contact == g {
+			g.cs.contact = nil
+		}
+	}
+	if g.by.grants == 0 {
+		delete(p.askers, g.by.name)
+	}
 	p.lock()
 	if !g.contact {
 		p.dropKeyed(g)

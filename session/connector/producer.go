@@ -29,9 +29,9 @@ type ControlServer interface {
 type ProducerConfig struct {
 	CompatHash string        // wire.CompatHash of this producer; required
 	PinLease   time.Duration // default 30 s
-	// MaxGrantsPerSession and MaxGrants bound live grants (see
-	// session.ProducerConfig).
-	MaxGrantsPerSession, MaxGrants int
+	// MaxGrantsPerSession, MaxGrantsPerIdentity and MaxGrants bound live
+	// grants (see session.ProducerConfig).
+	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int
 	// MaxGrantsPerEntry, MaxPinnedShare and MaxRequestAge: see
 	// session.ProducerConfig. Requests are stamped with the time of the
 	// step that took them off the control plane.
@@ -129,7 +129,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		cfg.Now = time.Now
 	}
 	s, err := session.NewProducerSession(session.ProducerConfig{PinLease: cfg.PinLease, Logger: log,
-		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrants: cfg.MaxGrants,
+		MaxGrantsPerSession: cfg.MaxGrantsPerSession, MaxGrantsPerIdentity: cfg.MaxGrantsPerIdentity, MaxGrants: cfg.MaxGrants,
 		MaxGrantsPerEntry: cfg.MaxGrantsPerEntry, MaxPinnedShare: cfg.MaxPinnedShare,
 		MaxRequestAge: cfg.MaxRequestAge}, data, c, cfg.CompatHash)
 	if err != nil {
