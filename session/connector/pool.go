@@ -234,10 +234,20 @@ type Histogram struct {
 // counted fall, to within its bucket (the bucket's longest duration, at
 // most Max): never under the exact value and at most 1 % over; 0 when none
 // are counted.
-func (h *Histogram) Quantile(q float64) time.Duration { return (*hist.Histogram)(h).Quantile(q) }
+func (h *Histogram) Quantile(q float64) time.Duration {
+	if h == nil {
+		return 0
+	}
+	return (*hist.Histogram)(h).Quantile(q)
+}
 
 // Mean returns the mean duration; 0 when none are counted.
-func (h *Histogram) Mean() time.Duration { return (*hist.Histogram)(h).Mean() }
+func (h *Histogram) Mean() time.Duration {
+	if h == nil {
+		return 0
+	}
+	return (*hist.Histogram)(h).Mean()
+}
 
 // PoolStats counts what a Pool did.
 type PoolStats struct {
@@ -251,7 +261,9 @@ type PoolStats struct {
 	Reaped                                      uint64 // idle sessions closed
 	InFlight, Sessions                          int    // fetches not ended; producer sessions held
 	FailedBy                                    FailureCounts
-	Latency                                     Histogram // Fetch to completion
+	// Latency counts the times from Fetch to completion: a copy of its
+	// own in each Stats (32 KiB), never nil there.
+	Latency *Histogram
 }
 
 // FailureCounts counts failed fetches by reason.
@@ -359,7 +371,8 @@ type Pool struct {
 	// the blocks are FetchEntry's, back to the cache on release.
 	held  map[string]heldFetch
 	pubMu sync.Mutex
-	pub   PoolStats // what Stats returns
+	pub   PoolStats      // what Stats returns, less the histogram
+	lat   hist.Histogram // PoolStats.Latency, under pubMu
 }
 
 // ErrInFlight is returned by Fetch for an mm_hash whose previous fetch
@@ -406,6 +419,8 @@ func (p *Pool) Stats() PoolStats {
 	p.pubMu.Lock()
 	defer p.pubMu.Unlock()
 	s := p.pub
+	lat := Histogram(p.lat)
+	s.Latency = &lat
 	s.FailedBy = maps.Clone(p.pub.FailedBy)
 	if s.FailedBy == nil {
 		s.FailedBy = FailureCounts{}
@@ -955,7 +970,9 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		}
 		lat := now.Sub(f.started)
 		p.stats.Completed++
-		(*hist.Histogram)(&p.stats.Latency).Add(lat)
+		p.pubMu.Lock() // the histogram is Stats's to copy, not publish's
+		p.lat.Add(lat)
+		p.pubMu.Unlock()
 		p.stats.BytesMoved += uint64(len(f.blocks) * p.cfg.BlockSize)
 		p.res.Completed = append(p.res.Completed, Done{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Latency: lat, Held: held})
 	}

@@ -83,7 +83,7 @@ func (pc *poolCollector) Collect(ch chan<- prometheus.Metric) {
 	for r, n := range s.FailedBy {
 		m(pc.failures, float64(n), r.String())
 	}
-	ch <- histogram(pc.latency.d, &s.Latency)
+	ch <- histogram(pc.latency.d, s.Latency)
 	m(pc.bytes, float64(s.BytesMoved))
 	m(pc.retries, float64(s.Retries))
 	nacks(ch, pc.nacks.d, s.Nacks)
