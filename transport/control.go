@@ -44,14 +44,16 @@ type ControlStats struct {
 	Dropped   uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
 	SendFails uint64
 	Accepted  uint64 // connections a server accepted
+	Shed      uint64 // connections a server closed or refused at MaxConns or MaxConnsPerHost
 }
 
 type controlCounters struct {
-	received, sent, malformed, dropped, sendFails, accepted atomic.Uint64
+	received, sent, malformed, dropped, sendFails, accepted, shed atomic.Uint64
 }
 
 func (c *controlCounters) snapshot() ControlStats {
-	return ControlStats{c.received.Load(), c.sent.Load(), c.malformed.Load(), c.dropped.Load(), c.sendFails.Load(), c.accepted.Load()}
+	return ControlStats{c.received.Load(), c.sent.Load(), c.malformed.Load(), c.dropped.Load(), c.sendFails.Load(),
+		c.accepted.Load(), c.shed.Load()}
 }
 
 // ---- server ----
@@ -65,7 +67,18 @@ type ServerConfig struct {
 	HandshakeTimeout time.Duration // default 5 s
 	MaxPending       int           // handshakes in progress at once; default 256
 	MaxQueued        int           // requests and replies queued; default 4096
-	Logger           *slog.Logger
+	// MaxConns bounds the connections whose handshake is done; default
+	// 4096. MaxConnsPerHost bounds those from one remote address (many
+	// consumers may share a host, but one host cannot take them all);
+	// default 256. At either cap a new connection sheds the one, of that
+	// host's or of all, that has gone longest without a request (silence
+	// alone ends a connection only after PeerTimeout, and a peer that
+	// answers heartbeats is never silent); it is refused instead only when
+	// every one of them sent a request since it connected.
+	// ControlStats.Shed counts both.
+	MaxConns        int
+	MaxConnsPerHost int
+	Logger          *slog.Logger
 }
 
 // Server is the producer's control plane: a ZeroMQ ROUTER that consumers'
@@ -82,6 +95,8 @@ type Server struct {
 
 	connMu sync.Mutex
 	conns  map[string]*guardConn // by the identity replies are routed to
+	// seq orders connections by their last request, for shedding.
+	seq atomic.Uint64
 
 	// kick wakes Wait. Nothing ever waits on in itself: a request handed to
 	// a waiting receiver would wake it even when onRequest has already
@@ -109,6 +124,12 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = 4096
 	}
+	if cfg.MaxConns <= 0 {
+		cfg.MaxConns = 4096
+	}
+	if cfg.MaxConnsPerHost <= 0 {
+		cfg.MaxConnsPerHost = 256
+	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
@@ -118,6 +139,8 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
 	gcfg.deliver, gcfg.ready, gcfg.gone, gcfg.maxOut = s.deliver, s.connected, s.disconnected, cfg.MaxQueued
 	gcfg.steps, gcfg.take = &s.steps, s.take
+	gcfg.maxConns, gcfg.maxConnsPerHost, gcfg.seq = cfg.MaxConns, cfg.MaxConnsPerHost, &s.seq
+	gcfg.onShed = func() { s.stats.shed.Add(1) }
 	ep, forget, err := guardEndpoint(gcfg, hp)
 	if err != nil {
 		return nil, err
@@ -200,6 +223,7 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 		s.stats.malformed.Add(1)
 		return true
 	}
+	g.lastMsg.Store(s.seq.Add(1))
 	m := xfer.Message{Identity: g.identity, Payload: frames[1]}
 	select {
 	case s.in <- m:
@@ -228,6 +252,7 @@ func (s *Server) take(g *guardConn, frames [][]byte) bool {
 		s.stats.malformed.Add(1)
 		return true
 	}
+	g.lastMsg.Store(s.seq.Add(1))
 	s.stats.received.Add(1)
 	s.steps.taken.Add(1)
 	s.got = append(s.got, xfer.Message{Identity: g.identity, Payload: frames[1]})

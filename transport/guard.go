@@ -52,6 +52,14 @@ type guardConfig struct {
 	maxPending       int // server: handshakes in progress at once
 	onDrop           func(reason string)
 	onAccept         func()
+	// Server: connections handed to zmq4 at once, in all and from one
+	// host. At either cap the one idle longest goes (see admitLocked),
+	// told to onShed. seq ticks at each accept and each request, so that
+	// the order of connections by idleness needs no clock.
+	maxConns        int
+	maxConnsPerHost int
+	seq             *atomic.Uint64
+	onShed          func()
 	// Client side, per dealer: stop aborts a dial or handshake in
 	// progress (zmq4's Close does not), and track is told of the
 	// connection so that its owner can close it.
@@ -188,6 +196,8 @@ type guardConn struct {
 	cmd       []byte
 	readyIn   atomic.Bool
 	lastRecv  atomic.Int64  // unix nanos of the last byte received
+	lastMsg   atomic.Uint64 // server: cfg.seq at its last request, or at its accept
+	host      string        // server: the peer's address without its port
 	inBytes   atomic.Uint64 // bytes read from the socket, for tests
 
 	// outbound
@@ -327,6 +337,29 @@ func (g *guardConn) srcFull(p []byte) error {
 // Read hands zmq4 the inbound stream with heartbeats removed, refusing
 // frames over the caps before zmq4 sees their size.
 func (g *guardConn) Read(p []byte) (int, error) {
+	n, err := g.read(p)
+	if err != nil && g.started.Load() {
+		err = forgettable(err)
+	}
+	return n, err
+}
+
+// forgettable returns err as one that makes zmq4 forget the connection.
+// zmq4 drops a connection from its socket (and its writers) only on EOF
+// or a network error that is not a timeout; on any other error its reader
+// just returns, and the socket keeps the connection, and what it holds,
+// until the socket closes. Only once the handshake is done: a connection
+// zmq4 failed to open is one it never took, and telling it to forget one
+// makes it keep a reference (ZMQ4.md, 4d).
+func forgettable(err error) error {
+	var ne net.Error
+	if errors.Is(err, io.EOF) || errors.As(err, &ne) && !ne.Timeout() {
+		return err
+	}
+	return fmt.Errorf("%w: %w", net.ErrClosed, err)
+}
+
+func (g *guardConn) read(p []byte) (int, error) {
 	g.rmu.Lock()
 	defer g.rmu.Unlock()
 	for {
@@ -1214,7 +1247,7 @@ func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, erro
 		return nil, err
 	}
 	gl := &guardListener{Listener: ln, cfg: cfg, ready: make(chan net.Conn), done: make(chan struct{}),
-		pending: map[net.Conn]*list.Element{}, conns: map[*guardConn]struct{}{}}
+		pending: map[net.Conn]*list.Element{}, conns: map[*guardConn]struct{}{}, hosts: map[string]map[*guardConn]struct{}{}}
 	if !cfg.spawn(gl.acceptLoop) {
 		ln.Close()
 		return nil, net.ErrClosed
@@ -1236,7 +1269,8 @@ type guardListener struct {
 	mu      sync.Mutex
 	pending map[net.Conn]*list.Element // handshakes in progress, oldest first
 	order   list.List
-	conns   map[*guardConn]struct{} // handed to zmq4 and not closed
+	conns   map[*guardConn]struct{}            // handed to zmq4 and not closed
+	hosts   map[string]map[*guardConn]struct{} // conns by the peer's host
 }
 
 func (l *guardListener) Accept() (net.Conn, error) {
@@ -1308,6 +1342,10 @@ func (l *guardListener) acceptLoop() {
 }
 
 func (l *guardListener) handshake(c net.Conn) {
+	var born uint64 // before our greeting: a peer's requests after it are news
+	if l.cfg.seq != nil {
+		born = l.cfg.seq.Add(1)
+	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -1329,6 +1367,11 @@ func (l *guardListener) handshake(c net.Conn) {
 	}
 	c.SetDeadline(time.Time{})
 	g := newGuardConn(c, l.cfg, pre, true)
+	g.lastMsg.Store(born)
+	g.host = c.RemoteAddr().String()
+	if h, _, err := net.SplitHostPort(g.host); err == nil {
+		g.host = h
+	}
 	l.mu.Lock()
 	select {
 	case <-l.done:
@@ -1337,17 +1380,88 @@ func (l *guardListener) handshake(c net.Conn) {
 		return
 	default:
 	}
-	l.conns[g] = struct{}{}
-	l.mu.Unlock()
+	victim, ok := l.admitLocked(g)
+	if !ok {
+		l.mu.Unlock()
+		g.Close()
+		l.shed()
+		return
+	}
 	g.onClose = func() {
 		l.mu.Lock()
-		delete(l.conns, g)
+		l.removeLocked(g)
 		l.mu.Unlock()
+	}
+	l.addLocked(g)
+	l.mu.Unlock()
+	if victim != nil {
+		victim.Close() // its reader's error makes zmq4 forget it
+		l.shed()
 	}
 	select {
 	case l.ready <- g:
 	case <-l.done:
 		g.Close()
+	}
+}
+
+// admitLocked makes room for g at the caps: when g's host, or the
+// server, holds as many connections as it may, the one of that host's, or
+// of all, that has gone longest without a request (or since its accept,
+// if it sent none) is removed, for the caller to close. A connection that
+// carries requests is thus the last to go; g itself is refused (false)
+// only when every candidate sent a request since g was accepted.
+// Connections zmq4 is still opening are no candidates: they are gone in
+// microseconds, and closing one under zmq4's Open would leave it a
+// reference to keep.
+func (l *guardListener) admitLocked(g *guardConn) (victim *guardConn, ok bool) {
+	var pool map[*guardConn]struct{}
+	switch {
+	case l.cfg.maxConnsPerHost > 0 && len(l.hosts[g.host]) >= l.cfg.maxConnsPerHost:
+		pool = l.hosts[g.host]
+	case l.cfg.maxConns > 0 && len(l.conns) >= l.cfg.maxConns:
+		pool = l.conns
+	default:
+		return nil, true
+	}
+	var idle uint64
+	for v := range pool {
+		if !v.started.Load() {
+			continue
+		}
+		if t := v.lastMsg.Load(); victim == nil || t < idle {
+			victim, idle = v, t
+		}
+	}
+	if victim == nil || idle > g.lastMsg.Load() {
+		return nil, false
+	}
+	l.removeLocked(victim) // no longer counted, so no other newcomer picks it
+	return victim, true
+}
+
+func (l *guardListener) shed() {
+	if l.cfg.onShed != nil {
+		l.cfg.onShed()
+	}
+}
+
+func (l *guardListener) addLocked(g *guardConn) {
+	l.conns[g] = struct{}{}
+	h := l.hosts[g.host]
+	if h == nil {
+		h = map[*guardConn]struct{}{}
+		l.hosts[g.host] = h
+	}
+	h[g] = struct{}{}
+}
+
+func (l *guardListener) removeLocked(g *guardConn) {
+	delete(l.conns, g)
+	if h := l.hosts[g.host]; h != nil {
+		if delete(h, g); len(h) == 0 {
+			delete(l.hosts, g.host)
+		}
 	}
 }
 
