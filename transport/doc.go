@@ -18,6 +18,9 @@
 // the connect or the handshake times out; the next Send dials anew, with a
 // fresh identity. A Server routes replies by the consumer's identity; a
 // reply to an identity no connection holds fails with xfer.ErrPeerDown.
+// A Server holds at most ServerConfig.MaxConns connections (4,096), and
+// MaxConnsPerHost (256) from one host: past either, the one longest
+// without a request is closed.
 //
 // # Data plane
 //
