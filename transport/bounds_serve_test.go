@@ -105,7 +105,7 @@ func TestConnCapShedsStrangersNotGrantees(t *testing.T) {
 		p.mu.Lock()
 		defer p.mu.Unlock()
 		for s := range p.served {
-			if !s.proven.Load() {
+			if !p.proven(s) {
 				return false
 			}
 		}
@@ -173,18 +173,16 @@ func TestNotifFloodPaysItsOwn(t *testing.T) {
 	p, g := gatedProducer(t, pr, TCPConfig{IOTimeout: 500 * time.Millisecond})
 	read := neighbour(t, p, pr, g)
 	flood := rawConsumer(t, p)
-	const frames = 80000 // over 512 KiB of empty notifications
+	proveConn(t, flood, 1, g.grant()) // a stranger's would be dropped
+	// Over 512 KiB of empty notifications.
+	const frames = 80000
 	var b []byte
 	for range frames {
 		b = appendNotify(b, nil)
 	}
 	go flood.Write(b)
 	share := connNotifBytes / notifCost
-	until(t, "the flood at its share", func() bool {
-		p.mu.Lock()
-		defer p.mu.Unlock()
-		return len(p.notifs) >= share
-	})
+	until(t, "the flood at its share", func() bool { return queuedNotifBytes(p)+notifCost > connNotifBytes })
 	notif := read(1)
 	until(t, "the neighbour's completion queued", func() bool {
 		p.mu.Lock()

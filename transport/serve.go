@@ -29,11 +29,19 @@ const maxQueuedNotifs = 1 << 16
 // queued, and DrainNotifs has not taken, hold: each costs its length and
 // notifCost. A connection at the bound waits for a drain; so a peer that
 // floods notifications holds no more than this, and never takes a
-// neighbour's room.
+// neighbour's room. maxNotifBytes bounds them for every connection
+// together, closed ones included (what they queued stays until drained):
+// a connection that would go past it waits for room the same way.
 const (
 	connNotifBytes = 256 << 10
+	maxNotifBytes  = 64 << 20
 	notifCost      = 64
 )
+
+// maxProofConns bounds the connections one grant proves: a consumer
+// reads a producer over TCPConfig.Conns connections (2 by default) and
+// makes contact on one.
+const maxProofConns = 4
 
 // answerGrace is how long past its grant's time left (plane.Hold.Left) a
 // READ's answer may still be written.
@@ -57,17 +65,19 @@ type servedConn struct {
 	wmu   sync.Mutex
 	agent string // as its hello named it: a label
 	room  int    // bytes of pushes the consumer keeps for it; 0: none
-	// seq orders the connections as they were accepted; proven is set once
-	// the connection presented a grant a gate holds live: at MaxConns, the
-	// oldest connection not proven makes room for a new one.
-	seq    uint64
-	proven atomic.Bool
+	// seq orders the connections as they were accepted; until is when
+	// its proof ends (d.now; 0: never proven), proof the grant that proved
+	// it, set under d.pmu (see prove).
+	seq   uint64
+	until atomic.Int64
+	proof atomic.Uint64
 	// Its notifications' share of the queue (see connNotifBytes), and
-	// whether it waits for room, under d.mu; a drain that makes room
-	// sends on drained.
-	queued  int
-	full    bool
-	drained chan struct{}
+	// whether it waits for room in its share (full) or in the queue
+	// (waitsAll), under d.mu; a drain that makes room sends on drained.
+	queued   int
+	full     bool
+	waitsAll bool
+	drained  chan struct{}
 	// Where it takes pushes: the consumer sessions whose grants it
 	// presented, in att. Its serve goroutine's own.
 	att   *attachment
@@ -139,8 +149,8 @@ func (d *TCPData) accept() {
 			return
 		}
 		if len(d.served) >= d.cfg.MaxConns && !d.shedLocked() {
-			// Every connection proved a grant: the newcomer waits for one
-			// to end.
+			// Every connection holds a live proof: the newcomer waits for
+			// one to end.
 			d.mu.Unlock()
 			c.Close()
 			d.connsShed.Add(1)
@@ -155,13 +165,20 @@ func (d *TCPData) accept() {
 	}
 }
 
-// shedLocked closes the oldest served connection that has not presented a
-// live grant, making room for a new one; false: every one has. Under d.mu.
+// shedLocked closes the served connection whose proof ended longest ago
+// (those never proven first, the oldest first), making room for a new
+// one; false: every one holds a live proof. Under d.mu.
 func (d *TCPData) shedLocked() bool {
+	now := d.now()
 	var oldest *servedConn
+	var ended int64
 	for s := range d.served {
-		if !s.proven.Load() && (oldest == nil || s.seq < oldest.seq) {
-			oldest = s
+		u := s.until.Load()
+		if u > now {
+			continue
+		}
+		if oldest == nil || u < ended || u == ended && s.seq < oldest.seq {
+			oldest, ended = s, u
 		}
 	}
 	if oldest == nil {
@@ -171,6 +188,77 @@ func (d *TCPData) shedLocked() bool {
 	oldest.close()
 	d.connsShed.Add(1)
 	return true
+}
+
+// now is the clock of the proofs: monotonic, run ahead by tests.
+func (d *TCPData) now() int64 { return monoNow() + d.clockAhead.Load() }
+
+// proven reports whether s holds a live proof.
+func (d *TCPData) proven(s *servedConn) bool { return s.until.Load() > d.now() }
+
+// prove notes that s presented the grant notif names, which a gate holds
+// live with left time left (0: unknown, IdleTimeout then): s is proven
+// until then and the answer's grace, as long as the grant may live. A
+// grant proves maxProofConns connections at most; a connection one more
+// presents keeps the proof it had.
+func (d *TCPData) prove(s *servedConn, notif []byte, left time.Duration) {
+	if left <= 0 {
+		left = d.cfg.IdleTimeout
+	}
+	until := d.now() + int64(left+answerGrace)
+	key := fnv1a(notif)
+	if s.proof.Load() == key { // only s's reader proves s
+		s.until.Store(until)
+		return
+	}
+	d.pmu.Lock()
+	defer d.pmu.Unlock()
+	by := d.proofs[key]
+	i := slices.Index(by[:], nil)
+	if i < 0 {
+		return
+	}
+	d.unproveLocked(s)
+	by[i] = s
+	d.proofs[key] = by
+	s.proof.Store(key)
+	s.until.Store(until)
+}
+
+// unprove forgets s's grant, as s closes: its place in the grant's
+// proofs is free.
+func (d *TCPData) unprove(s *servedConn) {
+	d.pmu.Lock()
+	d.unproveLocked(s)
+	d.pmu.Unlock()
+}
+
+func (d *TCPData) unproveLocked(s *servedConn) {
+	key := s.proof.Load()
+	if key == 0 {
+		return
+	}
+	by := d.proofs[key]
+	for i := range by {
+		if by[i] == s {
+			by[i] = nil
+		}
+	}
+	if by == ([maxProofConns]*servedConn{}) {
+		delete(d.proofs, key)
+	} else {
+		d.proofs[key] = by
+	}
+	s.proof.Store(0)
+}
+
+// leftOf is what a grant h holds, under a's gate, has left, as far as
+// the plane can tell: the hold's word, else the session's lease.
+func leftOf(h plane.Hold, a *attachment) time.Duration {
+	if h.Left <= 0 && a != nil {
+		return a.lease
+	}
+	return h.Left
 }
 
 // server is what serve keeps of one connection.
@@ -215,6 +303,7 @@ func (d *TCPData) serve(s *servedConn) {
 		d.mu.Lock()
 		delete(d.served, s)
 		d.mu.Unlock()
+		d.unprove(s)
 		s.close()
 		s.unbind()
 	}()
@@ -453,7 +542,7 @@ func (v *server) brokeAll() {
 }
 
 // queue queues a notification for a's session. When the connection's
-// share is full it waits for a drain, reading nothing meanwhile; false:
+// share, or the queue, is full it waits for a drain, reading nothing meanwhile; false:
 // none made room within IOTimeout (a consumer flooding us, or a producer
 // that stopped stepping), and this connection is cut off.
 func (v *server) queue(msg []byte, a *attachment) bool {
@@ -488,8 +577,9 @@ func (s *servedConn) awaitDrain(timeout time.Duration) bool {
 }
 
 // queueNotif queues a notification s brought for a (see route), for its
-// session's drain; false: s's share of the queue is full. One for an
-// attachment detached meanwhile is dropped: its session ended its grants.
+// session's drain; false: s's share of the queue, or the queue
+// (maxNotifBytes), is full. One for an attachment detached meanwhile is
+// dropped: its session ended its grants.
 func (d *TCPData) queueNotif(s *servedConn, a *attachment, msg []byte) bool {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -501,7 +591,12 @@ func (d *TCPData) queueNotif(s *servedConn, a *attachment, msg []byte) bool {
 		s.full = true
 		return false
 	}
+	if d.notifBytes+cost > d.notifCap {
+		s.waitsAll, d.waitAll = true, true
+		return false
+	}
 	s.queued += cost
+	d.notifBytes += cost
 	d.notifs = append(d.notifs, xfer.Notif{Agent: s.agent, Msg: msg})
 	d.notifFrom = append(d.notifFrom, s)
 	d.notifAtt = append(d.notifAtt, a)
@@ -513,7 +608,7 @@ func (d *TCPData) queueNotif(s *servedConn, a *attachment, msg []byte) bool {
 // connections' shares and waking those that wait for room; the others
 // stay queued, in order. Under d.mu.
 func (d *TCPData) takeNotifsLocked(dst []xfer.Notif, mine func(*attachment) bool, drop bool) []xfer.Notif {
-	k := 0
+	k, before := 0, d.notifBytes
 	for i, n := range d.notifs {
 		if !mine(d.notifAtt[i]) {
 			d.notifs[k], d.notifFrom[k], d.notifAtt[k] = n, d.notifFrom[i], d.notifAtt[i]
@@ -525,12 +620,10 @@ func (d *TCPData) takeNotifsLocked(dst []xfer.Notif, mine func(*attachment) bool
 		}
 		s := d.notifFrom[i]
 		s.queued -= len(n.Msg) + notifCost
+		d.notifBytes -= len(n.Msg) + notifCost
 		if s.full {
 			s.full = false
-			select {
-			case s.drained <- struct{}{}:
-			default:
-			}
+			s.wakeDrained()
 		}
 	}
 	clear(d.notifs[k:])
@@ -541,44 +634,63 @@ func (d *TCPData) takeNotifsLocked(dst []xfer.Notif, mine func(*attachment) bool
 	} else {
 		d.notifs, d.notifFrom, d.notifAtt = d.notifs[:k], d.notifFrom[:k], d.notifAtt[:k]
 	}
+	if d.waitAll && d.notifBytes < before {
+		d.waitAll = false
+		for s := range d.served {
+			if s.waitsAll {
+				s.waitsAll = false
+				s.wakeDrained()
+			}
+		}
+	}
 	return dst
+}
+
+// wakeDrained wakes s, if it waits for room in the queue.
+func (s *servedConn) wakeDrained() {
+	select {
+	case s.drained <- struct{}{}:
+	default:
+	}
 }
 
 // route says which attachment a notification s brought (with no READ:
 // a copy off the board, a push landed, a grant given back) is for, and
 // whether it goes on at all. One that presents a grant's token (a Go
 // consumer's) goes to the live attachment whose gate holds that grant live
-// for s's agent; with one attachment live, and s proven, that one is not
-// asked. Until s has presented a live grant, one that names none is
-// dropped, and counted, here: a peer with no grant costs the sessions
-// nothing. The rest go to the current attachment, within s's share of the
-// queue, and its session counts what it does not know.
+// for s's agent, and proves s (see prove); with one attachment live, and s
+// proven, that one is not asked. Unless s holds a live proof, one that
+// names no live grant, tokenless ones included, is dropped, and counted,
+// here: a peer with no grant costs the sessions nothing. The rest go to
+// the current attachment, within s's share of the queue, and its session
+// counts what it does not know.
 func (d *TCPData) route(s *servedConn, msg []byte) (*attachment, bool) {
 	live := d.liveList()
+	proven := d.proven(s)
 	if len(live) == 0 {
-		if d.everAttached.Load() {
-			// Between sessions: the grants it could name ended with the
-			// last one, and the next has none of them.
+		if d.everAttached.Load() || !proven {
+			// Between sessions the grants it could name ended with the
+			// last one, and the next has none of them; with
+			// TCPConfig.Authorize alone, s proved none of its READs.
 			d.notifDrops.Add(1)
 			return nil, false
 		}
-		return nil, true // a plane gated by TCPConfig.Authorize alone
+		return nil, true
 	}
 	current := live[len(live)-1]
-	if len(live) == 1 && s.proven.Load() {
+	if len(live) == 1 && proven {
 		return current, true
 	}
-	if _, _, _, ok := wirext.SplitNotifGrant(msg); !ok {
-		return current, true
-	}
-	for i := len(live) - 1; i >= 0; i-- {
-		if h, ok := live[i].gate.Authorize(s.agent, msg, nil); ok {
-			h.Release()
-			s.proven.Store(true)
-			return live[i], true
+	if _, _, _, ok := wirext.SplitNotifGrant(msg); ok {
+		for i := len(live) - 1; i >= 0; i-- {
+			if h, ok := live[i].gate.Authorize(s.agent, msg, nil); ok {
+				h.Release()
+				d.prove(s, msg, leftOf(h, live[i]))
+				return live[i], true
+			}
 		}
 	}
-	if s.proven.Load() {
+	if proven {
 		return current, true
 	}
 	d.notifDrops.Add(1)
@@ -614,7 +726,7 @@ func (v *server) read() bool {
 		v.head = appendDataHead(v.head[:0], id, dataRefused, 0)
 		return v.write(net.Buffers{v.head}) == nil
 	}
-	v.s.proven.Store(true)
+	d.prove(v.s, v.notif[:nl], leftOf(hold, a))
 	var by time.Time // when the grant's time is up
 	if hold.Left > 0 {
 		by = time.Now().Add(hold.Left + answerGrace)

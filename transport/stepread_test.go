@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"errors"
@@ -306,8 +307,11 @@ func helloConsumer(t testing.TB, p *TCPData, name string) (net.Conn, *servedConn
 // order, also across waits that hand the connection back to its
 // goroutine.
 func TestProducerDrainsNotificationsInOrder(t *testing.T) {
-	p, _ := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
+	p, g := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
 	conn, s := helloConsumer(t, p, "notifier")
+	proof := g.grant()
+	proveConn(t, conn, 1, proof) // a stranger's would be dropped
+	waitNotifsOf(t, p, "the proof's notification", func(n xfer.Notif) bool { return bytes.Equal(n.Msg, proof) })
 	const n = 20000
 	sent := make(chan error, 1)
 	var taken atomic.Int64
@@ -369,8 +373,9 @@ func TestProducerDrainsNotificationsInOrder(t *testing.T) {
 // connection as it always does; and Close wakes a goroutine that waits to
 // be cooled.
 func TestHotServedConnection(t *testing.T) {
-	p, _ := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
+	p, g := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
 	conn, s := helloConsumer(t, p, "notifier")
+	proveConn(t, conn, 1, g.grant()) // a stranger's would be dropped
 	heatServed := func() {
 		t.Helper()
 		until(t, "a hot connection", func() bool {
@@ -409,6 +414,7 @@ func TestHotServedConnection(t *testing.T) {
 		}
 	})
 	conn, s = helloConsumer(t, p, "second")
+	proveConn(t, conn, 1, g.grant())
 	heatServed()
 	done := make(chan struct{})
 	go func() { p.Close(); close(done) }()

@@ -58,17 +58,22 @@ type TCPConfig struct {
 	// when the producer's welcome has not come within it (after the
 	// dial). Default 5 s, or IOTimeout if that is shorter.
 	HelloTimeout time.Duration
-	// MaxConns bounds the connections a producer serves at once. At the
-	// bound a new connection takes the place of the oldest one that has
-	// not yet presented a live grant, or is closed when every one has: a
-	// consumer that proved a grant is never cut for strangers. Default
-	// 1024.
+	// MaxConns bounds the connections a producer serves at once. A
+	// connection is proven while the grant it last presented may be live:
+	// until the grant's time left (the session's lease; IdleTimeout when
+	// unknown) and a second have passed since it presented it, and one
+	// grant proves 4 connections at most. At the bound a new connection
+	// takes the place of the one whose proof ended longest ago (one never
+	// proven first, the oldest first), or is closed when every one holds
+	// a live proof: a consumer reading under live grants is never cut for
+	// strangers. Default 1024.
 	//
 	// Each served connection pays for what it makes the producer hold:
-	// its notifications not yet drained are bounded (256 KiB of them;
-	// past that its reads wait for a drain, and the connection is closed
-	// when none comes within IOTimeout); until it presents a live grant,
-	// a notification naming a grant the session does not hold live is
+	// its notifications not yet drained are bounded (256 KiB of them, and
+	// 64 MiB for all connections together; past either its reads wait for
+	// a drain, and the connection is closed when none comes within
+	// IOTimeout); unless it holds a live proof, a notification naming no
+	// grant the session holds live, one with no grant included, is
 	// dropped and counted; and the answer to a READ is cut, its
 	// connection closed, once the grant's lease and a second have passed
 	// since the READ came, however slowly the consumer reads.
@@ -210,9 +215,15 @@ type TCPData struct {
 	// was live; the current one takes it).
 	notifFrom []*servedConn
 	notifAtt  []*attachment
-	served    map[*servedConn]struct{}
-	acceptSeq uint64
-	maps      map[regionKey]*regionMap // producers' regions this plane mapped
+	// notifBytes is what the queue holds, as charged (see connNotifBytes),
+	// at most notifCap (maxNotifBytes; tests lower it); waitAll: some
+	// connection waits for room in it.
+	notifBytes int
+	notifCap   int
+	waitAll    bool
+	served     map[*servedConn]struct{}
+	acceptSeq  uint64
+	maps       map[regionKey]*regionMap // producers' regions this plane mapped
 
 	// producer: the sessions attached (live, oldest first, at most
 	// maxLive; att is the last, the current one), and the same-host
@@ -224,6 +235,12 @@ type TCPData struct {
 	everAttached atomic.Bool
 	token        []byte
 	grantTab     []atomic.Uint64
+	// The served connections each grant proves (by fnv1a of its
+	// notification, at most maxProofConns), under pmu; clockAhead: how far
+	// tests run the proofs' clock ahead.
+	pmu        sync.Mutex
+	proofs     map[uint64][maxProofConns]*servedConn
+	clockAhead atomic.Int64
 
 	boardCopies atomic.Uint64 // consumer: READs copied under a published grant
 	// lastPost is monoNow when the last PostRead returned, its READ on its
@@ -259,6 +276,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
 		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[*servedConn]struct{}{},
 		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1),
+		notifCap: maxNotifBytes, proofs: map[uint64][maxProofConns]*servedConn{},
 	}
 	if d.name == "" {
 		d.name = "ecxfer-" + inc[:8]
@@ -316,9 +334,9 @@ type TCPStats struct {
 	NotesLost   uint64 // notifications of landed READs that could not be sent (the lease ends their grant)
 	// As a producer, what its bounds on served connections cut (see
 	// TCPConfig.MaxConns).
-	ConnsShed  uint64 // connections closed at MaxConns: the oldest without a grant, or the newest
-	NotifDrops uint64 // notifications dropped that presented a token of no live grant
-	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout
+	ConnsShed  uint64 // connections closed at MaxConns: the one whose proof ended longest ago, or the newest
+	NotifDrops uint64 // notifications dropped: naming no live grant, from a connection holding no live proof, or between sessions
+	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout (their share or the queue full)
 	AnswersCut uint64 // READ answers cut, their connection closed, once their grant's time was up
 	PushesCut  uint64 // pushes cut once their grant's time was up: not written, or their connection closed
 	BrokenLost uint64 // READs that cannot complete not handed to their session (its list full): their grants end at their leases
