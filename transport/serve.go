@@ -668,14 +668,22 @@ func (d *TCPData) route(s *servedConn, msg []byte) (*attachment, bool) {
 	live := d.liveList()
 	proven := d.proven(s)
 	if len(live) == 0 {
-		if d.everAttached.Load() || !proven {
-			// Between sessions the grants it could name ended with the
-			// last one, and the next has none of them; with
-			// TCPConfig.Authorize alone, s proved none of its READs.
-			d.notifDrops.Add(1)
-			return nil, false
+		switch {
+		case d.everAttached.Load():
+			// Between sessions: the grants it could name ended with the
+			// last one, and the next has none of them.
+		case proven:
+			return nil, true
+		case d.cfg.Authorize != nil:
+			// TCPConfig.Authorize alone: it says whether msg names a
+			// grant it serves.
+			if release, ok := d.cfg.Authorize(s.agent, msg, nil); ok {
+				release()
+				return nil, true
+			}
 		}
-		return nil, true
+		d.notifDrops.Add(1)
+		return nil, false
 	}
 	current := live[len(live)-1]
 	if len(live) == 1 && proven {

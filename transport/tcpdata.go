@@ -42,7 +42,9 @@ type TCPConfig struct {
 	// "#<grant>.<token>" from Go consumers), blocks the producer blocks it
 	// asks for. If it grants, the blocks stay the entry's until release is
 	// called, which the data plane does once the bytes left the region. It
-	// is called from the data plane's goroutines, concurrently.
+	// is called from the data plane's goroutines, concurrently. With no
+	// session attached, a notification from a connection that proved no
+	// grant is queued only if Authorize grants it (blocks nil).
 	Authorize func(agent string, notif []byte, blocks []int) (release func(), ok bool)
 	// IOTimeout bounds the time without progress: a READ fails when no
 	// byte of it moved for this long, counted from when it reached the
