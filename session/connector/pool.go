@@ -40,8 +40,9 @@ type ControlClient interface {
 	Drain(dst []xfer.Inbound) []xfer.Inbound
 	// Dead appends the producers declared dead since the last call, and
 	// why: a Death whose Err matches xfer.ErrPeerSilent (silent past the
-	// peer timeout) ends the READs from that producer; any other lets
-	// them run on, on their data connections.
+	// peer timeout) ends the fetches that asked that producer for
+	// anything, READs included; any other lets READs run on, on their
+	// data connections, and retries the rest on a new connection.
 	Dead(dst []xfer.Death) []xfer.Death
 	// Remove drops the connection to addr, without reporting a death.
 	Remove(addr string)
@@ -441,7 +442,7 @@ func (p *Pool) publish() {
 	fb := p.pub.FailedBy
 	p.pub = p.stats
 	p.pub.Malformed = malformed
-	p.pub.InFlight, p.pub.Sessions = len(p.fetches), len(p.order)+len(p.draining)
+	p.pub.InFlight, p.pub.Sessions = len(p.fetches)+p.owed(), len(p.order)+len(p.draining)
 	if fb == nil {
 		fb = FailureCounts{}
 	}
@@ -649,6 +650,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	if p.hold(f, pe, now) {
 		return nil
 	}
+	f.heldOn = nil // it waits on no session's first answer now
 	ackBy := now.Add(p.cfg.AckTimeout)
 	if f.deadline.Before(ackBy) {
 		ackBy = f.deadline
@@ -880,11 +882,12 @@ func (p *Pool) peerDown(d xfer.Death, now time.Time) {
 	p.collect(pe, now)
 	if errors.Is(d.Err, xfer.ErrPeerSilent) {
 		// Silent past the peer timeout: hung, stopped or cut off, not a
-		// connection that closed and may be made again. The fetches it
-		// held end now, whatever they wait for (an ack, a READ, a retry,
-		// its first answer), as at their deadline: held where a READ may
-		// still write. A fetch none of whose requests went on it (its
-		// send refused) goes on, on a new connection.
+		// connection that closed and may be made again. The fetches that
+		// asked it for anything end now, whatever they wait for (an ack,
+		// a READ on this connection or an earlier one, a retry, its first
+		// answer), as at their deadline: held where a READ may still
+		// write. A fetch that never reached it (its sends refused) goes
+		// on, on a new connection.
 		for _, h := range p.fetchesOn(pe) {
 			p.end(p.fetches[h], xfer.PeerDown, now)
 		}
@@ -1144,13 +1147,14 @@ func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) 
 	return fmt.Errorf("%s: %w", at, why)
 }
 
-// fetchesOn returns the mm_hashes of the fetches whose last request went
-// on pe, or that wait on its first answer, sorted, so that what ends them
-// ends them in one order.
+// fetchesOn returns the mm_hashes of the fetches that sent a request to
+// pe's producer (on pe, or on an earlier connection to it), or wait on
+// pe's first answer, sorted, so that what ends them ends them in one
+// order.
 func (p *Pool) fetchesOn(pe *peer) []string {
 	p.overdue = p.overdue[:0]
 	for h, f := range p.fetches {
-		if f.pe == pe || f.heldOn == pe {
+		if f.pe != nil && f.pe.addr == pe.addr || f.heldOn == pe {
 			p.overdue = append(p.overdue, h)
 		}
 	}
@@ -1285,7 +1289,7 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
 	}
-	if p.owed() > 0 && !p.connecting {
+	if (p.owed() > 0 || p.kept && len(p.res.Released) > 0) && !p.connecting {
 		return true // the next Step has outcomes already
 	}
 	if len(p.fetches) == 0 && d < 0 {
