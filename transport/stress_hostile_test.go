@@ -413,6 +413,14 @@ func (h *hostileRun) spawn(kind int) {
 		h.slowGr = a.gr
 		h.slow.Store(true)
 	}
+	if kind == peerNotifyFlood && a.rng.IntN(4) == 0 {
+		// A grant of its own, to prove its connection with (a READ of
+		// nothing), and then flood past its share.
+		if a.gr = h.gate.grant(a.rng, 1); a.gr != nil {
+			h.gate.att.Retire(a.gr.id)
+			h.tokens[a.gr.id] = a.gr.token
+		}
+	}
 	h.active.Add(1)
 	h.wg.Add(1)
 	go func() {
@@ -525,10 +533,16 @@ func (a *actor) notifyFlood() {
 	if a.hello(c) {
 		// Now and then plain ones, more than its share of the queue holds.
 		n, plain := 1+a.rng.IntN(2000), 8
-		if a.rng.IntN(4) == 0 {
+		var b []byte
+		if a.gr != nil {
+			// Proven first, by a READ of nothing under its own live grant
+			// (only a proven connection's plain notifications are queued),
+			// then more than its share of the queue holds.
+			n, plain = 10000+a.rng.IntN(10000), 1
+			b = appendRead(b, 0, a.gr.notif, 0, nil, false)
+		} else if a.rng.IntN(4) == 0 {
 			n, plain = 10000+a.rng.IntN(10000), 1
 		}
-		var b []byte
 		for range n {
 			b = appendNotify(b, a.forged(a.rng.IntN(plain) == 0))
 			if len(b) > 32<<10 || a.rng.IntN(64) == 0 {
