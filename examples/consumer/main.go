@@ -5,7 +5,8 @@
 // fetch failed; at once, saying why, when the producer's data plane is not
 // its own (a TCP consumer against a NIXL producer, say).
 //
-// It is written against the public API only: a region for the blocks
+// It is written against the library's public API only (its flag helpers are
+// the examples' own, examples/internal/cli): a region for the blocks
 // fetched and the cache that gives them out (cache), a control plane and a
 // data plane (transport, nixl), and the Pool that fetches into that cache
 // (session/connector, FetchEntry), driven by the loop an engine would run.
@@ -25,6 +26,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/examples/internal/cli"
 	"github.com/ecxfer/ecxfer/nixl"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
@@ -39,14 +41,14 @@ func main() {
 	perItem := flag.Int("blocks-per-item", 16, "blocks per embedding")
 	blockSize := flag.Int("block-size", 8192, "bytes per block")
 	concurrency := flag.Int("concurrency", 64, "fetches in flight at most (fewer when -inflight-bytes holds fewer items)")
-	budget := size(1 << 30)
+	budget := cli.Size(1 << 30)
 	flag.Var(&budget, "inflight-bytes", "bytes in flight, and so the size of the region fetched into: as many fetches as whole items fit, at most -concurrency (K, M, G or T: 256M, 1GiB)")
 	lock := flag.Bool("mlock", false, "lock the region in RAM (mlock): a refusal (ulimit -l) fails the start")
 	every := flag.Duration("progress-every", 2*time.Second, "how often to report how far along the fetches are; 0: never")
 	deadline := flag.Duration("deadline", 30*time.Second, "how long each fetch may take, from its start: past it, it fails (an engine would encode the item itself)")
-	parseFlags("consumer")
-	item := itemBytes(*perItem, *blockSize)
-	err := positive([]string{"items", "blocks-per-item", "block-size", "concurrency"}, *items, *perItem, *blockSize, *concurrency)
+	cli.ParseFlags("consumer")
+	item := cli.ItemBytes(*perItem, *blockSize)
+	err := cli.Positive([]string{"items", "blocks-per-item", "block-size", "concurrency"}, *items, *perItem, *blockSize, *concurrency)
 	switch {
 	case err != nil:
 	case *plane != "shm" && *plane != "tcp" && *plane != "nixl":
@@ -57,15 +59,15 @@ func main() {
 		err = fmt.Errorf("-deadline %v: want more than 0", *deadline)
 	case item < 0 || item > int64(budget):
 		err = fmt.Errorf("-inflight-bytes %v holds no item of %d blocks of %s: give -inflight-bytes %s or more, or a smaller -block-size or -blocks-per-item",
-			budget, *perItem, formatSize(int64(*blockSize)), formatSize(item))
+			budget, *perItem, cli.FormatSize(int64(*blockSize)), cli.FormatSize(item))
 	}
 	var inFlight int
 	if err == nil {
 		inFlight = int(min(int64(budget)/item, int64(*concurrency), int64(*items))) // an item is fetched once
-		err = checkMemory(int64(inFlight)*item, "-inflight-bytes")
+		err = cli.CheckMemory(int64(inFlight)*item, "-inflight-bytes")
 	}
 	if err != nil {
-		usage("consumer", err)
+		cli.Usage("consumer", err)
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt)
 	defer stop()
@@ -88,7 +90,7 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 		return err
 	}
 	defer region.Close()
-	fmt.Printf("fetching %d items of %s, %d in flight (a %s region)\n", items, formatSize(int64(perItem*blockSize)), inFlight, formatSize(int64(len(region.Bytes()))))
+	fmt.Printf("fetching %d items of %s, %d in flight (a %s region)\n", items, cli.FormatSize(int64(perItem*blockSize)), inFlight, cli.FormatSize(int64(len(region.Bytes()))))
 	var data xfer.DataTransport
 	switch plane {
 	case "shm", "tcp":
@@ -146,7 +148,7 @@ func run(ctx context.Context, producer, plane string, items, perItem, blockSize,
 		if now := time.Now(); every > 0 && !now.Before(report) {
 			report = now.Add(every)
 			fmt.Printf("  %d of %d verified (%s of %s), %d in flight, %.1fs\n", verified, items,
-				formatSize(int64(verified)*int64(perItem*blockSize)), formatSize(int64(items)*int64(perItem*blockSize)), len(item), now.Sub(start).Seconds())
+				cli.FormatSize(int64(verified)*int64(perItem*blockSize)), cli.FormatSize(int64(items)*int64(perItem*blockSize)), len(item), now.Sub(start).Seconds())
 		}
 		r := pool.Step(time.Now())
 		for _, d := range r.Completed {
@@ -200,7 +202,7 @@ func summary(verified, failed int, took time.Duration, s connector.PoolStats) {
 	fmt.Printf("  failures by reason: %v\n", s.FailedBy)
 }
 
-var nixlParams params
+var nixlParams cli.Params
 
 func init() {
 	flag.Var(&nixlParams, "nixl-params", "NIXL backend parameters, `key=value[,key=value]` (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")

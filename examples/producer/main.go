@@ -5,7 +5,8 @@
 // serving, and what it served when it stops: an interrupt gives the READs
 // under way up to 10 s to finish, a second one ends them at once.
 //
-// It is written against the public API only: a region of blocks and the
+// It is written against the library's public API only (its flag helpers are
+// the examples' own, examples/internal/cli): a region of blocks and the
 // cache of its entries (cache), a control plane and a data plane
 // (transport, nixl), and the Producer that answers requests
 // (session/connector).
@@ -24,6 +25,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/examples/internal/cli"
 	"github.com/ecxfer/ecxfer/nixl"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
@@ -39,15 +41,15 @@ func main() {
 	blockSize := flag.Int("block-size", 8192, "bytes per block")
 	lock := flag.Bool("mlock", false, "lock the region in RAM (mlock): a refusal (ulimit -l) fails the start")
 	every := flag.Duration("progress-every", 2*time.Second, "how often to report how far the fill is; 0: never")
-	parseFlags("producer")
+	cli.ParseFlags("producer")
 	// The region holds every item: it is checked against the machine's
 	// memory before it is mapped and filled.
-	region := itemBytes(*perItem, *blockSize)
+	region := cli.ItemBytes(*perItem, *blockSize)
 	if region > 0 && int64(*items) > math.MaxInt64/region {
 		region = -1
 	}
 	region *= int64(*items)
-	err := positive([]string{"items", "blocks-per-item", "block-size"}, *items, *perItem, *blockSize)
+	err := cli.Positive([]string{"items", "blocks-per-item", "block-size"}, *items, *perItem, *blockSize)
 	switch {
 	case err != nil:
 	case *plane != "shm" && *plane != "tcp" && *plane != "nixl":
@@ -55,10 +57,10 @@ func main() {
 	case *every < 0:
 		err = fmt.Errorf("-progress-every %v: want 0 (never) or more", *every)
 	default:
-		err = checkMemory(region, "-items, -blocks-per-item or -block-size")
+		err = cli.CheckMemory(region, "-items, -blocks-per-item or -block-size")
 	}
 	if err != nil {
-		usage("producer", err)
+		cli.Usage("producer", err)
 	}
 	if err := run(*control, *dataAddr, *plane, *items, *perItem, *blockSize, *lock, *every); err != nil {
 		fmt.Fprintln(os.Stderr, "producer:", err)
@@ -93,7 +95,7 @@ func run(control, dataAddr, plane string, items, perItem, blockSize int, lock bo
 			Fill(region.Block(b), i, j) // an encoder writes the embedding here
 			if now := time.Now(); every > 0 && now.After(next) {
 				next = now.Add(every)
-				fmt.Fprintf(os.Stderr, "producer: filled %s of %s\n", formatSize(int64((i*perItem+j+1)*blockSize)), formatSize(int64(total)))
+				fmt.Fprintf(os.Stderr, "producer: filled %s of %s\n", cli.FormatSize(int64((i*perItem+j+1)*blockSize)), cli.FormatSize(int64(total)))
 			}
 		}
 		entries.MarkReady(Hash(i))
@@ -169,7 +171,7 @@ func shutdown(prod interface {
 	return prod.Shutdown(ctx)
 }
 
-var nixlParams params
+var nixlParams cli.Params
 
 func init() {
 	flag.Var(&nixlParams, "nixl-params", "NIXL backend parameters, `key=value[,key=value]` (-data nixl), e.g. ucx_error_handling_mode=none for UCX_TLS=sm")

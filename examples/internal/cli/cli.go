@@ -1,7 +1,7 @@
-package main
-
-// Flag and memory helpers both programs share (examples/producer's
-// flags.go is this file without the size flag type).
+// Package cli holds the flag and memory helpers the producer and consumer
+// examples share: size and NIXL-parameter flags, flag checks that name the
+// flag, and the check that a run fits the machine's memory.
+package cli
 
 import (
 	"bufio"
@@ -16,13 +16,13 @@ import (
 	"strings"
 )
 
-// size is a flag of bytes: a positive number, or one with K, M, G or T
+// Size is a flag of bytes: a Positive number, or one with K, M, G or T
 // (powers of 1024: 256M, 1GiB).
-type size int64
+type Size int64
 
-func (s size) String() string { return formatSize(int64(s)) }
+func (s Size) String() string { return FormatSize(int64(s)) }
 
-func (s *size) Set(v string) error {
+func (s *Size) Set(v string) error {
 	t := strings.TrimSpace(v)
 	digits := strings.TrimRightFunc(t, func(r rune) bool { return r < '0' || r > '9' })
 	unit := strings.TrimSuffix(strings.TrimSuffix(strings.ToUpper(strings.TrimSpace(t[len(digits):])), "B"), "I")
@@ -32,18 +32,18 @@ func (s *size) Set(v string) error {
 		return errors.New("want bytes, or with K, M, G or T: 256M, 1GiB")
 	}
 	if n == 0 {
-		return errors.New("want a positive size: 256M, 1GiB")
+		return errors.New("want a Positive Size: 256M, 1GiB")
 	}
-	*s = size(n << shift)
+	*s = Size(n << shift)
 	return nil
 }
 
-// params is a flag of NIXL backend parameters, key=value[,key=value]: an
+// Params is a flag of NIXL backend parameters, key=value[,key=value]: an
 // entry without '=', with an empty key or a key given twice is refused, so
 // a typo fails the start rather than leaving a backend default in place.
-type params map[string]string
+type Params map[string]string
 
-func (p params) String() string {
+func (p Params) String() string {
 	kvs := make([]string, 0, len(p))
 	for k, v := range p {
 		kvs = append(kvs, k+"="+v)
@@ -52,8 +52,8 @@ func (p params) String() string {
 	return strings.Join(kvs, ",")
 }
 
-func (p *params) Set(s string) error {
-	m := params{}
+func (p *Params) Set(s string) error {
+	m := Params{}
 	for _, kv := range strings.Split(s, ",") {
 		if kv == "" {
 			continue
@@ -71,9 +71,9 @@ func (p *params) Set(s string) error {
 	return nil
 }
 
-// formatSize writes n exactly when it is a whole number of its unit
+// FormatSize writes n exactly when it is a whole number of its unit
 // ("64MiB"), else to a tenth ("1.5GiB").
-func formatSize(n int64) string {
+func FormatSize(n int64) string {
 	units := []string{"B", "KiB", "MiB", "GiB", "TiB", "PiB", "EiB"}
 	u := 0
 	for u+1 < len(units) && n >= 1<<(10*(u+1)) {
@@ -85,28 +85,28 @@ func formatSize(n int64) string {
 	return strconv.FormatFloat(float64(n)/float64(int64(1)<<(10*u)), 'f', 1, 64) + units[u]
 }
 
-// itemBytes is the size of one item, or -1 if it overflows.
-func itemBytes(perItem, blockSize int) int64 {
+// ItemBytes is the Size of one item, or -1 if it overflows.
+func ItemBytes(perItem, blockSize int) int64 {
 	if perItem <= 0 || blockSize <= 0 || int64(blockSize) > math.MaxInt64/int64(perItem) {
 		return -1
 	}
 	return int64(perItem) * int64(blockSize)
 }
 
-// positive checks that each named flag is above zero.
-func positive(names []string, values ...int) error {
+// Positive checks that each named flag is above zero.
+func Positive(names []string, values ...int) error {
 	for i, v := range values {
 		if v <= 0 {
-			return fmt.Errorf("-%s %d: want a positive number", names[i], v)
+			return fmt.Errorf("-%s %d: want a Positive number", names[i], v)
 		}
 	}
 	return nil
 }
 
-// checkMemory fails, before anything is mapped, a region larger than the
+// CheckMemory fails, before anything is mapped, a region larger than the
 // memory this machine has available (MemAvailable of /proc/meminfo; no
 // check where it is unknown). what names the flags that set it.
-func checkMemory(need int64, what string) error {
+func CheckMemory(need int64, what string) error {
 	f, err := os.Open("/proc/meminfo")
 	if err != nil {
 		return nil
@@ -120,16 +120,16 @@ func checkMemory(need int64, what string) error {
 		}
 		kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 		if err == nil && (need < 0 || need > kb<<10) {
-			return fmt.Errorf("the region needs %s but this machine has %s available: lower %s", formatSize(need), formatSize(kb<<10), what)
+			return fmt.Errorf("the region needs %s but this machine has %s available: lower %s", FormatSize(need), FormatSize(kb<<10), what)
 		}
 		break
 	}
 	return nil
 }
 
-// parseFlags parses the command line and exits on a bad flag: status 2
-// with one line naming it (the usage only for -h).
-func parseFlags(name string) {
+// ParseFlags parses the command line and exits on a bad flag: status 2
+// with one line naming it (the Usage only for -h).
+func ParseFlags(name string) {
 	fs := flag.CommandLine
 	fs.Init(name, flag.ContinueOnError)
 	fs.SetOutput(io.Discard)
@@ -148,8 +148,8 @@ func parseFlags(name string) {
 	os.Exit(2)
 }
 
-// usage exits with status 2 and one line, for a flag with a bad value.
-func usage(name string, err error) {
+// Usage exits with status 2 and one line, for a flag with a bad value.
+func Usage(name string, err error) {
 	fmt.Fprintf(os.Stderr, "%s: %v\n", name, err)
 	os.Exit(2)
 }
