@@ -166,17 +166,22 @@ func (e *entry) snapshot() Entry {
 func (c *EmbeddingCache) MarkReady(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	_, err := c.markReadyLocked(key)
+	return err
+}
+
+func (c *EmbeddingCache) markReadyLocked(key string) (*entry, error) {
 	e, err := c.lookupLocked(key)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if e.ready {
-		return fmt.Errorf("%w: %q", errAlreadyReady, key)
+		return nil, fmt.Errorf("%w: %q", errAlreadyReady, key)
 	}
 	e.ready = true
 	c.notReady--
 	c.linkLocked(e)
-	return nil
+	return e, nil
 }
 
 // Pin holds key's ready entry: a pinned entry is never evicted or removed
@@ -208,24 +213,12 @@ func (c *EmbeddingCache) Unpin(key string) error { return c.unpin(key) }
 func (c *EmbeddingCache) MarkReadyPinned(key string) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	e, err := c.lookupLocked(key)
+	e, err := c.markReadyLocked(key)
 	if err != nil {
 		return Entry{}, err
 	}
-	if e.ready {
-		return Entry{}, fmt.Errorf("%w: %q", errAlreadyReady, key)
-	}
-	e.ready = true
-	c.notReady--
-	c.pins0Locked(e)
+	c.pinLocked(e)
 	return e.snapshot(), nil
-}
-
-// pins0Locked takes the first pin of an entry that just became ready (it
-// was never on the evictable list).
-func (c *EmbeddingCache) pins0Locked(e *entry) {
-	e.pins = 1
-	c.pinned++
 }
 
 // Remove drops key's entry, ready or not, and frees its blocks, unless it
@@ -305,28 +298,18 @@ func (c *EmbeddingCache) unpin(key string) error {
 
 // Discard removes a not-ready entry (a save that will not land) and frees its
 // blocks.
-func (c *EmbeddingCache) Discard(key string) error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	e, err := c.lookupLocked(key)
-	if err != nil {
-		return err
-	}
-	if e.ready {
-		return fmt.Errorf("%w: %q", errReady, key)
-	}
-	delete(c.entries, key)
-	c.notReady--
-	c.free = append(c.free, e.blocks...)
-	return nil
-}
+func (c *EmbeddingCache) Discard(key string) error { return c.drop(key, false) }
 
 // Retire drops key's entry, not ready, and keeps its blocks out of use for
 // good: for a write that may still land in them (a READ the data plane
 // could not stop, nor confirm ended), where reusing them could hand out
 // another entry's bytes. Stats.Retired counts them. It fails with
 // ErrNotFound, or for an entry that is ready.
-func (c *EmbeddingCache) Retire(key string) error {
+func (c *EmbeddingCache) Retire(key string) error { return c.drop(key, true) }
+
+// drop removes a not-ready entry: its blocks go back to the free list, or
+// out of use for good (retire).
+func (c *EmbeddingCache) drop(key string, retire bool) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e, err := c.lookupLocked(key)
@@ -338,7 +321,11 @@ func (c *EmbeddingCache) Retire(key string) error {
 	}
 	delete(c.entries, key)
 	c.notReady--
-	c.retired += len(e.blocks)
+	if retire {
+		c.retired += len(e.blocks)
+	} else {
+		c.free = append(c.free, e.blocks...)
+	}
 	return nil
 }
 
