@@ -118,8 +118,8 @@ func fetchEntryRandom(t *testing.T, seed uint64) {
 				claim(b, "fetch "+h)
 			}
 		}
-		for h, hf := range w.pool.held {
-			if !hf.managed {
+		for h, managed := range w.pool.held {
+			if !managed {
 				continue
 			}
 			e, ok := cc.Get(h)

@@ -368,9 +368,9 @@ type Pool struct {
 	hits            []Done // FetchEntry's of entries the cache held ready, for the next Step
 	// held holds the mm_hashes of the failed fetches whose READ may still
 	// write, whichever session follows it: no fetch of one starts until
-	// its blocks are released, so a release names one fetch. managed says
-	// the blocks are FetchEntry's, back to the cache on release.
-	held  map[string]heldFetch
+	// its blocks are released, so a release names one fetch. The value
+	// says the blocks are FetchEntry's, back to the cache on release.
+	held  map[string]bool
 	pubMu sync.Mutex
 	pub   PoolStats      // what Stats returns, less the histogram
 	lat   hist.Histogram // PoolStats.Latency, under pubMu
@@ -917,17 +917,16 @@ func (p *Pool) release(o session.Outcome, forced bool) {
 	if forced {
 		p.stats.ForcedEvictions++
 	}
-	if h, ok := p.held[o.MMHash]; ok {
-		delete(p.held, o.MMHash)
-		switch {
-		case !h.managed:
-		case !forced:
-			p.giveBack(o.MMHash)
-		default:
-			// Its READ may still write: its blocks are never handed out again.
-			if err := p.cfg.Cache.Retire(o.MMHash); err != nil {
-				p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
-			}
+	managed := p.held[o.MMHash]
+	delete(p.held, o.MMHash)
+	switch {
+	case !managed:
+	case !forced:
+		p.giveBack(o.MMHash)
+	default:
+		// Its READ may still write: its blocks are never handed out again.
+		if err := p.cfg.Cache.Retire(o.MMHash); err != nil {
+			p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
 		}
 	}
 	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced})
@@ -1044,9 +1043,9 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 	switch {
 	case held:
 		if p.held == nil {
-			p.held = map[string]heldFetch{}
+			p.held = map[string]bool{}
 		}
-		p.held[mmHash] = heldFetch{managed: f.managed}
+		p.held[mmHash] = f.managed
 	case f.managed:
 		p.giveBack(mmHash)
 	}
@@ -1055,9 +1054,6 @@ func (p *Pool) fail(mmHash string, why xfer.Reason, st wire.Status, err error, h
 	p.res.Failed = append(p.res.Failed, Failure{MMHash: mmHash, Addr: f.addr, Blocks: f.blocks, Reason: why, Status: st,
 		Err: failErr(mmHash, f.addr, why, st, err), BlocksHeld: held})
 }
-
-// heldFetch is a failed fetch whose READ may still write.
-type heldFetch struct{ managed bool }
 
 // giveBack returns a FetchEntry's blocks to the cache: its entry, not
 // ready, goes.
