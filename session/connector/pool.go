@@ -27,34 +27,28 @@ import (
 )
 
 // ControlClient is what a Pool needs of the consumer's control plane;
-// *transport.Client implements it, and an engine may bring its own.
+// *transport.Client implements it.
 type ControlClient interface {
-	// Send queues payload (copied) for the producer at addr without
-	// blocking; refusals wrap xfer.ErrQueueFull, xfer.ErrPeerDown or
+	// Send queues payload (copied) for the producer at addr without blocking;
+	// refusals wrap xfer.ErrQueueFull, xfer.ErrPeerDown or
 	// xfer.ErrNotAllowed.
 	Send(addr string, payload []byte) error
-	// Drain appends the payloads received since the last call. It must
-	// never return a payload read on a connection whose death Dead has
-	// reported (or that Remove dropped): a reply that names no request
-	// would be taken for one on the connection that replaced it.
+	// Drain appends the payloads received since the last call, never one read
+	// on a connection that Dead reported or Remove dropped.
 	Drain(dst []xfer.Inbound) []xfer.Inbound
-	// Dead appends the producers declared dead since the last call, and
-	// why: a Death whose Err matches xfer.ErrPeerSilent (silent past the
-	// peer timeout) ends the fetches that asked that producer for
-	// anything, READs included; any other lets READs run on, on their
-	// data connections, and retries the rest on a new connection.
+	// Dead appends the producers declared dead since the last call, and why
+	// (xfer.ErrPeerSilent: silent past the peer timeout).
 	Dead(dst []xfer.Death) []xfer.Death
-	// Remove drops the connection to addr, without reporting a death.
+	// Remove drops the connection to addr without reporting a death.
 	Remove(addr string)
-	// Wait blocks until Drain or Dead has something, or ctx ends, and
-	// reports which.
+	// Wait blocks until Drain or Dead has something, or ctx ends, and reports
+	// which.
 	Wait(ctx context.Context) bool
 }
 
-// RetryConfig bounds the attempts at one fetch. Retried: NACK_NOT_READY,
-// ack timeouts, a producer declared dead
-// before its ack, a send the control plane refused for now, and a READ
-// the data plane reported failed (its blocks are free again).
+// RetryConfig bounds the attempts at one fetch. Retried: NACK_NOT_READY, ack
+// timeouts, a producer declared dead before its ack, a send refused for now,
+// a failed READ.
 type RetryConfig struct {
 	MaxAttempts int           // attempts in all; default 5
 	MaxElapsed  time.Duration // from the first attempt; default 10 s
@@ -67,38 +61,29 @@ type RetryConfig struct {
 type PoolConfig struct {
 	CompatHash string      // wire.CompatHash of this consumer; required
 	Xfer       xfer.Config // read, quarantine and lease timeouts
-	// AckTimeout bounds the wait for each attempt's ack. Default 2 s, the
-	// reference's consumer_ack_timeout_s.
+	// AckTimeout bounds the wait for each attempt's ack. Default 2 s.
 	AckTimeout time.Duration
 	Retry      RetryConfig
-	// BlockSize is the size of a local block: for the bytes-moved count,
-	// and the blocks FetchEntry allocates for an entry's size.
+	// BlockSize is a local block's size; FetchEntry needs it.
 	BlockSize int
-	// Cache, if set, is the cache of this consumer's blocks (those of the
-	// region its data plane reads into) that FetchEntry allocates from:
-	// the Pool gives out a fetch's blocks, marks the entry ready and held
-	// when it lands, and takes them back when it fails. A Producer over
-	// the same cache serves what was fetched.
+	// Cache, if set, is the cache of the blocks the data plane reads into,
+	// which FetchEntry allocates from. A Producer over it serves what was
+	// fetched.
 	Cache *cache.EmbeddingCache
 	// pollInterval bounds Wait while fetches are in flight on a data plane
 	// that does not signal READ completion: 1 ms. maxWait bounds Wait on
 	// one that signals, so that deadlines (ack, READ, quarantine) are
 	// noticed within it: 10 ms. Tests may set them.
 	pollInterval, maxWait time.Duration
-	// IdleSession closes the session (and the control-plane connection) of
-	// a producer address with nothing in flight for this long, so that a
-	// consumer that fetched from many producers keeps no state for those
-	// it no longer uses. Default 1 min. Four times per IdleSession the
-	// pool and its sessions also give back the memory they kept for a
-	// past burst of fetches: within half of it once the burst is over.
+	// IdleSession closes a producer's session and connection after this long
+	// with nothing in flight. Default 1 min.
 	IdleSession time.Duration
-	// Seed makes session ids and backoff jitter reproducible (simulation);
-	// zero draws them from crypto/rand.
+	// Seed makes session ids and backoff jitter reproducible; zero:
+	// crypto/rand.
 	Seed   uint64
-	Logger *slog.Logger // nil: slog.Default(); records at Info and above are rate limited per message (5 per 10 s, then a count of those suppressed)
-	// Now is the clock Connect steps the pool on while it waits: the one
-	// the caller's Steps run on, so that a fetch that ends meanwhile is
-	// judged on it. nil: time.Now.
+	Logger *slog.Logger // nil: slog.Default()
+	// Now is the clock Connect steps the pool on: the one the caller's Steps
+	// use. nil: time.Now.
 	Now func() time.Time
 }
 
@@ -145,40 +130,31 @@ func (c PoolConfig) withDefaults() PoolConfig {
 type Done struct {
 	MMHash string
 	Addr   string
-	// Blocks is the slice given to Fetch, the caller's again: it stays
-	// valid after the next Step, unlike the Results that hold it.
+	// Blocks is the slice given to Fetch, the caller's again.
 	Blocks  []int
 	Latency time.Duration // from Fetch to completion
-	// Held says the blocks are the entry MMHash of PoolConfig.Cache, held
-	// for the caller (FetchEntry): no Alloc evicts it until the caller lets
-	// it go with Cache.Unpin(MMHash), once.
+	// Held (FetchEntry) says the entry MMHash of PoolConfig.Cache is held for
+	// the caller: call Cache.Unpin(MMHash) once when done with it.
 	Held bool
 }
 
-// Failure is a fetch that ended without the entry: the caller falls back
-// to encoding locally.
+// Failure is a fetch that ended without the entry: encode it locally.
 type Failure struct {
 	MMHash string
 	Addr   string
 	Blocks []int
 	Reason xfer.Reason
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	// Err says why in words, and is never nil. It matches Reason
-	// (errors.Is(f.Err, xfer.Nacked)), the NACK's Status when Nacked
-	// (errors.Is(f.Err, wire.NackMissing)), and the cause, where there is
-	// one: the data plane's error when the producer could not be
-	// registered or the READ posted, the control plane's refusal of a send.
+	// Err says why; never nil. It matches Reason, the NACK's Status and the
+	// cause: errors.Is(f.Err, wire.NackMissing).
 	Err error
-	// BlocksHeld says a READ may still write into Blocks: do not reuse
-	// them until they come back in Results.Released. (A FetchEntry's
-	// blocks are the Pool's: it gives them back to the cache itself, at
-	// once or on their release.)
+	// BlocksHeld says a READ may still write into Blocks: do not reuse them
+	// until they come back in a later Released. (FetchEntry's blocks go back
+	// to the cache by themselves.)
 	BlocksHeld bool
 }
 
-// String says what failed and why in words, as Err does, and whether the
-// blocks are held: a NACK's status where there is one, never a status
-// "OK" of a failure that had none.
+// String says what failed and why, and whether the blocks are held.
 func (f Failure) String() string {
 	s := "connector: fetch of " + f.MMHash + " failed: " + f.Reason.String()
 	if f.Err != nil {
@@ -194,16 +170,13 @@ func (f Failure) String() string {
 type Released struct {
 	MMHash string
 	Blocks []int
-	// Forced: given up at the quarantine deadline without the data plane
-	// confirming the READ stopped.
+	// Forced: given up at the quarantine deadline, never confirmed stopped.
+	// Keep the blocks out of use if you can.
 	Forced bool
 }
 
-// Results are what a Step produced. Every fetch ends once, in Completed or
-// Failed; a failure with BlocksHeld is followed later by one Released.
-// The Pool reuses them: they are valid until its next Step, Connect or
-// Close; copy what must outlive that (the Blocks slices in them are the
-// ones given to Fetch, and stay the caller's).
+// Results are what a Step produced, valid until the next Step, Connect or
+// Close; the Blocks slices in them stay the caller's.
 type Results struct {
 	Completed []Done
 	Failed    []Failure
@@ -217,13 +190,9 @@ func (r *Results) reset() {
 	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
-// Histogram counts durations in log-linear buckets: one per nanosecond
-// below 128 ns, above, 128 equal ones per power of two, so a bucket is at
-// most 1/128 of its lower edge wide and Quantile comes within 1 % of the
-// exact value. Counts[i] holds durations of i ns for i < 128, else those in
-// [(128+i%128)<<s, (129+i%128)<<s) ns with s = i/128-1; the last bucket
-// also all longer ones (from 2^38 ns, about 275 s). A copy is a snapshot;
-// the zero value is empty.
+// Histogram counts durations in log-linear buckets (within 1 %; the last
+// bucket holds all from about 275 s). A copy is a snapshot; the zero value is
+// empty.
 type Histogram struct {
 	Counts [hist.Buckets]uint64
 	N      uint64        // durations counted
@@ -231,10 +200,8 @@ type Histogram struct {
 	Max    time.Duration // the longest
 }
 
-// Quantile returns the duration under which the fraction q of those
-// counted fall, to within its bucket (the bucket's longest duration, at
-// most Max): never under the exact value and at most 1 % over; 0 when none
-// are counted.
+// Quantile returns the duration under which the fraction q of those counted
+// fall: never under the exact value, at most 1 % over; 0 when empty.
 func (h *Histogram) Quantile(q float64) time.Duration {
 	if h == nil {
 		return 0
@@ -262,16 +229,14 @@ type PoolStats struct {
 	Reaped                                      uint64 // idle sessions closed
 	InFlight, Sessions                          int    // fetches not ended; producer sessions held
 	FailedBy                                    FailureCounts
-	// Latency counts the times from Fetch to completion: a copy of its
-	// own in each Stats (32 KiB), never nil there.
+	// Latency counts the times from Fetch to completion; never nil.
 	Latency *Histogram
 }
 
 // FailureCounts counts failed fetches by reason.
 type FailureCounts map[xfer.Reason]uint64
 
-// String lists the reasons counted in their order, e.g. "nacked 1000,
-// register-failed 1", or says "none".
+// String lists the counts, e.g. "nacked 1000, register-failed 1", or "none".
 func (c FailureCounts) String() string {
 	var b strings.Builder
 	for _, r := range slices.Sorted(maps.Keys(c)) {
@@ -319,12 +284,20 @@ type peer struct {
 	died       error     // why its control connection was declared dead
 }
 
-// Pool fetches entries from producers: it owns one ConsumerSession per
-// producer address over a shared control-plane client and data plane,
-// retries what may succeed later, and keeps the sessions of dead control
-// connections alive while their READs run (a READ that completes is a
-// completed fetch) or sit in quarantine, so no block is ever leaked. It is
-// driven by Step and not safe for concurrent use.
+// Pool fetches entries from producers for a consumer. Rules for the engine:
+//
+//   - Call Step once per engine step, from one goroutine; Wait or WaitFor
+//     sleeps until a Step has work. No method may run concurrently with
+//     another, Stats excepted.
+//   - A fetch ends exactly once, in a Step's Results.Completed or Failed, by
+//     the deadline given to Fetch at the latest.
+//   - Blocks given to Fetch are the Pool's until the fetch ends. After a
+//     Failure with BlocksHeld they stay out of use until they come back,
+//     once, in a later Released.
+//   - FetchEntry's blocks are the Pool's: a completed entry comes Held, and
+//     the engine lets it go with Cache.Unpin, once. Do not Remove, Discard
+//     or Retire an entry while the Pool fetches it.
+//   - Close ends everything; close the control and data planes after it.
 type Pool struct {
 	cfg   PoolConfig
 	ctl   ControlClient
@@ -376,18 +349,16 @@ type Pool struct {
 	lat   hist.Histogram // PoolStats.Latency, under pubMu
 }
 
-// ErrInFlight is returned by Fetch for an mm_hash whose previous fetch
-// failed with BlocksHeld and whose READ has not ended: its blocks have not
-// come back in Released yet. It is session.ErrInFlight.
+// ErrInFlight is returned by Fetch while a READ of an earlier failed fetch of
+// the mm_hash may still write (its blocks have not come back in Released).
 var ErrInFlight = session.ErrInFlight
 
 // ErrBadConfig is returned by NewPool and NewProducer for a configuration
-// they cannot run with; it is xfer.ErrBadConfig.
+// they cannot run with.
 var ErrBadConfig = xfer.ErrBadConfig
 
 // NewPool returns a pool over a control-plane client and a data plane. It
-// fails with ErrBadConfig when cfg.CompatHash is empty (every request would
-// be refused NACK_INCOMPAT) or ctl or data is nil.
+// fails with ErrBadConfig when cfg.CompatHash is empty or ctl or data is nil.
 func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool, error) {
 	switch {
 	case cfg.CompatHash == "":
@@ -412,10 +383,8 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	return p, nil
 }
 
-// Stats returns the counters as of the end of the last Step that ended a
-// fetch (or a recent one, at most a millisecond of the caller's clock old),
-// Cancel or Close. Unlike the rest of Pool it is safe to call from any
-// goroutine, a metrics exporter's say.
+// Stats returns the counters as of the last Step (at most a millisecond
+// stale). It is safe to call from any goroutine.
 func (p *Pool) Stats() PoolStats {
 	p.pubMu.Lock()
 	defer p.pubMu.Unlock()
@@ -457,9 +426,7 @@ func (p *Pool) allPeers() []*peer {
 	return append(out, p.draining...)
 }
 
-// InFlight returns how many fetches have not ended: those under way, and
-// FetchEntry's of entries held already, whose outcome the next Step hands
-// out.
+// InFlight returns how many fetches have not ended yet.
 func (p *Pool) InFlight() int { return len(p.fetches) + p.owed() }
 
 // owed counts the fetches that ended and whose outcome the next Step
@@ -473,21 +440,14 @@ func (p *Pool) owed() int {
 }
 
 // Fetch starts fetching mmHash from the producer at addr into blocks, to end
-// by deadline; the fetch ends once, in a later Step's Completed or Failed.
-// The pool keeps blocks until then: do not modify the slice.
+// by deadline in a later Step's Completed or Failed. Do not modify blocks
+// until then. If mmHash is being fetched already, joined is true and nothing
+// starts: the one outcome comes for the first fetch.
 //
-// If mmHash is being fetched already, the fetch is joined: joined is true,
-// nothing starts, blocks are not taken, and the one outcome comes for the
-// first fetch, by the first fetch's deadline.
-//
-// On error nothing started and blocks are the caller's again. The errors:
-// ErrClosed after Close; session.ErrBadBlocks for negative or repeated
-// blocks; ErrInFlight while a READ of an earlier fetch of mmHash may still
-// write; and the control plane's refusal, wrapped: xfer.ErrNotAllowed, or
-// an address it cannot parse. A refusal worth retrying (xfer.ErrQueueFull,
-// or xfer.ErrPeerDown before a Step took the death's report) starts the
-// fetch and retries its send with backoff; it is returned only when no
-// retry fits the deadline or the retry budget.
+// On error nothing started. It fails with ErrClosed, session.ErrBadBlocks
+// (negative or repeated blocks), ErrInFlight, or the control plane's refusal
+// (xfer.ErrNotAllowed, a bad address); a refusal worth retrying is returned
+// only when no retry fits the deadline.
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
 		return false, ErrClosed
@@ -531,39 +491,22 @@ type connecter interface {
 	Connect(ctx context.Context, addr string) error
 }
 
-// ErrContactRefused wraps the NACK a producer answered Connect's contact
-// request with: NACK_INCOMPAT, NACK_VERSION (it speaks another version),
-// NACK_INTERNAL (it is shutting down, say).
+// ErrContactRefused wraps the NACK a producer refused Connect with
+// (NACK_INCOMPAT, NACK_VERSION, NACK_INTERNAL).
 var ErrContactRefused = errors.New("connector: the producer refused contact")
 
-// Connect makes contact with the producer at addr ahead of the first
-// fetch, and returns once it is made, it failed, or ctx ended: an engine
-// calls it at start-up for each producer it knows of, so that its first
-// fetch from each pays for no set-up. It opens the control connection
-// (when the control plane can connect ahead, as transport.Client does),
-// asks the producer for its data-plane contact (wire.XferReq.Contact) and
-// registers it as a first OK ack would, then has the data plane make its
-// own contact where it has one (the TCP plane's connections and its
-// same-host proof and mapping; NIXL's load of the producer's metadata,
-// its connection, and a READ of the producer's touch page, which makes UCX
-// do the first READ's set-up there). A producer that does not answer such a request
-// (vLLM's, or an older Go one, answer NACK_MISSING) leaves the data-plane
-// contact to the first fetch, and Connect returns nil once the control
-// connection is up. A request that goes unanswered, one whose connection
-// dies, or one answered NACK_NOT_READY (a busy producer) is asked again
-// until ctx ends. It fails with ErrContactRefused
-// (wrapping the status: errors.Is(err, wire.NackIncompat)) for any other
-// NACK; with an error matching xfer.RegisterFailed, and wrapping the data
-// plane's, when the producer's contact cannot be registered (most likely a
-// producer on another data plane); with the control plane's error, or
-// ctx's.
+// Connect makes contact with the producer at addr ahead of the first fetch,
+// so that the first fetch pays for no set-up: an engine calls it at start-up
+// for each producer it knows. It returns once contact is made, or ctx ends; a
+// busy or unanswering producer is asked again meanwhile. A producer that
+// cannot make contact ahead (vLLM's) leaves it to the first fetch, and
+// Connect returns nil.
 //
-// Connect steps the pool while it waits (it must not run concurrently
-// with the other methods, as Step), at the times PoolConfig.Now gives: the
-// clock the caller's Steps run on, so that every deadline of the fetches
-// under way is judged on one clock. Outcomes of fetches that end
-// meanwhile come with the next Step's. The session it opens is reaped as
-// any other once idle for IdleSession.
+// It fails with ErrContactRefused (errors.Is(err, wire.NackIncompat)), with
+// an error matching xfer.RegisterFailed when the producer's data plane is not
+// this one's, or with the control plane's or ctx's error. It steps the pool
+// on PoolConfig.Now while it waits, so it must not run concurrently with
+// Step; outcomes of fetches that end meanwhile come with the next Step.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -735,11 +678,8 @@ func (p *Pool) keep() {
 	}
 }
 
-// Step runs one engine step at now: it takes the producers' replies and
-// deaths from the control plane, advances every session, retries what is
-// due, and returns the outcomes. The Results are the pool's, valid until the
-// next Step, Connect or Close (the Blocks slices in them stay valid: they
-// are the caller's).
+// Step runs one engine step at now and returns its outcomes; it never blocks.
+// The Results are valid until the next Step, Connect or Close.
 func (p *Pool) Step(now time.Time) *Results {
 	if p.kept {
 		p.kept = false // Connect's steps' outcomes go out with this one's
@@ -1063,28 +1003,18 @@ func (p *Pool) giveBack(mmHash string) {
 	}
 }
 
-// FetchEntry is Fetch into blocks the Pool allocates in PoolConfig.Cache,
-// for an entry of size bytes (the blocks its size takes at BlockSize):
-// the engine names the entry and the size it expects, and the Pool does
-// the rest. When the fetch completes, its Done has Held set: the entry is
-// ready and held for the engine, and no Alloc can evict it until the
-// engine calls Cache.Unpin(mmHash), once. When it fails, the Pool gives
-// the blocks back to the cache, at once or, where a READ may still write,
-// once it ended; the Failure's Blocks are then not the engine's. Blocks
-// given up at the quarantine deadline without the READ confirmed ended
-// (a Forced release) are retired from the cache for good
-// (cache.Stats.Retired), not reused.
+// FetchEntry is Fetch into blocks the Pool allocates in PoolConfig.Cache for
+// an entry of size bytes. A completed fetch's Done has Held set: the entry is
+// ready and pinned until the engine calls Cache.Unpin(mmHash), once. A failed
+// one's blocks go back to the cache by themselves (those of a Forced release
+// are retired for good). An entry ready in the cache already completes in the
+// next Step, held, without a fetch.
 //
-// An entry the cache holds ready already is not fetched: it is held for
-// the engine and completes in the next Step (Latency 0, counted in
-// PoolStats.Hits). One being fetched is joined, as Fetch does. It fails as
-// Fetch does, with ErrBadConfig without a Cache or a BlockSize, with the
-// cache's ErrNoSpace or ErrTooLarge when the blocks cannot be had (then
-// encode locally, or let go of held entries), and with ErrInFlight for an
-// entry being written by another (the engine's own save, or a READ of an
-// earlier failed fetch that may still write). While its fetch runs, and
-// until a failure's blocks are released, the entry is the Pool's: the
-// engine must not Remove, Discard or Retire it.
+// It fails as Fetch does; with ErrBadConfig without a Cache or BlockSize;
+// with cache.ErrNoSpace or cache.ErrTooLarge (encode locally, or let go of
+// held entries); with ErrInFlight for an entry being written by someone else.
+// Until the fetch ends the entry is the Pool's: do not Remove, Discard or
+// Retire it.
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
 	c := p.cfg.Cache
 	switch {
@@ -1270,17 +1200,13 @@ func (p *Pool) retryDue(now time.Time) {
 	p.spareRetry = due[:0]
 }
 
-// Wait blocks until a Step may have work: a reply or a producer death on
-// the control plane, a READ that ended (on a data plane that signals it,
-// as the TCP data plane and NIXL do; others are polled every millisecond while fetches are
-// in flight), or the next retry due. It returns false if ctx ended first.
-// It is for engines that sleep between steps; like Step, it must not run
-// concurrently with the Pool's other methods.
+// Wait blocks until a Step may have work, and returns false if ctx ended
+// first. Like Step, it must not run concurrently with the Pool's other
+// methods.
 func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
-// WaitFor is Wait that also returns, true, after d at the latest: for an
-// engine whose next step is due then (an open-loop load generator, a batch
-// deadline), without a context per wait. A negative d is Wait.
+// WaitFor is Wait that also returns true after d at the latest. A negative d
+// is Wait.
 func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
@@ -1368,15 +1294,12 @@ type waiterOr interface {
 }
 
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
-// It is session.ErrNotInFlight.
 var ErrNotInFlight = session.ErrNotInFlight
 
-// Cancel ends the fetch of mmHash at now and returns its Failure (reason
-// Canceled). Its blocks are free at once when no READ runs, or when the
-// data plane stops the READ for certain; otherwise the Failure says
-// BlocksHeld, and the blocks come back in a later Step's Released, once
-// the READ ended. It fails with ErrClosed after Close, and ErrNotInFlight
-// when mmHash is not being fetched (or its fetch ended already).
+// Cancel ends the fetch of mmHash now and returns its Failure (reason
+// Canceled), with BlocksHeld if its READ could not be stopped: the blocks
+// then come back in a later Released. It fails with ErrClosed or
+// ErrNotInFlight.
 func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	f := p.fetches[mmHash]
 	if p.closed {
@@ -1410,13 +1333,10 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every session and every fetch in flight, and releases the
-// Pool's timer (a goroutine and a descriptor, once a short wait made one).
-// The fetches' Failures (reason xfer.Closed), and after them the blocks of
-// READs that could not be stopped (forced Released), come in the next
-// Step's Results; any later Step's are empty. Close is idempotent and
-// returns nil; the control and data planes are the caller's to close,
-// after the Pool.
+// Close ends every fetch: their Failures (reason xfer.Closed), and Released
+// blocks of READs that could not be stopped, come in the next Step. Close the
+// control and data planes after the Pool. Close is idempotent and returns
+// nil.
 func (p *Pool) Close() error {
 	if p.closed {
 		return nil

@@ -29,41 +29,36 @@ type ControlServer interface {
 type ProducerConfig struct {
 	CompatHash string        // wire.CompatHash of this producer; required
 	PinLease   time.Duration // default 30 s
-	// MaxGrantsPerSession, MaxGrantsPerIdentity and MaxGrants bound live
-	// grants (see session.ProducerConfig).
+	// Grant and pin bounds: see session.ProducerConfig.
 	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int
-	// MaxGrantsPerEntry, MaxPinnedShare and MaxRequestAge: see
-	// session.ProducerConfig. Requests are stamped with the time of the
-	// step that took them off the control plane.
+	// Session limits too: see session.ProducerConfig.
 	MaxGrantsPerEntry int
 	MaxPinnedShare    float64
 	MaxRequestAge     time.Duration
-	// MaxRequestsPerStep bounds the requests handled in one step, and
-	// MaxPerPeerPerStep those of one consumer connection, so that a
-	// flooding consumer cannot starve the others: the rest wait for later
-	// steps, in order. Defaults 1024 and 64.
+	// MaxRequestsPerStep bounds the requests handled per step, and
+	// MaxPerPeerPerStep those of one consumer; the rest wait. Defaults 1024
+	// and 64.
 	MaxRequestsPerStep int
 	MaxPerPeerPerStep  int
-	// MaxBacklog bounds the requests waiting; beyond it new ones are
-	// dropped (not answered: the consumer's ack timeout covers them).
-	// Default 16384.
+	// MaxBacklog bounds the requests waiting; newer ones are dropped
+	// unanswered. Default 16384.
 	MaxBacklog int
-	Logger     *slog.Logger // nil: slog.Default(); records at Info and above are rate limited per message (5 per 10 s, then a count of those suppressed)
-	// Now is the clock of Serve, Shutdown and Wait, called from the
-	// control and data planes' goroutines too; nil: time.Now. An engine
-	// that steps the producer itself passes Step the same clock's time:
-	// the leases run out on it.
+	Logger     *slog.Logger // nil: slog.Default()
+	// Now is the clock of Serve, Shutdown and Wait; nil: time.Now. Pass Step
+	// times of the same clock: leases run out on it.
 	Now func() time.Time
 }
 
-// Producer serves a cache's entries: it takes the requests off the control
-// plane, runs the ProducerSession and replies. Call Step from the engine's
-// loop (Wait sleeps until a Step has work), or run Serve in a goroutine for
-// an engine that does not step while idle; both may be used at any time.
+// Producer serves a cache's entries to consumers. Rules for the engine:
 //
-// Shutdown is the graceful end: it stops granting and waits for the READs
-// under way, stepping the producer itself (an engine's loop that steps it
-// calls Shutdown as it stops). Close is the abrupt one.
+//   - Either call Step from the engine's loop (Wait sleeps until a Step has
+//     work), or run Serve in a goroutine; both may run at once.
+//   - The cache's block ids are the data plane's region's blocks (see
+//     NewProducer). A grant pins its entry until the consumer's READ is done
+//     or the pin lease runs out: an entry being served is never evicted.
+//   - To stop, call Shutdown: it stops granting and waits for the READs
+//     under way. Close is the abrupt end. Close the control and data planes
+//     after the producer.
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
@@ -88,22 +83,16 @@ type Producer struct {
 }
 
 // ErrClosed is returned by Serve once the producer or its control plane is
-// closed, and by Pool's methods after Close. It is xfer.ErrClosed.
+// closed, and by Pool's methods after Close.
 var ErrClosed = xfer.ErrClosed
 
 // NewProducer returns a producer serving c through ctl and data. It fails
 // with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
 //
-// c must match the region data serves: c's block ids are that region's
-// blocks, so make it with cache.NewEmbeddingCache(region.Blocks()) for the
-// region given to the data plane, and write each entry's embedding into
-// region.Block(id) for the ids Alloc returned before MarkReady.
-//
-// If data serves READs itself (the TCP data plane), the producer's session
-// attaches to it: from then until Close it serves only what the session
-// granted, to the consumer that presents the grant's token (a gate of the
-// data plane's own, TCPConfig.Authorize, must agree too). A producer that
-// replaces a closed one on the same data plane starts clean.
+// c must describe the region data serves: make it with
+// cache.NewEmbeddingCache(region.Blocks()), and write each entry into
+// region.Block(id) for the ids Alloc returned before MarkReady. On a TCP data
+// plane the producer serves only READs its grants allow.
 func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
 	if cfg.CompatHash == "" {
 		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
@@ -160,8 +149,8 @@ func (p *Producer) Stats() session.ProducerStats {
 	return p.sess.Stats()
 }
 
-// Step handles the requests that arrived, the completion notifications and
-// the lease sweep, at now. It never blocks.
+// Step answers the requests that arrived, takes the completion notifications
+// and ends expired grants, at now. It never blocks.
 func (p *Producer) Step(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -203,24 +192,16 @@ func (p *Producer) step(now time.Time) {
 	p.backlog, p.rest = p.rest, p.backlog[:0]
 }
 
-// Backlog returns how many requests wait for a later step, and how many
-// were dropped because the backlog was full.
+// Backlog returns how many requests wait for a later step, and how many were
+// dropped because the backlog was full.
 func (p *Producer) Backlog() (waiting int, dropped uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.backlog), p.dropped
 }
 
-// Serve steps until ctx ends, the producer is closed or its control plane
-// is: at once when a request arrives or is waiting, or when a data plane
-// that signals notifications (the TCP data plane, NIXL) has some; every 5 ms while grants are
-// outstanding on one that does not (for completion notifications), at the
-// first lease's end, and every second otherwise. Where the control plane
-// (transport.Server) or the data plane (transport.TCPData) can run a
-// function where a request or a notification arrives, the step for it is
-// taken there, so that it is answered without waking Serve's goroutine.
-// It returns ctx's error, or ErrClosed once the producer or its control
-// plane is closed.
+// Serve steps the producer whenever it has work, until ctx ends, the producer
+// is closed or its control plane is. It returns ctx's error, or ErrClosed.
 func (p *Producer) Serve(ctx context.Context) error {
 	now := p.cfg.Now
 	ctx, cancel := context.WithCancel(ctx)
@@ -374,17 +355,13 @@ type serverWaiterOr interface {
 	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
-// Wait blocks until a Step may have work: a request arrived or waits, a
-// data plane that signals notifications has some (one that does not is
-// polled every 5 ms while grants are live), or the first lease runs out on
-// ProducerConfig.Now's clock; an idle producer wakes once a second. It
-// returns false if ctx ended first, or the producer or its control plane
-// is closed. It is for an engine that steps the producer itself and sleeps
-// between steps; Serve does the same on its own.
+// Wait blocks until a Step may have work (at most a second when idle), for an
+// engine that steps the producer itself. It returns false if ctx ended first
+// or the producer or its control plane is closed.
 func (p *Producer) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
-// WaitFor is Wait that also returns, true, after d at the latest. A
-// negative d is Wait.
+// WaitFor is Wait that also returns true after d at the latest. A negative d
+// is Wait.
 func (p *Producer) WaitFor(ctx context.Context, d time.Duration) bool {
 	grants, backlog, next := p.load()
 	if p.isClosed() {
@@ -417,13 +394,10 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 	return p.sess.Grants(), len(p.backlog), next
 }
 
-// Shutdown closes the producer gracefully: it stops granting (every
-// request from now on is answered NACK_INTERNAL, and consumers fall back to
-// encoding locally), keeps stepping while the live grants end through
-// their READs' notifications or their leases, then closes. If ctx ends
-// first, Close ends the grants left, and the error, which wraps ctx's,
-// says how many. Serve may run meanwhile; it returns ErrClosed at the end.
-// The control plane and data plane are the caller's to close, after.
+// Shutdown closes the producer gracefully: it answers every new request
+// NACK_INTERNAL (consumers encode locally), steps while the live grants end,
+// then closes. If ctx ends first, Close ends the grants left and the error,
+// wrapping ctx's, says how many. Serve may run meanwhile.
 func (p *Producer) Shutdown(ctx context.Context) error {
 	p.stopGranting()
 	for {
@@ -458,12 +432,9 @@ func (p *Producer) stopGranting() {
 	p.mu.Unlock()
 }
 
-// Close ends every grant, releasing its pin (a grant whose READ is being
-// served keeps its pin until the bytes are out; on a data plane that lets
-// any peer READ, NIXL, a grant stays until its notification or lease, which
-// later Steps see to), and stops Serve. The control plane and data plane
-// are the caller's to close; close them after the producer. Shutdown is
-// the graceful way. Close is idempotent and returns nil.
+// Close ends every grant and stops Serve; a READ being served, or any READ
+// over NIXL, keeps its pin until it ends, which later Steps see to. Close is
+// idempotent and returns nil.
 func (p *Producer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
