@@ -121,8 +121,11 @@ func (d *TCPData) attach(g plane.Gate) plane.Attachment {
 	live = append(live, a)
 	d.live.Store(&live)
 	d.att.Store(a)
-	d.mu.Unlock()
+	// Cleared before d.mu goes: an earlier session's Detach, which finds
+	// it is no longer current under d.mu, leaves the board to us, and its
+	// session unpins its grants as Detach returns.
 	d.clearBoard()
+	d.mu.Unlock()
 	if oldest != nil {
 		oldest.Detach()
 	}
