@@ -25,18 +25,17 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Sender queues a payload for the session's producer. It must not block and
-// must not keep payload after it returns.
+// Sender queues a payload for the session's producer. It must not block, nor
+// keep payload.
 type Sender interface {
 	Send(payload []byte) error
 }
 
-// Errors of the sessions. Closed sessions return xfer.ErrClosed, and a
-// configuration they cannot run with xfer.ErrBadConfig.
+// Errors of the sessions. Closed sessions return xfer.ErrClosed, bad
+// configurations xfer.ErrBadConfig.
 var (
-	ErrInFlight  = errors.New("session: a transfer for this mm_hash is in flight")
-	ErrBadBlocks = errors.New("session: local blocks must be distinct and not negative")
-	// ErrNotInFlight: Cancel of an mm_hash with no transfer to cancel.
+	ErrInFlight    = errors.New("session: a transfer for this mm_hash is in flight")
+	ErrBadBlocks   = errors.New("session: local blocks must be distinct and not negative")
 	ErrNotInFlight = errors.New("session: no transfer in flight for this mm_hash")
 	// errUnanswered: StartXfer of an mm_hash with 16 requests unanswered
 	// (or 2^20 in the session). It is an xfer.ErrQueueFull: retry once
@@ -62,8 +61,8 @@ var attemptIDs atomic.Uint64
 type ConsumerConfig struct {
 	Xfer   xfer.Config
 	Logger *slog.Logger // nil: slog.Default()
-	// Rand is the source of the session id (a UUID4); nil: crypto/rand.
-	// Simulations set it to replay a run.
+	// Rand is the source of the session id; nil: crypto/rand. Set it to
+	// replay a simulation.
 	Rand io.Reader
 }
 
@@ -75,26 +74,20 @@ type ConsumerStats struct {
 	ForcedReleases             uint64 // given back at the quarantine deadline, unconfirmed
 	LateCompletions            uint64 // READs done after the producer's lease could have run out
 	BadAcks                    uint64 // OK acks whose block list did not fit
-	// Unread counts the grants this session will not READ (an ack that
-	// does not fit, came late, or answers a transfer that ended) whose
-	// notification it sent at once, so that the producer unpins now.
-	Unread      uint64
-	Nacks       NackCounts
-	Malformed   uint64 // payloads that did not decode as an XferAck
-	ForeignAcks uint64 // acks echoing another session's id
-	// StrayAcks are replies matched to no transfer waiting for its ack:
-	// they answer an earlier request, or one already answered, or one
-	// this session never sent. Dropped.
-	StrayAcks     uint64
-	LateAcks      uint64 // OK acks handled past their grant's lease: no READ posted, retryable
+	// Unread counts grants given back unread (the ack did not fit, came late,
+	// or its transfer had ended).
+	Unread        uint64
+	Nacks         NackCounts
+	Malformed     uint64 // payloads that did not decode as an XferAck
+	ForeignAcks   uint64 // acks echoing another session's id
+	StrayAcks     uint64 // replies matched to no transfer waiting for its ack; dropped
+	LateAcks      uint64 // OK acks past their grant's lease: no READ, retryable
 	Registrations uint64 // producer agents registered
 }
 
 // ConsumerSession is the consumer's side of one producer: it sends requests,
-// matches acks to transfers, posts READs and follows them until their blocks
-// may be reused. It is sans-I/O: payloads and the time come in through
-// StartXfer, Poll and PeerDown; requests go out through a Sender; outcomes
-// come out of TakeResults. It is not safe for concurrent use.
+// matches acks to them, posts READs and follows them until their blocks may
+// be reused. See the package doc for the rules.
 type ConsumerSession struct {
 	id     string
 	compat string
