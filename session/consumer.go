@@ -147,11 +147,10 @@ type ConsumerSession struct {
 	closed  bool
 }
 
-// NewConsumerSession returns a session with a fresh UUID4 id that sends to
-// peer and reads through data. compatHash is wire.CompatHash of this side.
-//
-// It fails with xfer.ErrBadConfig when compatHash is empty or peer or data is
-// nil; an error reading cfg.Rand for the session id is returned wrapped.
+// NewConsumerSession returns a session with a fresh id that sends to peer and
+// reads through data; compatHash is this side's wire.CompatHash. It fails
+// with xfer.ErrBadConfig when compatHash is empty or peer or data is nil, or
+// with cfg.Rand's error.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
 	switch {
 	case compatHash == "":
@@ -185,15 +184,14 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 // Stats returns the counters.
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
-// StartXfer asks the producer for mmHash at now, to be read into blocks,
-// and waits for its ack until ackDeadline (the deadline, then now: the
-// order of every call of this module that takes both). The session keeps blocks (it is
-// handed back in the outcome): do not modify it until then.
+// StartXfer asks the producer for mmHash at now, to be read into blocks, and
+// waits for its ack until ackDeadline. Do not modify blocks until the
+// transfer's outcome hands them back.
 //
-// On error nothing is recorded: xfer.ErrClosed after Close; ErrInFlight for an
-// mmHash still in flight (waiting, reading or in quarantine); ErrBadBlocks
-// for negative or repeated blocks; an xfer.ErrQueueFull when too many requests
-// are unanswered; the Sender's error, wrapped.
+// On error nothing is recorded: xfer.ErrClosed; ErrInFlight for an mmHash
+// still in flight, BlocksHeld included; ErrBadBlocks for negative or repeated
+// blocks; an xfer.ErrQueueFull when too many requests are unanswered (retry
+// later); the Sender's error, wrapped.
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, now time.Time) error {
 	if c.closed {
 		return xfer.ErrClosed
@@ -452,9 +450,8 @@ func (c *ConsumerSession) compactSent() {
 	c.sent, c.sentHead = c.sent[:k], 0
 }
 
-// Poll decodes the payloads received from the producer since the last call,
-// dispatches the acks, and advances every transfer to now. It never fails:
-// what a peer sends wrong is counted and logged.
+// Poll takes the payloads received from the producer since the last call and
+// advances every transfer to now. It never fails.
 func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 	if c.closed {
 		return
@@ -887,14 +884,10 @@ func (c *ConsumerSession) named(sid, mmHash string) bool {
 	return false
 }
 
-// PeerDown handles the death of the control connection to the producer:
-// transfers waiting for an ack become Retryable (reason PeerDown). READs in
-// progress run on, on their data connection, and Poll follows them to
-// their end as before: a READ that completes within its grant's lease is
-// Completed, one that fails is Tombstoned (its blocks are free), one past
-// its deadline is Quarantined. The connection is over: no request sent on
-// it will be answered, so the session forgets them. Send no more requests
-// through it; a new connection needs a new session.
+// PeerDown tells the session its control connection died: transfers waiting
+// for an ack fail with Retry (reason PeerDown); READs in progress run on and
+// end as before. Send nothing more through the session; use a new one for a
+// new connection.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
@@ -923,9 +916,8 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 	c.active = kept
 }
 
-// TakeResults appends the outcomes since the last call to r and forgets
-// them. r's slices are the caller's; reuse r across steps (r.Reset) to
-// allocate nothing in steady state.
+// TakeResults appends the outcomes since the last call to r. Reuse r across
+// steps (r.Reset) to allocate nothing in steady state.
 func (c *ConsumerSession) TakeResults(r *Results) {
 	c.resultsSeen = max(c.resultsSeen, c.results.Len())
 	c.results.appendTo(r)
@@ -970,12 +962,9 @@ func keep[T any](spare []T, n int) []T {
 	return spare
 }
 
-// Cancel ends the transfer of mmHash at now. One waiting for its ack is
-// Tombstoned at once (reason Canceled): its blocks are free. A READ in
-// progress is stopped if the data plane can stop it for certain (the TCP
-// data plane can; NIXL cannot), and Tombstoned likewise; otherwise it is Quarantined,
-// and Settled once the data plane says it ended. A transfer already in
-// quarantine is left to settle. The outcome is in the next TakeResults.
+// Cancel ends the transfer of mmHash at now; its outcome (reason Canceled)
+// comes with the next TakeResults, with BlocksHeld if its READ could not be
+// stopped (NIXL's cannot). It fails with xfer.ErrClosed or ErrNotInFlight.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	return c.abort(mmHash, now, xfer.Canceled)
 }
@@ -1006,19 +995,14 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 	return nil
 }
 
-// InFlight returns how many transfers are waiting, reading or quarantined.
+// InFlight returns how many transfers have not ended or not released their
+// blocks.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
-// Close ends the session: every READ is stopped where the data plane can
-// stop it, its handle released, and the producer's agent removed from the
-// data plane. Nothing is dropped silently: every transfer still in flight
-// ends with reason xfer.Closed in the results the next TakeResults returns,
-// with what came before Close. One that waited for its ack, or whose READ
-// was stopped, is Retryable (its blocks are free); one already in
-// quarantine is Settled. One whose READ the data plane could not stop
-// enters quarantine and is settled at once, Forced: its blocks may still
-// be written. Close is idempotent and returns nil; the data plane is the
-// caller's.
+// Close ends the session: every transfer in flight fails with reason
+// xfer.Closed in the next TakeResults, and held blocks come back at once
+// (Forced where a READ could not be stopped). Close is idempotent and returns
+// nil; data is the caller's to close.
 func (c *ConsumerSession) Close() error {
 	if c.closed {
 		return nil

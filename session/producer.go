@@ -28,71 +28,41 @@ import (
 )
 
 // Replier sends a reply to the consumer with the given identity. It must not
-// block and must not keep payload after it returns.
+// block, nor keep payload.
 type Replier interface {
 	Reply(identity, payload []byte) error
 }
 
 // ProducerConfig configures a ProducerSession. The zero value is usable.
 type ProducerConfig struct {
-	// PinLease is how long a grant keeps its entry pinned without a
-	// completion notification. Default 30 s.
+	// PinLease is how long a grant keeps its entry pinned without the READ's
+	// notification. Default 30 s.
 	PinLease time.Duration
-	// MaxGrantsPerSession bounds the live grants of one consumer session,
-	// MaxGrantsPerIdentity those one control-plane identity asked for,
-	// whatever session ids it names, and MaxGrants those of all together.
-	// A request over its session's bound is refused with NACK_INTERNAL,
-	// which consumers treat as terminal (they encode locally); one over
-	// its identity's, or over MaxGrants, with NACK_NOT_READY, which they
-	// retry after a backoff. So no identity takes the table by making up
-	// session ids, and one within its share is refused only while
-	// identities each within theirs fill it. Contact grants count as
-	// grants; a consumer session holds at most one (its new contact
-	// request ends the earlier one) and an identity at most four; past
-	// any bound a contact request is answered OK without a grant. Defaults 4096, MaxGrants/4 (at least
-	// MaxGrantsPerSession, at most MaxGrants) and 65536: far above what a
-	// well-behaved consumer holds.
+	// MaxGrantsPerSession, MaxGrantsPerIdentity (one control-plane identity,
+	// whatever session ids it names) and MaxGrants (all) bound live grants.
+	// Over the session's bound a request is answered NACK_INTERNAL (final),
+	// over the others NACK_NOT_READY (retried). Defaults 4096, MaxGrants/4
+	// (at least MaxGrantsPerSession) and 65536.
 	MaxGrantsPerSession  int
 	MaxGrantsPerIdentity int
 	MaxGrants            int
-	// MaxGrantsPerEntry bounds the live grants of one consumer session for
-	// one mm_hash: a re-request keeps the earlier grants (each ends with its
-	// own READ's notification or lease), so that a late notification can
-	// never end the grant a newer READ runs under. A request over it is
-	// answered NACK_NOT_READY, which consumers retry: the earlier grants
-	// end as their notifications land. Default 8.
+	// MaxGrantsPerEntry bounds one session's live grants of one entry; over
+	// it: NACK_NOT_READY. Default 8.
 	MaxGrantsPerEntry int
-	// MaxPinnedShare and SaveReserve keep one consumer from pinning the
-	// cache full, so that the encoder's saves find room, without refusing
-	// consumers while it has room. The rule: a request is refused for its
-	// pins only when its grant would both take its consumer session's, or
-	// its control-plane identity's, pinned blocks over MaxPinnedShare of
-	// the cache and leave saves less room (free blocks, or those of ready
-	// unpinned entries, which a save evicts) than the reserve, the larger
-	// of SaveReserve and the largest save the cache has seen. So a consumer
-	// within its share is never refused for pins, one beyond it is granted
-	// while the reserve stays free, and one session alone never takes the
-	// reserve unless its share reaches into it (MaxPinnedShare above
-	// 1 - reserve/capacity); sessions within their shares may together
-	// hold the reserve. A refused request is answered NACK_NOT_READY,
-	// which consumers retry after a backoff, and counted OverPinned.
-	// Defaults 0.5 and 0 (the largest save alone). A second grant of an
-	// entry the session already holds pins no new block and is not
-	// counted.
+	// MaxPinnedShare and SaveReserve keep consumers from pinning the cache
+	// full: a request whose grant would take its session's or identity's
+	// pinned blocks over MaxPinnedShare of the cache and leave saves less
+	// room than the reserve (the larger of SaveReserve and the largest save
+	// seen) is answered NACK_NOT_READY. Defaults 0.5 and 0.
 	MaxPinnedShare float64
 	SaveReserve    int // blocks
-	// MaxRequestAge refuses requests that waited longer than this between
-	// their arrival (xfer.Message.At) and their turn: their consumer may have
-	// given up (its ack timeout, 2 s by default), and a grant would pin
-	// blocks for nobody. They are answered NACK_NOT_READY, which a
-	// consumer still waiting retries at once instead of waiting out its
-	// ack timeout; a Go consumer that gave up drops the answer by its
-	// attempt, and a vLLM consumer takes it for its current attempt's,
-	// which it then retries. Default 2 s.
+	// MaxRequestAge answers NACK_NOT_READY to requests that waited longer
+	// than this since they arrived (xfer.Message.At): their consumer may have
+	// given up. Default 2 s.
 	MaxRequestAge time.Duration
 	Logger        *slog.Logger // nil: slog.Default()
-	// Rand seeds the source of grant tokens; nil: crypto/rand. Simulations
-	// set it to replay a run.
+	// Rand seeds the grant tokens; nil: crypto/rand. Set it to replay a
+	// simulation.
 	Rand io.Reader
 }
 
@@ -111,7 +81,7 @@ type ProducerStats struct {
 	BadNotifs     uint64 // notifications that are not UTF-8
 	Expired       uint64 // grants ended by the lease
 	ReplyErrors   uint64 // replies the control plane refused
-	Pushes        uint64 // grants whose blocks the data plane pushed with the ack (the TCP data plane)
+	Pushes        uint64 // grants whose blocks the TCP data plane pushed with the ack
 	DrainErrors   uint64 // failed notification drains
 	OverBound     uint64 // requests refused by the grant bounds
 	BadSessionIDs uint64 // requests whose session id is not a canonical UUID
@@ -119,11 +89,8 @@ type ProducerStats struct {
 	DescBytes     uint64 // the bytes of those descriptors
 	ShapesSent    uint64 // OK acks that carried the region's shape instead
 	BadTokens     uint64 // notifications naming a live grant without its token
-	// BrokenReads are grants ended before their lease because the data
-	// plane served their READ on a connection that closed before the
-	// consumer confirmed it (the TCP data plane reports these).
-	BrokenReads uint64
-	Contacts    uint64 // contact requests answered (wire.XferReq.Contact)
+	BrokenReads   uint64 // grants ended early: their READ's connection broke
+	Contacts      uint64 // contact requests answered (wire.XferReq.Contact)
 }
 
 type consumerState struct {
@@ -199,11 +166,9 @@ var grantIDs atomic.Uint64
 const maxPushLive = 2
 
 // ProducerSession grants consumers' requests out of an EmbeddingCache: it
-// pins the entry, answers with its blocks and the data plane's metadata,
-// and unpins on the completion notification or when the lease runs out. It
-// is sans-I/O: requests and the time come in through Poll, replies go out
-// through a Replier. It is not safe for concurrent use (the data plane's authorization of
-// READs, which runs on its goroutines, excepted).
+// pins the entry, answers with its blocks, and unpins on the READ's
+// notification or when the lease runs out. Call Poll once per step; it is not
+// safe for concurrent use.
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   plane.Driven     // data, when it must be told of the live grants
@@ -264,9 +229,9 @@ type ProducerSession struct {
 	closed bool
 }
 
-// NewProducerSession returns a session serving entries of c through data.
-// compatHash is wire.CompatHash of this side. It fails (xfer.ErrBadConfig) when
-// compatHash is empty or data or c is nil.
+// NewProducerSession returns a session serving entries of c, whose block ids
+// are data's region's blocks; compatHash is this side's wire.CompatHash. It
+// fails with xfer.ErrBadConfig when compatHash is empty or data or c is nil.
 func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) (*ProducerSession, error) {
 	switch {
 	case compatHash == "":
@@ -329,15 +294,12 @@ func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.Em
 // Stats returns the counters.
 func (p *ProducerSession) Stats() ProducerStats { return p.stats }
 
-// Grants returns the number of grants still holding a pin: live ones, and
-// ended ones whose READ is still being served.
+// Grants returns the number of grants still holding a pin.
 func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 
-// Poll drains the data plane's completion notifications and ends the
-// grants whose lease ran out by now; then it answers every request in msgs,
-// in order, through out. It never fails: malformed requests are counted,
-// logged and answered NACK_INTERNAL when they still name their mm_hash and
-// session.
+// Poll takes the data plane's notifications, ends the grants whose lease ran
+// out by now, then answers every request in msgs, in order, through out. It
+// never fails.
 func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) {
 	if p.closed {
 		// Grants Close left (a data plane that cannot refuse READs) end
@@ -1124,8 +1086,8 @@ func (p *ProducerSession) drainBroken() {
 	clear(p.notifs)
 }
 
-// NextDeadline returns when the first lease runs out, for a loop that
-// sleeps until something is due; ok is false while no grant is live.
+// NextDeadline returns when the first lease runs out; ok is false while no
+// grant is live.
 func (p *ProducerSession) NextDeadline() (deadline time.Time, ok bool) {
 	if g := p.lru.next; g != nil && g != &p.lru {
 		return g.Deadline, true
@@ -1145,22 +1107,15 @@ func (p *ProducerSession) sweep(now time.Time) {
 	}
 }
 
-// StopGranting starts a graceful shutdown: from now on every request is
-// answered NACK_INTERNAL (consumers fall back to encoding locally), while
-// live grants still end through their notifications or leases. Close once
-// Grants reports none.
+// StopGranting starts a graceful shutdown: every request from now on is
+// answered NACK_INTERNAL, while live grants end as usual. Close once Grants
+// reports none.
 func (p *ProducerSession) StopGranting() { p.draining = true }
 
-// Close stops the session. On a data plane that serves READs only through
-// the session's gate (the TCP plane), it detaches from it (no READ is
-// served, copied or pushed under its grants from then on) and ends every
-// grant: pins of grants whose READ is still being served go when it is
-// released, and later Polls only recycle them. On one that lets any peer
-// READ (NIXL), a READ under a live grant may be running and nothing can
-// stop it: the grants stay (Grants counts them), their entries pinned,
-// until their notifications or leases end them, which later Polls see to
-// (they answer no request). The data plane is not closed: it belongs to
-// the caller. Close is idempotent and returns nil.
+// Close ends every grant and stops serving READs where the data plane lets
+// it; over NIXL grants stay pinned until their notification or lease, which
+// later Polls see to. Close is idempotent and returns nil; data is the
+// caller's to close.
 func (p *ProducerSession) Close() error {
 	if p.closed {
 		return nil

@@ -14,28 +14,22 @@ type Outcome struct {
 	Blocks []int       // the local blocks given to StartXfer
 	Reason xfer.Reason // why it failed; xfer.NoReason when it completed
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	// Err is the cause, where there is one beyond Reason and Status: why
-	// the producer could not be registered (xfer.RegisterFailed) or the
-	// READ not posted. Nil otherwise.
+	// Err is the cause beyond Reason and Status, if any: the data plane's
+	// error.
 	Err error
-	// Retry, on a failure, says another attempt may succeed (a NACK_NOT_READY,
-	// an ack timeout, a READ that failed): vLLM's "retryable". Without it the
-	// failure is vLLM's "tombstoned": do not ask again now.
+	// Retry, on a failure, says another attempt may succeed.
 	Retry bool
 	// BlocksHeld, on a failure, says a READ may still write into Blocks:
-	// do not reuse them until they come back in Released (vLLM's
-	// "quarantined").
+	// reuse them only once they come back in Released.
 	BlocksHeld bool
-	// Forced, on a Released outcome, says the READ was given up at the
-	// quarantine deadline without the data plane confirming it ended: its
-	// blocks may still be written. Keep them out of use if you can.
+	// Forced, on a Released outcome: given up at the quarantine deadline,
+	// never confirmed stopped. Keep the blocks out of use if you can.
 	Forced bool
 }
 
 // Results are the outcomes since the last TakeResults, in the order they
-// happened, in the words connector.Pool uses. Each transfer ends once, in
-// Completed or Failed; a failure with BlocksHeld is followed later by one
-// Released.
+// happened. Each transfer ends once, in Completed or Failed; a failure with
+// BlocksHeld is followed later by one Released.
 type Results struct {
 	Completed []Outcome // the blocks hold the entry
 	Failed    []Outcome // ended without the entry
@@ -63,8 +57,8 @@ func (r *Results) appendTo(dst *Results) {
 // NackCounts counts NACKs by status: n[wire.NackMissing] and so on.
 type NackCounts [6]uint64
 
-// String lists the statuses counted, e.g. "NACK_MISSING 1002,
-// NACK_NOT_READY 3", or says "none".
+// String lists the counts, e.g. "NACK_MISSING 1002, NACK_NOT_READY 3", or
+// "none".
 func (n NackCounts) String() string {
 	var b strings.Builder
 	for st, c := range n {
