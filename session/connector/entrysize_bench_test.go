@@ -1,0 +1,377 @@
+package connector_test
+
+import (
+	"context"
+	"encoding/binary"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/pybench"
+	"github.com/ecxfer/ecxfer/session/connector"
+	"github.com/ecxfer/ecxfer/transport"
+)
+
+var (
+	entriesFor  = flag.Duration("entries.for", time.Second, "how long BenchmarkEntrySizes measures the library and each anchor (100 ms and a few entries under -benchtime 1x unless set)")
+	entriesSpan = flag.Int64("entries.span", 0, "bytes BenchmarkEntrySizes rotates over on each side; 0: four times the last-level cache")
+)
+
+// The second process of BenchmarkEntrySizes is this test binary again,
+// started with ECXFER_ENTRY_PRODUCER=<items>x<blocks>x<bs>. It is taken
+// here rather than in TestMain so that the benchmark stays in one file.
+func init() {
+	if spec := os.Getenv("ECXFER_ENTRY_PRODUCER"); spec != "" {
+		os.Exit(entryProducerMain(spec))
+	}
+}
+
+// entryCPU is the request on a plain connection that asks for the
+// producer process's CPU time instead of an entry.
+const entryCPU = ^uint32(0)
+
+// BenchmarkEntrySizes fetches entries the size of a vision encoder's output
+// for one image, one at a time, between two processes: 576 tokens of a
+// 4,096-wide bf16 model (4.5 MiB, LLaVA-1.5-7B) and 1,024 tokens of a
+// 3,584-wide one (7 MiB). Each comes in two layouts: one block per token's
+// row (8 KiB and 7 KiB: vLLM's encoder cache keeps an embedding row per
+// block), and 512 KiB blocks (a coarse cache; 512 KiB divides both sizes).
+// Both sides rotate over -entries.span bytes (by default four times the
+// last-level cache), the producer's entries and the consumer's slots, so
+// that every fetch reads and writes memory the cache does not hold.
+//
+// Each row measures, in the same run, with the default configuration:
+//
+//   - cpu-µs/fetch: both processes' CPU (getrusage) per fetch, fetches back
+//     to back (Pool.Wait between steps); p50-µs and p99-µs of those fetches;
+//   - copy-cpu-µs and copy-p50-µs: a memmove of the same bytes on one
+//     thread, from the consumer's slots to slots half the span away, both
+//     rotating: the cost of moving the bytes through cold memory;
+//   - plain-cpu-µs and plain-p50-µs: a plain Go TCP transfer of the same
+//     bytes between the same two processes: a 4-byte request, one
+//     net.Conn Write of the entry out of the producer's region, read into
+//     the consumer's rotating slots;
+//   - rtt-p50-µs: a 200-byte TCP round trip between the two processes;
+//   - the ratios the goals are stated in: cpu/copy, cpu/plain, p50/plain
+//     and p50/copy+rtt.
+//
+// b.N is ignored.
+//
+//	go test -run '^$' -bench EntrySizes -benchtime 1x ./session/connector -entries.for 1s
+func BenchmarkEntrySizes(b *testing.B) {
+	for _, sh := range []struct {
+		name       string
+		blocks, bs int
+	}{
+		{"4.5MiB/576x8KiB", 576, 8 << 10},
+		{"7MiB/1024x7KiB", 1024, 7 << 10},
+		{"4.5MiB/9x512KiB", 9, 512 << 10},
+		{"7MiB/14x512KiB", 14, 512 << 10},
+	} {
+		for _, data := range []string{"shm", "tcp"} {
+			b.Run(sh.name+"/"+data, func(b *testing.B) { entryRun(b, sh.blocks, sh.bs, data) })
+		}
+	}
+}
+
+// entryShort: the run takes each benchmark once to check it works, and
+// no -entries.for asks for figures.
+func entryShort() bool {
+	set := false
+	flag.Visit(func(f *flag.Flag) { set = set || f.Name == "entries.for" })
+	return pybench.Once() && !set
+}
+
+// lastLevelCache returns the size of the largest data cache of CPU 0: from
+// sysfs, else from getconf (some VMs have no cache directory in sysfs),
+// else a guess of 32 MiB.
+func lastLevelCache() int64 {
+	var size int64
+	dirs, _ := filepath.Glob("/sys/devices/system/cpu/cpu0/cache/index*")
+	for _, d := range dirs {
+		typ, _ := os.ReadFile(filepath.Join(d, "type"))
+		text, _ := os.ReadFile(filepath.Join(d, "size"))
+		if strings.TrimSpace(string(typ)) == "Instruction" {
+			continue
+		}
+		s := strings.TrimSpace(string(text))
+		mult := int64(1)
+		switch {
+		case strings.HasSuffix(s, "K"):
+			mult, s = 1<<10, strings.TrimSuffix(s, "K")
+		case strings.HasSuffix(s, "M"):
+			mult, s = 1<<20, strings.TrimSuffix(s, "M")
+		}
+		if v, err := strconv.ParseInt(s, 10, 64); err == nil {
+			size = max(size, v*mult)
+		}
+	}
+	if size > 0 {
+		return size
+	}
+	if out, err := exec.Command("getconf", "LEVEL3_CACHE_SIZE").Output(); err == nil {
+		if v, err := strconv.ParseInt(strings.TrimSpace(string(out)), 10, 64); err == nil && v > 0 {
+			return v
+		}
+	}
+	return 32 << 20
+}
+
+// entryTemplate is the bytes every block starts from; entryFill stamps
+// the entry and the block in its first 8.
+func entryTemplate(bs int) []byte {
+	t := make([]byte, bs)
+	benchFill(t, 1, 1)
+	return t
+}
+
+func entryFill(block, tmpl []byte, item, j int) {
+	copy(block, tmpl)
+	binary.LittleEndian.PutUint32(block, uint32(item))
+	binary.LittleEndian.PutUint32(block[4:], uint32(j))
+}
+
+// entryProducerMain serves items entries of blocks × bs from a shared
+// region, through a Producer (its data plane offering the same-host path;
+// a consumer that does not map it reads over TCP), and, beside it, a
+// 200-byte TCP echo and the plain transfer's server. It prints the three
+// addresses and serves until its stdin closes.
+func entryProducerMain(spec string) int {
+	var items, blocks, bs int
+	if _, err := fmt.Sscanf(spec, "%dx%dx%d", &items, &blocks, &bs); err != nil {
+		fmt.Fprintln(os.Stderr, "bad spec", spec, err)
+		return 2
+	}
+	region := must(cache.NewRegion(cache.RegionConfig{Blocks: items * blocks, BlockSize: bs, NoLock: true, Shared: true}))
+	entries := cache.NewEmbeddingCache(region.Blocks())
+	tmpl := entryTemplate(bs)
+	first := make([]int, items)
+	for i := range items {
+		e := must(entries.Alloc(benchHash(i), blocks))
+		for j, blk := range e.Blocks {
+			if blk != e.Blocks[0]+j { // the plain transfer writes an entry at once
+				fmt.Fprintln(os.Stderr, benchHash(i), "is not contiguous")
+				return 2
+			}
+			entryFill(region.Block(blk), tmpl, i, j)
+		}
+		first[i] = e.Blocks[0]
+		entries.MarkReady(benchHash(i))
+	}
+	pdata := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet}, region))
+	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
+	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries))
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { prod.Serve(ctx); close(served) }()
+	echo := must(net.Listen("tcp", "127.0.0.1:0"))
+	go serveEcho(echo)
+	plain := must(net.Listen("tcp", "127.0.0.1:0"))
+	go servePlain(plain, region, first, blocks*bs)
+	fmt.Println(srv.Endpoint(), echo.Addr(), plain.Addr())
+	io.Copy(io.Discard, os.Stdin)
+	cancel()
+	<-served
+	echo.Close()
+	plain.Close()
+	prod.Close()
+	srv.Close()
+	pdata.Close()
+	region.Close()
+	return 0
+}
+
+// servePlain answers each 4-byte request i with entry i's n bytes, written
+// at once out of the region, and entryCPU with this process's CPU time in
+// nanoseconds.
+func servePlain(ln net.Listener, region *cache.Region, first []int, n int) {
+	bs := region.BlockSize()
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		go func() {
+			defer c.Close()
+			var req [4]byte
+			var cpu [8]byte
+			for {
+				if _, err := io.ReadFull(c, req[:]); err != nil {
+					return
+				}
+				i := binary.LittleEndian.Uint32(req[:])
+				out := cpu[:]
+				if i == entryCPU {
+					binary.LittleEndian.PutUint64(cpu[:], uint64(cpuTime()))
+				} else if int(i) < len(first) {
+					out = region.Bytes()[first[i]*bs:][:n]
+				} else {
+					return
+				}
+				if _, err := c.Write(out); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// entryPhase is what one way of moving the entry did in its phase.
+type entryPhase struct {
+	lat []time.Duration // sorted
+	cpu time.Duration   // in all
+}
+
+func (p entryPhase) perOp() float64 { return float64(p.cpu.Nanoseconds()) / float64(len(p.lat)) / 1e3 }
+func (p entryPhase) p50() float64   { return float64(p.lat[len(p.lat)/2].Nanoseconds()) / 1e3 }
+func (p entryPhase) p99() float64   { return float64(p.lat[len(p.lat)*99/100].Nanoseconds()) / 1e3 }
+
+// entryRun is one row of BenchmarkEntrySizes.
+func entryRun(b *testing.B, blocks, bs int, data string) {
+	n := blocks * bs
+	phase := *entriesFor
+	span := *entriesSpan
+	if span <= 0 {
+		span = 4 * lastLevelCache()
+	}
+	if entryShort() {
+		phase, span = 100*time.Millisecond, 4*int64(n)
+	}
+	items := max(4, int((span+int64(n)-1)/int64(n)))
+	b.Logf("%d entries of %d bytes on each side (%d MiB), %v a phase", items, n, int64(items)*int64(n)>>20, phase)
+	p := startProc(b, fmt.Sprintf("ECXFER_ENTRY_PRODUCER=%dx%dx%d", items, blocks, bs))
+	ep, echoAddr, plainAddr := p.fields[0], p.fields[1], p.fields[2]
+
+	// The consumer's slots, one per entry; slot i takes entry i. Touched
+	// first, so that no phase pays for the first write of a page.
+	pool, region := benchPool(b, items*blocks, bs, data)
+	clear(region.Bytes())
+	plain := must(net.Dial("tcp", plainAddr))
+	defer plain.Close()
+	echo := must(net.Dial("tcp", echoAddr))
+	defer echo.Close()
+	var req [4]byte
+	remoteCPU := func() time.Duration {
+		binary.LittleEndian.PutUint32(req[:], entryCPU)
+		var out [8]byte
+		if _, err := plain.Write(req[:]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(plain, out[:]); err != nil {
+			b.Fatal(err)
+		}
+		return time.Duration(binary.LittleEndian.Uint64(out[:]))
+	}
+	slot := func(i int) []byte { return region.Bytes()[i*n:][:n] }
+
+	ids := make([]int, blocks)
+	fetch := func(k int) {
+		i := k % items
+		for j := range ids {
+			ids[j] = i*blocks + j
+		}
+		if !fetchOne(b, pool, ep, benchHash(i), ids) {
+			b.Fatalf("fetch of %s failed", benchHash(i))
+		}
+	}
+	transfer := func(k int) {
+		i := k % items
+		binary.LittleEndian.PutUint32(req[:], uint32(i))
+		if _, err := plain.Write(req[:]); err != nil {
+			b.Fatal(err)
+		}
+		if _, err := io.ReadFull(plain, slot(i)); err != nil {
+			b.Fatal(err)
+		}
+	}
+	coldCopy := func(k int) {
+		i := k % items
+		copy(slot((i+items/2)%items), slot(i))
+	}
+	ping := make([]byte, 200)
+	roundTrip := func(int) {
+		echo.Write(ping)
+		if _, err := io.ReadFull(echo, ping); err != nil {
+			b.Fatal(err)
+		}
+	}
+	// measure runs once back to back for d; withRemote: the CPU is both
+	// processes', else this thread's (locked to it).
+	measure := func(d time.Duration, withRemote bool, once func(int)) entryPhase {
+		var ph entryPhase
+		var r0 time.Duration
+		if withRemote {
+			r0 = remoteCPU()
+		} else {
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+		}
+		c0 := cpuTime()
+		if !withRemote {
+			c0 = time.Duration(threadCPU())
+		}
+		for k, until := 0, time.Now().Add(d); time.Now().Before(until); k++ {
+			t := time.Now()
+			once(k)
+			ph.lat = append(ph.lat, time.Since(t))
+		}
+		if withRemote {
+			ph.cpu = cpuTime() - c0 + remoteCPU() - r0
+		} else {
+			ph.cpu = time.Duration(threadCPU()) - c0
+		}
+		slices.Sort(ph.lat)
+		return ph
+	}
+
+	// Warm-up: every entry once, connections up; the bytes checked.
+	tmpl := entryTemplate(bs)
+	want := make([]byte, bs)
+	for i := range items {
+		fetch(i)
+		for j := range blocks {
+			entryFill(want, tmpl, i, j)
+			if got := region.Block(i*blocks + j); string(got) != string(want) {
+				b.Fatalf("%s block %d: bytes differ", benchHash(i), j)
+			}
+		}
+	}
+	for k := range min(items, 8) {
+		transfer(k)
+		coldCopy(k)
+	}
+	for k := range 100 {
+		roundTrip(k)
+	}
+
+	lib := measure(phase, true, fetch)
+	cp := measure(phase, false, coldCopy)
+	pl := measure(phase, true, transfer)
+	rt := measure(phase/4, true, roundTrip)
+
+	b.ReportMetric(0, "ns/op")
+	b.ReportMetric(float64(len(lib.lat)), "fetches")
+	b.ReportMetric(lib.perOp(), "cpu-µs/fetch")
+	b.ReportMetric(lib.p50(), "p50-µs")
+	b.ReportMetric(lib.p99(), "p99-µs")
+	b.ReportMetric(cp.perOp(), "copy-cpu-µs")
+	b.ReportMetric(cp.p50(), "copy-p50-µs")
+	b.ReportMetric(pl.perOp(), "plain-cpu-µs")
+	b.ReportMetric(pl.p50(), "plain-p50-µs")
+	b.ReportMetric(rt.p50(), "rtt-p50-µs")
+	b.ReportMetric(lib.perOp()/cp.perOp(), "cpu/copy")
+	b.ReportMetric(lib.perOp()/pl.perOp(), "cpu/plain")
+	b.ReportMetric(lib.p50()/pl.p50(), "p50/plain")
+	b.ReportMetric(lib.p50()/(cp.p50()+rt.p50()), "p50/copy+rtt")
+}
