@@ -7,12 +7,8 @@ import (
 	"unicode/utf8"
 )
 
-// CompatHash returns the compatibility hash a producer and consumer compare:
-// the lowercase hex SHA-256 of the JSON text Python's
-// json.dumps([vllm_version, model, dtype, block_size_bytes],
-// separators=(",", ":")) writes. That text escapes every non-ASCII character
-// as \uXXXX (a surrogate pair above U+FFFF), which encoding/json does not.
-// Invalid UTF-8 in an argument hashes as U+FFFD, Python having no such str.
+// CompatHash returns the compatibility hash producer and consumer compare, as
+// vLLM computes it.
 func CompatHash(vllmVersion, model, dtype string, blockSizeBytes int) string {
 	var buf [256]byte
 	b := append(buf[:0], '[')

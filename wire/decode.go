@@ -213,13 +213,8 @@ func decodeReqView(data []byte, r *reqView) error {
 	return nil
 }
 
-// DecodeReq decodes an XferReq as msgspec's Decoder(XferReq) does: the tag is
-// optional and may stand anywhere, unknown keys are skipped, a repeated key
-// is checked each time and the last one wins, any integer or length form is
-// accepted. On error r is left unchanged. The strings it sets never alias
-// data: those equal to the ones r holds are kept (a producer decoding each
-// consumer's requests into one value allocates only the mm_hash), the
-// others share one allocation.
+// DecodeReq decodes an XferReq as msgspec does; on error r is unchanged.
+// Strings equal to r's are kept, so reusing r allocates little.
 func DecodeReq(data []byte, r *XferReq) error {
 	var v reqView
 	if err := decodeReqView(data, &v); err != nil {
@@ -382,9 +377,7 @@ func decodeAckView(data []byte, a *ackView) error {
 	return nil
 }
 
-// DecodeAck decodes an XferAck as msgspec's Decoder(XferAck) does (see
-// [DecodeReq], also for the strings). The slices it sets are freshly
-// allocated: a has no alias of data and owns them.
+// DecodeAck decodes an XferAck as msgspec's Decoder(XferAck) does.
 func DecodeAck(data []byte, a *XferAck) error {
 	var v ackView
 	if err := decodeAckView(data, &v); err != nil {
@@ -529,9 +522,7 @@ func (r *reader) blocksHeader() (uint64, error) {
 
 func itoa(i uint64) string { return UintOf(i).String() }
 
-// DecodeMemDescs decodes a mem descriptor: an array of [addr, size,
-// device_id] arrays of integers, as msgspec's
-// Decoder(list[tuple[int, int, int]]) does.
+// DecodeMemDescs decodes a mem descriptor: [addr, size, device_id] triples.
 func DecodeMemDescs(data []byte) ([]MemDesc, error) {
 	var descs []MemDesc
 	err := walkMemDescs(data, func(n uint64) {
@@ -547,21 +538,17 @@ func DecodeMemDescs(data []byte) ([]MemDesc, error) {
 	return descs, nil
 }
 
-// Blocks is a mem descriptor that describes Count blocks of Size bytes
-// each, back to back from Base, on device Device: what [AppendBlockDescs]
-// writes, and what a producer's region usually is.
+// Blocks describes Count blocks of Size bytes, back to back from Base, on
+// device Device: a producer's region, as [AppendBlockDescs] writes it.
 type Blocks struct {
 	Base, Size uint64
 	Count      int
 	Device     uint64
 }
 
-// DecodeBlocks decodes a mem descriptor that [Blocks] can describe,
-// without building its list (a region's descriptor has one triple per
-// block: 16,000 of them cost more to hold than to check). ok is false for
-// a well-formed descriptor it cannot describe (empty, blocks of different
-// sizes or devices, not back to back, a negative value): decode that one
-// with [DecodeMemDescs]. err is DecodeMemDescs's for a malformed one.
+// DecodeBlocks decodes a mem descriptor that [Blocks] describes, without
+// building its list; ok is false for a well-formed one it cannot (use
+// [DecodeMemDescs]).
 func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
 	if b, ok := decodeBlocksFast(data); ok {
 		return b, true, nil

@@ -1,13 +1,8 @@
 // Package wire holds the EC transfer protocol's messages and their codec,
-// byte-compatible with vLLM's Python peers, plus mem descriptors and the
-// compatibility hash. It is pure: no I/O, no state, no goroutines. The
-// sessions use it; an engine needs it for [CompatHash], and to read a
-// NACK's [Status].
-//
-// [XferReq] (consumer to producer) and [XferAck] (producer to consumer)
-// are encoded as msgspec encodes them, byte for byte (the golden vectors in
-// testdata/wire are msgspec's own), and decoded as strictly as msgspec
-// decodes them. Go peers add fields (ecx_*) that vLLM's peers skip.
+// byte-compatible with vLLM's Python peers (msgspec over msgpack), plus mem
+// descriptors and the compatibility hash. It is pure: no I/O, no state. An
+// engine needs it for [CompatHash], and to read a NACK's [Status]; the
+// sessions use the rest.
 //
 //	buf := wire.AppendReq(nil, &wire.XferReq{MMHash: h, CompatibilityHash: compat, SessionID: id})
 //	var ack wire.XferAck
@@ -18,9 +13,8 @@
 //		return ack.Status // a NACK: Status.Retryable says whether to ask again
 //	}
 //
-// A decoded message owns its memory: nothing in it aliases the input.
-// Integers decode into [Int], which holds every value msgspec accepts.
-//
-// The design, and why (the hand-written codec, the extension fields, where
-// it differs from vLLM's reference): docs/design.md in the repository.
+// Decoding accepts exactly what msgspec accepts. A decoded message owns its
+// memory: nothing in it aliases the input. Fields named ecx_* on the wire are
+// extensions only Go peers read; vLLM's peers skip them. Design notes:
+// docs/design.md.
 package wire

@@ -30,9 +30,7 @@ const (
 	keyKnown   = "\xa9ecx_known"
 )
 
-// AppendReq appends the msgpack encoding of r to dst, byte for byte as
-// msgspec writes it: a map with the tag first, fields in declaration order,
-// fields equal to their default left out.
+// AppendReq appends r's encoding to dst, as msgspec writes it.
 func AppendReq(dst []byte, r *XferReq) []byte {
 	n := 3
 	if r.SessionID != "" {
@@ -91,8 +89,7 @@ func AppendReq(dst []byte, r *XferReq) []byte {
 	return dst
 }
 
-// AppendAck appends the msgpack encoding of a to dst, byte for byte as
-// msgspec writes it.
+// AppendAck appends a's encoding to dst, as msgspec writes it.
 func AppendAck(dst []byte, a *XferAck) []byte {
 	n := 3
 	for _, set := range [...]bool{a.SessionID != "", len(a.SrcBlockIndices) > 0, len(a.AgentMetadata) > 0, len(a.MemDescriptor) > 0, a.Grant != 0, !a.Token.IsZero(), a.LeaseMillis != 0, a.Attempt != 0, a.Shape.Count > 0, a.Touch.Count > 0} {
@@ -156,8 +153,7 @@ func appendBlocks(dst []byte, b Blocks) []byte {
 	return appendUint(dst, b.Device)
 }
 
-// AppendMemDescs appends the msgpack encoding of descs (an array of
-// [addr, size, device_id] arrays) to dst.
+// AppendMemDescs appends the encoding of descs to dst.
 func AppendMemDescs(dst []byte, descs []MemDesc) []byte {
 	dst = appendArrayHeader(dst, len(descs))
 	for i := range descs {
@@ -169,10 +165,8 @@ func AppendMemDescs(dst []byte, descs []MemDesc) []byte {
 	return dst
 }
 
-// AppendBlockDescs appends the encoding of the per-block descriptor list of a
-// region: count blocks of blockSize bytes from base, block i at
-// base + i*blockSize, all on device. It equals AppendMemDescs of that
-// list of [MemDesc] without building it.
+// AppendBlockDescs appends the descriptor of count blocks of blockSize bytes
+// from base on device.
 func AppendBlockDescs(dst []byte, base, blockSize uint64, count int, device int64) []byte {
 	dst = appendArrayHeader(dst, count)
 	dev := IntOf(device)

@@ -5,13 +5,9 @@ import (
 	"strconv"
 )
 
-// Int is an integer as msgspec carries a Python int over msgpack: any value in
-// [-2^63, 2^64-1]. The zero value is 0.
-//
-// The protocol's integer fields (block indices, the connector version, mem
-// descriptor triples) are decoded into Int so that every value msgspec accepts
-// survives a decode and re-encode unchanged. Callers convert with [Int.Int],
-// [Int.Int64] or [Int.Uint64], which say when a value does not fit.
+// Int is an integer as msgspec carries a Python int: any value in [-2^63,
+// 2^64-1]. Convert with [Int.Int], [Int.Int64] or [Int.Uint64]. The zero
+// value is 0.
 type Int struct {
 	u   uint64 // the value; two's complement when neg
 	neg bool

@@ -10,13 +10,9 @@ import (
 
 // Sentinel errors; every decode error wraps exactly one of them.
 var (
-	// ErrMalformed is what msgspec calls a DecodeError: the bytes are not one
-	// complete msgpack value (truncated, trailing bytes, opcode 0xc1), or they
-	// nest deeper than this package follows.
+	// ErrMalformed: not one complete msgpack value (msgspec's DecodeError).
 	ErrMalformed = errors.New("wire: malformed msgpack")
-	// ErrInvalid is what msgspec calls a ValidationError: well-formed msgpack
-	// of the wrong shape (wrong type, missing field, bad enum value, wrong
-	// tag), or invalid UTF-8 in a string the message defines.
+	// ErrInvalid: msgpack of the wrong shape (msgspec's ValidationError).
 	ErrInvalid = errors.New("wire: invalid message")
 )
 

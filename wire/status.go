@@ -2,8 +2,7 @@ package wire
 
 import "strconv"
 
-// ConnectorVersion is the protocol version this library speaks. A peer whose
-// request carries another version is refused with [NackVersion].
+// ConnectorVersion is the protocol version this library speaks.
 const ConnectorVersion = 2
 
 // Status is the outcome an [XferAck] reports.
@@ -32,10 +31,9 @@ func (s Status) String() string {
 	return "Status(" + strconv.Itoa(int(s)) + ")"
 }
 
-// Error makes a Status an error, so that a NACKed fetch's error matches
-// it: errors.Is(err, wire.NackMissing), or errors.As(err, &status).
+// Error makes a Status an error: errors.Is(err, wire.NackMissing).
 func (s Status) Error() string { return s.String() }
 
-// Retryable reports whether another attempt for the same entry may succeed:
-// only [NackNotReady]. Every other NACK is terminal for that mm_hash.
+// Retryable reports whether asking again may succeed: only for
+// [NackNotReady].
 func (s Status) Retryable() bool { return s == NackNotReady }
