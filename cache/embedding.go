@@ -9,20 +9,15 @@ import (
 	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
-// Errors of EmbeddingCache. ErrNoSpace is the normal answer of a full
-// cache; ErrTooLarge of an entry that never fits; ErrDuplicate and
-// ErrNotFound tell an engine that an entry is there, or is not. The other
-// errors (pinning an entry not ready, marking one ready twice, unpinning
-// one not pinned, discarding one ready) are misuses the reference asserts
-// on; their text says which.
+// Errors of EmbeddingCache. ErrNoSpace is the normal answer of a full cache,
+// ErrTooLarge that of an entry that never fits. The others report misuse;
+// their text says which.
 var (
 	ErrNoSpace   = errors.New("cache: not enough free or evictable blocks")
 	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
 	ErrDuplicate = errors.New("cache: duplicate alloc")
 	ErrNotFound  = errors.New("cache: no such entry")
-	// ErrNotReady: Pin of an entry whose data has not landed.
 	ErrNotReady = errors.New("cache: entry is not ready")
-	// ErrPinned: Remove of an entry someone still holds.
 	ErrPinned = errors.New("cache: entry is pinned")
 
 	errNotReady     = ErrNotReady
@@ -31,8 +26,7 @@ var (
 	errReady        = errors.New("cache: entry is ready and cannot be discarded")
 )
 
-// Entry is a snapshot of one cache entry. Blocks is shared with the cache and
-// must not be modified.
+// Entry is a snapshot of one entry. Do not modify Blocks.
 type Entry struct {
 	Key    string
 	Blocks []int // ascending
@@ -61,13 +55,9 @@ type entry struct {
 	prev, next *entry // in the evictable list while ready and unpinned
 }
 
-// EmbeddingCache owns the blocks of a fixed-size pool: which entry holds
-// which blocks, whether its data has landed (ready), and how many readers
-// have it pinned. Ready, unpinned entries are evicted oldest first, "oldest"
-// meaning the one that became evictable first (marked ready, or last unpinned).
-//
-// It is safe for concurrent use. Every operation is O(1) except Alloc, which
-// also pays for the blocks it hands out and the entries it evicts.
+// EmbeddingCache owns the blocks of a fixed pool. Ready, unpinned entries are
+// evicted in the order they became evictable (marked ready, or last
+// unpinned). It is safe for concurrent use.
 type EmbeddingCache struct {
 	mu        sync.Mutex
 	capacity  int
@@ -97,10 +87,9 @@ func NewEmbeddingCache(numBlocks int) *EmbeddingCache {
 	return c
 }
 
-// Alloc creates a not-ready entry of n blocks for key, evicting ready,
-// unpinned entries oldest first if the free blocks do not suffice. If even
-// eviction cannot make room it returns ErrNoSpace and evicts nothing. The
-// block ids are ascending.
+// Alloc creates a not-ready entry of n blocks for key, evicting as needed;
+// the block ids are ascending. It fails with ErrNoSpace, evicting nothing,
+// when even eviction cannot make room, and with ErrTooLarge or ErrDuplicate.
 func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -184,11 +173,9 @@ func (c *EmbeddingCache) markReadyLocked(key string) (*entry, error) {
 	return e, nil
 }
 
-// Pin holds key's ready entry: a pinned entry is never evicted or removed
-// until every pin is let go with Unpin. Pins count: each Pin needs its
-// Unpin. A reader of the entry's blocks (the engine, a producer serving
-// it) holds a pin for as long as it reads. It fails with ErrNotFound, or
-// ErrNotReady while the entry's data has not landed.
+// Pin holds key's ready entry: it is not evicted or removed until each Pin
+// has its Unpin. Hold a pin while reading the blocks. It fails with
+// ErrNotFound, or ErrNotReady before MarkReady.
 func (c *EmbeddingCache) Pin(key string) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -203,13 +190,12 @@ func (c *EmbeddingCache) Pin(key string) (Entry, error) {
 	return e.snapshot(), nil
 }
 
-// Unpin lets go of one pin of key; the last one makes the entry evictable
-// again, at the back of the eviction order.
+// Unpin lets go of one pin of key; after the last the entry is evictable
+// again, newest in the order.
 func (c *EmbeddingCache) Unpin(key string) error { return c.unpin(key) }
 
-// MarkReadyPinned is MarkReady and Pin in one step: no Alloc can evict the
-// entry between the two. The writer of an entry that it goes on to read
-// (a fetch into this cache, an encoder that hands its output on) uses it.
+// MarkReadyPinned is MarkReady and Pin at once, so that no Alloc evicts the
+// entry in between: for a writer that goes on to read its entry.
 func (c *EmbeddingCache) MarkReadyPinned(key string) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -221,8 +207,8 @@ func (c *EmbeddingCache) MarkReadyPinned(key string) (Entry, error) {
 	return e.snapshot(), nil
 }
 
-// Remove drops key's entry, ready or not, and frees its blocks, unless it
-// is pinned (ErrPinned). It fails with ErrNotFound for no such entry.
+// Remove drops key's entry, ready or not, and frees its blocks. It fails with
+// ErrNotFound, or ErrPinned.
 func (c *EmbeddingCache) Remove(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -296,15 +282,12 @@ func (c *EmbeddingCache) unpin(key string) error {
 	return nil
 }
 
-// Discard removes a not-ready entry (a save that will not land) and frees its
+// Discard drops a not-ready entry (a save that will not land) and frees its
 // blocks.
 func (c *EmbeddingCache) Discard(key string) error { return c.drop(key, false) }
 
-// Retire drops key's entry, not ready, and keeps its blocks out of use for
-// good: for a write that may still land in them (a READ the data plane
-// could not stop, nor confirm ended), where reusing them could hand out
-// another entry's bytes. Stats.Retired counts them. It fails with
-// ErrNotFound, or for an entry that is ready.
+// Retire drops a not-ready entry and keeps its blocks out of use for good:
+// for a write that may still land in them. Stats.Retired counts them.
 func (c *EmbeddingCache) Retire(key string) error { return c.drop(key, true) }
 
 // drop removes a not-ready entry: its blocks go back to the free list, or

@@ -18,42 +18,27 @@ import (
 type RegionConfig struct {
 	Blocks    int // number of blocks
 	BlockSize int // bytes per block
-	// Name, if set, backs the region with the file /dev/shm/<Name> so that
-	// another process (an engine's worker) can map the same blocks. The
-	// file is created if absent and must have the region's size if present;
-	// where there is no /dev/shm (outside Linux) NewRegion fails. Empty:
-	// anonymous memory.
+	// Name backs the region with /dev/shm/<Name> (Linux), created if absent,
+	// so that another process can map the same blocks. Empty: anonymous
+	// memory.
 	Name string
-	// NoLock skips mlock. By default the region is locked in RAM; a refusal
-	// (RLIMIT_MEMLOCK, or too little memory) is reported by LockErr, not
-	// fatal. Locking faults in the whole region at once: it costs its full
-	// size in RAM whether or not its blocks are ever used.
+	// NoLock skips mlock. By default the region is locked in RAM, which costs
+	// its full size at once; a refusal is reported by LockErr.
 	NoLock bool
-	// RequireLock makes a refused mlock an error from NewRegion (which then
-	// unmaps the region) instead of LockErr. It excludes NoLock.
+	// RequireLock makes a refused mlock an error from NewRegion.
 	RequireLock bool
-	// NoHugePages keeps the region on base pages. By default an anonymous
-	// region is aligned to 2 MiB and asks for transparent huge pages: on
-	// the development VM that more than doubled the data plane's
-	// throughput over a cold region (TLB misses dominate its copies).
+	// NoHugePages keeps an anonymous region off transparent huge pages, which
+	// it asks for by default (they speed copies up).
 	NoHugePages bool
-	// Shared backs the region with an anonymous memory file (memfd) that
-	// same-host processes of the same user can map read-only through
-	// its path: TCPData's same-host path copies blocks straight out of
-	// it. The file starts with a header the data plane owns (a random
-	// token, a table of the live grants, 128 KiB); the blocks follow. The
-	// kernel frees the file with the last process holding it, so a crash
-	// leaves nothing in /dev/shm. It excludes Name, shared memory is on
-	// base pages (shmem transparent huge pages are usually off), and it
-	// needs Linux: elsewhere NewRegion fails.
+	// Shared backs the region with a memfd that same-host processes of the
+	// same user can map read-only, for TCPData's same-host copies (Linux;
+	// excludes Name).
 	Shared bool
 }
 
-// Region is a fixed pool of equal-sized blocks in memory mapped outside the
-// Go heap, page-aligned and contiguous: block i starts at Base()+i*BlockSize.
-// Only region memory is ever handed to a data plane, so a DMA engine or a
-// peer can read and write it while the Go runtime moves and frees its own
-// objects.
+// Region is a fixed pool of equal-sized blocks in page-aligned, contiguous
+// memory mapped outside the Go heap: block i starts at Base()+i*BlockSize.
+// Hand data planes only region memory.
 type Region struct {
 	mem       []byte
 	mapping   []byte // the whole mapping, for munmap: mem lies inside it
@@ -72,8 +57,8 @@ const hugePage = 2 << 20
 // is not positive or does not match an existing file.
 var errRegionSize = errors.New("cache: bad region size")
 
-// NewRegion maps a region. A size that is not positive, or that does not
-// match the existing file of Name, is xfer.ErrBadConfig.
+// NewRegion maps a region. It fails with xfer.ErrBadConfig for a size that is
+// not positive or does not match Name's existing file.
 func NewRegion(cfg RegionConfig) (*Region, error) {
 	if cfg.Blocks <= 0 || cfg.BlockSize <= 0 || cfg.Blocks > (1<<62)/cfg.BlockSize {
 		return nil, fmt.Errorf("%w: %w: %d blocks of %d bytes", xfer.ErrBadConfig, errRegionSize, cfg.Blocks, cfg.BlockSize)
@@ -221,8 +206,8 @@ func (r *Region) Span(i, n int) []byte {
 // LockErr returns why the region is not locked in RAM, or nil if it is.
 func (r *Region) LockErr() error { return r.lockErr }
 
-// Close unmaps the region. The backing file, if any, stays: see Unlink.
-// The region must not be used after Close, by this process or a data plane.
+// Close unmaps the region; do not use it after, nor let a data plane. A
+// backing file stays: see Unlink.
 func (r *Region) Close() error {
 	if r.mem == nil {
 		return nil
