@@ -17,8 +17,8 @@ var (
 	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
 	ErrDuplicate = errors.New("cache: duplicate alloc")
 	ErrNotFound  = errors.New("cache: no such entry")
-	ErrNotReady = errors.New("cache: entry is not ready")
-	ErrPinned = errors.New("cache: entry is pinned")
+	ErrNotReady  = errors.New("cache: entry is not ready")
+	ErrPinned    = errors.New("cache: entry is pinned")
 
 	errNotReady     = ErrNotReady
 	errAlreadyReady = errors.New("cache: entry is already ready")
