@@ -3,23 +3,20 @@ package xfer
 import "time"
 
 // Config holds the consumer's and producer's timeouts. Zero fields take the
-// reference's values (see WithDefaults).
+// reference's values.
 type Config struct {
-	// ReadTimeout bounds a READ, from the ack that started it. A READ still
-	// in progress after it is quarantined. Default 20 s.
+	// ReadTimeout bounds a READ, from its ack; then it is quarantined.
+	// Default 20 s.
 	ReadTimeout time.Duration
-	// QuarantineTimeout bounds quarantine. A READ still not confirmed ended
-	// after it is forced out (released, counted, reported as forced).
-	// Default 60 s.
+	// QuarantineTimeout bounds quarantine; then the blocks are released,
+	// Forced. Default 60 s.
 	QuarantineTimeout time.Duration
-	// PinLease is how long a producer holds a grant's pin. The consumer does
-	// not trust a READ first seen complete later than request time +
-	// PinLease: the producer may have reused the blocks. Default 30 s.
+	// PinLease is how long a producer holds a grant's pin; a READ seen
+	// complete after it is not trusted. Default 30 s.
 	PinLease time.Duration
 }
 
-// WithDefaults returns c with every zero field set to its default, the
-// reference's: Config{}.WithDefaults() is the reference's timeouts.
+// WithDefaults returns c with every zero field set to its default.
 func (c Config) WithDefaults() Config {
 	d := Config{ReadTimeout: 20 * time.Second, QuarantineTimeout: 60 * time.Second, PinLease: 30 * time.Second}
 	if c.ReadTimeout <= 0 {

@@ -14,8 +14,7 @@ import (
 type Message struct {
 	Identity []byte // the consumer's connection, for the reply
 	Payload  []byte
-	// At is when the request arrived; zero means "when it is handled"
-	// (see session.ProducerConfig.MaxRequestAge).
+	// At is when the request arrived; zero: when it is handled.
 	At time.Time
 }
 
@@ -28,23 +27,20 @@ type Inbound struct {
 // Death is a producer a consumer's control plane declared dead, and why.
 type Death struct {
 	Addr string // the producer's address, as given to Send
-	// Err is the cause: the network's error, or one matching
-	// ErrPeerSilent when the producer stayed silent past the peer timeout
-	// (hung, stopped, cut off), as opposed to a connection that closed.
+	// Err is the cause; it matches ErrPeerSilent when the producer went
+	// silent rather than its connection closing.
 	Err error
 }
 
-// Errors of control planes. A control plane wraps them (errors.Is) so that
-// the layers above can tell a refusal worth retrying from the end.
+// Errors of control planes, wrapped so that errors.Is tells a refusal worth
+// retrying from the end.
 var (
 	// ErrQueueFull: the send queue is full; a later send may succeed.
 	ErrQueueFull = errors.New("xfer: control plane send queue full")
-	// ErrPeerDown: the producer was declared dead and the death not yet
-	// taken; the next send after it reconnects.
+	// ErrPeerDown: the producer was declared dead; the next send reconnects.
 	ErrPeerDown = errors.New("xfer: producer is down")
 	// ErrNotAllowed: the producer's address is refused by the allowlist.
 	ErrNotAllowed = errors.New("xfer: producer address not allowed")
-	// ErrPeerSilent: the producer sent nothing, not even a heartbeat, for
-	// the peer timeout; a Death's Err matches it.
+	// ErrPeerSilent: no heartbeat for the peer timeout (see Death).
 	ErrPeerSilent = errors.New("xfer: producer silent past the peer timeout")
 )
