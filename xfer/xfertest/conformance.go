@@ -20,15 +20,10 @@ type Pair struct {
 	Blocks                       int // blocks on each side, at least 64
 }
 
-// Conformance runs the contract every xfer.DataTransport must keep against
-// pairs made by newPair (a fresh pair per subtest; the suite closes them).
-//
-// Who drives what: while the suite waits for a READ it calls the consumer's
-// Check and the producer's DrainNotifs, as a consumer's and a producer's
-// step loops do, and nothing else. A data plane whose READs move only while
-// the producer is driven (NIXL over UCX TCP) passes; the notifications those
-// drains return are kept for the checks that expect them. A READ that has
-// not ended within 10 s fails the suite.
+// Conformance checks the xfer.DataTransport contract against pairs made by
+// newPair (a fresh pair per subtest, closed by the suite). While it waits for
+// a READ it calls only the consumer's Check and the producer's DrainNotifs,
+// as step loops do; a READ not ended within 10 s fails.
 func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 	t.Run("read", func(t *testing.T) {
 		p, peer := setup(t, newPair)

@@ -15,14 +15,10 @@ func init() {
 	})
 }
 
-// FakePair returns two in-memory data planes, each with a region of
-// blocks blocks of blockSize bytes, the consumer's agent named "consumer"
-// and the producer's "producer": a READ posted on the consumer completes
-// at its first Check, with the producer's bytes in the consumer's blocks,
-// and its notification reaches the producer's DrainNotifs exactly once.
-// They keep the contract Conformance checks, and offer the sessions their
-// agent names and taking producers' shapes, as NIXL does: for an engine's
-// deterministic tests of the sessions. Close either to model its crash.
+// FakePair returns two in-memory data planes ("consumer" and "producer"),
+// each with blocks blocks of blockSize bytes. A READ completes at its first
+// Check, and its notification reaches the producer once. Close either to
+// model its crash.
 func FakePair(blocks, blockSize int) Pair {
 	fab := xfake.NewFabric()
 	c := &fake{fab.New("consumer", blocks, blockSize)}
