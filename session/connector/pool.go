@@ -27,22 +27,18 @@ import (
 )
 
 // ControlClient is what a Pool needs of the consumer's control plane;
-// *transport.Client implements it.
+// *transport.Client implements it. Send's refusals wrap xfer.ErrQueueFull,
+// ErrPeerDown or ErrNotAllowed.
 type ControlClient interface {
-	// Send queues payload (copied) for the producer at addr without blocking;
-	// refusals wrap xfer.ErrQueueFull, xfer.ErrPeerDown or
-	// xfer.ErrNotAllowed.
+	// Send queues payload (copied) for addr without blocking.
 	Send(addr string, payload []byte) error
-	// Drain appends the payloads received since the last call, never one read
-	// on a connection that Dead reported or Remove dropped.
+	// Drain appends what arrived, never from a connection Dead reported.
 	Drain(dst []xfer.Inbound) []xfer.Inbound
-	// Dead appends the producers declared dead since the last call, and why
-	// (xfer.ErrPeerSilent: silent past the peer timeout).
+	// Dead appends the producers declared dead since the last call.
 	Dead(dst []xfer.Death) []xfer.Death
 	// Remove drops the connection to addr without reporting a death.
 	Remove(addr string)
-	// Wait blocks until Drain or Dead has something, or ctx ends, and reports
-	// which.
+	// Wait blocks until Drain or Dead has something, or ctx ends.
 	Wait(ctx context.Context) bool
 }
 
@@ -66,24 +62,19 @@ type PoolConfig struct {
 	Retry      RetryConfig
 	// BlockSize is a local block's size; FetchEntry needs it.
 	BlockSize int
-	// Cache, if set, is the cache of the blocks the data plane reads into,
-	// which FetchEntry allocates from. A Producer over it serves what was
-	// fetched.
+	// Cache is the cache of the data plane's blocks, for FetchEntry.
 	Cache *cache.EmbeddingCache
 	// pollInterval bounds Wait while fetches are in flight on a data plane
 	// that does not signal READ completion: 1 ms. maxWait bounds Wait on
 	// one that signals, so that deadlines (ack, READ, quarantine) are
 	// noticed within it: 10 ms. Tests may set them.
 	pollInterval, maxWait time.Duration
-	// IdleSession closes a producer's session and connection after this long
-	// with nothing in flight. Default 1 min.
+	// IdleSession closes an idle producer's session. Default 1 min.
 	IdleSession time.Duration
-	// Seed makes session ids and backoff jitter reproducible; zero:
-	// crypto/rand.
+	// Seed makes ids and jitter reproducible; zero: crypto/rand.
 	Seed   uint64
 	Logger *slog.Logger // nil: slog.Default()
-	// Now is the clock Connect steps the pool on: the one the caller's Steps
-	// use. nil: time.Now.
+	// Now is the clock of the caller's Steps, for Connect; nil: time.Now.
 	Now func() time.Time
 }
 
@@ -133,8 +124,7 @@ type Done struct {
 	// Blocks is the slice given to Fetch, the caller's again.
 	Blocks  []int
 	Latency time.Duration // from Fetch to completion
-	// Held (FetchEntry) says the entry MMHash of PoolConfig.Cache is held for
-	// the caller: call Cache.Unpin(MMHash) once when done with it.
+	// Held (FetchEntry): call Cache.Unpin(MMHash) once, when done.
 	Held bool
 }
 
@@ -145,12 +135,9 @@ type Failure struct {
 	Blocks []int
 	Reason xfer.Reason
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	// Err says why; never nil. It matches Reason, the NACK's Status and the
-	// cause: errors.Is(f.Err, wire.NackMissing).
+	// Err says why, never nil: errors.Is(f.Err, wire.NackMissing).
 	Err error
-	// BlocksHeld says a READ may still write into Blocks: do not reuse them
-	// until they come back in a later Released. (FetchEntry's blocks go back
-	// to the cache by themselves.)
+	// BlocksHeld: do not reuse Blocks until a later Released.
 	BlocksHeld bool
 }
 
@@ -170,8 +157,7 @@ func (f Failure) String() string {
 type Released struct {
 	MMHash string
 	Blocks []int
-	// Forced: given up at the quarantine deadline, never confirmed stopped.
-	// Keep the blocks out of use if you can.
+	// Forced: never confirmed stopped; keep the blocks out of use.
 	Forced bool
 }
 
@@ -284,19 +270,16 @@ type peer struct {
 	died       error     // why its control connection was declared dead
 }
 
-// Pool fetches entries from producers for a consumer. Rules for the engine:
+// Pool fetches entries from producers for a consumer. The engine's rules:
 //
-//   - Call Step once per engine step, from one goroutine; Wait or WaitFor
-//     sleeps until a Step has work. No method may run concurrently with
-//     another, Stats excepted.
-//   - A fetch ends exactly once, in a Step's Results.Completed or Failed, by
-//     the deadline given to Fetch at the latest.
-//   - Blocks given to Fetch are the Pool's until the fetch ends. After a
-//     Failure with BlocksHeld they stay out of use until they come back,
-//     once, in a later Released.
-//   - FetchEntry's blocks are the Pool's: a completed entry comes Held, and
-//     the engine lets it go with Cache.Unpin, once. Do not Remove, Discard
-//     or Retire an entry while the Pool fetches it.
+//   - Call Step once per engine step; Wait or WaitFor sleeps until a Step
+//     has work. No two methods may run at once, Stats excepted.
+//   - A fetch ends once, in Results.Completed or Failed, by its deadline.
+//   - Blocks given to Fetch are the Pool's until then. After a Failure with
+//     BlocksHeld they stay out of use until they come back, once, in a later
+//     Released.
+//   - FetchEntry's blocks are the Pool's: a completed entry comes Held, to
+//     be let go with Cache.Unpin, once.
 //   - Close ends everything; close the control and data planes after it.
 type Pool struct {
 	cfg   PoolConfig
@@ -440,14 +423,12 @@ func (p *Pool) owed() int {
 }
 
 // Fetch starts fetching mmHash from the producer at addr into blocks, to end
-// by deadline in a later Step's Completed or Failed. Do not modify blocks
-// until then. If mmHash is being fetched already, joined is true and nothing
-// starts: the one outcome comes for the first fetch.
+// by deadline in a later Step's Completed or Failed; do not modify blocks
+// until then. If mmHash is being fetched already, joined is true and the one
+// outcome comes for the first fetch.
 //
-// On error nothing started. It fails with ErrClosed, session.ErrBadBlocks
-// (negative or repeated blocks), ErrInFlight, or the control plane's refusal
-// (xfer.ErrNotAllowed, a bad address); a refusal worth retrying is returned
-// only when no retry fits the deadline.
+// On error nothing started: ErrClosed, session.ErrBadBlocks, ErrInFlight, or
+// the control plane's refusal, wrapped.
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
 		return false, ErrClosed
@@ -496,17 +477,14 @@ type connecter interface {
 var ErrContactRefused = errors.New("connector: the producer refused contact")
 
 // Connect makes contact with the producer at addr ahead of the first fetch,
-// so that the first fetch pays for no set-up: an engine calls it at start-up
-// for each producer it knows. It returns once contact is made, or ctx ends; a
-// busy or unanswering producer is asked again meanwhile. A producer that
-// cannot make contact ahead (vLLM's) leaves it to the first fetch, and
-// Connect returns nil.
+// so that it pays for no set-up; a producer that cannot (vLLM's) is left to
+// the first fetch, and Connect returns nil. It retries until contact is made
+// or ctx ends, stepping the pool meanwhile: do not run it concurrently with
+// Step.
 //
-// It fails with ErrContactRefused (errors.Is(err, wire.NackIncompat)), with
-// an error matching xfer.RegisterFailed when the producer's data plane is not
-// this one's, or with the control plane's or ctx's error. It steps the pool
-// on PoolConfig.Now while it waits, so it must not run concurrently with
-// Step; outcomes of fetches that end meanwhile come with the next Step.
+// It fails with ErrContactRefused, with an error matching xfer.RegisterFailed
+// when the producer's data plane is another kind, or with the control plane's
+// or ctx's error.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -1004,17 +982,15 @@ func (p *Pool) giveBack(mmHash string) {
 }
 
 // FetchEntry is Fetch into blocks the Pool allocates in PoolConfig.Cache for
-// an entry of size bytes. A completed fetch's Done has Held set: the entry is
-// ready and pinned until the engine calls Cache.Unpin(mmHash), once. A failed
-// one's blocks go back to the cache by themselves (those of a Forced release
-// are retired for good). An entry ready in the cache already completes in the
-// next Step, held, without a fetch.
+// an entry of size bytes. The completed entry is Held: pinned until the
+// engine calls Cache.Unpin(mmHash), once. A failed fetch's blocks go back to
+// the cache by themselves. An entry ready in the cache already completes in
+// the next Step, held.
 //
-// It fails as Fetch does; with ErrBadConfig without a Cache or BlockSize;
-// with cache.ErrNoSpace or cache.ErrTooLarge (encode locally, or let go of
-// held entries); with ErrInFlight for an entry being written by someone else.
-// Until the fetch ends the entry is the Pool's: do not Remove, Discard or
-// Retire it.
+// It fails as Fetch does, with ErrBadConfig without a Cache or BlockSize,
+// with cache.ErrNoSpace or cache.ErrTooLarge (encode locally), and with
+// ErrInFlight for an entry being written. Do not Remove, Discard or Retire
+// the entry while it is fetched.
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
 	c := p.cfg.Cache
 	switch {

@@ -35,30 +35,25 @@ type ProducerConfig struct {
 	MaxGrantsPerEntry int
 	MaxPinnedShare    float64
 	MaxRequestAge     time.Duration
-	// MaxRequestsPerStep bounds the requests handled per step, and
-	// MaxPerPeerPerStep those of one consumer; the rest wait. Defaults 1024
-	// and 64.
+	// Requests handled per step, all and per consumer. Defaults 1024, 64.
 	MaxRequestsPerStep int
 	MaxPerPeerPerStep  int
-	// MaxBacklog bounds the requests waiting; newer ones are dropped
-	// unanswered. Default 16384.
+	// MaxBacklog bounds the requests waiting. Default 16384.
 	MaxBacklog int
 	Logger     *slog.Logger // nil: slog.Default()
-	// Now is the clock of Serve, Shutdown and Wait; nil: time.Now. Pass Step
-	// times of the same clock: leases run out on it.
+	// Now is the clock of Serve and Wait, and of Step's now; nil: time.Now.
 	Now func() time.Time
 }
 
-// Producer serves a cache's entries to consumers. Rules for the engine:
+// Producer serves a cache's entries to consumers. The engine's rules:
 //
-//   - Either call Step from the engine's loop (Wait sleeps until a Step has
-//     work), or run Serve in a goroutine; both may run at once.
+//   - Call Step from the engine's loop (Wait sleeps until a Step has work),
+//     or run Serve in a goroutine; both may run at once.
 //   - The cache's block ids are the data plane's region's blocks (see
 //     NewProducer). A grant pins its entry until the consumer's READ is done
-//     or the pin lease runs out: an entry being served is never evicted.
-//   - To stop, call Shutdown: it stops granting and waits for the READs
-//     under way. Close is the abrupt end. Close the control and data planes
-//     after the producer.
+//     or its lease runs out.
+//   - To stop, call Shutdown, which waits for the READs under way; Close is
+//     the abrupt end. Close the control and data planes after the producer.
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
@@ -86,13 +81,10 @@ type Producer struct {
 // closed, and by Pool's methods after Close.
 var ErrClosed = xfer.ErrClosed
 
-// NewProducer returns a producer serving c through ctl and data. It fails
+// NewProducer returns a producer serving c through ctl and data; c must be
+// cache.NewEmbeddingCache(region.Blocks()) of the region data serves, each
+// entry written into region.Block(id) for its ids before MarkReady. It fails
 // with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
-//
-// c must describe the region data serves: make it with
-// cache.NewEmbeddingCache(region.Blocks()), and write each entry into
-// region.Block(id) for the ids Alloc returned before MarkReady. On a TCP data
-// plane the producer serves only READs its grants allow.
 func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
 	if cfg.CompatHash == "" {
 		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
@@ -192,8 +184,7 @@ func (p *Producer) step(now time.Time) {
 	p.backlog, p.rest = p.rest, p.backlog[:0]
 }
 
-// Backlog returns how many requests wait for a later step, and how many were
-// dropped because the backlog was full.
+// Backlog returns the requests waiting for a later step, and those dropped.
 func (p *Producer) Backlog() (waiting int, dropped uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -394,10 +385,9 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 	return p.sess.Grants(), len(p.backlog), next
 }
 
-// Shutdown closes the producer gracefully: it answers every new request
-// NACK_INTERNAL (consumers encode locally), steps while the live grants end,
-// then closes. If ctx ends first, Close ends the grants left and the error,
-// wrapping ctx's, says how many. Serve may run meanwhile.
+// Shutdown answers every new request NACK_INTERNAL, steps until the live
+// grants end, then closes. If ctx ends first, Close ends the grants left, and
+// the error wraps ctx's. Serve may run meanwhile.
 func (p *Producer) Shutdown(ctx context.Context) error {
 	p.stopGranting()
 	for {
