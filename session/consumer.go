@@ -61,8 +61,7 @@ var attemptIDs atomic.Uint64
 type ConsumerConfig struct {
 	Xfer   xfer.Config
 	Logger *slog.Logger // nil: slog.Default()
-	// Rand is the source of the session id; nil: crypto/rand. Set it to
-	// replay a simulation.
+	// Rand is the source of the session id; nil: crypto/rand.
 	Rand io.Reader
 }
 
@@ -74,8 +73,7 @@ type ConsumerStats struct {
 	ForcedReleases             uint64 // given back at the quarantine deadline, unconfirmed
 	LateCompletions            uint64 // READs done after the producer's lease could have run out
 	BadAcks                    uint64 // OK acks whose block list did not fit
-	// Unread counts grants given back unread (the ack did not fit, came late,
-	// or its transfer had ended).
+	// Unread counts grants given back unread.
 	Unread        uint64
 	Nacks         NackCounts
 	Malformed     uint64 // payloads that did not decode as an XferAck
@@ -147,10 +145,9 @@ type ConsumerSession struct {
 	closed  bool
 }
 
-// NewConsumerSession returns a session with a fresh id that sends to peer and
-// reads through data; compatHash is this side's wire.CompatHash. It fails
-// with xfer.ErrBadConfig when compatHash is empty or peer or data is nil, or
-// with cfg.Rand's error.
+// NewConsumerSession returns a session that sends to peer and reads through
+// data; compatHash is this side's wire.CompatHash. It fails with
+// xfer.ErrBadConfig for an empty compatHash or a nil dependency.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
 	switch {
 	case compatHash == "":
@@ -185,13 +182,9 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
 // StartXfer asks the producer for mmHash at now, to be read into blocks, and
-// waits for its ack until ackDeadline. Do not modify blocks until the
-// transfer's outcome hands them back.
-//
-// On error nothing is recorded: xfer.ErrClosed; ErrInFlight for an mmHash
-// still in flight, BlocksHeld included; ErrBadBlocks for negative or repeated
-// blocks; an xfer.ErrQueueFull when too many requests are unanswered (retry
-// later); the Sender's error, wrapped.
+// waits for its ack until ackDeadline; do not modify blocks until its
+// outcome. On error nothing is recorded: xfer.ErrClosed, ErrInFlight,
+// ErrBadBlocks, an xfer.ErrQueueFull (retry later), or the Sender's error.
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, now time.Time) error {
 	if c.closed {
 		return xfer.ErrClosed
@@ -885,9 +878,8 @@ func (c *ConsumerSession) named(sid, mmHash string) bool {
 }
 
 // PeerDown tells the session its control connection died: transfers waiting
-// for an ack fail with Retry (reason PeerDown); READs in progress run on and
-// end as before. Send nothing more through the session; use a new one for a
-// new connection.
+// for an ack fail with Retry; READs run on. Use a new session for a new
+// connection.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
@@ -999,10 +991,9 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 // blocks.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
-// Close ends the session: every transfer in flight fails with reason
-// xfer.Closed in the next TakeResults, and held blocks come back at once
-// (Forced where a READ could not be stopped). Close is idempotent and returns
-// nil; data is the caller's to close.
+// Close ends the session: transfers in flight fail (reason xfer.Closed) in
+// the next TakeResults, and held blocks come back at once. It is idempotent
+// and returns nil.
 func (c *ConsumerSession) Close() error {
 	if c.closed {
 		return nil

@@ -35,34 +35,27 @@ type Replier interface {
 
 // ProducerConfig configures a ProducerSession. The zero value is usable.
 type ProducerConfig struct {
-	// PinLease is how long a grant keeps its entry pinned without the READ's
-	// notification. Default 30 s.
+	// PinLease: how long a grant pins its entry at most. Default 30 s.
 	PinLease time.Duration
-	// MaxGrantsPerSession, MaxGrantsPerIdentity (one control-plane identity,
-	// whatever session ids it names) and MaxGrants (all) bound live grants.
-	// Over the session's bound a request is answered NACK_INTERNAL (final),
-	// over the others NACK_NOT_READY (retried). Defaults 4096, MaxGrants/4
-	// (at least MaxGrantsPerSession) and 65536.
+	// MaxGrantsPerSession, MaxGrantsPerIdentity (of one control-plane
+	// identity) and MaxGrants bound live grants; past the first a request is
+	// answered NACK_INTERNAL (final), past the others NACK_NOT_READY.
+	// Defaults 4096, MaxGrants/4, 65536.
 	MaxGrantsPerSession  int
 	MaxGrantsPerIdentity int
 	MaxGrants            int
-	// MaxGrantsPerEntry bounds one session's live grants of one entry; over
-	// it: NACK_NOT_READY. Default 8.
+	// MaxGrantsPerEntry bounds one session's grants of one entry. Default 8.
 	MaxGrantsPerEntry int
-	// MaxPinnedShare and SaveReserve keep consumers from pinning the cache
-	// full: a request whose grant would take its session's or identity's
-	// pinned blocks over MaxPinnedShare of the cache and leave saves less
-	// room than the reserve (the larger of SaveReserve and the largest save
-	// seen) is answered NACK_NOT_READY. Defaults 0.5 and 0.
+	// A request that would take its session's or identity's pins over
+	// MaxPinnedShare of the cache, leaving saves less than the reserve
+	// (SaveReserve, or the largest save seen), is answered NACK_NOT_READY.
+	// Defaults 0.5, 0.
 	MaxPinnedShare float64
 	SaveReserve    int // blocks
-	// MaxRequestAge answers NACK_NOT_READY to requests that waited longer
-	// than this since they arrived (xfer.Message.At): their consumer may have
-	// given up. Default 2 s.
+	// MaxRequestAge: older requests get NACK_NOT_READY. Default 2 s.
 	MaxRequestAge time.Duration
 	Logger        *slog.Logger // nil: slog.Default()
-	// Rand seeds the grant tokens; nil: crypto/rand. Set it to replay a
-	// simulation.
+	// Rand seeds grant tokens; nil: crypto/rand.
 	Rand io.Reader
 }
 
@@ -166,9 +159,9 @@ var grantIDs atomic.Uint64
 const maxPushLive = 2
 
 // ProducerSession grants consumers' requests out of an EmbeddingCache: it
-// pins the entry, answers with its blocks, and unpins on the READ's
-// notification or when the lease runs out. Call Poll once per step; it is not
-// safe for concurrent use.
+// pins the entry, answers with its blocks, and unpins when the READ is done
+// or the lease runs out. Call Poll once per step; it is not safe for
+// concurrent use.
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   plane.Driven     // data, when it must be told of the live grants
@@ -1112,10 +1105,9 @@ func (p *ProducerSession) sweep(now time.Time) {
 // reports none.
 func (p *ProducerSession) StopGranting() { p.draining = true }
 
-// Close ends every grant and stops serving READs where the data plane lets
-// it; over NIXL grants stay pinned until their notification or lease, which
-// later Polls see to. Close is idempotent and returns nil; data is the
-// caller's to close.
+// Close ends every grant; over NIXL grants stay pinned until their READ ends
+// or their lease runs out, which later Polls see to. Close is idempotent and
+// returns nil.
 func (p *ProducerSession) Close() error {
 	if p.closed {
 		return nil

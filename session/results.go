@@ -14,16 +14,13 @@ type Outcome struct {
 	Blocks []int       // the local blocks given to StartXfer
 	Reason xfer.Reason // why it failed; xfer.NoReason when it completed
 	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	// Err is the cause beyond Reason and Status, if any: the data plane's
-	// error.
+	// Err is the cause beyond Reason and Status, if any.
 	Err error
-	// Retry, on a failure, says another attempt may succeed.
+	// Retry, on a failure: another attempt may succeed.
 	Retry bool
-	// BlocksHeld, on a failure, says a READ may still write into Blocks:
-	// reuse them only once they come back in Released.
+	// BlocksHeld, on a failure: reuse Blocks only after their Released.
 	BlocksHeld bool
-	// Forced, on a Released outcome: given up at the quarantine deadline,
-	// never confirmed stopped. Keep the blocks out of use if you can.
+	// Forced, on a Released: never confirmed stopped; keep out of use.
 	Forced bool
 }
 
