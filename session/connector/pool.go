@@ -32,13 +32,14 @@ import (
 type ControlClient interface {
 	// Send queues payload (copied) for addr without blocking.
 	Send(addr string, payload []byte) error
-	// Drain appends what arrived, never from a connection Dead reported.
+	// Drain appends what arrived, never from a connection that Dead reported
+	// or Remove dropped.
 	Drain(dst []xfer.Inbound) []xfer.Inbound
 	// Dead appends the producers declared dead since the last call.
 	Dead(dst []xfer.Death) []xfer.Death
 	// Remove drops the connection to addr without reporting a death.
 	Remove(addr string)
-	// Wait blocks until Drain or Dead has something, or ctx ends.
+	// Wait blocks until Drain or Dead has something (true) or ctx ends.
 	Wait(ctx context.Context) bool
 }
 
