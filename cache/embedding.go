@@ -56,8 +56,7 @@ type entry struct {
 }
 
 // EmbeddingCache owns the blocks of a fixed pool. Ready, unpinned entries are
-// evicted in the order they became evictable (marked ready, or last
-// unpinned). It is safe for concurrent use.
+// evicted in the order they became evictable. It is safe for concurrent use.
 type EmbeddingCache struct {
 	mu        sync.Mutex
 	capacity  int

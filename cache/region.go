@@ -18,21 +18,15 @@ import (
 type RegionConfig struct {
 	Blocks    int // number of blocks
 	BlockSize int // bytes per block
-	// Name backs the region with /dev/shm/<Name> (Linux), created if absent,
-	// so that another process can map the same blocks. Empty: anonymous
-	// memory.
+	// Name backs the region with /dev/shm/<Name>, for other processes.
 	Name string
-	// NoLock skips mlock. By default the region is locked in RAM, which costs
-	// its full size at once; a refusal is reported by LockErr.
+	// NoLock skips mlock (LockErr reports a refused one).
 	NoLock bool
 	// RequireLock makes a refused mlock an error from NewRegion.
 	RequireLock bool
-	// NoHugePages keeps an anonymous region off transparent huge pages, which
-	// it asks for by default (they speed copies up).
+	// NoHugePages turns off transparent huge pages.
 	NoHugePages bool
-	// Shared backs the region with a memfd that same-host processes of the
-	// same user can map read-only, for TCPData's same-host copies (Linux;
-	// excludes Name).
+	// Shared: a memfd for TCPData's same-host copies (Linux).
 	Shared bool
 }
 

@@ -5,27 +5,23 @@ type XferReq struct {
 	MMHash            string
 	CompatibilityHash string
 	SessionID         string // "" is the default and is not put on the wire
-	// ConnectorVersion is nil when absent (see [XferReq.Version]); a value
-	// equal to [ConnectorVersion] is left off the wire.
+	// ConnectorVersion is nil when absent: see [XferReq.Version].
 	ConnectorVersion *Int
 
 	// Extensions that only Go peers read (msgspec skips unknown fields, so
 	// vLLM's producers are unaffected). They follow the reference's fields.
 
-	// VersionOnWire puts connector_version on the wire even at its default,
-	// so that a producer of another version NACKs.
+	// VersionOnWire sends connector_version even at its default.
 	VersionOnWire bool
 	// Agent (ecx_agent) is the consumer's data-plane agent name.
 	Agent string
 	// Attempt (ecx_attempt) names this request; a Go producer echoes it.
 	Attempt uint64
-	// AcceptsShape (ecx_shape_ok) takes [XferAck.Shape] for the descriptor.
+	// AcceptsShape (ecx_shape_ok) takes [XferAck.Shape].
 	AcceptsShape bool
-	// Contact (ecx_contact) asks for the producer's data-plane contact only,
-	// without blocks or grant. vLLM's producer answers NACK_MISSING.
+	// Contact (ecx_contact) asks for the data-plane contact alone.
 	Contact bool
-	// Known (ecx_known) digests the producer metadata the consumer has: a Go
-	// producer then leaves the descriptor out.
+	// Known (ecx_known) digests the producer metadata registered.
 	Known uint64
 }
 
@@ -58,10 +54,9 @@ type XferAck struct {
 	LeaseMillis uint64
 	// Attempt (ecx_attempt) echoes the request's.
 	Attempt uint64
-	// Shape (ecx_shape) stands in for MemDescriptor when the request took
-	// shapes.
+	// Shape (ecx_shape) stands in for MemDescriptor.
 	Shape Blocks
-	// Touch (ecx_touch): producer memory a consumer may READ at contact.
+	// Touch (ecx_touch): memory to READ at contact.
 	Touch Blocks
 }
 

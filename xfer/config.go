@@ -5,14 +5,11 @@ import "time"
 // Config holds the consumer's and producer's timeouts. Zero fields take the
 // reference's values.
 type Config struct {
-	// ReadTimeout bounds a READ, from its ack; then it is quarantined.
-	// Default 20 s.
+	// ReadTimeout bounds a READ from its ack. Default 20 s.
 	ReadTimeout time.Duration
-	// QuarantineTimeout bounds quarantine; then the blocks are released,
-	// Forced. Default 60 s.
+	// QuarantineTimeout bounds quarantine. Default 60 s.
 	QuarantineTimeout time.Duration
-	// PinLease is how long a producer holds a grant's pin; a READ seen
-	// complete after it is not trusted. Default 30 s.
+	// PinLease is a grant's pin lease. Default 30 s.
 	PinLease time.Duration
 }
 

@@ -60,23 +60,20 @@ var (
 // READ completes. Its methods must not block on the network, and must be safe
 // for concurrent use.
 type DataTransport interface {
-	// AgentMetadata is this agent's blob, sent to consumers in OK acks.
+	// AgentMetadata is this agent's blob, for OK acks.
 	AgentMetadata() []byte
-	// MemDescriptor is the local region's descriptor (wire.AppendBlockDescs).
+	// MemDescriptor is the region's (wire.AppendBlockDescs).
 	MemDescriptor() []byte
 	// AddRemotePeer registers a producer from its metadata and descriptor.
 	AddRemotePeer(metadata, memDescriptor []byte) (Peer, error)
 	// RemoveRemotePeer forgets a producer registered before.
 	RemoveRemotePeer(agent string) error
-	// PostRead starts a READ of the peer's remote blocks into the local ones
-	// (same length) and returns at once; on completion notif reaches the
-	// peer. It keeps no slice.
+	// PostRead starts a READ of remote into local blocks and returns at once;
+	// on completion notif reaches the peer. It keeps no slice.
 	PostRead(local []int, agent string, remote []int, notif []byte) (Handle, error)
-	// Check reports a READ's progress; an error means it cannot tell whether
-	// the READ still writes.
+	// Check reports progress; an error means it cannot tell.
 	Check(h Handle) (Progress, error)
-	// Release frees a handle. Releasing a READ in progress cancels it where
-	// possible; ErrMayStillWrite says it could not be stopped.
+	// Release frees h, stopping its READ or saying ErrMayStillWrite.
 	Release(h Handle) error
 	// DrainNotifs appends the notifications received since the last call.
 	DrainNotifs(dst []Notif) ([]Notif, error)
