@@ -18,7 +18,7 @@ func TestDetachRacingAttachLeavesNoGrantShown(t *testing.T) {
 	if n == 0 {
 		t.Skip("no grant table: the region is not Shared here")
 	}
-	for i := range uint64(100) {
+	for i := range uint64(1000) {
 		old := attachGate(p)
 		id := (i+1)*n + n - 1 // the last slot
 		old.att.Publish(id)
