@@ -177,9 +177,8 @@ func (r *Results) reset() {
 	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
-// Histogram counts durations in log-linear buckets (within 1 %; the last
-// bucket holds all from about 275 s). A copy is a snapshot; the zero value is
-// empty.
+// Histogram counts durations in log-linear buckets, to within 1 %. A copy is
+// a snapshot; the zero value is empty.
 type Histogram struct {
 	Counts [hist.Buckets]uint64
 	N      uint64        // durations counted
@@ -333,12 +332,11 @@ type Pool struct {
 	lat   hist.Histogram // PoolStats.Latency, under pubMu
 }
 
-// ErrInFlight is returned by Fetch while a READ of an earlier failed fetch of
-// the mm_hash may still write (its blocks have not come back in Released).
+// ErrInFlight is returned by Fetch while an earlier READ of the mm_hash may
+// still write.
 var ErrInFlight = session.ErrInFlight
 
-// ErrBadConfig is returned by NewPool and NewProducer for a configuration
-// they cannot run with.
+// ErrBadConfig is returned by NewPool and NewProducer for an unusable config.
 var ErrBadConfig = xfer.ErrBadConfig
 
 // NewPool returns a pool over a control-plane client and a data plane. It
@@ -473,8 +471,7 @@ type connecter interface {
 	Connect(ctx context.Context, addr string) error
 }
 
-// ErrContactRefused wraps the NACK a producer refused Connect with
-// (NACK_INCOMPAT, NACK_VERSION, NACK_INTERNAL).
+// ErrContactRefused wraps the NACK with which a producer refused Connect.
 var ErrContactRefused = errors.New("connector: the producer refused contact")
 
 // Connect makes contact with the producer at addr ahead of the first fetch,

@@ -77,8 +77,7 @@ type Producer struct {
 	wakeAt atomic.Int64
 }
 
-// ErrClosed is returned by Serve once the producer or its control plane is
-// closed, and by Pool's methods after Close.
+// ErrClosed is returned by a closed Pool, and by Serve once closed.
 var ErrClosed = xfer.ErrClosed
 
 // NewProducer returns a producer serving c through ctl and data; c must be
