@@ -35,7 +35,7 @@ type Replier interface {
 
 // ProducerConfig configures a ProducerSession. The zero value is usable.
 type ProducerConfig struct {
-	// PinLease: how long a grant pins its entry at most. Default 30 s.
+	// PinLease is the longest a grant pins its entry. Default 30 s.
 	PinLease time.Duration
 	// MaxGrantsPerSession, MaxGrantsPerIdentity (of one control-plane
 	// identity) and MaxGrants bound live grants; past the first a request is
@@ -46,10 +46,10 @@ type ProducerConfig struct {
 	MaxGrants            int
 	// MaxGrantsPerEntry bounds one session's grants of one entry. Default 8.
 	MaxGrantsPerEntry int
-	// A request that would take its session's or identity's pins over
-	// MaxPinnedShare of the cache, leaving saves less than the reserve
-	// (SaveReserve, or the largest save seen), is answered NACK_NOT_READY.
-	// Defaults 0.5, 0.
+	// MaxPinnedShare: a request that would take its session's or identity's
+	// pins over this share of the cache, leaving saves less than the reserve
+	// (SaveReserve, or the largest save seen), gets NACK_NOT_READY. Defaults
+	// 0.5, 0.
 	MaxPinnedShare float64
 	SaveReserve    int // blocks
 	// MaxRequestAge: older requests get NACK_NOT_READY. Default 2 s.
