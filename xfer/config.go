@@ -5,11 +5,14 @@ import "time"
 // Config holds the consumer's and producer's timeouts. Zero fields take the
 // reference's values.
 type Config struct {
-	// ReadTimeout bounds a READ from its ack. Default 20 s.
+	// ReadTimeout bounds a READ, from its ack; then it is quarantined.
+	// Default 20 s.
 	ReadTimeout time.Duration
-	// QuarantineTimeout bounds quarantine. Default 60 s.
+	// QuarantineTimeout bounds quarantine; then its blocks come back, Forced.
+	// Default 60 s.
 	QuarantineTimeout time.Duration
-	// PinLease is a grant's pin lease. Default 30 s.
+	// PinLease is how long a producer pins a grant's entry; a READ seen
+	// complete after it is not trusted. Default 30 s.
 	PinLease time.Duration
 }
 
