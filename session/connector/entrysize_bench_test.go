@@ -369,16 +369,18 @@ func entryRows(b *testing.B, blocks, bs int) {
 			// the library's figures and the anchors' alike.
 			var lib, cp, pl, rt entryPhase
 			kl, kc, kp, kr := 0, 0, 0, 0
-			for range rounds {
-				var ph entryPhase
-				ph, kl = measure(phase/time.Duration(rounds), kl, true, fetch)
-				lib.add(ph)
-				ph, kc = measure(phase/time.Duration(rounds), kc, false, coldCopy)
-				cp.add(ph)
-				ph, kp = measure(phase/time.Duration(rounds), kp, true, transfer)
-				pl.add(ph)
-				ph, kr = measure(phase/time.Duration(4*rounds), kr, true, roundTrip)
-				rt.add(ph)
+			for r := range rounds {
+				var l, c, p, t entryPhase
+				l, kl = measure(phase/time.Duration(rounds), kl, true, fetch)
+				c, kc = measure(phase/time.Duration(rounds), kc, false, coldCopy)
+				p, kp = measure(phase/time.Duration(rounds), kp, true, transfer)
+				t, kr = measure(phase/time.Duration(4*rounds), kr, true, roundTrip)
+				b.Logf("round %d, p50 / CPU (µs): library %.0f / %.0f, copy %.0f / %.0f, plain %.0f / %.0f, rtt %.0f", r,
+					l.at(0.5), l.perOp(), c.at(0.5), c.perOp(), p.at(0.5), p.perOp(), t.at(0.5))
+				lib.add(l)
+				cp.add(c)
+				pl.add(p)
+				rt.add(t)
 			}
 			b.ReportMetric(0, "ns/op")
 			b.ReportMetric(float64(len(lib.lat)), "fetches")
