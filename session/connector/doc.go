@@ -9,7 +9,9 @@
 // the engine encodes the entry itself. Both sides run in the engine's step
 // loop, and Step never blocks:
 //
-//	pool.FetchEntry(addr, mmHash, size, deadline, time.Now())
+//	if _, err := pool.FetchEntry(addr, mmHash, size, deadline, time.Now()); err != nil {
+//		encodeLocally(mmHash) // nothing started
+//	}
 //	for pool.InFlight() > 0 && pool.Wait(ctx) {
 //		r := pool.Step(time.Now())
 //		for _, d := range r.Completed {
