@@ -61,6 +61,9 @@ func main() {
 		err = fmt.Errorf("-inflight-bytes %v holds no item of %d blocks of %s: give -inflight-bytes %s or more, or a smaller -block-size or -blocks-per-item",
 			budget, *perItem, cli.FormatSize(int64(*blockSize)), cli.FormatSize(item))
 	}
+	if err == nil {
+		err = cli.Endpoint("producer", *producer, false)
+	}
 	var inFlight int
 	if err == nil {
 		inFlight = int(min(int64(budget)/item, int64(*concurrency), int64(*items))) // an item is fetched once

@@ -32,6 +32,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ecxfer/ecxfer/examples/internal/cli"
 	"github.com/ecxfer/ecxfer/internal/demo"
 )
 
@@ -92,6 +93,12 @@ func main() {
 		err = fmt.Errorf("-consumers %d: want 1 or more", fc.Consumers)
 	case fc.Duration < 0:
 		err = fmt.Errorf("-duration %v: want 0 (a count of fetches) or more", fc.Duration)
+	case *role != "" && *role != "producer" && *role != "consumer":
+		err = fmt.Errorf("-role %q: want producer or consumer (-procs gives it)", *role)
+	case (*role == "consumer") != (*producerList != ""):
+		err = fmt.Errorf("-producer-list %q: wanted with -role consumer, and only then (-procs gives both)", *producerList)
+	case cfg.Metrics != "" && cli.HostPort("metrics", cfg.Metrics, true) != nil:
+		err = cli.HostPort("metrics", cfg.Metrics, true)
 	case *role == "":
 		// A fleet's members are checked once, by the process that starts
 		// them all.

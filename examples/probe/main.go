@@ -10,7 +10,8 @@
 // "ecxfer demo item N").
 //
 // It exits 0 when the producer answered as a healthy one (and the fetch,
-// if asked, completed), 1 otherwise. The library's own log lines are shown
+// if asked, completed), 1 otherwise, and 2, with one line naming it, for a
+// bad flag. The library's own log lines are shown
 // only with -v.
 package main
 
@@ -26,6 +27,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/examples/internal/cli"
 	"github.com/ecxfer/ecxfer/internal/demo"
 	"github.com/ecxfer/ecxfer/internal/probe"
 	"github.com/ecxfer/ecxfer/wire"
@@ -55,7 +57,20 @@ examples/producer and examples/loopback. Exit status 0: healthy (and fetched).
 `)
 		flag.PrintDefaults()
 	}
-	flag.Parse()
+	demo.ParseFlags("probe", flag.CommandLine, os.Args[1:])
+	err := cfg.Check(false)
+	switch {
+	case err != nil:
+	case *timeout <= 0:
+		err = fmt.Errorf("-timeout %v: want more than 0", *timeout)
+	case *blocks <= 0:
+		err = fmt.Errorf("-blocks %d: want a positive number", *blocks)
+	default:
+		err = cli.Endpoint("producer", *producer, false)
+	}
+	if err != nil {
+		cli.Usage("probe", err)
+	}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	if *verbose {
 		log = slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelDebug}))

@@ -57,7 +57,14 @@ func main() {
 	case *every < 0:
 		err = fmt.Errorf("-progress-every %v: want 0 (never) or more", *every)
 	default:
-		err = cli.CheckMemory(region, "-items, -blocks-per-item or -block-size")
+		// Before the fill, which may take a while.
+		err = cli.Endpoint("control", *control, true)
+		if err == nil && *plane != "nixl" {
+			err = cli.HostPort("data-addr", *dataAddr, true)
+		}
+		if err == nil {
+			err = cli.CheckMemory(region, "-items, -blocks-per-item or -block-size")
+		}
 	}
 	if err != nil {
 		cli.Usage("producer", err)

@@ -1,15 +1,18 @@
-// Package cli holds the flag and memory helpers the producer and consumer
-// examples share, on top of the loopback's (internal/demo): size and
-// NIXL-parameter flags, flag checks that name the flag, and the check
+// Package cli holds the flag and memory helpers the examples share, on
+// top of the loopback's (internal/demo): size and NIXL-parameter flags,
+// flag checks that name the flag (addresses among them), and the check
 // that a run fits the machine's memory.
 package cli
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"math"
+	"net"
 	"os"
 	"slices"
+	"strconv"
 	"strings"
 
 	"github.com/ecxfer/ecxfer/internal/demo"
@@ -70,6 +73,44 @@ func Positive(names []string, values ...int) error {
 		if v <= 0 {
 			return fmt.Errorf("-%s %d: want a positive number", names[i], v)
 		}
+	}
+	return nil
+}
+
+// Endpoint checks the control-plane address of flag name: tcp://host:port
+// or host:port. A listener's may leave the host out (every interface) and
+// take port 0 (any free one); a peer's names both. The host is not looked
+// up: that is the start's to fail.
+func Endpoint(name, addr string, listen bool) error {
+	return hostPort(name, strings.TrimPrefix(addr, "tcp://"), listen, "tcp://host:port or host:port")
+}
+
+// HostPort checks the host:port address of flag name, as Endpoint does
+// (no tcp:// prefix).
+func HostPort(name, addr string, listen bool) error {
+	return hostPort(name, addr, listen, "host:port")
+}
+
+func hostPort(name, addr string, listen bool, want string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err == nil {
+		n, perr := strconv.ParseUint(port, 10, 16)
+		switch {
+		case perr != nil:
+			err = fmt.Errorf("port %q is not a number from 0 to 65535", port)
+		case !listen && n == 0:
+			err = fmt.Errorf("port 0 names no peer")
+		case !listen && host == "":
+			err = fmt.Errorf("no host")
+		case strings.Contains(host, "/"):
+			err = fmt.Errorf("host %q", host)
+		}
+	}
+	if ae, ok := err.(*net.AddrError); ok {
+		err = errors.New(ae.Err) // without the address again
+	}
+	if err != nil {
+		return fmt.Errorf("-%s %q: want %s (%v)", name, addr, want, err)
 	}
 	return nil
 }
