@@ -83,9 +83,8 @@ type ConsumerStats struct {
 	Registrations uint64 // producer agents registered
 }
 
-// ConsumerSession is the consumer's side of one producer: it sends requests,
-// matches acks to them, posts READs and follows them until their blocks may
-// be reused. See the package doc for the rules.
+// ConsumerSession is the consumer's side of one producer; the package doc
+// gives the caller's rules.
 type ConsumerSession struct {
 	id     string
 	compat string
@@ -145,9 +144,9 @@ type ConsumerSession struct {
 	closed  bool
 }
 
-// NewConsumerSession returns a session that sends to peer and reads through
-// data; compatHash is this side's wire.CompatHash. It fails with
-// xfer.ErrBadConfig for an empty compatHash or a nil dependency.
+// NewConsumerSession returns a session sending to peer and reading through
+// data. It fails with xfer.ErrBadConfig for an empty compatHash or a nil
+// dependency.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
 	switch {
 	case compatHash == "":

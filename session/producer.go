@@ -222,9 +222,9 @@ type ProducerSession struct {
 	closed bool
 }
 
-// NewProducerSession returns a session serving entries of c, whose block ids
-// are data's region's blocks; compatHash is this side's wire.CompatHash. It
-// fails with xfer.ErrBadConfig when compatHash is empty or data or c is nil.
+// NewProducerSession returns a session serving c, whose block ids are data's
+// region's blocks. It fails with xfer.ErrBadConfig for an empty compatHash or
+// a nil dependency.
 func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) (*ProducerSession, error) {
 	switch {
 	case compatHash == "":
@@ -1100,9 +1100,8 @@ func (p *ProducerSession) sweep(now time.Time) {
 	}
 }
 
-// StopGranting starts a graceful shutdown: every request from now on is
-// answered NACK_INTERNAL, while live grants end as usual. Close once Grants
-// reports none.
+// StopGranting makes every new request answered NACK_INTERNAL; live grants
+// end as usual. Close once Grants reports none.
 func (p *ProducerSession) StopGranting() { p.draining = true }
 
 // Close ends every grant; over NIXL grants stay pinned until their READ ends

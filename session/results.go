@@ -24,9 +24,9 @@ type Outcome struct {
 	Forced bool
 }
 
-// Results are the outcomes since the last TakeResults, in the order they
-// happened. Each transfer ends once, in Completed or Failed; a failure with
-// BlocksHeld is followed later by one Released.
+// Results are the outcomes since the last TakeResults, in order. A transfer
+// ends once, in Completed or Failed; one with BlocksHeld later has one
+// Released.
 type Results struct {
 	Completed []Outcome // the blocks hold the entry
 	Failed    []Outcome // ended without the entry

@@ -43,9 +43,8 @@ type ControlClient interface {
 	Wait(ctx context.Context) bool
 }
 
-// RetryConfig bounds the attempts at one fetch. Retried: NACK_NOT_READY, ack
-// timeouts, a producer declared dead before its ack, a send refused for now,
-// a failed READ.
+// RetryConfig bounds the attempts at one fetch: at NACK_NOT_READY, ack
+// timeouts, deaths before the ack, refused sends and failed READs.
 type RetryConfig struct {
 	MaxAttempts int           // attempts in all; default 5
 	MaxElapsed  time.Duration // from the first attempt; default 10 s
@@ -1174,9 +1173,8 @@ func (p *Pool) retryDue(now time.Time) {
 	p.spareRetry = due[:0]
 }
 
-// Wait blocks until a Step may have work, and returns false if ctx ended
-// first. Like Step, it must not run concurrently with the Pool's other
-// methods.
+// Wait blocks until a Step may have work; false if ctx ended first. Like
+// Step, it must not run concurrently with other methods.
 func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
 // WaitFor is Wait that also returns true after d at the latest. A negative d

@@ -345,9 +345,8 @@ type serverWaiterOr interface {
 	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
-// Wait blocks until a Step may have work (at most a second when idle), for an
-// engine that steps the producer itself. It returns false if ctx ended first
-// or the producer or its control plane is closed.
+// Wait blocks until a Step may have work, for an engine that steps the
+// producer itself; false once ctx ends or the producer is closed.
 func (p *Producer) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
 // WaitFor is Wait that also returns true after d at the latest. A negative d
@@ -421,9 +420,8 @@ func (p *Producer) stopGranting() {
 	p.mu.Unlock()
 }
 
-// Close ends every grant and stops Serve; a READ being served, or any READ
-// over NIXL, keeps its pin until it ends, which later Steps see to. Close is
-// idempotent and returns nil.
+// Close ends every grant and stops Serve; a READ under way keeps its pin
+// until it ends. It is idempotent and returns nil.
 func (p *Producer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
