@@ -43,8 +43,8 @@ type ControlClient interface {
 	Wait(ctx context.Context) bool
 }
 
-// RetryConfig bounds the attempts at one fetch: at NACK_NOT_READY, ack
-// timeouts, deaths before the ack, refused sends and failed READs.
+// RetryConfig bounds the retries of one fetch, after a NACK_NOT_READY, an ack
+// timeout, a death before the ack, a refused send or a failed READ.
 type RetryConfig struct {
 	MaxAttempts int           // attempts in all; default 5
 	MaxElapsed  time.Duration // from the first attempt; default 10 s
