@@ -14,6 +14,8 @@ import (
 	"encoding/binary"
 	"fmt"
 	"math"
+	"os"
+	"path/filepath"
 	"runtime"
 	"slices"
 	"sync"
@@ -217,11 +219,15 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	if cfg.InlinePost >= 0 {
 		a.inline = cfg.InlinePost / region.BlockSize()
 	}
+	if err := open(); err != nil {
+		return nil, err
+	}
 	if st := C.cnixl_agent_new(name, backend, (**C.char)(keys), (**C.char)(vals), C.int(n), pt, delay, &a.c); st != 0 {
-		if st == C.CNIXL_ERR_NOT_BUILT {
-			return nil, ErrNotBuilt
+		err := statusErr("create agent", int(st))
+		if hint := backendHint(cfg); hint != "" {
+			err = fmt.Errorf("%w: %s", err, hint)
 		}
-		return nil, statusErr("create agent", int(st))
+		return nil, err
 	}
 	if st := C.cnixl_register(a.c, C.uintptr_t(region.Base()), C.uint64_t(region.BlockSize()), C.uint64_t(region.Blocks())); st != 0 {
 		C.cnixl_agent_destroy(a.c)
@@ -244,6 +250,32 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 		close(a.done)
 	}
 	return a, nil
+}
+
+// open loads NIXL (EnvLib), or says what is missing.
+func open() error {
+	path := os.Getenv(EnvLib)
+	var cpath *C.char
+	if path != "" {
+		if fi, err := os.Stat(path); err == nil && fi.IsDir() {
+			path = filepath.Join(path, C.CNIXL_LIB)
+		}
+		cpath = C.CString(path)
+		defer C.free(unsafe.Pointer(cpath))
+	}
+	var msg *C.char
+	if C.cnixl_open(cpath, &msg) == C.CNIXL_SUCCESS {
+		return nil
+	}
+	detail := C.GoString(msg)
+	C.cnixl_free(unsafe.Pointer(msg))
+	fix := fmt.Sprintf("put NIXL's lib folder (holding %s) in LD_LIBRARY_PATH or the binary's rpath, or set %s to it",
+		C.CNIXL_LIB, EnvLib)
+	if path != "" {
+		fix = fmt.Sprintf("%s=%s: set it to NIXL's %s or its folder, or unset it to search LD_LIBRARY_PATH and the binary's rpath",
+			EnvLib, os.Getenv(EnvLib), C.CNIXL_LIB)
+	}
+	return fmt.Errorf("%w: %s; %s (docs/nixl.md)", ErrNotInstalled, detail, fix)
 }
 
 // AgentMetadata implements xfer.DataTransport.
@@ -386,7 +418,7 @@ func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat [
 		st = C.cnixl_load_remote(a.c, md, mdlen, unsafe.SliceData(flat), C.size_t(n), &name)
 	}
 	if st != 0 {
-		return xfer.Peer{}, statusErr("load remote metadata", int(st))
+		return xfer.Peer{}, loadErr(metadata, int(st))
 	}
 	agent := C.GoString(name)
 	C.cnixl_free(unsafe.Pointer(name))
@@ -495,7 +527,7 @@ func (a *Agent) runPeerOp(op peerOp) {
 	p, live := a.peers[op.key]
 	switch {
 	case st != 0 && live:
-		p.failed = statusErr("load remote metadata", int(st))
+		p.failed = loadErr(op.md, int(st))
 		a.peers[op.key] = p
 		if a.byMeta[string(op.md)] == op.key {
 			delete(a.byMeta, string(op.md))

@@ -2,17 +2,19 @@
 
 package nixl
 
-// Link flags for a real NIXL. The include and library paths come from the
-// environment. cgo compiles the C++ shim with CGO_CPPFLAGS (and
-// CGO_CXXFLAGS), never CGO_CFLAGS, so NIXL's include path goes there:
+// The real NIXL is loaded at run time (cnixl_nixl.c): building needs no
+// NIXL headers or libraries, and a binary without NIXL installed starts and
+// runs everything but NIXL agents. Where New finds NIXL's C API
+// (libnixl_capi.so): the file EnvLib names, else the dynamic loader's
+// search, which an rpath in the binary extends:
 //
-//	CGO_CPPFLAGS="$(pkg-config --cflags nixl)" CGO_LDFLAGS="$(pkg-config --libs nixl)"
+//	CGO_LDFLAGS="-Wl,-rpath,$NIXL/lib" go build -tags nixl ...
 //
-// or -I/-L flags by hand (docs/nixl.md). Without them the build fails
-// with an #error naming CGO_CPPFLAGS: -tags nixl asks for the real NIXL.
+// (docs/nixl.md). Linking NIXL as well (CGO_LDFLAGS from pkg-config
+// --libs nixl) still works: the library loaded is the linked one's
+// neighbour, found through the same rpath.
 
 /*
-#cgo CXXFLAGS: -std=c++17
-#cgo LDFLAGS: -lnixl -lnixl_build -lnixl_common -lserdes -lstream -lstdc++
+#cgo LDFLAGS: -ldl
 */
 import "C"

@@ -1,8 +1,8 @@
 /*
- * cnixl: ecxfer's own thin C ABI between Go and NIXL. Built over NIXL's C++
- * agent API with the `nixl` tag (cnixl_nixl.cpp), or over an in-process fake
- * with the `nixlfake` tag (cnixl_fake.c). Status values are NIXL's
- * nixl_status_t numbers: 1 in progress, 0 success, negative errors.
+ * cnixl: ecxfer's own thin C ABI between Go and NIXL. Built over NIXL's C
+ * API, loaded at run time, with the `nixl` tag (cnixl_nixl.c), or over an
+ * in-process fake with the `nixlfake` tag (cnixl_fake.c). Status values are
+ * NIXL's nixl_status_t numbers: 1 in progress, 0 success, negative errors.
  *
  * Memory: every buffer a cnixl function returns through an out pointer is
  * malloc'd and freed by the caller with cnixl_free. No function keeps a
@@ -33,11 +33,30 @@ extern "C" {
 #define CNIXL_ERR_REMOTE_DISCONNECT -10
 #define CNIXL_ERR_CANCELED -11
 #define CNIXL_ERR_NO_TELEMETRY -12
-/* Not a NIXL status: the shim was compiled without nixl.h. */
-#define CNIXL_ERR_NOT_BUILT -1000
+/* Not a NIXL status: NIXL's library could not be loaded. */
+#define CNIXL_ERR_NOT_INSTALLED -1000
+
+/* Not a NIXL status: NIXL could not make a READ's request (its C API
+ * says no more); over DRAM, memory outside the agents' registrations. */
+#define CNIXL_ERR_NOT_MADE -1001
+
+/* NIXL's C API, the library cnixl_open loads by default. */
+#define CNIXL_LIB "libnixl_capi.so"
 
 typedef struct cnixl_agent cnixl_agent;
 typedef uint64_t cnixl_handle;
+
+/* Loads NIXL: the file path, or, when path is NULL, CNIXL_LIB wherever the
+ * dynamic loader finds it (LD_LIBRARY_PATH, the binary's rpath, ld.so's
+ * cache). CNIXL_ERR_NOT_INSTALLED, with *err a message to cnixl_free
+ * (dlerror's), when it cannot; once it could, it returns at once. Every
+ * other function may be called only after it succeeded. */
+int cnixl_open(const char *path, char **err);
+
+/* The folder of the libnixl.so loaded, malloc'd (cnixl_free), or NULL if
+ * unknown: NIXL looks for backend plugins in its plugins/ unless
+ * NIXL_PLUGIN_DIR is set. */
+char *cnixl_nixl_dir(void);
 
 /* Creates an agent with one backend (e.g. "UCX") and its parameters.
  * progress_thread starts NIXL's progress thread, which waits for events at

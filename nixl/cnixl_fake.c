@@ -129,6 +129,29 @@ static cnixl_agent *find_agent(const char *name) {
 	return NULL;
 }
 
+static char *g_nixl_dir;
+
+void cnixl_fake_set_nixl_dir(const char *dir) {
+	pthread_mutex_lock(&g_mu);
+	free(g_nixl_dir);
+	g_nixl_dir = dir != NULL ? dupstr(dir) : NULL;
+	pthread_mutex_unlock(&g_mu);
+}
+
+char *cnixl_nixl_dir(void) {
+	pthread_mutex_lock(&g_mu);
+	char *d = g_nixl_dir != NULL ? dupstr(g_nixl_dir) : NULL;
+	pthread_mutex_unlock(&g_mu);
+	return d;
+}
+
+/* The fake is always there. */
+int cnixl_open(const char *path, char **err) {
+	(void)path;
+	*err = NULL;
+	return CNIXL_SUCCESS;
+}
+
 int cnixl_agent_new(const char *name, const char *backend, const char *const *keys, const char *const *vals,
                     int nparams, int progress_thread, uint64_t pthr_delay_us, cnixl_agent **out) {
 	(void)pthr_delay_us;
@@ -139,6 +162,11 @@ int cnixl_agent_new(const char *name, const char *backend, const char *const *ke
 	if (strcmp(backend, "UCX") != 0)
 		return CNIXL_ERR_NOT_FOUND;
 	pthread_mutex_lock(&g_mu);
+	int st = injected(CNIXL_FAKE_OP_NEW);
+	if (st != 0) {
+		pthread_mutex_unlock(&g_mu);
+		return st;
+	}
 	if (find_agent(name) != NULL || g_nagents == (int)(sizeof g_agents / sizeof g_agents[0])) {
 		pthread_mutex_unlock(&g_mu);
 		return CNIXL_ERR_NOT_ALLOWED;

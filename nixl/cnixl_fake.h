@@ -8,6 +8,7 @@
 #define CNIXL_FAKE_OP_CHECK 2
 #define CNIXL_FAKE_OP_LOAD 3
 #define CNIXL_FAKE_OP_RELEASE 4
+#define CNIXL_FAKE_OP_NEW 5
 
 /* Each READ completes after this many microseconds, on its own thread. */
 void cnixl_fake_set_delay_us(long us);
@@ -17,6 +18,8 @@ void cnixl_fake_set_inline(int on);
 /* on: READs on their own thread (not inline) do not end until it is
  * off, or they are released, or their agent destroyed. */
 void cnixl_fake_set_hang(int on);
+/* What cnixl_nixl_dir returns (NULL: NULL). */
+void cnixl_fake_set_nixl_dir(const char *dir);
 /* The next count calls of op fail with status. */
 void cnixl_fake_fail(int op, int status, int count);
 /* What the agent still holds: READ handles not released, remote agents not removed. */

@@ -45,7 +45,15 @@ const (
 	fakeCheck   = C.CNIXL_FAKE_OP_CHECK
 	fakeLoad    = C.CNIXL_FAKE_OP_LOAD
 	fakeRelease = C.CNIXL_FAKE_OP_RELEASE
+	fakeNew     = C.CNIXL_FAKE_OP_NEW
 )
+
+// fakeSetNixlDir sets the folder the fake says libnixl.so was loaded from.
+func fakeSetNixlDir(dir string) {
+	d := C.CString(dir)
+	defer C.free(unsafe.Pointer(d))
+	C.cnixl_fake_set_nixl_dir(d)
+}
 
 // fakeFail makes the next count calls of op fail with NIXL status st.
 func fakeFail(op, st, count int) { C.cnixl_fake_fail(C.int(op), C.int(st), C.int(count)) }

@@ -5,9 +5,11 @@
 // to fetch from vLLM producers or serve vLLM consumers.
 //
 // Build tags:
-//   - nixl: the real thing, over NIXL's C++ agent API (cnixl_nixl.cpp);
-//     see docs/nixl.md for flags and UCX settings. Without NIXL's headers
-//     found, the build fails.
+//   - nixl: the real thing, over NIXL's C API (libnixl_capi.so), which
+//     New loads at run time (cnixl_nixl.c): the build needs no NIXL, and a
+//     binary where NIXL is not installed starts; New then returns
+//     ErrNotInstalled, wrapped, saying what is missing (see EnvLib). See
+//     docs/nixl.md for flags and UCX settings.
 //   - nixlfake: the same Go and cgo code over an in-process C fake of the
 //     same ABI (cnixl_fake.c), so CI exercises the cgo path: pointer rules,
 //     handle lifetimes, error mapping.
@@ -147,10 +149,20 @@ func (p Progress) String() string {
 }
 
 // ErrNotBuilt is returned by New when ecxfer was built without the nixl
-// build tag. (With the tag, a build that does not find NIXL's headers
-// fails.) Its message says how to build with the tag whether or not NIXL
-// installed a pkg-config file (a source build installs none).
-var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl, NIXL's include path in " +
-	"CGO_CPPFLAGS (cgo compiles the C++ shim with CGO_CPPFLAGS, not CGO_CFLAGS) and its library folder in CGO_LDFLAGS, " +
-	`all absolute, e.g. CGO_CPPFLAGS=-I$NIXL/include CGO_LDFLAGS="-L$NIXL/lib -Wl,-rpath,$NIXL/lib" ` +
-	"with NIXL the install prefix, or from pkg-config where a nixl.pc is installed; see docs/nixl.md")
+// build tag.
+var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl " +
+	`(no NIXL headers needed; CGO_LDFLAGS="-Wl,-rpath,$NIXL/lib", NIXL's lib folder, lets the binary find NIXL ` +
+	"without LD_LIBRARY_PATH); see docs/nixl.md")
+
+// ErrNotInstalled is returned by New, wrapped, in a build with the nixl
+// tag when NIXL's C API (libnixl_capi.so) cannot be loaded: the error
+// says what the loader said and what to set. Nothing else needs NIXL, so
+// the TCP data plane works all the same.
+var ErrNotInstalled = errors.New("nixl: NIXL not found")
+
+// EnvLib is the environment variable naming NIXL's C API library
+// (libnixl_capi.so, or the folder holding it) for a build with the nixl
+// tag. Unset, the dynamic loader searches LD_LIBRARY_PATH, the binary's
+// rpath and its cache; set, only that file is tried. It is read when the
+// first agent is made; once NIXL is loaded it stays.
+const EnvLib = "ECXFER_NIXL_LIB"

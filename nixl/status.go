@@ -2,6 +2,9 @@
 
 package nixl
 
+// #include "cnixl.h"
+import "C"
+
 import (
 	"errors"
 	"fmt"
@@ -22,12 +25,18 @@ var (
 	errRemoteDisconnect = errors.New("nixl: remote disconnected")
 	errCanceled         = errors.New("nixl: canceled")
 	errNoTelemetry      = errors.New("nixl: no telemetry")
+
+	// errNotMade is cnixl's own: NIXL could not make a READ's request.
+	errNotMade = errors.New("nixl: NIXL could not make the READ: its blocks are not all in memory the two agents " +
+		`registered (NIXL logs "no specified or potential backend had the required registrations"): ` +
+		"the peer's descriptor names memory outside its registered region")
 )
 
 var statusErrs = map[int]error{
 	-1: errNotPosted, -2: errInvalidParam, -3: errBackend, -4: errNotFound, -5: errMismatch,
 	-6: errNotAllowed, -7: errRepostActive, -8: errUnknown, -9: errNotSupported,
 	-10: errRemoteDisconnect, -11: errCanceled, -12: errNoTelemetry,
+	C.CNIXL_ERR_NOT_MADE: errNotMade,
 }
 
 // statusErr maps a nixl_status_t to an error: nil for success and in

@@ -12,7 +12,7 @@ import (
 // this one does: New returns ErrNotBuilt, so no Agent exists here, and the
 // methods of a nil *Agent return ErrNotBuilt (or nothing).
 
-// Agent is a NIXL agent: an xfer.DataTransport over NIXL's C++ agent API,
+// Agent is a NIXL agent: an xfer.DataTransport over NIXL's agent API,
 // with the region registered as DRAM, one descriptor per block. It is
 // safe for concurrent use; its methods never wait on the network, and
 // unless Config.SyncPost they never wait for a call into C.

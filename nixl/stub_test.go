@@ -13,9 +13,9 @@ func TestNotBuilt(t *testing.T) {
 	if !errors.Is(err, ErrNotBuilt) {
 		t.Fatalf("New: %v", err)
 	}
-	// How to build with the tag without pkg-config (a source-built NIXL
-	// has no nixl.pc), and where the whole recipe is.
-	for _, want := range []string{"-tags nixl", "CGO_CPPFLAGS=-I$NIXL/include", "docs/nixl.md"} {
+	// How to build with the tag, how the binary finds NIXL, and where
+	// the whole recipe is.
+	for _, want := range []string{"-tags nixl", `CGO_LDFLAGS="-Wl,-rpath,$NIXL/lib"`, "docs/nixl.md"} {
 		if !strings.Contains(err.Error(), want) {
 			t.Errorf("%q does not say %q", err, want)
 		}

@@ -9,11 +9,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -67,6 +69,12 @@ func runChild(mode string) error {
 	fmt.Sscan(os.Getenv("ECXFER_NIXL_BLOCK"), &bs)
 	if mode == "many" {
 		return runManyChild(bs)
+	}
+	if mode == "absent" {
+		if err := checkAbsent(); err != nil {
+			return err
+		}
+		mode = "tcp"
 	}
 	per := fetchBytes / bs
 	region, err := cache.NewRegion(cache.RegionConfig{Blocks: childItems * per, BlockSize: bs, Shared: mode == "shm"})
@@ -125,6 +133,31 @@ func runChild(mode string) error {
 	cancel()
 	<-done
 	prod.Close()
+	return nil
+}
+
+// checkAbsent is the "absent" child's first step: EnvLib names no file,
+// so New must fail with ErrNotInstalled saying what is missing and what
+// to set. The child then serves over TCP.
+func checkAbsent() error {
+	r, err := cache.NewRegion(cache.RegionConfig{Blocks: 1, BlockSize: 4096})
+	if err != nil {
+		return err
+	}
+	defer r.Close()
+	a, err := New(Config{Name: "absent"}, r)
+	if err == nil {
+		a.Close()
+		return fmt.Errorf("New made an agent with %s=%s", EnvLib, os.Getenv(EnvLib))
+	}
+	if !errors.Is(err, ErrNotInstalled) || strings.Contains(err.Error(), "\n") {
+		return fmt.Errorf("New: %v, want one line wrapping ErrNotInstalled", err)
+	}
+	for _, want := range []string{os.Getenv(EnvLib), "cannot open shared object file", EnvLib + "=", "libnixl_capi.so"} {
+		if !strings.Contains(err.Error(), want) {
+			return fmt.Errorf("New: %q does not say %q", err, want)
+		}
+	}
 	return nil
 }
 
@@ -256,7 +289,7 @@ func newFetcher(tb testing.TB, mode string, bs int, v variant) fetcher {
 		blocks[i] = i
 	}
 	var data xfer.DataTransport
-	if mode == "tcp" || mode == "shm" {
+	if mode == "tcp" || mode == "shm" || mode == "absent" {
 		data, err = transport.NewTCPData(transport.TCPConfig{Logger: quiet}, r)
 	} else {
 		data, err = New(withPost(post, Config{Name: fmt.Sprintf("parent-%d-%d", os.Getpid(), seq.Add(1)), Params: v.params}), r)
@@ -291,6 +324,17 @@ func verify(tb testing.TB, r *cache.Region, blocks []int, item int) {
 		if !bytes.Equal(r.Block(b), want) {
 			tb.Fatalf("item %d block %d: bytes differ", item, j)
 		}
+	}
+}
+
+// A process of this binary where NIXL cannot be found: New fails saying
+// so (checkAbsent), and the same process serves over the TCP data plane.
+func TestNotInstalledServesTCP(t *testing.T) {
+	t.Setenv(EnvLib, filepath.Join(t.TempDir(), "nowhere", "libnixl_capi.so")) // for the child
+	f := newFetcher(t, "absent", 1<<20, variant{})
+	for i := range childItems {
+		clear(f.region().Bytes())
+		verify(t, f.region(), f.fetch(t, i), i)
 	}
 }
 
