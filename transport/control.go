@@ -151,7 +151,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if err := s.sock.Listen(ep); err != nil {
 		forget()
 		s.sock.Close()
-		return nil, fmt.Errorf("transport: listen %s: %w", addr, err)
+		return nil, listenErr(addr, ep, err)
 	}
 	return s, nil
 }
@@ -787,7 +787,7 @@ func (d *dealer) run() {
 	d.sock = sock
 	d.sockM.Unlock()
 	if err := sock.Dial(ep); err != nil {
-		d.die(&dialErr{msg: "connect to " + d.addr + ": " + strings.ReplaceAll(err.Error(), ep, d.addr), err: err})
+		d.die(&plainErr{msg: "connect to " + d.addr + ": " + strings.ReplaceAll(err.Error(), ep, d.addr), err: err})
 		return
 	}
 	d.sockM.Lock()
@@ -824,16 +824,27 @@ func (d *dealer) run() {
 // death at another address is logged as news every time.
 const maxDown = 4096
 
-// dialErr is a failed dial's error as the user sees it: the address they
-// gave, not the guard's internal one, with the cause still reachable
-// (errors.Is(err, syscall.ECONNREFUSED)).
-type dialErr struct {
+// plainErr is a failed dial's or listen's error as the user sees it: the
+// address they gave, not the guard's internal one, with the cause still
+// reachable (errors.Is(err, syscall.ECONNREFUSED)).
+type plainErr struct {
 	msg string
 	err error
 }
 
-func (e *dialErr) Error() string { return e.msg }
-func (e *dialErr) Unwrap() error { return e.err }
+func (e *plainErr) Error() string { return e.msg }
+
+// listenErr says why Listen failed: the network's error where there is
+// one, without zmq4's words around it, which name the guard's endpoint.
+func listenErr(addr, ep string, err error) error {
+	why := strings.ReplaceAll(err.Error(), ep, addr)
+	var op *net.OpError
+	if errors.As(err, &op) {
+		why = op.Error()
+	}
+	return &plainErr{msg: "transport: listen " + addr + ": " + why, err: err}
+}
+func (e *plainErr) Unwrap() error { return e.err }
 
 // take takes one reply a Drain read: as deliver, for Drain's caller.
 func (d *dealer) take(_ *guardConn, frames [][]byte) bool {
