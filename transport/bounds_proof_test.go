@@ -46,7 +46,7 @@ func provenConns(p *TCPData) int {
 func TestOneGrantProvesEveryConnection(t *testing.T) {
 	const maxConns, lease = 4, time.Minute
 	pr := newRegion(t, 8, 4096)
-	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", MaxConns: maxConns})
+	p := newTCP(t, pr, TCPConfig{Listen: "127.0.0.1:0", MaxConns: maxConns, MaxConnsPerHost: maxConns}) // one host may hold them all
 	g := &testGate{grants: map[uint64]testGrant{}}
 	g.att = p.attach(leaseGate{g, lease})
 	read := neighbour(t, p, pr, g)
@@ -95,7 +95,7 @@ func TestOneGrantProvesEveryConnection(t *testing.T) {
 func TestOneGrantProvesFewConnections(t *testing.T) {
 	const maxConns = 2 * maxProofConns
 	pr := newRegion(t, 8, 4096)
-	p, g := gatedProducer(t, pr, TCPConfig{MaxConns: maxConns})
+	p, g := gatedProducer(t, pr, TCPConfig{MaxConns: maxConns, MaxConnsPerHost: maxConns}) // one host may hold them all
 	one := g.grant()
 	for i := range maxConns {
 		proveConn(t, rawConsumer(t, p), uint64(i+1), one)

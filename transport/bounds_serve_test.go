@@ -65,11 +65,12 @@ func servedCount(p *TCPData) int {
 
 // At MaxConns, strangers that sent a hello and nothing else make room for
 // each other; a consumer that presented a grant keeps its connection, and
-// when every connection has, a newcomer is turned away.
+// when every connection has, a newcomer from the host holding them all
+// (one under its cap) is turned away.
 func TestConnCapShedsStrangersNotGrantees(t *testing.T) {
 	const maxConns = 8
 	pr := newRegion(t, 8, 4096)
-	p, g := gatedProducer(t, pr, TCPConfig{MaxConns: maxConns})
+	p, g := gatedProducer(t, pr, TCPConfig{MaxConns: maxConns, MaxConnsPerHost: maxConns + 1})
 	read := neighbour(t, p, pr, g)
 	read(1) // its connection is proven
 	p.mu.Lock()

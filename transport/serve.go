@@ -65,12 +65,19 @@ type servedConn struct {
 	wmu   sync.Mutex
 	agent string // as its hello named it: a label
 	room  int    // bytes of pushes the consumer keeps for it; 0: none
-	// seq orders the connections as they were accepted; until is when
-	// its proof ends (d.now; 0: never proven), proof the grant that proved
-	// it, set under d.pmu (see prove).
+	// host is its peer's IP address, whose share of the connections it
+	// counts in (see TCPConfig.MaxConnsPerHost); seq orders the
+	// connections as they were accepted; until is when its proof ends
+	// (d.now; 0: never proven), at when it was last proven, proof the
+	// grant that proved it and under the attachment whose gate holds that
+	// grant (nil: TCPConfig.Authorize's alone), set under d.pmu (see
+	// prove).
+	host  string
 	seq   uint64
 	until atomic.Int64
+	at    atomic.Int64
 	proof atomic.Uint64
+	under atomic.Pointer[attachment]
 	// Its notifications' share of the queue (see connNotifBytes), and
 	// whether it waits for room in its share (full) or in the queue
 	// (waitsAll), under d.mu; a drain that makes room sends on drained.
@@ -141,16 +148,16 @@ func (d *TCPData) accept() {
 			tuneConn(tc)
 		}
 		s := &servedConn{c: quietIO(c), d: d, gone: make(chan struct{}), cool: make(chan struct{}, 1),
-			drained: make(chan struct{}, 1)}
+			drained: make(chan struct{}, 1), host: remoteHost(c)}
 		d.mu.Lock()
 		if d.closed {
 			d.mu.Unlock()
 			c.Close()
 			return
 		}
-		if len(d.served) >= d.cfg.MaxConns && !d.shedLocked() {
-			// Every connection holds a live proof: the newcomer waits for
-			// one to end.
+		if !d.admitLocked(s.host) {
+			// Every connection holds a live proof, and no host holds more
+			// than the newcomer's: it waits for one to end.
 			d.mu.Unlock()
 			c.Close()
 			d.connsShed.Add(1)
@@ -159,35 +166,95 @@ func (d *TCPData) accept() {
 		d.acceptSeq++
 		s.seq = d.acceptSeq
 		d.served[s] = struct{}{}
+		if d.hosts == nil {
+			d.hosts = map[string]int{}
+		}
+		d.hosts[s.host]++
 		d.wg.Add(1)
 		d.mu.Unlock()
 		go d.serve(s)
 	}
 }
 
-// shedLocked closes the served connection whose proof ended longest ago
-// (those never proven first, the oldest first), making room for a new
-// one; false: every one holds a live proof. Under d.mu.
-func (d *TCPData) shedLocked() bool {
-	now := d.now()
-	var oldest *servedConn
-	var ended int64
-	for s := range d.served {
-		u := s.until.Load()
-		if u > now {
-			continue
-		}
-		if oldest == nil || u < ended || u == ended && s.seq < oldest.seq {
-			oldest, ended = s, u
-		}
+// remoteHost is the IP address c comes from: the connections are
+// shared by it.
+func remoteHost(c net.Conn) string {
+	if a, ok := c.RemoteAddr().(*net.TCPAddr); ok {
+		return a.IP.String()
 	}
-	if oldest == nil {
+	h, _, err := net.SplitHostPort(c.RemoteAddr().String())
+	if err != nil {
+		return c.RemoteAddr().String()
+	}
+	return h
+}
+
+// admitLocked makes room for a newcomer from host, by the rule of
+// TCPConfig.MaxConns: the slots are shared fairly by remote host. false:
+// there is none to make, the newcomer is refused. Under d.mu; one pass
+// over the connections at most, and none below the caps.
+func (d *TCPData) admitLocked(host string) bool {
+	now := d.now()
+	var v *servedConn
+	switch {
+	case d.hosts[host] >= d.cfg.MaxConnsPerHost:
+		v = d.victimLocked(now, host, false, true)
+	case len(d.served) >= d.cfg.MaxConns:
+		// Those whose proof ended, anywhere, go first; then the host
+		// holding the most pays, if that is not the newcomer's share.
+		top, most := "", 0
+		for h, n := range d.hosts {
+			if n > most {
+				top, most = h, n
+			}
+		}
+		v = d.victimLocked(now, top, true, most > d.hosts[host])
+	default:
+		return true
+	}
+	if v == nil {
 		return false
 	}
-	delete(d.served, oldest) // its goroutine ends as it sees the close
-	oldest.close()
+	d.dropLocked(v)
+	v.close() // its goroutine ends as it sees the close
 	d.connsShed.Add(1)
 	return true
+}
+
+// victimLocked picks the connection to shed: of those whose proof ended,
+// host's (every host's, if anyEnded), the one that ended longest ago
+// (those never proven first, the oldest first); if there is none, and
+// hostLive is set, host's proven longest ago. nil: none. Under d.mu.
+func (d *TCPData) victimLocked(now int64, host string, anyEnded, hostLive bool) *servedConn {
+	var v *servedConn
+	var vLive bool
+	var vKey int64
+	for s := range d.served {
+		u := s.until.Load()
+		live := u > now
+		if live && (!hostLive || s.host != host) || !live && !anyEnded && s.host != host {
+			continue
+		}
+		key := u
+		if live {
+			key = s.at.Load()
+		}
+		if v == nil || !live && vLive || live == vLive && (key < vKey || key == vKey && s.seq < v.seq) {
+			v, vLive, vKey = s, live, key
+		}
+	}
+	return v
+}
+
+// dropLocked forgets s, shed or closed, if it is still served. Under d.mu.
+func (d *TCPData) dropLocked(s *servedConn) {
+	if _, ok := d.served[s]; !ok {
+		return
+	}
+	delete(d.served, s)
+	if d.hosts[s.host]--; d.hosts[s.host] <= 0 {
+		delete(d.hosts, s.host)
+	}
 }
 
 // now is the clock of the proofs: monotonic, run ahead by tests.
@@ -200,14 +267,18 @@ func (d *TCPData) proven(s *servedConn) bool { return s.until.Load() > d.now() }
 // live with left time left (0: unknown, IdleTimeout then): s is proven
 // until then and the answer's grace, as long as the grant may live. A
 // grant proves maxProofConns connections at most; a connection one more
-// presents keeps the proof it had.
-func (d *TCPData) prove(s *servedConn, notif []byte, left time.Duration) {
+// presents keeps the proof it had. a is the attachment whose gate holds
+// the grant (nil: TCPConfig.Authorize's alone).
+func (d *TCPData) prove(s *servedConn, a *attachment, notif []byte, left time.Duration) {
 	if left <= 0 {
 		left = d.cfg.IdleTimeout
 	}
-	until := d.now() + int64(left+answerGrace)
+	now := d.now()
+	until := now + int64(left+answerGrace)
 	key := fnv1a(notif)
 	if s.proof.Load() == key { // only s's reader proves s
+		s.under.Store(a)
+		s.at.Store(now)
 		s.until.Store(until)
 		return
 	}
@@ -222,6 +293,8 @@ func (d *TCPData) prove(s *servedConn, notif []byte, left time.Duration) {
 	by[i] = s
 	d.proofs[key] = by
 	s.proof.Store(key)
+	s.under.Store(a)
+	s.at.Store(now)
 	s.until.Store(until)
 }
 
@@ -250,6 +323,7 @@ func (d *TCPData) unproveLocked(s *servedConn) {
 		d.proofs[key] = by
 	}
 	s.proof.Store(0)
+	s.under.Store(nil)
 }
 
 // leftOf is what a grant h holds, under a's gate, has left, as far as
@@ -301,7 +375,7 @@ func (d *TCPData) serve(s *servedConn) {
 	defer d.wg.Done()
 	defer func() {
 		d.mu.Lock()
-		delete(d.served, s)
+		d.dropLocked(s)
 		d.mu.Unlock()
 		d.unprove(s)
 		s.close()
@@ -659,14 +733,17 @@ func (s *servedConn) wakeDrained() {
 // whether it goes on at all. One that presents a grant's token (a Go
 // consumer's) goes to the live attachment whose gate holds that grant live
 // for s's agent, and proves s (see prove); with one attachment live, and s
-// proven, that one is not asked. Unless s holds a live proof, one that
-// names no live grant, tokenless ones included, is dropped, and counted,
-// here: a peer with no grant costs the sessions nothing. The rest go to
-// the current attachment, within s's share of the queue, and its session
-// counts what it does not know.
+// proven under it, that one is not asked. Unless s holds a live proof
+// under a live attachment (or TCPConfig.Authorize's), one that names no
+// live grant, tokenless ones included, is dropped, and counted, here: a
+// peer with no grant costs the sessions nothing, and a detached session's
+// grants bring its successor nothing. The rest go to the current
+// attachment, within s's share of the queue, and its session counts what
+// it does not know.
 func (d *TCPData) route(s *servedConn, msg []byte) (*attachment, bool) {
 	live := d.liveList()
-	proven := d.proven(s)
+	under := s.under.Load()
+	proven := d.proven(s) && (under == nil || !under.detached.Load())
 	if len(live) == 0 {
 		switch {
 		case d.everAttached.Load():
@@ -686,14 +763,14 @@ func (d *TCPData) route(s *servedConn, msg []byte) (*attachment, bool) {
 		return nil, false
 	}
 	current := live[len(live)-1]
-	if len(live) == 1 && proven {
+	if len(live) == 1 && proven && under == current {
 		return current, true
 	}
 	if _, _, _, ok := wirext.SplitNotifGrant(msg); ok {
 		for i := len(live) - 1; i >= 0; i-- {
 			if h, ok := live[i].gate.Authorize(s.agent, msg, nil); ok {
 				h.Release()
-				d.prove(s, msg, leftOf(h, live[i]))
+				d.prove(s, live[i], msg, leftOf(h, live[i]))
 				return live[i], true
 			}
 		}
@@ -734,7 +811,7 @@ func (v *server) read() bool {
 		v.head = appendDataHead(v.head[:0], id, dataRefused, 0)
 		return v.write(net.Buffers{v.head}) == nil
 	}
-	d.prove(v.s, v.notif[:nl], leftOf(hold, a))
+	d.prove(v.s, a, v.notif[:nl], leftOf(hold, a))
 	var by time.Time // when the grant's time is up
 	if hold.Left > 0 {
 		by = time.Now().Add(hold.Left + answerGrace)

@@ -64,11 +64,15 @@ type TCPConfig struct {
 	// connection is proven while the grant it last presented may be live:
 	// until the grant's time left (the session's lease; IdleTimeout when
 	// unknown) and a second have passed since it presented it, and one
-	// grant proves 4 connections at most. At the bound a new connection
-	// takes the place of the one whose proof ended longest ago (one never
-	// proven first, the oldest first), or is closed when every one holds
-	// a live proof: a consumer reading under live grants is never cut for
-	// strangers. Default 1024.
+	// grant proves 4 connections at most. The connections are shared
+	// fairly by remote host (its IP address): a new one takes the place of
+	// the one, of its own host's at MaxConnsPerHost, else of all, whose
+	// proof ended longest ago (one never proven first, the oldest first);
+	// when every one holds a live proof, of the one proven longest ago of
+	// its own host's at MaxConnsPerHost, else of the host holding the most
+	// if that holds more than its own, else it is closed. So a consumer
+	// reading under live grants is never cut for strangers, and no host's
+	// grants keep another host out. Default 1024.
 	//
 	// Each served connection pays for what it makes the producer hold:
 	// its notifications not yet drained are bounded (256 KiB of them, and
@@ -80,6 +84,9 @@ type TCPConfig struct {
 	// connection closed, once the grant's lease and a second have passed
 	// since the READ came, however slowly the consumer reads.
 	MaxConns int
+	// MaxConnsPerHost bounds the connections from one remote host (see
+	// MaxConns); default MaxConns/4, at least 1.
+	MaxConnsPerHost int
 	// MaxQueued bounds READs posted to one peer and not yet ended;
 	// PostRead beyond it fails ("too many READs queued to this peer").
 	// Default 4096.
@@ -121,6 +128,9 @@ func (c TCPConfig) withDefaults() TCPConfig {
 	}
 	if c.MaxConns <= 0 {
 		c.MaxConns = 1024
+	}
+	if c.MaxConnsPerHost <= 0 {
+		c.MaxConnsPerHost = max(1, c.MaxConns/4)
 	}
 	if c.MaxQueued <= 0 {
 		c.MaxQueued = 4096
@@ -224,6 +234,7 @@ type TCPData struct {
 	notifCap   int
 	waitAll    bool
 	served     map[*servedConn]struct{}
+	hosts      map[string]int // how many of served each remote host holds
 	acceptSeq  uint64
 	maps       map[regionKey]*regionMap // producers' regions this plane mapped
 
@@ -253,7 +264,7 @@ type TCPData struct {
 	pushes     atomic.Uint64 // producer: grants pushed
 	notesLost  atomic.Uint64 // consumer: notifications not sent (no connection)
 	// producer: what the bounds on served connections cost their peers
-	connsShed  atomic.Uint64 // connections closed at MaxConns
+	connsShed  atomic.Uint64 // connections closed at MaxConns or MaxConnsPerHost
 	notifDrops atomic.Uint64 // notifications naming no live grant
 	notifCuts  atomic.Uint64 // connections closed with their notifications not drained
 	answersCut atomic.Uint64 // answers cut when their grant's time was up
@@ -336,7 +347,7 @@ type TCPStats struct {
 	NotesLost   uint64 // notifications of landed READs that could not be sent (the lease ends their grant)
 	// As a producer, what its bounds on served connections cut (see
 	// TCPConfig.MaxConns).
-	ConnsShed  uint64 // connections closed at MaxConns: the one whose proof ended longest ago, or the newest
+	ConnsShed  uint64 // connections closed at MaxConns or MaxConnsPerHost: the one that made room, or the newest
 	NotifDrops uint64 // notifications dropped: naming no live grant, from a connection holding no live proof, or between sessions
 	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout (their share or the queue full)
 	AnswersCut uint64 // READ answers cut, their connection closed, once their grant's time was up
