@@ -26,6 +26,9 @@ import (
 var (
 	entriesFor  = flag.Duration("entries.for", time.Second, "how long BenchmarkEntrySizes measures the library and each anchor (100 ms and a few entries under -benchtime 1x unless set)")
 	entriesSpan = flag.Int64("entries.span", 0, "bytes BenchmarkEntrySizes rotates over on each side; 0: four times the last-level cache")
+	// Not the default configuration: for finding where a fetch's time goes.
+	entriesWorkers = flag.Int("entries.copyworkers", 0, "BenchmarkEntrySizes: the consumer's TCPConfig.CopyWorkers (0: the default)")
+	entriesSmall   = flag.Bool("entries.smallpages", false, "BenchmarkEntrySizes: the consumer's slots without huge pages, as the producer's shared region is")
 )
 
 // The second process of BenchmarkEntrySizes is this test binary again,
@@ -260,7 +263,7 @@ func entryRows(b *testing.B, blocks, bs int) {
 
 	// The consumer's slots, one per entry: slot i takes entry i. Touched
 	// first, so that no phase pays for the first write of a page.
-	region := must(cache.NewRegion(cache.RegionConfig{Blocks: items * blocks, BlockSize: bs, NoLock: true}))
+	region := must(cache.NewRegion(cache.RegionConfig{Blocks: items * blocks, BlockSize: bs, NoLock: true, NoHugePages: *entriesSmall}))
 	defer region.Close()
 	clear(region.Bytes())
 	plain := must(net.Dial("tcp", plainAddr))
@@ -340,8 +343,8 @@ func entryRows(b *testing.B, blocks, bs int) {
 	want := make([]byte, bs)
 	for _, data := range []string{"shm", "tcp"} {
 		b.Run(data, func(b *testing.B) {
-			b.Logf("%d entries of %d bytes on each side (%d MiB), %d rounds of %v", items, n, int64(items)*int64(n)>>20, rounds, phase)
-			cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
+			b.Logf("%d entries of %d bytes on each side (%d MiB), %d rounds, %v in all for each", items, n, int64(items)*int64(n)>>20, rounds, phase)
+			cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm", CopyWorkers: *entriesWorkers}, region))
 			cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
 			pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
 			defer func() { pool.Close(); cli.Close(); cdata.Close() }()
