@@ -67,15 +67,9 @@ type ServerConfig struct {
 	HandshakeTimeout time.Duration // default 5 s
 	MaxPending       int           // handshakes in progress at once; default 256
 	MaxQueued        int           // requests and replies queued; default 4096
-	// MaxConns bounds the connections whose handshake is done; default
-	// 4096. MaxConnsPerHost bounds those from one remote address (many
-	// consumers may share a host, but one host cannot take them all);
-	// default 256. At either cap a new connection sheds the one, of that
-	// host's or of all, that has gone longest without a request (silence
-	// alone ends a connection only after PeerTimeout, and a peer that
-	// answers heartbeats is never silent); it is refused instead only when
-	// every one of them sent a request since it connected.
-	// ControlStats.Shed counts both.
+	// MaxConns (default 4096) and MaxConnsPerHost (default 256) bound the
+	// connections, in all and from one remote host; at either cap the one
+	// longest without a request is shed (ControlStats.Shed).
 	MaxConns        int
 	MaxConnsPerHost int
 	Logger          *slog.Logger
@@ -305,8 +299,8 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	return dst
 }
 
-// Wait blocks until a request is waiting for Drain (or the connector wakes it) or
-// ctx ends, and reports which. It is for loops that do not step while idle.
+// Wait blocks until a request is waiting for Drain or ctx ends, and
+// reports which. It is for loops that do not step while idle.
 func (s *Server) Wait(ctx context.Context) bool { return s.waitOr(ctx, nil, nil) }
 
 // waitOr is Wait that also returns, true, when ready or timeout receives,
@@ -332,13 +326,10 @@ func (s *Server) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
-// Reply sends payload to the consumer with the given identity, without
-// blocking: it writes at once when the socket has room, else queues a copy
-// for that connection's writer, so a consumer that stops reading delays no
-// one else. It implements session.Replier. It fails with xfer.ErrClosed after
-// Close, xfer.ErrPeerDown when no connection has that identity (it closed, or
-// never was), and xfer.ErrQueueFull when that consumer has MaxQueued replies
-// waiting.
+// Reply sends payload to the consumer with the given identity without
+// blocking (session.Replier). It fails with xfer.ErrClosed after Close,
+// xfer.ErrPeerDown when no connection holds that identity, and
+// xfer.ErrQueueFull when that consumer has MaxQueued replies waiting.
 func (s *Server) Reply(identity, payload []byte) error {
 	select {
 	case <-s.done:
@@ -386,18 +377,15 @@ type ClientConfig struct {
 	PingInterval     time.Duration // default 2 s
 	PeerTimeout      time.Duration // default 8 s
 	MaxQueued        int           // requests queued per producer; default 1024
-	// Allow decides which producer addresses ("host:port") may be dialed.
-	// Nil allows every address. Engines that take producer addresses from
-	// requests should set it, so that a request cannot make them open
-	// sockets to arbitrary hosts.
+	// Allow decides which producer addresses ("host:port") may be dialed;
+	// nil allows all. Set it when producer addresses come from requests.
 	Allow  func(hostport string) bool
 	Logger *slog.Logger
 }
 
-// Client is the consumer's control plane: one DEALER per producer address,
-// built on first use with a fresh identity, dropped when the producer is
-// declared dead (the next Send builds a new one). Send, Drain and Dead
-// never block.
+// Client is the consumer's control plane: one DEALER per producer
+// address, dialed on first use and dropped when the producer is declared
+// dead. Send, Drain and Dead never block.
 type Client struct {
 	cfg   ClientConfig
 	gcfg  *guardConfig
@@ -466,10 +454,10 @@ type dealer struct {
 	conn  net.Conn // the guarded connection, once dialed
 }
 
-// Send queues payload (copied) for the producer at addr, connecting first
-// if there is no live DEALER for it. It fails with xfer.ErrQueueFull when the
-// queue is full, xfer.ErrPeerDown when the producer was declared dead and Dead
-// has not reported it yet, xfer.ErrNotAllowed for an address Allow refuses.
+// Send queues a copy of payload for the producer at addr, dialing it if
+// needed. It fails with xfer.ErrQueueFull when the queue is full,
+// xfer.ErrPeerDown when the producer was declared dead and Dead has not
+// reported it yet, and xfer.ErrNotAllowed for an address Allow refuses.
 func (c *Client) Send(addr string, payload []byte) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -480,16 +468,10 @@ func (c *Client) Send(addr string, payload []byte) error {
 	return d.send(payload)
 }
 
-// Connect connects to the producer at addr now, where Send would connect
-// on the first request, and waits until the connection's handshake is
-// done, it fails, or ctx ends. It is for an engine's start-up, so that
-// the first fetch from each producer it knows of does not pay for the
-// connection (a TCP and a ZMTP handshake: 0.4–2.6 ms between two
-// processes on the development VM). The connection is Send's: it is
-// dropped, and reported by Dead, as any other. Connect fails as Send
-// does, with xfer.ErrPeerDown (wrapping the cause) when the connection
-// failed, and with ctx's error when ctx ended first; the connection then
-// goes on in the background.
+// Connect dials the producer at addr ahead of the first Send (at an
+// engine's start-up) and waits for the handshake, its failure, or ctx. It
+// fails as Send does, with xfer.ErrPeerDown wrapping the cause, or with
+// ctx's error, the connection then going on in the background.
 func (c *Client) Connect(ctx context.Context, addr string) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -571,11 +553,9 @@ type inbound struct {
 	d *dealer
 }
 
-// Drain appends the payloads received since the last call to dst, without
-// blocking. A payload comes only from the connection that is the address's
-// now: one that came on a connection whose death Dead has reported, or
-// that Remove dropped, is dropped, so that it can never be taken for a
-// reply on the connection that replaced it.
+// Drain appends the payloads received since the last call to dst,
+// without blocking. Payloads of a connection Dead reported or Remove
+// dropped are dropped.
 func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	c.steps.drained()
 	c.steps.mu.Lock()
@@ -656,10 +636,8 @@ func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 
 // Dead appends the producers declared dead since the last call to dst,
 // each with why: the network's error, or one matching xfer.ErrPeerSilent
-// when it stayed silent past the peer timeout. Their DEALERs are gone: the next Send to one builds a new one.
-// A death is reported only while the connection that died is still the
-// address's: one Remove dropped, or a later connection replaced, is not
-// (its session is gone; the new one's is healthy).
+// (silent past PeerTimeout). The next Send to one dials anew. A
+// connection Remove dropped or a newer one replaced is not reported.
 func (c *Client) Dead(dst []xfer.Death) []xfer.Death {
 	c.mu.Lock()
 	defer c.mu.Unlock()

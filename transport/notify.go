@@ -7,11 +7,9 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Notify sends the producer agent a notify frame carrying notif, with no
-// READ: a consumer that will not READ a grant gives it back at once, and
-// the producer unpins its entry instead of waiting out the lease. It does
-// not block; a notification that cannot be sent is counted lost, as one
-// after a READ may be. It fails for an agent not registered, a
+// Notify sends the producer agent notif with no READ, so that a consumer
+// gives back a grant it will not READ. It does not block; one that cannot
+// be sent is counted lost. It fails for an agent not registered, a
 // notification over 1 KiB, or a closed plane.
 func (d *TCPData) Notify(agent string, notif []byte) error {
 	if len(notif) > maxNotifLen {

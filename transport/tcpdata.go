@@ -24,93 +24,31 @@ import (
 
 // TCPConfig configures a TCPData. Zero fields take defaults.
 type TCPConfig struct {
-	// Name is the agent name peers see; default "ecxfer-" + a random id.
-	// It is a label for logs: nothing is granted for a name.
-	Name string
-	// Listen is the address to serve READs on, e.g. "127.0.0.1:0". Empty:
-	// do not serve (a consumer only).
-	Listen string
+	Name   string // agent name peers see, a label only; default "ecxfer-" + a random id
+	Listen string // address to serve READs on, e.g. "127.0.0.1:0"; empty: a consumer only
 	// Advertise is the address put in the agent metadata; default the
-	// listener's address. Set it when listening on 0.0.0.0.
+	// listener's. Set it when listening on 0.0.0.0.
 	Advertise string
-	// Authorize, if set, gates every READ served, in addition to the
-	// producer session attached (a READ is served only if both grant it),
-	// and turns the same-host board off, so that it sees every READ. With
-	// neither, nothing is served. agent is the consumer agent that asks
-	// (as its connection named itself: a label, not proof), notif the
-	// READ's notification ("<session_id>:<mm_hash>", with
-	// "#<grant>.<token>" from Go consumers), blocks the producer blocks it
-	// asks for. If it grants, the blocks stay the entry's until release is
-	// called, which the data plane does once the bytes left the region. It
-	// is called from the data plane's goroutines, concurrently. With no
-	// session attached, a notification from a connection that proved no
-	// grant is queued only if Authorize grants it (blocks nil).
-	Authorize func(agent string, notif []byte, blocks []int) (release func(), ok bool)
-	// IOTimeout bounds the time without progress: a READ fails when no
-	// byte of it moved for this long, counted from when it reached the
-	// head of its connection's queue; writes are held to the same rule.
-	// Default 10 s.
-	IOTimeout time.Duration
-	// IdleTimeout closes a served connection with no traffic. Default 5 min.
-	IdleTimeout time.Duration
-	// DialTimeout bounds connecting to a producer. Default 8 s.
-	DialTimeout time.Duration
-	// HelloTimeout bounds the hello: a producer closes a connection whose
-	// hello has not come whole within it, and a consumer's contact fails
-	// when the producer's welcome has not come within it (after the
-	// dial). Default 5 s, or IOTimeout if that is shorter.
-	HelloTimeout time.Duration
-	// MaxConns bounds the connections a producer serves at once. A
-	// connection is proven while the grant it last presented may be live:
-	// until the grant's time left (the session's lease; IdleTimeout when
-	// unknown) and a second have passed since it presented it, and one
-	// grant proves 4 connections at most. The connections are shared
-	// fairly by remote host (its IP address): a new one takes the place of
-	// the one, of its own host's at MaxConnsPerHost, else of all, whose
-	// proof ended longest ago (one never proven first, the oldest first);
-	// when every one holds a live proof, of the one proven longest ago of
-	// its own host's at MaxConnsPerHost, else of the host holding the most
-	// if that holds more than its own, else it is closed. So a consumer
-	// reading under live grants is never cut for strangers, and no host's
-	// grants keep another host out. Default 1024.
-	//
-	// Each served connection pays for what it makes the producer hold:
-	// its notifications not yet drained are bounded (256 KiB of them, and
-	// 64 MiB for all connections together; past either its reads wait for
-	// a drain, and the connection is closed when none comes within
-	// IOTimeout); unless it holds a live proof, a notification naming no
-	// grant the session holds live, one with no grant included, is
-	// dropped and counted; and the answer to a READ is cut, its
-	// connection closed, once the grant's lease and a second have passed
-	// since the READ came, however slowly the consumer reads.
-	MaxConns int
-	// MaxConnsPerHost bounds the connections from one remote host (see
-	// MaxConns); default MaxConns/4, at least 1.
-	MaxConnsPerHost int
-	// MaxQueued bounds READs posted to one peer and not yet ended;
-	// PostRead beyond it fails ("too many READs queued to this peer").
-	// Default 4096.
-	MaxQueued int
-	// Conns is the number of connections to each producer; READs spread
-	// over them. Default 2.
-	Conns int
-	// NoSharedMemory turns the same-host path off: a producer does not
-	// offer its Shared region, a consumer does not map one.
-	NoSharedMemory bool
-	// CopyWorkers is how many goroutines copy one same-host READ of
-	// 2 MiB or more: one core copies well under what the memory bus
-	// carries. The extra goroutines are started for the copy and leave
-	// when it is done; none waits spinning. Default GOMAXPROCS at the
-	// time of the copy, at most 4; 1 copies every READ on one goroutine.
-	CopyWorkers int
-	// PushBuffer is how many bytes of pushed blocks a consumer keeps per
-	// producer until its READs claim them: a producer on another host then
-	// sends an entry's blocks with its ack, and the READ needs no round
-	// trip. Default 8 MiB; negative: ask for no pushes.
-	PushBuffer int
-	// NoPush: a producer never pushes, even to consumers that ask.
-	NoPush bool
-	Logger *slog.Logger
+	// Authorize, if set, must also grant every READ served (as must the
+	// attached producer session) and turns the same-host copy off. blocks
+	// is nil for a notification alone; granted blocks must stay the
+	// entry's until the plane calls release. It is called concurrently.
+	Authorize    func(agent string, notif []byte, blocks []int) (release func(), ok bool)
+	IOTimeout    time.Duration // a READ or write with no byte moved for this long fails; default 10 s
+	IdleTimeout  time.Duration // closes a served connection with no traffic; default 5 min
+	DialTimeout  time.Duration // default 8 s
+	HelloTimeout time.Duration // for a new connection's hello or welcome; default 5 s, at most IOTimeout
+	// MaxConns bounds the connections a producer serves, shared fairly by
+	// remote host, those under live grants shed last; default 1024.
+	MaxConns        int
+	MaxConnsPerHost int          // from one remote IP address; default MaxConns/4, at least 1
+	MaxQueued       int          // READs to one peer not yet ended, past which PostRead fails; default 4096
+	Conns           int          // connections READs use to each producer; default 2
+	NoSharedMemory  bool         // turns the same-host copy off, on both sides
+	CopyWorkers     int          // goroutines copying a same-host READ of 2 MiB or more; default GOMAXPROCS, at most 4
+	PushBuffer      int          // pushed bytes kept per producer for READs to claim; default 8 MiB, negative: none
+	NoPush          bool         // a producer never pushes, even to consumers that ask
+	Logger          *slog.Logger // default slog.Default()
 }
 
 func (c TCPConfig) withDefaults() TCPConfig {
@@ -201,11 +139,9 @@ var (
 	errBlockRange = errors.New("transport: block id out of range")
 )
 
-// TCPData is the pure-Go data plane: an xfer.DataTransport over TCP. As a
-// producer it serves one-sided READs of its region's blocks, only for blocks
-// the producer session attached to it (and TCPConfig.Authorize) grants; as
-// a consumer it posts READs that land straight in its region's blocks. Any
-// number of READs may be in flight to one peer.
+// TCPData is the pure-Go data plane, an xfer.DataTransport over TCP. As a
+// producer it serves READs of its region's blocks that its attached
+// session grants; as a consumer it posts READs that land in its region.
 type TCPData struct {
 	cfg    TCPConfig
 	region *cache.Region
@@ -338,15 +274,14 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	return d, nil
 }
 
-// TCPStats counts a TCPData's READs landed without the usual round trip.
+// TCPStats counts what a TCPData did and dropped.
 type TCPStats struct {
 	BoardCopies uint64 // READs copied out of a same-host producer's region under a grant it showed live
 	Pushed      uint64 // READs landed from blocks the producer pushed
 	PushDrops   uint64 // pushes dropped: no room, asked for already, or unclaimed
 	PushesSent  uint64 // as a producer: grants pushed
 	NotesLost   uint64 // notifications of landed READs that could not be sent (the lease ends their grant)
-	// As a producer, what its bounds on served connections cut (see
-	// TCPConfig.MaxConns).
+	// As a producer, what its bounds cut (docs/operations.md).
 	ConnsShed  uint64 // connections closed at MaxConns or MaxConnsPerHost: the one that made room, or the newest
 	NotifDrops uint64 // notifications dropped: naming no live grant, from a connection holding no live proof, or between sessions
 	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout (their share or the queue full)
@@ -374,10 +309,8 @@ func (d *TCPData) Addr() net.Addr {
 // AgentMetadata implements xfer.DataTransport.
 func (d *TCPData) AgentMetadata() []byte { return d.meta }
 
-// MemDescriptor implements xfer.DataTransport: an empty descriptor list.
-// Only a TCPData reads from a TCPData, and the metadata carries the block
-// count; the reference's per-block list would add 14 bytes per block to
-// every ack until the consumer's first READ (1.4 MB for 100,000 blocks).
+// MemDescriptor implements xfer.DataTransport: an empty list, as the
+// agent metadata carries the block count.
 func (d *TCPData) MemDescriptor() []byte { return emptyDescs }
 
 // emptyDescs is msgpack's empty array, which vLLM's consumers would decode
@@ -436,10 +369,8 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 }
 
 // RemoveRemotePeer implements xfer.DataTransport. The last removal closes
-// the peer's connections, once the notifications of READs that landed are
-// written: when any is still to be, on a goroutine of the plane's, for
-// half a second at most, during which READs in flight to it may still
-// land; those left then fail.
+// the peer's connections once pending notifications are written (half a
+// second at most); READs still in flight then fail.
 func (d *TCPData) RemoveRemotePeer(agent string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -512,13 +443,10 @@ func (d *TCPData) Check(h xfer.Handle) (xfer.Progress, error) {
 	return op.progress(), nil
 }
 
-// Release implements xfer.DataTransport. A READ whose bytes have not
-// started landing is cancelled (its bytes, if they come, are dropped). One
-// whose bytes are landing is stopped: a READ over the socket by closing
-// its connection, which fails the READs queued behind it on that
-// connection; a copy runs to its end (memory speed). Release waits for the
-// lander either way: nothing writes into the READ's blocks once it
-// returns.
+// Release implements xfer.DataTransport: nothing writes into the READ's
+// blocks once it returns, and it never waits on the network. Stopping a
+// READ whose bytes are arriving closes its connection, failing the READs
+// queued behind it there.
 func (d *TCPData) Release(h xfer.Handle) error {
 	d.mu.Lock()
 	op := d.handles[h]
@@ -538,9 +466,8 @@ func (d *TCPData) signal() {
 	}
 }
 
-// DrainNotifs implements xfer.DataTransport: every notification queued,
-// whichever attachment it is for. A producer session attached takes its
-// own from its attachment instead (plane.Drainer).
+// DrainNotifs implements xfer.DataTransport: every notification queued.
+// An attached producer session takes its own from its attachment instead.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	d.steps.drained()
 	d.steps.mu.Lock()
@@ -551,11 +478,9 @@ func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	return d.takeNotifsLocked(dst, func(*attachment) bool { return true }, false), nil
 }
 
-// Close implements xfer.DataTransport: it writes the notifications of
-// READs that landed and are not yet written (waiting half a second at most
-// for connections that do not take them), then stops serving, closes
-// every connection, fails the READs in flight and waits for its
-// goroutines.
+// Close implements xfer.DataTransport: it writes pending notifications
+// (half a second at most), fails the READs in flight, closes every
+// connection and waits for its goroutines.
 func (d *TCPData) Close() error {
 	d.mu.Lock()
 	if d.closed {
