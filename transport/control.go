@@ -67,9 +67,8 @@ type ServerConfig struct {
 	HandshakeTimeout time.Duration // default 5 s
 	MaxPending       int           // handshakes in progress at once; default 256
 	MaxQueued        int           // requests and replies queued; default 4096
-	// MaxConns (default 4096) and MaxConnsPerHost (default 256) bound the
-	// connections, in all and from one remote host; at either cap the one
-	// longest without a request is shed (ControlStats.Shed).
+	// MaxConns (4096) and MaxConnsPerHost (256) bound the connections in
+	// all and from one host; the one longest without a request is shed.
 	MaxConns        int
 	MaxConnsPerHost int
 	Logger          *slog.Logger
@@ -468,10 +467,9 @@ func (c *Client) Send(addr string, payload []byte) error {
 	return d.send(payload)
 }
 
-// Connect dials the producer at addr ahead of the first Send (at an
-// engine's start-up) and waits for the handshake, its failure, or ctx. It
-// fails as Send does, with xfer.ErrPeerDown wrapping the cause, or with
-// ctx's error, the connection then going on in the background.
+// Connect dials the producer at addr ahead of the first Send and waits for
+// the handshake. It fails with xfer.ErrPeerDown wrapping the cause, or
+// with ctx's error, the connection then going on in the background.
 func (c *Client) Connect(ctx context.Context, addr string) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -635,8 +633,7 @@ func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 }
 
 // Dead appends the producers declared dead since the last call to dst,
-// each with why: the network's error, or one matching xfer.ErrPeerSilent
-// (silent past PeerTimeout). The next Send to one dials anew. A
+// with the network's error or one matching xfer.ErrPeerSilent. A
 // connection Remove dropped or a newer one replaced is not reported.
 func (c *Client) Dead(dst []xfer.Death) []xfer.Death {
 	c.mu.Lock()

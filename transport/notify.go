@@ -7,10 +7,9 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Notify sends the producer agent notif with no READ, so that a consumer
-// gives back a grant it will not READ. It does not block; one that cannot
-// be sent is counted lost. It fails for an agent not registered, a
-// notification over 1 KiB, or a closed plane.
+// Notify sends the producer agent notif with no READ, giving back a grant,
+// without blocking. It fails for an agent not registered, a notification
+// over 1 KiB, or a closed plane.
 func (d *TCPData) Notify(agent string, notif []byte) error {
 	if len(notif) > maxNotifLen {
 		return fmt.Errorf("transport: notification longer than %d bytes", maxNotifLen)

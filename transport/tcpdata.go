@@ -24,11 +24,9 @@ import (
 
 // TCPConfig configures a TCPData. Zero fields take defaults.
 type TCPConfig struct {
-	Name   string // agent name peers see, a label only; default "ecxfer-" + a random id
-	Listen string // address to serve READs on, e.g. "127.0.0.1:0"; empty: a consumer only
-	// Advertise is the address put in the agent metadata; default the
-	// listener's. Set it when listening on 0.0.0.0.
-	Advertise string
+	Name      string // agent name peers see, a label only; default "ecxfer-" + a random id
+	Listen    string // address to serve READs on, e.g. "127.0.0.1:0"; empty: a consumer only
+	Advertise string // address put in the metadata; default the listener's (set it for 0.0.0.0)
 	// Authorize, if set, must also grant every READ served (as must the
 	// attached producer session) and turns the same-host copy off. blocks
 	// is nil for a notification alone; granted blocks must stay the
@@ -444,9 +442,8 @@ func (d *TCPData) Check(h xfer.Handle) (xfer.Progress, error) {
 }
 
 // Release implements xfer.DataTransport: nothing writes into the READ's
-// blocks once it returns, and it never waits on the network. Stopping a
-// READ whose bytes are arriving closes its connection, failing the READs
-// queued behind it there.
+// blocks once it returns. Stopping a READ whose bytes are arriving closes
+// its connection, failing the READs queued behind it there.
 func (d *TCPData) Release(h xfer.Handle) error {
 	d.mu.Lock()
 	op := d.handles[h]
