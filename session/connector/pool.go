@@ -26,8 +26,7 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// ControlClient is the consumer's control plane as a Pool uses it;
-// *transport.Client implements it.
+// ControlClient is a Pool's control plane, as *transport.Client provides.
 type ControlClient interface {
 	Send(addr string, payload []byte) error  // queues a copy, never blocks; refusals wrap xfer.ErrQueueFull, ErrPeerDown, ErrNotAllowed
 	Drain(dst []xfer.Inbound) []xfer.Inbound // appends what arrived, none from a connection Dead reported or Remove dropped
@@ -36,8 +35,8 @@ type ControlClient interface {
 	Wait(ctx context.Context) bool           // blocks until Drain or Dead has something (true) or ctx ends
 }
 
-// RetryConfig bounds one fetch's retries (after NACK_NOT_READY, an ack
-// timeout, a death before the ack, a refused send, a failed READ).
+// RetryConfig bounds the retries of a fetch that got no ack, NACK_NOT_READY,
+// a refused send or a failed READ.
 type RetryConfig struct {
 	MaxAttempts int           // attempts in all; default 5
 	MaxElapsed  time.Duration // from the first attempt; default 10 s
@@ -303,7 +302,7 @@ type Pool struct {
 	lat   hist.Histogram // PoolStats.Latency, under pubMu
 }
 
-// ErrInFlight: an earlier READ of the mm_hash may still write.
+// ErrInFlight: Fetch or FetchEntry of an mm_hash that may still be written.
 var ErrInFlight = session.ErrInFlight
 
 // ErrBadConfig: NewPool or NewProducer got an unusable config.
@@ -939,11 +938,11 @@ func (p *Pool) giveBack(mmHash string) {
 	}
 }
 
-// FetchEntry is Fetch into Cache blocks the Pool allocates for size bytes; a
-// cached entry completes at the next Step. Done comes Held; a failure's blocks
-// return to Cache by themselves. Do not Remove, Discard or Retire the entry
-// meanwhile. Errors as Fetch, and ErrBadConfig (no Cache or BlockSize),
-// cache.ErrNoSpace or ErrTooLarge (encode locally), ErrInFlight (being written).
+// FetchEntry is Fetch into blocks it allocates in Cache for size bytes; a
+// cached entry completes at the next Step. Done comes Held; failed blocks go
+// back by themselves. Do not Remove, Discard or Retire the entry meanwhile.
+// Errors: as Fetch, ErrBadConfig (no Cache or BlockSize), cache.ErrNoSpace or
+// ErrTooLarge (encode locally), ErrInFlight (being written).
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
 	c := p.cfg.Cache
 	switch {

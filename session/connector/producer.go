@@ -17,8 +17,7 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// ControlServer is the producer's control plane as a Producer uses it;
-// *transport.Server implements it.
+// ControlServer is a Producer's control plane, as *transport.Server provides.
 type ControlServer interface {
 	Drain(dst []xfer.Message) []xfer.Message // appends the requests that arrived
 	Reply(identity, payload []byte) error    // queues a reply to one consumer, never blocks
@@ -135,8 +134,7 @@ func (p *Producer) Stats() session.ProducerStats {
 	return p.sess.Stats()
 }
 
-// Step answers the requests that arrived, takes READ completions and ends
-// expired grants, at now. It never blocks.
+// Step answers requests and ends finished or expired grants; never blocks.
 func (p *Producer) Step(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -185,8 +183,7 @@ func (p *Producer) Backlog() (waiting int, dropped uint64) {
 	return len(p.backlog), p.dropped
 }
 
-// Serve steps whenever there is work, until ctx ends (its error) or the
-// producer or its control plane closes (ErrClosed).
+// Serve steps on work until ctx ends (its error) or a close (ErrClosed).
 func (p *Producer) Serve(ctx context.Context) error {
 	now := p.cfg.Now
 	ctx, cancel := context.WithCancel(ctx)
