@@ -26,25 +26,17 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// ControlClient is what a Pool needs of the consumer's control plane;
-// *transport.Client implements it. Send's refusals wrap xfer.ErrQueueFull,
-// ErrPeerDown or ErrNotAllowed.
+// ControlClient is a Pool's control plane, as *transport.Client provides.
 type ControlClient interface {
-	// Send queues payload (copied) for addr without blocking.
-	Send(addr string, payload []byte) error
-	// Drain appends what arrived, never from a connection that Dead reported
-	// or Remove dropped.
-	Drain(dst []xfer.Inbound) []xfer.Inbound
-	// Dead appends the producers declared dead since the last call.
-	Dead(dst []xfer.Death) []xfer.Death
-	// Remove drops the connection to addr without reporting a death.
-	Remove(addr string)
-	// Wait blocks until Drain or Dead has something (true) or ctx ends.
-	Wait(ctx context.Context) bool
+	Send(addr string, payload []byte) error  // queues a copy, never blocks; refusals wrap xfer.ErrQueueFull, ErrPeerDown, ErrNotAllowed
+	Drain(dst []xfer.Inbound) []xfer.Inbound // appends what arrived, none from a connection Dead reported or Remove dropped
+	Dead(dst []xfer.Death) []xfer.Death      // appends the producers declared dead since the last call
+	Remove(addr string)                      // drops addr's connection without reporting a death
+	Wait(ctx context.Context) bool           // blocks until Drain or Dead has something (true) or ctx ends
 }
 
-// RetryConfig bounds the retries of one fetch, after a NACK_NOT_READY, an ack
-// timeout, a death before the ack, a refused send or a failed READ.
+// RetryConfig bounds the retries of a fetch that got no ack, NACK_NOT_READY,
+// a refused send or a failed READ.
 type RetryConfig struct {
 	MaxAttempts int           // attempts in all; default 5
 	MaxElapsed  time.Duration // from the first attempt; default 10 s
@@ -55,27 +47,17 @@ type RetryConfig struct {
 
 // PoolConfig configures a Pool. Zero fields take defaults.
 type PoolConfig struct {
-	CompatHash string      // wire.CompatHash of this consumer; required
-	Xfer       xfer.Config // read, quarantine and lease timeouts
-	// AckTimeout bounds the wait for each attempt's ack. Default 2 s.
-	AckTimeout time.Duration
-	Retry      RetryConfig
-	// BlockSize is a local block's size; FetchEntry needs it.
-	BlockSize int
-	// Cache is the cache of the data plane's blocks, for FetchEntry.
-	Cache *cache.EmbeddingCache
-	// pollInterval bounds Wait while fetches are in flight on a data plane
-	// that does not signal READ completion: 1 ms. maxWait bounds Wait on
-	// one that signals, so that deadlines (ack, READ, quarantine) are
-	// noticed within it: 10 ms. Tests may set them.
-	pollInterval, maxWait time.Duration
-	// IdleSession closes an idle producer's session. Default 1 min.
-	IdleSession time.Duration
-	// Seed makes ids and jitter reproducible; zero: crypto/rand.
-	Seed   uint64
-	Logger *slog.Logger // nil: slog.Default()
-	// Now is the clock of the caller's Steps, for Connect; nil: time.Now.
-	Now func() time.Time
+	CompatHash            string                // wire.CompatHash of this consumer; required
+	Xfer                  xfer.Config           // READ and quarantine timeouts, pin lease; defaults 20 s, 60 s, 30 s
+	AckTimeout            time.Duration         // wait for each attempt's ack; default 2 s
+	Retry                 RetryConfig           // retries of one fetch
+	BlockSize             int                   // bytes in one of Cache's blocks; FetchEntry needs it
+	Cache                 *cache.EmbeddingCache // over the data plane's blocks; FetchEntry allocates from it
+	pollInterval, maxWait time.Duration         // Wait's poll of a data plane that does not signal (1 ms), longest sleep (10 ms); tests set them
+	IdleSession           time.Duration         // a producer's session with nothing in flight closes after it; default 1 min
+	Seed                  uint64                // makes ids and jitter reproducible; zero: crypto/rand
+	Logger                *slog.Logger          // nil: slog.Default(); each message at most 5 per 10 s
+	Now                   func() time.Time      // the clock of the caller's Steps, for Connect; nil: time.Now
 }
 
 func (c PoolConfig) withDefaults() PoolConfig {
@@ -117,28 +99,24 @@ func (c PoolConfig) withDefaults() PoolConfig {
 	return c
 }
 
-// Done is a fetch whose blocks now hold the entry.
+// Done is a completed fetch: its blocks hold the entry.
 type Done struct {
-	MMHash string
-	Addr   string
-	// Blocks is the slice given to Fetch, the caller's again.
-	Blocks  []int
+	MMHash  string
+	Addr    string
+	Blocks  []int         // the slice given to Fetch, the caller's again
 	Latency time.Duration // from Fetch to completion
-	// Held (FetchEntry): call Cache.Unpin(MMHash) once, when done.
-	Held bool
+	Held    bool          // FetchEntry's: call Cache.Unpin(MMHash) once, when done with it
 }
 
 // Failure is a fetch that ended without the entry: encode it locally.
 type Failure struct {
-	MMHash string
-	Addr   string
-	Blocks []int
-	Reason xfer.Reason
-	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	// Err says why, never nil: errors.Is(f.Err, wire.NackMissing).
-	Err error
-	// BlocksHeld: do not reuse Blocks until a later Released.
-	BlocksHeld bool
+	MMHash     string
+	Addr       string
+	Blocks     []int
+	Reason     xfer.Reason // why, e.g. xfer.Nacked, xfer.DeadlineExceeded
+	Status     wire.Status // the NACK, when Reason is xfer.Nacked
+	Err        error       // never nil; matches Reason, Status and cause: errors.Is(f.Err, wire.NackMissing)
+	BlocksHeld bool        // a READ may still write: reuse Blocks only after a later Released
 }
 
 // String says what failed and why, and whether the blocks are held.
@@ -153,16 +131,14 @@ func (f Failure) String() string {
 	return s
 }
 
-// Released hands back the blocks of a failed fetch whose READ has ended.
+// Released hands back a BlocksHeld failure's blocks once its READ ended.
 type Released struct {
 	MMHash string
 	Blocks []int
-	// Forced: never confirmed stopped; keep the blocks out of use.
-	Forced bool
+	Forced bool // given up at the quarantine deadline, never confirmed stopped: keep out of use if you can
 }
 
-// Results are what a Step produced, valid until the next Step, Connect or
-// Close; the Blocks slices in them stay the caller's.
+// Results are a Step's outcomes, valid until the next Step, Connect or Close.
 type Results struct {
 	Completed []Done
 	Failed    []Failure
@@ -176,8 +152,7 @@ func (r *Results) reset() {
 	r.Completed, r.Failed, r.Released = r.Completed[:0], r.Failed[:0], r.Released[:0]
 }
 
-// Histogram counts durations in log-linear buckets, to within 1 %. A copy is
-// a snapshot; the zero value is empty.
+// Histogram counts durations to within 1 %; a copy is a snapshot.
 type Histogram struct {
 	Counts [hist.Buckets]uint64
 	N      uint64        // durations counted
@@ -185,8 +160,7 @@ type Histogram struct {
 	Max    time.Duration // the longest
 }
 
-// Quantile returns the duration under which the fraction q of those counted
-// fall: never under the exact value, at most 1 % over; 0 when empty.
+// Quantile returns the q quantile, at most 1 % over the exact one; 0 if empty.
 func (h *Histogram) Quantile(q float64) time.Duration {
 	if h == nil {
 		return 0
@@ -194,7 +168,7 @@ func (h *Histogram) Quantile(q float64) time.Duration {
 	return (*hist.Histogram)(h).Quantile(q)
 }
 
-// Mean returns the mean duration; 0 when none are counted.
+// Mean returns the mean duration; 0 if empty.
 func (h *Histogram) Mean() time.Duration {
 	if h == nil {
 		return 0
@@ -214,14 +188,13 @@ type PoolStats struct {
 	Reaped                                      uint64 // idle sessions closed
 	InFlight, Sessions                          int    // fetches not ended; producer sessions held
 	FailedBy                                    FailureCounts
-	// Latency counts the times from Fetch to completion; never nil.
-	Latency *Histogram
+	Latency                                     *Histogram // from Fetch to completion; never nil
 }
 
 // FailureCounts counts failed fetches by reason.
 type FailureCounts map[xfer.Reason]uint64
 
-// String lists the counts, e.g. "nacked 1000, register-failed 1", or "none".
+// String lists the counts: "nacked 1000, register-failed 1", or "none".
 func (c FailureCounts) String() string {
 	var b strings.Builder
 	for _, r := range slices.Sorted(maps.Keys(c)) {
@@ -271,15 +244,13 @@ type peer struct {
 
 // Pool fetches entries from producers for a consumer. The engine's rules:
 //
-//   - Call Step once per engine step; Wait or WaitFor sleeps until a Step
-//     has work. No two methods may run at once, Stats excepted.
-//   - A fetch ends once, in Results.Completed or Failed, by its deadline.
-//   - Blocks given to Fetch are the Pool's until then. After a Failure with
-//     BlocksHeld they stay out of use until they come back, once, in a later
-//     Released.
-//   - FetchEntry's blocks are the Pool's: a completed entry comes Held, to
-//     be let go with Cache.Unpin, once.
-//   - Close ends everything; close the control and data planes after it.
+//   - Call Step once per engine step; it never blocks. Sleep in Wait or
+//     WaitFor. No two methods run at once, Stats excepted.
+//   - Each fetch ends once, in a Step's Completed or Failed, by its deadline.
+//   - Fetch's blocks are the Pool's until then; after a BlocksHeld Failure,
+//     until a later Released.
+//   - FetchEntry's entry completes Held: Cache.Unpin it once, when done.
+//   - Close the Pool, then its control and data planes.
 type Pool struct {
 	cfg   PoolConfig
 	ctl   ControlClient
@@ -331,15 +302,13 @@ type Pool struct {
 	lat   hist.Histogram // PoolStats.Latency, under pubMu
 }
 
-// ErrInFlight is returned by Fetch while an earlier READ of the mm_hash may
-// still write.
+// ErrInFlight: Fetch or FetchEntry of an mm_hash that may still be written.
 var ErrInFlight = session.ErrInFlight
 
-// ErrBadConfig is returned by NewPool and NewProducer for an unusable config.
+// ErrBadConfig: NewPool or NewProducer got an unusable config.
 var ErrBadConfig = xfer.ErrBadConfig
 
-// NewPool returns a pool over a control-plane client and a data plane. It
-// fails with ErrBadConfig when cfg.CompatHash is empty or ctl or data is nil.
+// NewPool returns a Pool; ErrBadConfig without CompatHash, ctl or data.
 func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool, error) {
 	switch {
 	case cfg.CompatHash == "":
@@ -364,8 +333,7 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	return p, nil
 }
 
-// Stats returns the counters as of the last Step (at most a millisecond
-// stale). It is safe to call from any goroutine.
+// Stats returns the counters as of the last Step; safe from any goroutine.
 func (p *Pool) Stats() PoolStats {
 	p.pubMu.Lock()
 	defer p.pubMu.Unlock()
@@ -407,7 +375,7 @@ func (p *Pool) allPeers() []*peer {
 	return append(out, p.draining...)
 }
 
-// InFlight returns how many fetches have not ended yet.
+// InFlight returns the fetches not ended yet.
 func (p *Pool) InFlight() int { return len(p.fetches) + p.owed() }
 
 // owed counts the fetches that ended and whose outcome the next Step
@@ -420,13 +388,11 @@ func (p *Pool) owed() int {
 	return n
 }
 
-// Fetch starts fetching mmHash from the producer at addr into blocks, to end
-// by deadline in a later Step's Completed or Failed; do not modify blocks
-// until then. If mmHash is being fetched already, joined is true and the one
-// outcome comes for the first fetch.
-//
-// On error nothing started: ErrClosed, session.ErrBadBlocks, ErrInFlight, or
-// the control plane's refusal, wrapped.
+// Fetch starts fetching mmHash from addr into blocks, to end by deadline. If
+// mmHash is being fetched already, joined is true and only the first fetch
+// gets an outcome. On error nothing started: ErrClosed, session.ErrBadBlocks,
+// ErrInFlight, or the control plane's refusal (retryable ones only when no
+// retry fits the deadline).
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
 		return false, ErrClosed
@@ -473,15 +439,10 @@ type connecter interface {
 // ErrContactRefused wraps the NACK with which a producer refused Connect.
 var ErrContactRefused = errors.New("connector: the producer refused contact")
 
-// Connect makes contact with the producer at addr ahead of the first fetch,
-// so that it pays for no set-up; a producer that cannot (vLLM's) is left to
-// the first fetch, and Connect returns nil. It retries until contact is made
-// or ctx ends, stepping the pool meanwhile: do not run it concurrently with
-// Step.
-//
-// It fails with ErrContactRefused, with an error matching xfer.RegisterFailed
-// when the producer's data plane is another kind, or with the control plane's
-// or ctx's error.
+// Connect makes contact with addr so that the first fetch pays no set-up (nil
+// at once for a producer that cannot, as vLLM's). It steps the pool until then
+// or ctx ends; outcomes come in the next Step. Errors: ErrContactRefused,
+// xfer.RegisterFailed (another data plane), the control plane's or ctx's.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -654,7 +615,6 @@ func (p *Pool) keep() {
 }
 
 // Step runs one engine step at now and returns its outcomes; it never blocks.
-// The Results are valid until the next Step, Connect or Close.
 func (p *Pool) Step(now time.Time) *Results {
 	if p.kept {
 		p.kept = false // Connect's steps' outcomes go out with this one's
@@ -978,16 +938,11 @@ func (p *Pool) giveBack(mmHash string) {
 	}
 }
 
-// FetchEntry is Fetch into blocks the Pool allocates in PoolConfig.Cache for
-// an entry of size bytes. The completed entry is Held: pinned until the
-// engine calls Cache.Unpin(mmHash), once. A failed fetch's blocks go back to
-// the cache by themselves. An entry ready in the cache already completes in
-// the next Step, held.
-//
-// It fails as Fetch does, with ErrBadConfig without a Cache or BlockSize,
-// with cache.ErrNoSpace or cache.ErrTooLarge (encode locally), and with
-// ErrInFlight for an entry being written. Do not Remove, Discard or Retire
-// the entry while it is fetched.
+// FetchEntry is Fetch into blocks it allocates in Cache for size bytes; a
+// cached entry completes at the next Step. Done comes Held; failed blocks go
+// back by themselves. Do not Remove, Discard or Retire the entry meanwhile.
+// Errors: as Fetch, ErrBadConfig (no Cache or BlockSize), cache.ErrNoSpace or
+// ErrTooLarge (encode locally), ErrInFlight (being written).
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
 	c := p.cfg.Cache
 	switch {
@@ -1173,12 +1128,10 @@ func (p *Pool) retryDue(now time.Time) {
 	p.spareRetry = due[:0]
 }
 
-// Wait blocks until a Step may have work; false if ctx ended first. Like
-// Step, it must not run concurrently with other methods.
+// Wait blocks until a Step may have work; false if ctx ended first.
 func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
-// WaitFor is Wait that also returns true after d at the latest. A negative d
-// is Wait.
+// WaitFor is Wait for at most d (negative: no limit).
 func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
@@ -1268,10 +1221,8 @@ type waiterOr interface {
 // ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
 var ErrNotInFlight = session.ErrNotInFlight
 
-// Cancel ends the fetch of mmHash now and returns its Failure (reason
-// Canceled), with BlocksHeld if its READ could not be stopped: the blocks
-// then come back in a later Released. It fails with ErrClosed or
-// ErrNotInFlight.
+// Cancel ends mmHash's fetch now and returns its Failure (xfer.Canceled;
+// BlocksHeld if its READ runs on). Errors: ErrClosed, ErrNotInFlight.
 func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	f := p.fetches[mmHash]
 	if p.closed {
@@ -1305,10 +1256,8 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every fetch: their Failures (reason xfer.Closed), and Released
-// blocks of READs that could not be stopped, come in the next Step. Close the
-// control and data planes after the Pool. Close is idempotent and returns
-// nil.
+// Close ends every fetch (xfer.Closed); their Failures and Released come in
+// the next Step. Idempotent; returns nil.
 func (p *Pool) Close() error {
 	if p.closed {
 		return nil

@@ -17,43 +17,37 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// ControlServer is what a Producer needs of the producer's control plane;
-// *transport.Server implements it.
+// ControlServer is a Producer's control plane, as *transport.Server provides.
 type ControlServer interface {
-	Drain(dst []xfer.Message) []xfer.Message
-	Reply(identity, payload []byte) error
-	Wait(ctx context.Context) bool
+	Drain(dst []xfer.Message) []xfer.Message // appends the requests that arrived
+	Reply(identity, payload []byte) error    // queues a reply to one consumer, never blocks
+	Wait(ctx context.Context) bool           // blocks until Drain has something (true) or ctx ends
 }
 
-// ProducerConfig configures a Producer.
+// ProducerConfig configures a Producer; zero fields take defaults.
 type ProducerConfig struct {
 	CompatHash string        // wire.CompatHash of this producer; required
-	PinLease   time.Duration // default 30 s
-	// Grant and pin bounds: see session.ProducerConfig.
-	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int
-	// Session limits too: see session.ProducerConfig.
-	MaxGrantsPerEntry int
-	MaxPinnedShare    float64
-	MaxRequestAge     time.Duration
-	// Requests handled per step, all and per consumer. Defaults 1024, 64.
-	MaxRequestsPerStep int
-	MaxPerPeerPerStep  int
-	// MaxBacklog bounds the requests waiting. Default 16384.
-	MaxBacklog int
-	Logger     *slog.Logger // nil: slog.Default()
-	// Now is the clock of Serve and Wait, and of Step's now; nil: time.Now.
-	Now func() time.Time
+	PinLease   time.Duration // longest a grant pins its entry; default 30 s
+	// Live grants per consumer session, per control-plane identity, in all:
+	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int // defaults 4096, MaxGrants/4, 65536
+	// A request past a bound gets NACK_NOT_READY; past MaxGrantsPerSession, NACK_INTERNAL.
+	MaxGrantsPerEntry  int              // one session's live grants of one entry; default 8
+	MaxPinnedShare     float64          // of the cache one session or identity may pin; default 0.5
+	MaxRequestAge      time.Duration    // older requests are not granted; default 2 s
+	MaxRequestsPerStep int              // requests one Step answers; default 1024
+	MaxPerPeerPerStep  int              // of them from one consumer; default 64
+	MaxBacklog         int              // requests left waiting; more are dropped; default 16384
+	Logger             *slog.Logger     // nil: slog.Default()
+	Now                func() time.Time // clock of Serve and Wait; Step takes yours; nil: time.Now
 }
 
 // Producer serves a cache's entries to consumers. The engine's rules:
 //
-//   - Call Step from the engine's loop (Wait sleeps until a Step has work),
-//     or run Serve in a goroutine; both may run at once.
-//   - The cache's block ids are the data plane's region's blocks (see
-//     NewProducer). A grant pins its entry until the consumer's READ is done
-//     or its lease runs out.
-//   - To stop, call Shutdown, which waits for the READs under way; Close is
-//     the abrupt end. Close the control and data planes after the producer.
+//   - Call Step in the engine's loop (it never blocks; sleep in Wait), or run
+//     Serve in a goroutine, or both; every method is safe from any goroutine.
+//   - A grant pins its entry until the consumer's READ is done or PinLease.
+//   - Stop with Shutdown (waits for the READs under way) or Close (abrupt),
+//     then close the control and data planes.
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
@@ -80,10 +74,10 @@ type Producer struct {
 // ErrClosed is returned by a closed Pool, and by Serve once closed.
 var ErrClosed = xfer.ErrClosed
 
-// NewProducer returns a producer serving c through ctl and data; c must be
-// cache.NewEmbeddingCache(region.Blocks()) of the region data serves, each
-// entry written into region.Block(id) for its ids before MarkReady. It fails
-// with ErrBadConfig when cfg.CompatHash is empty or a dependency is nil.
+// NewProducer returns a Producer serving c, which must be
+// cache.NewEmbeddingCache(region.Blocks()) of data's region, each entry
+// written into region.Block(id) before MarkReady. ErrBadConfig without
+// CompatHash, ctl, data or c.
 func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
 	if cfg.CompatHash == "" {
 		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
@@ -133,15 +127,14 @@ func init() {
 	}
 }
 
-// Stats returns the session's counters.
+// Stats returns the counters.
 func (p *Producer) Stats() session.ProducerStats {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.sess.Stats()
 }
 
-// Step answers the requests that arrived, takes the completion notifications
-// and ends expired grants, at now. It never blocks.
+// Step answers requests and ends finished or expired grants; never blocks.
 func (p *Producer) Step(now time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -183,15 +176,14 @@ func (p *Producer) step(now time.Time) {
 	p.backlog, p.rest = p.rest, p.backlog[:0]
 }
 
-// Backlog returns the requests waiting for a later step, and those dropped.
+// Backlog returns the requests waiting for a later Step, and those dropped.
 func (p *Producer) Backlog() (waiting int, dropped uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return len(p.backlog), p.dropped
 }
 
-// Serve steps the producer whenever it has work, until ctx ends, the producer
-// is closed or its control plane is. It returns ctx's error, or ErrClosed.
+// Serve steps on work until ctx ends (its error) or a close (ErrClosed).
 func (p *Producer) Serve(ctx context.Context) error {
 	now := p.cfg.Now
 	ctx, cancel := context.WithCancel(ctx)
@@ -345,12 +337,10 @@ type serverWaiterOr interface {
 	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
-// Wait blocks until a Step may have work, for an engine that steps the
-// producer itself; false once ctx ends or the producer is closed.
+// Wait blocks until a Step may have work; false once ctx ends or on Close.
 func (p *Producer) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
-// WaitFor is Wait that also returns true after d at the latest. A negative d
-// is Wait.
+// WaitFor is Wait for at most d (negative: no limit).
 func (p *Producer) WaitFor(ctx context.Context, d time.Duration) bool {
 	grants, backlog, next := p.load()
 	if p.isClosed() {
@@ -368,7 +358,7 @@ func (p *Producer) isClosed() bool {
 	return p.closed
 }
 
-// Grants returns the grants still holding a pin. Safe while Serve runs.
+// Grants returns the grants still holding a pin.
 func (p *Producer) Grants() int {
 	g, _, _ := p.load()
 	return g
@@ -383,9 +373,9 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 	return p.sess.Grants(), len(p.backlog), next
 }
 
-// Shutdown answers every new request NACK_INTERNAL, steps until the live
-// grants end, then closes. If ctx ends first, Close ends the grants left, and
-// the error wraps ctx's. Serve may run meanwhile.
+// Shutdown answers new requests NACK_INTERNAL, steps until the live grants
+// end, then closes; if ctx ends first, Close ends the rest and the error wraps
+// ctx's.
 func (p *Producer) Shutdown(ctx context.Context) error {
 	p.stopGranting()
 	for {
@@ -420,8 +410,8 @@ func (p *Producer) stopGranting() {
 	p.mu.Unlock()
 }
 
-// Close ends every grant and stops Serve; a READ under way keeps its pin
-// until it ends. It is idempotent and returns nil.
+// Close ends every grant and stops Serve; a READ under way keeps its pin until
+// it ends. Idempotent; returns nil.
 func (p *Producer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()

@@ -12,18 +12,16 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Pair is a consumer and a producer data plane for Conformance. The
-// producer must serve every READ (authorize all).
+// Pair is a consumer and a producer data plane for Conformance.
 type Pair struct {
-	Consumer, Producer           xfer.DataTransport
-	ConsumerBlock, ProducerBlock func(i int) []byte
-	Blocks                       int // blocks on each side, at least 64
+	Consumer, Producer           xfer.DataTransport // the producer must authorize every READ
+	ConsumerBlock, ProducerBlock func(i int) []byte // block i's bytes on each side
+	Blocks                       int                // blocks on each side, at least 64
 }
 
-// Conformance checks the xfer.DataTransport contract against pairs made by
-// newPair (a fresh pair per subtest, closed by the suite). While it waits for
-// a READ it calls only the consumer's Check and the producer's DrainNotifs,
-// as step loops do; a READ not ended within 10 s fails.
+// Conformance checks the xfer.DataTransport contract on a fresh newPair per
+// subtest, closed by the suite. Waiting for a READ (at most 10 s), it calls
+// only the consumer's Check and the producer's DrainNotifs, as step loops do.
 func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 	t.Run("read", func(t *testing.T) {
 		p, peer := setup(t, newPair)

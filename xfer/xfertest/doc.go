@@ -1,5 +1,4 @@
-// Package xfertest tests data planes and what runs over them: [Conformance]
-// checks that an xfer.DataTransport keeps its contract, and [FakePair] is a
-// pair of in-memory data planes for deterministic tests of the sessions (the
-// session package's example uses it).
+// Package xfertest tests data planes: [Conformance] checks that an
+// xfer.DataTransport keeps its contract, and [FakePair] gives two in-memory
+// data planes for deterministic tests of what runs over them.
 package xfertest

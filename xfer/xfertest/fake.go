@@ -15,10 +15,9 @@ func init() {
 	})
 }
 
-// FakePair returns two in-memory data planes ("consumer" and "producer"),
-// each with blocks blocks of blockSize bytes. A READ completes at its first
-// Check, and its notification reaches the producer once. Close either to
-// model its crash.
+// FakePair returns in-memory data planes "consumer" and "producer" of blocks
+// blocks of blockSize bytes. A READ completes at its first Check, notifying
+// the producer once; Close either to model its crash.
 func FakePair(blocks, blockSize int) Pair {
 	fab := xfake.NewFabric()
 	c := &fake{fab.New("consumer", blocks, blockSize)}

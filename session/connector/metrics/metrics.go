@@ -1,11 +1,6 @@
-// Package metrics exports a Pool's and a Producer's counters to Prometheus.
-// It is a package of its own so that the core links no Prometheus: an
-// engine that wants the metrics registers the collectors,
-//
-//	reg.MustRegister(metrics.NewPoolCollector(pool, nil), metrics.NewProducerCollector(prod, nil))
-//
-// and serves reg (promhttp.HandlerFor). Collect reads the components'
-// Stats snapshots, which are safe while the engine steps.
+// Package metrics exports a Pool's and a Producer's counters to Prometheus:
+// register its collectors with a prometheus.Registry. Collecting is safe while
+// the engine steps; docs/operations.md in the repository lists the metrics.
 package metrics
 
 import (
@@ -35,8 +30,7 @@ type poolCollector struct {
 	malformed, inflight, sessions, reaped, joined      desc
 }
 
-// NewPoolCollector returns a collector for pool; constLabels (may be nil)
-// are added to every metric.
+// NewPoolCollector returns a collector for pool; constLabels may be nil.
 func NewPoolCollector(pool *connector.Pool, constLabels prometheus.Labels) prometheus.Collector {
 	c, g := prometheus.CounterValue, prometheus.GaugeValue
 	return &poolCollector{
@@ -107,8 +101,7 @@ type producerCollector struct {
 	replyErrors, descs_, descBytes, shapes, live, backlog, dropped desc
 }
 
-// NewProducerCollector returns a collector for prod; constLabels (may be
-// nil) are added to every metric.
+// NewProducerCollector returns a collector for prod; constLabels may be nil.
 func NewProducerCollector(prod *connector.Producer, constLabels prometheus.Labels) prometheus.Collector {
 	c, g := prometheus.CounterValue, prometheus.GaugeValue
 	return &producerCollector{
