@@ -25,8 +25,7 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Sender queues a payload for the session's producer. It must not block, nor
-// keep payload.
+// Sender queues a payload for the producer; it must not block or keep it.
 type Sender interface {
 	Send(payload []byte) error
 }
@@ -869,8 +868,7 @@ func (c *ConsumerSession) named(sid, mmHash string) bool {
 	return false
 }
 
-// PeerDown says the control connection died: transfers waiting for an ack
-// fail with Retry; READs run on.
+// PeerDown says the connection died: ack waits fail (Retry); READs run on.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return

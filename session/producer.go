@@ -27,8 +27,7 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Replier sends a reply to the consumer with the given identity. It must not
-// block, nor keep payload.
+// Replier queues a reply to identity's consumer; it must not block or keep it.
 type Replier interface {
 	Reply(identity, payload []byte) error
 }

@@ -538,8 +538,7 @@ func DecodeMemDescs(data []byte) ([]MemDesc, error) {
 	return descs, nil
 }
 
-// Blocks is Count blocks of Size bytes, back to back from Base on Device: a
-// producer's region, as [AppendBlockDescs] writes it.
+// Blocks is a region: Count blocks of Size bytes from Base, on Device.
 type Blocks struct {
 	Base, Size uint64
 	Count      int

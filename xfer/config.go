@@ -2,8 +2,7 @@ package xfer
 
 import "time"
 
-// Config holds the consumer's and producer's timeouts; zero fields take the
-// reference's values, shown.
+// Config holds the sessions' timeouts; zero fields take the defaults shown.
 type Config struct {
 	ReadTimeout       time.Duration // a READ's, from its ack; then it is quarantined; 20 s
 	QuarantineTimeout time.Duration // then its blocks come back, Forced; 60 s

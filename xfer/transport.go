@@ -35,8 +35,7 @@ type Peer struct {
 	Blocks int    // how many blocks its region has: valid remote ids are [0, Blocks)
 }
 
-// Notif is a completion notification a producer received: Msg came with a
-// consumer's finished READ.
+// Notif is what a producer received with a consumer's finished READ.
 type Notif struct {
 	Agent string // the consumer's agent
 	Msg   []byte // "<session_id>:<mm_hash>[#...]" in this protocol
