@@ -9,9 +9,8 @@ import (
 	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
-// Errors of EmbeddingCache. ErrNoSpace is the normal answer of a full cache,
-// ErrTooLarge that of an entry that never fits. The others report misuse;
-// their text says which.
+// Errors of EmbeddingCache: ErrNoSpace is a full cache's normal answer,
+// ErrTooLarge one for an entry that never fits; the others report misuse.
 var (
 	ErrNoSpace   = errors.New("cache: not enough free or evictable blocks")
 	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
@@ -55,8 +54,8 @@ type entry struct {
 	prev, next *entry // in the evictable list while ready and unpinned
 }
 
-// EmbeddingCache owns the blocks of a fixed pool. Ready, unpinned entries are
-// evicted in the order they became evictable. It is safe for concurrent use.
+// EmbeddingCache owns the blocks of a fixed pool; Alloc evicts ready, unpinned
+// entries, oldest first. It is safe for concurrent use.
 type EmbeddingCache struct {
 	mu        sync.Mutex
 	capacity  int
@@ -86,9 +85,8 @@ func NewEmbeddingCache(numBlocks int) *EmbeddingCache {
 	return c
 }
 
-// Alloc creates a not-ready entry of n blocks for key, evicting as needed;
-// the block ids are ascending. It fails with ErrNoSpace, evicting nothing,
-// when even eviction cannot make room, and with ErrTooLarge or ErrDuplicate.
+// Alloc creates key's not-ready entry of n blocks, evicting as needed; with
+// ErrNoSpace it evicted nothing. Other errors: ErrTooLarge, ErrDuplicate.
 func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -172,9 +170,8 @@ func (c *EmbeddingCache) markReadyLocked(key string) (*entry, error) {
 	return e, nil
 }
 
-// Pin holds key's ready entry: it is not evicted or removed until each Pin
-// has its Unpin. Hold a pin while reading the blocks. It fails with
-// ErrNotFound, or ErrNotReady before MarkReady.
+// Pin keeps key's ready entry, to read it, until each Pin has its Unpin. It
+// fails with ErrNotFound, or ErrNotReady before MarkReady.
 func (c *EmbeddingCache) Pin(key string) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -189,12 +186,10 @@ func (c *EmbeddingCache) Pin(key string) (Entry, error) {
 	return e.snapshot(), nil
 }
 
-// Unpin lets go of one pin of key; after the last the entry is evictable
-// again, newest in the order.
+// Unpin lets go of one pin; after the last the entry is the newest evictable.
 func (c *EmbeddingCache) Unpin(key string) error { return c.unpin(key) }
 
-// MarkReadyPinned is MarkReady and Pin at once, so that no Alloc evicts the
-// entry in between: for a writer that goes on to read its entry.
+// MarkReadyPinned is MarkReady and Pin at once: no Alloc evicts in between.
 func (c *EmbeddingCache) MarkReadyPinned(key string) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -206,8 +201,7 @@ func (c *EmbeddingCache) MarkReadyPinned(key string) (Entry, error) {
 	return e.snapshot(), nil
 }
 
-// Remove drops key's entry, ready or not, and frees its blocks. It fails with
-// ErrNotFound, or ErrPinned.
+// Remove drops key's entry and frees its blocks; ErrNotFound, ErrPinned.
 func (c *EmbeddingCache) Remove(key string) error {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -281,12 +275,11 @@ func (c *EmbeddingCache) unpin(key string) error {
 	return nil
 }
 
-// Discard drops a not-ready entry (a save that will not land) and frees its
-// blocks.
+// Discard drops a not-ready entry (a save that will not land), freeing blocks.
 func (c *EmbeddingCache) Discard(key string) error { return c.drop(key, false) }
 
-// Retire drops a not-ready entry and keeps its blocks out of use for good:
-// for a write that may still land in them. Stats.Retired counts them.
+// Retire drops a not-ready entry whose write may still land: its blocks stay
+// out of use for good.
 func (c *EmbeddingCache) Retire(key string) error { return c.drop(key, true) }
 
 // drop removes a not-ready entry: its blocks go back to the free list, or

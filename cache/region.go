@@ -16,23 +16,17 @@ import (
 
 // RegionConfig describes a block region.
 type RegionConfig struct {
-	Blocks    int // number of blocks
-	BlockSize int // bytes per block
-	// Name backs the region with /dev/shm/<Name>, for other processes.
-	Name string
-	// NoLock skips mlock (LockErr reports a refused one).
-	NoLock bool
-	// RequireLock makes a refused mlock an error from NewRegion.
-	RequireLock bool
-	// NoHugePages turns off transparent huge pages.
-	NoHugePages bool
-	// Shared: a memfd for TCPData's same-host copies (Linux).
-	Shared bool
+	Blocks      int    // number of blocks
+	BlockSize   int    // bytes per block
+	Name        string // backs the region with /dev/shm/<Name>, for other processes
+	NoLock      bool   // skips mlock (LockErr reports a refused one)
+	RequireLock bool   // makes a refused mlock an error from NewRegion
+	NoHugePages bool   // turns off transparent huge pages
+	Shared      bool   // a memfd, for TCPData's same-host copies (Linux)
 }
 
-// Region is a fixed pool of equal-sized blocks in page-aligned, contiguous
-// memory mapped outside the Go heap: block i starts at Base()+i*BlockSize.
-// Hand data planes only region memory.
+// Region is equal-sized blocks in contiguous memory mapped off the Go heap,
+// the only memory to hand data planes. Block i is at Base()+i*BlockSize().
 type Region struct {
 	mem       []byte
 	mapping   []byte // the whole mapping, for munmap: mem lies inside it
@@ -51,8 +45,8 @@ const hugePage = 2 << 20
 // is not positive or does not match an existing file.
 var errRegionSize = errors.New("cache: bad region size")
 
-// NewRegion maps a region. It fails with xfer.ErrBadConfig for a size that is
-// not positive or does not match Name's existing file.
+// NewRegion maps a region; xfer.ErrBadConfig for a size not positive or not
+// that of Name's existing file.
 func NewRegion(cfg RegionConfig) (*Region, error) {
 	if cfg.Blocks <= 0 || cfg.BlockSize <= 0 || cfg.Blocks > (1<<62)/cfg.BlockSize {
 		return nil, fmt.Errorf("%w: %w: %d blocks of %d bytes", xfer.ErrBadConfig, errRegionSize, cfg.Blocks, cfg.BlockSize)
@@ -200,8 +194,8 @@ func (r *Region) Span(i, n int) []byte {
 // LockErr returns why the region is not locked in RAM, or nil if it is.
 func (r *Region) LockErr() error { return r.lockErr }
 
-// Close unmaps the region; do not use it after, nor let a data plane. A
-// backing file stays: see Unlink.
+// Close unmaps the region: nothing, data planes included, may use it after.
+// A backing file stays (Unlink).
 func (r *Region) Close() error {
 	if r.mem == nil {
 		return nil

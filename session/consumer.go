@@ -25,14 +25,12 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Sender queues a payload for the session's producer. It must not block, nor
-// keep payload.
+// Sender queues a payload for the producer; it must not block or keep it.
 type Sender interface {
 	Send(payload []byte) error
 }
 
-// Errors of the sessions. Closed sessions return xfer.ErrClosed, bad
-// configurations xfer.ErrBadConfig.
+// Errors of the sessions; closed ones return xfer.ErrClosed.
 var (
 	ErrInFlight    = errors.New("session: a transfer for this mm_hash is in flight")
 	ErrBadBlocks   = errors.New("session: local blocks must be distinct and not negative")
@@ -59,10 +57,9 @@ var attemptIDs atomic.Uint64
 
 // ConsumerConfig configures a ConsumerSession. The zero value is usable.
 type ConsumerConfig struct {
-	Xfer   xfer.Config
+	Xfer   xfer.Config  // timeouts; zero fields take their defaults
 	Logger *slog.Logger // nil: slog.Default()
-	// Rand is the source of the session id; nil: crypto/rand.
-	Rand io.Reader
+	Rand   io.Reader    // source of the session id; nil: crypto/rand
 }
 
 // ConsumerStats counts what a ConsumerSession has seen.
@@ -73,18 +70,16 @@ type ConsumerStats struct {
 	ForcedReleases             uint64 // given back at the quarantine deadline, unconfirmed
 	LateCompletions            uint64 // READs done after the producer's lease could have run out
 	BadAcks                    uint64 // OK acks whose block list did not fit
-	// Unread counts grants given back unread.
-	Unread        uint64
-	Nacks         NackCounts
-	Malformed     uint64 // payloads that did not decode as an XferAck
-	ForeignAcks   uint64 // acks echoing another session's id
-	StrayAcks     uint64 // replies matched to no transfer waiting for its ack; dropped
-	LateAcks      uint64 // OK acks past their grant's lease: no READ, retryable
-	Registrations uint64 // producer agents registered
+	Unread                     uint64 // grants given back unread
+	Nacks                      NackCounts
+	Malformed                  uint64 // payloads that did not decode as an XferAck
+	ForeignAcks                uint64 // acks echoing another session's id
+	StrayAcks                  uint64 // replies matched to no transfer waiting for its ack; dropped
+	LateAcks                   uint64 // OK acks past their grant's lease: no READ, retryable
+	Registrations              uint64 // producer agents registered
 }
 
-// ConsumerSession is the consumer's side of one producer; the package doc
-// gives the caller's rules.
+// ConsumerSession is the consumer's side of one producer.
 type ConsumerSession struct {
 	id     string
 	compat string
@@ -145,8 +140,7 @@ type ConsumerSession struct {
 }
 
 // NewConsumerSession returns a session sending to peer and reading through
-// data. It fails with xfer.ErrBadConfig for an empty compatHash or a nil
-// dependency.
+// data; xfer.ErrBadConfig for an empty compatHash or a nil dependency.
 func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport, compatHash string) (*ConsumerSession, error) {
 	switch {
 	case compatHash == "":
@@ -180,10 +174,9 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 // Stats returns the counters.
 func (c *ConsumerSession) Stats() ConsumerStats { return c.stats }
 
-// StartXfer asks the producer for mmHash at now, to be read into blocks, and
-// waits for its ack until ackDeadline; do not modify blocks until its
-// outcome. On error nothing is recorded: xfer.ErrClosed, ErrInFlight,
-// ErrBadBlocks, an xfer.ErrQueueFull (retry later), or the Sender's error.
+// StartXfer asks for mmHash into blocks (untouched until its outcome), ack
+// due by ackDeadline. An error records nothing: xfer.ErrClosed, ErrInFlight,
+// ErrBadBlocks, or the Sender's (retry an xfer.ErrQueueFull later).
 func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, now time.Time) error {
 	if c.closed {
 		return xfer.ErrClosed
@@ -442,8 +435,7 @@ func (c *ConsumerSession) compactSent() {
 	c.sent, c.sentHead = c.sent[:k], 0
 }
 
-// Poll takes the payloads received from the producer since the last call and
-// advances every transfer to now. It never fails.
+// Poll takes the payloads received since the last call and advances to now.
 func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 	if c.closed {
 		return
@@ -876,9 +868,7 @@ func (c *ConsumerSession) named(sid, mmHash string) bool {
 	return false
 }
 
-// PeerDown tells the session its control connection died: transfers waiting
-// for an ack fail with Retry; READs run on. Use a new session for a new
-// connection.
+// PeerDown says the connection died: ack waits fail (Retry); READs run on.
 func (c *ConsumerSession) PeerDown(now time.Time) {
 	if c.closed {
 		return
@@ -907,8 +897,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 	c.active = kept
 }
 
-// TakeResults appends the outcomes since the last call to r. Reuse r across
-// steps (r.Reset) to allocate nothing in steady state.
+// TakeResults appends the new outcomes to r; reuse r (Reset) to not allocate.
 func (c *ConsumerSession) TakeResults(r *Results) {
 	c.resultsSeen = max(c.resultsSeen, c.results.Len())
 	c.results.appendTo(r)
@@ -953,9 +942,8 @@ func keep[T any](spare []T, n int) []T {
 	return spare
 }
 
-// Cancel ends the transfer of mmHash at now; its outcome (reason Canceled)
-// comes with the next TakeResults, with BlocksHeld if its READ could not be
-// stopped (NIXL's cannot). It fails with xfer.ErrClosed or ErrNotInFlight.
+// Cancel ends mmHash's transfer: reason Canceled, BlocksHeld if its READ
+// cannot be stopped (NIXL's). It fails with xfer.ErrClosed or ErrNotInFlight.
 func (c *ConsumerSession) Cancel(mmHash string, now time.Time) error {
 	return c.abort(mmHash, now, xfer.Canceled)
 }
@@ -986,13 +974,11 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 	return nil
 }
 
-// InFlight returns how many transfers have not ended or not released their
-// blocks.
+// InFlight counts the transfers not ended, or whose held blocks are not back.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
-// Close ends the session: transfers in flight fail (reason xfer.Closed) in
-// the next TakeResults, and held blocks come back at once. It is idempotent
-// and returns nil.
+// Close fails the transfers in flight (reason Closed) and gives held blocks
+// back at once, in the next TakeResults. It is idempotent and returns nil.
 func (c *ConsumerSession) Close() error {
 	if c.closed {
 		return nil

@@ -27,36 +27,25 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Replier sends a reply to the consumer with the given identity. It must not
-// block, nor keep payload.
+// Replier queues a reply to identity's consumer; it must not block or keep it.
 type Replier interface {
 	Reply(identity, payload []byte) error
 }
 
-// ProducerConfig configures a ProducerSession. The zero value is usable.
+// ProducerConfig configures a ProducerSession; zero fields take the defaults
+// shown. A request past a bound other than MaxGrantsPerSession, or over
+// MaxPinnedShare while saves are short of SaveReserve, gets NACK_NOT_READY.
 type ProducerConfig struct {
-	// PinLease is the longest a grant pins its entry. Default 30 s.
-	PinLease time.Duration
-	// MaxGrantsPerSession, MaxGrantsPerIdentity (of one control-plane
-	// identity) and MaxGrants bound live grants; past the first a request is
-	// answered NACK_INTERNAL (final), past the others NACK_NOT_READY.
-	// Defaults 4096, MaxGrants/4, 65536.
-	MaxGrantsPerSession  int
-	MaxGrantsPerIdentity int
-	MaxGrants            int
-	// MaxGrantsPerEntry bounds one session's grants of one entry. Default 8.
-	MaxGrantsPerEntry int
-	// MaxPinnedShare: a request that would take its session's or identity's
-	// pins over this share of the cache, leaving saves less than the reserve
-	// (SaveReserve, or the largest save seen), gets NACK_NOT_READY. Defaults
-	// 0.5, 0.
-	MaxPinnedShare float64
-	SaveReserve    int // blocks
-	// MaxRequestAge: older requests get NACK_NOT_READY. Default 2 s.
-	MaxRequestAge time.Duration
-	Logger        *slog.Logger // nil: slog.Default()
-	// Rand seeds grant tokens; nil: crypto/rand.
-	Rand io.Reader
+	PinLease             time.Duration // longest a grant pins its entry; 30 s
+	MaxGrantsPerSession  int           // live grants of one session; past it NACK_INTERNAL; 4096
+	MaxGrantsPerIdentity int           // of one control-plane identity; MaxGrants/4
+	MaxGrants            int           // live grants in all; 65536
+	MaxGrantsPerEntry    int           // one session's live grants of one entry; 8
+	MaxPinnedShare       float64       // most of the cache one session or identity pins; 0.5
+	SaveReserve          int           // blocks MaxPinnedShare keeps for saves; 0: the largest seen
+	MaxRequestAge        time.Duration // older requests get NACK_NOT_READY; 2 s
+	Logger               *slog.Logger  // nil: slog.Default()
+	Rand                 io.Reader     // seeds grant tokens; nil: crypto/rand
 }
 
 // ProducerStats counts what a ProducerSession has done.
@@ -158,10 +147,8 @@ var grantIDs atomic.Uint64
 // session holds at most this many live grants, this one included.
 const maxPushLive = 2
 
-// ProducerSession grants consumers' requests out of an EmbeddingCache: it
-// pins the entry, answers with its blocks, and unpins when the READ is done
-// or the lease runs out. Call Poll once per step; it is not safe for
-// concurrent use.
+// ProducerSession grants consumers' requests out of an EmbeddingCache, each
+// pinning its entry until the READ is done or the lease runs out.
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   plane.Driven     // data, when it must be told of the live grants
@@ -223,8 +210,7 @@ type ProducerSession struct {
 }
 
 // NewProducerSession returns a session serving c, whose block ids are data's
-// region's blocks. It fails with xfer.ErrBadConfig for an empty compatHash or
-// a nil dependency.
+// region's; xfer.ErrBadConfig for an empty compatHash or a nil dependency.
 func NewProducerSession(cfg ProducerConfig, data xfer.DataTransport, c *cache.EmbeddingCache, compatHash string) (*ProducerSession, error) {
 	switch {
 	case compatHash == "":
@@ -291,8 +277,7 @@ func (p *ProducerSession) Stats() ProducerStats { return p.stats }
 func (p *ProducerSession) Grants() int { return len(p.byID) + len(p.held) }
 
 // Poll takes the data plane's notifications, ends the grants whose lease ran
-// out by now, then answers every request in msgs, in order, through out. It
-// never fails.
+// out by now, then answers every request in msgs, in order, through out.
 func (p *ProducerSession) Poll(msgs []xfer.Message, out Replier, now time.Time) {
 	if p.closed {
 		// Grants Close left (a data plane that cannot refuse READs) end
@@ -1079,8 +1064,7 @@ func (p *ProducerSession) drainBroken() {
 	clear(p.notifs)
 }
 
-// NextDeadline returns when the first lease runs out; ok is false while no
-// grant is live.
+// NextDeadline returns when the first lease runs out; false if none is live.
 func (p *ProducerSession) NextDeadline() (deadline time.Time, ok bool) {
 	if g := p.lru.next; g != nil && g != &p.lru {
 		return g.Deadline, true
@@ -1100,13 +1084,11 @@ func (p *ProducerSession) sweep(now time.Time) {
 	}
 }
 
-// StopGranting makes every new request answered NACK_INTERNAL; live grants
-// end as usual. Close once Grants reports none.
+// StopGranting answers new requests NACK_INTERNAL; Close once Grants is 0.
 func (p *ProducerSession) StopGranting() { p.draining = true }
 
-// Close ends every grant; over NIXL grants stay pinned until their READ ends
-// or their lease runs out, which later Polls see to. Close is idempotent and
-// returns nil.
+// Close ends every grant; over NIXL they stay pinned until their READ or
+// lease ends, which later Polls see to. It is idempotent and returns nil.
 func (p *ProducerSession) Close() error {
 	if p.closed {
 		return nil

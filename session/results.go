@@ -10,23 +10,18 @@ import (
 
 // Outcome is how one transfer ended, or that its blocks came back.
 type Outcome struct {
-	MMHash string
-	Blocks []int       // the local blocks given to StartXfer
-	Reason xfer.Reason // why it failed; xfer.NoReason when it completed
-	Status wire.Status // the NACK, when Reason is xfer.Nacked
-	// Err is the cause beyond Reason and Status, if any.
-	Err error
-	// Retry, on a failure: another attempt may succeed.
-	Retry bool
-	// BlocksHeld, on a failure: reuse Blocks only after their Released.
-	BlocksHeld bool
-	// Forced, on a Released: never confirmed stopped; keep out of use.
-	Forced bool
+	MMHash     string
+	Blocks     []int       // the local blocks given to StartXfer
+	Reason     xfer.Reason // why it failed; xfer.NoReason when it completed
+	Status     wire.Status // the NACK, when Reason is xfer.Nacked
+	Err        error       // the cause beyond Reason and Status, if any
+	Retry      bool        // on a failure: another attempt may succeed
+	BlocksHeld bool        // on a failure: reuse Blocks only after their Released
+	Forced     bool        // on a Released: never confirmed stopped; keep out of use
 }
 
 // Results are the outcomes since the last TakeResults, in order. A transfer
-// ends once, in Completed or Failed; one with BlocksHeld later has one
-// Released.
+// ends once, in Completed or Failed; one BlocksHeld later has one Released.
 type Results struct {
 	Completed []Outcome // the blocks hold the entry
 	Failed    []Outcome // ended without the entry
@@ -54,8 +49,7 @@ func (r *Results) appendTo(dst *Results) {
 // NackCounts counts NACKs by status: n[wire.NackMissing] and so on.
 type NackCounts [6]uint64
 
-// String lists the counts, e.g. "NACK_MISSING 1002, NACK_NOT_READY 3", or
-// "none".
+// String lists the counts ("NACK_MISSING 2, NACK_NOT_READY 3") or "none".
 func (n NackCounts) String() string {
 	var b strings.Builder
 	for st, c := range n {

@@ -7,8 +7,7 @@ import (
 	"unicode/utf8"
 )
 
-// CompatHash returns the compatibility hash producer and consumer compare, as
-// vLLM computes it.
+// CompatHash returns the hash producer and consumer compare, as vLLM does.
 func CompatHash(vllmVersion, model, dtype string, blockSizeBytes int) string {
 	var buf [256]byte
 	b := append(buf[:0], '[')

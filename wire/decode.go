@@ -214,7 +214,7 @@ func decodeReqView(data []byte, r *reqView) error {
 }
 
 // DecodeReq decodes an XferReq as msgspec does; on error r is unchanged.
-// Strings equal to r's are kept, so reusing r allocates little.
+// Reusing r allocates little.
 func DecodeReq(data []byte, r *XferReq) error {
 	var v reqView
 	if err := decodeReqView(data, &v); err != nil {
@@ -538,17 +538,15 @@ func DecodeMemDescs(data []byte) ([]MemDesc, error) {
 	return descs, nil
 }
 
-// Blocks describes Count blocks of Size bytes, back to back from Base, on
-// device Device: a producer's region, as [AppendBlockDescs] writes it.
+// Blocks is a region: Count blocks of Size bytes from Base, on Device.
 type Blocks struct {
 	Base, Size uint64
 	Count      int
 	Device     uint64
 }
 
-// DecodeBlocks decodes a mem descriptor that [Blocks] describes, without
-// building its list; ok is false for a well-formed one it cannot (use
-// [DecodeMemDescs]).
+// DecodeBlocks decodes a mem descriptor as Blocks; ok is false for a
+// well-formed one that is not Blocks (use [DecodeMemDescs]).
 func DecodeBlocks(data []byte) (b Blocks, ok bool, err error) {
 	if b, ok := decodeBlocksFast(data); ok {
 		return b, true, nil

@@ -6,15 +6,10 @@
 //
 //	buf := wire.AppendReq(nil, &wire.XferReq{MMHash: h, CompatibilityHash: compat, SessionID: id})
 //	var ack wire.XferAck
-//	if err := wire.DecodeAck(reply, &ack); err != nil {
-//		return err // wraps ErrMalformed or ErrInvalid, with msgspec's text
-//	}
-//	if ack.Status != wire.OK {
-//		return ack.Status // a NACK: Status.Retryable says whether to ask again
-//	}
+//	err := wire.DecodeAck(reply, &ack) // wraps ErrMalformed or ErrInvalid
 //
-// Decoding accepts exactly what msgspec accepts. A decoded message owns its
-// memory: nothing in it aliases the input. Fields named ecx_* on the wire are
-// extensions only Go peers read; vLLM's peers skip them. Design notes:
-// docs/design.md.
+// Decoding accepts exactly what msgspec accepts, and a decoded message
+// aliases none of its input. Fields named ecx_* on the wire are extensions
+// that only Go peers read; vLLM's peers skip them. Design notes:
+// docs/design.md in the repository.
 package wire

@@ -165,8 +165,7 @@ func AppendMemDescs(dst []byte, descs []MemDesc) []byte {
 	return dst
 }
 
-// AppendBlockDescs appends the descriptor of count blocks of blockSize bytes
-// from base on device.
+// AppendBlockDescs appends the descriptor of count blocks from base.
 func AppendBlockDescs(dst []byte, base, blockSize uint64, count int, device int64) []byte {
 	dst = appendArrayHeader(dst, count)
 	dev := IntOf(device)

@@ -5,9 +5,7 @@ import (
 	"strconv"
 )
 
-// Int is an integer as msgspec carries a Python int: any value in [-2^63,
-// 2^64-1]. Convert with [Int.Int], [Int.Int64] or [Int.Uint64]. The zero
-// value is 0.
+// Int is a Python int as msgspec carries it, in [-2^63, 2^64-1]; zero is 0.
 type Int struct {
 	u   uint64 // the value; two's complement when neg
 	neg bool

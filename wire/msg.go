@@ -5,28 +5,16 @@ type XferReq struct {
 	MMHash            string
 	CompatibilityHash string
 	SessionID         string // "" is the default and is not put on the wire
-	// ConnectorVersion is nil when absent: see [XferReq.Version].
-	ConnectorVersion *Int
-
-	// Extensions that only Go peers read (msgspec skips unknown fields, so
-	// vLLM's producers are unaffected). They follow the reference's fields.
-
-	// VersionOnWire sends connector_version even at its default.
-	VersionOnWire bool
-	// Agent (ecx_agent) is the consumer's data-plane agent name.
-	Agent string
-	// Attempt (ecx_attempt) names this request; a Go producer echoes it.
-	Attempt uint64
-	// AcceptsShape (ecx_shape_ok) takes [XferAck.Shape].
-	AcceptsShape bool
-	// Contact (ecx_contact) asks for the data-plane contact alone.
-	Contact bool
-	// Known (ecx_known) digests the producer metadata registered.
-	Known uint64
+	ConnectorVersion  *Int   // nil when absent: see Version
+	VersionOnWire     bool   // send connector_version even at its default
+	Agent             string // ecx_agent: the consumer's data-plane agent
+	Attempt           uint64 // ecx_attempt: names this request; Go producers echo it
+	AcceptsShape      bool   // ecx_shape_ok: takes XferAck.Shape
+	Contact           bool   // ecx_contact: asks for the data-plane contact alone
+	Known             uint64 // ecx_known: digest of the producer metadata registered
 }
 
-// Version returns the effective connector version: [ConnectorVersion] when
-// the field is absent.
+// Version returns the connector version, [ConnectorVersion] when absent.
 func (r *XferReq) Version() Int {
 	if r.ConnectorVersion == nil {
 		return IntOf(ConnectorVersion)
@@ -34,8 +22,8 @@ func (r *XferReq) Version() Int {
 	return *r.ConnectorVersion
 }
 
-// XferAck answers an [XferReq] (tag "ack"), producer to consumer. A NACK
-// carries only MMHash and Status.
+// XferAck answers an [XferReq] (tag "ack"); a NACK carries only MMHash and
+// Status. Zero extensions are left off the wire.
 type XferAck struct {
 	MMHash          string
 	Status          Status
@@ -43,21 +31,12 @@ type XferAck struct {
 	SrcBlockIndices []Int  // the entry's blocks in the producer's region
 	AgentMetadata   []byte // opaque data-plane agent blob
 	MemDescriptor   []byte // encoded []MemDesc of the producer's region, or empty
-
-	// Extensions that only Go peers read (see [XferReq]); zero is left off.
-
-	// Grant (ecx_grant) names this grant in the consumer's notification.
-	Grant uint64
-	// Token (ecx_token) is the grant's secret.
-	Token Token
-	// LeaseMillis (ecx_lease_ms) is the producer's pin lease.
-	LeaseMillis uint64
-	// Attempt (ecx_attempt) echoes the request's.
-	Attempt uint64
-	// Shape (ecx_shape) stands in for MemDescriptor.
-	Shape Blocks
-	// Touch (ecx_touch): memory to READ at contact.
-	Touch Blocks
+	Grant           uint64 // ecx_grant: names this grant in the notification
+	Token           Token  // ecx_token: the grant's secret
+	LeaseMillis     uint64 // ecx_lease_ms: the producer's pin lease
+	Attempt         uint64 // ecx_attempt: the request's, echoed
+	Shape           Blocks // ecx_shape: stands in for MemDescriptor
+	Touch           Blocks // ecx_touch: memory to READ at contact
 }
 
 // Token is a grant's capability (ecx_token): 128 random bits.

@@ -10,10 +10,8 @@ import (
 
 // Sentinel errors; every decode error wraps exactly one of them.
 var (
-	// ErrMalformed: not one complete msgpack value (msgspec's DecodeError).
-	ErrMalformed = errors.New("wire: malformed msgpack")
-	// ErrInvalid: msgpack of the wrong shape (msgspec's ValidationError).
-	ErrInvalid = errors.New("wire: invalid message")
+	ErrMalformed = errors.New("wire: malformed msgpack") // msgspec's DecodeError
+	ErrInvalid   = errors.New("wire: invalid message")   // ValidationError: a wrong shape
 )
 
 // decodeError describes why bytes were refused. Its text is msgspec's for the

@@ -34,6 +34,5 @@ func (s Status) String() string {
 // Error makes a Status an error: errors.Is(err, wire.NackMissing).
 func (s Status) Error() string { return s.String() }
 
-// Retryable reports whether asking again may succeed: only for
-// [NackNotReady].
+// Retryable reports whether asking again may succeed: only NackNotReady.
 func (s Status) Retryable() bool { return s == NackNotReady }

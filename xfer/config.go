@@ -2,18 +2,11 @@ package xfer
 
 import "time"
 
-// Config holds the consumer's and producer's timeouts. Zero fields take the
-// reference's values.
+// Config holds the sessions' timeouts; zero fields take the defaults shown.
 type Config struct {
-	// ReadTimeout bounds a READ, from its ack; then it is quarantined.
-	// Default 20 s.
-	ReadTimeout time.Duration
-	// QuarantineTimeout bounds quarantine; then its blocks come back, Forced.
-	// Default 60 s.
-	QuarantineTimeout time.Duration
-	// PinLease is how long a producer pins a grant's entry; a READ seen
-	// complete after it is not trusted. Default 30 s.
-	PinLease time.Duration
+	ReadTimeout       time.Duration // a READ's, from its ack; then it is quarantined; 20 s
+	QuarantineTimeout time.Duration // then its blocks come back, Forced; 60 s
+	PinLease          time.Duration // a grant's pin; a READ seen done later is not trusted; 30 s
 }
 
 // WithDefaults returns c with every zero field set to its default.

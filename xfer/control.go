@@ -14,8 +14,7 @@ import (
 type Message struct {
 	Identity []byte // the consumer's connection, for the reply
 	Payload  []byte
-	// At is when the request arrived; zero: when it is handled.
-	At time.Time
+	At       time.Time // when the request arrived; zero: when it is handled
 }
 
 // Inbound is one payload a consumer's control plane received.
@@ -27,20 +26,14 @@ type Inbound struct {
 // Death is a producer a consumer's control plane declared dead, and why.
 type Death struct {
 	Addr string // the producer's address, as given to Send
-	// Err is the cause; it matches ErrPeerSilent when the producer went
-	// silent rather than its connection closing.
-	Err error
+	Err  error  // the cause; ErrPeerSilent when silent, not disconnected
 }
 
 // Errors of control planes, wrapped so that errors.Is tells a refusal worth
 // retrying from the end.
 var (
-	// ErrQueueFull: the send queue is full; a later send may succeed.
-	ErrQueueFull = errors.New("xfer: control plane send queue full")
-	// ErrPeerDown: the producer was declared dead; the next send reconnects.
-	ErrPeerDown = errors.New("xfer: producer is down")
-	// ErrNotAllowed: the producer's address is refused by the allowlist.
-	ErrNotAllowed = errors.New("xfer: producer address not allowed")
-	// ErrPeerSilent: no heartbeat for the peer timeout (see Death).
-	ErrPeerSilent = errors.New("xfer: producer silent past the peer timeout")
+	ErrQueueFull  = errors.New("xfer: control plane send queue full")         // a later send may succeed
+	ErrPeerDown   = errors.New("xfer: producer is down")                      // declared dead; the next send reconnects
+	ErrNotAllowed = errors.New("xfer: producer address not allowed")          // refused by the allowlist
+	ErrPeerSilent = errors.New("xfer: producer silent past the peer timeout") // no heartbeat (see Death)
 )

@@ -35,8 +35,7 @@ type Peer struct {
 	Blocks int    // how many blocks its region has: valid remote ids are [0, Blocks)
 }
 
-// Notif is a completion notification a producer received: Msg came with a
-// consumer's finished READ.
+// Notif is what a producer received with a consumer's finished READ.
 type Notif struct {
 	Agent string // the consumer's agent
 	Msg   []byte // "<session_id>:<mm_hash>[#...]" in this protocol
@@ -44,39 +43,38 @@ type Notif struct {
 
 // Errors a DataTransport reports.
 var (
-	// ErrMayStillWrite: Release could not stop the READ; it may still write.
 	ErrMayStillWrite  = errors.New("xfer: READ may still write into its blocks")
 	ErrUnknownHandle  = errors.New("xfer: unknown handle")
 	ErrUnknownPeer    = errors.New("xfer: unknown peer")
 	ErrLengthMismatch = errors.New("xfer: local and remote block counts differ")
-	// ErrClosed: returned (or wrapped) by every component once closed.
-	ErrClosed = errors.New("ecxfer: closed")
-	// ErrBadConfig: a constructor's configuration it cannot run with.
-	ErrBadConfig = errors.New("ecxfer: invalid configuration")
+	ErrClosed         = errors.New("ecxfer: closed")                // by every component once closed
+	ErrBadConfig      = errors.New("ecxfer: invalid configuration") // by every constructor
 )
 
 // DataTransport is a data plane: one-sided READs of a peer's registered
-// blocks into local ones, with a notification delivered to the peer when a
-// READ completes. Its methods must not block on the network, and must be safe
-// for concurrent use.
+// blocks into local ones; a READ that completes delivers its notif to the
+// peer's DrainNotifs exactly once. Methods must not block on the network and
+// must be safe for concurrent use.
 type DataTransport interface {
-	// AgentMetadata is this agent's blob, for OK acks.
-	AgentMetadata() []byte
-	// MemDescriptor is the region's (wire.AppendBlockDescs).
-	MemDescriptor() []byte
-	// AddRemotePeer registers a producer from its metadata and descriptor.
+	AgentMetadata() []byte // this agent's blob, sent in OK acks
+	MemDescriptor() []byte // the region's descriptor (wire.AppendBlockDescs)
+	// AddRemotePeer registers a producer (an error for unusable metadata);
+	// each registration needs a RemoveRemotePeer, one more fails ErrUnknownPeer.
 	AddRemotePeer(metadata, memDescriptor []byte) (Peer, error)
-	// RemoveRemotePeer forgets a producer registered before.
 	RemoveRemotePeer(agent string) error
-	// PostRead starts a READ of remote into local blocks and returns at once;
-	// on completion notif reaches the peer. It keeps no slice.
+	// PostRead starts READing remote into local blocks and returns at once,
+	// keeping no slice; ErrLengthMismatch, ErrUnknownPeer, ErrClosed.
 	PostRead(local []int, agent string, remote []int, notif []byte) (Handle, error)
-	// Check reports progress; an error means it cannot tell.
+	// Check fails with ErrUnknownHandle for a handle not held; any other
+	// error means it cannot tell whether the READ still writes.
 	Check(h Handle) (Progress, error)
-	// Release frees h, stopping its READ or saying ErrMayStillWrite.
+	// Release forgets h, stopping its READ, or returns ErrMayStillWrite if
+	// it could not. A second Release fails with ErrUnknownHandle.
 	Release(h Handle) error
-	// DrainNotifs appends the notifications received since the last call.
+	// DrainNotifs appends the notifications received since the last call,
+	// which the caller then owns.
 	DrainNotifs(dst []Notif) ([]Notif, error)
-	// Close releases every handle and peer and deregisters the region.
+	// Close ends every READ (none is left InProgress) and peer, deregisters
+	// the region, and returns nil when called again.
 	Close() error
 }
