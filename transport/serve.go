@@ -158,9 +158,11 @@ func (d *TCPData) accept() {
 		if !d.admitLocked(s.host) {
 			// Every connection holds a live proof, and no host holds more
 			// than the newcomer's: it waits for one to end.
+			// Counted before the close, so that a peer that sees the close
+			// sees the count.
+			d.connsShed.Add(1)
 			d.mu.Unlock()
 			c.Close()
-			d.connsShed.Add(1)
 			continue
 		}
 		d.acceptSeq++
@@ -216,8 +218,8 @@ func (d *TCPData) admitLocked(host string) bool {
 		return false
 	}
 	d.dropLocked(v)
-	v.close() // its goroutine ends as it sees the close
 	d.connsShed.Add(1)
+	v.close() // its goroutine ends as it sees the close
 	return true
 }
 
