@@ -62,7 +62,23 @@ func runProducer(shape string) int {
 	for i := range all {
 		all[i] = i
 	}
-	notif := attachGate(d).grant(all...)
+	g := attachGate(d)
+	notif := g.grant(all...)
+	// The producer steps: it takes its notifications, or the READs'
+	// connections wait for room, and are cut, as with one that stopped.
+	stop := make(chan struct{})
+	defer close(stop)
+	go func() {
+		var buf []xfer.Notif
+		for {
+			select {
+			case <-stop:
+				return
+			case <-time.After(time.Millisecond):
+			}
+			buf, _ = g.att.(*attachment).DrainNotifs(buf[:0])
+		}
+	}()
 	raw, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
