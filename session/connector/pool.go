@@ -103,7 +103,7 @@ func (c PoolConfig) withDefaults() PoolConfig {
 type Done struct {
 	MMHash  string
 	Addr    string
-	Blocks  []int         // the slice given to Fetch, the caller's again
+	Blocks  []int         // Fetch's, the caller's again; FetchEntry's: the entry's, not always contiguous
 	Latency time.Duration // from Fetch to completion
 	Held    bool          // FetchEntry's: call Cache.Unpin(MMHash) once, when done with it
 }
@@ -131,7 +131,8 @@ func (f Failure) String() string {
 	return s
 }
 
-// Released hands back a BlocksHeld failure's blocks once its READ ended.
+// Released hands back a BlocksHeld failure's blocks once its READ ended
+// (FetchEntry's are back in Cache, or retired if Forced).
 type Released struct {
 	MMHash string
 	Blocks []int
@@ -244,11 +245,14 @@ type peer struct {
 
 // Pool fetches entries from producers for a consumer. The engine's rules:
 //
-//   - Call Step once per engine step; it never blocks. Sleep in Wait or
-//     WaitFor. No two methods run at once, Stats excepted.
-//   - Each fetch ends once, in a Step's Completed or Failed, by its deadline.
+//   - Call Step once per engine step while InFlight() > 0; sleep in Wait or
+//     WaitFor. Only Connect and the waits block. No two methods run at once,
+//     Stats excepted.
+//   - Each fetch ends once, in a Step's Completed or Failed (Cancel's:
+//     returned), at the latest in the first Step past its deadline.
 //   - Fetch's blocks are the Pool's until then; after a BlocksHeld Failure,
 //     until a later Released.
+//   - The Pool retries: on an error or a Failure, encode the entry locally.
 //   - FetchEntry's entry completes Held: Cache.Unpin it once, when done.
 //   - Close the Pool, then its control and data planes.
 type Pool struct {
@@ -375,7 +379,7 @@ func (p *Pool) allPeers() []*peer {
 	return append(out, p.draining...)
 }
 
-// InFlight returns the fetches not ended yet.
+// InFlight returns the fetches whose outcome no Step has handed out yet.
 func (p *Pool) InFlight() int { return len(p.fetches) + p.owed() }
 
 // owed counts the fetches that ended and whose outcome the next Step
@@ -388,11 +392,13 @@ func (p *Pool) owed() int {
 	return n
 }
 
-// Fetch starts fetching mmHash from addr into blocks, to end by deadline. If
-// mmHash is being fetched already, joined is true and only the first fetch
-// gets an outcome. On error nothing started: ErrClosed, session.ErrBadBlocks,
-// ErrInFlight, or the control plane's refusal (retryable ones only when no
-// retry fits the deadline).
+// Fetch starts fetching mmHash from addr into blocks (of the data plane's
+// region), to end by deadline. If mmHash is being fetched already, joined is
+// true, blocks stay the caller's, and the first fetch's outcome, by its
+// deadline, is the only one. On error nothing started: ErrClosed,
+// session.ErrBadBlocks, ErrInFlight (a held READ's, until its Released), or
+// the control plane's refusal (retryable ones only when no retry fits the
+// deadline).
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
 		return false, ErrClosed

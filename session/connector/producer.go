@@ -410,8 +410,8 @@ func (p *Producer) stopGranting() {
 	p.mu.Unlock()
 }
 
-// Close ends every grant and stops Serve; a READ under way keeps its pin until
-// it ends. Idempotent; returns nil.
+// Close ends every grant and stops Serve; a READ under way (over NIXL, any
+// grant) keeps its pin until a Step after it ends. Idempotent; returns nil.
 func (p *Producer) Close() error {
 	p.mu.Lock()
 	defer p.mu.Unlock()
