@@ -38,7 +38,7 @@ type Replier interface {
 type ProducerConfig struct {
 	PinLease             time.Duration // longest a grant pins its entry; 30 s
 	MaxGrantsPerSession  int           // live grants of one session; past it NACK_INTERNAL; 4096
-	MaxGrantsPerIdentity int           // of one control-plane identity; MaxGrants/4
+	MaxGrantsPerIdentity int           // of one control-plane identity; MaxGrants/4, at least MaxGrantsPerSession
 	MaxGrants            int           // live grants in all; 65536
 	MaxGrantsPerEntry    int           // one session's live grants of one entry; 8
 	MaxPinnedShare       float64       // most of the cache one session or identity pins; 0.5

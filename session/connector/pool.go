@@ -245,9 +245,9 @@ type peer struct {
 
 // Pool fetches entries from producers for a consumer. The engine's rules:
 //
-//   - Call Step once per engine step while InFlight() > 0; sleep in Wait or
-//     WaitFor. Only Connect and the waits block. No two methods run at once,
-//     Stats excepted.
+//   - Call Step once per engine step, also at InFlight() 0 (held blocks come
+//     back in a later Released); sleep in Wait or WaitFor. Only Connect and
+//     the waits block. No two methods run at once, Stats excepted.
 //   - Each fetch ends once, in a Step's Completed or Failed (Cancel's:
 //     returned), at the latest in the first Step past its deadline.
 //   - Fetch's blocks are the Pool's until then; after a BlocksHeld Failure,

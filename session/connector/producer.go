@@ -29,7 +29,7 @@ type ProducerConfig struct {
 	CompatHash string        // wire.CompatHash of this producer; required
 	PinLease   time.Duration // longest a grant pins its entry; default 30 s
 	// Live grants per consumer session, per control-plane identity, in all:
-	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int // defaults 4096, MaxGrants/4, 65536
+	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int // defaults 4096, MaxGrants/4 (at least the first), 65536
 	// A request past a bound gets NACK_NOT_READY; past MaxGrantsPerSession, NACK_INTERNAL.
 	MaxGrantsPerEntry  int              // one session's live grants of one entry; default 8
 	MaxPinnedShare     float64          // of the cache one session or identity may pin; default 0.5
