@@ -475,6 +475,7 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 	bs := l.p.d.region.BlockSize()
 	switch {
 	case status == dataRefused && size == 0:
+		op.refused.Store(true)
 		op.fail()
 	case status == dataPushed && size == 0:
 		// Its push, earlier on this connection, landed it (or found it

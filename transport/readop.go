@@ -40,6 +40,8 @@ type readOp struct {
 	sentAt time.Time
 	staged *staged // the push route found for it (between route and start)
 	resend bool    // its push was dropped: the producer must send the bytes
+	// refused: the producer answered that no live grant covers it (tests).
+	refused atomic.Bool
 }
 
 func newReadOp(h xfer.Handle, p *peer, local, remote []int, notif []byte) *readOp {

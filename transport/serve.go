@@ -161,6 +161,9 @@ func (d *TCPData) accept() {
 			// Counted before the close, so that a peer that sees the close
 			// sees the count.
 			d.connsShed.Add(1)
+			if d.connEnded != nil {
+				d.connEnded(c.RemoteAddr())
+			}
 			d.mu.Unlock()
 			c.Close()
 			continue
@@ -254,6 +257,9 @@ func (d *TCPData) dropLocked(s *servedConn) {
 		return
 	}
 	delete(d.served, s)
+	if d.connEnded != nil {
+		d.connEnded(s.c.RemoteAddr())
+	}
 	if d.hosts[s.host]--; d.hosts[s.host] <= 0 {
 		delete(d.hosts, s.host)
 	}

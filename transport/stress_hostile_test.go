@@ -93,6 +93,11 @@ type hostileRun struct {
 	slowGr *sgrant     // its grant, ended once it is done; the main goroutine's
 	mu     sync.Mutex
 	addrs  map[string]bool // local addresses of the hostile connections, under mu
+	// honestEnds counts the honest consumer's connections the producer
+	// ended, under mu: an address it ended is a hostile peer's if one
+	// dialed from it since it last ended one from there (ports are reused).
+	honestEnds    int
+	explainedEnds int // honestEnds when the last probe completed
 	// The main goroutine's: the honest grants' tokens, the notifications
 	// of honest grants drained, every served connection seen.
 	tokens  map[uint64]wire.Token
@@ -108,6 +113,17 @@ func stressHostile(t *testing.T, seed uint64) {
 	r := newStressRun(t, seed, hostileCfg, hostileLeft)
 	h := &hostileRun{stressRun: r, addrs: map[string]bool{}, tokens: map[uint64]wire.Token{},
 		notes: map[string]int{}, seen: map[*servedConn]bool{}}
+	r.p.mu.Lock()
+	r.p.connEnded = func(remote net.Addr) {
+		h.mu.Lock()
+		if a := remote.String(); h.addrs[a] {
+			delete(h.addrs, a)
+		} else {
+			h.honestEnds++
+		}
+		h.mu.Unlock()
+	}
+	r.p.mu.Unlock()
 	defer h.wg.Wait() // on a failure too: the peers end with their deadlines
 	for step := range hostileSteps {
 		h.step(step)
@@ -218,12 +234,17 @@ func (h *hostileRun) whoseToken(tok wire.Token) string {
 }
 
 // probe reads a fresh grant over the socket (it is not on the board, and
-// not pushed), which must complete with its bytes within a few tries (a
-// try may meet its connection shed before it proved a grant, or closed
-// idle); its notification must then reach the producer, and by then the
-// grant be held no more.
+// not pushed), which must complete with its bytes; its notification must
+// then reach the producer, and by then the grant be held no more. The
+// rule a failed try must keep: a READ under a live grant is never
+// refused; it fails only when the producer ended one of the honest
+// consumer's connections, refused at once or shed for a newcomer (every
+// peer here is on the honest consumer's host, and a host's connections
+// are its own to share), or closed idle. A refused try, or one that
+// failed with none of them ended since the last probe, fails the test;
+// so do tries failing on and on.
 func (h *hostileRun) probe() {
-	const tries = 8
+	const tries = 32
 	// Its own source: how many tries it takes draws nothing from the seed's.
 	rng := rand.New(rand.NewPCG(h.rng.Uint64(), h.rng.Uint64()))
 	for range tries {
@@ -241,13 +262,15 @@ func (h *hostileRun) probe() {
 		local := slices.Clone(h.free[:len(gr.blocks)])
 		hd, err := h.c.PostRead(local, h.agent, gr.blocks, gr.notif)
 		if err != nil {
-			h.gate.end(gr)
-			continue
+			h.t.Fatalf("an honest READ under grant %d could not be posted: %v", gr.id, err)
 		}
 		h.free = h.free[len(local):]
 		rd := &stressRead{h: hd, gr: gr, local: local, remote: slices.Clone(gr.blocks)}
 		h.reads = append(h.reads, rd)
 		p := h.waitEnd(hd)
+		if p != xfer.Complete && h.wasRefused(hd) {
+			h.t.Fatalf("an honest READ under live grant %d was refused", gr.id)
+		}
 		if p == xfer.Complete {
 			for k, b := range local {
 				if !holdsBlock(h.cr.Block(b), gr.id, gr.blocks[k]) {
@@ -258,6 +281,7 @@ func (h *hostileRun) probe() {
 		h.release(slices.Index(h.reads, rd), false)
 		if p != xfer.Complete {
 			h.gate.end(gr)
+			h.explained(gr.id)
 			continue
 		}
 		h.stats[0]++
@@ -275,9 +299,41 @@ func (h *hostileRun) probe() {
 			h.t.Fatalf("grant %d still held %d times after its notification", gr.id, held)
 		}
 		h.gate.end(gr)
+		h.mu.Lock()
+		h.explainedEnds = h.honestEnds
+		h.mu.Unlock()
 		return
 	}
 	h.t.Fatalf("%d honest READs in a row failed beside the hostile peers", tries)
+}
+
+// explained checks that the producer ended one of the honest consumer's
+// connections since the last probe that completed, as a READ under live
+// grant id failed: the consumer may learn of an end only as it writes the
+// READ, the producer counts an end before it closes the connection, and
+// the consumer may see its own close first (an idle connection's, or one
+// it broke to stop a READ).
+func (h *hostileRun) explained(id uint64) {
+	for end := time.Now().Add(hostileWait); ; time.Sleep(200 * time.Microsecond) {
+		h.mu.Lock()
+		ended := h.honestEnds > h.explainedEnds
+		h.mu.Unlock()
+		if ended {
+			return
+		}
+		if time.Now().After(end) {
+			h.t.Fatalf("an honest READ under live grant %d failed, and the producer ended none of the honest consumer's connections", id)
+		}
+		h.drain() // as its owner steps: Drains read connections that bring notifications
+	}
+}
+
+// wasRefused reports whether the producer refused READ hd.
+func (h *hostileRun) wasRefused(hd xfer.Handle) bool {
+	h.c.mu.Lock()
+	op := h.c.handles[hd]
+	h.c.mu.Unlock()
+	return op != nil && op.refused.Load()
 }
 
 // waitEnd waits for READ hd to end.

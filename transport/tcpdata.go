@@ -210,6 +210,9 @@ type TCPData struct {
 	steps stepReads
 	// contactChecks counts the looks at contact READs, for tests.
 	contactChecks atomic.Uint64
+	// connEnded, if set, is told under mu of each accepted connection
+	// that ends, refused at once or served, by its remote address (tests).
+	connEnded func(remote net.Addr)
 }
 
 var _ xfer.DataTransport = (*TCPData)(nil)
