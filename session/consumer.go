@@ -978,14 +978,18 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
 // Close fails the transfers in flight (reason Closed) and gives held blocks
-// back at once, in the next TakeResults. It is idempotent and returns nil.
+// back at once, in the next TakeResults; the grants of READs it stopped go
+// back to their producer. It is idempotent and returns nil.
 func (c *ConsumerSession) Close() error {
 	if c.closed {
 		return nil
 	}
 	c.closed = true
+	st, ok := plane.As[plane.Stoppable](c.data)
+	stops := ok && st.StopsReads()
 	closeOne := func(x *cxfer, quarantined bool) {
 		o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: xfer.Closed}
+		reading := x.State() == fsm.Reading
 		switch err := x.Release(); {
 		case err != nil:
 			c.log.Warn("ec consumer: READ could not be stopped at close; blocks unsafe", "mm_hash", x.MMHash, "err", err)
@@ -1001,6 +1005,11 @@ func (c *ConsumerSession) Close() error {
 		default:
 			o.Retry = true
 			c.results.Failed = append(c.results.Failed, o)
+			if reading && stops {
+				// Stopped for certain: the producer unpins now, not at
+				// the lease.
+				c.giveBack(x)
+			}
 		}
 	}
 	for _, x := range c.active {

@@ -628,3 +628,36 @@ func TestFailureCountsString(t *testing.T) {
 
 // errClosed is a death's cause when a connection closed (not a silence).
 var errClosed = errors.New("connection closed")
+
+// A Pool closed with READs under way gives their grants back where the
+// data plane stops READs: the producer unpins at once, not at its lease.
+// Where a READ may still write, the grant stays until that READ ends.
+func TestPoolCloseGivesBackGrants(t *testing.T) {
+	for _, stops := range []bool{true, false} {
+		t.Run(fmt.Sprint("stops=", stops), func(t *testing.T) {
+			w := newWorld(t, PoolConfig{})
+			w.cdata.SetStopsReads(stops)
+			w.cdata.SetOutcome(xfake.Outcome{Kind: xfake.Stuck})
+			for i, h := range []string{"A", "B"} {
+				w.entry(t, h, 2, true)
+				if _, err := w.pool.Fetch(addr, h, []int{2 * i, 2*i + 1}, w.now.Add(time.Minute), w.now); err != nil {
+					t.Fatal(err)
+				}
+			}
+			w.step(time.Millisecond)
+			w.step(time.Millisecond) // the READs are posted
+			if n := len(w.cdata.Posts()); n != 2 || w.prod.Grants() != 2 {
+				t.Fatalf("%d READs posted, %d grants", n, w.prod.Grants())
+			}
+			w.pool.Close()
+			w.step(time.Millisecond)
+			st := w.prod.Stats()
+			switch {
+			case stops && (w.prod.Grants() != 0 || st.Completions != 2 || st.UnknownNotifs+st.BadTokens != 0):
+				t.Fatalf("after Close: %d grants held; producer %+v", w.prod.Grants(), st)
+			case !stops && (w.prod.Grants() != 2 || w.cdata.Notifies() != 0):
+				t.Fatalf("after Close, READs running: %d grants held, %d notifications", w.prod.Grants(), w.cdata.Notifies())
+			}
+		})
+	}
+}
