@@ -1,6 +1,7 @@
 package connector_test
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -468,10 +469,16 @@ func TestProcessFaults(t *testing.T) {
 			spec := fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s,%s,%s", faultBlocks, faultBS, tc.data, ctlAddr, dataAddr)
 			p1 := startProc(t, spec)
 			c := newConsumer(t, p1.fields[0])
-			c.round(faultItems/3, func() {
+			// A window, so that the last third start after the signal
+			// took: the fault meets fetches that need the producer.
+			c.roundOf(faultItems/3, faultItems/3, func() {
 				p1.cmd.Process.Signal(sig)
+				waitProcState(t, p1.cmd.Process.Pid, map[syscall.Signal]byte{syscall.SIGKILL: 'Z', syscall.SIGSTOP: 'T'}[sig])
 			})
 			faulted, costs := c.completedThisRound, c.costs()
+			if faulted == faultItems || !c.noticed {
+				t.Fatalf("the fault went unseen: %d of %d completed, %s", faulted, faultItems, costs)
+			}
 			p1.cmd.Process.Kill() // a stopped process holds its ports
 			p1.cmd.Wait()
 			startProc(t, spec) // the same addresses
@@ -494,6 +501,24 @@ func TestProcessFaults(t *testing.T) {
 		w.closeAndCheck() // this test's own consumer did nothing
 		noPins(t, w.prod)
 	})
+}
+
+// waitProcState waits until process pid is in state (/proc/<pid>/stat:
+// 'T' stopped, 'Z' dead and not yet reaped), where /proc tells.
+func waitProcState(t *testing.T, pid int, state byte) {
+	t.Helper()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		if err != nil {
+			return // no /proc here
+		}
+		if i := bytes.LastIndexByte(b, ')'); i >= 0 && i+2 < len(b) && b[i+2] == state {
+			return
+		}
+		if time.Now().After(end) {
+			t.Fatalf("process %d not in state %c after 5 s: %s", pid, state, b)
+		}
+	}
 }
 
 // A control connection reset while READs run on a healthy data
