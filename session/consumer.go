@@ -1007,7 +1007,9 @@ func (c *ConsumerSession) Close() error {
 			c.results.Failed = append(c.results.Failed, o)
 			if reading && stops {
 				// Stopped for certain: the producer unpins now, not at
-				// the lease.
+				// the lease. Ended first, as Cancel's, so that the
+				// notification goes where a grant's name is all it has.
+				x.ended = true
 				c.giveBack(x)
 			}
 		}
