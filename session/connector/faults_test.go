@@ -321,29 +321,30 @@ func TestFaultsOnRealSockets(t *testing.T) {
 	}
 	cases := []struct {
 		name  string
-		after int // completions before the fault
+		after int  // completions before the fault
+		seen  bool // the fault must be noticed: it holds what fetches need
 		fault func(w *faultWorld) (lift func())
 	}{
-		{"latency", 0, func(w *faultWorld) func() {
+		{"latency", 0, false, func(w *faultWorld) func() {
 			w.ctl.SetDelay(2 * time.Millisecond)
 			w.data.SetDelay(2 * time.Millisecond)
 			return func() { w.ctl.SetDelay(0); w.data.SetDelay(0) }
 		}},
-		{"bandwidth", 0, func(w *faultWorld) func() {
+		{"bandwidth", 0, false, func(w *faultWorld) func() {
 			w.data.SetRate(4 << 20)
 			return func() { w.data.SetRate(0) }
 		}},
-		{"reset-control", faultItems / 3, func(w *faultWorld) func() { w.ctl.Reset(); return func() {} }},
-		{"reset-data", faultItems / 3, func(w *faultWorld) func() { w.data.Reset(); return func() {} }},
-		{"blackhole-control", faultItems / 3, func(w *faultWorld) func() {
+		{"reset-control", faultItems / 3, false, func(w *faultWorld) func() { w.ctl.Reset(); return func() {} }},
+		{"reset-data", faultItems / 3, false, func(w *faultWorld) func() { w.data.Reset(); return func() {} }},
+		{"blackhole-control", faultItems / 3, true, func(w *faultWorld) func() {
 			w.ctl.Blackhole(true)
 			return after(time.Second, func() { w.ctl.Blackhole(false) })
 		}},
-		{"blackhole-data", faultItems / 3, func(w *faultWorld) func() {
+		{"blackhole-data", faultItems / 3, true, func(w *faultWorld) func() {
 			w.data.Blackhole(true)
 			return after(time.Second, func() { w.data.Blackhole(false) })
 		}},
-		{"refused-then-back", 0, func(w *faultWorld) func() {
+		{"refused-then-back", 0, false, func(w *faultWorld) func() {
 			w.ctl.Refuse(true)
 			w.ctl.Reset()
 			return after(300*time.Millisecond, func() { w.ctl.Refuse(false) })
@@ -353,16 +354,25 @@ func TestFaultsOnRealSockets(t *testing.T) {
 		t.Run(c.name, func(t *testing.T) {
 			w := newFaultWorld(t)
 			var lift func()
-			w.round(c.after, func() { lift = c.fault(w) })
+			// A fault that comes mid-round keeps a window in flight, so
+			// that the last third start under it.
+			window := faultItems
+			if c.after > 0 {
+				window = faultItems / 3
+			}
+			w.roundOf(window, c.after, func() { lift = c.fault(w) })
 			lift()
-			faulted, costs := w.completedThisRound, w.costs()
+			faulted, costs, why := w.completedThisRound, w.costs(), w.why
+			if c.seen && !w.noticed {
+				t.Fatalf("the fault went unseen: %d of %d completed", faulted, faultItems)
+			}
 			// Lifted: a new round completes in full, on new connections
 			// if the old ones died.
 			w.round(0, nil)
 			if w.completedThisRound != faultItems {
 				t.Fatalf("after the fault, %d of %d fetches completed; failed: %v", w.completedThisRound, faultItems, w.why)
 			}
-			t.Logf("%s: during the fault %d of %d completed; %d failed in all; %s", c.name, faulted, faultItems, w.failed, costs)
+			t.Logf("%s: during the fault %d of %d completed; %d failed in all; %s; failures %v", c.name, faulted, faultItems, w.failed, costs, why)
 			w.finish()
 		})
 	}
