@@ -49,6 +49,7 @@ type ControlStats struct {
 
 type controlCounters struct {
 	received, sent, malformed, dropped, sendFails, accepted, shed atomic.Uint64
+	throttled                                                     atomic.Uint64 // a client's waits for Drain to make room (admit); tests
 }
 
 func (c *controlCounters) snapshot() ControlStats {
@@ -369,7 +370,7 @@ func (s *Server) Close() error {
 
 // ClientConfig configures a Client. Zero fields take defaults.
 type ClientConfig struct {
-	MaxFrame         int           // largest frame accepted; default 64 MiB
+	MaxFrame         int           // largest frame, and bytes of one producer's replies waiting for Drain; default 64 MiB
 	ConnectTimeout   time.Duration // default 8 s
 	HandshakeTimeout time.Duration // default 8 s
 	WriteTimeout     time.Duration // default 5 s
@@ -451,6 +452,10 @@ type dealer struct {
 	sockM sync.Mutex
 	sock  zmq4.Socket
 	conn  net.Conn // the guarded connection, once dialed
+
+	// The replies delivered and not yet drained, bounded (see admit).
+	queued, queuedBytes atomic.Int64
+	room                chan struct{} // a Drain took some of them
 }
 
 // Send queues a copy of payload for the producer at addr, dialing it if
@@ -513,7 +518,7 @@ func (c *Client) dealerFor(addr string) (*dealer, error) {
 		if c.cfg.Allow != nil && !c.cfg.Allow(hp) {
 			return nil, fmt.Errorf("%w: %s", xfer.ErrNotAllowed, addr)
 		}
-		d = &dealer{c: c, addr: addr, hp: hp, stop: make(chan struct{}), up: make(chan struct{})}
+		d = &dealer{c: c, addr: addr, hp: hp, stop: make(chan struct{}), up: make(chan struct{}), room: make(chan struct{}, 1)}
 		c.peers[addr] = d
 		c.wg.Add(1)
 		go d.run()
@@ -560,6 +565,7 @@ func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	defer c.steps.mu.Unlock()
 	c.mu.Lock()
 	for _, m := range c.held {
+		m.d.drained(len(m.Payload))
 		dst = c.take(dst, m)
 	}
 	clear(c.held)
@@ -567,6 +573,7 @@ func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	for {
 		select {
 		case m := <-c.in:
+			m.d.drained(len(m.Payload))
 			dst = c.take(dst, m)
 			continue
 		default:
@@ -833,15 +840,55 @@ func (d *dealer) take(_ *guardConn, frames [][]byte) bool {
 }
 
 // deliver takes one reply off the connection: ["", payload] from a ROUTER.
-func (d *dealer) deliver(_ *guardConn, frames [][]byte) bool {
+func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 	if len(frames) != 2 || len(frames[0]) != 0 {
 		d.c.stats.malformed.Add(1)
 		return true
+	}
+	if !d.admit(g, len(frames[1])) {
+		return false
 	}
 	select {
 	case d.c.in <- inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d}:
 		return true
 	case <-d.stop:
 		return false
+	}
+}
+
+// admit counts a reply of n bytes as waiting for Drain, once that leaves
+// the producer's replies waiting within MaxFrame bytes (a reply is always
+// admitted when none waits). Until then the connection is not read: a
+// producer that sends faster than the consumer drains holds at most that
+// much of the consumer's memory, beside the frame being read, and its own
+// connection waits, not a neighbour's; not drained for the peer timeout,
+// it is declared silent.
+func (d *dealer) admit(g *guardConn, n int) bool {
+	for {
+		q, b := d.queued.Load(), d.queuedBytes.Load()
+		if q == 0 || b+int64(n) <= int64(d.c.cfg.MaxFrame) {
+			break
+		}
+		d.c.stats.throttled.Add(1)
+		select {
+		case <-d.room:
+		case <-d.stop:
+			return false
+		case <-g.done:
+			return false
+		}
+	}
+	d.queued.Add(1)
+	d.queuedBytes.Add(int64(n))
+	return true
+}
+
+// drained counts a reply admitted (deliver) as taken by Drain.
+func (d *dealer) drained(n int) {
+	d.queued.Add(-1)
+	d.queuedBytes.Add(-int64(n))
+	select {
+	case d.room <- struct{}{}:
+	default:
 	}
 }
