@@ -36,7 +36,7 @@ type ProducerConfig struct {
 	MaxRequestAge      time.Duration    // older requests are not granted; default 2 s
 	MaxRequestsPerStep int              // requests one Step answers; default 1024
 	MaxPerPeerPerStep  int              // of them from one consumer; default 64
-	MaxBacklog         int              // requests left waiting; more are dropped; default 16384
+	MaxBacklog         int              // requests left waiting (and 64 MiB); past it the biggest waiter's newest drop; default 16384
 	Logger             *slog.Logger     // nil: slog.Default()
 	Now                func() time.Time // clock of Serve and Wait; Step takes yours; nil: time.Now
 }
@@ -153,11 +153,7 @@ func (p *Producer) step(now time.Time) {
 			p.backlog[i].At = now
 		}
 	}
-	if over := len(p.backlog) - p.cfg.MaxBacklog; over > 0 {
-		p.dropped += uint64(over)
-		clear(p.backlog[max(n, p.cfg.MaxBacklog):])
-		p.backlog = p.backlog[:max(n, p.cfg.MaxBacklog)]
-	}
+	p.trimBacklog()
 	// Take up to the bounds, each consumer's requests in order; the rest
 	// stay for later steps.
 	clear(p.perPeer)
@@ -174,6 +170,85 @@ func (p *Producer) step(now time.Time) {
 	clear(p.batch)
 	clear(p.backlog)
 	p.backlog, p.rest = p.rest, p.backlog[:0]
+}
+
+// backlogBytes bounds the requests waiting, by their size (see cost).
+const backlogBytes = 64 << 20
+
+// cost is what a waiting request counts against backlogBytes.
+func cost(m xfer.Message) int64 { return int64(len(m.Payload)+len(m.Identity)) + 64 }
+
+// trimBacklog keeps the backlog within MaxBacklog requests and
+// backlogBytes. Past either, what is dropped is the newest of the consumers
+// (control-plane identities) holding the most: each keeps its oldest
+// requests up to a share found by water-filling, so that a flood drops its
+// own requests, and a consumer that waits with few loses none.
+func (p *Producer) trimBacklog() {
+	var size int64
+	for _, m := range p.backlog {
+		size += cost(m)
+	}
+	if len(p.backlog) <= p.cfg.MaxBacklog && size <= backlogBytes {
+		return
+	}
+	type held struct{ n, bytes int64 }
+	per := map[string]*held{}
+	for _, m := range p.backlog {
+		h := per[string(m.Identity)]
+		if h == nil {
+			h = &held{}
+			per[string(m.Identity)] = h
+		}
+		h.n++
+		h.bytes += cost(m)
+	}
+	counts := make([]int64, 0, len(per))
+	sizes := make([]int64, 0, len(per))
+	for _, h := range per {
+		counts = append(counts, h.n)
+		sizes = append(sizes, h.bytes)
+	}
+	maxN, maxBytes := waterLevel(counts, int64(p.cfg.MaxBacklog)), waterLevel(sizes, backlogBytes)
+	clear(per)
+	kept := p.backlog[:0]
+	for _, m := range p.backlog {
+		h := per[string(m.Identity)]
+		if h == nil {
+			h = &held{}
+			per[string(m.Identity)] = h
+		}
+		if c := cost(m); h.n < maxN && h.bytes+c <= maxBytes {
+			h.n++
+			h.bytes += c
+			kept = append(kept, m)
+			continue
+		}
+		p.dropped++
+	}
+	clear(p.backlog[len(kept):])
+	p.backlog = kept
+}
+
+// waterLevel returns the largest level such that the totals, each cut to
+// it, sum to at most budget.
+func waterLevel(totals []int64, budget int64) int64 {
+	lo, hi := int64(0), int64(0)
+	for _, t := range totals {
+		hi = max(hi, t)
+	}
+	for lo < hi { // the largest level within the budget, in [lo, hi]
+		mid := lo + (hi-lo+1)/2
+		var sum int64
+		for _, t := range totals {
+			sum += min(t, mid)
+		}
+		if sum <= budget {
+			lo = mid
+		} else {
+			hi = mid - 1
+		}
+	}
+	return lo
 }
 
 // Backlog returns the requests waiting for a later Step, and those dropped.

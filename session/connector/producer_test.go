@@ -552,3 +552,58 @@ func TestServeHoldsItsPlanesWaiting(t *testing.T) {
 		t.Fatalf("held after Serve returned: control %d, data %d", srv.count(), data.count())
 	}
 }
+
+// The backlog's rule: past MaxBacklog requests or backlogBytes, the
+// requests dropped are the newest of the consumers holding the most, so a
+// consumer whose requests, waiting and new, stay within an equal share of
+// both (the budget over the number of consumers) loses none, whoever
+// floods beside it and however large its requests.
+func TestBacklogDropsTheFloodersOwn(t *testing.T) {
+	const maxBacklog, steps = 4000, 30
+	srv := &memServer{replies: map[string][][]byte{}}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet, MaxPerPeerPerStep: 1, MaxBacklog: maxBacklog},
+		srv, xfake.New("prod", 16, 8), cache.NewEmbeddingCache(16)))
+	junk := make([]byte, 60<<10)
+	honest := []string{"h1", "h2", "h3"}
+	sent := map[string]int{}
+	check := func(step int) {
+		t.Helper()
+		var size int64
+		for _, m := range p.backlog {
+			size += cost(m)
+		}
+		if len(p.backlog) > maxBacklog || size > backlogBytes {
+			t.Fatalf("step %d: %d requests (%d bytes) wait, over %d (%d)", step, len(p.backlog), size, maxBacklog, backlogBytes)
+		}
+	}
+	for step := range steps {
+		// The flood first, in each step's arrivals: large, many.
+		for i := range 3000 {
+			srv.push(xfer.Message{Identity: []byte("flood"), Payload: junk[:(i*7919)%len(junk)+1]})
+		}
+		for k, id := range honest {
+			for range 1 + (step+k)%2 { // 1.5 a step on average, 1 answered a step
+				sent[id]++
+				srv.push(xfer.Message{Identity: []byte(id), Payload: wire.AppendReq(nil,
+					&wire.XferReq{MMHash: fmt.Sprint(id, sent[id]), CompatibilityHash: compat, SessionID: uuidN(sent[id])})})
+			}
+		}
+		p.Step(t0)
+		check(step)
+	}
+	for step := 0; ; step++ {
+		if waiting, _ := p.Backlog(); waiting == 0 {
+			break
+		}
+		p.Step(t0)
+		check(steps + step)
+	}
+	for _, id := range honest {
+		if got := len(srv.replyTo(id)); got != sent[id] {
+			t.Errorf("%s: %d answers to %d requests", id, got, sent[id])
+		}
+	}
+	if _, dropped := p.Backlog(); dropped == 0 {
+		t.Error("nothing dropped: the flood never reached the bounds")
+	}
+}
