@@ -96,25 +96,46 @@ func TestClientRepliesWaitingBounded(t *testing.T) {
 }
 
 // A producer whose replies wait, undrained, past the peer timeout is
-// declared silent; a neighbour whose replies are taken is not.
+// declared silent, whether they are large or many and empty; a neighbour
+// with a reply waiting beside them is not, and its reply comes.
 func TestClientUndrainedFloodIsSilent(t *testing.T) {
-	const frame = 64 << 10
-	flood := newServer(t, ServerConfig{WriteTimeout: time.Minute, PingInterval: 50 * time.Millisecond})
-	honest := newServer(t, ServerConfig{PingInterval: 50 * time.Millisecond})
-	c := newClient(t, ClientConfig{MaxFrame: frame, PingInterval: 50 * time.Millisecond, PeerTimeout: 300 * time.Millisecond})
-	fid := identityOf(t, c, flood)
-	identityOf(t, c, honest)
-	for range 8 {
-		if err := flood.Reply(fid, make([]byte, frame/2)); err != nil {
-			t.Fatal(err)
-		}
-	}
-	var deaths []xfer.Death
-	until(t, "a death", func() bool { deaths = c.Dead(deaths); return len(deaths) > 0 })
-	if d := deaths[0]; len(deaths) != 1 || d.Addr != flood.Endpoint() || !errors.Is(d.Err, xfer.ErrPeerSilent) {
-		t.Fatalf("deaths %v: want the flood's alone, silent", deaths)
-	}
-	if err := c.Send(honest.Endpoint(), []byte("still there")); err != nil {
-		t.Fatalf("the neighbour: %v", err)
+	const frame, timeout = 64 << 10, 300 * time.Millisecond
+	for _, tc := range []struct {
+		name      string
+		n, length int
+	}{{"large", 8, frame / 2}, {"empty", maxWaiting + 100, 0}} {
+		t.Run(tc.name, func(t *testing.T) {
+			flood := newServer(t, ServerConfig{WriteTimeout: time.Minute, MaxQueued: 2 * tc.n, PingInterval: 50 * time.Millisecond})
+			honest := newServer(t, ServerConfig{PingInterval: 50 * time.Millisecond})
+			c := newClient(t, ClientConfig{MaxFrame: frame, PingInterval: 50 * time.Millisecond, PeerTimeout: timeout})
+			fid, hid := identityOf(t, c, flood), identityOf(t, c, honest)
+			for range tc.n {
+				if err := flood.Reply(fid, make([]byte, tc.length)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := honest.Reply(hid, []byte("honest")); err != nil {
+				t.Fatal(err)
+			}
+			var deaths []xfer.Death
+			until(t, "a death", func() bool { deaths = c.Dead(deaths); return len(deaths) > 0 })
+			// The neighbour's heartbeats go on being read: three more
+			// peer timeouts pass without its death.
+			for end := time.Now().Add(3 * timeout); time.Now().Before(end); time.Sleep(10 * time.Millisecond) {
+				deaths = c.Dead(deaths)
+			}
+			if d := deaths[0]; len(deaths) != 1 || d.Addr != flood.Endpoint() || !errors.Is(d.Err, xfer.ErrPeerSilent) {
+				t.Fatalf("deaths %v: want the flood's alone, silent", deaths)
+			}
+			var got []string
+			for _, in := range c.Drain(nil) {
+				if in.Addr == honest.Endpoint() {
+					got = append(got, string(in.Payload))
+				}
+			}
+			if len(got) != 1 || got[0] != "honest" {
+				t.Fatalf("the neighbour's replies: %q", got)
+			}
+		})
 	}
 }

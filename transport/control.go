@@ -390,7 +390,6 @@ type Client struct {
 	cfg   ClientConfig
 	gcfg  *guardConfig
 	log   *slog.Logger
-	in    chan inbound
 	stats controlCounters
 	wg    sync.WaitGroup
 
@@ -402,8 +401,8 @@ type Client struct {
 	// at Debug, so a dead producer that a loop keeps dialing logs once.
 	down   map[string]bool
 	closed bool
-	held   []inbound // taken by Wait, handed out by the next Drain
-	wake   chan struct{}
+	queue  []inbound     // delivered, for the next Drain (see admit)
+	wake   chan struct{} // something was queued, or a producer died
 
 	steps stepReads
 	got   []inbound // what Drain's reads took, under steps.mu
@@ -426,7 +425,7 @@ func NewClient(cfg ClientConfig) *Client {
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
 	}
-	c := &Client{cfg: cfg, log: cfg.Logger, in: make(chan inbound, 4096), peers: map[string]*dealer{},
+	c := &Client{cfg: cfg, log: cfg.Logger, peers: map[string]*dealer{},
 		down: map[string]bool{}, wake: make(chan struct{}, 1)}
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
@@ -564,21 +563,15 @@ func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	c.steps.mu.Lock()
 	defer c.steps.mu.Unlock()
 	c.mu.Lock()
-	for _, m := range c.held {
+	for _, m := range c.queue {
 		m.d.drained(len(m.Payload))
 		dst = c.take(dst, m)
 	}
-	clear(c.held)
-	c.held = c.held[:0]
-	for {
-		select {
-		case m := <-c.in:
-			m.d.drained(len(m.Payload))
-			dst = c.take(dst, m)
-			continue
-		default:
-		}
-		break
+	clear(c.queue)
+	c.queue = c.queue[:0]
+	select {
+	case <-c.wake: // for what was just taken; Wait checks for deaths under mu
+	default:
 	}
 	c.mu.Unlock()
 	// Then what the busy connections' sockets have (see stepReads): after
@@ -616,18 +609,13 @@ func (c *Client) Wait(ctx context.Context) bool { return c.waitOr(ctx, nil, nil)
 // without a goroutine (connector.Pool uses it).
 func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
 	c.mu.Lock()
-	n := len(c.held) + len(c.dead)
+	n := len(c.queue) + len(c.dead)
 	c.mu.Unlock()
 	if n > 0 {
 		return true
 	}
 	defer c.steps.wait()()
 	select {
-	case m := <-c.in:
-		c.mu.Lock()
-		c.held = append(c.held, m)
-		c.mu.Unlock()
-		return true
 	case <-c.wake:
 		return true
 	case <-ready:
@@ -848,25 +836,30 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 	if !d.admit(g, len(frames[1])) {
 		return false
 	}
+	d.c.mu.Lock()
+	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
+	d.c.mu.Unlock()
 	select {
-	case d.c.in <- inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d}:
-		return true
-	case <-d.stop:
-		return false
+	case d.c.wake <- struct{}{}:
+	default:
 	}
+	return true
 }
 
+// maxWaiting bounds the replies of one producer waiting for Drain.
+const maxWaiting = 4096
+
 // admit counts a reply of n bytes as waiting for Drain, once that leaves
-// the producer's replies waiting within MaxFrame bytes (a reply is always
-// admitted when none waits). Until then the connection is not read: a
-// producer that sends faster than the consumer drains holds at most that
-// much of the consumer's memory, beside the frame being read, and its own
-// connection waits, not a neighbour's; not drained for the peer timeout,
-// it is declared silent.
+// the producer's replies waiting within maxWaiting and MaxFrame bytes (a
+// reply is always admitted when none waits). Until then the connection
+// is not read: a producer that sends faster than the consumer drains holds
+// at most that much of the consumer's memory, beside the frame being
+// read, and its own connection waits, never a neighbour's; not drained
+// for the peer timeout, it is declared silent.
 func (d *dealer) admit(g *guardConn, n int) bool {
 	for {
 		q, b := d.queued.Load(), d.queuedBytes.Load()
-		if q == 0 || b+int64(n) <= int64(d.c.cfg.MaxFrame) {
+		if q == 0 || q < maxWaiting && b+int64(n) <= int64(d.c.cfg.MaxFrame) {
 			break
 		}
 		d.c.stats.throttled.Add(1)

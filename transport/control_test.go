@@ -416,14 +416,19 @@ func TestClientDropsRepliesOfAReplacedConnection(t *testing.T) {
 	c.mu.Lock()
 	c.peers[old.addr] = cur
 	c.mu.Unlock()
-	c.in <- inbound{xfer.Inbound{Addr: old.addr, Payload: []byte("late")}, old}
-	c.in <- inbound{xfer.Inbound{Addr: old.addr, Payload: []byte("now")}, cur}
+	queue := func(d *dealer, p string) {
+		c.mu.Lock()
+		c.queue = append(c.queue, inbound{xfer.Inbound{Addr: old.addr, Payload: []byte(p)}, d})
+		c.mu.Unlock()
+	}
+	queue(old, "late")
+	queue(cur, "now")
 	got := c.Drain(nil)
 	if len(got) != 1 || string(got[0].Payload) != "now" || c.Stats().Dropped != 1 {
 		t.Fatalf("drained %+v, stats %+v", got, c.Stats())
 	}
 	// Held by Wait, then the connection goes: dropped as well.
-	c.in <- inbound{xfer.Inbound{Addr: old.addr, Payload: []byte("held")}, cur}
+	queue(cur, "held")
 	if !c.waitOr(context.Background(), nil, nil) {
 		t.Fatal("Wait")
 	}
