@@ -60,6 +60,9 @@ type Producer struct {
 	batch   []xfer.Message
 	rest    []xfer.Message
 	perPeer map[string]int
+	trim    map[string]*waiting // trimBacklog's
+	counts  []int64
+	sizes   []int64
 	dropped uint64
 	closed  bool
 	done    chan struct{} // closed by Close: Serve and Shutdown return
@@ -109,7 +112,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if err != nil {
 		return nil, err
 	}
-	p := &Producer{ctl: ctl, data: data, sess: s, cfg: cfg, perPeer: map[string]int{}, done: make(chan struct{})}
+	p := &Producer{ctl: ctl, data: data, sess: s, cfg: cfg, perPeer: map[string]int{}, trim: map[string]*waiting{}, done: make(chan struct{})}
 	if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
@@ -181,8 +184,9 @@ func cost(m xfer.Message) int64 { return int64(len(m.Payload)+len(m.Identity)) +
 // trimBacklog keeps the backlog within MaxBacklog requests and
 // backlogBytes. Past either, what is dropped is the newest of the consumers
 // (control-plane identities) holding the most: each keeps its oldest
-// requests up to a share found by water-filling, so that a flood drops its
-// own requests, and a consumer that waits with few loses none.
+// requests up to a share found by water-filling, the budget the shares
+// leave going to the requests just past them, oldest first. A flood drops
+// its own requests, and a consumer within an equal share loses none.
 func (p *Producer) trimBacklog() {
 	var size int64
 	for _, m := range p.backlog {
@@ -191,47 +195,71 @@ func (p *Producer) trimBacklog() {
 	if len(p.backlog) <= p.cfg.MaxBacklog && size <= backlogBytes {
 		return
 	}
-	type held struct{ n, bytes int64 }
-	per := map[string]*held{}
+	// Kept between flooded steps, so that a request costs a lookup, not
+	// an allocation; forgotten once it holds many consumers gone.
+	per := p.trim
+	if len(per) > 2*len(p.backlog) {
+		clear(per)
+	}
+	for _, h := range per {
+		*h = waiting{}
+	}
 	for _, m := range p.backlog {
 		h := per[string(m.Identity)]
 		if h == nil {
-			h = &held{}
+			h = &waiting{}
 			per[string(m.Identity)] = h
 		}
 		h.n++
 		h.bytes += cost(m)
 	}
-	counts := make([]int64, 0, len(per))
-	sizes := make([]int64, 0, len(per))
+	p.counts, p.sizes = p.counts[:0], p.sizes[:0]
 	for _, h := range per {
-		counts = append(counts, h.n)
-		sizes = append(sizes, h.bytes)
+		if h.n > 0 {
+			p.counts = append(p.counts, h.n)
+			p.sizes = append(p.sizes, h.bytes)
+		}
+		*h = waiting{}
 	}
-	maxN, maxBytes := waterLevel(counts, int64(p.cfg.MaxBacklog)), waterLevel(sizes, backlogBytes)
-	clear(per)
+	maxN, spareN := waterLevel(p.counts, int64(p.cfg.MaxBacklog))
+	maxBytes, spareBytes := waterLevel(p.sizes, backlogBytes)
 	kept := p.backlog[:0]
 	for _, m := range p.backlog {
 		h := per[string(m.Identity)]
-		if h == nil {
-			h = &held{}
-			per[string(m.Identity)] = h
-		}
-		if c := cost(m); h.n < maxN && h.bytes+c <= maxBytes {
+		c := cost(m)
+		overN, overBytes := h.n >= maxN, h.bytes+c > maxBytes
+		switch {
+		case h.full:
+		case overN && spareN == 0, overBytes && spareBytes < c:
+			h.full = true // and so are its newer requests
+		default:
+			if overN {
+				spareN--
+			}
+			if overBytes {
+				spareBytes -= c
+			}
 			h.n++
 			h.bytes += c
 			kept = append(kept, m)
-			continue
 		}
-		p.dropped++
+		if h.full {
+			p.dropped++
+		}
 	}
 	clear(p.backlog[len(kept):])
 	p.backlog = kept
 }
 
+// waiting is what one consumer holds in the backlog, for trimBacklog.
+type waiting struct {
+	n, bytes int64
+	full     bool
+}
+
 // waterLevel returns the largest level such that the totals, each cut to
-// it, sum to at most budget.
-func waterLevel(totals []int64, budget int64) int64 {
+// it, sum to at most budget, and what of the budget they leave.
+func waterLevel(totals []int64, budget int64) (level, spare int64) {
 	lo, hi := int64(0), int64(0)
 	for _, t := range totals {
 		hi = max(hi, t)
@@ -248,7 +276,11 @@ func waterLevel(totals []int64, budget int64) int64 {
 			hi = mid - 1
 		}
 	}
-	return lo
+	spare = budget
+	for _, t := range totals {
+		spare -= min(t, lo)
+	}
+	return lo, spare
 }
 
 // Backlog returns the requests waiting for a later Step, and those dropped.

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"sync"
@@ -605,5 +606,81 @@ func TestBacklogDropsTheFloodersOwn(t *testing.T) {
 	}
 	if _, dropped := p.Backlog(); dropped == 0 {
 		t.Error("nothing dropped: the flood never reached the bounds")
+	}
+}
+
+// trimBacklog's rule over random backlogs: both bounds hold; each consumer
+// keeps a prefix of its requests (the newest drop) in arrival order; a
+// consumer within an equal share of both bounds keeps all; the count of
+// drops is exact; and where bytes do not bind, no more is dropped than the
+// count bound needs, however many consumers share it.
+func TestTrimBacklogRule(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	junk := make([]byte, 1<<20)
+	for trial := range 300 {
+		maxBacklog := 1 + rng.IntN(300)
+		p := &Producer{cfg: ProducerConfig{MaxBacklog: maxBacklog}, trim: map[string]*waiting{}}
+		ids := 1 + rng.IntN(400)
+		big := rng.IntN(3) == 0 // requests large enough for the byte bound to bind
+		n := rng.IntN(3 * maxBacklog)
+		type want struct{ n, bytes int64 }
+		per := map[string]*want{}
+		for i := range n {
+			id := fmt.Sprint("c", rng.IntN(ids)%(1+rng.IntN(ids)))
+			size := 1 + rng.IntN(200)
+			if big {
+				size = 1 + rng.IntN(len(junk))
+			}
+			m := xfer.Message{Identity: []byte(id), Payload: junk[:size], At: time.Unix(int64(i), 0)}
+			p.backlog = append(p.backlog, m)
+			if per[id] == nil {
+				per[id] = &want{}
+			}
+			per[id].n++
+			per[id].bytes += cost(m)
+		}
+		before := slices.Clone(p.backlog)
+		p.trimBacklog()
+		var size int64
+		next := map[string]int{} // each consumer's requests, in order, as kept
+		kept := 0
+		for i, m := range p.backlog {
+			size += cost(m)
+			if i > 0 && !p.backlog[i-1].At.Before(m.At) {
+				t.Fatalf("trial %d: out of arrival order at %d", trial, i)
+			}
+			next[string(m.Identity)]++
+			kept++
+		}
+		if len(p.backlog) > maxBacklog || size > backlogBytes {
+			t.Fatalf("trial %d: %d requests, %d bytes kept", trial, len(p.backlog), size)
+		}
+		if int(p.dropped) != len(before)-kept {
+			t.Fatalf("trial %d: %d counted dropped, %d dropped", trial, p.dropped, len(before)-kept)
+		}
+		// A prefix: the k requests kept of a consumer are its k oldest.
+		seen := map[string]int{}
+		j := 0
+		for _, m := range before {
+			id := string(m.Identity)
+			if seen[id] < next[id] {
+				if j >= len(p.backlog) || p.backlog[j].At != m.At {
+					t.Fatalf("trial %d: %s kept a newer request over an older one", trial, id)
+				}
+				j++
+			}
+			seen[id]++
+		}
+		k := int64(len(per))
+		var total int64
+		for id, w := range per {
+			total += w.bytes
+			if w.n <= int64(maxBacklog)/k && w.bytes <= backlogBytes/k && next[id] != int(w.n) {
+				t.Fatalf("trial %d: %s within an equal share lost %d of %d", trial, id, w.n-int64(next[id]), w.n)
+			}
+		}
+		if total <= backlogBytes && kept != min(len(before), maxBacklog) {
+			t.Fatalf("trial %d: bytes never bound, yet %d of %d kept with room for %d", trial, kept, len(before), maxBacklog)
+		}
 	}
 }
