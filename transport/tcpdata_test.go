@@ -6,6 +6,9 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"runtime"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -299,6 +302,7 @@ func FuzzTCPAddRemotePeer(f *testing.F) {
 	f.Add(good)
 	f.Add([]byte{0x91, 0x91, 0x91, 0x91})
 	f.Add(bytes.Repeat([]byte{0x91}, 4000))
+	f.Add([]byte("\x86\xa1\xffM\xc6yCUam!\x95\xbc")) // claims a 2 GB bin: took gigabytes to decode
 	r := newRegion(f, 8, 64)
 	d := newTCP(f, r, TCPConfig{})
 	f.Fuzz(func(t *testing.T, meta []byte) {
@@ -533,4 +537,75 @@ func TestSharedMappingPerDataPlane(t *testing.T) {
 		defer c1.mu.Unlock()
 		return len(c1.maps) == 0
 	})
+}
+
+// The rule for a producer's agent metadata: what decoding it allocates is
+// bounded by its size, whatever lengths and counts it claims. Each
+// length-bearing msgpack type, claiming up to 4 GiB, in place of each value
+// of a real blob, and after a key no field has.
+func TestAgentMetaClaimsBounded(t *testing.T) {
+	good := agentMetaBytes(t, "p", "127.0.0.1:1", 64, 8, metaVersion)
+	claims := [][]byte{
+		{0xc4, 0xff}, {0xc5, 0xff, 0xff}, {0xc6, 0x79, 0x43, 0x55, 0x61}, {0xc6, 0xff, 0xff, 0xff, 0xff}, // bin
+		{0xd9, 0xff}, {0xda, 0xff, 0xff}, {0xdb, 0x7f, 0xff, 0xff, 0xff}, // str
+		{0xc7, 0xff, 1}, {0xc8, 0xff, 0xff, 1}, {0xc9, 0x7f, 0xff, 0xff, 0xff, 1}, // ext
+		{0xdc, 0xff, 0xff}, {0xdd, 0x0f, 0xff, 0xff, 0xff}, {0xdd, 0x00, 0x0f, 0xff, 0xff}, // array
+		{0xde, 0xff, 0xff}, {0xdf, 0x0f, 0xff, 0xff, 0xff}, // map
+	}
+	var blobs [][]byte
+	for _, c := range claims {
+		blobs = append(blobs, c, append([]byte{0x81, 0xa1, 0xff}, c...), append([]byte{0x86, 0xa1, 0xff}, c...))
+		for i := 1; i < len(good); i++ { // the claim spliced in after each byte
+			blobs = append(blobs, append(append(slices.Clone(good[:i]), c...), good[i:]...))
+		}
+	}
+	r := newRegion(t, 8, 64)
+	d := newTCP(t, r, TCPConfig{})
+	var ms runtime.MemStats
+	for _, b := range blobs {
+		runtime.ReadMemStats(&ms)
+		before := ms.TotalAlloc
+		if p, err := d.AddRemotePeer(b, nil); err == nil {
+			d.RemoveRemotePeer(p.Agent)
+		}
+		runtime.ReadMemStats(&ms)
+		if got := ms.TotalAlloc - before; got > 1<<20 {
+			t.Fatalf("metadata of %d bytes (% x...) took %d bytes to decode", len(b), b[:min(len(b), 16)], got)
+		}
+	}
+}
+
+// msgpackFits takes every well-formed value the encoder writes, whole,
+// and nothing cut short or followed by more.
+func TestMsgpackFits(t *testing.T) {
+	values := []any{nil, true, 1, -1, 200, -200, 70000, -70000, 1 << 40, -(1 << 40), uint64(1 << 63), 1.5, float32(2.5),
+		"", "x", strings.Repeat("s", 40), strings.Repeat("s", 300), strings.Repeat("s", 70000),
+		[]byte{}, []byte("b"), bytes.Repeat([]byte("b"), 300), bytes.Repeat([]byte("b"), 70000),
+		[]int{}, []int{1, 2, 3}, make([]int, 20), make([]int, 70000), map[string]int{}, map[string]any{"a": []any{1, "x", map[string]int{"b": 2}}},
+		time.Unix(1, 2), time.Unix(1<<34, 2)}
+	for _, v := range values {
+		b, err := msgpack.Marshal(v)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := msgpackFits(b); err != nil {
+			t.Errorf("%T (% x...): %v", v, b[:min(len(b), 8)], err)
+		}
+		for _, bad := range [][]byte{b[:len(b)-1], append(slices.Clone(b), 0)} {
+			if msgpackFits(bad) == nil {
+				t.Errorf("%T: % x taken", v, bad[:min(len(bad), 8)])
+			}
+		}
+	}
+	for _, e := range [][]byte{{0xd4, 1, 2}, {0xd5, 1, 2, 3}, {0xd6, 1, 0, 0, 0, 0}, {0xd7, 1, 0, 0, 0, 0, 0, 0, 0, 0}, append([]byte{0xd8, 1}, make([]byte, 16)...)} {
+		if err := msgpackFits(e); err != nil {
+			t.Errorf("fixext % x: %v", e, err)
+		}
+		if msgpackFits(e[:len(e)-1]) == nil {
+			t.Errorf("fixext cut short taken: % x", e)
+		}
+	}
+	if msgpackFits([]byte{0xc1}) == nil {
+		t.Error("0xc1 taken")
+	}
 }
