@@ -19,6 +19,7 @@ import (
 	"github.com/ecxfer/ecxfer/cache"
 
 	"github.com/ecxfer/ecxfer/internal/cachex"
+	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -356,7 +357,7 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 	// The decoder sizes what it allocates by the lengths a blob claims:
 	// 14 bytes claiming a 2 GB bin took gigabytes. A blob is decoded only
 	// once every length in it fits in the blob.
-	if err := msgpackFits(metadata); err != nil {
+	if err := wireview.Whole(metadata); err != nil {
 		return m, fmt.Errorf("%w: %v", errBadMeta, err)
 	}
 	if err := msgpack.Unmarshal(metadata, &m); err != nil {
@@ -373,102 +374,6 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 		return m, fmt.Errorf("%w: %d blocks", errBadMeta, m.Blocks)
 	}
 	return m, nil
-}
-
-// msgpackFits checks that b is one msgpack value, exactly, every length
-// and count in it within the bytes that follow: what it claims, it holds.
-func msgpackFits(b []byte) error {
-	pending := 1 // values still to read
-	for pending > 0 {
-		if len(b) == 0 {
-			return errors.New("msgpack value cut short")
-		}
-		c := b[0]
-		b = b[1:]
-		pending--
-		var size, items int // bytes the value's body takes, values inside it
-		switch {
-		case c <= 0x7f || c >= 0xe0 || c == 0xc0 || c == 0xc2 || c == 0xc3:
-		case c <= 0x8f:
-			items = 2 * int(c&0x0f)
-		case c <= 0x9f:
-			items = int(c & 0x0f)
-		case c <= 0xbf:
-			size = int(c & 0x1f)
-		default:
-			n, ok := lengthOf(c, b)
-			if !ok {
-				return fmt.Errorf("msgpack byte 0x%02x not valid here", c)
-			}
-			switch c {
-			case 0xc4, 0xc5, 0xc6, 0xd9, 0xda, 0xdb: // bin, str
-				size = fixedSize(c) + n
-			case 0xc7, 0xc8, 0xc9: // ext: the type byte, then the data
-				size = fixedSize(c) + 1 + n
-			case 0xdc, 0xdd:
-				size, items = fixedSize(c), n
-			case 0xde, 0xdf:
-				size, items = fixedSize(c), 2*n
-			default:
-				size = fixedSize(c)
-			}
-		}
-		if size > len(b) {
-			return fmt.Errorf("msgpack length %d past the %d bytes left", size, len(b))
-		}
-		b = b[size:]
-		pending += items
-		if pending > len(b) { // each value takes a byte at least
-			return fmt.Errorf("msgpack count of %d values past the %d bytes left", pending, len(b))
-		}
-	}
-	if len(b) > 0 {
-		return fmt.Errorf("%d bytes after the msgpack value", len(b))
-	}
-	return nil
-}
-
-// fixedSize is the bytes that follow the byte c of a value that has no
-// length of its own, or the bytes of its length field.
-func fixedSize(c byte) int {
-	switch c {
-	case 0xc4, 0xc7, 0xcc, 0xd0, 0xd9:
-		return 1
-	case 0xc5, 0xc8, 0xcd, 0xd1, 0xda, 0xdc, 0xde, 0xd4:
-		return 2
-	case 0xd5:
-		return 3
-	case 0xc6, 0xc9, 0xca, 0xce, 0xd2, 0xdb, 0xdd, 0xdf:
-		return 4
-	case 0xd6:
-		return 5
-	case 0xcb, 0xcf, 0xd3:
-		return 8
-	case 0xd7:
-		return 9
-	case 0xd8:
-		return 17
-	}
-	return -1
-}
-
-// lengthOf reads the length or count that follows c in b, 0 for a value
-// with none; false for a byte no value starts with, or a length cut short.
-func lengthOf(c byte, b []byte) (int, bool) {
-	w := fixedSize(c)
-	switch c {
-	case 0xc4, 0xc5, 0xc6, 0xc7, 0xc8, 0xc9, 0xd9, 0xda, 0xdb, 0xdc, 0xdd, 0xde, 0xdf:
-	default:
-		return 0, w > 0
-	}
-	if w > len(b) {
-		return 0, false
-	}
-	n := 0
-	for _, x := range b[:w] {
-		n = n<<8 | int(x)
-	}
-	return n, true
 }
 
 // RemoveRemotePeer implements xfer.DataTransport. The last removal closes

@@ -17,6 +17,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/xfer"
 	"github.com/ecxfer/ecxfer/xfer/xfertest"
 )
@@ -575,9 +576,9 @@ func TestAgentMetaClaimsBounded(t *testing.T) {
 	}
 }
 
-// msgpackFits takes every well-formed value the encoder writes, whole,
-// and nothing cut short or followed by more.
-func TestMsgpackFits(t *testing.T) {
+// The check the metadata passes first takes every value the encoder of
+// agent metadata writes, whole, and nothing cut short or followed by more.
+func TestMetaCheckTakesEncodedValues(t *testing.T) {
 	values := []any{nil, true, 1, -1, 200, -200, 70000, -70000, 1 << 40, -(1 << 40), uint64(1 << 63), 1.5, float32(2.5),
 		"", "x", strings.Repeat("s", 40), strings.Repeat("s", 300), strings.Repeat("s", 70000),
 		[]byte{}, []byte("b"), bytes.Repeat([]byte("b"), 300), bytes.Repeat([]byte("b"), 70000),
@@ -588,24 +589,24 @@ func TestMsgpackFits(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		if err := msgpackFits(b); err != nil {
+		if err := wireview.Whole(b); err != nil {
 			t.Errorf("%T (% x...): %v", v, b[:min(len(b), 8)], err)
 		}
 		for _, bad := range [][]byte{b[:len(b)-1], append(slices.Clone(b), 0)} {
-			if msgpackFits(bad) == nil {
+			if wireview.Whole(bad) == nil {
 				t.Errorf("%T: % x taken", v, bad[:min(len(bad), 8)])
 			}
 		}
 	}
 	for _, e := range [][]byte{{0xd4, 1, 2}, {0xd5, 1, 2, 3}, {0xd6, 1, 0, 0, 0, 0}, {0xd7, 1, 0, 0, 0, 0, 0, 0, 0, 0}, append([]byte{0xd8, 1}, make([]byte, 16)...)} {
-		if err := msgpackFits(e); err != nil {
+		if err := wireview.Whole(e); err != nil {
 			t.Errorf("fixext % x: %v", e, err)
 		}
-		if msgpackFits(e[:len(e)-1]) == nil {
+		if wireview.Whole(e[:len(e)-1]) == nil {
 			t.Errorf("fixext cut short taken: % x", e)
 		}
 	}
-	if msgpackFits([]byte{0xc1}) == nil {
+	if wireview.Whole([]byte{0xc1}) == nil {
 		t.Error("0xc1 taken")
 	}
 }

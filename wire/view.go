@@ -25,6 +25,16 @@ func init() {
 		return nil
 	}
 	wireview.PeekIDs = peekIDs
+	wireview.Whole = func(data []byte) error {
+		r := reader{b: data}
+		if err := r.skip(); err != nil {
+			return err
+		}
+		if r.i != len(data) {
+			return malformed("%d bytes after the value", len(data)-r.i)
+		}
+		return nil
+	}
 	wireview.AppendBlockIDs = func(a *wireview.Ack, dst []int, limit int) ([]int, bool) {
 		v := ackView{blocks: a.Blocks, nBlocks: a.NumBlocks}
 		return v.appendBlockIDs(dst, limit)

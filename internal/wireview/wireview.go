@@ -72,4 +72,9 @@ var (
 	// or "ack"): a message of the other kind is not answered. The slices
 	// alias data.
 	PeekIDs func(data []byte, tag string) (mmHash, sessionID []byte, attempt uint64, ok bool)
+	// Whole checks, without decoding or allocating, that data is one
+	// msgpack value and nothing after it, every length and count it
+	// claims within data: what another decoder may then size its
+	// allocations by.
+	Whole func(data []byte) error
 )
