@@ -569,9 +569,11 @@ func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	}
 	clear(c.queue)
 	c.queue = c.queue[:0]
-	select {
-	case <-c.wake: // for what was just taken; Wait checks for deaths under mu
-	default:
+	if len(c.dead) == 0 { // the token was for what was just taken
+		select {
+		case <-c.wake:
+		default:
+		}
 	}
 	c.mu.Unlock()
 	// Then what the busy connections' sockets have (see stepReads): after
