@@ -68,6 +68,10 @@ type ServerConfig struct {
 	HandshakeTimeout time.Duration // default 5 s
 	MaxPending       int           // handshakes in progress at once; default 256
 	MaxQueued        int           // requests and replies queued; default 4096
+	// MaxQueuedBytes bounds the reply bytes queued for one consumer
+	// (default 16 MiB; a reply is taken when none waits), and 16 times it
+	// those for all: past that the consumer holding the most is cut off.
+	MaxQueuedBytes int
 	// MaxConns (4096) and MaxConnsPerHost (256) bound the connections in
 	// all and from one host; the one longest without a request is shed.
 	MaxConns        int
@@ -98,8 +102,9 @@ type Server struct {
 	kick      chan struct{}
 	onRequest atomic.Pointer[func()]
 
-	steps stepReads
-	got   []xfer.Message // what Drain's reads took, under steps.mu
+	steps   stepReads
+	got     []xfer.Message // what Drain's reads took, under steps.mu
+	replies *replyBudget
 }
 
 // Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
@@ -118,6 +123,9 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if cfg.MaxQueued <= 0 {
 		cfg.MaxQueued = 4096
 	}
+	if cfg.MaxQueuedBytes <= 0 {
+		cfg.MaxQueuedBytes = 16 << 20
+	}
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 4096
 	}
@@ -133,6 +141,8 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
 	gcfg.deliver, gcfg.ready, gcfg.gone, gcfg.maxOut = s.deliver, s.connected, s.disconnected, cfg.MaxQueued
 	gcfg.steps, gcfg.take = &s.steps, s.take
+	s.replies = newReplyBudget(cfg.MaxQueuedBytes, 16*cfg.MaxQueuedBytes)
+	gcfg.replies = s.replies
 	gcfg.maxConns, gcfg.maxConnsPerHost, gcfg.seq = cfg.MaxConns, cfg.MaxConnsPerHost, &s.seq
 	gcfg.onShed = func() { s.stats.shed.Add(1) }
 	ep, forget, err := guardEndpoint(gcfg, hp)
@@ -195,8 +205,16 @@ func (s *Server) connected(g *guardConn) {
 	old := s.conns[string(g.identity)]
 	s.conns[string(g.identity)] = g
 	s.connMu.Unlock()
+	g.cfg.replies.register(g)
 	if old != nil {
 		old.Close()
+	}
+	select {
+	case <-g.done:
+		// Closed before it was routed to: disconnected may have run
+		// first, and must not leave it routed to or counted.
+		s.disconnected(g)
+	default:
 	}
 }
 
@@ -206,6 +224,7 @@ func (s *Server) disconnected(g *guardConn) {
 		delete(s.conns, string(g.identity))
 	}
 	s.connMu.Unlock()
+	g.cfg.replies.drop(g)
 }
 
 // deliver takes one request off a connection: ["", payload] from a DEALER.
@@ -329,7 +348,8 @@ func (s *Server) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 // Reply sends payload to the consumer with the given identity without
 // blocking (session.Replier). It fails with xfer.ErrClosed after Close,
 // xfer.ErrPeerDown when no connection holds that identity, and
-// xfer.ErrQueueFull when that consumer has MaxQueued replies waiting.
+// xfer.ErrQueueFull when that consumer has MaxQueued replies or
+// MaxQueuedBytes waiting.
 func (s *Server) Reply(identity, payload []byte) error {
 	select {
 	case <-s.done:

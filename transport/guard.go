@@ -82,6 +82,8 @@ type guardConfig struct {
 	ready   func(g *guardConn)
 	gone    func(g *guardConn)
 	maxOut  int
+	// replies, on a server, bounds the bytes its connections hold unwritten.
+	replies *replyBudget
 	// steps, if set, is the owner's: while the owner is stepped, its
 	// Drains read the connections that are busy (see stepReads), and
 	// take the messages they read, as deliver does for the goroutine's.
@@ -221,6 +223,8 @@ type guardConn struct {
 	omsgs    int    // messages appended since opend was last empty
 	owriting bool   // the writer goroutine owns the socket's write side
 	owlen    int    // bytes the writer is writing
+	oacct    int    // bytes of opend counted in cfg.replies
+	wacct    int    // bytes the writer is writing counted there
 	obroken  error
 	okick    chan struct{}
 
@@ -270,6 +274,9 @@ func (g *guardConn) Close() error {
 		first = true
 		close(g.done)
 		err = g.Conn.Close()
+		if g.cfg.replies != nil {
+			g.cfg.replies.drop(g) // what it held unwritten is no longer owed
+		}
 		if g.onClose != nil {
 			g.onClose()
 		}
@@ -913,7 +920,8 @@ func (g *guardConn) sendRawLocked(msg []byte, kind uint8) error {
 		g.omu.Unlock()
 		return xfer.ErrQueueFull
 	}
-	if !g.owriting && len(g.opend) == 0 && g.raw != nil {
+	direct := !g.owriting && len(g.opend) == 0 && g.raw != nil
+	if direct {
 		n, err := g.tryWrite(msg)
 		if err != nil {
 			e := fmt.Errorf("%w: %v", net.ErrClosed, err)
@@ -928,6 +936,22 @@ func (g *guardConn) sendRawLocked(msg []byte, kind uint8) error {
 			return nil
 		}
 	}
+	var cut []*guardConn
+	if kind == 0 && g.cfg.replies != nil {
+		// A message begun on the wire must be queued whole.
+		ok, c := g.cfg.replies.queue(g, len(msg), direct)
+		if !ok && !direct {
+			g.omu.Unlock()
+			return xfer.ErrQueueFull
+		}
+		if !ok { // closed meanwhile, and no longer counted
+			g.obroken = fmt.Errorf("%w: closed", net.ErrClosed)
+			g.omu.Unlock()
+			return g.obroken
+		}
+		cut = c
+		g.oacct += len(msg)
+	}
 	g.opend = append(g.opend, msg...)
 	if kind == 0 {
 		g.omsgs++
@@ -935,7 +959,14 @@ func (g *guardConn) sendRawLocked(msg []byte, kind uint8) error {
 	g.oqueued |= kind
 	g.omu.Unlock()
 	g.kick()
-	return nil
+	var err error
+	for _, c := range cut {
+		c.fail("replies left unread past the server's bound")
+		if c == g {
+			err = fmt.Errorf("%w: replies left unread past the server's bound", net.ErrClosed)
+		}
+	}
+	return err
 }
 
 // kick wakes the writer.
@@ -1041,12 +1072,24 @@ func (g *guardConn) writer() {
 			g.omu.Lock()
 			g.oqueued &^= took // written
 			took, g.owlen = 0, 0
+			if g.wacct > 0 {
+				g.cfg.replies.written(g, g.wacct)
+				g.wacct = 0
+			}
 			if len(g.opend)+len(g.octl) == 0 || g.obroken != nil {
 				g.owriting, g.omsgs = false, 0
+				// A burst's buffers are not kept.
+				if cap(buf) > 1<<20 {
+					buf = nil
+				}
+				if cap(g.opend) > 1<<20 {
+					g.opend = nil
+				}
 				g.omu.Unlock()
 				break
 			}
 			buf, g.opend = g.opend, buf[:0]
+			g.wacct, g.oacct = g.oacct, 0
 			buf = append(buf, g.octl...) // whole commands, after whole messages
 			g.octl = g.octl[:0]
 			took = g.oqueued

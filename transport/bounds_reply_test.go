@@ -1,0 +1,235 @@
+package transport
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// The rule of the server's reply budget, on random operations: the total
+// is the sum of what each connection holds and never over its bound after
+// a reply is queued; a reply is refused only when its connection has some
+// waiting and would go past its own bound (never when it must be taken);
+// and the connections cut to make room are, each at its cut, ones holding
+// the most.
+func TestReplyBudgetRule(t *testing.T) {
+	for seed := range uint64(200) {
+		r := rand.New(rand.NewPCG(seed, 1))
+		per := 1 + r.IntN(1000)
+		b := newReplyBudget(per, per*(1+r.IntN(8)))
+		conns := make([]*guardConn, 1+r.IntN(12))
+		live := map[*guardConn]bool{}
+		for i := range conns {
+			conns[i] = &guardConn{}
+			b.register(conns[i])
+			live[conns[i]] = true
+		}
+		model := map[*guardConn]int{}
+		for op := range 400 {
+			g := conns[r.IntN(len(conns))]
+			switch k := r.IntN(10); {
+			case k < 6:
+				n := 1 + r.IntN(2*per)
+				must := r.IntN(4) == 0
+				ok, cut := b.queue(g, n, must)
+				switch {
+				case !live[g]:
+					if ok {
+						t.Fatalf("seed %d op %d: a dropped connection's reply was counted", seed, op)
+					}
+					continue
+				case !ok && (must || model[g] == 0 || model[g]+n <= per):
+					t.Fatalf("seed %d op %d: refused %d bytes (must %v) holding %d of %d", seed, op, n, must, model[g], per)
+				case ok && !must && model[g] > 0 && model[g]+n > per:
+					t.Fatalf("seed %d op %d: took %d bytes past %d holding %d", seed, op, n, per, model[g])
+				}
+				if ok {
+					model[g] += n
+				}
+				for _, c := range cut {
+					for _, h := range model {
+						if h > model[c] {
+							t.Fatalf("seed %d op %d: cut a connection holding %d while one held %d", seed, op, model[c], h)
+						}
+					}
+					delete(model, c)
+					live[c] = false
+				}
+			case k < 9:
+				if n := model[g]; n > 0 {
+					w := 1 + r.IntN(n)
+					b.written(g, w)
+					model[g] -= w
+				}
+			default:
+				b.drop(g)
+				delete(model, g)
+				live[g] = false
+			}
+			sum := 0
+			for _, h := range model {
+				sum += h
+			}
+			total, own := b.bytes(g)
+			if total != sum || own != model[g] {
+				t.Fatalf("seed %d op %d: counted %d (own %d), model %d (own %d)", seed, op, total, own, sum, model[g])
+			}
+			if total > b.max {
+				t.Fatalf("seed %d op %d: %d bytes held past the bound %d", seed, op, total, b.max)
+			}
+		}
+	}
+}
+
+// stalled connects consumers that complete the handshake, each under its
+// identity, send one request and never read; it returns them once the
+// server routes replies to each.
+func stalled(t *testing.T, s *Server, ids ...string) []net.Conn {
+	t.Helper()
+	var cs []net.Conn
+	for _, id := range ids {
+		c := rawHandshakeAs(t, s.Addr().String(), id)
+		if tc, ok := c.(*net.TCPConn); ok {
+			tc.SetReadBuffer(4 << 10)
+		}
+		cs = append(cs, c)
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.connMu.Lock()
+		n := 0
+		for _, id := range ids {
+			if s.conns[id] != nil {
+				n++
+			}
+		}
+		s.connMu.Unlock()
+		if n == len(ids) {
+			// Small send buffers: replies queue after a few KiB, not MiBs.
+			s.connMu.Lock()
+			for _, id := range ids {
+				if q, ok := s.conns[id].Conn.(*quietConn); ok {
+					q.tc.SetWriteBuffer(8 << 10)
+				}
+			}
+			s.connMu.Unlock()
+			return cs
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d consumers routed to", n, len(ids))
+		}
+	}
+}
+
+// A consumer that does not read holds at most MaxQueuedBytes of replies:
+// past that its replies are refused (xfer.ErrQueueFull), while a
+// neighbour's come at once; once it is gone, nothing is counted.
+func TestReplyBytesPerConsumerBounded(t *testing.T) {
+	const per = 1 << 20
+	s := newServer(t, ServerConfig{MaxQueuedBytes: per, WriteTimeout: time.Minute})
+	st := stalled(t, s, "staller")[0]
+	big := make([]byte, 200<<10)
+	refused := 0
+	for i := range 400 {
+		err := s.Reply([]byte("staller"), big)
+		if errors.Is(err, xfer.ErrQueueFull) {
+			refused++
+		} else if err != nil {
+			t.Fatalf("reply %d: %v", i, err)
+		}
+		s.connMu.Lock()
+		g := s.conns["staller"]
+		s.connMu.Unlock()
+		if own := g.pendingOut(); own > per+64 { // 64: a PING or PONG
+			t.Fatalf("reply %d: %d bytes queued for a consumer that does not read, bound %d", i, own, per)
+		}
+	}
+	if refused == 0 {
+		t.Fatal("400 replies of 200 KiB to a consumer that does not read: none refused")
+	}
+	c := newClient(t, ClientConfig{})
+	if err := c.Send(s.Endpoint(), []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []xfer.Message
+	for end := time.Now().Add(5 * time.Second); len(msgs) == 0; time.Sleep(time.Millisecond) {
+		if msgs = s.Drain(msgs); time.Now().After(end) {
+			t.Fatal("no request from the neighbour")
+		}
+	}
+	if err := s.Reply(msgs[0].Identity, big); err != nil {
+		t.Fatalf("the neighbour's reply: %v", err)
+	}
+	waitInbound(t, c, 1, 5*time.Second)
+	st.Close()
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		if total, _ := s.replies.bytes(nil); total == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			total, _ := s.replies.bytes(nil)
+			t.Fatalf("%d bytes still counted after the consumer left", total)
+		}
+	}
+}
+
+// Consumers that do not read hold at most 16 × MaxQueuedBytes together:
+// past it the one holding the most is cut off, and a neighbour that reads
+// gets every reply, even large ones queued behind its socket.
+func TestReplyBytesForAllBounded(t *testing.T) {
+	const per = 256 << 10
+	s := newServer(t, ServerConfig{MaxQueuedBytes: per, WriteTimeout: time.Minute})
+	var ids []string
+	for i := range 40 {
+		ids = append(ids, fmt.Sprintf("staller-%d", i))
+	}
+	stalled(t, s, ids...)
+	c := newClient(t, ClientConfig{})
+	if err := c.Send(s.Endpoint(), []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	var msgs []xfer.Message
+	for end := time.Now().Add(5 * time.Second); len(msgs) == 0; time.Sleep(time.Millisecond) {
+		if msgs = s.Drain(msgs); time.Now().After(end) {
+			t.Fatal("no request from the neighbour")
+		}
+	}
+	neighbour := msgs[0].Identity
+	big := make([]byte, 64<<10)
+	sent := 0
+	for round := range 40 {
+		for _, id := range ids {
+			s.Reply([]byte(id), big)
+		}
+		held := 0
+		s.connMu.Lock()
+		for _, g := range s.conns {
+			held += g.pendingOut()
+		}
+		s.connMu.Unlock()
+		if held > 16*per+64*len(ids) {
+			t.Fatalf("round %d: %d bytes queued for consumers that do not read, bound %d", round, held, 16*per)
+		}
+		if err := s.Reply(neighbour, big); err != nil {
+			t.Fatalf("round %d: the neighbour's reply: %v", round, err)
+		}
+		sent++
+		waitInbound(t, c, 1, 5*time.Second)
+	}
+	cut := 0
+	s.connMu.Lock()
+	for _, id := range ids {
+		if s.conns[id] == nil {
+			cut++
+		}
+	}
+	s.connMu.Unlock()
+	if cut == 0 {
+		t.Fatalf("no consumer cut off: %d hold %d bytes of replies", len(ids), 16*per)
+	}
+	t.Logf("%d of %d consumers that do not read cut off; the neighbour got %d replies", cut, len(ids), sent)
+}
