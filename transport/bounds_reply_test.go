@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -232,4 +233,68 @@ func TestReplyBytesForAllBounded(t *testing.T) {
 		t.Fatalf("no consumer cut off: %d hold %d bytes of replies", len(ids), 16*per)
 	}
 	t.Logf("%d of %d consumers that do not read cut off; the neighbour got %d replies", cut, len(ids), sent)
+}
+
+// Requests waiting for Drain hold at most MaxQueuedBytes (a request
+// counting its length + 64): past it the consumers' readers wait, none is
+// dropped, and a Drain lets them on, in order.
+func TestServerRequestBytesBounded(t *testing.T) {
+	const per = 256 << 10
+	s := newServer(t, ServerConfig{MaxQueuedBytes: per})
+	flood := rawHandshakeAs(t, s.Addr().String(), "flood")
+	body := make([]byte, 60<<10)
+	const n = 64
+	go func() {
+		for i := range n {
+			body[0] = byte(i)
+			msg := []byte{flagMore, 0, flagLong}
+			msg = binary.BigEndian.AppendUint64(msg, uint64(len(body)))
+			if _, err := flood.Write(append(msg, body...)); err != nil {
+				return
+			}
+		}
+	}()
+	c := newClient(t, ClientConfig{})
+	if err := c.Send(s.Endpoint(), []byte("hi")); err != nil {
+		t.Fatal(err)
+	}
+	// Until the readers stop: the flood is held back at the bound.
+	var last int64 = -1
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		b := s.inBytes.Load()
+		if b == last && b > 0 {
+			break
+		}
+		last = b
+		if time.Now().After(end) {
+			t.Fatal("the readers never stopped")
+		}
+	}
+	if last > per {
+		t.Fatalf("%d bytes of requests waiting for Drain, bound %d", last, per)
+	}
+	got, neighbour := 0, false
+	var msgs []xfer.Message
+	for end := time.Now().Add(10 * time.Second); got < n || !neighbour; time.Sleep(time.Millisecond) {
+		msgs = s.Drain(msgs[:0])
+		for _, m := range msgs {
+			if string(m.Identity) != "flood" {
+				neighbour = true
+				continue
+			}
+			if m.Payload[0] != byte(got) {
+				t.Fatalf("request %d came as %d", got, m.Payload[0])
+			}
+			got++
+		}
+		if b := s.inBytes.Load(); b > per {
+			t.Fatalf("%d bytes of requests waiting for Drain, bound %d", b, per)
+		}
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d requests, the neighbour's: %v", got, n, neighbour)
+		}
+	}
+	if b := s.inBytes.Load(); b != 0 {
+		t.Fatalf("%d bytes counted with nothing waiting", b)
+	}
 }

@@ -68,9 +68,10 @@ type ServerConfig struct {
 	HandshakeTimeout time.Duration // default 5 s
 	MaxPending       int           // handshakes in progress at once; default 256
 	MaxQueued        int           // requests and replies queued; default 4096
-	// MaxQueuedBytes bounds the reply bytes queued for one consumer
-	// (default 16 MiB; a reply is taken when none waits), and 16 times it
-	// those for all: past that the consumer holding the most is cut off.
+	// MaxQueuedBytes bounds the bytes of requests waiting for Drain and of
+	// replies queued for one consumer (default 16 MiB; one is taken when
+	// none waits). Replies for all: 16 times it, past which the consumer
+	// holding the most is cut off.
 	MaxQueuedBytes int
 	// MaxConns (4096) and MaxConnsPerHost (256) bound the connections in
 	// all and from one host; the one longest without a request is shed.
@@ -87,9 +88,15 @@ type Server struct {
 	log    *slog.Logger
 	in     chan xfer.Message
 	done   chan struct{}
-	guards *goGroup
-	stats  controlCounters
-	once   sync.Once
+	// The bytes of the requests in in (each its length + 64), bounded by
+	// maxIn: past it a connection's reader waits for room, as when in is
+	// full; Drain makes room and hands it on through room.
+	inBytes atomic.Int64
+	maxIn   int64
+	room    chan struct{}
+	guards  *goGroup
+	stats   controlCounters
+	once    sync.Once
 
 	connMu sync.Mutex
 	conns  map[string]*guardConn // by the identity replies are routed to
@@ -136,7 +143,8 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 		cfg.Logger = slog.Default()
 	}
 	s := &Server{log: cfg.Logger, in: make(chan xfer.Message, cfg.MaxQueued), done: make(chan struct{}),
-		conns: map[string]*guardConn{}, kick: make(chan struct{}, 1)}
+		conns: map[string]*guardConn{}, kick: make(chan struct{}, 1),
+		maxIn: int64(cfg.MaxQueuedBytes), room: make(chan struct{}, 1)}
 	gcfg := newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, 0, cfg.MaxPending, &s.stats)
 	gcfg.deliver, gcfg.ready, gcfg.gone, gcfg.maxOut = s.deliver, s.connected, s.disconnected, cfg.MaxQueued
@@ -238,6 +246,9 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 	}
 	g.lastMsg.Store(s.seq.Add(1))
 	m := xfer.Message{Identity: g.identity, Payload: frames[1]}
+	if !s.reserveIn(g, inCost(m)) {
+		return false
+	}
 	select {
 	case s.in <- m:
 	default:
@@ -245,8 +256,10 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 		select {
 		case s.in <- m:
 		case <-g.done:
+			s.freeIn(inCost(m))
 			return false
 		case <-s.done:
+			s.freeIn(inCost(m))
 			return false
 		}
 	}
@@ -257,6 +270,52 @@ func (s *Server) deliver(g *guardConn, frames [][]byte) bool {
 		s.wake()
 	}
 	return true
+}
+
+// inCost is what a request counts against maxIn.
+func inCost(m xfer.Message) int64 { return int64(len(m.Payload)) + 64 }
+
+// reserveIn counts n bytes of a request for in, first waiting, with g's
+// reader held, until they fit or none are counted; false if g or the
+// server closed meanwhile.
+func (s *Server) reserveIn(g *guardConn, n int64) bool {
+	waited := false
+	for {
+		b := s.inBytes.Load()
+		if b > 0 && b+n > s.maxIn {
+			s.wake() // a Drain makes room
+			select {
+			case <-s.room:
+				waited = true
+				continue
+			case <-g.done:
+				return false
+			case <-s.done:
+				return false
+			}
+		}
+		if s.inBytes.CompareAndSwap(b, b+n) {
+			if waited && b+n < s.maxIn {
+				s.handOnRoom() // to the next reader waiting, if any
+			}
+			return true
+		}
+	}
+}
+
+// freeIn gives back n bytes of in and wakes a reader waiting for room.
+func (s *Server) freeIn(n int64) {
+	s.inBytes.Add(-n)
+	s.handOnRoom()
+}
+
+// handOnRoom wakes one reader waiting for room, if one waits; that one
+// hands it on while room is left.
+func (s *Server) handOnRoom() {
+	select {
+	case s.room <- struct{}{}:
+	default:
+	}
 }
 
 // take takes one request a Drain read: as deliver, for Drain's caller.
@@ -300,15 +359,20 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	s.steps.drained()
 	s.steps.mu.Lock()
 	defer s.steps.mu.Unlock()
+	var freed int64
 	for {
 		select {
 		case m := <-s.in:
 			s.stats.received.Add(1)
 			dst = append(dst, m)
+			freed += inCost(m)
 			continue
 		default:
 		}
 		break
+	}
+	if freed > 0 {
+		s.freeIn(freed)
 	}
 	// Then what the busy connections' sockets have (see stepReads): after
 	// the queue, which holds what each of them delivered before.
