@@ -281,7 +281,7 @@ func TestLargeRepliesIntact(t *testing.T) {
 // or not at all, the rest waits in the queue, and still every byte
 // arrives in order.
 func TestLargeRepliesToASlowReader(t *testing.T) {
-	s := serveLarge(t, ServerConfig{WriteTimeout: 20 * time.Second})
+	s := serveLarge(t, ServerConfig{WriteTimeout: 20 * time.Second, MaxQueuedBytes: 64 << 20})
 	c := rawHandshake(t, s.Addr().String())
 	defer c.Close()
 	c.(*net.TCPConn).SetReadBuffer(64 << 10) // no autotuning: the replies back up

@@ -265,19 +265,36 @@ func TestModeChangesFailNoWrite(t *testing.T) {
 // An owner that keeps stepping is not woken by the timer that cools its
 // connections once it stops: each Drain pushes it back.
 func TestSteppingOwnerTakesNoTimerWakeUps(t *testing.T) {
-	s, raw, sg, _ := hotServerConn(t, "ticks")
-	before := s.steps.checks.Load()
-	for end := time.Now().Add(5 * coolAfter); time.Now().Before(end); {
-		s.Drain(nil)
-		time.Sleep(200 * time.Microsecond) // an engine's step
-	}
-	if n := s.steps.checks.Load() - before; n > 0 || !sg.hot.Load() {
-		t.Fatalf("%d checks by the timer over 5 of its periods; hot: %v", n, sg.hot.Load())
-	}
-	raw.Write(envelope("after the steps"))
-	poll(t, 10*time.Second, "the connection cooled once the steps stopped", func() bool { return !sg.hot.Load() })
-	if s.steps.checks.Load() == before {
-		t.Fatal("cooled without the timer")
+	// The rule holds for an owner that steps: a trial in which this
+	// goroutine itself was held off the CPU for half the timer's period
+	// (a loaded machine) did not step, and is tried again.
+	for trial := 1; ; trial++ {
+		s, raw, sg, _ := hotServerConn(t, "ticks")
+		before := s.steps.checks.Load()
+		var worst time.Duration
+		last := time.Now()
+		for end := last.Add(5 * coolAfter); last.Before(end); {
+			s.Drain(nil)
+			time.Sleep(200 * time.Microsecond) // an engine's step
+			now := time.Now()
+			worst = max(worst, now.Sub(last))
+			last = now
+		}
+		if worst >= coolAfter/2 {
+			if trial == 10 {
+				t.Skipf("this goroutine never stepped every %v: once %v between steps", coolAfter/2, worst)
+			}
+			continue
+		}
+		if n := s.steps.checks.Load() - before; n > 0 || !sg.hot.Load() {
+			t.Fatalf("%d checks by the timer over 5 of its periods, steps at most %v apart; hot: %v", n, worst, sg.hot.Load())
+		}
+		raw.Write(envelope("after the steps"))
+		poll(t, 10*time.Second, "the connection cooled once the steps stopped", func() bool { return !sg.hot.Load() })
+		if s.steps.checks.Load() == before {
+			t.Fatal("cooled without the timer")
+		}
+		return
 	}
 }
 
