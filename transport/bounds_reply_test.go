@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"testing"
 	"time"
 
@@ -297,4 +298,137 @@ func TestServerRequestBytesBounded(t *testing.T) {
 	if b := s.inBytes.Load(); b != 0 {
 		t.Fatalf("%d bytes counted with nothing waiting", b)
 	}
+}
+
+// drainRaw reads what c has until it has been quiet for quiet.
+func drainRaw(c net.Conn, quiet time.Duration) int {
+	buf := make([]byte, 64<<10)
+	total := 0
+	for {
+		c.SetReadDeadline(time.Now().Add(quiet))
+		n, err := c.Read(buf)
+		total += n
+		if err != nil {
+			c.SetReadDeadline(time.Time{})
+			return total
+		}
+	}
+}
+
+func heapNow() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	return ms.HeapAlloc
+}
+
+// rawConsumers connects consumers that complete the handshake and do not
+// read; the server's side gets a small send buffer, so that replies queue
+// in the guard (the consumer's receive buffer is left as it is: shrinking
+// it stalls loopback TCP in zero-window probes).
+func rawConsumers(t *testing.T, s *Server, ids ...string) []net.Conn {
+	t.Helper()
+	var cs []net.Conn
+	for _, id := range ids {
+		cs = append(cs, rawHandshakeAs(t, s.Addr().String(), id))
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(time.Millisecond) {
+		s.connMu.Lock()
+		n := 0
+		for _, id := range ids {
+			if g := s.conns[id]; g != nil {
+				n++
+			}
+		}
+		if n == len(ids) {
+			for _, id := range ids {
+				if q, ok := s.conns[id].Conn.(*quietConn); ok {
+					q.tc.SetWriteBuffer(8 << 10)
+				}
+			}
+			s.connMu.Unlock()
+			return cs
+		}
+		s.connMu.Unlock()
+		if time.Now().After(end) {
+			t.Fatalf("%d of %d consumers routed to", n, len(ids))
+		}
+	}
+}
+
+// What a connection keeps beyond the bytes counted stays small: after
+// bursts of replies that its consumer then read in full, nothing is
+// counted and its buffers went (a connection kept 2 MiB each, uncounted:
+// at 4,096 connections, 8 GiB against the bound of 256 MiB).
+func TestBurstBuffersNotKept(t *testing.T) {
+	s := newServer(t, ServerConfig{PeerTimeout: time.Minute, PingInterval: time.Hour})
+	const n = 16
+	var ids []string
+	for i := range n {
+		ids = append(ids, fmt.Sprintf("burst-%d", i))
+	}
+	cs := rawConsumers(t, s, ids...)
+	base := heapNow()
+	msg := make([]byte, 60<<10)
+	for burst := range 2 {
+		for _, id := range ids {
+			for range 18 { // ~1 MiB: past the socket's buffers, under what the writer lets go of
+				if err := s.Reply([]byte(id), msg); err != nil {
+					t.Fatalf("burst %d reply to %s: %v", burst, id, err)
+				}
+			}
+		}
+		done := make(chan int)
+		for _, c := range cs {
+			go func() { done <- drainRaw(c, 200*time.Millisecond) }()
+		}
+		for range cs {
+			<-done
+		}
+	}
+	for end := time.Now().Add(5 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		total, _ := s.replies.bytes(nil)
+		pend := 0
+		s.connMu.Lock()
+		for _, id := range ids {
+			pend += s.conns[id].pendingOut()
+		}
+		s.connMu.Unlock()
+		if total == 0 && pend == 0 {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("still counted %d, pending %d", total, pend)
+		}
+	}
+	msg = nil
+	kept := int64(heapNow()) - int64(base)
+	if kept > n*256<<10 {
+		t.Fatalf("nothing queued or counted, yet %d KiB held for %d connections (%d KiB each; at 4096 connections: %d MiB)",
+			kept>>10, n, kept/n>>10, kept/n*4096>>20)
+	}
+}
+
+// A reply to a connection no longer counted (cut for the bound for all,
+// its close still to come) that the socket takes in part closes it: half a
+// message on the wire must not leave it open, routed to and mute.
+func TestPartReplyToUncountedConnCloses(t *testing.T) {
+	s := newServer(t, ServerConfig{PeerTimeout: time.Minute, PingInterval: time.Hour})
+	rawConsumers(t, s, "early")
+	s.connMu.Lock()
+	g := s.conns["early"]
+	s.connMu.Unlock()
+	s.replies.drop(g)                             // as a cut does
+	s.Reply([]byte("early"), make([]byte, 4<<20)) // more than the socket takes
+	select {
+	case <-g.done:
+		return // closed: the consumer reconnects
+	case <-time.After(5 * time.Second):
+	}
+	s.connMu.Lock()
+	routed := s.conns["early"] == g
+	s.connMu.Unlock()
+	err2 := s.Reply([]byte("early"), []byte("small"))
+	t.Fatalf("a partly written reply left the connection open (routed %v) and broken: next reply: %v", routed, err2)
 }

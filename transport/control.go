@@ -133,6 +133,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	if cfg.MaxQueuedBytes <= 0 {
 		cfg.MaxQueuedBytes = 16 << 20
 	}
+	cfg.MaxQueuedBytes = min(cfg.MaxQueuedBytes, 1<<40) // 16 times it must not overflow
 	if cfg.MaxConns <= 0 {
 		cfg.MaxConns = 4096
 	}
@@ -210,10 +211,11 @@ func (s *Server) connected(g *guardConn) {
 	if len(g.identity) == 0 {
 		g.identity = []byte(uuid.NewString())
 	}
+	// Counted before it can be replied to: a reply finds it registered.
+	g.cfg.replies.register(g)
 	old := s.conns[string(g.identity)]
 	s.conns[string(g.identity)] = g
 	s.connMu.Unlock()
-	g.cfg.replies.register(g)
 	if old != nil {
 		old.Close()
 	}

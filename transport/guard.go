@@ -219,7 +219,6 @@ type guardConn struct {
 	opend    []byte // encoded messages not yet written
 	octl     []byte // our commands waiting for the writer, after opend
 	oqueued  uint8  // our commands not yet written: at most one of each
-	sbuf     []byte // send's scratch: the message being encoded (under omu)
 	omsgs    int    // messages appended since opend was last empty
 	owriting bool   // the writer goroutine owns the socket's write side
 	owlen    int    // bytes the writer is writing
@@ -863,11 +862,11 @@ func (g *guardConn) send(frames ...[]byte) error {
 	for _, f := range frames {
 		n += 9 + len(f)
 	}
-	// Encoded into the connection's scratch buffer, under omu: what the
-	// socket does not take is copied to the queue, so nothing is
-	// allocated per message.
-	g.omu.Lock()
-	msg := slices.Grow(g.sbuf[:0], n)
+	// Encoded into a pooled scratch buffer: what the socket does not take
+	// is copied to the queue, so nothing is allocated per message, and an
+	// idle connection keeps no scratch of its own.
+	sp := sendScratch.Get().(*[]byte)
+	msg := slices.Grow((*sp)[:0], n)
 	for i, f := range frames {
 		flags := byte(0)
 		if i < len(frames)-1 {
@@ -881,11 +880,17 @@ func (g *guardConn) send(frames ...[]byte) error {
 		}
 		msg = append(msg, f...)
 	}
+	g.omu.Lock()
+	err := g.sendRawLocked(msg, 0)
 	if cap(msg) <= 64<<10 {
-		g.sbuf = msg // a rare large one is not kept
+		*sp = msg // a rare large one is not kept
 	}
-	return g.sendRawLocked(msg, 0)
+	sendScratch.Put(sp)
+	return err
 }
+
+// sendScratch holds send's scratch buffers.
+var sendScratch = sync.Pool{New: func() any { return new([]byte) }}
 
 // sendCommand writes cmd, one of our commands of the given kind, like a
 // message, unless one of its kind is still unwritten: then cmd is dropped.
@@ -944,10 +949,12 @@ func (g *guardConn) sendRawLocked(msg []byte, kind uint8) error {
 			g.omu.Unlock()
 			return xfer.ErrQueueFull
 		}
-		if !ok { // closed meanwhile, and no longer counted
-			g.obroken = fmt.Errorf("%w: closed", net.ErrClosed)
+		if !ok { // closed or cut meanwhile, and no longer counted
+			e := fmt.Errorf("%w: closed", net.ErrClosed)
+			g.obroken = e
 			g.omu.Unlock()
-			return g.obroken
+			g.Close() // part of a message may be on the wire
+			return e
 		}
 		cut = c
 		g.oacct += len(msg)
@@ -1056,6 +1063,9 @@ func (w *nbWriter) writeAll(bufs [][]byte) ([][]byte, error) {
 	return nil, nil
 }
 
+// keepOut is the largest outbound buffer a connection keeps once empty.
+const keepOut = 64 << 10
+
 // writer writes what sendRawLocked and sendCommand could not, within the
 // write deadline: a peer that does not read for that long is cut off, and
 // no other connection waits for it.
@@ -1076,13 +1086,14 @@ func (g *guardConn) writer() {
 				g.cfg.replies.written(g, g.wacct)
 				g.wacct = 0
 			}
+			// A buffer grown past keepOut is let go once written: what a
+			// connection keeps beyond the bytes counted stays small.
+			if cap(buf) > keepOut {
+				buf = nil
+			}
 			if len(g.opend)+len(g.octl) == 0 || g.obroken != nil {
 				g.owriting, g.omsgs = false, 0
-				// A burst's buffers are not kept.
-				if cap(buf) > 1<<20 {
-					buf = nil
-				}
-				if cap(g.opend) > 1<<20 {
+				if cap(g.opend) > keepOut {
 					g.opend = nil
 				}
 				g.omu.Unlock()
