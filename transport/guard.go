@@ -200,6 +200,7 @@ type guardConn struct {
 	lastRecv  atomic.Int64  // unix nanos of the last byte received
 	lastMsg   atomic.Uint64 // server: cfg.seq at its last request, or at its accept
 	host      string        // server: the peer's address without its port
+	server    bool          // our side is the ROUTER
 	inBytes   atomic.Uint64 // bytes read from the socket, for tests
 
 	// outbound
@@ -253,6 +254,7 @@ func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardC
 	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)
 	g.raw = newNBWriter(c)
 	g.outParse.greetLeft = greetingLen
+	g.server = server
 	if server {
 		g.swallow = greetingLen // already sent by the listener
 		g.outParse.greetLeft = 0
@@ -480,6 +482,9 @@ func (g *guardConn) onCommand(c []byte) (ready bool, err error) {
 		if !validMetadata(body) {
 			return false, g.fail("bad READY metadata")
 		}
+		if !peerTypeOK(body, g.server) {
+			return false, g.fail("READY without a compatible Socket-Type")
+		}
 		if g.readyIn.Swap(true) {
 			return false, g.fail("second READY")
 		}
@@ -679,6 +684,44 @@ func metaProp(md []byte, name string) []byte {
 		md = md[vl:]
 	}
 	return nil
+}
+
+// peerTypeOK reports whether READY's properties (valid ones) name a
+// socket type zmq4 takes for our side's peer: every property whose name
+// folds to Socket-Type spelled in ASCII as zmq4 title-cases it, with a
+// type a ROUTER (server) or a DEALER talks to, and at least one. zmq4
+// v0.17.0 reads the last one whose title-cased name is "Socket-Type" and
+// panics on a type it does not know, or on none.
+func peerTypeOK(md []byte, server bool) bool {
+	found := false
+	for len(md) > 0 {
+		kl := int(md[0])
+		k := string(md[1 : 1+kl])
+		vl := binary.BigEndian.Uint32(md[1+kl:])
+		v := string(md[1+kl+4 : 1+kl+4+int(vl)])
+		md = md[1+kl+4+int(vl):]
+		if !strings.EqualFold(k, "Socket-Type") {
+			continue
+		}
+		if len(k) != len("Socket-Type") || k[1:7] != "ocket-" || k[8:] != "ype" || (k[0] != 's' && k[0] != 'S') || (k[7] != 't' && k[7] != 'T') {
+			return false // spelled so that zmq4 may not see it
+		}
+		switch v {
+		case "DEALER", "ROUTER":
+		case "REQ":
+			if !server {
+				return false
+			}
+		case "REP":
+			if server {
+				return false
+			}
+		default:
+			return false
+		}
+		found = true
+	}
+	return found
 }
 
 // parseCommand splits a command body into its name and data.

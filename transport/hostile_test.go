@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"context"
 	"encoding/binary"
 	"errors"
 	"io"
@@ -451,4 +452,87 @@ func TestReplyAfterWriterDeadline(t *testing.T) {
 	if _, err := io.ReadFull(c, got); err != nil || string(got[4:]) != "re:x" {
 		t.Fatalf("reply after idle: %q, %v", got, err)
 	}
+}
+
+// readyProps is a READY of the given properties, name and value in turn.
+func readyProps(kv ...string) []byte {
+	body := append([]byte{5}, "READY"...)
+	for i := 0; i+1 < len(kv); i += 2 {
+		body = append(body, byte(len(kv[i])))
+		body = append(body, kv[i]...)
+		body = binary.BigEndian.AppendUint32(body, uint32(len(kv[i+1])))
+		body = append(body, kv[i+1]...)
+	}
+	return append([]byte{flagCommand, byte(len(body))}, body...)
+}
+
+// zmq4 panics on a peer's socket type it does not know, or on none, and
+// reads the type only under the name as it title-cases it: a READY whose
+// Socket-Type zmq4 would not see, or would not know, closes the
+// connection, on either side, and the process lives on.
+func TestPeerSocketTypeChecked(t *testing.T) {
+	bad := map[string][]byte{
+		"none":           readyProps("Identity", "x"),
+		"unknown type":   readyProps("Socket-Type", "NULL"),
+		"lower case":     readyProps("Socket-Type", "dealer"),
+		"upper name":     readyProps("SOCKET-TYPE", "DEALER"),
+		"name with nul":  readyProps("Socket\x00Type", "DEALER"),
+		"long s":         readyProps("ſocket-Type", "DEALER"),
+		"a second, bad":  readyProps("Socket-Type", "DEALER", "socket-type", "PUB"),
+		"empty":          readyProps("Socket-Type", ""),
+		"incompatible":   readyProps("Socket-Type", "PUB"),
+		"producer's REP": readyProps("Socket-Type", "REP"),
+	}
+	s := newServer(t, ServerConfig{})
+	for name, ready := range bad {
+		t.Run("server/"+name, func(t *testing.T) {
+			c, err := net.Dial("tcp", s.Addr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			c.SetDeadline(time.Now().Add(5 * time.Second))
+			c.Write(zmtpGreeting)
+			io.ReadFull(c, make([]byte, greetingLen))
+			c.Write(ready)
+			expectClosed(t, c, 5*time.Second)
+		})
+	}
+	// The same READYs from a producer (REP stands for REQ there).
+	bad["consumer's REQ"] = readyProps("Socket-Type", "REQ")
+	delete(bad, "producer's REP")
+	for name, ready := range bad {
+		t.Run("client/"+name, func(t *testing.T) {
+			ln, err := net.Listen("tcp", "127.0.0.1:0")
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer ln.Close()
+			go func() {
+				c, err := ln.Accept()
+				if err != nil {
+					return
+				}
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(5 * time.Second))
+				c.Write(zmtpGreeting)
+				io.ReadFull(c, make([]byte, greetingLen))
+				c.Write(ready)
+				io.Copy(io.Discard, c)
+			}()
+			cl := newClient(t, ClientConfig{HandshakeTimeout: 2 * time.Second})
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := cl.Connect(ctx, "tcp://"+ln.Addr().String()); err == nil {
+				t.Fatal("connected to a producer whose socket type zmq4 cannot take")
+			}
+		})
+	}
+	// And an honest consumer is still served.
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{})
+	c.Send(s.Endpoint(), []byte("x"))
+	waitInbound(t, c, 1, 5*time.Second)
 }
