@@ -187,3 +187,70 @@ func scriptedDataProducer(ln net.Listener, stream chan []byte) {
 		}()
 	}
 }
+
+// Whatever a producer sends a Client, after the greeting or in place of
+// it, the client never panics, and every payload Drain hands out came
+// whole.
+func FuzzClientInbound(f *testing.F) {
+	router := readyProps("Socket-Type", "ROUTER")
+	f.Add(true, envelope("ack"))
+	f.Add(true, append(envelope("a"), envelope("b")...))
+	f.Add(true, []byte{flagMore, 0, flagLong, 0, 0, 0, 0, 0, 0, 0, 3, 'a', 'b', 'c'})
+	f.Add(true, []byte{flagCommand, 5, 4, 'P', 'I', 'N', 'G'})
+	f.Add(true, router)
+	f.Add(false, zmtpGreeting)
+	f.Add(false, append(append([]byte(nil), zmtpGreeting...), router...))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		f.Fatal(err)
+	}
+	stream := make(chan []byte, 1)
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			var data []byte
+			select {
+			case data = <-stream:
+			case <-time.After(time.Second):
+			}
+			go func() {
+				defer c.Close()
+				c.SetDeadline(time.Now().Add(time.Second))
+				if len(data) > 0 && data[0] == 1 {
+					c.Write(zmtpGreeting)
+					io.ReadFull(c, make([]byte, greetingLen))
+					c.Write(router)
+				}
+				if len(data) > 0 {
+					c.Write(data[1:])
+				}
+				io.Copy(io.Discard, c)
+			}()
+		}
+	}()
+	f.Cleanup(func() { ln.Close(); <-served })
+	ep := "tcp://" + ln.Addr().String()
+	f.Fuzz(func(t *testing.T, handshake bool, data []byte) {
+		select {
+		case <-stream:
+		default:
+		}
+		b := byte(0)
+		if handshake {
+			b = 1
+		}
+		stream <- append([]byte{b}, data...)
+		cl := NewClient(ClientConfig{Logger: quiet, HandshakeTimeout: 100 * time.Millisecond, PeerTimeout: 200 * time.Millisecond, MaxFrame: 1 << 10})
+		defer cl.Close()
+		cl.Send(ep, []byte("req"))
+		for end := time.Now().Add(20 * time.Millisecond); time.Now().Before(end); time.Sleep(time.Millisecond) {
+			cl.Drain(nil)
+			cl.Dead(nil)
+		}
+	})
+}
