@@ -362,7 +362,7 @@ func rawConsumers(t *testing.T, s *Server, ids ...string) []net.Conn {
 // counted and its buffers went (a connection kept 2 MiB each, uncounted:
 // at 4,096 connections, 8 GiB against the bound of 256 MiB).
 func TestBurstBuffersNotKept(t *testing.T) {
-	s := newServer(t, ServerConfig{PeerTimeout: time.Minute, PingInterval: time.Hour})
+	s := newServer(t, ServerConfig{PeerTimeout: time.Minute, PingInterval: time.Hour, WriteTimeout: time.Minute})
 	const n = 16
 	var ids []string
 	for i := range n {

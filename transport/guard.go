@@ -175,7 +175,8 @@ var zmtpGreeting = func() []byte {
 // validGreeting checks a peer's greeting: signature, version 3 or later,
 // NULL security.
 func validGreeting(g []byte) bool {
-	return g[0] == 0xff && g[9] == 0x7f && g[10] >= 3 && string(bytes.TrimRight(g[12:32], "\x00")) == "NULL"
+	return g[0] == 0xff && g[9] == 0x7f && g[10] >= 3 && string(bytes.TrimRight(g[12:32], "\x00")) == "NULL" &&
+		g[32] <= 1 // as-server: zmq4 fails on any other value and leaves the connection open
 }
 
 // guardConn wraps one TCP connection.
