@@ -80,7 +80,7 @@ func FuzzDataPortInbound(f *testing.F) {
 }
 
 // readIDMark stands in a fuzzed producer's stream for the id of the
-// consumer's READ, which scriptedDataProducer puts in its place.
+// consumer's READ, which dataProducerScript puts in its place.
 var readIDMark = bytes.Repeat([]byte{0xee}, 8)
 
 // Whatever a producer answers a READ with, the consumer never panics, the
@@ -111,7 +111,7 @@ func FuzzLinkInbound(f *testing.F) {
 	}
 	stream := make(chan []byte, 1)
 	served := make(chan struct{})
-	go func() { scriptedDataProducer(ln, stream); close(served) }()
+	go func() { scripted(ln, stream, dataProducerScript); close(served) }()
 	f.Cleanup(func() { ln.Close(); <-served })
 	meta := agentMetaBytes(f, "fz", ln.Addr().String(), bs, 4, metaVersion)
 	f.Fuzz(func(t *testing.T, data []byte) {
@@ -149,17 +149,18 @@ func FuzzLinkInbound(f *testing.F) {
 	})
 }
 
-// scriptedDataProducer answers each connection with the next stream: after the
-// consumer's hello and first READ, with readIDMark replaced by its id.
-func scriptedDataProducer(ln net.Listener, stream chan []byte) {
+// scripted answers each connection ln accepts with the next script from
+// scripts, through answer (then it closes the connection); one given none
+// within a second is closed. It returns once ln is closed.
+func scripted(ln net.Listener, scripts chan []byte, answer func(c net.Conn, script []byte)) {
 	for {
 		c, err := ln.Accept()
 		if err != nil {
 			return
 		}
-		var data []byte
+		var script []byte
 		select {
-		case data = <-stream:
+		case script = <-scripts:
 		case <-time.After(time.Second):
 			c.Close()
 			continue
@@ -167,25 +168,31 @@ func scriptedDataProducer(ln net.Listener, stream chan []byte) {
 		go func() {
 			defer c.Close()
 			c.SetDeadline(time.Now().Add(2 * time.Second))
-			var hdr [headLen + 2]byte
-			if _, err := io.ReadFull(c, hdr[:]); err != nil {
-				return
-			}
-			io.ReadFull(c, make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen))
-			var rd [headLen + 14]byte
-			id := make([]byte, 8)
-			// The welcome may come first in data: the READ follows it.
-			if bytes.HasPrefix(data, []byte(frameMagic+string(rune(frameWelcome)))) && len(data) >= headLen+proofLen {
-				c.Write(data[:headLen+proofLen])
-				data = data[headLen+proofLen:]
-				if _, err := io.ReadFull(c, rd[:]); err == nil {
-					copy(id, rd[headLen:headLen+8])
-				}
-			}
-			c.Write(bytes.ReplaceAll(data, readIDMark, id))
+			answer(c, script)
 			io.Copy(io.Discard, c)
 		}()
 	}
+}
+
+// dataProducerScript plays a producer's data port: after the consumer's
+// hello and first READ, data, with readIDMark replaced by the READ's id.
+func dataProducerScript(c net.Conn, data []byte) {
+	var hdr [headLen + 2]byte
+	if _, err := io.ReadFull(c, hdr[:]); err != nil {
+		return
+	}
+	io.ReadFull(c, make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen))
+	var rd [headLen + 14]byte
+	id := make([]byte, 8)
+	// The welcome may come first in data: the READ follows it.
+	if bytes.HasPrefix(data, []byte(frameMagic+string(rune(frameWelcome)))) && len(data) >= headLen+proofLen {
+		c.Write(data[:headLen+proofLen])
+		data = data[headLen+proofLen:]
+		if _, err := io.ReadFull(c, rd[:]); err == nil {
+			copy(id, rd[headLen:headLen+8])
+		}
+	}
+	c.Write(bytes.ReplaceAll(data, readIDMark, id))
 }
 
 // Whatever a producer sends a Client, after the greeting or in place of
@@ -208,30 +215,14 @@ func FuzzClientInbound(f *testing.F) {
 	served := make(chan struct{})
 	go func() {
 		defer close(served)
-		for {
-			c, err := ln.Accept()
-			if err != nil {
-				return
+		scripted(ln, stream, func(c net.Conn, data []byte) {
+			if data[0] == 1 {
+				c.Write(zmtpGreeting)
+				io.ReadFull(c, make([]byte, greetingLen))
+				c.Write(router)
 			}
-			var data []byte
-			select {
-			case data = <-stream:
-			case <-time.After(time.Second):
-			}
-			go func() {
-				defer c.Close()
-				c.SetDeadline(time.Now().Add(time.Second))
-				if len(data) > 0 && data[0] == 1 {
-					c.Write(zmtpGreeting)
-					io.ReadFull(c, make([]byte, greetingLen))
-					c.Write(router)
-				}
-				if len(data) > 0 {
-					c.Write(data[1:])
-				}
-				io.Copy(io.Discard, c)
-			}()
-		}
+			c.Write(data[1:])
+		})
 	}()
 	f.Cleanup(func() { ln.Close(); <-served })
 	ep := "tcp://" + ln.Addr().String()

@@ -668,23 +668,38 @@ func (g *guardConn) feed(p []byte) error {
 // metaProp returns the value of a READY property (names are
 // case-insensitive), or nil.
 func metaProp(md []byte, name string) []byte {
+	var v []byte
+	eachProp(md, func(k, val []byte) bool {
+		if strings.EqualFold(string(k), name) {
+			v = append([]byte(nil), val...)
+			return false
+		}
+		return true
+	})
+	return v
+}
+
+// eachProp calls f with each READY property (name length byte, name, value
+// length u32, value; to the end) until f returns false, and reports
+// whether they were well formed as far as it went.
+func eachProp(md []byte, f func(k, v []byte) bool) bool {
 	for len(md) > 0 {
 		kl := int(md[0])
 		if kl == 0 || len(md) < 1+kl+4 {
-			return nil
+			return false
 		}
-		k := string(md[1 : 1+kl])
+		k := md[1 : 1+kl]
 		vl := binary.BigEndian.Uint32(md[1+kl:])
 		md = md[1+kl+4:]
 		if uint64(vl) > uint64(len(md)) {
-			return nil
+			return false
 		}
-		if strings.EqualFold(k, name) {
-			return append([]byte(nil), md[:vl]...)
+		if !f(k, md[:vl]) {
+			return true
 		}
 		md = md[vl:]
 	}
-	return nil
+	return true
 }
 
 // peerTypeOK reports whether READY's properties (valid ones) name a
@@ -694,35 +709,29 @@ func metaProp(md []byte, name string) []byte {
 // v0.17.0 reads the last one whose title-cased name is "Socket-Type" and
 // panics on a type it does not know, or on none.
 func peerTypeOK(md []byte, server bool) bool {
-	found := false
-	for len(md) > 0 {
-		kl := int(md[0])
-		k := string(md[1 : 1+kl])
-		vl := binary.BigEndian.Uint32(md[1+kl:])
-		v := string(md[1+kl+4 : 1+kl+4+int(vl)])
-		md = md[1+kl+4+int(vl):]
+	found, ok := false, true
+	eachProp(md, func(kb, vb []byte) bool {
+		k := string(kb)
 		if !strings.EqualFold(k, "Socket-Type") {
-			continue
+			return true
 		}
 		if len(k) != len("Socket-Type") || k[1:7] != "ocket-" || k[8:] != "ype" || (k[0] != 's' && k[0] != 'S') || (k[7] != 't' && k[7] != 'T') {
-			return false // spelled so that zmq4 may not see it
-		}
-		switch v {
-		case "DEALER", "ROUTER":
-		case "REQ":
-			if !server {
-				return false
-			}
-		case "REP":
-			if server {
-				return false
-			}
-		default:
+			ok = false // spelled so that zmq4 may not see it
 			return false
 		}
+		switch string(vb) {
+		case "DEALER", "ROUTER":
+		case "REQ":
+			ok = server
+		case "REP":
+			ok = !server
+		default:
+			ok = false
+		}
 		found = true
-	}
-	return found
+		return ok
+	})
+	return ok && found
 }
 
 // parseCommand splits a command body into its name and data.
@@ -737,19 +746,7 @@ func parseCommand(c []byte) (string, []byte, bool) {
 // length u32, value; to the end) before zmq4 parses them: zmq4 v0.17.0
 // indexes past the end of malformed ones and panics.
 func validMetadata(md []byte) bool {
-	for len(md) > 0 {
-		kl := int(md[0])
-		if kl == 0 || len(md) < 1+kl+4 {
-			return false
-		}
-		vl := binary.BigEndian.Uint32(md[1+kl:])
-		md = md[1+kl+4:]
-		if uint64(vl) > uint64(len(md)) {
-			return false
-		}
-		md = md[vl:]
-	}
-	return true
+	return eachProp(md, func(k, v []byte) bool { return true })
 }
 
 // The commands the guard sends on its own. At most one of each waits
