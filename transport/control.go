@@ -459,7 +459,7 @@ type ClientConfig struct {
 	MaxFrame         int           // largest frame, and bytes of one producer's replies waiting for Drain; default 64 MiB
 	ConnectTimeout   time.Duration // default 8 s
 	HandshakeTimeout time.Duration // default 8 s
-	WriteTimeout     time.Duration // default 5 s
+	WriteTimeout     time.Duration // a producer not reading for this long is cut off; default 5 s
 	PingInterval     time.Duration // default 2 s
 	PeerTimeout      time.Duration // default 8 s
 	MaxQueued        int           // requests queued per producer; default 1024

@@ -825,15 +825,14 @@ func (g *guardConn) Write(p []byte) (int, error) {
 }
 
 // flushLocked writes the coalesced bytes, then extra, then queued PONGs if
-// that ends at a message boundary, within the write deadline. A timeout
-// closes the connection: a peer that does not read is treated as gone.
+// that ends at a message boundary. A peer that takes no byte for the write
+// timeout is treated as gone: the connection is closed.
 func (g *guardConn) flushLocked(extra []byte) error {
 	bufs := net.Buffers{g.out, extra}
 	if g.outParse.atBoundary() && len(g.pongs) > 0 {
 		bufs = append(bufs, g.pongs)
 	}
-	g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
-	_, err := bufs.WriteTo(g.Conn)
+	err := writeFull(g.Conn, bufs, g.cfg.writeTimeout)
 	g.out = g.out[:0]
 	if g.outParse.atBoundary() {
 		g.pongs, g.pqueued = g.pongs[:0], 0
@@ -1107,9 +1106,10 @@ func (w *nbWriter) writeAll(bufs [][]byte) ([][]byte, error) {
 // keepOut is the largest outbound buffer a connection keeps once empty.
 const keepOut = 64 << 10
 
-// writer writes what sendRawLocked and sendCommand could not, within the
-// write deadline: a peer that does not read for that long is cut off, and
-// no other connection waits for it.
+// writer writes what sendRawLocked and sendCommand could not. A peer that
+// takes no byte for the write timeout is cut off (one reading steadily,
+// however slowly, is not: the bytes it may make us hold are bounded by the
+// reply budget), and no other connection waits for it.
 func (g *guardConn) writer() {
 	var buf []byte
 	var took uint8 // our commands in buf
@@ -1148,10 +1148,7 @@ func (g *guardConn) writer() {
 			g.owriting = true
 			g.owlen = len(buf)
 			g.omu.Unlock()
-			g.Conn.SetWriteDeadline(time.Now().Add(g.cfg.writeTimeout))
-			_, err := g.Conn.Write(buf)
-			// A deadline left behind would fail a direct write later.
-			g.Conn.SetWriteDeadline(time.Time{})
+			err := writeFull(g.Conn, net.Buffers{buf}, g.cfg.writeTimeout)
 			if err != nil {
 				g.omu.Lock()
 				g.obroken = fmt.Errorf("%w: %v", net.ErrClosed, err)

@@ -551,7 +551,9 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 }
 
 // writeFull writes bufs to c, failing only when no byte left for timeout
-// (a deadline that passes after some progress is set anew).
+// (a deadline that passes after some progress is set anew). Every write
+// to a peer of unbounded size goes through it or writeBy, so that a peer
+// reading steadily but slowly is never cut off.
 func writeFull(c net.Conn, bufs net.Buffers, timeout time.Duration) error {
 	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
 	for len(bufs) > 0 {
