@@ -327,7 +327,7 @@ func heapNow() uint64 {
 // read; the server's side gets a small send buffer, so that replies queue
 // in the guard (the consumer's receive buffer is left as it is: shrinking
 // it stalls loopback TCP in zero-window probes).
-func rawConsumers(t *testing.T, s *Server, ids ...string) []net.Conn {
+func rawConsumers(t testing.TB, s *Server, ids ...string) []net.Conn {
 	t.Helper()
 	var cs []net.Conn
 	for _, id := range ids {
