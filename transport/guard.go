@@ -1107,9 +1107,9 @@ func (w *nbWriter) writeAll(bufs [][]byte) ([][]byte, error) {
 const keepOut = 64 << 10
 
 // writer writes what sendRawLocked and sendCommand could not. A peer that
-// takes no byte for the write timeout is cut off (one reading steadily,
-// however slowly, is not: the bytes it may make us hold are bounded by the
-// reply budget), and no other connection waits for it.
+// takes no byte for the write timeout is cut off (one that reads steadily
+// is not, however much waits for it: the reply budget bounds that), and no
+// other connection waits for it.
 func (g *guardConn) writer() {
 	var buf []byte
 	var took uint8 // our commands in buf

@@ -550,20 +550,46 @@ func (d *deadlineReader) Read(p []byte) (int, error) {
 	return d.c.Read(p)
 }
 
-// writeFull writes bufs to c, failing only when no byte left for timeout
-// (a deadline that passes after some progress is set anew). Every write
-// to a peer of unbounded size goes through it or writeBy, so that a peer
-// reading steadily but slowly is never cut off.
+// writeFull writes bufs to c, failing only when the peer took no byte
+// for timeout. Every write to a peer of unbounded size goes through it or
+// writeBy: a deadline bounds the time without progress, never the time a
+// write of many bytes takes.
 func writeFull(c net.Conn, bufs net.Buffers, timeout time.Duration) error {
+	return writeBy(c, bufs, timeout, time.Time{})
+}
+
+// writeBy is writeFull that also fails with errGrantTime at by, if set,
+// however the bytes move. The caller holds c's write lock. Each try waits
+// a quarter of timeout at most, so that a stall is noticed between
+// timeout and 1.25 × timeout after the last byte the peer took.
+func writeBy(c net.Conn, bufs net.Buffers, timeout time.Duration, by time.Time) error {
 	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
+	try := max(timeout/4, time.Millisecond)
+	last := time.Now() // when the peer last took bytes, or the start
 	for len(bufs) > 0 {
-		c.SetWriteDeadline(time.Now().Add(timeout))
+		dl := time.Now().Add(try)
+		if stall := last.Add(timeout); stall.Before(dl) {
+			dl = stall
+		}
+		if !by.IsZero() && by.Before(dl) {
+			dl = by
+		}
+		c.SetWriteDeadline(dl)
 		n, err := writeBufs(c, &bufs)
-		if err != nil {
-			var ne net.Error
-			if n > 0 && errors.As(err, &ne) && ne.Timeout() {
-				continue
-			}
+		if err == nil {
+			continue
+		}
+		var ne net.Error
+		if !errors.As(err, &ne) || !ne.Timeout() {
+			return err
+		}
+		now := time.Now()
+		if !by.IsZero() && !now.Before(by) {
+			return errGrantTime
+		}
+		if n > 0 {
+			last = now
+		} else if now.Sub(last) >= timeout {
 			return err
 		}
 	}

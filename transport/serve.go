@@ -865,37 +865,6 @@ func (v *server) writeBy(bufs net.Buffers, by time.Time) error {
 	return writeBy(v.s.c, bufs, v.d.cfg.IOTimeout, by)
 }
 
-// writeBy writes bufs on c, failing when no byte moved for timeout, or
-// with errGrantTime at by, if set; the caller holds c's write lock.
-func writeBy(c net.Conn, bufs net.Buffers, timeout time.Duration, by time.Time) error {
-	if by.IsZero() {
-		return writeFull(c, bufs, timeout)
-	}
-	defer c.SetWriteDeadline(time.Time{}) // one left behind would fail a later write that must not wait
-	for len(bufs) > 0 {
-		dl := time.Now().Add(timeout)
-		if by.Before(dl) {
-			dl = by
-		}
-		c.SetWriteDeadline(dl)
-		n, err := writeBufs(c, &bufs)
-		if err == nil {
-			continue
-		}
-		var ne net.Error
-		if !errors.As(err, &ne) || !ne.Timeout() {
-			return err
-		}
-		if !time.Now().Before(by) {
-			return errGrantTime
-		}
-		if n == 0 {
-			return err
-		}
-	}
-	return nil
-}
-
 // authorize asks the gates: TCPConfig.Authorize's, if set, and the
 // attached sessions', the current one first, until one grants; with
 // neither nothing is served. a is the attachment that granted: what the

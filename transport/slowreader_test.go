@@ -98,3 +98,33 @@ func steadyThenStop(t *testing.T, c net.Conn, g *guardConn, timeout time.Duratio
 		t.Fatalf("still up %v after its peer stopped reading", 8*timeout)
 	}
 }
+
+// writeFull and writeBy notice a stall between the timeout and a quarter
+// more after the last byte the peer took: a byte taken just after a try
+// began does not buy the peer a second timeout.
+func TestWriteNoticesAStallWithinItsTimeout(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	a, b := net.Pipe()
+	defer a.Close()
+	defer b.Close()
+	took := make(chan time.Time, 1)
+	go func() {
+		var one [1]byte
+		time.Sleep(10 * time.Millisecond)
+		b.Read(one[:])
+		time.Sleep(3 * timeout / 4) // within the timeout: not a stall
+		b.Read(one[:])
+		time.Sleep(timeout / 4) // just after a whole-timeout deadline would be renewed
+		b.Read(one[:])
+		took <- time.Now() // then nothing more
+	}()
+	err := writeFull(a, net.Buffers{make([]byte, 1<<20)}, timeout)
+	cut := time.Now()
+	last := <-took
+	if err == nil {
+		t.Fatal("a write the peer stopped taking succeeded")
+	}
+	if d := cut.Sub(last); d < timeout-5*time.Millisecond || d > timeout+timeout/4+100*time.Millisecond {
+		t.Fatalf("cut %v after the last byte the peer took; want between %v and %v (and scheduling)", d, timeout, timeout+timeout/4)
+	}
+}
