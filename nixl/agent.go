@@ -62,6 +62,7 @@ type Agent struct {
 	inline  int               // async: the most blocks a READ posted in the step may have (InlinePost)
 	peers   map[string]peer   // remote agent -> registration
 	byMeta  map[string]string // metadata blob -> remote agent loaded from it
+	claims  map[string]claim  // agent name a metadata blob gives -> its registrations
 	handles map[xfer.Handle]*req
 	queued  []*req           // accepted by PostRead, not yet posted (async)
 	peerOps []peerOp         // loads and removals of remote agents, for the progress goroutine (async)
@@ -131,7 +132,71 @@ type peer struct {
 	refs   int    // registrations
 	blocks int    // valid remote ids are [0, blocks)
 	name   string // NIXL's name for it; "" while its load is queued (async)
+	agent  string // the name its metadata gives, which it claims
 	failed error  // its load failed (async): READs are refused
+}
+
+// claim is the registrations of one agent name, all from one metadata
+// blob. NIXL keeps a peer's state under the name its metadata gives: a
+// second blob naming a loaded agent would replace its connection, or, if
+// the rest of it failed to load, drop the agent; and a failed load keeps
+// what it loaded before failing, which a later load of the name then
+// trips over. So a blob is loaded only if no registration of another blob
+// claims its name, and what a failed load left is dropped at once.
+type claim struct {
+	md   string
+	refs int
+}
+
+// mdAgent returns the agent name a load of metadata would register.
+func mdAgent(metadata []byte) (string, error) {
+	var name *C.char
+	if len(metadata) == 0 || C.cnixl_md_agent(unsafe.Pointer(unsafe.SliceData(metadata)), C.size_t(len(metadata)), &name) != 0 {
+		return "", fmt.Errorf("nixl: %w: the metadata names no agent", errInvalidParam)
+	}
+	defer C.cnixl_free(unsafe.Pointer(name))
+	return C.GoString(name), nil
+}
+
+// claimable checks that metadata, naming agent name, may be registered;
+// the caller holds mu.
+func (a *Agent) claimable(name string, metadata []byte) error {
+	if name == a.cfg.Name {
+		return fmt.Errorf("nixl: %w: the metadata names this agent itself, %q", errInvalidParam, name)
+	}
+	if c, ok := a.claims[name]; ok && c.md != string(metadata) {
+		return fmt.Errorf("nixl: %w: the metadata names agent %q, registered already from other metadata "+
+			"(two producers with one agent name, or one restarted while still registered)", errInvalidParam, name)
+	}
+	return nil
+}
+
+// claimName counts one more registration of name from metadata;
+// releaseName one less. The caller holds mu.
+func (a *Agent) claimName(name string, metadata []byte) {
+	c := a.claims[name]
+	if c.refs == 0 {
+		c.md = string(metadata)
+	}
+	c.refs++
+	a.claims[name] = c
+}
+
+// forget drops what a failed load of name's metadata left in NIXL; the
+// caller holds cmu.
+func (a *Agent) forget(name string) {
+	n := C.CString(name)
+	C.cnixl_forget_remote(a.c, n)
+	C.free(unsafe.Pointer(n))
+}
+
+func (a *Agent) releaseName(name string) {
+	if c := a.claims[name]; c.refs > 1 {
+		c.refs--
+		a.claims[name] = c
+	} else {
+		delete(a.claims, name)
+	}
 }
 
 // peerOp is a call into C that AddRemotePeer or RemoveRemotePeer left to
@@ -142,7 +207,7 @@ type peerOp struct {
 	remove  bool
 	notify  bool       // send peer key the notification md (Notify)
 	connect chan error // non-nil: connect to peer key (loaded before), and say how it went; md the notification, shape the touch page
-	name    string
+	name    string     // remove: NIXL's agent name; a load: the name its metadata gives
 	md      []byte
 	shape   wire.Blocks
 	regular bool
@@ -212,7 +277,7 @@ func New(cfg Config, region *cache.Region) (*Agent, error) {
 	if cfg.Progress == ProgressThread {
 		pt, delay = 1, C.uint64_t(cfg.ProgressDelay/time.Microsecond)
 	}
-	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{},
+	a := &Agent{cfg: cfg, region: region, peers: map[string]peer{}, byMeta: map[string]string{}, claims: map[string]claim{},
 		handles: map[xfer.Handle]*req{}, wake: make(chan struct{}, 1), ready: make(chan struct{}, 1),
 		stop: make(chan struct{}), done: make(chan struct{}),
 		async: cfg.Progress == ProgressGoroutine && !cfg.SyncPost, inline: -1}
@@ -393,41 +458,51 @@ func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat [
 	if n > math.MaxInt32 {
 		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", errInvalidParam, n)
 	}
+	name, err := mdAgent(metadata)
+	if err != nil {
+		return xfer.Peer{}, err
+	}
 	if a.async {
-		return a.addPeerAsync(metadata, shape, regular, flat, n)
+		return a.addPeerAsync(metadata, name, shape, regular, flat, n)
 	}
 	a.lockC()
 	defer a.unlockC()
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
+	if err := a.claimable(name, metadata); err != nil {
+		return xfer.Peer{}, err
+	}
 	if agent, ok := a.byMeta[string(metadata)]; ok && a.peers[agent].blocks == n {
 		// Loaded already by another registration: share it.
 		p := a.peers[agent]
 		p.refs++
 		a.peers[agent] = p
+		a.claimName(name, metadata)
 		return xfer.Peer{Agent: agent, Blocks: n}, nil
 	}
-	var name *C.char
+	var cname *C.char
 	md, mdlen := unsafe.Pointer(unsafe.SliceData(metadata)), C.size_t(len(metadata))
 	var st C.int
 	if regular {
 		st = C.cnixl_load_remote_blocks(a.c, md, mdlen, C.uint64_t(shape.Base), C.uint64_t(shape.Size),
-			C.uint64_t(n), C.uint64_t(shape.Device), &name)
+			C.uint64_t(n), C.uint64_t(shape.Device), &cname)
 	} else {
-		st = C.cnixl_load_remote(a.c, md, mdlen, unsafe.SliceData(flat), C.size_t(n), &name)
+		st = C.cnixl_load_remote(a.c, md, mdlen, unsafe.SliceData(flat), C.size_t(n), &cname)
 	}
 	if st != 0 {
+		a.forget(name)
 		return xfer.Peer{}, loadErr(metadata, int(st))
 	}
-	agent := C.GoString(name)
-	C.cnixl_free(unsafe.Pointer(name))
+	agent := C.GoString(cname)
+	C.cnixl_free(unsafe.Pointer(cname))
 	p := a.peers[agent]
 	p.refs++
 	p.blocks = n // a reload replaces the descriptor list
-	p.name = agent
+	p.name, p.agent = agent, name
 	a.peers[agent] = p
 	a.byMeta[string(metadata)] = agent
+	a.claimName(name, metadata)
 	return xfer.Peer{Agent: agent, Blocks: n}, nil
 }
 
@@ -457,12 +532,16 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 // READs posted meanwhile are queued behind the load; if it fails they end
 // Failed, and PostRead refuses later ones with xfer.ErrUnknownPeer (the
 // consumer session then registers the producer again).
-func (a *Agent) addPeerAsync(metadata []byte, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
+func (a *Agent) addPeerAsync(metadata []byte, name string, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
+	if err := a.claimable(name, metadata); err != nil {
+		return xfer.Peer{}, err
+	}
+	a.claimName(name, metadata)
 	if key, ok := a.byMeta[string(metadata)]; ok {
 		if p := a.peers[key]; p.blocks == n && p.failed == nil {
 			p.refs++
@@ -472,9 +551,9 @@ func (a *Agent) addPeerAsync(metadata []byte, shape wire.Blocks, regular bool, f
 	}
 	a.loads++
 	key := fmt.Sprintf("%s/peer-%d", a.cfg.Name, a.loads)
-	a.peers[key] = peer{refs: 1, blocks: n}
+	a.peers[key] = peer{refs: 1, blocks: n, agent: name}
 	a.byMeta[string(metadata)] = key
-	a.peerOps = append(a.peerOps, peerOp{key: key, md: bytes.Clone(metadata), shape: shape, regular: regular, flat: flat, n: n})
+	a.peerOps = append(a.peerOps, peerOp{key: key, name: name, md: bytes.Clone(metadata), shape: shape, regular: regular, flat: flat, n: n})
 	a.kick()
 	return xfer.Peer{Agent: key, Blocks: n}, nil
 }
@@ -522,6 +601,8 @@ func (a *Agent) runPeerOp(op peerOp) {
 	if st == 0 {
 		agent = C.GoString(name)
 		C.cnixl_free(unsafe.Pointer(name))
+	} else {
+		a.forget(op.name)
 	}
 	a.mu.Lock()
 	p, live := a.peers[op.key]
@@ -841,6 +922,7 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 	if p.refs == 0 {
 		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
 	}
+	a.releaseName(p.agent)
 	if p.refs--; p.refs > 0 {
 		a.peers[agent] = p
 		return nil
@@ -1587,6 +1669,7 @@ func (a *Agent) Close() error {
 	clear(a.handles)
 	clear(a.peers)
 	clear(a.byMeta)
+	clear(a.claims)
 	a.zombies, a.touches, a.inbox, a.queued, a.ended, a.peerOps = nil, nil, nil, nil, nil, nil
 	if running > 0 {
 		return fmt.Errorf("nixl: close: %d READs still running after %v were stopped by destroying the agent", running, a.cfg.CloseTimeout)

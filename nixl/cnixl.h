@@ -102,6 +102,12 @@ int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint6
                              uint64_t nblocks, uint64_t dev, char **name);
 /* Forgets a remote agent. */
 int cnixl_remove_remote(cnixl_agent *a, const char *name);
+/* The agent name a load of md would register, in *name (cnixl_free frees
+ * it); CNIXL_ERR_INVALID_PARAM when md names none, or one with a NUL. */
+int cnixl_md_agent(const void *md, size_t mdlen, char **name);
+/* Drops what a failed load left under name, unless name is loaded: NIXL
+ * keeps a peer's connection info when the rest of its metadata fails. */
+void cnixl_forget_remote(cnixl_agent *a, const char *name);
 /* Connects to a loaded remote agent now (NIXL's makeConnection), instead of
  * at the first READ towards it. */
 int cnixl_make_connection(cnixl_agent *a, const char *name);

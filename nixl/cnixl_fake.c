@@ -368,6 +368,24 @@ int cnixl_remove_remote(cnixl_agent *a, const char *name) {
 	return CNIXL_ERR_NOT_FOUND;
 }
 
+int cnixl_md_agent(const void *md, size_t mdlen, char **name) {
+	static const char prefix[] = "fakenixl:";
+	size_t pl = strlen(prefix);
+	if (mdlen <= pl || memcmp(md, prefix, pl) != 0 || memchr((const char *)md + pl, 0, mdlen - pl) != NULL)
+		return CNIXL_ERR_INVALID_PARAM;
+	char *n = malloc(mdlen - pl + 1);
+	memcpy(n, (const char *)md + pl, mdlen - pl);
+	n[mdlen - pl] = 0;
+	*name = n;
+	return CNIXL_SUCCESS;
+}
+
+/* A failed load leaves nothing behind here. */
+void cnixl_forget_remote(cnixl_agent *a, const char *name) {
+	(void)a;
+	(void)name;
+}
+
 static void do_read(struct xfer *x);
 
 static void *run_read(void *arg) {

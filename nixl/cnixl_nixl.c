@@ -458,6 +458,34 @@ int cnixl_remove_remote(cnixl_agent *a, const char *name) {
 	return st;
 }
 
+int cnixl_md_agent(const void *md, size_t mdlen, char **name) {
+	/* NIXL's serialization: an intro, then the tag "Agent", an 8-byte
+	 * length in host order, the name, and a '|' (nixlSerDes::getStr). */
+	static const char head[] = "nixlSerDes|Agent";
+	const size_t hl = sizeof head - 1;
+	const unsigned char *p = md;
+	uint64_t n;
+	if (mdlen < hl + 8 + 1 || memcmp(p, head, hl) != 0)
+		return CNIXL_ERR_INVALID_PARAM;
+	memcpy(&n, p + hl, 8);
+	if (n == 0 || n > mdlen - hl - 8 - 1 || memchr(p + hl + 8, 0, n) != NULL)
+		return CNIXL_ERR_INVALID_PARAM;
+	char *s = malloc(n + 1);
+	if (s == NULL)
+		return CNIXL_ERR_UNKNOWN;
+	memcpy(s, p + hl + 8, n);
+	s[n] = 0;
+	*name = s;
+	return CNIXL_SUCCESS;
+}
+
+void cnixl_forget_remote(cnixl_agent *a, const char *name) {
+	pthread_mutex_lock(&a->mu);
+	if (find_remote(a, name) == NULL)
+		capi.invalidate_remote_md(a->agent, name);
+	pthread_mutex_unlock(&a->mu);
+}
+
 static int known(cnixl_agent *a, const char *name) {
 	pthread_mutex_lock(&a->mu);
 	int ok = find_remote(a, name) != NULL;
