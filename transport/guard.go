@@ -313,6 +313,11 @@ func (g *guardConn) cause() error {
 	return errConnClosed
 }
 
+// stalled is why a connection whose peer stopped reading was cut off.
+func (g *guardConn) stalled() error {
+	return fmt.Errorf("transport: the peer took no byte for %v (the write timeout): cut off as not reading", g.cfg.writeTimeout)
+}
+
 // errConnClosed: the connection closed, by the peer or the network.
 var errConnClosed = errors.New("connection closed")
 
@@ -840,7 +845,7 @@ func (g *guardConn) flushLocked(extra []byte) error {
 	if err != nil {
 		var ne net.Error
 		if errors.As(err, &ne) && ne.Timeout() {
-			g.fail("write deadline passed")
+			g.failWith(g.stalled(), "write deadline passed")
 		} else {
 			g.Close()
 		}
@@ -1156,7 +1161,7 @@ func (g *guardConn) writer() {
 				g.omu.Unlock()
 				var ne net.Error
 				if errors.As(err, &ne) && ne.Timeout() {
-					g.fail("write deadline passed")
+					g.failWith(g.stalled(), "write deadline passed")
 				} else {
 					g.Close()
 				}

@@ -3,6 +3,7 @@ package transport
 import (
 	"fmt"
 	"net"
+	"strings"
 	"testing"
 	"time"
 )
@@ -96,6 +97,9 @@ func steadyThenStop(t *testing.T, c net.Conn, g *guardConn, timeout time.Duratio
 	case <-g.done:
 	case <-time.After(8 * timeout):
 		t.Fatalf("still up %v after its peer stopped reading", 8*timeout)
+	}
+	if got := g.cause().Error(); !strings.Contains(got, "took no byte for "+timeout.String()) {
+		t.Fatalf("cut off as %q: it should say the peer took no byte for the write timeout", got)
 	}
 }
 
