@@ -134,49 +134,75 @@ type peer struct {
 	name   string // NIXL's name for it; "" while its load is queued (async)
 	agent  string // the name its metadata gives, which it claims
 	failed error  // its load failed (async): READs are refused
+	// loading: its load is queued or under way (async). Removed then, it
+	// keeps its claim until the load is undone (runPeerOp).
+	loading bool
 }
 
 // claim is the registrations of one agent name, all from one metadata
-// blob. NIXL keeps a peer's state under the name its metadata gives: a
-// second blob naming a loaded agent would replace its connection, or, if
-// the rest of it failed to load, drop the agent; and a failed load keeps
-// what it loaded before failing, which a later load of the name then
-// trips over. So a blob is loaded only if no registration of another blob
-// claims its name, and what a failed load left is dropped at once.
+// blob and of one layout of its blocks. NIXL keeps a peer's state, and
+// cnixl its blocks, under the name its metadata gives: a second blob (or
+// the same blob with other blocks, which anyone holding the blob can
+// send) naming a loaded agent would replace its connection or its
+// blocks, or, if the rest of it failed to load, drop the agent; and a
+// failed load keeps what it loaded before failing, which a later load of
+// the name then trips over. So a blob is loaded only if no registration
+// of another blob or layout claims its name, the claim lasts until what
+// its load did is undone, and what a failed load left is dropped at once.
 type claim struct {
-	md   string
-	refs int
+	md     string
+	layout string // layoutOf the blocks
+	refs   int
+}
+
+// layoutOf names a registration's blocks: the shape when regular, else
+// the (address, length, device) triples.
+func layoutOf(shape wire.Blocks, regular bool, flat []C.uint64_t) string {
+	if regular {
+		return fmt.Sprintf("shape %d %d %d %d", shape.Base, shape.Size, shape.Count, shape.Device)
+	}
+	b := make([]byte, 0, 5+8*len(flat))
+	b = append(b, "list "...)
+	for _, v := range flat {
+		b = binary.LittleEndian.AppendUint64(b, uint64(v))
+	}
+	return string(b)
 }
 
 // mdAgent returns the agent name a load of metadata would register.
 func mdAgent(metadata []byte) (string, error) {
 	var name *C.char
 	if len(metadata) == 0 || C.cnixl_md_agent(unsafe.Pointer(unsafe.SliceData(metadata)), C.size_t(len(metadata)), &name) != 0 {
-		return "", fmt.Errorf("nixl: %w: the metadata names no agent", errInvalidParam)
+		return "", fmt.Errorf("%w: the metadata names no agent", errInvalidParam)
 	}
 	defer C.cnixl_free(unsafe.Pointer(name))
 	return C.GoString(name), nil
 }
 
-// claimable checks that metadata, naming agent name, may be registered;
-// the caller holds mu.
-func (a *Agent) claimable(name string, metadata []byte) error {
+// claimable checks that metadata, naming agent name, with blocks of
+// layout, may be registered; the caller holds mu.
+func (a *Agent) claimable(name string, metadata []byte, layout string) error {
 	if name == a.cfg.Name {
-		return fmt.Errorf("nixl: %w: the metadata names this agent itself, %q", errInvalidParam, name)
+		return fmt.Errorf("%w: the metadata names this agent itself, %q", errInvalidParam, name)
 	}
-	if c, ok := a.claims[name]; ok && c.md != string(metadata) {
-		return fmt.Errorf("nixl: %w: the metadata names agent %q, registered already from other metadata "+
+	c, ok := a.claims[name]
+	switch {
+	case !ok:
+	case c.md != string(metadata):
+		return fmt.Errorf("%w: the metadata names agent %q, registered already from other metadata "+
 			"(two producers with one agent name, or one restarted while still registered)", errInvalidParam, name)
+	case c.layout != layout:
+		return fmt.Errorf("%w: agent %q is registered already with other blocks", errInvalidParam, name)
 	}
 	return nil
 }
 
-// claimName counts one more registration of name from metadata;
-// releaseName one less. The caller holds mu.
-func (a *Agent) claimName(name string, metadata []byte) {
+// claimName counts one more registration of name from metadata with
+// blocks of layout; releaseName one less. The caller holds mu.
+func (a *Agent) claimName(name string, metadata []byte, layout string) {
 	c := a.claims[name]
 	if c.refs == 0 {
-		c.md = string(metadata)
+		c.md, c.layout = string(metadata), layout
 	}
 	c.refs++
 	a.claims[name] = c
@@ -208,6 +234,7 @@ type peerOp struct {
 	notify  bool       // send peer key the notification md (Notify)
 	connect chan error // non-nil: connect to peer key (loaded before), and say how it went; md the notification, shape the touch page
 	name    string     // remove: NIXL's agent name; a load: the name its metadata gives
+	release string     // remove: the claim to release once done
 	md      []byte
 	shape   wire.Blocks
 	regular bool
@@ -247,13 +274,13 @@ func (c *Config) setDefaults() {
 // Close returns.
 func New(cfg Config, region *cache.Region) (*Agent, error) {
 	if cfg.Name == "" {
-		return nil, fmt.Errorf("nixl: %w: %w: agent name required", xfer.ErrBadConfig, errInvalidParam)
+		return nil, fmt.Errorf("%w: %w: agent name required", xfer.ErrBadConfig, errInvalidParam)
 	}
 	if region == nil {
-		return nil, fmt.Errorf("nixl: %w: %w: nil region", xfer.ErrBadConfig, errInvalidParam)
+		return nil, fmt.Errorf("%w: %w: nil region", xfer.ErrBadConfig, errInvalidParam)
 	}
 	if cfg.Progress < ProgressGoroutine || cfg.Progress > ProgressCaller {
-		return nil, fmt.Errorf("nixl: %w: %w: progress mode %d", xfer.ErrBadConfig, errInvalidParam, int(cfg.Progress))
+		return nil, fmt.Errorf("%w: %w: progress mode %d", xfer.ErrBadConfig, errInvalidParam, int(cfg.Progress))
 	}
 	cfg.setDefaults()
 	params := cfg.Params
@@ -444,7 +471,7 @@ func (a *Agent) AddRemotePeer(metadata, memDescriptor []byte) (xfer.Peer, error)
 // descriptor shape stands for, which it never builds.
 func (a *Agent) addRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Peer, error) {
 	if shape.Size == 0 || shape.Count < 0 || shape.Size > (math.MaxUint64-shape.Base)/uint64(max(shape.Count, 1)) {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: shape %+v", errInvalidParam, shape)
+		return xfer.Peer{}, fmt.Errorf("%w: shape %+v", errInvalidParam, shape)
 	}
 	return a.addPeer(metadata, shape, true, nil, shape.Count)
 }
@@ -453,24 +480,25 @@ func (a *Agent) addRemotePeerShape(metadata []byte, shape wire.Blocks) (xfer.Pee
 // flat's (address, length, device) triples.
 func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
 	if n == 0 || len(metadata) == 0 {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: empty metadata or descriptor", errInvalidParam)
+		return xfer.Peer{}, fmt.Errorf("%w: empty metadata or descriptor", errInvalidParam)
 	}
 	if n > math.MaxInt32 {
-		return xfer.Peer{}, fmt.Errorf("nixl: %w: %d descriptors", errInvalidParam, n)
+		return xfer.Peer{}, fmt.Errorf("%w: %d descriptors", errInvalidParam, n)
 	}
 	name, err := mdAgent(metadata)
 	if err != nil {
 		return xfer.Peer{}, err
 	}
+	layout := layoutOf(shape, regular, flat)
 	if a.async {
-		return a.addPeerAsync(metadata, name, shape, regular, flat, n)
+		return a.addPeerAsync(metadata, name, layout, shape, regular, flat, n)
 	}
 	a.lockC()
 	defer a.unlockC()
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
-	if err := a.claimable(name, metadata); err != nil {
+	if err := a.claimable(name, metadata, layout); err != nil {
 		return xfer.Peer{}, err
 	}
 	if agent, ok := a.byMeta[string(metadata)]; ok && a.peers[agent].blocks == n {
@@ -478,7 +506,7 @@ func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat [
 		p := a.peers[agent]
 		p.refs++
 		a.peers[agent] = p
-		a.claimName(name, metadata)
+		a.claimName(name, metadata, layout)
 		return xfer.Peer{Agent: agent, Blocks: n}, nil
 	}
 	var cname *C.char
@@ -502,7 +530,7 @@ func (a *Agent) addPeer(metadata []byte, shape wire.Blocks, regular bool, flat [
 	p.name, p.agent = agent, name
 	a.peers[agent] = p
 	a.byMeta[string(metadata)] = agent
-	a.claimName(name, metadata)
+	a.claimName(name, metadata, layout)
 	return xfer.Peer{Agent: agent, Blocks: n}, nil
 }
 
@@ -518,7 +546,7 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 		size, ok2 := d.Size.Uint64()
 		dev, ok3 := d.Device.Uint64()
 		if !ok1 || !ok2 || !ok3 {
-			return nil, fmt.Errorf("nixl: %w: negative value in the descriptor", errInvalidParam)
+			return nil, fmt.Errorf("%w: negative value in the descriptor", errInvalidParam)
 		}
 		flat = append(flat, C.uint64_t(addr), C.uint64_t(size), C.uint64_t(dev))
 	}
@@ -532,16 +560,16 @@ func flatDescs(memDescriptor []byte) ([]C.uint64_t, error) {
 // READs posted meanwhile are queued behind the load; if it fails they end
 // Failed, and PostRead refuses later ones with xfer.ErrUnknownPeer (the
 // consumer session then registers the producer again).
-func (a *Agent) addPeerAsync(metadata []byte, name string, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
+func (a *Agent) addPeerAsync(metadata []byte, name, layout string, shape wire.Blocks, regular bool, flat []C.uint64_t, n int) (xfer.Peer, error) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	if a.closed {
 		return xfer.Peer{}, xfer.ErrClosed
 	}
-	if err := a.claimable(name, metadata); err != nil {
+	if err := a.claimable(name, metadata, layout); err != nil {
 		return xfer.Peer{}, err
 	}
-	a.claimName(name, metadata)
+	a.claimName(name, metadata, layout)
 	if key, ok := a.byMeta[string(metadata)]; ok {
 		if p := a.peers[key]; p.blocks == n && p.failed == nil {
 			p.refs++
@@ -551,7 +579,7 @@ func (a *Agent) addPeerAsync(metadata []byte, name string, shape wire.Blocks, re
 	}
 	a.loads++
 	key := fmt.Sprintf("%s/peer-%d", a.cfg.Name, a.loads)
-	a.peers[key] = peer{refs: 1, blocks: n, agent: name}
+	a.peers[key] = peer{refs: 1, blocks: n, agent: name, loading: true}
 	a.byMeta[string(metadata)] = key
 	a.peerOps = append(a.peerOps, peerOp{key: key, name: name, md: bytes.Clone(metadata), shape: shape, regular: regular, flat: flat, n: n})
 	a.kick()
@@ -580,12 +608,20 @@ func (a *Agent) runPeerOp(op peerOp) {
 			C.cnixl_remove_remote(a.c, n)
 			C.free(unsafe.Pointer(n))
 		}
+		if op.release != "" {
+			a.mu.Lock()
+			a.releaseName(op.release)
+			a.mu.Unlock()
+		}
 		return
 	}
 	a.mu.Lock()
 	_, live := a.peers[op.key]
-	a.mu.Unlock()
 	if !live { // removed before its load: nothing to undo
+		a.releaseName(op.name)
+	}
+	a.mu.Unlock()
+	if !live {
 		return
 	}
 	var name *C.char
@@ -606,6 +642,7 @@ func (a *Agent) runPeerOp(op peerOp) {
 	}
 	a.mu.Lock()
 	p, live := a.peers[op.key]
+	p.loading = false
 	switch {
 	case st != 0 && live:
 		p.failed = loadErr(op.md, int(st))
@@ -617,9 +654,12 @@ func (a *Agent) runPeerOp(op peerOp) {
 		p.name = agent
 		a.peers[op.key] = p
 	case st == 0:
-		// Removed while it loaded: undo the load, after what is queued.
-		a.peerOps = append(a.peerOps, peerOp{remove: true, name: agent})
+		// Removed while it loaded: undo the load, after what is queued,
+		// and only then let the name be claimed by other metadata.
+		a.peerOps = append(a.peerOps, peerOp{remove: true, name: agent, release: op.name})
 		a.kick()
+	default: // removed while its load failed, which forget undid
+		a.releaseName(op.name)
 	}
 	a.mu.Unlock()
 }
@@ -922,10 +962,13 @@ func (a *Agent) RemoveRemotePeer(agent string) error {
 	if p.refs == 0 {
 		return fmt.Errorf("%w: %s", xfer.ErrUnknownPeer, agent)
 	}
-	a.releaseName(p.agent)
 	if p.refs--; p.refs > 0 {
+		a.releaseName(p.agent)
 		a.peers[agent] = p
 		return nil
+	}
+	if !p.loading {
+		a.releaseName(p.agent) // else its load releases it once undone
 	}
 	delete(a.peers, agent)
 	for m, n := range a.byMeta {

@@ -421,7 +421,8 @@ static int load_remote(cnixl_agent *a, const void *md, size_t mdlen, struct remo
 	*name = agent; /* strdup'd by NIXL: cnixl_free frees it */
 	return CNIXL_SUCCESS;
 invalidate:
-	capi.invalidate_remote_md(a->agent, agent);
+	if (find_remote(a, agent) == NULL) /* else a registration holds it still */
+		capi.invalidate_remote_md(a->agent, agent);
 fail:
 	free(agent);
 	free(rb.descs);

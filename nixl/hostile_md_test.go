@@ -6,7 +6,9 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
 	"github.com/ecxfer/ecxfer/wire"
@@ -178,5 +180,89 @@ func readPeer(t *testing.T, c *Agent, cr *cache.Region, peer xfer.Peer, pr *cach
 	c.Release(h)
 	if !bytes.Equal(cr.Block(0), pr.Block(2)) {
 		t.Fatal("READ from an honest producer: wrong bytes")
+	}
+}
+
+// A registered producer's metadata travels in every ack, so another
+// producer can send it with blocks of its own choosing. That registration
+// is refused while the first holds the name: cnixl keeps one set of
+// blocks per agent name, and loading the second would point the first
+// one's READs at other blocks, or, failing to prepare them, drop the
+// producer. The first producer's READs land the blocks they name.
+func TestForeignDescriptorIsRefused(t *testing.T) {
+	v := variants[0]
+	v.env(t)
+	const bs = 4096
+	p, pr := newAgent(t, v, 4, bs, Config{})
+	for _, async := range []bool{false, true} {
+		c, cr := newAgent(t, v, 4, bs, Config{SyncPost: !async})
+		md := p.AgentMetadata()
+		peer, err := c.AddRemotePeer(md, regionDesc(pr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if async {
+			settle(t, c)
+		}
+		for name, desc := range map[string][]byte{
+			"shifted": wire.AppendBlockDescs(nil, uint64(pr.Base())+bs, bs, 3, 0),
+			"unregistered": wire.AppendMemDescs(nil, []wire.MemDesc{
+				{Addr: wire.IntOf(4096), Size: wire.IntOf(bs), Device: wire.IntOf(0)},
+				{Addr: wire.IntOf(1 << 20), Size: wire.IntOf(100), Device: wire.IntOf(0)},
+			}),
+		} {
+			if _, err := c.AddRemotePeer(md, desc); err == nil {
+				t.Errorf("async %v: the registered producer's metadata with %s blocks was registered", async, name)
+			}
+			if async {
+				settle(t, c)
+			}
+			readPeer(t, c, cr, peer, pr)
+		}
+	}
+}
+
+// A registration removed while its load is under way keeps its claim on
+// the name until the load is undone: until then metadata naming that
+// agent is refused, and once registered it loads (NIXL would refuse a
+// load of the name while the other's connection is still there).
+func TestClaimHeldUntilLoadUndone(t *testing.T) {
+	v := variants[0]
+	v.env(t)
+	const bs = 4096
+	p, pr := newAgent(t, v, 4, bs, fixedName())
+	q, qr := newAgent(t, v, 4, bs, fixedName())
+	impostor := renamed(t, q.AgentMetadata(), q.cfg.Name, p.cfg.Name)
+	for try := range 20 {
+		c, cr := newAgent(t, v, 4, bs, Config{})
+		kb, err := c.AddRemotePeer(impostor, regionDesc(qr))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for { // the progress goroutine took the load
+			c.mu.Lock()
+			n := len(c.peerOps)
+			c.mu.Unlock()
+			if n == 0 {
+				break
+			}
+			runtime.Gosched()
+		}
+		time.Sleep(time.Duration(try*20) * time.Microsecond) // into loadRemoteMD, on some tries
+		if err := c.RemoveRemotePeer(kb.Agent); err != nil {
+			t.Fatal(err)
+		}
+		if ka, err := c.AddRemotePeer(p.AgentMetadata(), regionDesc(pr)); err == nil {
+			settle(t, c)
+			c.mu.Lock()
+			failed := c.peers[ka.Agent].failed
+			c.mu.Unlock()
+			if failed != nil {
+				t.Fatalf("try %d: the honest producer's load failed: %v", try, failed)
+			}
+			c.RemoveRemotePeer(ka.Agent)
+		}
+		settle(t, c)
+		readFrom(t, c, cr, p.AgentMetadata(), pr)
 	}
 }
