@@ -170,7 +170,8 @@ func (x *ConsumerXfer) HandleAck(src []wire.Int, peer xfer.Peer, now time.Time) 
 // HandleAckView is HandleAck reading the source ids from the ack's view
 // straight into ints, in one pass: an entry of 8,192 blocks spends no
 // longer on its ids than on its other fields. Ids out of the producer's
-// range go through HandleAck, which says which.
+// range go through HandleAck, which says which; a count that does not fit
+// is refused without decoding the ids.
 func (x *ConsumerXfer) HandleAckView(a *wireview.Ack, peer xfer.Peer, now time.Time) error {
 	if x.state != WaitingAck {
 		return fmt.Errorf("%w: %s", ErrNotWaiting, x.state)
@@ -178,10 +179,13 @@ func (x *ConsumerXfer) HandleAckView(a *wireview.Ack, peer xfer.Peer, now time.T
 	if err := x.CheckLease(now); err != nil {
 		return err
 	}
-	ids, ok := []int(nil), false
-	if a.NumBlocks == len(x.Blocks) {
-		ids, ok = wireview.AppendBlockIDs(a, x.remote[:0], peer.Blocks)
+	if a.NumBlocks != len(x.Blocks) {
+		// Refused without decoding: an id costs the sender a byte and a
+		// decoded one 16, so a long list is not worth reading.
+		x.state, x.reason = ReadFailed, xfer.BadAck
+		return fmt.Errorf("%w: %d source blocks for %d local", ErrBadAck, a.NumBlocks, len(x.Blocks))
 	}
+	ids, ok := wireview.AppendBlockIDs(a, x.remote[:0], peer.Blocks)
 	if !ok {
 		var full wire.XferAck
 		if err := wire.DecodeAck(a.Raw, &full); err != nil {
