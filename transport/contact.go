@@ -108,7 +108,7 @@ func (c tcpPlane) Contact(ctx context.Context, agent string, k plane.Contact) er
 			return fmt.Errorf("transport: contact with %s: %w", p.name, err)
 		}
 	}
-	if p.sh != nil {
+	if p.sh != nil && p.sh.verified.Load() { // else its pages are never populated
 		select {
 		case <-p.sh.populated:
 		case <-ctx.Done():

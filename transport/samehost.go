@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"os"
 	"runtime"
-	"strings"
 	"sync/atomic"
 	"unsafe"
 
@@ -78,7 +77,8 @@ type sharedPeer struct {
 	challenge [challengeLen]byte
 	want      [proofLen]byte // the proof that answers it
 	verified  atomic.Bool    // a welcome carried it
-	populates bool           // our mapping is new: fault its pages in ahead of the copies
+	proven    chan struct{}  // closed with verified
+	populates bool           // our mapping is new and not sparse: fault its pages in once proven
 	populated chan struct{}  // closed once its pages are faulted in (or that gave up)
 	unmap     func()
 	copies    chan *readOp  // large READs, and bursts, for the copy goroutine
@@ -116,8 +116,8 @@ func (d *TCPData) welcomeProof(challenge []byte) []byte {
 // verify takes a welcome's proof: the producer at the other end owns the
 // region we mapped.
 func (sh *sharedPeer) verify(got []byte) {
-	if hmac.Equal(got, sh.want[:]) {
-		sh.verified.Store(true)
+	if hmac.Equal(got, sh.want[:]) && sh.verified.CompareAndSwap(false, true) {
+		close(sh.proven)
 	}
 }
 
@@ -268,12 +268,21 @@ func (p *peer) copier() {
 // populate maps the pages of the producer's region into our page tables
 // ahead of the copies, off the step loop: a first touch costs a page fault
 // per 4 KiB page (about 3 µs each on the development VM, more than the
-// copy). It stops at the peer's shutdown; kernels before 5.14 lack
-// MADV_POPULATE_READ, and then the copies fault the pages in.
+// copy). It waits for the producer's proof that the region is its own:
+// a read fault on a file hole allocates the page, charged to us, so an
+// unproven peer could make us allocate a region's worth of memory (nor is
+// a sparse region populated). It stops at the peer's shutdown; kernels
+// before 5.14 lack MADV_POPULATE_READ, and then the copies fault the pages
+// in.
 func (p *peer) populate() {
 	defer p.d.wg.Done()
 	defer p.readers.Done()
 	defer close(p.sh.populated)
+	select {
+	case <-p.sh.proven:
+	case <-p.stop:
+		return
+	}
 	const chunk = 16 << 20
 	for off := 0; off < len(p.sh.mem); off += chunk {
 		if p.stopped() {
@@ -310,21 +319,11 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 		m.Grants < 0 || m.Grants > (m.ShmOff-grantTabOff)/8 {
 		return nil, fmt.Errorf("%w: shared region %q at %d", errBadMeta, m.Shm, m.ShmOff)
 	}
-	// Only a producer's region file: metadata could name any file of
-	// ours.
-	if target, err := os.Readlink(m.Shm); err != nil || !strings.HasPrefix(target, "/memfd:"+shm.FileName) {
-		return nil, fmt.Errorf("%w: %s is not a shared region (%s)", errBadMeta, m.Shm, target)
-	}
-	f, err := os.Open(m.Shm)
+	f, err := openRegionFile(m.Shm)
 	if err != nil {
 		return nil, err
 	}
 	defer f.Close()
-	// A file that could shrink could make a copy out of our mapping fault
-	// (SIGBUS), so only a sealed one is mapped.
-	if err := shm.Sealed(f); err != nil {
-		return nil, fmt.Errorf("%w: %s is not sealed against resizing (%v)", errBadMeta, m.Shm, err)
-	}
 	var st unix.Stat_t
 	if err := unix.Fstat(int(f.Fd()), &st); err != nil {
 		return nil, err
@@ -333,7 +332,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	if st.Size < need || st.Size > need+int64(os.Getpagesize()) {
 		return nil, fmt.Errorf("%w: shared region of %d bytes, want %d", errBadMeta, st.Size, need)
 	}
-	sh := &sharedPeer{off: m.ShmOff}
+	sh := &sharedPeer{off: m.ShmOff, proven: make(chan struct{})}
 	key := regionKey{uint64(st.Dev), st.Ino}
 	skey := shm.Key{Dev: key.dev, Ino: key.ino}
 	if mem, ok := shm.Borrow(skey); ok && borrowOwn && len(mem) == int(st.Size) {
@@ -354,6 +353,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 		if sh.mem, sh.populates, err = d.mapRegion(f, key, int(st.Size)); err != nil {
 			return nil, err
 		}
+		sh.populates = sh.populates && st.Blocks*512 >= st.Size // sparse: the copies fault what they read
 		sh.unmap = func() { d.unmapRegion(sh.mem, key) }
 	}
 	if m.Grants > 0 {

@@ -1,0 +1,49 @@
+package transport
+
+import (
+	"fmt"
+	"os"
+	"strings"
+
+	"github.com/ecxfer/ecxfer/internal/shm"
+	"golang.org/x/sys/unix"
+)
+
+// openRegionFile opens the producer's region file that path, one of the
+// producer's descriptors, names. Only a producer's region: metadata could
+// name any file of ours. The producer can swap the descriptor between a
+// check of the path and the open, so the open never waits (a FIFO would
+// block it, and every caller of the plane with it) and the checks are of
+// the file opened: a memfd of a region's name on shmem (not hugetlbfs,
+// whose holes fault as SIGBUS when no huge page is free), sealed, since
+// a file that could shrink could make a copy out of our mapping fault.
+func openRegionFile(path string) (*os.File, error) {
+	if target, err := os.Readlink(path); err != nil || !strings.HasPrefix(target, "/memfd:"+shm.FileName) {
+		return nil, fmt.Errorf("%w: %s is not a shared region (%s)", errBadMeta, path, target)
+	}
+	fd, err := unix.Open(path, unix.O_RDONLY|unix.O_NONBLOCK|unix.O_NOCTTY|unix.O_CLOEXEC, 0)
+	if err != nil {
+		return nil, err
+	}
+	f := os.NewFile(uintptr(fd), path)
+	target, _ := os.Readlink(fmt.Sprintf("/proc/self/fd/%d", fd))
+	var st unix.Stat_t
+	var fs unix.Statfs_t
+	switch {
+	case !strings.HasPrefix(target, "/memfd:"+shm.FileName):
+		err = fmt.Errorf("%w: %s is not a shared region (%s)", errBadMeta, path, target)
+	case unix.Fstat(fd, &st) != nil || st.Mode&unix.S_IFMT != unix.S_IFREG:
+		err = fmt.Errorf("%w: %s is not a regular file", errBadMeta, path)
+	case unix.Fstatfs(fd, &fs) != nil || fs.Type != unix.TMPFS_MAGIC:
+		err = fmt.Errorf("%w: %s is not on shared memory (filesystem %#x)", errBadMeta, path, fs.Type)
+	default:
+		if e := shm.Sealed(f); e != nil {
+			err = fmt.Errorf("%w: %s is not sealed against resizing (%v)", errBadMeta, path, e)
+		}
+	}
+	if err != nil {
+		f.Close()
+		return nil, err
+	}
+	return f, nil
+}
