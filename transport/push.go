@@ -59,12 +59,16 @@ const (
 // kept are a list, oldest first, and a push makes room by evicting from
 // its head only, each eviction O(1).
 type stage struct {
-	cap   int // bytes
-	mu    sync.Mutex
-	kept  map[string]*staged // by notification
-	head  *staged            // the oldest kept; then next
-	tail  *staged
+	cap  int // bytes
+	mu   sync.Mutex
+	kept map[string]*staged // by notification
+	head *staged            // the oldest kept; then next
+	tail *staged
+	// bytes are what the kept pushes' buffers hold and spare what the
+	// free ones do, by capacity: both count against cap, the free ones
+	// dropped first.
 	bytes int
+	spare int
 	// asked are the READs posted with no push kept for them, by
 	// notification: a push that comes for one lands it, if it is not
 	// answered yet; else it is dropped.
@@ -181,7 +185,7 @@ func (s *stage) keepLocked(notif string, ids []int, size int) *staged {
 	// One arriving, or claimed while it arrives, stays.
 	for old := s.head; old != nil; {
 		next := old.next
-		if s.bytes+size <= s.cap && len(s.kept) < maxKept && now.Sub(old.at) < pushKeep {
+		if s.bytes+s.spare+size <= s.cap && len(s.kept) < maxKept && now.Sub(old.at) < pushKeep {
 			break
 		}
 		if old.ready && old.op == nil {
@@ -189,6 +193,9 @@ func (s *stage) keepLocked(notif string, ids []int, size int) *staged {
 			s.freeLocked(old.buf)
 		}
 		old = next
+	}
+	if s.bytes+s.spare+size > s.cap {
+		s.free, s.spare = nil, 0 // spare buffers yield to pushes
 	}
 	if s.bytes+size > s.cap || len(s.kept) >= maxKept {
 		if len(s.lost) >= 4096 {
@@ -205,7 +212,7 @@ func (s *stage) keepLocked(notif string, ids []int, size int) *staged {
 		s.head = st
 	}
 	s.tail = st
-	s.bytes += size
+	s.bytes += cap(st.buf)
 	return st
 }
 
@@ -236,7 +243,7 @@ func (s *stage) shutdown() {
 	}
 	s.down = true
 	clear(s.kept)
-	s.head, s.tail, s.free, s.bytes = nil, nil, nil, 0
+	s.head, s.tail, s.free, s.bytes, s.spare = nil, nil, nil, 0, 0
 	s.mu.Unlock()
 	for _, op := range waiting {
 		op.fail()
@@ -256,23 +263,27 @@ func (s *stage) unkeepLocked(st *staged) {
 		s.tail = st.prev
 	}
 	st.prev, st.next = nil, nil
-	s.bytes -= len(st.buf)
+	s.bytes -= cap(st.buf)
 }
 
+// bufLocked returns a buffer for n bytes: a free one whose capacity
+// fits, if within the room, else a new one.
 func (s *stage) bufLocked(n int) []byte {
 	for i, b := range s.free {
-		if cap(b) >= n {
+		if cap(b) >= n && s.bytes+cap(b) <= s.cap {
 			s.free = slices.Delete(s.free, i, i+1)
+			s.spare -= cap(b)
 			return b[:n]
 		}
 	}
 	return make([]byte, n)
 }
 
-// freeLocked keeps b for the next push, a few at most.
+// freeLocked keeps b for the next push, a few at most, within the room.
 func (s *stage) freeLocked(b []byte) {
-	if len(s.free) < 4 {
+	if len(s.free) < 4 && !s.down && s.bytes+s.spare+cap(b) <= s.cap {
 		s.free = append(s.free, b)
+		s.spare += cap(b)
 	}
 }
 

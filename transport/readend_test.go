@@ -5,6 +5,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -290,6 +291,54 @@ func closeCutsADialShort(t *testing.T, contact bool) {
 		case <-contacted:
 		case <-time.After(30 * time.Second):
 			t.Fatal("Contact waited for the dial")
+		}
+	}
+}
+
+// The stage's room bounds every byte it holds: kept pushes by their
+// buffers' capacity (a small push may reuse a large buffer), and the
+// spare buffers it keeps for reuse. Random keeps, arrivals, claims and
+// landings, with pushes of very different sizes (a producer's choice),
+// never hold more than the room.
+func TestStageRoomBoundsItsBuffers(t *testing.T) {
+	const room = 8 << 20
+	rng := rand.New(rand.NewPCG(1, 2))
+	sizes := []int{4 << 10, 64 << 10, 1 << 20}
+	for trial := range 50 {
+		s := newStage(room)
+		var claimed [][]byte
+		for i := range 2000 {
+			switch r := rng.IntN(10); {
+			case r < 5:
+				if st := s.keep(fmt.Sprintf("n%d", i), []int{i}, sizes[rng.IntN(len(sizes))]); st != nil {
+					s.arrived(st, rng.IntN(8) != 0)
+				}
+			case r < 8: // a READ claims the oldest ready push, and lands it later
+				s.mu.Lock()
+				if st := s.head; st != nil && st.ready && st.op == nil {
+					s.unkeepLocked(st)
+					claimed = append(claimed, st.buf)
+				}
+				s.mu.Unlock()
+			default:
+				if len(claimed) > 0 {
+					s.done(claimed[0])
+					claimed = claimed[1:]
+				}
+			}
+			s.mu.Lock()
+			kept, spare := 0, 0
+			for st := s.head; st != nil; st = st.next {
+				kept += cap(st.buf)
+			}
+			for _, b := range s.free {
+				spare += cap(b)
+			}
+			if kept != s.bytes || spare != s.spare || kept+spare > room {
+				s.mu.Unlock()
+				t.Fatalf("trial %d, op %d: kept buffers %d (counted %d), spare %d (counted %d), room %d", trial, i, kept, s.bytes, spare, s.spare, room)
+			}
+			s.mu.Unlock()
 		}
 	}
 }
