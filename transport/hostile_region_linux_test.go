@@ -66,39 +66,41 @@ func sharedOf(t *testing.T, c *TCPData, agent string) *sharedPeer {
 }
 
 // A read fault on a file hole allocates the page, charged to the process
-// that faults: a region is faulted in ahead of the copies only once its
-// producer proved it its own, and a sparse one never (the copies fault
-// what they read). Here an unproven producer's sparse region of 256 MiB
-// gets no page allocated, and a full one is left alone until the proof.
-func TestUnprovenRegionNotPopulated(t *testing.T) {
+// that faults: a region's pages are faulted in ahead of the copies only
+// once its producer proved it its own, and only where the file has data.
+// Here a region of 256 MiB with 1 MiB of data is left alone while
+// unproven, and once proven has its data faulted in and no hole filled.
+func TestRegionPopulatedOnlyWhenProvenAndOnlyItsData(t *testing.T) {
 	const bs = 4096
 	c := newTCP(t, newRegion(t, 8, bs), TCPConfig{})
-	_, meta, allocated := hostileRegion(t, bs, 64<<10, false)
+	fd, meta, allocated := hostileRegion(t, bs, 64<<10, false)
+	if _, err := unix.Pwrite(fd, make([]byte, 1<<20), 64<<20); err != nil {
+		t.Fatal(err)
+	}
 	peer, err := c.AddRemotePeer(meta, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sharedOf(t, c, peer.Agent).populates {
-		t.Error("a sparse region is to be populated")
-	}
-	c.RemoveRemotePeer(peer.Agent)
-	if got := allocated(); got > 1<<20 {
-		t.Fatalf("the consumer allocated %d MiB of an unproven producer's sparse region", got>>20)
-	}
-
-	_, meta, _ = hostileRegion(t, bs, 1024, true)
-	peer, err = c.AddRemotePeer(meta, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
+	defer c.RemoveRemotePeer(peer.Agent)
 	sh := sharedOf(t, c, peer.Agent)
+	if !sh.populates {
+		t.Skip("the mapping is not new")
+	}
 	select {
 	case <-sh.populated:
 		t.Fatal("an unproven producer's region was populated")
 	case <-time.After(100 * time.Millisecond):
 	}
-	c.RemoveRemotePeer(peer.Agent)
-	<-sh.populated // its goroutine ends with the peer
+	before := allocated()
+	sh.verify(sh.want[:]) // as its welcome would
+	select {
+	case <-sh.populated:
+	case <-time.After(10 * time.Second):
+		t.Fatal("a proven region not populated after 10 s")
+	}
+	if got := allocated(); got > before {
+		t.Fatalf("populating allocated %d KiB of the region's holes", (got-before)>>10)
+	}
 }
 
 // The metadata names one of the producer's descriptors, which it can swap

@@ -47,3 +47,22 @@ func openRegionFile(path string) (*os.File, error) {
 	}
 	return f, nil
 }
+
+// dataExtents calls f with each range of file fd, up to size, that holds
+// data (SEEK_DATA, SEEK_HOLE), until f returns false.
+func dataExtents(fd, size int, f func(lo, hi int) bool) {
+	for off := 0; off < size; {
+		lo, err := unix.Seek(fd, int64(off), unix.SEEK_DATA)
+		if err != nil || lo >= int64(size) {
+			return // ENXIO: no data past off
+		}
+		hi, err := unix.Seek(fd, lo, unix.SEEK_HOLE)
+		if err != nil || hi > int64(size) || hi <= lo {
+			hi = int64(size)
+		}
+		if !f(int(lo), int(hi)) {
+			return
+		}
+		off = int(hi)
+	}
+}

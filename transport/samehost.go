@@ -78,7 +78,8 @@ type sharedPeer struct {
 	want      [proofLen]byte // the proof that answers it
 	verified  atomic.Bool    // a welcome carried it
 	proven    chan struct{}  // closed with verified
-	populates bool           // our mapping is new and not sparse: fault its pages in once proven
+	populates bool           // our mapping is new: fault its pages in once proven
+	fd        int            // the region file, for populate, which closes it
 	populated chan struct{}  // closed once its pages are faulted in (or that gave up)
 	unmap     func()
 	copies    chan *readOp  // large READs, and bursts, for the copy goroutine
@@ -268,30 +269,31 @@ func (p *peer) copier() {
 // populate maps the pages of the producer's region into our page tables
 // ahead of the copies, off the step loop: a first touch costs a page fault
 // per 4 KiB page (about 3 µs each on the development VM, more than the
-// copy). It waits for the producer's proof that the region is its own:
-// a read fault on a file hole allocates the page, charged to us, so an
-// unproven peer could make us allocate a region's worth of memory (nor is
-// a sparse region populated). It stops at the peer's shutdown; kernels
-// before 5.14 lack MADV_POPULATE_READ, and then the copies fault the pages
-// in.
+// copy). A read fault on a file hole allocates the page, charged to us,
+// so it waits for the producer's proof that the region is its own, and
+// populates only the file's data, not its holes: an unproven peer could
+// otherwise make us allocate a region's worth of memory. It stops at the
+// peer's shutdown; kernels before 5.14 lack MADV_POPULATE_READ, and then
+// the copies fault the pages in.
 func (p *peer) populate() {
 	defer p.d.wg.Done()
 	defer p.readers.Done()
 	defer close(p.sh.populated)
+	defer unix.Close(p.sh.fd)
 	select {
 	case <-p.sh.proven:
 	case <-p.stop:
 		return
 	}
 	const chunk = 16 << 20
-	for off := 0; off < len(p.sh.mem); off += chunk {
-		if p.stopped() {
-			return
+	dataExtents(p.sh.fd, len(p.sh.mem), func(lo, hi int) bool {
+		for off := lo; off < hi; off += chunk {
+			if p.stopped() || shm.PopulateRead(p.sh.mem[off:min(off+chunk, hi)]) != nil {
+				return false
+			}
 		}
-		if shm.PopulateRead(p.sh.mem[off:min(off+chunk, len(p.sh.mem))]) != nil {
-			return
-		}
-	}
+		return true
+	})
 }
 
 // borrowOwn lets a consumer read a producer region of its own process
@@ -353,7 +355,6 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 		if sh.mem, sh.populates, err = d.mapRegion(f, key, int(st.Size)); err != nil {
 			return nil, err
 		}
-		sh.populates = sh.populates && st.Blocks*512 >= st.Size // sparse: the copies fault what they read
 		sh.unmap = func() { d.unmapRegion(sh.mem, key) }
 	}
 	if m.Grants > 0 {
@@ -362,6 +363,13 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	if _, err := rand.Read(sh.challenge[:]); err != nil {
 		sh.unmap()
 		return nil, err
+	}
+	if sh.populates {
+		// Kept for populate, which faults in only what has pages.
+		if sh.fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0); err != nil {
+			sh.unmap()
+			return nil, err
+		}
 	}
 	// Only the owner listening at the address we dial, of the
 	// incarnation named, answers this one.
