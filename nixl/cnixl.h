@@ -100,6 +100,10 @@ int cnixl_load_remote(cnixl_agent *a, const void *md, size_t mdlen, const uint64
  * bytes each, back to back from base, on device dev: no list is built. */
 int cnixl_load_remote_blocks(cnixl_agent *a, const void *md, size_t mdlen, uint64_t base, uint64_t block_size,
                              uint64_t nblocks, uint64_t dev, char **name);
+/* The longest notification, and agent name, cnixl_get_notifs hands on: a
+ * peer's longer ones are dropped (a real one is "<session>:<mm_hash>..."). */
+#define CNIXL_MAX_NOTIF 4096
+
 /* Forgets a remote agent. */
 int cnixl_remove_remote(cnixl_agent *a, const char *name);
 /* The agent name a load of md would register, in *name (cnixl_free frees

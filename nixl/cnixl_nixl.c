@@ -716,6 +716,8 @@ int cnixl_get_notifs(cnixl_agent *a, void **buf, size_t *len) {
 				size_t ml = 0;
 				if ((st = status(capi.notif_map_get_notif(m, name, j, &msg, &ml))) != CNIXL_SUCCESS)
 					goto out;
+				if (ml > CNIXL_MAX_NOTIF || nl > CNIXL_MAX_NOTIF)
+					continue; /* a peer's: bounded, and framed in 32 bits */
 				if (pass == 0) {
 					total += 8 + nl + ml;
 					continue;

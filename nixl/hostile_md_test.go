@@ -266,3 +266,34 @@ func TestClaimHeldUntilLoadUndone(t *testing.T) {
 		readFrom(t, c, cr, p.AgentMetadata(), pr)
 	}
 }
+
+// A peer's notification is bounded: one over CNIXL_MAX_NOTIF is dropped
+// (a 2 GiB one crashed the drain, and 4 GiB would break the framing), and
+// the next, of a real size, arrives.
+func TestLongNotificationDropped(t *testing.T) {
+	v := variants[0]
+	v.env(t)
+	p, _ := newAgent(t, v, 8, 64, Config{Progress: ProgressCaller})
+	c, _ := newAgent(t, v, 8, 64, Config{SyncPost: true})
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), p.MemDescriptor())
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Notify(peer.Agent, make([]byte, 1<<20)); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Notify(peer.Agent, []byte("sid:hash")); err != nil {
+		t.Fatal(err)
+	}
+	var got []xfer.Notif
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		c.DrainNotifs(nil) // drives the sender
+		got, _ = p.DrainNotifs(got)
+		if len(got) > 0 && string(got[len(got)-1].Msg) == "sid:hash" {
+			break
+		}
+	}
+	if len(got) != 1 || string(got[0].Msg) != "sid:hash" {
+		t.Fatalf("drained %d notifications, want only the short one", len(got))
+	}
+}

@@ -180,6 +180,9 @@ func (s *stage) keepLocked(notif string, ids []int, size int) *staged {
 	if s.kept[notif] != nil || s.down {
 		return nil
 	}
+	if s.bytes+s.spare+size > s.cap {
+		s.free, s.spare = nil, 0 // spare buffers yield first, before any push
+	}
 	now := time.Now()
 	// Oldest first: once one is young and there is room, so are the rest.
 	// One arriving, or claimed while it arrives, stays.
@@ -195,7 +198,7 @@ func (s *stage) keepLocked(notif string, ids []int, size int) *staged {
 		old = next
 	}
 	if s.bytes+s.spare+size > s.cap {
-		s.free, s.spare = nil, 0 // spare buffers yield to pushes
+		s.free, s.spare = nil, 0 // evictions freed some: they yield too
 	}
 	if s.bytes+size > s.cap || len(s.kept) >= maxKept {
 		if len(s.lost) >= 4096 {

@@ -342,3 +342,31 @@ func TestStageRoomBoundsItsBuffers(t *testing.T) {
 		}
 	}
 }
+
+// Spare buffers yield before any push: a push that fits once the spares
+// are dropped evicts no young push.
+func TestStageSparesYieldBeforePushes(t *testing.T) {
+	const mb = 1 << 20
+	s := newStage(8 * mb)
+	var sts []*staged
+	for i := range 8 {
+		st := s.keep(fmt.Sprintf("n%d", i), []int{i}, mb)
+		if st == nil {
+			t.Fatalf("push %d not kept", i)
+		}
+		s.arrived(st, true)
+		sts = append(sts, st)
+	}
+	s.mu.Lock()
+	s.unkeepLocked(sts[0]) // claimed, and landed: its buffer is a spare
+	s.mu.Unlock()
+	s.done(sts[0].buf)
+	if s.keep("n8", []int{8}, mb) == nil {
+		t.Fatal("a push that fits was not kept")
+	}
+	for i := 1; i < 8; i++ {
+		if s.kept[fmt.Sprintf("n%d", i)] == nil {
+			t.Fatalf("push n%d, young, was evicted to keep a spare buffer", i)
+		}
+	}
+}
