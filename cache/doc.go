@@ -8,6 +8,4 @@
 //		copy(region.Block(b), embedding[i*region.BlockSize():])
 //	}
 //	err = entries.MarkReady(mmHash) // readers Pin it, then Unpin
-//
-// Design notes: docs/design.md in the repository.
 package cache

@@ -9,8 +9,7 @@ import (
 	"github.com/ecxfer/ecxfer/internal/cachex"
 )
 
-// Errors of EmbeddingCache: ErrNoSpace is a full cache's normal answer,
-// ErrTooLarge one for an entry that never fits; the others report misuse.
+// Errors of EmbeddingCache; ErrNoSpace is a full cache's normal answer.
 var (
 	ErrNoSpace   = errors.New("cache: not enough free or evictable blocks")
 	ErrTooLarge  = errors.New("cache: more blocks than the capacity")
@@ -35,15 +34,10 @@ type Entry struct {
 
 // Stats counts what the cache holds and has done.
 type Stats struct {
-	Capacity       int    // blocks in all
-	Free           int    // blocks owned by no entry
-	Entries        int    // entries held
-	NotReady       int    // entries whose save has not landed
-	Pinned         int    // ready entries with at least one pin
-	Evictable      int    // ready, unpinned entries
-	EvictableBlock int    // blocks those entries hold
-	Evictions      uint64 // entries evicted by Alloc so far
-	Retired        int    // blocks kept out of use for good (Retire)
+	Capacity, Free, Retired   int    // blocks in all; owned by no entry; kept out of use for good (Retire)
+	Entries, NotReady, Pinned int    // entries held; whose save has not landed; ready with a pin
+	Evictable, EvictableBlock int    // ready, unpinned entries; the blocks they hold
+	Evictions                 uint64 // entries evicted by Alloc so far
 }
 
 type entry struct {
@@ -278,8 +272,7 @@ func (c *EmbeddingCache) unpin(key string) error {
 // Discard drops a not-ready entry (a save that will not land), freeing blocks.
 func (c *EmbeddingCache) Discard(key string) error { return c.drop(key, false) }
 
-// Retire drops a not-ready entry whose write may still land: its blocks stay
-// out of use for good.
+// Retire is Discard for a write that may still land: its blocks stay unused.
 func (c *EmbeddingCache) Retire(key string) error { return c.drop(key, true) }
 
 // drop removes a not-ready entry: its blocks go back to the free list, or

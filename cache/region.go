@@ -16,17 +16,16 @@ import (
 
 // RegionConfig describes a block region.
 type RegionConfig struct {
-	Blocks      int    // number of blocks
-	BlockSize   int    // bytes per block
-	Name        string // backs the region with /dev/shm/<Name>, for other processes
-	NoLock      bool   // skips mlock (LockErr reports a refused one)
-	RequireLock bool   // makes a refused mlock an error from NewRegion
-	NoHugePages bool   // turns off transparent huge pages
-	Shared      bool   // a memfd, for TCPData's same-host copies (Linux)
+	Blocks              int    // number of blocks
+	BlockSize           int    // bytes per block
+	Name                string // backs the region with /dev/shm/<Name>, for other processes
+	NoLock, RequireLock bool   // skip mlock; make a refused one NewRegion's error (else LockErr's)
+	NoHugePages         bool   // turns off transparent huge pages
+	Shared              bool   // a memfd, for TCPData's same-host copies (Linux)
 }
 
 // Region is equal-sized blocks in contiguous memory mapped off the Go heap,
-// the only memory to hand data planes. Block i is at Base()+i*BlockSize().
+// the only memory to hand data planes.
 type Region struct {
 	mem       []byte
 	mapping   []byte // the whole mapping, for munmap: mem lies inside it
@@ -194,8 +193,7 @@ func (r *Region) Span(i, n int) []byte {
 // LockErr returns why the region is not locked in RAM, or nil if it is.
 func (r *Region) LockErr() error { return r.lockErr }
 
-// Close unmaps the region: nothing, data planes included, may use it after.
-// A backing file stays (Unlink).
+// Close unmaps the region; nothing may use it after. A file stays (Unlink).
 func (r *Region) Close() error {
 	if r.mem == nil {
 		return nil

@@ -1,23 +1,13 @@
 // Package nixl is a data plane over NVIDIA NIXL, the library vLLM moves
 // embeddings with (RDMA between machines; UCX also over TCP and shared
-// memory), through cgo. An [Agent] is an xfer.DataTransport: give it to
-// connector.NewPool or connector.NewProducer in place of
-// transport.TCPData to fetch from vLLM producers or serve vLLM consumers.
+// memory). An [Agent] is an xfer.DataTransport: give it to connector.NewPool
+// or connector.NewProducer in place of transport.TCPData to fetch from vLLM
+// producers or serve vLLM consumers.
 //
-// Build with -tags nixl for the real NIXL: [New] loads its C API
-// (libnixl_capi.so, see [EnvLib]) at run time, so the build needs no NIXL,
-// and New returns [ErrNotInstalled], wrapped, where it is missing. With
-// -tags nixlfake the same code runs over an in-process C fake (for CI);
-// with neither tag New returns [ErrNotBuilt].
-//
-// Over UCX a READ moves only while both agents are driven: by default a
-// goroutine of the agent's does it (see [Progress]). A READ released while
-// it runs is reported as possibly writing (xfer.ErrMayStillWrite).
-//
-// NIXL does not enforce grants: a peer that has a producer's metadata can
-// READ any block it registered. Keep NIXL producers on a trusted network.
-// Building, running, UCX settings and errors: docs/nixl.md in the
-// repository.
+// Build with -tags nixl: [New] loads NIXL at run time ([EnvLib]), or fails
+// with [ErrNotInstalled]; -tags nixlfake runs over a C fake; with neither,
+// New fails with [ErrNotBuilt]. NIXL does not enforce grants, so keep NIXL
+// producers on a trusted network. Settings and errors: docs/nixl.md.
 package nixl
 
 import (
@@ -28,43 +18,24 @@ import (
 
 // Config configures an Agent. Zero fields but Name take defaults.
 type Config struct {
-	Name    string // agent name; required and unique among peers
-	Backend string // default "UCX"
-	// Params are the backend's parameters, e.g. {"ucx_error_handling_mode":
-	// "none"}, which UCX's shared-memory transports need (docs/nixl.md).
-	Params   map[string]string
-	Progress Progress // who drives the agent; default ProgressGoroutine
-	// ProgressDelay is ProgressGoroutine's longest pause between rounds
-	// (default 10 ms), or ProgressThread's wake-up period (default 1 ms).
-	ProgressDelay time.Duration
-	// Spin is how long ProgressGoroutine drives the agent without pausing
-	// after an event; default 50 µs. A longer Spin costs a core that long.
-	Spin         time.Duration
-	IdlePoll     time.Duration // ProgressGoroutine's poll with nothing outstanding; default 50 ms
-	CloseTimeout time.Duration // how long Close lets READs in flight end; default 5 s
-	// SyncPost makes AddRemotePeer, PostRead and Check call into NIXL in
-	// the caller's step, returning NIXL's errors, as the other Progress
-	// modes always do; by default the progress goroutine does the slow calls.
-	SyncPost bool
-	// InlinePost is the largest READ, in bytes, PostRead posts itself when
-	// NIXL is free; default 256 KiB, negative: the goroutine posts every READ.
-	InlinePost int
+	Name, Backend string            // agent name, required and unique among peers; backend, default "UCX"
+	Params        map[string]string // the backend's; UCX's shared memory needs ucx_error_handling_mode=none (docs/nixl.md)
+	Progress      Progress          // who drives the agent; default ProgressGoroutine
+	ProgressDelay time.Duration     // ProgressGoroutine's longest pause (10 ms), ProgressThread's wake-up period (1 ms)
+	Spin          time.Duration     // how long ProgressGoroutine drives on after an event, costing a core; default 50 µs
+	IdlePoll      time.Duration     // ProgressGoroutine's poll with nothing outstanding; default 50 ms
+	CloseTimeout  time.Duration     // how long Close lets READs in flight end; default 5 s
+	SyncPost      bool              // AddRemotePeer, PostRead and Check call NIXL in the caller's step, returning its errors
+	InlinePost    int               // largest READ (bytes) PostRead posts itself, not the goroutine; default 256 KiB, negative: none
 }
 
 // Progress says who drives a NIXL agent.
 type Progress int
 
 const (
-	// ProgressGoroutine, the default, drives the agent from a goroutine
-	// while READs or a producer's grants are live; a READ that never ends
-	// costs about a hundred wake-ups a second, not a core.
-	ProgressGoroutine Progress = iota
-	// ProgressThread starts NIXL's own progress thread, woken by UCX
-	// events or every ProgressDelay.
-	ProgressThread
-	// ProgressCaller leaves driving to Check and DrainNotifs: a producer
-	// then moves READs only as often as it drains notifications.
-	ProgressCaller
+	ProgressGoroutine Progress = iota // a goroutine drives it while READs or grants are live
+	ProgressThread                    // NIXL's own thread, woken by UCX events or every ProgressDelay
+	ProgressCaller                    // Check and DrainNotifs drive it: a producer's READs move as it drains
 )
 
 func (p Progress) String() string {
@@ -80,15 +51,10 @@ func (p Progress) String() string {
 }
 
 // ErrNotBuilt is returned by New in a build without the nixl tag.
-var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl " +
-	`(no NIXL headers needed; CGO_LDFLAGS="-Wl,-rpath,$NIXL/lib", NIXL's lib folder, lets the binary find NIXL ` +
-	"without LD_LIBRARY_PATH); see docs/nixl.md")
+var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl (no NIXL needed to build); see docs/nixl.md")
 
-// ErrNotInstalled is returned by New, wrapped, in a build with the nixl
-// tag when NIXL's C API cannot be loaded; the error says what to set.
+// ErrNotInstalled is New's error, wrapped, when NIXL cannot be loaded.
 var ErrNotInstalled = errors.New("nixl: NIXL not found")
 
-// EnvLib names the variable giving NIXL's C API library (libnixl_capi.so
-// or its folder); set, only that is tried, else the dynamic loader
-// searches as usual. It is read when the first agent is made.
+// EnvLib names the variable that gives libnixl_capi.so or its folder.
 const EnvLib = "ECXFER_NIXL_LIB"

@@ -65,21 +65,17 @@ type ConsumerConfig struct {
 // ConsumerStats counts what a ConsumerSession has seen.
 type ConsumerStats struct {
 	Started, Completed, Failed uint64
-	Held                       uint64 // failures whose READ might still write (BlocksHeld)
-	Released                   uint64 // their blocks given back
+	Held, Released             uint64 // failures whose READ might still write (BlocksHeld); their blocks given back
 	ForcedReleases             uint64 // given back at the quarantine deadline, unconfirmed
 	LateCompletions            uint64 // READs done after the producer's lease could have run out
-	BadAcks                    uint64 // OK acks whose block list did not fit
-	Unread                     uint64 // grants given back unread
 	Nacks                      NackCounts
-	Malformed                  uint64 // payloads that did not decode as an XferAck
-	ForeignAcks                uint64 // acks echoing another session's id
-	StrayAcks                  uint64 // replies matched to no transfer waiting for its ack; dropped
-	LateAcks                   uint64 // OK acks past their grant's lease: no READ, retryable
+	BadAcks, Malformed         uint64 // OK acks whose block list did not fit; payloads not decoding as an XferAck
+	ForeignAcks, StrayAcks     uint64 // acks echoing another session's id; matched to no transfer awaiting one
+	LateAcks, Unread           uint64 // OK acks past their grant's lease (retryable); grants given back unread
 	Registrations              uint64 // producer agents registered
 }
 
-// ConsumerSession is the consumer's side of one producer.
+// ConsumerSession is a consumer's side of one producer; renew it at PeerDown.
 type ConsumerSession struct {
 	id     string
 	compat string
@@ -977,9 +973,8 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 // InFlight counts the transfers not ended, or whose held blocks are not back.
 func (c *ConsumerSession) InFlight() int { return len(c.byHash) }
 
-// Close fails the transfers in flight (reason Closed) and gives held blocks
-// back at once, in the next TakeResults; the grants of READs it stopped go
-// back to their producer. It is idempotent and returns nil.
+// Close fails the transfers in flight (Closed), giving held blocks back in the
+// next TakeResults and stopped READs' grants to their producer; idempotent.
 func (c *ConsumerSession) Close() error {
 	if c.closed {
 		return nil

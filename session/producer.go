@@ -32,9 +32,7 @@ type Replier interface {
 	Reply(identity, payload []byte) error
 }
 
-// ProducerConfig configures a ProducerSession; zero fields take the defaults
-// shown. A request past a bound other than MaxGrantsPerSession, or over
-// MaxPinnedShare while saves are short of SaveReserve, gets NACK_NOT_READY.
+// ProducerConfig configures a ProducerSession like connector.ProducerConfig.
 type ProducerConfig struct {
 	PinLease             time.Duration // longest a grant pins its entry; 30 s
 	MaxGrantsPerSession  int           // live grants of one session; past it NACK_INTERNAL; 4096
@@ -42,7 +40,7 @@ type ProducerConfig struct {
 	MaxGrants            int           // live grants in all; 65536
 	MaxGrantsPerEntry    int           // one session's live grants of one entry; 8
 	MaxPinnedShare       float64       // most of the cache one session or identity pins; 0.5
-	SaveReserve          int           // blocks MaxPinnedShare keeps for saves; 0: the largest seen
+	SaveReserve          int           // blocks MaxPinnedShare keeps for saves (else NACK_NOT_READY); 0: the largest seen
 	MaxRequestAge        time.Duration // older requests get NACK_NOT_READY; 2 s
 	Logger               *slog.Logger  // nil: slog.Default()
 	Rand                 io.Reader     // seeds grant tokens; nil: crypto/rand
@@ -50,29 +48,22 @@ type ProducerConfig struct {
 
 // ProducerStats counts what a ProducerSession has done.
 type ProducerStats struct {
-	Requests      uint64 // decoded requests
-	Grants        uint64 // OK acks sent
-	Nacks         NackCounts
-	Malformed     uint64 // payloads that did not decode as an XferReq
-	ReRequests    uint64 // grants made while the same session held one for the entry
-	Completions   uint64 // grants ended by their notification
-	UnknownNotifs uint64 // notifications matching no grant (late, foreign)
-	ForeignNotifs uint64 // notifications from an agent the grant is not bound to
-	Stale         uint64 // requests refused (NACK_NOT_READY) for waiting past MaxRequestAge
-	OverPinned    uint64 // requests refused by the pinned-block shares
-	BadNotifs     uint64 // notifications that are not UTF-8
-	Expired       uint64 // grants ended by the lease
-	ReplyErrors   uint64 // replies the control plane refused
-	Pushes        uint64 // grants whose blocks the TCP data plane pushed with the ack
-	DrainErrors   uint64 // failed notification drains
-	OverBound     uint64 // requests refused by the grant bounds
-	BadSessionIDs uint64 // requests whose session id is not a canonical UUID
-	DescsSent     uint64 // OK acks that carried the mem descriptor
-	DescBytes     uint64 // the bytes of those descriptors
-	ShapesSent    uint64 // OK acks that carried the region's shape instead
-	BadTokens     uint64 // notifications naming a live grant without its token
-	BrokenReads   uint64 // grants ended early: their READ's connection broke
-	Contacts      uint64 // contact requests answered (wire.XferReq.Contact)
+	Requests, Malformed  uint64 // requests decoded; payloads that did not decode as an XferReq
+	Grants               uint64 // OK acks sent
+	Nacks                NackCounts
+	Completions, Expired uint64 // grants ended by their notification; by the lease
+	ReRequests, Contacts uint64 // grants while the session held one for the entry; contact requests answered
+	Stale, OverPinned    uint64 // requests refused (NACK_NOT_READY) past MaxRequestAge; by the pinned shares
+	OverBound            uint64 // requests refused by the grant bounds
+	BadSessionIDs        uint64 // requests whose session id is not a canonical UUID
+	UnknownNotifs        uint64 // notifications matching no grant (late, foreign)
+	ForeignNotifs        uint64 // notifications from an agent the grant is not bound to
+	BadNotifs, BadTokens uint64 // notifications not UTF-8; naming a live grant without its token
+	ReplyErrors          uint64 // replies the control plane refused
+	DrainErrors          uint64 // failed notification drains
+	DescsSent, DescBytes uint64 // OK acks carrying the mem descriptor; its bytes
+	ShapesSent, Pushes   uint64 // OK acks carrying the region's shape instead; grants pushed with the ack (TCP)
+	BrokenReads          uint64 // grants ended early: their READ's connection broke
 }
 
 type consumerState struct {
@@ -147,8 +138,7 @@ var grantIDs atomic.Uint64
 // session holds at most this many live grants, this one included.
 const maxPushLive = 2
 
-// ProducerSession grants consumers' requests out of an EmbeddingCache, each
-// pinning its entry until the READ is done or the lease runs out.
+// ProducerSession grants requests; a grant pins its entry until READ or lease end.
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   plane.Driven     // data, when it must be told of the live grants

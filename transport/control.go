@@ -38,13 +38,10 @@ var discardLog = log.New(io.Discard, "", 0)
 
 // ControlStats counts what a control-plane endpoint dropped and did.
 type ControlStats struct {
-	Received  uint64 // messages handed to the application
-	Sent      uint64
-	Malformed uint64 // messages with the wrong envelope, dropped
-	Dropped   uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
-	SendFails uint64
-	Accepted  uint64 // connections a server accepted
-	Shed      uint64 // connections a server closed or refused at MaxConns or MaxConnsPerHost
+	Received, Sent       uint64 // messages handed to the application; sent
+	Malformed, SendFails uint64 // messages with the wrong envelope, dropped; sends that failed
+	Dropped              uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
+	Accepted, Shed       uint64 // connections a server accepted; closed or refused at MaxConns or MaxConnsPerHost
 }
 
 type controlCounters struct {
@@ -53,35 +50,26 @@ type controlCounters struct {
 }
 
 func (c *controlCounters) snapshot() ControlStats {
-	return ControlStats{c.received.Load(), c.sent.Load(), c.malformed.Load(), c.dropped.Load(), c.sendFails.Load(),
-		c.accepted.Load(), c.shed.Load()}
+	return ControlStats{Received: c.received.Load(), Sent: c.sent.Load(), Malformed: c.malformed.Load(),
+		SendFails: c.sendFails.Load(), Dropped: c.dropped.Load(), Accepted: c.accepted.Load(), Shed: c.shed.Load()}
 }
 
 // ---- server ----
 
 // ServerConfig configures a Server. Zero fields take defaults.
 type ServerConfig struct {
-	MaxFrame         int           // largest frame accepted; default 64 KiB
-	WriteTimeout     time.Duration // a consumer not reading for this long is cut off; default 1 s
-	PingInterval     time.Duration // default 2 s
-	PeerTimeout      time.Duration // silence that closes a connection; default 8 s
-	HandshakeTimeout time.Duration // default 5 s
-	MaxPending       int           // handshakes in progress at once; default 256
-	MaxQueued        int           // requests and replies queued; default 4096
-	// MaxQueuedBytes bounds the bytes of requests waiting for Drain and of
-	// replies queued for one consumer (default 16 MiB; one is taken when
-	// none waits). Replies for all: 16 times it, past which the consumer
-	// holding the most is cut off.
-	MaxQueuedBytes int
-	// MaxConns (4096) and MaxConnsPerHost (256) bound the connections in
-	// all and from one host; the one longest without a request is shed.
-	MaxConns        int
-	MaxConnsPerHost int
-	Logger          *slog.Logger
+	MaxFrame                  int           // largest frame accepted; default 64 KiB
+	WriteTimeout              time.Duration // a consumer not reading for this long is cut off; default 1 s
+	PingInterval, PeerTimeout time.Duration // defaults 2 s, 8 s: a connection silent for PeerTimeout is closed
+	HandshakeTimeout          time.Duration // default 5 s
+	MaxPending                int           // handshakes in progress at once; default 256
+	MaxQueued                 int           // requests and replies queued; default 4096
+	MaxQueuedBytes            int           // requests waiting for Drain, replies to one consumer (16× for all); default 16 MiB
+	MaxConns, MaxConnsPerHost int           // connections, from one host; the one longest without a request is shed; defaults 4096, 256
+	Logger                    *slog.Logger
 }
 
-// Server is the producer's control plane: a ZeroMQ ROUTER that consumers'
-// DEALERs (Go or libzmq) connect to. Drain and Reply never block.
+// Server is the producer's control plane: a ZeroMQ ROUTER (Go or libzmq peers).
 type Server struct {
 	sock   zmq4.Socket
 	forget func()
@@ -114,8 +102,7 @@ type Server struct {
 	replies *replyBudget
 }
 
-// Listen binds a ROUTER on addr ("tcp://host:port" or "host:port"; port 0
-// picks one). It fails for an address it cannot parse or bind.
+// Listen binds a ROUTER on "tcp://host:port" or "host:port" (port 0: any).
 func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	hp, err := hostPort(addr)
 	if err != nil {
@@ -355,8 +342,7 @@ func (s *Server) onRequestHook(f func()) {
 	s.onRequest.Store(&f)
 }
 
-// Drain appends the requests received since the last call to dst, without
-// blocking.
+// Drain appends the requests received since the last call to dst.
 func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	s.steps.drained()
 	s.steps.mu.Lock()
@@ -384,8 +370,7 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 	return dst
 }
 
-// Wait blocks until a request is waiting for Drain or ctx ends, and
-// reports which. It is for loops that do not step while idle.
+// Wait blocks until a request waits for Drain (true) or ctx ends.
 func (s *Server) Wait(ctx context.Context) bool { return s.waitOr(ctx, nil, nil) }
 
 // waitOr is Wait that also returns, true, when ready or timeout receives,
@@ -411,11 +396,8 @@ func (s *Server) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
-// Reply sends payload to the consumer with the given identity without
-// blocking (session.Replier). It fails with xfer.ErrClosed after Close,
-// xfer.ErrPeerDown when no connection holds that identity, and
-// xfer.ErrQueueFull when that consumer has MaxQueued replies or
-// MaxQueuedBytes waiting.
+// Reply queues payload for consumer identity; it fails with xfer.ErrPeerDown
+// (no such connection), xfer.ErrQueueFull, or xfer.ErrClosed.
 func (s *Server) Reply(identity, payload []byte) error {
 	select {
 	case <-s.done:
@@ -456,22 +438,17 @@ func (s *Server) Close() error {
 
 // ClientConfig configures a Client. Zero fields take defaults.
 type ClientConfig struct {
-	MaxFrame         int           // largest frame, and bytes of one producer's replies waiting for Drain; default 64 MiB
-	ConnectTimeout   time.Duration // default 8 s
-	HandshakeTimeout time.Duration // default 8 s
-	WriteTimeout     time.Duration // a producer not reading for this long is cut off; default 5 s
-	PingInterval     time.Duration // default 2 s
-	PeerTimeout      time.Duration // default 8 s
-	MaxQueued        int           // requests queued per producer; default 1024
-	// Allow decides which producer addresses ("host:port") may be dialed;
-	// nil allows all. Set it when producer addresses come from requests.
-	Allow  func(hostport string) bool
-	Logger *slog.Logger
+	MaxFrame                  int                        // largest frame, and bytes of one producer's replies waiting for Drain; default 64 MiB
+	ConnectTimeout            time.Duration              // default 8 s
+	HandshakeTimeout          time.Duration              // default 8 s
+	WriteTimeout              time.Duration              // a producer not reading for this long is cut off; default 5 s
+	PingInterval, PeerTimeout time.Duration              // defaults 2 s, 8 s: a producer silent for PeerTimeout is dead
+	MaxQueued                 int                        // requests queued per producer; default 1024
+	Allow                     func(hostport string) bool // producers that may be dialed; nil: all. Set it if addresses come from requests
+	Logger                    *slog.Logger
 }
 
-// Client is the consumer's control plane: one DEALER per producer
-// address, dialed on first use and dropped when the producer is declared
-// dead. Send, Drain and Dead never block.
+// Client is the consumer's control plane: a DEALER per producer address.
 type Client struct {
 	cfg   ClientConfig
 	gcfg  *guardConfig
@@ -543,10 +520,8 @@ type dealer struct {
 	room                chan struct{} // a Drain took some of them
 }
 
-// Send queues a copy of payload for the producer at addr, dialing it if
-// needed. It fails with xfer.ErrQueueFull when the queue is full,
-// xfer.ErrPeerDown when the producer was declared dead and Dead has not
-// reported it yet, and xfer.ErrNotAllowed for an address Allow refuses.
+// Send queues a copy of payload for addr, dialing it if needed; it fails with
+// xfer.ErrQueueFull, xfer.ErrNotAllowed, or xfer.ErrPeerDown after a death.
 func (c *Client) Send(addr string, payload []byte) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -557,9 +532,7 @@ func (c *Client) Send(addr string, payload []byte) error {
 	return d.send(payload)
 }
 
-// Connect dials the producer at addr ahead of the first Send and waits for
-// the handshake. It fails with xfer.ErrPeerDown wrapping the cause, or
-// with ctx's error, the connection then going on in the background.
+// Connect dials addr before the first Send; xfer.ErrPeerDown wraps a failure.
 func (c *Client) Connect(ctx context.Context, addr string) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -641,9 +614,7 @@ type inbound struct {
 	d *dealer
 }
 
-// Drain appends the payloads received since the last call to dst,
-// without blocking. Payloads of a connection Dead reported or Remove
-// dropped are dropped.
+// Drain appends the payloads received since the last call to dst.
 func (c *Client) Drain(dst []xfer.Inbound) []xfer.Inbound {
 	c.steps.drained()
 	c.steps.mu.Lock()
@@ -688,8 +659,7 @@ func (c *Client) take(dst []xfer.Inbound, m inbound) []xfer.Inbound {
 	return append(dst, m.Inbound)
 }
 
-// Wait blocks until a payload or a death is waiting, or ctx ends, and
-// reports which. It is for loops that do not step while idle.
+// Wait blocks until a payload or a death waits (true) or ctx ends.
 func (c *Client) Wait(ctx context.Context) bool { return c.waitOr(ctx, nil, nil) }
 
 // waitOr is Wait that also returns, true, when ready or timeout receives,
@@ -715,9 +685,7 @@ func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
-// Dead appends the producers declared dead since the last call to dst,
-// with the network's error or one matching xfer.ErrPeerSilent. A
-// connection Remove dropped or a newer one replaced is not reported.
+// Dead appends the producers declared dead since the last call, and why.
 func (c *Client) Dead(dst []xfer.Death) []xfer.Death {
 	c.mu.Lock()
 	defer c.mu.Unlock()

@@ -7,9 +7,7 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
-// Notify sends the producer agent notif with no READ, giving back a grant,
-// without blocking. It fails for an agent not registered, a notification
-// over 1 KiB, or a closed plane.
+// Notify gives a grant back to a registered producer, with no READ.
 func (d *TCPData) Notify(agent string, notif []byte) error {
 	if len(notif) > maxNotifLen {
 		return fmt.Errorf("transport: notification longer than %d bytes", maxNotifLen)

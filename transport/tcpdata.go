@@ -28,26 +28,21 @@ type TCPConfig struct {
 	Name      string // agent name peers see, a label only; default "ecxfer-" + a random id
 	Listen    string // address to serve READs on, e.g. "127.0.0.1:0"; empty: a consumer only
 	Advertise string // address put in the metadata; default the listener's (set it for 0.0.0.0)
-	// Authorize, if set, must also grant every READ served (as must the
-	// attached producer session) and turns the same-host copy off. blocks
-	// is nil for a notification alone; granted blocks must stay the
-	// entry's until the plane calls release. It is called concurrently.
-	Authorize    func(agent string, notif []byte, blocks []int) (release func(), ok bool)
-	IOTimeout    time.Duration // a READ or write with no byte moved for this long fails; default 10 s
-	IdleTimeout  time.Duration // closes a served connection with no traffic; default 5 min
-	DialTimeout  time.Duration // default 8 s
-	HelloTimeout time.Duration // for a new connection's hello or welcome; default 5 s, at most IOTimeout
-	// MaxConns bounds the connections a producer serves, shared fairly by
-	// remote host, those under live grants shed last; default 1024.
-	MaxConns        int
-	MaxConnsPerHost int          // from one remote IP address; default MaxConns/4, at least 1
-	MaxQueued       int          // READs to one peer not yet ended, past which PostRead fails; default 4096
-	Conns           int          // connections READs use to each producer; default 2
-	NoSharedMemory  bool         // turns the same-host copy off, on both sides
-	CopyWorkers     int          // goroutines copying a same-host READ of 2 MiB or more; default GOMAXPROCS, at most 4
-	PushBuffer      int          // pushed bytes kept per producer for READs to claim; default 8 MiB, negative: none
-	NoPush          bool         // a producer never pushes, even to consumers that ask
-	Logger          *slog.Logger // default slog.Default()
+	// Authorize, if set, must also grant each READ (blocks nil: a notification),
+	// keeping them until release; called concurrently; turns same-host copy off.
+	Authorize                 func(agent string, notif []byte, blocks []int) (release func(), ok bool)
+	IOTimeout                 time.Duration // a READ or write with no byte moved for this long fails; default 10 s
+	IdleTimeout               time.Duration // closes a served connection with no traffic; default 5 min
+	DialTimeout, HelloTimeout time.Duration // dial; a new connection's hello or welcome (at most IOTimeout); defaults 8 s, 5 s
+	MaxConns                  int           // connections served, shared fairly by host, grantees shed last; default 1024
+	MaxConnsPerHost           int           // from one remote IP address; default MaxConns/4, at least 1
+	MaxQueued                 int           // READs to one peer not yet ended, past which PostRead fails; default 4096
+	Conns                     int           // connections READs use to each producer; default 2
+	NoSharedMemory            bool          // turns the same-host copy off, on both sides
+	CopyWorkers               int           // goroutines copying a same-host READ of 2 MiB or more; default GOMAXPROCS, at most 4
+	PushBuffer                int           // pushed bytes kept per producer for READs to claim; default 8 MiB, negative: none
+	NoPush                    bool          // a producer never pushes, even to consumers that ask
+	Logger                    *slog.Logger  // default slog.Default()
 }
 
 func (c TCPConfig) withDefaults() TCPConfig {
@@ -138,9 +133,7 @@ var (
 	errBlockRange = errors.New("transport: block id out of range")
 )
 
-// TCPData is the pure-Go data plane, an xfer.DataTransport over TCP. As a
-// producer it serves READs of its region's blocks that its attached
-// session grants; as a consumer it posts READs that land in its region.
+// TCPData is the pure-Go data plane; it serves the READs its session grants.
 type TCPData struct {
 	cfg    TCPConfig
 	region *cache.Region
@@ -218,8 +211,7 @@ type TCPData struct {
 
 var _ xfer.DataTransport = (*TCPData)(nil)
 
-// NewTCPData returns a data plane over region, serving READs if cfg.Listen is
-// set.
+// NewTCPData returns a data plane over region; it serves if cfg.Listen is set.
 func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	cfg = cfg.withDefaults()
 	inc := uuid.NewString()
@@ -278,18 +270,14 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 
 // TCPStats counts what a TCPData did and dropped.
 type TCPStats struct {
-	BoardCopies uint64 // READs copied out of a same-host producer's region under a grant it showed live
-	Pushed      uint64 // READs landed from blocks the producer pushed
-	PushDrops   uint64 // pushes dropped: no room, asked for already, or unclaimed
-	PushesSent  uint64 // as a producer: grants pushed
-	NotesLost   uint64 // notifications of landed READs that could not be sent (the lease ends their grant)
-	// As a producer, what its bounds cut (docs/operations.md).
-	ConnsShed  uint64 // connections closed at MaxConns or MaxConnsPerHost: the one that made room, or the newest
-	NotifDrops uint64 // notifications dropped: naming no live grant, from a connection holding no live proof, or between sessions
-	NotifCuts  uint64 // connections closed with their notifications not drained within IOTimeout (their share or the queue full)
-	AnswersCut uint64 // READ answers cut, their connection closed, once their grant's time was up
-	PushesCut  uint64 // pushes cut once their grant's time was up: not written, or their connection closed
-	BrokenLost uint64 // READs that cannot complete not handed to their session (its list full): their grants end at their leases
+	BoardCopies       uint64 // READs copied out of a same-host producer's region under a grant it showed live
+	Pushed, PushDrops uint64 // READs landed from pushed blocks; pushes dropped (no room, asked already, unclaimed)
+	NotesLost         uint64 // notifications of landed READs that could not be sent (the lease ends their grant)
+	// As a producer (its bounds: docs/operations.md):
+	PushesSent, ConnsShed uint64 // grants pushed; connections closed at MaxConns or MaxConnsPerHost
+	NotifDrops, NotifCuts uint64 // notifications of no live grant or proof, dropped; connections cut, not draining theirs
+	AnswersCut, PushesCut uint64 // READ answers and pushes cut once their grant's time was up
+	BrokenLost            uint64 // broken READs not handed to their session (its list full): their leases end them
 }
 
 // Stats returns the counters; it is safe to call from any goroutine.
@@ -311,16 +299,14 @@ func (d *TCPData) Addr() net.Addr {
 // AgentMetadata implements xfer.DataTransport.
 func (d *TCPData) AgentMetadata() []byte { return d.meta }
 
-// MemDescriptor implements xfer.DataTransport: an empty list, as the
-// agent metadata carries the block count.
+// MemDescriptor returns an empty list: the metadata has the block count.
 func (d *TCPData) MemDescriptor() []byte { return emptyDescs }
 
 // emptyDescs is msgpack's empty array, which vLLM's consumers would decode
 // as no descriptors.
 var emptyDescs = []byte{0x90}
 
-// AddRemotePeer implements xfer.DataTransport. The descriptor is not used:
-// the metadata says how many blocks the producer has.
+// AddRemotePeer implements xfer.DataTransport; it ignores the descriptor.
 func (d *TCPData) AddRemotePeer(metadata, _ []byte) (xfer.Peer, error) {
 	m, err := decodeMeta(metadata, d.region.BlockSize())
 	if err != nil {
@@ -376,9 +362,8 @@ func decodeMeta(metadata []byte, blockSize int) (agentMeta, error) {
 	return m, nil
 }
 
-// RemoveRemotePeer implements xfer.DataTransport. The last removal closes
-// the peer's connections once pending notifications are written (half a
-// second at most); READs still in flight then fail.
+// RemoveRemotePeer implements xfer.DataTransport; the last removal closes
+// the peer's connections, failing the READs in flight.
 func (d *TCPData) RemoveRemotePeer(agent string) error {
 	d.mu.Lock()
 	defer d.mu.Unlock()
@@ -393,10 +378,8 @@ func (d *TCPData) RemoveRemotePeer(agent string) error {
 	return nil
 }
 
-// PostRead implements xfer.DataTransport. It fails with
-// xfer.ErrLengthMismatch, xfer.ErrUnknownPeer, xfer.ErrClosed, or an
-// error of its own for a local or remote id outside its region, for
-// MaxQueued READs to that peer not ended, or for a notification over 1 KiB.
+// PostRead implements xfer.DataTransport; it also fails for an id outside a
+// region, a notification over 1 KiB, or MaxQueued READs to the peer.
 func (d *TCPData) PostRead(local []int, agent string, remote []int, notif []byte) (xfer.Handle, error) {
 	if len(local) != len(remote) {
 		return 0, xfer.ErrLengthMismatch
@@ -451,9 +434,8 @@ func (d *TCPData) Check(h xfer.Handle) (xfer.Progress, error) {
 	return op.progress(), nil
 }
 
-// Release implements xfer.DataTransport: nothing writes into the READ's
-// blocks once it returns. Stopping a READ whose bytes are arriving closes
-// its connection, failing the READs queued behind it there.
+// Release implements xfer.DataTransport; stopping a READ whose bytes are
+// arriving fails the READs behind it on its connection.
 func (d *TCPData) Release(h xfer.Handle) error {
 	d.mu.Lock()
 	op := d.handles[h]
@@ -473,8 +455,7 @@ func (d *TCPData) signal() {
 	}
 }
 
-// DrainNotifs implements xfer.DataTransport: every notification queued.
-// An attached producer session takes its own from its attachment instead.
+// DrainNotifs implements xfer.DataTransport, for a plane no session attached.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	d.steps.drained()
 	d.steps.mu.Lock()
@@ -485,9 +466,8 @@ func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	return d.takeNotifsLocked(dst, func(*attachment) bool { return true }, false), nil
 }
 
-// Close implements xfer.DataTransport: it writes pending notifications
-// (half a second at most), fails the READs in flight, closes every
-// connection and waits for its goroutines.
+// Close writes pending notifications (half a second at most), fails the READs
+// in flight, and waits for its goroutines.
 func (d *TCPData) Close() error {
 	d.mu.Lock()
 	if d.closed {

@@ -214,7 +214,6 @@ func decodeReqView(data []byte, r *reqView) error {
 }
 
 // DecodeReq decodes an XferReq as msgspec does; on error r is unchanged.
-// Reusing r allocates little.
 func DecodeReq(data []byte, r *XferReq) error {
 	var v reqView
 	if err := decodeReqView(data, &v); err != nil {

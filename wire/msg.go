@@ -22,8 +22,7 @@ func (r *XferReq) Version() Int {
 	return *r.ConnectorVersion
 }
 
-// XferAck answers an [XferReq] (tag "ack"); a NACK carries only MMHash and
-// Status. Zero extensions are left off the wire.
+// XferAck answers an [XferReq] (tag "ack"); a NACK has only MMHash and Status.
 type XferAck struct {
 	MMHash          string
 	Status          Status

@@ -1,9 +1,6 @@
 package xfer
 
-import (
-	"errors"
-	"time"
-)
+import "time"
 
 // The control plane's contract. A control plane moves the protocol's
 // messages as opaque bytes between a producer's server and its consumers'
@@ -28,12 +25,3 @@ type Death struct {
 	Addr string // the producer's address, as given to Send
 	Err  error  // the cause; ErrPeerSilent when silent, not disconnected
 }
-
-// Errors of control planes, wrapped so that errors.Is tells a refusal worth
-// retrying from the end.
-var (
-	ErrQueueFull  = errors.New("xfer: control plane send queue full")         // a later send may succeed
-	ErrPeerDown   = errors.New("xfer: producer is down")                      // declared dead; the next send reconnects
-	ErrNotAllowed = errors.New("xfer: producer address not allowed")          // refused by the allowlist
-	ErrPeerSilent = errors.New("xfer: producer silent past the peer timeout") // no heartbeat (see Death)
-)

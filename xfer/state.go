@@ -26,8 +26,7 @@ const (
 var reasonNames = [...]string{"", "nacked", "ack-timeout", "peer-down", "bad-ack", "register-failed",
 	"post-failed", "read-error", "read-timeout", "check-failed", "late-completion", "quarantine-timeout", "closed", "canceled", "deadline"}
 
-// Error makes a Reason an error, so that a failure's error matches it:
-// errors.Is(err, xfer.Nacked), or errors.As(err, &reason).
+// Error makes a Reason an error: errors.Is(err, xfer.Nacked), errors.As.
 func (r Reason) Error() string { return r.String() }
 
 func (r Reason) String() string {

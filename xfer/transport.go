@@ -41,20 +41,23 @@ type Notif struct {
 	Msg   []byte // "<session_id>:<mm_hash>[#...]" in this protocol
 }
 
-// Errors a DataTransport reports.
+// Errors of the planes; every component returns ErrClosed and ErrBadConfig.
 var (
+	ErrQueueFull      = errors.New("xfer: control plane send queue full")         // a later send may succeed
+	ErrPeerDown       = errors.New("xfer: producer is down")                      // declared dead; the next send reconnects
+	ErrNotAllowed     = errors.New("xfer: producer address not allowed")          // refused by the allowlist
+	ErrPeerSilent     = errors.New("xfer: producer silent past the peer timeout") // no heartbeat (see Death)
 	ErrMayStillWrite  = errors.New("xfer: READ may still write into its blocks")
 	ErrUnknownHandle  = errors.New("xfer: unknown handle")
 	ErrUnknownPeer    = errors.New("xfer: unknown peer")
 	ErrLengthMismatch = errors.New("xfer: local and remote block counts differ")
-	ErrClosed         = errors.New("ecxfer: closed")                // by every component once closed
-	ErrBadConfig      = errors.New("ecxfer: invalid configuration") // by every constructor
+	ErrClosed         = errors.New("ecxfer: closed")
+	ErrBadConfig      = errors.New("ecxfer: invalid configuration")
 )
 
-// DataTransport is a data plane: one-sided READs of a peer's registered
-// blocks into local ones; a READ that completes delivers its notif to the
-// peer's DrainNotifs exactly once. Methods must not block on the network and
-// must be safe for concurrent use.
+// DataTransport is a data plane: one-sided READs of a peer's registered blocks
+// into local ones, a completed READ's notif reaching the peer's DrainNotifs
+// once. Methods never block on the network and are safe for concurrent use.
 type DataTransport interface {
 	AgentMetadata() []byte // this agent's blob, sent in OK acks
 	MemDescriptor() []byte // the region's descriptor (wire.AppendBlockDescs)
@@ -71,10 +74,6 @@ type DataTransport interface {
 	// Release forgets h, stopping its READ, or returns ErrMayStillWrite if
 	// it could not. A second Release fails with ErrUnknownHandle.
 	Release(h Handle) error
-	// DrainNotifs appends the notifications received since the last call,
-	// which the caller then owns.
-	DrainNotifs(dst []Notif) ([]Notif, error)
-	// Close ends every READ (none is left InProgress) and peer, deregisters
-	// the region, and returns nil when called again.
-	Close() error
+	DrainNotifs(dst []Notif) ([]Notif, error) // appends those since the last call; the caller owns them
+	Close() error                             // ends every READ (none left InProgress) and peer, deregisters; again: nil
 }

@@ -7,9 +7,10 @@ import (
 	"testing"
 )
 
-// goDocBudget bounds `go doc -all` over the public packages, so that the
-// reference stays a reference: design notes belong in docs/.
-const goDocBudget = 1400
+// goDocBudget bounds `go doc -all` over the public packages at half the
+// 2,370 lines it once ran to, so that the reference stays a reference:
+// design notes belong in docs/.
+const goDocBudget = 1185
 
 func TestGoDocStaysAReference(t *testing.T) {
 	gocmd, err := exec.LookPath("go")

@@ -35,30 +35,30 @@ type ControlClient interface {
 	Wait(ctx context.Context) bool           // blocks until Drain or Dead has something (true) or ctx ends
 }
 
-// RetryConfig bounds the retries of a fetch that got no ack, NACK_NOT_READY,
-// a refused send or a failed READ.
+// RetryConfig bounds the retries of a fetch that met a retryable failure.
 type RetryConfig struct {
-	MaxAttempts int           // attempts in all; default 5
-	MaxElapsed  time.Duration // from the first attempt; default 10 s
-	BaseBackoff time.Duration // before the second attempt; default 20 ms
-	MaxBackoff  time.Duration // default 1 s
-	Jitter      float64       // ± this fraction of each backoff; default 0.2
+	MaxAttempts             int           // attempts in all; default 5
+	MaxElapsed              time.Duration // from the first attempt; default 10 s
+	BaseBackoff, MaxBackoff time.Duration // the first backoff, the longest; defaults 20 ms, 1 s
+	Jitter                  float64       // ± this fraction of each backoff; default 0.2
 }
 
 // PoolConfig configures a Pool. Zero fields take defaults.
 type PoolConfig struct {
-	CompatHash            string                // wire.CompatHash of this consumer; required
-	Xfer                  xfer.Config           // READ and quarantine timeouts, pin lease; defaults 20 s, 60 s, 30 s
-	AckTimeout            time.Duration         // wait for each attempt's ack; default 2 s
-	Retry                 RetryConfig           // retries of one fetch
-	BlockSize             int                   // bytes in one of Cache's blocks; FetchEntry needs it
-	Cache                 *cache.EmbeddingCache // over the data plane's blocks; FetchEntry allocates from it
-	pollInterval, maxWait time.Duration         // Wait's poll of a data plane that does not signal (1 ms), longest sleep (10 ms); tests set them
-	IdleSession           time.Duration         // a producer's session with nothing in flight closes after it; default 1 min
-	Seed                  uint64                // makes ids and jitter reproducible; zero: crypto/rand
-	Logger                *slog.Logger          // nil: slog.Default(); each message at most 5 per 10 s
-	Now                   func() time.Time      // the clock of the caller's Steps, for Connect; nil: time.Now
+	CompatHash  string                // wire.CompatHash of this consumer; required
+	Xfer        xfer.Config           // READ and quarantine timeouts, pin lease; defaults 20 s, 60 s, 30 s
+	AckTimeout  time.Duration         // wait for each attempt's ack; default 2 s
+	Retry       RetryConfig           // retries of one fetch
+	BlockSize   int                   // bytes in one of Cache's blocks; FetchEntry needs it
+	Cache       *cache.EmbeddingCache // over the data plane's blocks; FetchEntry allocates from it
+	IdleSession time.Duration         // a producer's session with nothing in flight closes after it; default 1 min
+	Seed        uint64                // makes ids and jitter reproducible; zero: crypto/rand
+	Logger      *slog.Logger          // nil: slog.Default(); each message at most 5 per 10 s
+	Now         func() time.Time      // the clock of the caller's Steps, for Connect; nil: time.Now
 }
+
+// pollInterval is Wait's poll of a data plane that does not signal.
+const pollInterval = time.Millisecond
 
 func (c PoolConfig) withDefaults() PoolConfig {
 	if c.AckTimeout <= 0 {
@@ -69,12 +69,6 @@ func (c PoolConfig) withDefaults() PoolConfig {
 	}
 	if c.Now == nil {
 		c.Now = time.Now
-	}
-	if c.pollInterval <= 0 {
-		c.pollInterval = time.Millisecond
-	}
-	if c.maxWait <= 0 {
-		c.maxWait = 10 * time.Millisecond
 	}
 	r := &c.Retry
 	if r.MaxAttempts <= 0 {
@@ -131,8 +125,7 @@ func (f Failure) String() string {
 	return s
 }
 
-// Released hands back a BlocksHeld failure's blocks once its READ ended
-// (FetchEntry's are back in Cache, or retired if Forced).
+// Released hands back a BlocksHeld failure's blocks (FetchEntry's: to Cache).
 type Released struct {
 	MMHash string
 	Blocks []int
@@ -245,9 +238,8 @@ type peer struct {
 
 // Pool fetches entries from producers for a consumer. The engine's rules:
 //
-//   - Call Step once per engine step, also at InFlight() 0 (held blocks come
-//     back in a later Released); sleep in Wait or WaitFor. Only Connect and
-//     the waits block. No two methods run at once, Stats excepted.
+//   - Call Step once per engine step, even at InFlight() 0; sleep in Wait or
+//     WaitFor. Only Connect and the waits block; no two methods run at once.
 //   - Each fetch ends once, in a Step's Completed or Failed (Cancel's:
 //     returned), at the latest in the first Step past its deadline.
 //   - Fetch's blocks are the Pool's until then; after a BlocksHeld Failure,
@@ -256,14 +248,15 @@ type peer struct {
 //   - FetchEntry's entry completes Held: Cache.Unpin it once, when done.
 //   - Close the Pool, then its control and data planes.
 type Pool struct {
-	cfg   PoolConfig
-	ctl   ControlClient
-	data  xfer.DataTransport
-	log   *slog.Logger
-	rng   *rand.Rand
-	ids   io.Reader
-	peers map[string]*peer
-	order []*peer // the live sessions, in creation order: steps are deterministic
+	cfg     PoolConfig
+	maxWait time.Duration // Wait's longest sleep on a data plane that signals; tests lengthen it
+	ctl     ControlClient
+	data    xfer.DataTransport
+	log     *slog.Logger
+	rng     *rand.Rand
+	ids     io.Reader
+	peers   map[string]*peer
+	order   []*peer // the live sessions, in creation order: steps are deterministic
 	// draining holds the sessions of dead control connections whose READs
 	// run on, or sit in quarantine.
 	draining   []*peer
@@ -306,12 +299,6 @@ type Pool struct {
 	lat   hist.Histogram // PoolStats.Latency, under pubMu
 }
 
-// ErrInFlight: Fetch or FetchEntry of an mm_hash that may still be written.
-var ErrInFlight = session.ErrInFlight
-
-// ErrBadConfig: NewPool or NewProducer got an unusable config.
-var ErrBadConfig = xfer.ErrBadConfig
-
 // NewPool returns a Pool; ErrBadConfig without CompatHash, ctl or data.
 func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool, error) {
 	switch {
@@ -321,7 +308,7 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		return nil, fmt.Errorf("%w: connector: nil control plane or data plane", ErrBadConfig)
 	}
 	cfg = cfg.withDefaults()
-	p := &Pool{cfg: cfg, ctl: ctl, data: data, log: cfg.Logger, peers: map[string]*peer{}, fetches: map[string]*fetch{}}
+	p := &Pool{cfg: cfg, maxWait: 10 * time.Millisecond, ctl: ctl, data: data, log: cfg.Logger, peers: map[string]*peer{}, fetches: map[string]*fetch{}}
 	seed := cfg.Seed
 	if seed == 0 {
 		seed = rand.Uint64()
@@ -392,13 +379,11 @@ func (p *Pool) owed() int {
 	return n
 }
 
-// Fetch starts fetching mmHash from addr into blocks (of the data plane's
-// region), to end by deadline. If mmHash is being fetched already, joined is
-// true, blocks stay the caller's, and the first fetch's outcome, by its
-// deadline, is the only one. On error nothing started: ErrClosed,
-// session.ErrBadBlocks, ErrInFlight (a held READ's, until its Released), or
-// the control plane's refusal (retryable ones only when no retry fits the
-// deadline).
+// Fetch starts fetching mmHash from addr into blocks of the data plane's
+// region, to end by deadline. If mmHash is being fetched already, joined is
+// true, blocks stay the caller's, and the first fetch's outcome is the only
+// one. On error nothing started: ErrClosed, session.ErrBadBlocks, ErrInFlight
+// (until a held READ's Released), or the control plane's refusal.
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
 		return false, ErrClosed
@@ -442,13 +427,9 @@ type connecter interface {
 	Connect(ctx context.Context, addr string) error
 }
 
-// ErrContactRefused wraps the NACK with which a producer refused Connect.
-var ErrContactRefused = errors.New("connector: the producer refused contact")
-
-// Connect makes contact with addr so that the first fetch pays no set-up (nil
-// at once for a producer that cannot, as vLLM's). It steps the pool until then
-// or ctx ends; outcomes come in the next Step. Errors: ErrContactRefused,
-// xfer.RegisterFailed (another data plane), the control plane's or ctx's.
+// Connect steps the pool until addr is in contact, so that the first fetch
+// pays no set-up (nil at once for vLLM's); outcomes come in the next Step.
+// Errors: ErrContactRefused, xfer.RegisterFailed, ctx's, the control plane's.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -483,7 +464,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				}
 				// Its death is reported in a step to come; or a full
 				// queue: wait a little.
-				p.WaitFor(ctx, p.cfg.pollInterval)
+				p.WaitFor(ctx, pollInterval)
 				p.keep()
 				p.step(now())
 				continue
@@ -512,7 +493,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				return nil // it takes no contact request: the first fetch registers it
 			case st.Retryable():
 				// Busy (its backlog answered late): ask again.
-				p.WaitFor(ctx, p.cfg.pollInterval)
+				p.WaitFor(ctx, pollInterval)
 			case st != wire.OK:
 				return fmt.Errorf("%w: %s: %w", ErrContactRefused, addr, st)
 			}
@@ -945,10 +926,9 @@ func (p *Pool) giveBack(mmHash string) {
 }
 
 // FetchEntry is Fetch into blocks it allocates in Cache for size bytes; a
-// cached entry completes at the next Step. Done comes Held; failed blocks go
-// back by themselves. Do not Remove, Discard or Retire the entry meanwhile.
-// Errors: as Fetch, ErrBadConfig (no Cache or BlockSize), cache.ErrNoSpace or
-// ErrTooLarge (encode locally), ErrInFlight (being written).
+// cached entry completes at the next Step. Failed blocks go back by themselves.
+// Do not Remove, Discard or Retire the entry meanwhile. Errors: Fetch's,
+// ErrBadConfig (no Cache or BlockSize), cache.ErrNoSpace or ErrTooLarge.
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
 	c := p.cfg.Cache
 	switch {
@@ -1148,9 +1128,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if len(p.fetches) == 0 && d < 0 {
 		return p.ctl.Wait(ctx)
 	}
-	wait := p.cfg.pollInterval
+	wait := pollInterval
 	if p.ready != nil {
-		wait = p.cfg.maxWait
+		wait = p.maxWait
 	}
 	if len(p.fetches) == 0 {
 		wait = d
@@ -1224,9 +1204,6 @@ type waiterOr interface {
 	WaitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool
 }
 
-// ErrNotInFlight is returned by Cancel for an mm_hash not being fetched.
-var ErrNotInFlight = session.ErrNotInFlight
-
 // Cancel ends mmHash's fetch now and returns its Failure (xfer.Canceled;
 // BlocksHeld if its READ runs on). Errors: ErrClosed, ErrNotInFlight.
 func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
@@ -1262,8 +1239,7 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every fetch (xfer.Closed); their Failures and Released come in
-// the next Step. Idempotent; returns nil.
+// Close ends every fetch (xfer.Closed), handed out by the next Step.
 func (p *Pool) Close() error {
 	if p.closed {
 		return nil

@@ -553,7 +553,8 @@ func TestPoolWaitFor(t *testing.T) {
 	defer region.Close()
 	tdata := must(transport.NewTCPData(transport.TCPConfig{Logger: quiet}, region))
 	defer tdata.Close()
-	hooked := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8, maxWait: time.Hour}, cli, tdata))
+	hooked := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8}, cli, tdata))
+	hooked.maxWait = time.Hour
 	defer hooked.Close()
 	for _, fetch := range []bool{false, true} {
 		if fetch {

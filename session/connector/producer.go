@@ -2,6 +2,7 @@ package connector
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math"
@@ -26,19 +27,19 @@ type ControlServer interface {
 
 // ProducerConfig configures a Producer; zero fields take defaults.
 type ProducerConfig struct {
-	CompatHash string        // wire.CompatHash of this producer; required
-	PinLease   time.Duration // longest a grant pins its entry; default 30 s
-	// Live grants per consumer session, per control-plane identity, in all:
-	MaxGrantsPerSession, MaxGrantsPerIdentity, MaxGrants int // defaults 4096, MaxGrants/4 (at least the first), 65536
-	// A request past a bound gets NACK_NOT_READY; past MaxGrantsPerSession, NACK_INTERNAL.
-	MaxGrantsPerEntry  int              // one session's live grants of one entry; default 8
-	MaxPinnedShare     float64          // of the cache one session or identity may pin; default 0.5
-	MaxRequestAge      time.Duration    // older requests are not granted; default 2 s
-	MaxRequestsPerStep int              // requests one Step answers; default 1024
-	MaxPerPeerPerStep  int              // of them from one consumer; default 64
-	MaxBacklog         int              // requests left waiting (and 64 MiB); past it the biggest waiter's newest drop; default 16384
-	Logger             *slog.Logger     // nil: slog.Default()
-	Now                func() time.Time // clock of Serve and Wait; Step takes yours; nil: time.Now
+	CompatHash           string           // wire.CompatHash of this producer; required
+	PinLease             time.Duration    // longest a grant pins its entry; default 30 s
+	MaxGrantsPerSession  int              // live grants of one consumer session, past which NACK_INTERNAL (other bounds: NACK_NOT_READY); default 4096
+	MaxGrantsPerIdentity int              // of one control-plane identity; default MaxGrants/4, at least MaxGrantsPerSession
+	MaxGrants            int              // in all; default 65536
+	MaxGrantsPerEntry    int              // one session's live grants of one entry; default 8
+	MaxPinnedShare       float64          // of the cache one session or identity may pin; default 0.5
+	MaxRequestAge        time.Duration    // older requests are not granted; default 2 s
+	MaxRequestsPerStep   int              // requests one Step answers; default 1024
+	MaxPerPeerPerStep    int              // of them from one consumer; default 64
+	MaxBacklog           int              // requests left waiting (and 64 MiB); past it the biggest waiter's newest drop; default 16384
+	Logger               *slog.Logger     // nil: slog.Default()
+	Now                  func() time.Time // clock of Serve and Wait; Step takes yours; nil: time.Now
 }
 
 // Producer serves a cache's entries to consumers. The engine's rules:
@@ -74,13 +75,17 @@ type Producer struct {
 	wakeAt atomic.Int64
 }
 
-// ErrClosed is returned by a closed Pool, and by Serve once closed.
-var ErrClosed = xfer.ErrClosed
+// Errors of Pool and Producer.
+var (
+	ErrBadConfig      = xfer.ErrBadConfig                                     // NewPool or NewProducer got an unusable config
+	ErrClosed         = xfer.ErrClosed                                        // the Pool or Producer is closed
+	ErrInFlight       = session.ErrInFlight                                   // a fetch of the mm_hash may still write its blocks
+	ErrNotInFlight    = session.ErrNotInFlight                                // Cancel of an mm_hash not being fetched
+	ErrContactRefused = errors.New("connector: the producer refused contact") // wraps the NACK refusing Connect
+)
 
-// NewProducer returns a Producer serving c, which must be
-// cache.NewEmbeddingCache(region.Blocks()) of data's region, each entry
-// written into region.Block(id) before MarkReady. ErrBadConfig without
-// CompatHash, ctl, data or c.
+// NewProducer serves c, cache.NewEmbeddingCache(region.Blocks()) of data's
+// region, each entry written into region.Block(id) before MarkReady.
 func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
 	if cfg.CompatHash == "" {
 		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
@@ -481,8 +486,7 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 }
 
 // Shutdown answers new requests NACK_INTERNAL, steps until the live grants
-// end, then closes; if ctx ends first, Close ends the rest and the error wraps
-// ctx's.
+// end, then closes; past ctx, Close ends the rest (the error wraps ctx's).
 func (p *Producer) Shutdown(ctx context.Context) error {
 	p.stopGranting()
 	for {

@@ -20,8 +20,7 @@ type Pair struct {
 }
 
 // Conformance checks the xfer.DataTransport contract on a fresh newPair per
-// subtest, closed by the suite. Waiting for a READ (at most 10 s), it calls
-// only the consumer's Check and the producer's DrainNotifs, as step loops do.
+// subtest; waiting for a READ, it calls only Check and DrainNotifs, as loops do.
 func Conformance(t *testing.T, newPair func(t *testing.T) Pair) {
 	t.Run("read", func(t *testing.T) {
 		p, peer := setup(t, newPair)

@@ -1,4 +1,3 @@
-// Package xfertest tests data planes: [Conformance] checks that an
-// xfer.DataTransport keeps its contract, and [FakePair] gives two in-memory
-// data planes for deterministic tests of what runs over them.
+// Package xfertest tests data planes: [Conformance] checks a DataTransport's
+// contract; [FakePair] gives in-memory ones for deterministic tests.
 package xfertest

@@ -15,9 +15,8 @@ func init() {
 	})
 }
 
-// FakePair returns in-memory data planes "consumer" and "producer" of blocks
-// blocks of blockSize bytes. A READ completes at its first Check, notifying
-// the producer once; Close either to model its crash.
+// FakePair returns in-memory planes "consumer" and "producer" of blocks blocks
+// of blockSize bytes; a READ completes at its first Check; Close is a crash.
 func FakePair(blocks, blockSize int) Pair {
 	fab := xfake.NewFabric()
 	c := &fake{fab.New("consumer", blocks, blockSize)}

@@ -1,6 +1,5 @@
-// Package metrics exports a Pool's and a Producer's counters to Prometheus:
-// register its collectors with a prometheus.Registry. Collecting is safe while
-// the engine steps; docs/operations.md in the repository lists the metrics.
+// Package metrics exports a Pool's and a Producer's counters to Prometheus,
+// safely while the engine steps; docs/operations.md lists the metrics.
 package metrics
 
 import (
