@@ -75,7 +75,7 @@ type ConsumerStats struct {
 	Registrations              uint64 // producer agents registered
 }
 
-// ConsumerSession is a consumer's side of one producer; renew it at PeerDown.
+// ConsumerSession is one connection's consumer side; Poll it past PeerDown.
 type ConsumerSession struct {
 	id     string
 	compat string

@@ -32,11 +32,11 @@ type Replier interface {
 	Reply(identity, payload []byte) error
 }
 
-// ProducerConfig configures a ProducerSession like connector.ProducerConfig.
+// ProducerConfig configures a ProducerSession; zero fields take those shown.
 type ProducerConfig struct {
 	PinLease             time.Duration // longest a grant pins its entry; 30 s
 	MaxGrantsPerSession  int           // live grants of one session; past it NACK_INTERNAL; 4096
-	MaxGrantsPerIdentity int           // of one control-plane identity; MaxGrants/4, at least MaxGrantsPerSession
+	MaxGrantsPerIdentity int           // of one control-plane identity; MaxGrants/4, within [MaxGrantsPerSession, MaxGrants]
 	MaxGrants            int           // live grants in all; 65536
 	MaxGrantsPerEntry    int           // one session's live grants of one entry; 8
 	MaxPinnedShare       float64       // most of the cache one session or identity pins; 0.5
@@ -138,7 +138,8 @@ var grantIDs atomic.Uint64
 // session holds at most this many live grants, this one included.
 const maxPushLive = 2
 
-// ProducerSession grants requests; a grant pins its entry until READ or lease end.
+// ProducerSession grants requests, each pinning its entry until its READ or
+// lease ends.
 type ProducerSession struct {
 	data     xfer.DataTransport
 	driven   plane.Driven     // data, when it must be told of the live grants

@@ -521,7 +521,7 @@ type dealer struct {
 }
 
 // Send queues a copy of payload for addr, dialing it if needed; it fails with
-// xfer.ErrQueueFull, xfer.ErrNotAllowed, or xfer.ErrPeerDown after a death.
+// xfer.ErrQueueFull, xfer.ErrNotAllowed, or xfer.ErrPeerDown until Dead.
 func (c *Client) Send(addr string, payload []byte) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -532,7 +532,7 @@ func (c *Client) Send(addr string, payload []byte) error {
 	return d.send(payload)
 }
 
-// Connect dials addr before the first Send; xfer.ErrPeerDown wraps a failure.
+// Connect dials addr, awaiting the handshake; xfer.ErrPeerDown wraps failures.
 func (c *Client) Connect(ctx context.Context, addr string) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {

@@ -28,8 +28,8 @@ type TCPConfig struct {
 	Name      string // agent name peers see, a label only; default "ecxfer-" + a random id
 	Listen    string // address to serve READs on, e.g. "127.0.0.1:0"; empty: a consumer only
 	Advertise string // address put in the metadata; default the listener's (set it for 0.0.0.0)
-	// Authorize, if set, must also grant each READ (blocks nil: a notification),
-	// keeping them until release; called concurrently; turns same-host copy off.
+	// Authorize, if set, must also grant each READ (blocks nil: a notification);
+	// granted blocks stay the entry's until release. Called concurrently; no same-host copy.
 	Authorize                 func(agent string, notif []byte, blocks []int) (release func(), ok bool)
 	IOTimeout                 time.Duration // a READ or write with no byte moved for this long fails; default 10 s
 	IdleTimeout               time.Duration // closes a served connection with no traffic; default 5 min

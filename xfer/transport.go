@@ -41,7 +41,7 @@ type Notif struct {
 	Msg   []byte // "<session_id>:<mm_hash>[#...]" in this protocol
 }
 
-// Errors of the planes; every component returns ErrClosed and ErrBadConfig.
+// Errors of the planes; ErrClosed once closed, ErrBadConfig from constructors.
 var (
 	ErrQueueFull      = errors.New("xfer: control plane send queue full")         // a later send may succeed
 	ErrPeerDown       = errors.New("xfer: producer is down")                      // declared dead; the next send reconnects

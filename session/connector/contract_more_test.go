@@ -46,6 +46,43 @@ func TestWaitReturnsForAnOwedRelease(t *testing.T) {
 	}
 }
 
+// Blocks still held with no fetch in flight come back in a later Step
+// (Released): Wait must not sleep on the control plane alone past them.
+func TestWaitReturnsForAHeldRelease(t *testing.T) {
+	w := newWorld(t, PoolConfig{AckTimeout: 5 * time.Millisecond})
+	w.entry(t, "H", 2, true)
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	w.fetch(t, "H", time.Minute)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond)
+	if len(w.cdata.Posts()) != 1 {
+		t.Fatal("no READ posted")
+	}
+	if f, err := w.pool.Cancel("H", w.now); err != nil || !f.BlocksHeld {
+		t.Fatalf("cancel: %+v %v", f, err)
+	}
+	if n := w.pool.InFlight(); n != 0 {
+		t.Fatalf("InFlight %d after the only fetch was canceled", n)
+	}
+	w.cdata.Finish(w.cdata.Posts()[0].Handle) // the held READ ends
+	// Nothing else will wake the control plane: a Wait that misses the
+	// release sleeps until the context ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i := 0; ; i++ {
+		if !w.pool.Wait(ctx) {
+			t.Fatal("Wait slept until its context ended with H's blocks held")
+		}
+		w.now = w.now.Add(time.Millisecond)
+		if r := w.pool.Step(w.now); len(r.Released) == 1 {
+			break
+		}
+		if i == 1000 {
+			t.Fatal("no Released after 1000 Waits")
+		}
+	}
+}
+
 // A fetch held behind the producer's first answer, whose own send the
 // control plane then refused, has sent no request on that connection: a
 // silent death of it should let the fetch go on, on a new connection.

@@ -35,7 +35,7 @@ type ControlClient interface {
 	Wait(ctx context.Context) bool           // blocks until Drain or Dead has something (true) or ctx ends
 }
 
-// RetryConfig bounds the retries of a fetch that met a retryable failure.
+// RetryConfig bounds retries of no ack, NACK_NOT_READY, a failed send or READ.
 type RetryConfig struct {
 	MaxAttempts             int           // attempts in all; default 5
 	MaxElapsed              time.Duration // from the first attempt; default 10 s
@@ -129,7 +129,7 @@ func (f Failure) String() string {
 type Released struct {
 	MMHash string
 	Blocks []int
-	Forced bool // given up at the quarantine deadline, never confirmed stopped: keep out of use if you can
+	Forced bool // never confirmed stopped (quarantine deadline, Close): keep out of use if you can; FetchEntry's are retired
 }
 
 // Results are a Step's outcomes, valid until the next Step, Connect or Close.
@@ -238,15 +238,15 @@ type peer struct {
 
 // Pool fetches entries from producers for a consumer. The engine's rules:
 //
-//   - Call Step once per engine step, even at InFlight() 0; sleep in Wait or
-//     WaitFor. Only Connect and the waits block; no two methods run at once.
+//   - Call Step every engine step, even at InFlight() 0; sleep in Wait(For).
+//     Only Connect and the waits block; no two methods but Stats run at once.
 //   - Each fetch ends once, in a Step's Completed or Failed (Cancel's:
 //     returned), at the latest in the first Step past its deadline.
 //   - Fetch's blocks are the Pool's until then; after a BlocksHeld Failure,
 //     until a later Released.
 //   - The Pool retries: on an error or a Failure, encode the entry locally.
 //   - FetchEntry's entry completes Held: Cache.Unpin it once, when done.
-//   - Close the Pool, then its control and data planes.
+//   - Close the Pool, then its control and data planes, then the region.
 type Pool struct {
 	cfg     PoolConfig
 	maxWait time.Duration // Wait's longest sleep on a data plane that signals; tests lengthen it
@@ -381,8 +381,8 @@ func (p *Pool) owed() int {
 
 // Fetch starts fetching mmHash from addr into blocks of the data plane's
 // region, to end by deadline. If mmHash is being fetched already, joined is
-// true, blocks stay the caller's, and the first fetch's outcome is the only
-// one. On error nothing started: ErrClosed, session.ErrBadBlocks, ErrInFlight
+// true, blocks stay the caller's, and the first fetch's outcome (and deadline)
+// is the only one. On error nothing started: ErrClosed, session.ErrBadBlocks, ErrInFlight
 // (until a held READ's Released), or the control plane's refusal.
 func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time) (joined bool, err error) {
 	if p.closed {
@@ -1125,14 +1125,16 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if (p.owed() > 0 || p.kept && len(p.res.Released) > 0) && !p.connecting {
 		return true // the next Step has outcomes already
 	}
-	if len(p.fetches) == 0 && d < 0 {
+	// Held blocks come back in a Step as fetches end: both need polling.
+	busy := len(p.fetches) > 0 || len(p.held) > 0
+	if !busy && d < 0 {
 		return p.ctl.Wait(ctx)
 	}
 	wait := pollInterval
 	if p.ready != nil {
 		wait = p.maxWait
 	}
-	if len(p.fetches) == 0 {
+	if !busy {
 		wait = d
 	}
 	if d >= 0 {
@@ -1239,7 +1241,7 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	return out, nil
 }
 
-// Close ends every fetch (xfer.Closed), handed out by the next Step.
+// Close ends every fetch (xfer.Closed): Failed and Released in the next Step.
 func (p *Pool) Close() error {
 	if p.closed {
 		return nil

@@ -30,7 +30,7 @@ type ProducerConfig struct {
 	CompatHash           string           // wire.CompatHash of this producer; required
 	PinLease             time.Duration    // longest a grant pins its entry; default 30 s
 	MaxGrantsPerSession  int              // live grants of one consumer session, past which NACK_INTERNAL (other bounds: NACK_NOT_READY); default 4096
-	MaxGrantsPerIdentity int              // of one control-plane identity; default MaxGrants/4, at least MaxGrantsPerSession
+	MaxGrantsPerIdentity int              // of one control-plane identity; default MaxGrants/4, within [MaxGrantsPerSession, MaxGrants]
 	MaxGrants            int              // in all; default 65536
 	MaxGrantsPerEntry    int              // one session's live grants of one entry; default 8
 	MaxPinnedShare       float64          // of the cache one session or identity may pin; default 0.5
@@ -48,7 +48,7 @@ type ProducerConfig struct {
 //     Serve in a goroutine, or both; every method is safe from any goroutine.
 //   - A grant pins its entry until the consumer's READ is done or PinLease.
 //   - Stop with Shutdown (waits for the READs under way) or Close (abrupt),
-//     then close the control and data planes.
+//     then close the control and data planes, then the region.
 type Producer struct {
 	mu      sync.Mutex // Step and Serve take turns
 	ctl     ControlServer
@@ -79,13 +79,13 @@ type Producer struct {
 var (
 	ErrBadConfig      = xfer.ErrBadConfig                                     // NewPool or NewProducer got an unusable config
 	ErrClosed         = xfer.ErrClosed                                        // the Pool or Producer is closed
-	ErrInFlight       = session.ErrInFlight                                   // a fetch of the mm_hash may still write its blocks
+	ErrInFlight       = session.ErrInFlight                                   // a READ may still write the mm_hash's blocks, or (FetchEntry) its entry is not ready
 	ErrNotInFlight    = session.ErrNotInFlight                                // Cancel of an mm_hash not being fetched
 	ErrContactRefused = errors.New("connector: the producer refused contact") // wraps the NACK refusing Connect
 )
 
-// NewProducer serves c, cache.NewEmbeddingCache(region.Blocks()) of data's
-// region, each entry written into region.Block(id) before MarkReady.
+// NewProducer serves c, which must be cache.NewEmbeddingCache(region.Blocks())
+// of data's region, filled before MarkReady. ErrBadConfig: a nil or empty arg.
 func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport, c *cache.EmbeddingCache) (*Producer, error) {
 	if cfg.CompatHash == "" {
 		return nil, fmt.Errorf("%w: connector: ProducerConfig.CompatHash is required", ErrBadConfig)
