@@ -51,7 +51,9 @@ func (p Progress) String() string {
 }
 
 // ErrNotBuilt is returned by New in a build without the nixl tag.
-var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl (no NIXL needed to build); see docs/nixl.md")
+var ErrNotBuilt = errors.New("nixl: ecxfer was built without NIXL: build with -tags nixl " +
+	`(no NIXL headers needed; CGO_LDFLAGS="-Wl,-rpath,$NIXL/lib", NIXL's lib folder, lets the binary find NIXL ` +
+	"without LD_LIBRARY_PATH); see docs/nixl.md")
 
 // ErrNotInstalled is New's error, wrapped, when NIXL cannot be loaded.
 var ErrNotInstalled = errors.New("nixl: NIXL not found")

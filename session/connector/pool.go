@@ -680,6 +680,27 @@ func (p *Pool) dropPeer(pe *peer) {
 
 // reapIdle closes the sessions idle for IdleSession, looking at most four
 // times per IdleSession.
+// reapDue returns when a Step may first close an idle session (see
+// reapIdle), if any session is idle.
+func (p *Pool) reapDue() (time.Time, bool) {
+	var due time.Time
+	for _, pe := range p.order {
+		if pe.s.InFlight() > 0 {
+			continue
+		}
+		if t := pe.lastUsed.Add(p.cfg.IdleSession); due.IsZero() || t.Before(due) {
+			due = t
+		}
+	}
+	if due.IsZero() {
+		return due, false
+	}
+	if due.Before(p.reapAt) {
+		due = p.reapAt
+	}
+	return due, true
+}
+
 func (p *Pool) reapIdle(now time.Time) {
 	if now.Before(p.reapAt) {
 		return
@@ -1126,16 +1147,20 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 		return true // the next Step has outcomes already
 	}
 	// Held blocks come back in a Step as fetches end: both need polling.
+	// With neither, a Step still has an idle session to close in time.
 	busy := len(p.fetches) > 0 || len(p.held) > 0
-	if !busy && d < 0 {
-		return p.ctl.Wait(ctx)
-	}
 	wait := pollInterval
 	if p.ready != nil {
 		wait = p.maxWait
 	}
 	if !busy {
 		wait = d
+		if due, ok := p.reapDue(); ok && (wait < 0 || due.Sub(p.lastStep) < wait) {
+			wait = max(0, due.Sub(p.lastStep))
+		}
+		if wait < 0 {
+			return p.ctl.Wait(ctx)
+		}
 	}
 	if d >= 0 {
 		wait = min(wait, d)

@@ -405,7 +405,9 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 func (p *Producer) waitFor(grants int, next, now time.Time) time.Duration {
 	wait := time.Second
 	switch {
-	case grants > 0 && p.ready == nil:
+	case grants > 0 && (p.ready == nil || next.IsZero()):
+		// Polled: no signal, or grants held past their end by a READ
+		// still served, whose release signals nothing.
 		wait = 5 * time.Millisecond
 	case grants > 0 && !next.IsZero():
 		wait = min(wait, max(next.Sub(now), 0)+time.Millisecond)
