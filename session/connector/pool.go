@@ -1135,16 +1135,16 @@ func (p *Pool) retryDue(now time.Time) {
 	p.spareRetry = due[:0]
 }
 
-// Wait blocks until a Step may have work; false if ctx ended first.
+// Wait blocks until a Step may have work; false at ctx's end or once closed.
 func (p *Pool) Wait(ctx context.Context) bool { return p.WaitFor(ctx, -1) }
 
 // WaitFor is Wait for at most d (negative: no limit).
 func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
+	if (p.owed() > 0 || p.kept && len(p.res.Released) > 0) && !p.connecting {
+		return true // the next Step has outcomes already, Close's included
+	}
 	if p.closed {
 		return false
-	}
-	if (p.owed() > 0 || p.kept && len(p.res.Released) > 0) && !p.connecting {
-		return true // the next Step has outcomes already
 	}
 	// Held blocks come back in a Step as fetches end: both need polling.
 	// With neither, a Step still has an idle session to close in time.

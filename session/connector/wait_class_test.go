@@ -131,3 +131,27 @@ func TestProducerWaitBoundedWhileGrantsRemain(t *testing.T) {
 		}
 	}
 }
+
+// Close's Failed and Released come in the next Step: a loop that steps
+// while Wait returns true takes them, then ends.
+func TestWaitReturnsForCloseOutcomes(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 2, true)
+	w.fetch(t, "H", time.Minute)
+	if err := w.pool.Close(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var failed []Failure
+	for w.pool.Wait(ctx) {
+		w.now = w.now.Add(time.Millisecond)
+		failed = append(failed, w.pool.Step(w.now).Failed...)
+	}
+	if ctx.Err() != nil {
+		t.Fatal("Wait after Close slept until its context ended")
+	}
+	if len(failed) != 1 || failed[0].Reason != xfer.Closed {
+		t.Fatalf("failed %+v, want H's, xfer.Closed", failed)
+	}
+}
