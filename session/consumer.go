@@ -97,8 +97,8 @@ type ConsumerSession struct {
 	// next grant of it under its READ. Each request then carries a
 	// session id of its own, which no other grant shares.
 	ownIDs  bool
-	ownSent map[string]struct{} // the own ids of unanswered requests
-	ownMade int                 // ownSent's size when made (Trim)
+	ownSent map[string]uint64 // the own ids of unanswered requests, to their attempts
+	ownMade int               // ownSent's size when made (Trim)
 	contact contact
 	replied bool // a reply answered one of our requests
 	// echoes: a reply named the request it answers (a Go producer's do),
@@ -116,10 +116,11 @@ type ConsumerSession struct {
 	// sent holds the requests sent and not answered yet, from sentHead
 	// on, in the order they were sent (their attempts increase): what a
 	// reply can answer (see the package doc). perHash counts them by
-	// mm_hash.
+	// mm_hash, so that a reply is matched without a scan that could fail:
+	// a scan forgets what it passes, so each request is passed once.
 	sent     []request
 	sentHead int
-	perHash  map[string]int
+	perHash  map[string]pending
 
 	// High-water marks, for trim: since the maps were made, and since
 	// the last Trim.
@@ -158,7 +159,7 @@ func NewConsumerSession(cfg ConsumerConfig, peer Sender, data xfer.DataTransport
 	}
 	c := &ConsumerSession{
 		id: u.String(), rand: r, compat: compatHash, peer: peer, data: data,
-		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]int{},
+		xcfg: cfg.Xfer.WithDefaults(), log: log, byHash: map[string]*cxfer{}, perHash: map[string]pending{},
 	}
 	if n, ok := plane.As[plane.Named](data); ok {
 		c.agentName = n.Name()
@@ -191,7 +192,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, no
 	} else if len(blocks) > 0 && blocks[0] < 0 {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
-	if c.perHash[mmHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
+	if c.perHash[mmHash].n >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: %s", errUnanswered, mmHash)
 	}
 	attempt, sid, err := c.send(mmHash, false, ackDeadline)
@@ -242,13 +243,18 @@ func (c *ConsumerSession) send(mmHash string, contact bool, expires time.Time) (
 	if sid != c.id {
 		r.sid = sid
 		if c.ownSent == nil {
-			c.ownSent = map[string]struct{}{}
+			c.ownSent = map[string]uint64{}
 		}
-		c.ownSent[sid] = struct{}{}
+		c.ownSent[sid] = attempt
 		c.ownMade = max(c.ownMade, len(c.ownSent))
 	}
 	c.sent = append(c.sent, r)
-	c.perHash[mmHash]++
+	p := c.perHash[mmHash]
+	p.n++
+	if r.sid == "" {
+		p.sess++
+	}
+	c.perHash[mmHash] = p
 	c.sentSeen = max(c.sentSeen, c.unanswered())
 	c.pendingSeen = max(c.pendingSeen, len(c.perHash))
 	c.pendingMade = max(c.pendingMade, len(c.perHash))
@@ -283,7 +289,7 @@ func (c *ConsumerSession) sendContact(deadline, now time.Time) error {
 	if c.closed {
 		return xfer.ErrClosed
 	}
-	if c.perHash[wirext.ContactHash] >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
+	if c.perHash[wirext.ContactHash].n >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {
 		return fmt.Errorf("%w: contact", errUnanswered)
 	}
 	attempt, _, err := c.send(wirext.ContactHash, true, deadline)
@@ -354,6 +360,15 @@ type request struct {
 	expires time.Time // its ack deadline
 }
 
+// sentAt finds the unanswered request of attempt a, at c.sent[c.sentHead+i].
+func (c *ConsumerSession) sentAt(a uint64) (i int, found bool) {
+	return slices.BinarySearchFunc(c.sent[c.sentHead:], a, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
+}
+
+// pending counts the unanswered requests of one mm_hash: all of them, and
+// those that carry the session's id.
+type pending struct{ n, sess int }
+
 // unanswered returns how many requests are unanswered.
 func (c *ConsumerSession) unanswered() int { return len(c.sent) - c.sentHead }
 
@@ -366,31 +381,35 @@ func (c *ConsumerSession) unanswered() int { return len(c.sent) - c.sentHead }
 // that request if it still waits for its ack; else nil, and the reply is
 // to be dropped.
 func (c *ConsumerSession) answer(mmHash, sid []byte, attempt uint64) (*cxfer, uint64) {
-	if c.perHash[string(mmHash)] == 0 {
+	p := c.perHash[string(mmHash)]
+	if p.n == 0 {
 		return nil, 0
 	}
 	q := c.sent[c.sentHead:]
 	i := 0
+	byAttempt := func(a uint64) bool {
+		var found bool
+		i, found = c.sentAt(a)
+		return found && q[i].mmHash == string(mmHash)
+	}
 	switch {
 	case attempt != 0:
-		var found bool
-		i, found = slices.BinarySearchFunc(q, attempt, func(r request, a uint64) int { return cmp.Compare(r.attempt, a) })
-		if !found || q[i].mmHash != string(mmHash) {
+		if !byAttempt(attempt) {
 			return nil, 0 // not ours, answered already, or forgotten
 		}
 		c.echoes = true
-	case len(sid) != 0:
-		// The session's id answers a request that carried it, a
-		// request's own id exactly that request.
-		own := ""
-		if string(sid) != c.id {
-			own = string(sid)
-		}
-		for i < len(q) && (q[i].sid != own || q[i].mmHash != string(mmHash)) {
-			i++
-		}
-		if i == len(q) {
+	case len(sid) != 0 && string(sid) != c.id:
+		// A request's own id answers exactly that request.
+		if a, ok := c.ownSent[string(sid)]; !ok || !byAttempt(a) {
 			return nil, 0
+		}
+	case len(sid) != 0:
+		// The session's id answers a request that carried it.
+		if p.sess == 0 {
+			return nil, 0
+		}
+		for q[i].sid != "" || q[i].mmHash != string(mmHash) {
+			i++
 		}
 	default:
 		for q[i].mmHash != string(mmHash) {
@@ -413,8 +432,15 @@ func (c *ConsumerSession) forgetSent(n int) {
 		if r.sid != "" {
 			delete(c.ownSent, r.sid)
 		}
-		if c.perHash[r.mmHash]--; c.perHash[r.mmHash] == 0 {
+		p := c.perHash[r.mmHash]
+		p.n--
+		if r.sid == "" {
+			p.sess--
+		}
+		if p.n == 0 {
 			delete(c.perHash, r.mmHash)
+		} else {
+			c.perHash[r.mmHash] = p
 		}
 	}
 	clear(c.sent[c.sentHead : c.sentHead+n])
@@ -856,12 +882,15 @@ func (c *ConsumerSession) named(sid, mmHash string) bool {
 	if x := c.byHash[mmHash]; x != nil && !x.ended && x.SessionID() == sid {
 		return true
 	}
-	for _, r := range c.sent[c.sentHead:] {
-		if r.mmHash == mmHash && (r.sid == sid || r.sid == "" && sid == c.id) {
-			return true
-		}
+	if sid == c.id {
+		return c.perHash[mmHash].sess > 0
 	}
-	return false
+	a, ok := c.ownSent[sid]
+	if !ok {
+		return false
+	}
+	i, found := c.sentAt(a)
+	return found && c.sent[c.sentHead+i].mmHash == mmHash
 }
 
 // PeerDown says the connection died: ack waits fail (Retry); READs run on.
