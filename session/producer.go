@@ -9,6 +9,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math/bits"
 	mrand "math/rand/v2"
 	"slices"
 	"sync"
@@ -920,7 +921,12 @@ func covers(have, want []int) bool {
 		}
 		return true
 	}
-	if len(want) <= 32 {
+	// Scattered blocks: a binary search per wanted block, or one pass over
+	// each through a bitmap of the grant's span, whichever costs less, so
+	// that a READ, granted or refused, costs no more than its own ids take
+	// to search, however large the entry.
+	words := uint(have[len(have)-1])/64 + 1
+	if len(want)*bits.Len(uint(len(have))) <= len(have)+int(words) {
 		for _, b := range want {
 			if _, ok := slices.BinarySearch(have, b); !ok {
 				return false
@@ -928,10 +934,8 @@ func covers(have, want []int) bool {
 		}
 		return true
 	}
-	// Scattered blocks: one pass over each through a bitmap.
 	bm := bitmaps.Get().(*[]uint64)
 	defer bitmaps.Put(bm)
-	words := uint(have[len(have)-1])/64 + 1
 	*bm = slices.Grow((*bm)[:0], int(words))[:words]
 	set := *bm
 	clear(set)
