@@ -57,14 +57,9 @@ type Producer struct {
 	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
-	backlog []xfer.Message // waiting, in arrival order
-	batch   []xfer.Message
-	rest    []xfer.Message
-	perPeer map[string]int
-	trim    map[string]*waiting // trimBacklog's
-	counts  []int64
-	sizes   []int64
-	dropped uint64
+	waiting backlog        // requests for later steps
+	in      []xfer.Message // a step's arrivals
+	batch   []xfer.Message // a step's requests
 	closed  bool
 	done    chan struct{} // closed by Close: Serve and Shutdown return
 	waitMu  sync.Mutex    // Serve, Shutdown and Wait may wait at once
@@ -117,7 +112,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 	if err != nil {
 		return nil, err
 	}
-	p := &Producer{ctl: ctl, data: data, sess: s, cfg: cfg, perPeer: map[string]int{}, trim: map[string]*waiting{}, done: make(chan struct{})}
+	p := &Producer{ctl: ctl, data: data, sess: s, cfg: cfg, done: make(chan struct{})}
 	if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
@@ -154,145 +149,27 @@ func (p *Producer) step(now time.Time) {
 		p.sess.Poll(nil, p.ctl, now) // recycles grants whose READ was being served
 		return
 	}
-	n := len(p.backlog)
-	p.backlog = p.ctl.Drain(p.backlog)
-	for i := n; i < len(p.backlog); i++ {
-		if p.backlog[i].At.IsZero() {
-			p.backlog[i].At = now
+	p.in = p.ctl.Drain(p.in[:0])
+	for i := range p.in {
+		if p.in[i].At.IsZero() {
+			p.in[i].At = now
 		}
+		p.waiting.add(p.in[i])
 	}
-	p.trimBacklog()
-	// Take up to the bounds, each consumer's requests in order; the rest
-	// stay for later steps.
-	clear(p.perPeer)
-	p.batch, p.rest = p.batch[:0], p.rest[:0]
-	for _, m := range p.backlog {
-		if len(p.batch) < p.cfg.MaxRequestsPerStep && p.perPeer[string(m.Identity)] < p.cfg.MaxPerPeerPerStep {
-			p.perPeer[string(m.Identity)]++
-			p.batch = append(p.batch, m)
-		} else {
-			p.rest = append(p.rest, m)
-		}
-	}
+	clear(p.in)
+	p.waiting.trim(p.cfg.MaxBacklog, backlogBytes)
+	// Up to the bounds, each consumer's requests in order, the consumers
+	// in turn; the rest wait for later steps.
+	p.batch = p.waiting.take(p.batch[:0], p.cfg.MaxRequestsPerStep, p.cfg.MaxPerPeerPerStep)
 	p.sess.Poll(p.batch, p.ctl, now)
 	clear(p.batch)
-	clear(p.backlog)
-	p.backlog, p.rest = p.rest, p.backlog[:0]
-}
-
-// backlogBytes bounds the requests waiting, by their size (see cost).
-const backlogBytes = 64 << 20
-
-// cost is what a waiting request counts against backlogBytes.
-func cost(m xfer.Message) int64 { return int64(len(m.Payload)+len(m.Identity)) + 64 }
-
-// trimBacklog keeps the backlog within MaxBacklog requests and
-// backlogBytes. Past either, what is dropped is the newest of the consumers
-// (control-plane identities) holding the most: each keeps its oldest
-// requests up to a share found by water-filling, the budget the shares
-// leave going to the requests just past them, oldest first. A flood drops
-// its own requests, and a consumer within an equal share loses none.
-func (p *Producer) trimBacklog() {
-	var size int64
-	for _, m := range p.backlog {
-		size += cost(m)
-	}
-	if len(p.backlog) <= p.cfg.MaxBacklog && size <= backlogBytes {
-		return
-	}
-	// Kept between flooded steps, so that a request costs a lookup, not
-	// an allocation; forgotten once it holds many consumers gone.
-	per := p.trim
-	if len(per) > 2*len(p.backlog) {
-		clear(per)
-	}
-	for _, h := range per {
-		*h = waiting{}
-	}
-	for _, m := range p.backlog {
-		h := per[string(m.Identity)]
-		if h == nil {
-			h = &waiting{}
-			per[string(m.Identity)] = h
-		}
-		h.n++
-		h.bytes += cost(m)
-	}
-	p.counts, p.sizes = p.counts[:0], p.sizes[:0]
-	for _, h := range per {
-		if h.n > 0 {
-			p.counts = append(p.counts, h.n)
-			p.sizes = append(p.sizes, h.bytes)
-		}
-		*h = waiting{}
-	}
-	maxN, spareN := waterLevel(p.counts, int64(p.cfg.MaxBacklog))
-	maxBytes, spareBytes := waterLevel(p.sizes, backlogBytes)
-	kept := p.backlog[:0]
-	for _, m := range p.backlog {
-		h := per[string(m.Identity)]
-		c := cost(m)
-		overN, overBytes := h.n >= maxN, h.bytes+c > maxBytes
-		switch {
-		case h.full:
-		case overN && spareN == 0, overBytes && spareBytes < c:
-			h.full = true // and so are its newer requests
-		default:
-			if overN {
-				spareN--
-			}
-			if overBytes {
-				spareBytes -= c
-			}
-			h.n++
-			h.bytes += c
-			kept = append(kept, m)
-		}
-		if h.full {
-			p.dropped++
-		}
-	}
-	clear(p.backlog[len(kept):])
-	p.backlog = kept
-}
-
-// waiting is what one consumer holds in the backlog, for trimBacklog.
-type waiting struct {
-	n, bytes int64
-	full     bool
-}
-
-// waterLevel returns the largest level such that the totals, each cut to
-// it, sum to at most budget, and what of the budget they leave.
-func waterLevel(totals []int64, budget int64) (level, spare int64) {
-	lo, hi := int64(0), int64(0)
-	for _, t := range totals {
-		hi = max(hi, t)
-	}
-	for lo < hi { // the largest level within the budget, in [lo, hi]
-		mid := lo + (hi-lo+1)/2
-		var sum int64
-		for _, t := range totals {
-			sum += min(t, mid)
-		}
-		if sum <= budget {
-			lo = mid
-		} else {
-			hi = mid - 1
-		}
-	}
-	spare = budget
-	for _, t := range totals {
-		spare -= min(t, lo)
-	}
-	return lo, spare
 }
 
 // Backlog returns the requests waiting for a later Step, and those dropped.
 func (p *Producer) Backlog() (waiting int, dropped uint64) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return len(p.backlog), p.dropped
+	return p.waiting.n, p.waiting.dropped
 }
 
 // Serve steps on work until ctx ends (its error) or a close (ErrClosed).
@@ -437,7 +314,7 @@ func (p *Producer) serveInline(s inlineServer, now func() time.Time) bool {
 	t := now()
 	p.step(t)
 	next, _ := p.sess.NextDeadline()
-	grants, backlog := p.sess.Grants(), len(p.backlog)
+	grants, backlog := p.sess.Grants(), p.waiting.n
 	p.mu.Unlock()
 	if backlog > 0 || t.Add(p.waitFor(grants, next, t)).UnixNano() < p.wakeAt.Load() {
 		s.Wake()
@@ -484,7 +361,7 @@ func (p *Producer) load() (grants, backlog int, next time.Time) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	next, _ = p.sess.NextDeadline()
-	return p.sess.Grants(), len(p.backlog), next
+	return p.sess.Grants(), p.waiting.n, next
 }
 
 // Shutdown answers new requests NACK_INTERNAL, steps until the live grants

@@ -570,11 +570,13 @@ func TestBacklogDropsTheFloodersOwn(t *testing.T) {
 	check := func(step int) {
 		t.Helper()
 		var size int64
-		for _, m := range p.backlog {
+		waiting := p.waiting.list()
+		for _, m := range waiting {
 			size += cost(m)
 		}
-		if len(p.backlog) > maxBacklog || size > backlogBytes {
-			t.Fatalf("step %d: %d requests (%d bytes) wait, over %d (%d)", step, len(p.backlog), size, maxBacklog, backlogBytes)
+		if len(waiting) > maxBacklog || size > backlogBytes || size != p.waiting.bytes || len(waiting) != p.waiting.n {
+			t.Fatalf("step %d: %d requests (%d bytes; counted %d, %d) wait, over %d (%d)",
+				step, len(waiting), size, p.waiting.n, p.waiting.bytes, maxBacklog, backlogBytes)
 		}
 	}
 	for step := range steps {
@@ -619,7 +621,7 @@ func TestTrimBacklogRule(t *testing.T) {
 	junk := make([]byte, 1<<20)
 	for trial := range 300 {
 		maxBacklog := 1 + rng.IntN(300)
-		p := &Producer{cfg: ProducerConfig{MaxBacklog: maxBacklog}, trim: map[string]*waiting{}}
+		var b backlog
 		ids := 1 + rng.IntN(400)
 		big := rng.IntN(3) == 0 // requests large enough for the byte bound to bind
 		n := rng.IntN(3 * maxBacklog)
@@ -632,31 +634,32 @@ func TestTrimBacklogRule(t *testing.T) {
 				size = 1 + rng.IntN(len(junk))
 			}
 			m := xfer.Message{Identity: []byte(id), Payload: junk[:size], At: time.Unix(int64(i), 0)}
-			p.backlog = append(p.backlog, m)
+			b.add(m)
 			if per[id] == nil {
 				per[id] = &want{}
 			}
 			per[id].n++
 			per[id].bytes += cost(m)
 		}
-		before := slices.Clone(p.backlog)
-		p.trimBacklog()
+		before := b.list()
+		b.trim(maxBacklog, backlogBytes)
+		after := b.list()
 		var size int64
 		next := map[string]int{} // each consumer's requests, in order, as kept
 		kept := 0
-		for i, m := range p.backlog {
+		for i, m := range after {
 			size += cost(m)
-			if i > 0 && !p.backlog[i-1].At.Before(m.At) {
+			if i > 0 && !after[i-1].At.Before(m.At) {
 				t.Fatalf("trial %d: out of arrival order at %d", trial, i)
 			}
 			next[string(m.Identity)]++
 			kept++
 		}
-		if len(p.backlog) > maxBacklog || size > backlogBytes {
-			t.Fatalf("trial %d: %d requests, %d bytes kept", trial, len(p.backlog), size)
+		if len(after) > maxBacklog || size > backlogBytes || b.n != len(after) || b.bytes != size {
+			t.Fatalf("trial %d: %d requests, %d bytes kept (counted %d, %d)", trial, len(after), size, b.n, b.bytes)
 		}
-		if int(p.dropped) != len(before)-kept {
-			t.Fatalf("trial %d: %d counted dropped, %d dropped", trial, p.dropped, len(before)-kept)
+		if int(b.dropped) != len(before)-kept {
+			t.Fatalf("trial %d: %d counted dropped, %d dropped", trial, b.dropped, len(before)-kept)
 		}
 		// A prefix: the k requests kept of a consumer are its k oldest.
 		seen := map[string]int{}
@@ -664,7 +667,7 @@ func TestTrimBacklogRule(t *testing.T) {
 		for _, m := range before {
 			id := string(m.Identity)
 			if seen[id] < next[id] {
-				if j >= len(p.backlog) || p.backlog[j].At != m.At {
+				if j >= len(after) || after[j].At != m.At {
 					t.Fatalf("trial %d: %s kept a newer request over an older one", trial, id)
 				}
 				j++
