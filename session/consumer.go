@@ -224,11 +224,22 @@ func (c *ConsumerSession) send(mmHash string, contact bool, expires time.Time) (
 	attempt := attemptIDs.Add(1)
 	sid := c.id
 	if c.ownIDs && !contact {
-		u, err := uuid.NewRandomFromReader(c.rand)
-		if err != nil {
-			return 0, "", fmt.Errorf("session: request's session id: %w", err)
+		// Its own: no other unanswered request may carry it (a reply
+		// echoing it is matched by it alone), whatever ConsumerConfig.Rand
+		// yields.
+		for tries := 0; ; tries++ {
+			u, err := uuid.NewRandomFromReader(c.rand)
+			if err != nil {
+				return 0, "", fmt.Errorf("session: request's session id: %w", err)
+			}
+			sid = u.String()
+			if _, dup := c.ownSent[sid]; !dup && sid != c.id {
+				break
+			}
+			if tries == 8 {
+				return 0, "", fmt.Errorf("session: request's session id: ConsumerConfig.Rand keeps repeating %s", sid)
+			}
 		}
-		sid = u.String()
 	}
 	req := wire.XferReq{MMHash: mmHash, CompatibilityHash: c.compat, SessionID: sid, VersionOnWire: true,
 		Agent: c.agentName, Attempt: attempt, AcceptsShape: c.shapes != nil, Contact: contact}
