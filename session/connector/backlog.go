@@ -122,6 +122,27 @@ func (b *backlog) pop(q *queue, k int) {
 		}
 		q.head = 0
 	}
+	q.fit()
+}
+
+// fit gives q's slices back when they are far larger than what waits, so
+// that a consumer that flooded once holds no more than it has waiting.
+func (q *queue) fit() {
+	n := q.len()
+	if cap(q.msgs) <= 4*(n+64) {
+		return
+	}
+	base := int64(0)
+	if q.head > 0 {
+		base = q.cum[q.head-1]
+	}
+	q.msgs = append(make([]xfer.Message, 0, 2*n), q.msgs[q.head:]...)
+	q.seqs = append(make([]uint64, 0, 2*n), q.seqs[q.head:]...)
+	cum := make([]int64, n, 2*n)
+	for i := range cum {
+		cum[i] = q.cum[q.head+i] - base
+	}
+	q.cum, q.head = cum, 0
 }
 
 // truncate drops q's requests from msgs[i] on, the newest.
@@ -135,27 +156,27 @@ func (b *backlog) truncate(q *queue, i int) {
 	if q.len() == 0 {
 		q.msgs, q.seqs, q.cum, q.head = q.msgs[:0], q.seqs[:0], q.cum[:0], 0
 	}
+	q.fit()
 }
 
 // prune drops the consumers with nothing waiting from the turn (and
 // forgets them), keeping the turn's place.
 func (b *backlog) prune() {
-	kept, next := b.turn[:0], 0
-	for i, q := range b.turn {
+	// The turn from next, so that consumers arriving later join behind
+	// every one waiting.
+	slices.Reverse(b.turn[:b.next])
+	slices.Reverse(b.turn[b.next:])
+	slices.Reverse(b.turn)
+	kept := b.turn[:0]
+	for _, q := range b.turn {
 		if q.len() > 0 {
-			if i < b.next {
-				next++
-			}
 			kept = append(kept, q)
 			continue
 		}
 		delete(b.queues, q.id)
 	}
 	clear(b.turn[len(kept):])
-	b.turn, b.next = kept, next
-	if b.next >= len(b.turn) {
-		b.next = 0
-	}
+	b.turn, b.next = kept, 0
 }
 
 // trim keeps the backlog within maxN requests and maxBytes. Past either,
@@ -195,7 +216,7 @@ func (b *backlog) trim(maxN int, maxBytes int64) {
 		c := q.costTo(q.at+1) - q.costTo(q.at)
 		overN, overBytes := int64(q.keptN) >= levelN, q.keptBytes+c > levelBytes
 		if overN && spareN == 0 || overBytes && spareBytes < c {
-			b.truncate(q, q.at)
+			b.truncate(q, q.at) // may move q's slices (fit): q.at is stale, q leaves the heap
 			heap.Pop(&b.cands)
 			continue
 		}
