@@ -16,9 +16,9 @@ func cost(m xfer.Message) int64 { return int64(len(m.Payload)+len(m.Identity)) +
 
 // backlog holds the requests waiting for a step: a queue per consumer
 // (control-plane identity), in arrival order, the consumers with requests
-// waiting taken in turn. A step touches only what it takes, and a trim
-// what it drops and one entry per consumer: no step walks the requests
-// that go on waiting, however many a flood keeps there.
+// waiting taken in turn, newcomers behind those waiting. A step touches
+// what it takes and drops and one entry per consumer waiting: no step
+// walks the requests that go on waiting, however many a flood keeps there.
 type backlog struct {
 	queues  map[string]*queue
 	turn    []*queue // the consumers with requests waiting, in turn
