@@ -611,7 +611,7 @@ func TestBacklogDropsTheFloodersOwn(t *testing.T) {
 	}
 }
 
-// trimBacklog's rule over random backlogs: both bounds hold; each consumer
+// The backlog's trim rule over random backlogs: both bounds hold; each consumer
 // keeps a prefix of its requests (the newest drop) in arrival order; a
 // consumer within an equal share of both bounds keeps all; the count of
 // drops is exact; and where bytes do not bind, no more is dropped than the
