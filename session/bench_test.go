@@ -147,6 +147,29 @@ func (c *countingReplier) Reply(_, p []byte) error {
 	return nil
 }
 
+// grantedBig returns a producer session that granted session "a" entry
+// "big" of n blocks (every other block, with holes), and its blocks.
+func grantedBig(b *testing.B, n int, holes bool) (*ProducerSession, []int) {
+	c := cache.NewEmbeddingCache(2 * n)
+	if holes { // every other block taken by a small entry first
+		for i := range n {
+			c.Alloc(fmt.Sprint("pad", i), 1)
+			c.Alloc(fmt.Sprint("gap", i), 1)
+		}
+		for i := range n {
+			c.Discard(fmt.Sprint("gap", i))
+		}
+	}
+	e, err := c.Alloc("big", n)
+	if err != nil {
+		b.Fatal(err)
+	}
+	c.MarkReady("big")
+	p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, xfake.New("prod", 2*n, 8), c, compat))
+	p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
+	return p, e.Blocks
+}
+
 // Authorize of a 16,384-block READ: the data plane calls it for every READ
 // it serves, and it must not hold up the step loop.
 func BenchmarkAuthorize16K(b *testing.B) {
@@ -161,25 +184,8 @@ func BenchmarkAuthorize16K(b *testing.B) {
 		{"shuffled-holes", true, func(s []int) { rand.New(rand.NewPCG(1, 1)).Shuffle(len(s), func(i, j int) { s[i], s[j] = s[j], s[i] }) }},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
-			c := cache.NewEmbeddingCache(2 * n)
-			if tc.holes { // every other block taken by a small entry first
-				for i := range n {
-					c.Alloc(fmt.Sprint("pad", i), 1)
-					c.Alloc(fmt.Sprint("gap", i), 1)
-				}
-				for i := range n {
-					c.Discard(fmt.Sprint("gap", i))
-				}
-			}
-			e, err := c.Alloc("big", n)
-			if err != nil {
-				b.Fatal(err)
-			}
-			c.MarkReady("big")
-			data := xfake.New("prod", 2*n, 8)
-			p := must(NewProducerSession(ProducerConfig{Logger: quiet, MaxPinnedShare: 1}, data, c, compat))
-			p.Poll([]xfer.Message{{Identity: []byte("c"), Payload: req("big", sid("a"))}}, &queue{}, t0)
-			want := slices.Clone(e.Blocks)
+			p, blocks := grantedBig(b, n, tc.holes)
+			want := slices.Clone(blocks)
 			tc.order(want)
 			notif := []byte(sid("a") + ":big")
 			b.ResetTimer()
@@ -277,3 +283,32 @@ func BenchmarkLargeEntry(b *testing.B) {
 type doneData struct{ benchData }
 
 func (d *doneData) Check(xfer.Handle) (xfer.Progress, error) { return xfer.Complete, nil }
+
+// BenchmarkRefusedRead is the check of a 33-block READ under a live grant,
+// refused (its first block is not the grant's), by the grant's entry size
+// (scattered blocks): a READ a peer can repeat costs what its own ids
+// take to search, not a pass over the entry.
+func BenchmarkRefusedRead(b *testing.B) {
+	for _, n := range []int{256, 16384} {
+		b.Run(fmt.Sprint("entry=", n), func(b *testing.B) {
+			p, blocks := grantedBig(b, n, true)
+			in := map[int]bool{}
+			for _, id := range blocks {
+				in[id] = true
+			}
+			want := make([]int, 0, 33)
+			for id := 0; len(want) == 0; id++ { // a block not the grant's
+				if !in[id] {
+					want = append(want, id)
+				}
+			}
+			want = append(want, blocks[:32]...)
+			notif := []byte(sid("a") + ":big")
+			for b.Loop() {
+				if _, ok := p.authorizeRelease("cons", notif, want); ok {
+					b.Fatal("granted")
+				}
+			}
+		})
+	}
+}

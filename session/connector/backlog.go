@@ -109,40 +109,40 @@ func (b *backlog) pop(q *queue, k int) {
 	b.bytes -= q.costTo(q.head + k)
 	clear(q.msgs[q.head : q.head+k])
 	q.head += k
-	if q.head == len(q.msgs) {
-		q.msgs, q.seqs, q.cum, q.head = q.msgs[:0], q.seqs[:0], q.cum[:0], 0
-	} else if q.head >= 64 && q.head > len(q.msgs)/2 {
-		base := q.cum[q.head-1]
-		q.msgs = q.msgs[:copy(q.msgs, q.msgs[q.head:])]
-		clear(q.msgs[len(q.msgs):cap(q.msgs)][:q.head])
-		q.seqs = q.seqs[:copy(q.seqs, q.seqs[q.head:])]
-		q.cum = q.cum[:copy(q.cum, q.cum[q.head:])]
-		for i := range q.cum {
-			q.cum[i] -= base
-		}
-		q.head = 0
-	}
-	q.fit()
+	q.compact()
 }
 
-// fit gives q's slices back when they are far larger than what waits, so
-// that a consumer that flooded once holds no more than it has waiting.
-func (q *queue) fit() {
+// compact keeps q's slices in proportion to what waits: it moves the
+// waiting requests to the front once most of the slice is taken, and
+// gives the slices back once they are far larger than what waits (a
+// consumer that flooded once holds no more than it has waiting).
+func (q *queue) compact() {
 	n := q.len()
-	if cap(q.msgs) <= 4*(n+64) {
+	if n == 0 {
+		q.msgs, q.seqs, q.cum, q.head = q.msgs[:0], q.seqs[:0], q.cum[:0], 0
+	}
+	shrink := cap(q.msgs) > 4*(n+64)
+	if !shrink && (q.head < 64 || q.head <= len(q.msgs)/2) {
 		return
 	}
 	base := int64(0)
 	if q.head > 0 {
 		base = q.cum[q.head-1]
 	}
-	q.msgs = append(make([]xfer.Message, 0, 2*n), q.msgs[q.head:]...)
-	q.seqs = append(make([]uint64, 0, 2*n), q.seqs[q.head:]...)
-	cum := make([]int64, n, 2*n)
-	for i := range cum {
-		cum[i] = q.cum[q.head+i] - base
+	msgs, seqs, cum := q.msgs[:0], q.seqs[:0], q.cum[:0]
+	if shrink {
+		msgs, seqs, cum = make([]xfer.Message, 0, 2*n), make([]uint64, 0, 2*n), make([]int64, 0, 2*n)
 	}
-	q.cum, q.head = cum, 0
+	old := len(q.msgs)
+	msgs = append(msgs, q.msgs[q.head:]...)
+	seqs = append(seqs, q.seqs[q.head:]...)
+	for _, c := range q.cum[q.head:] {
+		cum = append(cum, c-base)
+	}
+	if !shrink {
+		clear(q.msgs[n:old]) // the stale tail, so that it keeps nothing alive
+	}
+	q.msgs, q.seqs, q.cum, q.head = msgs, seqs, cum, 0
 }
 
 // truncate drops q's requests from msgs[i] on, the newest.
@@ -153,10 +153,7 @@ func (b *backlog) truncate(q *queue, i int) {
 	b.dropped += uint64(k)
 	clear(q.msgs[i:])
 	q.msgs, q.seqs, q.cum = q.msgs[:i], q.seqs[:i], q.cum[:i]
-	if q.len() == 0 {
-		q.msgs, q.seqs, q.cum, q.head = q.msgs[:0], q.seqs[:0], q.cum[:0], 0
-	}
-	q.fit()
+	q.compact()
 }
 
 // prune drops the consumers with nothing waiting from the turn (and
@@ -216,7 +213,7 @@ func (b *backlog) trim(maxN int, maxBytes int64) {
 		c := q.costTo(q.at+1) - q.costTo(q.at)
 		overN, overBytes := int64(q.keptN) >= levelN, q.keptBytes+c > levelBytes
 		if overN && spareN == 0 || overBytes && spareBytes < c {
-			b.truncate(q, q.at) // may move q's slices (fit): q.at is stale, q leaves the heap
+			b.truncate(q, q.at) // may move q's slices (compact): q.at is stale, q leaves the heap
 			heap.Pop(&b.cands)
 			continue
 		}

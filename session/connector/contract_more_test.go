@@ -15,14 +15,7 @@ import (
 // a completion is: Wait must not sleep past it.
 func TestWaitReturnsForAnOwedRelease(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: 5 * time.Millisecond})
-	w.entry(t, "H", 2, true)
-	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
-	w.fetch(t, "H", time.Minute)
-	w.step(time.Millisecond)
-	w.step(time.Millisecond)
-	if len(w.cdata.Posts()) != 1 {
-		t.Fatal("no READ posted")
-	}
+	w.stuckRead(t, "H")
 	if f, err := w.pool.Cancel("H", w.now); err != nil || !f.BlocksHeld {
 		t.Fatalf("cancel: %+v %v", f, err)
 	}
@@ -50,14 +43,7 @@ func TestWaitReturnsForAnOwedRelease(t *testing.T) {
 // (Released): Wait must not sleep on the control plane alone past them.
 func TestWaitReturnsForAHeldRelease(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: 5 * time.Millisecond})
-	w.entry(t, "H", 2, true)
-	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
-	w.fetch(t, "H", time.Minute)
-	w.step(time.Millisecond)
-	w.step(time.Millisecond)
-	if len(w.cdata.Posts()) != 1 {
-		t.Fatal("no READ posted")
-	}
+	w.stuckRead(t, "H")
 	if f, err := w.pool.Cancel("H", w.now); err != nil || !f.BlocksHeld {
 		t.Fatalf("cancel: %+v %v", f, err)
 	}

@@ -52,6 +52,20 @@ func TestWaitReturnsToReapAnIdleSession(t *testing.T) {
 	}
 }
 
+// stuckRead fetches h (2 blocks) into a READ that never ends and cannot be
+// stopped, and steps until it is posted.
+func (w *world) stuckRead(t *testing.T, h string) {
+	t.Helper()
+	w.entry(t, h, 2, true)
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	w.fetch(t, h, time.Minute)
+	w.step(time.Millisecond)
+	w.step(time.Millisecond)
+	if len(w.cdata.Posts()) != 1 {
+		t.Fatal("no READ posted")
+	}
+}
+
 // The routes below each have a fetch in flight or blocks held.
 
 // A first send refused (a full queue) is retried after its backoff.
@@ -76,14 +90,7 @@ func TestWaitReturnsForADeadline(t *testing.T) {
 // at the quarantine deadline, with no fetch in flight by then.
 func TestWaitReturnsForAForcedRelease(t *testing.T) {
 	w := newWorld(t, PoolConfig{Xfer: xfer.Config{ReadTimeout: 20 * time.Millisecond, QuarantineTimeout: 30 * time.Millisecond}})
-	w.entry(t, "H", 2, true)
-	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
-	w.fetch(t, "H", time.Minute)
-	w.step(time.Millisecond)
-	w.step(time.Millisecond)
-	if len(w.cdata.Posts()) != 1 {
-		t.Fatal("no READ posted")
-	}
+	w.stuckRead(t, "H")
 	var failed bool
 	w.waitSteps(t, "the READ timeout, then the forced release", w.stepOnly, func(r Results) bool {
 		failed = failed || len(r.Failed) == 1 && r.Failed[0].BlocksHeld
@@ -98,11 +105,7 @@ func TestWaitReturnsForAForcedRelease(t *testing.T) {
 // its timeout still comes.
 func TestWaitReturnsForADrainingSessionsRead(t *testing.T) {
 	w := newWorld(t, PoolConfig{Xfer: xfer.Config{ReadTimeout: 20 * time.Millisecond, QuarantineTimeout: 30 * time.Millisecond}})
-	w.entry(t, "H", 2, true)
-	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
-	w.fetch(t, "H", time.Minute)
-	w.step(time.Millisecond)
-	w.step(time.Millisecond)
+	w.stuckRead(t, "H")
 	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed})
 	w.stepOnly(time.Millisecond)
 	if len(w.pool.draining) != 1 {
