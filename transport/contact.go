@@ -24,9 +24,13 @@ func init() {
 	})
 }
 
-// Waiting implements plane.Waiter: the served connections that Drains
-// read are handed back to their goroutines while the producer waits.
+// Waiting implements plane.Waiter: the connections that Drains read are
+// handed back to their goroutines while the producer or consumer waits.
 func (c tcpPlane) Waiting() (done func()) { return c.d.steps.wait() }
+
+// Step implements plane.Stepped: the consumer's Drain of its connections
+// to producers (see linkConn).
+func (c tcpPlane) Step() { c.d.steps.drain() }
 
 // serverHooks are a Server's hooks for session/connector's Producer,
 // which steps on the goroutine a request arrived on and waits on its data
@@ -66,6 +70,8 @@ var (
 	_ plane.Signaling = tcpPlane{}
 	_ plane.Stoppable = tcpPlane{}
 	_ plane.Named     = tcpPlane{}
+	_ plane.Stepped   = tcpPlane{}
+	_ plane.Waiter    = tcpPlane{}
 )
 
 // Attach implements plane.Attacher (see TCPData.attach).

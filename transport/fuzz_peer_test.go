@@ -2,12 +2,14 @@ package transport
 
 import (
 	"bytes"
+	"context"
 	"encoding/binary"
 	"io"
 	"net"
 	"testing"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -86,7 +88,12 @@ var readIDMark = bytes.Repeat([]byte{0xee}, 8)
 // Whatever a producer answers a READ with, the consumer never panics, the
 // READ ends (completed only with every byte it asked for), Release then
 // succeeds, and nothing is written outside the READ's own block.
-func FuzzLinkInbound(f *testing.F) {
+func FuzzLinkInbound(f *testing.F) { fuzzLink(f, false) }
+
+// The same, the consumer stepping: its Steps read the link (see linkConn).
+func FuzzHotLinkInbound(f *testing.F) { fuzzLink(f, true) }
+
+func fuzzLink(f *testing.F, stepped bool) {
 	const bs = 64
 	welcome := appendWelcome(nil, nil)
 	good := append(appendDataHead(append([]byte(nil), welcome...), 0, dataOK, bs), bytes.Repeat([]byte{'d'}, bs)...)
@@ -129,11 +136,30 @@ func FuzzLinkInbound(f *testing.F) {
 		default:
 		}
 		stream <- data
+		if stepped {
+			// Its goroutine hands the link over after the welcome, which
+			// a script that starts with one sends before the READ's
+			// answer: that answer is a Step's.
+			for range 3 {
+				tcpPlane{c}.Step()
+			}
+			if err := (tcpPlane{c}).Contact(context.Background(), peer.Agent, plane.Contact{}); err != nil {
+				return // no welcome: FuzzLinkInbound's
+			}
+			for i := 0; i < 1000 && linkOf(c, peer.Agent) != nil && !linkOf(c, peer.Agent).hot.Load(); i++ {
+				tcpPlane{c}.Step()
+			}
+		}
 		h, err := c.PostRead([]int{2}, peer.Agent, []int{0}, []byte("a:b"))
 		if err != nil {
 			return
 		}
-		pr := waitEnd(t, c, h)
+		var pr xfer.Progress
+		if stepped {
+			pr = stepUntilEnd(t, c, h)
+		} else {
+			pr = waitEnd(t, c, h)
+		}
 		if err := c.Release(h); err != nil {
 			t.Fatalf("Release after %v: %v", pr, err)
 		}

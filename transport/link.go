@@ -24,6 +24,7 @@ type link struct {
 	dial  sync.Mutex // one dial at a time
 	conn  net.Conn
 	nb    *nbWriter // conn's, for writes that must not wait
+	lc    *linkConn // conn's, as a step reads it
 	// welcomed is conn's: closed once its reader took the producer's
 	// welcome (and its proof), or gave up on it.
 	welcomed chan struct{}
@@ -216,13 +217,14 @@ func (l *link) tryPost(op *readOp) bool {
 // sendFrameLocked writes l.frame on conn without waiting; the caller holds
 // wmu, which is released at once, or, when the socket took the frame only
 // in part, by a goroutine of its own once it wrote the rest. A write that
-// fails breaks the connection.
-func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
+// fails breaks the connection, and its error is returned.
+func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) error {
 	n, err := nb.write(l.frame)
 	switch {
 	case err != nil:
 		l.wmu.Unlock()
 		l.breakIf(conn, err)
+		return err
 	case n < len(l.frame):
 		rest := net.Buffers{append([]byte(nil), l.frame[n:]...)}
 		l.p.d.wg.Add(1)
@@ -237,6 +239,7 @@ func (l *link) sendFrameLocked(conn net.Conn, nb *nbWriter) {
 	default:
 		l.wmu.Unlock()
 	}
+	return nil
 }
 
 // note sends one notification, connecting if it must.
@@ -278,7 +281,8 @@ func (l *link) breakOp(op *readOp) {
 func (l *link) breakLocked(err error) {
 	if l.conn != nil {
 		l.conn.Close()
-		l.conn, l.nb = nil, nil
+		l.lc.close()
+		l.conn, l.nb, l.lc = nil, nil, nil
 		l.p.d.log.Debug("ec data: connection to producer closed", "peer", l.p.name, "err", err)
 	}
 	for _, op := range l.pending {
@@ -335,10 +339,11 @@ func (l *link) connect(ctx context.Context) (net.Conn, error) {
 		return nil, xfer.ErrClosed
 	}
 	welcomed := make(chan struct{})
-	l.conn, l.nb, l.welcomed = c, newNBWriter(c), welcomed
+	lc := newLinkConn(l, c)
+	l.conn, l.nb, l.lc, l.welcomed = c, newNBWriter(c), lc, welcomed
 	l.mu.Unlock()
 	l.p.d.wg.Add(1)
-	go l.reader(c, welcomed)
+	go l.reader(lc, welcomed)
 	return c, nil
 }
 
@@ -376,11 +381,13 @@ func (l *link) contact(ctx context.Context) error {
 }
 
 // reader takes the producer's welcome, then its answers in order, landing
-// each READ's bytes straight in the local blocks, and its pushes.
-func (l *link) reader(c net.Conn, welcomed chan struct{}) {
+// each READ's bytes straight in the local blocks, and its pushes; between
+// frames, while the owner steps, it leaves them to its Drains (park).
+func (l *link) reader(lc *linkConn, welcomed chan struct{}) {
 	defer l.p.d.wg.Done()
+	c := lc.c
 	in := &deadlineReader{c: c, timeout: l.p.d.cfg.IOTimeout}
-	r := bufio.NewReaderSize(in, 64<<10)
+	r := bufio.NewReaderSize(lc.reader(in), 64<<10)
 	err := l.welcome(r, in)
 	if err != nil {
 		if ne := net.Error(nil); errors.As(err, &ne) && ne.Timeout() {
@@ -392,7 +399,11 @@ func (l *link) reader(c net.Conn, welcomed chan struct{}) {
 		l.breakIf(c, err) // before the close: contact sees the link down
 	}
 	close(welcomed)
+	done := func(id uint64) error { return l.done(c, id) }
 	for err == nil {
+		if r.Buffered() == 0 {
+			lc.park()
+		}
 		// The head's deadline (arm), until a frame starts.
 		in.progress = false
 		l.mu.Lock()
@@ -411,7 +422,7 @@ func (l *link) reader(c net.Conn, welcomed chan struct{}) {
 		}
 		switch typ {
 		case frameData:
-			err = l.answer(c, r)
+			err = l.answer(c, r, done)
 		case framePush:
 			err = l.takePush(r)
 		default:
@@ -454,8 +465,8 @@ func (l *link) welcome(r *bufio.Reader, in *deadlineReader) error {
 }
 
 // answer takes one data frame (its head read): the answer to the READ at
-// the head of pending.
-func (l *link) answer(c net.Conn, r *bufio.Reader) error {
+// the head of pending; done writes the done of a READ.
+func (l *link) answer(c net.Conn, r frameReader, done func(id uint64) error) error {
 	var b [17]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {
 		return err
@@ -482,7 +493,7 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 		// released); one we dropped leaves it to fail, and be asked for
 		// anew. Its done brings the notification.
 		op.fail()
-		if err := l.done(c, id); err != nil {
+		if err := done(id); err != nil {
 			return err
 		}
 	case status != dataOK || size != uint64(op.n)*uint64(bs):
@@ -494,7 +505,7 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 			// Every byte is in: the producer's notification goes before
 			// the READ is seen done, so that a consumer that then drops
 			// the producer (or closes) does not lose it.
-			err = l.done(c, id)
+			err = done(id)
 		}
 		op.land(err == nil)
 		if err != nil {
@@ -504,7 +515,7 @@ func (l *link) answer(c net.Conn, r *bufio.Reader) error {
 		if _, err := r.Discard(int(size)); err != nil {
 			return err
 		}
-		if err := l.done(c, id); err != nil {
+		if err := done(id); err != nil {
 			return err
 		}
 	}

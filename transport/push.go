@@ -1,7 +1,6 @@
 package transport
 
 import (
-	"bufio"
 	"encoding/binary"
 	"io"
 	"slices"
@@ -331,7 +330,7 @@ func (p *peer) landStaged(op *readOp, st *staged) {
 
 // takePush reads a push frame (its head read) and keeps it, lands it in
 // the READ that waits for it, or drops it.
-func (l *link) takePush(r *bufio.Reader) error {
+func (l *link) takePush(r frameReader) error {
 	p := l.p
 	var b [14]byte
 	if _, err := io.ReadFull(r, b[:]); err != nil {

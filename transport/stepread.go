@@ -107,6 +107,14 @@ func (st *stepReads) drained() {
 	}
 }
 
+// drain is a Drain's read of the hot connections.
+func (st *stepReads) drain() {
+	st.drained()
+	st.mu.Lock()
+	st.readLocked()
+	st.mu.Unlock()
+}
+
 // wait notes that the owner waits until done is called, cooling every hot
 // connection: their goroutines read for the waiter.
 func (st *stepReads) wait() (done func()) {

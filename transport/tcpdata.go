@@ -457,10 +457,7 @@ func (d *TCPData) signal() {
 
 // DrainNotifs implements xfer.DataTransport, for a plane no session attached.
 func (d *TCPData) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
-	d.steps.drained()
-	d.steps.mu.Lock()
-	d.steps.readLocked() // before the queue: it queues what it reads
-	d.steps.mu.Unlock()
+	d.steps.drain() // before the queue: it queues what it reads
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	return d.takeNotifsLocked(dst, func(*attachment) bool { return true }, false), nil

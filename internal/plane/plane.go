@@ -177,6 +177,14 @@ type Waiter interface {
 	Waiting() (done func())
 }
 
+// Stepped is a data plane whose consumer side reads some of its sockets
+// in the step of the loop that owns it, while the loop steps: Step reads
+// what they have, without waiting, and lands what came whole. A loop that
+// calls Step must tell its Waiter when it waits instead.
+type Stepped interface {
+	Step()
+}
+
 // Named is a data plane whose agent has a name its peers see on
 // notifications. A consumer sends it with its requests, so that a Go
 // producer lets only this agent read and complete its grants.

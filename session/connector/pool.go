@@ -277,6 +277,8 @@ type Pool struct {
 	lately, fetchesMade int
 
 	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
+	stepped  plane.Stepped   // the data plane's, if it reads in the step
+	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
 	lastStep time.Time       // the now of the last Step
 	// nextDeadline is at or before the earliest deadline of the fetches
 	// in flight (zero: none): endOverdue looks at them only once it passed.
@@ -320,6 +322,8 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
+	p.stepped, _ = plane.As[plane.Stepped](data)
+	p.waiter, _ = plane.As[plane.Waiter](data)
 	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
@@ -621,6 +625,9 @@ func (p *Pool) step(now time.Time) *Results {
 		return &p.res
 	}
 	p.inbound = p.ctl.Drain(p.inbound[:0])
+	if p.stepped != nil {
+		p.stepped.Step() // lands what came whole, before the sessions look
+	}
 	p.lately = max(p.lately, len(p.inbound))
 	for _, in := range p.inbound {
 		if pe := p.peers[in.Addr]; pe != nil {
@@ -1145,6 +1152,9 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	}
 	if p.closed {
 		return false
+	}
+	if p.waiter != nil {
+		defer p.waiter.Waiting()() // its connections go back to their goroutines
 	}
 	// Held blocks come back in a Step as fetches end: both need polling.
 	// With neither, a Step still has an idle session to close in time.
