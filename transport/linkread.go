@@ -25,8 +25,12 @@ import (
 // and answers of as much, with their heads.
 const hotFrame = maxPushSize + 64<<10
 
-// hotChunk is the least room a Drain reads into.
-const hotChunk = 64 << 10
+// hotChunk is the least room a Drain reads into; maxPre bounds what it
+// holds of a connection: a frame in part and one read past it.
+const (
+	hotChunk = 64 << 10
+	maxPre   = hotFrame + hotChunk
+)
 
 // frameReader is what a link's frames are read from after their head:
 // its goroutine's buffered reader, or a frame a Drain took whole.
@@ -160,12 +164,15 @@ func (lc *linkConn) readNow([]byte) bool {
 	q := lc.c.(*quietConn)
 	got := false
 	for range 8 {
-		if cap(lc.pre)-len(lc.pre) < hotChunk {
-			grown := make([]byte, len(lc.pre), max(2*cap(lc.pre), 4*hotChunk))
+		if cap(lc.pre)-len(lc.pre) < hotChunk && cap(lc.pre) < maxPre {
+			grown := make([]byte, len(lc.pre), min(max(2*cap(lc.pre), 4*hotChunk), maxPre))
 			copy(grown, lc.pre)
 			lc.pre = grown
 		}
 		room := cap(lc.pre) - len(lc.pre)
+		if room == 0 {
+			return false // cannot be: frames took or refused what it held
+		}
 		n, err := q.tryRead(lc.pre[len(lc.pre):cap(lc.pre)])
 		lc.pre = lc.pre[:len(lc.pre)+n]
 		if n > 0 {
