@@ -200,7 +200,7 @@ func engineProducerMain(spec string) int {
 	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries))
 	e := newEngine(work)
-	floor := newFloorServer()
+	floor := newFloorServer(blocks * bs)
 	defer floor.close()
 	var stop atomic.Bool
 	done := make(chan struct{})
@@ -269,8 +269,10 @@ func engineProducerMain(spec string) int {
 // one without fetches): floor-polled-*, floor-registered-* and
 // floor-netpoller-* are the same figures for a fetch's three messages
 // with no library, read once per step off the runtime's poller, once per
-// step on descriptors the poller still watches, or by goroutines it wakes
-// (see floor_bench_test.go). The library's row over the same-host copy can be
+// step on descriptors the poller still watches, or by goroutines it wakes;
+// beside tcp, floor-polled-bytes-* is the polled floor whose answer
+// carries the fetch's bytes, as the TCP plane's does (see
+// floor_bench_test.go). The library's row over the same-host copy can be
 // read against them run by run.
 //
 // waiting/<plane> is the same with idle engines: the consumer's loop
@@ -514,7 +516,10 @@ func engineRun(b *testing.B, blocks, bs int, data string, rate float64, work tim
 	loads := []engineLoad{newPoolLoad(b, proc.ctl, blocks, bs, data, missing)}
 	if work > 0 && blocks*bs <= 128<<10 { // the floors beside small fetches
 		for mode := range floorModes {
-			f := newFloorLoad(b, proc, mode)
+			if mode == floorPolledBytes && data != "tcp" {
+				continue // the floor of fetches whose bytes cross TCP
+			}
+			f := newFloorLoad(b, proc, mode, blocks*bs)
 			names = append(names, f.name)
 			loads = append(loads, f)
 		}

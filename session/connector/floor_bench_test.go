@@ -24,7 +24,10 @@ import (
 //     watches (the net.Conn stays open) though no goroutine waits on it:
 //     what reading a library's sockets in its Step, and no more, buys;
 //   - netpoller: a goroutine per connection waits in the runtime's poller,
-//     as the library's sockets do, and hands whole messages to the loop.
+//     as the library's sockets do, and hands whole messages to the loop;
+//   - polled-bytes: polled, the answer carrying the fetch's bytes, read
+//     straight into a buffer of the consumer's: the floor of a fetch whose
+//     bytes cross TCP, as over the TCP plane.
 //
 // What a fetch costs beyond the first is the price of I/O that wakes a
 // thread for each message, on this machine.
@@ -36,10 +39,11 @@ const (
 	floorPolled floorMode = iota
 	floorRegistered
 	floorNetpoller
+	floorPolledBytes
 	floorModes
 )
 
-var floorNames = [floorModes]string{"floor-polled", "floor-registered", "floor-netpoller"}
+var floorNames = [floorModes]string{"floor-polled", "floor-registered", "floor-netpoller", "floor-polled-bytes"}
 
 // floorMsg is the size of each floor message, about a request's, an
 // answer's and a notification's on the wire.
@@ -60,6 +64,11 @@ type floorConn struct {
 	in   []byte   // polled: bytes read, the start of a message (in inb)
 	inb  [floorMsg]byte
 	out  [floorMsg]byte
+	// polled-bytes: the answer's bytes, the producer's source or the
+	// consumer's destination (recv), and what is left of them to read.
+	payload []byte
+	recv    bool
+	left    int
 
 	mu    sync.Mutex // netpoller: the reader's
 	kinds []byte
@@ -87,6 +96,11 @@ func newFloorConn(c net.Conn, mode floorMode) (*floorConn, error) {
 	if mode == floorRegistered {
 		f.keep = c
 	} else {
+		if mode == floorPolledBytes {
+			tc := c.(*net.TCPConn) // as the TCP plane's connections
+			tc.SetReadBuffer(4 << 20)
+			tc.SetWriteBuffer(4 << 20)
+		}
 		c.Close()
 	}
 	f.c = nil
@@ -120,14 +134,60 @@ func (f *floorConn) send(kind byte) error {
 		_, err := f.c.Write(f.out[:])
 		return err
 	}
-	for b := f.out[:]; len(b) > 0; {
-		n, err := unix.Write(f.fd, b)
+	bufs := [][]byte{f.out[:]}
+	if kind == floorAnswer && !f.recv && f.payload != nil {
+		bufs = append(bufs, f.payload)
+	}
+	for len(bufs) > 0 {
+		n, err := unix.Writev(f.fd, bufs)
 		if err != nil && !errors.Is(err, unix.EAGAIN) && !errors.Is(err, unix.EINTR) {
 			return err
 		}
-		b = b[max(n, 0):]
+		for n = max(n, 0); len(bufs) > 0 && n >= len(bufs[0]); bufs = bufs[1:] {
+			n -= len(bufs[0])
+		}
+		if n > 0 {
+			bufs[0] = bufs[0][n:]
+		}
 	}
 	return nil
+}
+
+// pollBytes is poll for a consumer's polled-bytes connection: each
+// answer's bytes are read straight into the payload buffer.
+func (f *floorConn) pollBytes(kinds []byte) ([]byte, error) {
+	for {
+		into := f.inb[len(f.in):]
+		if f.left > 0 {
+			into = f.payload[len(f.payload)-f.left:]
+		}
+		n, err := unix.Read(f.fd, into)
+		switch {
+		case errors.Is(err, unix.EAGAIN):
+			return kinds, nil
+		case errors.Is(err, unix.EINTR):
+			continue
+		case err != nil:
+			return kinds, err
+		case n == 0:
+			return kinds, io.EOF
+		}
+		if f.left > 0 {
+			if f.left -= n; f.left == 0 {
+				kinds = append(kinds, floorAnswer)
+			}
+			continue
+		}
+		if f.in = f.inb[:len(f.in)+n]; len(f.in) < floorMsg {
+			continue
+		}
+		if kind := f.in[0]; kind == floorAnswer {
+			f.left = len(f.payload)
+		} else {
+			kinds = append(kinds, kind)
+		}
+		f.in = f.inb[:0]
+	}
 }
 
 // poll appends the kinds of the messages that arrived since the last call
@@ -139,6 +199,9 @@ func (f *floorConn) poll(kinds []byte) ([]byte, error) {
 		kinds = append(kinds, f.kinds...)
 		f.kinds = f.kinds[:0]
 		return kinds, f.err
+	}
+	if f.recv {
+		return f.pollBytes(kinds)
 	}
 	var buf [16 * floorMsg]byte
 	for {
@@ -188,8 +251,14 @@ type floorServer struct {
 	kinds []byte
 }
 
-func newFloorServer() *floorServer {
+// newFloorServer starts the floor servers; a polled-bytes answer carries
+// payload bytes.
+func newFloorServer(payload int) *floorServer {
 	s := &floorServer{}
+	src := make([]byte, payload)
+	for i := range src {
+		src[i] = byte(i)
+	}
 	for i := range s.lns {
 		s.lns[i] = must(net.Listen("tcp", "127.0.0.1:0"))
 		go func() {
@@ -202,6 +271,9 @@ func newFloorServer() *floorServer {
 				if err != nil {
 					c.Close()
 					continue
+				}
+				if floorMode(i) == floorPolledBytes {
+					f.payload = src
 				}
 				s.mu.Lock()
 				s.conns = append(s.conns, f)
@@ -298,8 +370,11 @@ func (l *floorLoad) wait(context.Context, time.Duration) {}
 
 // newFloorLoad connects a floor load to the engine producer proc, whose
 // engine must be busy: its floor server answers from its loop.
-func newFloorLoad(b *testing.B, proc engineProc, mode floorMode) *floorLoad {
+func newFloorLoad(b *testing.B, proc engineProc, mode floorMode, payload int) *floorLoad {
 	f := must(newFloorConn(must(net.Dial("tcp", proc.floors[mode])), mode))
 	b.Cleanup(f.close)
+	if mode == floorPolledBytes {
+		f.payload, f.recv = make([]byte, payload), true
+	}
 	return &floorLoad{b: b, f: f, name: floorNames[mode]}
 }

@@ -11,7 +11,8 @@ import (
 )
 
 // BenchmarkSteppedFetch is the library's own cost per 16 × 8 KiB fetch
-// over the same-host copy with no machine in the way: a Producer and a
+// over the same-host copy (shm) and over the TCP plane (tcp, the bytes
+// pushed with the ack) with no machine in the way: a Producer and a
 // Pool in one process, stepped one after the other by one loop that never
 // waits, fetch after fetch, so that every message is read in a step and
 // nothing is woken. cpu-µs/fetch is the loop's thread time (both sides:
@@ -24,13 +25,14 @@ import (
 //	go test -run '^$' -bench SteppedFetch ./session/connector
 func BenchmarkSteppedFetch(b *testing.B) {
 	const blocks, bs = 16, 8 << 10
-	b.Run("library", func(b *testing.B) { steppedFetch(b, blocks, bs) })
+	b.Run("library", func(b *testing.B) { steppedFetch(b, blocks, bs, "shm") })
+	b.Run("library/tcp", func(b *testing.B) { steppedFetch(b, blocks, bs, "tcp") })
 	b.Run("messages", engineMessages)
 	b.Run("memmove", func(b *testing.B) { engineMemmove(b, blocks, bs) })
 }
 
-func steppedFetch(b *testing.B, blocks, bs int) {
-	region := must(cache.NewRegion(cache.RegionConfig{Blocks: benchItems * blocks, BlockSize: bs, NoLock: true, Shared: true}))
+func steppedFetch(b *testing.B, blocks, bs int, data string) {
+	region := must(cache.NewRegion(cache.RegionConfig{Blocks: benchItems * blocks, BlockSize: bs, NoLock: true, Shared: data == "shm"}))
 	defer region.Close()
 	entries := cache.NewEmbeddingCache(region.Blocks())
 	for i := range benchItems {
@@ -40,13 +42,13 @@ func steppedFetch(b *testing.B, blocks, bs int) {
 		}
 		entries.MarkReady(benchHash(i))
 	}
-	pdata := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet}, region))
+	pdata := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: data != "shm"}, region))
 	defer pdata.Close()
 	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
 	defer srv.Close()
 	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, pdata, entries))
 	defer prod.Close()
-	pool, _ := benchPool(b, blocks, bs, "shm")
+	pool, _ := benchPool(b, blocks, bs, data)
 	ep := srv.Endpoint()
 	ids := make([]int, blocks)
 	for j := range ids {
