@@ -32,6 +32,10 @@ const (
 	maxPre   = hotFrame + hotChunk
 )
 
+// hotFrames bounds the frames one Drain handles on one connection (with
+// four reads at most): a producer that floods it makes no Step long.
+const hotFrames = 64
+
 // frameReader is what a link's frames are read from after their head:
 // its goroutine's buffered reader, or a frame a Drain took whole.
 type frameReader interface {
@@ -76,12 +80,56 @@ type linkConn struct {
 	mem   memFrame
 	sent  bool // doneNow wrote the frame's done (and let go of wmu)
 	done  func(id uint64) error
+	// waiting are READs whose push may be on its way (viaAwait): the
+	// next Drain lands those whose push came, and sends the rest, as
+	// does a cool; under smu.
+	waiting []*readOp
 }
 
 func newLinkConn(l *link, c net.Conn) *linkConn {
 	lc := &linkConn{l: l, c: c, cool: make(chan struct{}, 1), gone: make(chan struct{})}
 	lc.done = lc.doneNow
 	return lc
+}
+
+// hotConn returns the link's connection if Drains read it.
+func (l *link) hotConn() *linkConn {
+	l.mu.Lock()
+	lc := l.lc
+	l.mu.Unlock()
+	if lc == nil || !lc.hot.Load() {
+		return nil
+	}
+	return lc
+}
+
+// await keeps op for the next Drain; false: the connection is no longer
+// read by Drains, and op is to be sent now.
+func (lc *linkConn) await(op *readOp) bool {
+	lc.smu.Lock()
+	defer lc.smu.Unlock()
+	if !lc.hot.Load() {
+		return false
+	}
+	lc.waiting = append(lc.waiting, op)
+	return true
+}
+
+// sendWaiting sends the READs that waited for a Drain and were not
+// landed by their push; under smu.
+func (lc *linkConn) sendWaiting() {
+	if len(lc.waiting) == 0 {
+		return
+	}
+	p := lc.l.p
+	for _, op := range lc.waiting {
+		if op.state.Load() == opQueued {
+			p.push.missed.Store(true)
+			p.sendFirst(op)
+		}
+	}
+	clear(lc.waiting)
+	lc.waiting = lc.waiting[:0]
 }
 
 // close wakes its goroutine if it waits to be cooled; the connection is
@@ -139,6 +187,9 @@ func (lc *linkConn) setHot(on bool) bool {
 	}
 	lc.hot.Store(on)
 	lc.empty, lc.stall = 0, 0
+	if !on {
+		lc.sendWaiting()
+	}
 	return true
 }
 
@@ -158,12 +209,17 @@ func (lc *linkConn) readNow([]byte) bool {
 		return true // its goroutine is cooling it
 	}
 	defer lc.smu.Unlock()
-	if lc.overdue() {
-		return false // its goroutine times the answer out
-	}
+	defer lc.sendWaiting() // what this Drain's frames did not land
 	q := lc.c.(*quietConn)
 	got := false
-	for range 8 {
+	budget := hotFrames
+	if len(lc.pre) > 0 && !lc.frames(&budget) { // left by the last Drain's budget
+		return false
+	}
+	for range 4 {
+		if budget == 0 {
+			break
+		}
 		if cap(lc.pre)-len(lc.pre) < hotChunk && cap(lc.pre) < maxPre {
 			grown := make([]byte, len(lc.pre), min(max(2*cap(lc.pre), 4*hotChunk), maxPre))
 			copy(grown, lc.pre)
@@ -177,7 +233,7 @@ func (lc *linkConn) readNow([]byte) bool {
 		lc.pre = lc.pre[:len(lc.pre)+n]
 		if n > 0 {
 			got = true
-			if !lc.frames() {
+			if !lc.frames(&budget) {
 				return false
 			}
 		}
@@ -189,6 +245,14 @@ func (lc *linkConn) readNow([]byte) bool {
 			continue // it may have more
 		}
 		break
+	}
+	if len(lc.pre) == 0 && lc.overdue() {
+		return false // its goroutine times the answer out
+	}
+	if budget == 0 {
+		lc.stall = 0 // whole frames wait for the next Drain
+		lc.empty = 0
+		return true
 	}
 	if len(lc.pre) == 0 {
 		if cap(lc.pre) > 4*hotChunk {
@@ -222,11 +286,12 @@ func (lc *linkConn) overdue() bool {
 	return len(l.pending) > 0 && time.Since(l.headAt) >= l.p.d.cfg.IOTimeout
 }
 
-// frames handles the whole frames at the front of pre, keeping the rest;
-// false: the connection is to be cooled (or broke).
-func (lc *linkConn) frames() bool {
+// frames handles the whole frames at the front of pre, at most *budget
+// of them, keeping the rest; false: the connection is to be cooled (or
+// broke).
+func (lc *linkConn) frames(budget *int) bool {
 	k, ok := 0, true
-	for ok {
+	for ok && *budget > 0 {
 		b := lc.pre[k:]
 		if len(b) < headLen {
 			break
@@ -251,6 +316,7 @@ func (lc *linkConn) frames() bool {
 			return false // it broke: nothing is left
 		}
 		lc.l.p.d.steps.taken.Add(1)
+		*budget--
 		k += need
 	}
 	if k == len(lc.pre) {

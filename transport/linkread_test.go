@@ -2,10 +2,18 @@ package transport
 
 import (
 	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"testing"
 	"time"
 
+	"github.com/vmihailenco/msgpack/v5"
+
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
@@ -229,4 +237,145 @@ func TestLinkHandOverKeepsEveryFetch(t *testing.T) {
 		t.Fatal("no frame was taken by a Step")
 	}
 	until(t, "every hold is given back", func() bool { return g.held.Load() == 0 })
+}
+
+// While Steps read the link pushes come on, a READ whose push is not in
+// yet waits for the next Step rather than asking: its push, come by then,
+// lands it and no READ crosses; one whose push does not come is sent at
+// that Step, and from then on READs are sent at once until a push lands
+// one again.
+func TestReadWaitsAStepForItsPush(t *testing.T) {
+	c, _, cb, pb, g, agent := pushPair(t)
+	hotLink(t, c, agent, g, 14)
+	asked := g.asked.Load()
+
+	pushed := g.grant(5, 6)
+	h, _ := c.PostRead([]int{2, 3}, agent, []int{5, 6}, pushed)
+	released := make(chan struct{})
+	until(t, "pushed", func() bool {
+		return g.att.Push(1, pushed, []int{5, 6}, func() { close(released) })
+	})
+	<-released
+	if stepUntilEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(2), pb(5)) || !bytes.Equal(cb(3), pb(6)) {
+		t.Fatal("the READ its push landed")
+	}
+	if g.asked.Load() != asked {
+		t.Fatal("a READ crossed for a pushed grant")
+	}
+	c.Release(h)
+
+	unpushed := g.grant(7)
+	h, _ = c.PostRead([]int{4}, agent, []int{7}, unpushed)
+	if pr, _ := c.Check(h); pr != xfer.InProgress || g.asked.Load() != asked {
+		t.Fatal("the READ did not wait for a Step")
+	}
+	if stepUntilEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(4), pb(7)) {
+		t.Fatal("the READ whose push never came")
+	}
+	if g.asked.Load() != asked+1 || !c.peers[agent].push.missed.Load() {
+		t.Fatal("not sent at the next Step, or the miss not noted")
+	}
+	c.Release(h)
+
+	// After a miss, READs go at once: the producer sees this one with no
+	// Step.
+	h, _ = c.PostRead([]int{1}, agent, []int{9}, g.grant(9))
+	until(t, "the READ at the producer", func() bool { return g.asked.Load() == asked+2 })
+	if stepUntilEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(1), pb(9)) {
+		t.Fatal("the READ after a miss")
+	}
+	until(t, "every hold is given back", func() bool { return g.held.Load() == 0 })
+}
+
+// An answer that is in the socket when a Step finds its READ past the
+// deadline lands: the deadline is for answers that did not come, and a
+// Step reads before it judges (a goroutine would have read it on arrival).
+func TestHotLinkAnswerInTimeLands(t *testing.T) {
+	const timeout = 10 * time.Second
+	crr, prr := newRegion(t, 8, 256), newRegion(t, 8, 256)
+	for i := range prr.Block(3) {
+		prr.Block(3)[i] = byte(i + 1)
+	}
+	p, g := gatedProducer(t, prr, TCPConfig{})
+	c := newTCP(t, crr, TCPConfig{Conns: 1, IOTimeout: timeout, PushBuffer: -1}) // READs go at once
+	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc := hotLink(t, c, peer.Agent, g, 7)
+	asked := g.asked.Load()
+	h, _ := c.PostRead([]int{3}, peer.Agent, []int{3}, g.grant(3))
+	// Answered: its hold ends once the bytes are out of the region. The
+	// owner counts as stepping meanwhile, reading nothing.
+	until(t, "the answer written", func() bool {
+		c.steps.drained()
+		return g.asked.Load() > asked && g.held.Load() == 0
+	})
+	l := c.peers[peer.Agent].links[0]
+	l.mu.Lock()
+	l.headAt = time.Now().Add(-2 * timeout) // its deadline went by since
+	l.mu.Unlock()
+	if !lc.hot.Load() {
+		t.Fatal("the link went cold")
+	}
+	if stepUntilEnd(t, c, h) != xfer.Complete || !bytes.Equal(crr.Block(3), prr.Block(3)) {
+		t.Fatal("an answer that came in time failed as overdue")
+	}
+}
+
+// A producer that floods a hot link with frames makes no Step long: one
+// Step handles at most hotFrames of them, and the rest wait in the socket
+// for the next Steps, which take every one.
+func TestHotLinkFloodBoundedPerStep(t *testing.T) {
+	const bs, pushes = 64, 2000
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var flood []byte
+	for i := range pushes {
+		flood = append(appendPushHead(flood, fmt.Appendf(nil, "s:%08d", i), bs, []int{i % 4}), make([]byte, bs)...)
+	}
+	start := make(chan struct{})
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var hdr [headLen + 2]byte
+		io.ReadFull(c, hdr[:])
+		io.ReadFull(c, make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen))
+		c.Write(appendWelcome(nil, nil))
+		<-start
+		c.Write(flood)
+		io.Copy(io.Discard, c)
+	}()
+	c := newTCP(t, newRegion(t, 4, bs), TCPConfig{Conns: 1})
+	meta, _ := msgpack.Marshal(&agentMeta{Version: metaVersion, Name: "flood", Addr: ln.Addr().String(), Incarnation: "x", BlockSize: bs, Blocks: 4, Push: true})
+	peer, err := c.AddRemotePeer(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		tcpPlane{c}.Step()
+	}
+	if err := (tcpPlane{c}).Contact(context.Background(), peer.Agent, plane.Contact{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "a hot link", func() bool { tcpPlane{c}.Step(); return linkOf(c, peer.Agent).hot.Load() })
+	close(start)
+	taken := c.steps.taken.Load()
+	until(t, "every push taken", func() bool {
+		before := c.steps.taken.Load()
+		tcpPlane{c}.Step()
+		if n := c.steps.taken.Load() - before; n > hotFrames {
+			t.Fatalf("one Step took %d frames", n)
+		}
+		if !linkOf(c, peer.Agent).hot.Load() {
+			t.Fatal("the link went cold")
+		}
+		return c.steps.taken.Load()-taken == pushes
+	})
 }

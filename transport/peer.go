@@ -56,6 +56,7 @@ type peer struct {
 const (
 	viaSocket  = iota // a READ frame, answered with the bytes
 	viaFirst          // the same, on the link pushes come on: its push may land it
+	viaAwait          // the same, once the next Step found no push for it (see await)
 	viaPush           // landed from a push kept for it, now (the caller copies)
 	viaPushing        // landed from a push still arriving, by the link's reader
 	viaBoard          // copied from the producer's region under a published grant, now
@@ -105,7 +106,13 @@ func (p *peer) route(op *readOp) int {
 		if op.n*p.d.region.BlockSize() <= maxPushSize {
 			// Its push may be on its way behind the ack: sent where pushes
 			// come, the push lands it when it comes, and the producer
-			// answers that it pushed.
+			// answers that it pushed. While Steps read that link, and
+			// pushes came for the READs that waited for them, the READ
+			// waits for the next Step instead (await); not in a burst,
+			// whose grants a Go producer does not push.
+			if lc := p.links[0].hotConn(); lc != nil && !p.push.missed.Load() && p.inflight.Load() <= pushedInFlight {
+				return viaAwait
+			}
 			return viaFirst
 		}
 	}
@@ -141,14 +148,28 @@ func (p *peer) start(op *readOp, way int) {
 			p.readers.Done()
 			op.fail()
 		}
-	case viaFirst:
-		if !p.links[0].tryPost(op) && !p.handOff(p.firstq, op) {
-			op.fail()
+	case viaAwait:
+		if lc := p.links[0].hotConn(); lc == nil || !lc.await(op) {
+			p.sendFirst(op)
 		}
+	case viaFirst:
+		p.sendFirst(op)
 	default:
 		if !p.tryPost(op) && !p.handOff(p.queue, op) {
 			op.fail()
 		}
+	}
+}
+
+// pushedInFlight is the most READs in flight to a producer for which a
+// Go producer pushes grants (session's maxPushLive: its consumer
+// session's live grants).
+const pushedInFlight = 2
+
+// sendFirst sends op's READ on the link pushes come on.
+func (p *peer) sendFirst(op *readOp) {
+	if !p.links[0].tryPost(op) && !p.handOff(p.firstq, op) {
+		op.fail()
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"io"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -78,6 +79,9 @@ type stage struct {
 	lost map[string]struct{}
 	free [][]byte
 	down bool
+	// missed: a READ that waited a Step for its push found none, so
+	// READs are sent at once, until a push lands one (see viaAwait).
+	missed atomic.Bool
 }
 
 // staged is a push kept until a READ claims it.
@@ -131,6 +135,7 @@ func (s *stage) claim(op *readOp) (st *staged, ready, resend bool) {
 	}
 	if st.ready {
 		s.unkeepLocked(st)
+		s.missed.Store(false) // pushes come
 		return st, true, false
 	}
 	st.op = op
@@ -355,6 +360,7 @@ func (l *link) takePush(r frameReader) error {
 	}
 	op, st := p.push.take(notif, ids, int(size))
 	if op != nil {
+		p.push.missed.Store(false) // pushes come
 		// Its READ was posted before the push came. Not sent yet, the
 		// push lands it and no READ goes; sent on this connection, the
 		// push lands it as its answer would (the producer answers it

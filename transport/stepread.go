@@ -81,7 +81,8 @@ type stepConn interface {
 }
 
 // A Drain's work is bounded: it reads at most maxHot connections, each
-// up to four buffers (readNow); a connection that brought nothing for
+// up to four buffers and, a link, hotFrames frames (readNow); a
+// connection that brought nothing for
 // idleDrains Drains goes back to its goroutine, and another may take its
 // place.
 const (
