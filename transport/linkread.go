@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -116,15 +117,18 @@ func (lc *linkConn) await(op *readOp) bool {
 }
 
 // sendWaiting sends the READs that waited for a Drain and were not
-// landed by their push; under smu.
-func (lc *linkConn) sendWaiting() {
+// landed by their push (missed: a Drain found none for them, not a cool);
+// under smu.
+func (lc *linkConn) sendWaiting(missed bool) {
 	if len(lc.waiting) == 0 {
 		return
 	}
 	p := lc.l.p
 	for _, op := range lc.waiting {
 		if op.state.Load() == opQueued {
-			p.push.missed.Store(true)
+			if missed {
+				p.push.missed.Store(true)
+			}
 			p.sendFirst(op)
 		}
 	}
@@ -188,7 +192,7 @@ func (lc *linkConn) setHot(on bool) bool {
 	lc.hot.Store(on)
 	lc.empty, lc.stall = 0, 0
 	if !on {
-		lc.sendWaiting()
+		lc.sendWaiting(false)
 	}
 	return true
 }
@@ -209,7 +213,7 @@ func (lc *linkConn) readNow([]byte) bool {
 		return true // its goroutine is cooling it
 	}
 	defer lc.smu.Unlock()
-	defer lc.sendWaiting() // what this Drain's frames did not land
+	defer lc.sendWaiting(true) // what this Drain's frames did not land
 	q := lc.c.(*quietConn)
 	got := false
 	budget := hotFrames
@@ -246,7 +250,12 @@ func (lc *linkConn) readNow([]byte) bool {
 		}
 		break
 	}
-	if len(lc.pre) == 0 && lc.overdue() {
+	if (len(lc.pre) == 0 || budget == 0) && lc.overdue() {
+		if len(lc.pre) > 0 {
+			// Frames keep coming, none of them the answer: the goroutine
+			// would be as busy with them, so the connection ends here.
+			lc.l.breakIf(lc.c, os.ErrDeadlineExceeded)
+		}
 		return false // its goroutine times the answer out
 	}
 	if budget == 0 {

@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
 	"net"
+	"os"
 	"testing"
 	"time"
 
@@ -378,4 +380,97 @@ func TestHotLinkFloodBoundedPerStep(t *testing.T) {
 		}
 		return c.steps.taken.Load()-taken == pushes
 	})
+}
+
+// A READ that waits for the next Step ends with the plane: Close fails it
+// before it returns, as it does the READs queued for its writers.
+func TestCloseEndsAWaitingRead(t *testing.T) {
+	c, _, _, _, g, agent := pushPair(t)
+	lc := hotLink(t, c, agent, g, 14)
+	h, err := c.PostRead([]int{4}, agent, []int{7}, g.grant(7))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lc.smu.Lock()
+	waiting := len(lc.waiting)
+	lc.smu.Unlock()
+	if waiting != 1 {
+		t.Fatal("the READ does not wait for a Step")
+	}
+	c.mu.Lock()
+	op := c.handles[h]
+	c.mu.Unlock()
+	c.Close()
+	if op.state.Load() != opFailed {
+		t.Fatalf("Close returned with the READ in state %d", op.state.Load())
+	}
+}
+
+// A producer that floods a hot link with pushes and never answers the
+// READ at its head does not keep that READ alive: it fails at IOTimeout,
+// as it would with the link's goroutine reading (whole frames left for
+// the next Step do not hide the deadline).
+func TestHotLinkFloodDoesNotHideTheDeadline(t *testing.T) {
+	const bs = 64
+	const timeout = 300 * time.Millisecond
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	var chunk []byte
+	for i := range 256 {
+		chunk = append(appendPushHead(chunk, fmt.Appendf(nil, "s:%08d", i), bs, []int{i % 4}), make([]byte, bs)...)
+	}
+	start, stop := make(chan struct{}), make(chan struct{})
+	defer close(stop)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		var hdr [headLen + 2]byte
+		io.ReadFull(c, hdr[:])
+		io.ReadFull(c, make([]byte, int(binary.BigEndian.Uint16(hdr[headLen:]))+4+challengeLen))
+		c.Write(appendWelcome(nil, nil))
+		go io.Copy(io.Discard, c)
+		<-start
+		for {
+			select {
+			case <-stop:
+				return
+			default:
+			}
+			c.SetWriteDeadline(time.Now().Add(time.Second))
+			if _, err := c.Write(chunk); err != nil && !errors.Is(err, os.ErrDeadlineExceeded) {
+				return
+			}
+		}
+	}()
+	c := newTCP(t, newRegion(t, 4, bs), TCPConfig{Conns: 1, IOTimeout: timeout})
+	meta, _ := msgpack.Marshal(&agentMeta{Version: metaVersion, Name: "flood", Addr: ln.Addr().String(), Incarnation: "x", BlockSize: bs, Blocks: 4, Push: true})
+	peer, err := c.AddRemotePeer(meta, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 3 {
+		tcpPlane{c}.Step()
+	}
+	if err := (tcpPlane{c}).Contact(context.Background(), peer.Agent, plane.Contact{}); err != nil {
+		t.Fatal(err)
+	}
+	until(t, "a hot link", func() bool { tcpPlane{c}.Step(); return linkOf(c, peer.Agent).hot.Load() })
+	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, []byte("plain")) // no grant: asked at once
+	if err != nil {
+		t.Fatal(err)
+	}
+	close(start)
+	t0 := time.Now()
+	if stepUntilEnd(t, c, h) != xfer.Failed {
+		t.Fatal("a READ no one answered completed")
+	}
+	if took := time.Since(t0); took > timeout+time.Second {
+		t.Fatalf("failed after %v, IOTimeout %v", took, timeout)
+	}
 }
