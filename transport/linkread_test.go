@@ -145,7 +145,7 @@ func TestLinkCooledForWaitsAndLargeAnswers(t *testing.T) {
 	}
 	done()
 
-	lc = hotLink(t, c, peer.Agent, g, 63)
+	hotLink(t, c, peer.Agent, g, 63)
 	taken := c.steps.taken.Load()
 	large := make([]int, 0, 32) // 2 MiB: over what a Step takes whole
 	for b := range 32 {
