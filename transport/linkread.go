@@ -280,7 +280,7 @@ func (lc *linkConn) readNow([]byte) bool {
 	switch {
 	case got || lc.stall == 0:
 		lc.stall = now
-	case time.Duration(now-lc.stall) > stepsAtMost:
+	case time.Duration(now-lc.stall) > lc.l.p.d.steps.longest():
 		return false
 	}
 	return true

@@ -45,11 +45,17 @@ func stepUntilEnd(t testing.TB, c *TCPData, h xfer.Handle) xfer.Progress {
 	return pr
 }
 
+// patient keeps c's hot connections hot on a machine that pauses the
+// test's goroutine for longer than coolAfter (a loaded CI runner under
+// -race): only a wait, a frame, an error or idleDrains cool them.
+func patient(c *TCPData) { c.steps.patience.Store(int64(time.Minute)) }
+
 // hotLink steps c until Steps read its link to agent, fetching block b
 // under a fresh grant whenever they do not: the link's goroutine hands its
-// connection over between frames, while its owner steps.
+// connection over between frames, while its owner steps. c is patient.
 func hotLink(t testing.TB, c *TCPData, agent string, g *testGate, b int) *linkConn {
 	t.Helper()
+	patient(c)
 	var lc *linkConn
 	until(t, "a hot link", func() bool {
 		if lc = linkOf(c, agent); lc == nil || !lc.hot.Load() {
@@ -355,6 +361,7 @@ func TestHotLinkFloodBoundedPerStep(t *testing.T) {
 		io.Copy(io.Discard, c)
 	}()
 	c := newTCP(t, newRegion(t, 4, bs), TCPConfig{Conns: 1})
+	patient(c) // a flood that stalls in part on a slow machine cools nothing
 	meta, _ := msgpack.Marshal(&agentMeta{Version: metaVersion, Name: "flood", Addr: ln.Addr().String(), Incarnation: "x", BlockSize: bs, Blocks: 4, Push: true})
 	peer, err := c.AddRemotePeer(meta, nil)
 	if err != nil {

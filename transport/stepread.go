@@ -58,7 +58,21 @@ type stepReads struct {
 	gap     atomic.Int64  // between the last two Drains
 	taken   atomic.Uint64 // messages read in Drain, for tests
 	checks  atomic.Uint64 // the timer's checks, for tests
+	// patience replaces coolAfter where set: tests whose connections must
+	// stay hot on a machine that may pause a goroutine that long.
+	patience atomic.Int64
 }
+
+// after is coolAfter, or the patience a test set; longest, stepsAtMost
+// in proportion.
+func (st *stepReads) after() time.Duration {
+	if p := st.patience.Load(); p > 0 {
+		return time.Duration(p)
+	}
+	return coolAfter
+}
+
+func (st *stepReads) longest() time.Duration { return st.after() / (coolAfter / stepsAtMost) }
 
 // monoEpoch anchors monoNow: durations between its readings are the
 // monotonic clock's, whatever the wall clock does.
@@ -104,7 +118,7 @@ func (st *stepReads) drained() {
 	now := monoNow()
 	st.gap.Store(now - st.last.Swap(now))
 	if st.pushing.Load() {
-		st.timer.Reset(coolAfter)
+		st.timer.Reset(st.after())
 	}
 }
 
@@ -142,13 +156,13 @@ func (st *stepReads) check() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	since := time.Duration(monoNow() - st.last.Load())
-	if since >= coolAfter {
+	if since >= st.after() {
 		st.coolAllLocked()
 	}
 	st.armed = len(st.hot) > 0
 	st.pushing.Store(st.armed)
 	if st.armed {
-		st.timer.Reset(coolAfter - since)
+		st.timer.Reset(st.after() - since)
 	}
 }
 
@@ -161,7 +175,8 @@ func (st *stepReads) waited() {
 // heat makes c hot if its owner is stepped; called by c's goroutine,
 // between messages.
 func (st *stepReads) heat(c stepConn) {
-	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(coolAfter) || st.gap.Load() > int64(stepsAtMost) {
+	after := st.after()
+	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(after) || st.gap.Load() > int64(st.longest()) {
 		return
 	}
 	st.mu.Lock()
@@ -173,9 +188,9 @@ func (st *stepReads) heat(c stepConn) {
 	if !st.armed {
 		st.armed = true
 		if st.timer == nil {
-			st.timer = time.AfterFunc(coolAfter, st.check)
+			st.timer = time.AfterFunc(after, st.check)
 		} else {
-			st.timer.Reset(coolAfter)
+			st.timer.Reset(after)
 		}
 	}
 	st.pushing.Store(true)
