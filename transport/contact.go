@@ -24,13 +24,18 @@ func init() {
 	})
 }
 
-// Waiting implements plane.Waiter: the connections that Drains read are
-// handed back to their goroutines while the producer or consumer waits.
+// Waiting implements plane.Waiter: the served connections that
+// DrainNotifs reads are handed back to their goroutines while the
+// producer waits (the consumer's: StepWaiting).
 func (c tcpPlane) Waiting() (done func()) { return c.d.steps.wait() }
 
 // Step implements plane.Stepped: the consumer's Drain of its connections
 // to producers (see linkConn).
-func (c tcpPlane) Step() { c.d.steps.drain() }
+func (c tcpPlane) Step() { c.d.links.drain() }
+
+// StepWaiting implements plane.Stepped: the consumer waits, and its
+// connections to producers go back to their goroutines.
+func (c tcpPlane) StepWaiting() (done func()) { return c.d.links.wait() }
 
 // serverHooks are a Server's hooks for session/connector's Producer,
 // which steps on the goroutine a request arrived on and waits on its data

@@ -144,7 +144,7 @@ func (lc *linkConn) close() { lc.shut.Do(func() { close(lc.gone) }) }
 // steps, and waits until it is cooled or closed; called by its goroutine
 // between frames, with nothing buffered.
 func (lc *linkConn) park() {
-	lc.l.p.d.steps.heat(lc)
+	lc.l.p.d.links.heat(lc)
 	for lc.hot.Load() {
 		select {
 		case <-lc.cool:
@@ -280,7 +280,7 @@ func (lc *linkConn) readNow([]byte) bool {
 	switch {
 	case got || lc.stall == 0:
 		lc.stall = now
-	case time.Duration(now-lc.stall) > lc.l.p.d.steps.longest():
+	case time.Duration(now-lc.stall) > lc.l.p.d.links.longest():
 		return false
 	}
 	return true
@@ -324,7 +324,7 @@ func (lc *linkConn) frames(budget *int) bool {
 		if !ok {
 			return false // it broke: nothing is left
 		}
-		lc.l.p.d.steps.taken.Add(1)
+		lc.l.p.d.links.taken.Add(1)
 		*budget--
 		k += need
 	}

@@ -48,7 +48,7 @@ func stepUntilEnd(t testing.TB, c *TCPData, h xfer.Handle) xfer.Progress {
 // patient keeps c's hot connections hot on a machine that pauses the
 // test's goroutine for longer than coolAfter (a loaded CI runner under
 // -race): only a wait, a frame, an error or idleDrains cool them.
-func patient(c *TCPData) { c.steps.patience.Store(int64(time.Minute)) }
+func patient(c *TCPData) { c.links.patience.Store(int64(time.Minute)) }
 
 // hotLink steps c until Steps read its link to agent, fetching block b
 // under a fresh grant whenever they do not: the link's goroutine hands its
@@ -80,7 +80,7 @@ func hotLink(t testing.TB, c *TCPData, agent string, g *testGate, b int) *linkCo
 func TestStepsLandPushesAndAnswers(t *testing.T) {
 	c, p, cb, pb, g, agent := pushPair(t)
 	lc := hotLink(t, c, agent, g, 14)
-	taken := c.steps.taken.Load()
+	taken := c.links.taken.Load()
 
 	pushed := g.grant(5, 6)
 	released := make(chan struct{})
@@ -105,7 +105,7 @@ func TestStepsLandPushesAndAnswers(t *testing.T) {
 	if stepUntilEnd(t, c, h2) != xfer.Complete || !bytes.Equal(cb(8), pb(7)) || !bytes.Equal(cb(10), pb(9)) {
 		t.Fatal("the READ answered")
 	}
-	if got := c.steps.taken.Load() - taken; got != 2 {
+	if got := c.links.taken.Load() - taken; got != 2 {
 		t.Fatalf("frames taken by Steps: %d, want the push and the answer", got)
 	}
 	if !lc.hot.Load() || lc != linkOf(c, agent) {
@@ -141,7 +141,7 @@ func TestLinkCooledForWaitsAndLargeAnswers(t *testing.T) {
 	}
 	lc := hotLink(t, c, peer.Agent, g, 63)
 
-	done := tcpPlane{c}.Waiting()
+	done := tcpPlane{c}.StepWaiting()
 	if lc.hot.Load() {
 		t.Fatal("hot while its owner waits")
 	}
@@ -152,7 +152,7 @@ func TestLinkCooledForWaitsAndLargeAnswers(t *testing.T) {
 	done()
 
 	hotLink(t, c, peer.Agent, g, 63)
-	taken := c.steps.taken.Load()
+	taken := c.links.taken.Load()
 	large := make([]int, 0, 32) // 2 MiB: over what a Step takes whole
 	for b := range 32 {
 		large = append(large, b)
@@ -166,7 +166,7 @@ func TestLinkCooledForWaitsAndLargeAnswers(t *testing.T) {
 			t.Fatalf("block %d", b)
 		}
 	}
-	if c.steps.taken.Load() != taken {
+	if c.links.taken.Load() != taken {
 		t.Fatal("a Step took a frame larger than hotFrame")
 	}
 	hotLink(t, c, peer.Agent, g, 63) // and it is handed over again
@@ -211,7 +211,7 @@ func TestLinkHandOverKeepsEveryFetch(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 400 {
 		if i%37 == 36 {
-			done := tcpPlane{c}.Waiting()
+			done := tcpPlane{c}.StepWaiting()
 			done()
 		}
 		n := 1 + rng.IntN(4)
@@ -241,7 +241,7 @@ func TestLinkHandOverKeepsEveryFetch(t *testing.T) {
 		}
 		c.Release(h)
 	}
-	if c.steps.taken.Load() == 0 {
+	if c.links.taken.Load() == 0 {
 		t.Fatal("no frame was taken by a Step")
 	}
 	until(t, "every hold is given back", func() bool { return g.held.Load() == 0 })
@@ -316,7 +316,7 @@ func TestHotLinkAnswerInTimeLands(t *testing.T) {
 	// Answered: its hold ends once the bytes are out of the region. The
 	// owner counts as stepping meanwhile, reading nothing.
 	until(t, "the answer written", func() bool {
-		c.steps.drained()
+		c.links.drained()
 		return g.asked.Load() > asked && g.held.Load() == 0
 	})
 	l := c.peers[peer.Agent].links[0]
@@ -375,17 +375,17 @@ func TestHotLinkFloodBoundedPerStep(t *testing.T) {
 	}
 	until(t, "a hot link", func() bool { tcpPlane{c}.Step(); return linkOf(c, peer.Agent).hot.Load() })
 	close(start)
-	taken := c.steps.taken.Load()
+	taken := c.links.taken.Load()
 	until(t, "every push taken", func() bool {
-		before := c.steps.taken.Load()
+		before := c.links.taken.Load()
 		tcpPlane{c}.Step()
-		if n := c.steps.taken.Load() - before; n > hotFrames {
+		if n := c.links.taken.Load() - before; n > hotFrames {
 			t.Fatalf("one Step took %d frames", n)
 		}
 		if !linkOf(c, peer.Agent).hot.Load() {
 			t.Fatal("the link went cold")
 		}
-		return c.steps.taken.Load()-taken == pushes
+		return c.links.taken.Load()-taken == pushes
 	})
 }
 
@@ -479,5 +479,35 @@ func TestHotLinkFloodDoesNotHideTheDeadline(t *testing.T) {
 	}
 	if took := time.Since(t0); took > timeout+time.Second {
 		t.Fatalf("failed after %v, IOTimeout %v", took, timeout)
+	}
+}
+
+// A plane that is both a consumer and a producer heats and cools each
+// side on its own: the producer's wait (Waiting, held by Serve for its
+// whole run) keeps no link from the consumer's Steps, and does not cool a
+// hot one; the consumer's wait (StepWaiting) cools its links.
+func TestProducerWaitKeepsLinksHot(t *testing.T) {
+	c, _, cb, pb, g, agent := pushPair(t)
+	serving := tcpPlane{c}.Waiting() // c serves too, and its producer waits
+	defer serving()
+	lc := hotLink(t, c, agent, g, 14)
+	again := tcpPlane{c}.Waiting()
+	if !lc.hot.Load() {
+		t.Fatal("a producer's wait cooled the consumer's link")
+	}
+	again()
+	taken := c.links.taken.Load()
+	asked := g.grant(7)
+	h, _ := c.PostRead([]int{8}, agent, []int{7}, asked)
+	if stepUntilEnd(t, c, h) != xfer.Complete || !bytes.Equal(cb(8), pb(7)) {
+		t.Fatal("the READ")
+	}
+	if c.links.taken.Load() == taken {
+		t.Fatal("its answer was not taken by a Step")
+	}
+	done := tcpPlane{c}.StepWaiting()
+	defer done()
+	if lc.hot.Load() {
+		t.Fatal("hot while the consumer waits")
 	}
 }

@@ -26,9 +26,11 @@ import (
 //     the messages itself; the goroutine waits to be cooled.
 //
 // The connections are the control plane's (a Server's or a Client's;
-// their Drain) and a producer's served data connections that bring
+// their Drain), a producer's served data connections that bring
 // notifications alone (TCPData's DrainNotifs; anything else they bring
-// cools them, and their goroutine handles it).
+// cools them, and their goroutine handles it), and a consumer's
+// connections to producers (the Pool's Step; see linkConn). Each owner
+// has its own set: one that waits cools only its own.
 //
 // A connection is heated by its own goroutine, between messages, while its
 // owner is stepped: no one waits in Wait, and Drain ran at least twice

@@ -200,8 +200,11 @@ type TCPData struct {
 	brokenLost atomic.Uint64 // broken READs not handed over: their attachment's list was full
 	beforeCopy func()        // tests: runs as a copy starts
 	// steps reads the served connections that bring notifications while
-	// the producer steps (see stepReads).
+	// the producer steps (see stepReads); links the consumer's connections
+	// to producers while the Pool steps (see linkConn). Apart, so that a
+	// producer and a consumer sharing this plane heat and cool their own.
 	steps stepReads
+	links stepReads
 	// contactChecks counts the looks at contact READs, for tests.
 	contactChecks atomic.Uint64
 	// connEnded, if set, is told under mu of each accepted connection

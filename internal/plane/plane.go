@@ -180,9 +180,13 @@ type Waiter interface {
 // Stepped is a data plane whose consumer side reads some of its sockets
 // in the step of the loop that owns it, while the loop steps: Step reads
 // what they have, without waiting, and lands what came whole. A loop that
-// calls Step must tell its Waiter when it waits instead.
+// calls Step calls StepWaiting before it blocks, and the function it
+// returns when it stops waiting: the consumer's Waiter, apart from the
+// producer's, so that a producer waiting on the same plane does not keep
+// the consumer's sockets from its steps.
 type Stepped interface {
 	Step()
+	StepWaiting() (done func())
 }
 
 // Named is a data plane whose agent has a name its peers see on

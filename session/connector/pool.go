@@ -278,7 +278,6 @@ type Pool struct {
 
 	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
 	stepped  plane.Stepped   // the data plane's, if it reads in the step
-	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
 	lastStep time.Time       // the now of the last Step
 	// nextDeadline is at or before the earliest deadline of the fetches
 	// in flight (zero: none): endOverdue looks at them only once it passed.
@@ -323,7 +322,6 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		p.ready = sg.Ready()
 	}
 	p.stepped, _ = plane.As[plane.Stepped](data)
-	p.waiter, _ = plane.As[plane.Waiter](data)
 	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
@@ -1153,8 +1151,8 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
 	}
-	if p.waiter != nil {
-		defer p.waiter.Waiting()() // its connections go back to their goroutines
+	if p.stepped != nil {
+		defer p.stepped.StepWaiting()() // its connections go back to their goroutines
 	}
 	// Held blocks come back in a Step as fetches end: both need polling.
 	// With neither, a Step still has an idle session to close in time.
