@@ -24,18 +24,22 @@ func init() {
 	})
 }
 
-// Waiting implements plane.Waiter: the served connections that
-// DrainNotifs reads are handed back to their goroutines while the
-// producer waits (the consumer's: StepWaiting).
-func (c tcpPlane) Waiting() (done func()) { return c.d.steps.wait() }
+// Waiting implements plane.Waiter: the loop that waits may be the one
+// that steps either side, so every connection its steps read, served
+// (DrainNotifs) or to a producer (Step), goes back to its goroutine.
+func (c tcpPlane) Waiting() (done func()) {
+	c.d.steps.hold()
+	c.d.links.hold()
+	return c.d.waited
+}
+
+// Serving implements plane.Serving: the served connections alone, for a
+// producer's Serve, whose goroutine steps no consumer.
+func (c tcpPlane) Serving() (done func()) { return c.d.steps.wait() }
 
 // Step implements plane.Stepped: the consumer's Drain of its connections
 // to producers (see linkConn).
 func (c tcpPlane) Step() { c.d.links.drain() }
-
-// StepWaiting implements plane.Stepped: the consumer waits, and its
-// connections to producers go back to their goroutines.
-func (c tcpPlane) StepWaiting() (done func()) { return c.d.links.wait() }
 
 // serverHooks are a Server's hooks for session/connector's Producer,
 // which steps on the goroutine a request arrived on and waits on its data
@@ -70,22 +74,28 @@ func (h clientHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout 
 type tcpPlane struct{ d *TCPData }
 
 var (
-	_ plane.Contacter = tcpPlane{}
-	_ plane.Attacher  = tcpPlane{}
-	_ plane.Signaling = tcpPlane{}
-	_ plane.Stoppable = tcpPlane{}
-	_ plane.Named     = tcpPlane{}
-	_ plane.Stepped   = tcpPlane{}
-	_ plane.Waiter    = tcpPlane{}
+	_ plane.Contacter     = tcpPlane{}
+	_ plane.Attacher      = tcpPlane{}
+	_ plane.Signaling     = tcpPlane{}
+	_ plane.ReadSignaling = tcpPlane{}
+	_ plane.Stoppable     = tcpPlane{}
+	_ plane.Named         = tcpPlane{}
+	_ plane.Stepped       = tcpPlane{}
+	_ plane.Waiter        = tcpPlane{}
+	_ plane.Serving       = tcpPlane{}
 )
 
 // Attach implements plane.Attacher (see TCPData.attach).
 func (c tcpPlane) Attach(g plane.Gate) plane.Attachment { return c.d.attach(g) }
 
-// Ready implements plane.Signaling: it receives when a READ posted here
-// ended or a notification arrived since the last receive, so that a step
-// loop sleeps until there is something to do.
+// Ready implements plane.Signaling: it receives when notifications
+// arrived since the last receive, so that a producer's loop sleeps until
+// there is something to do.
 func (c tcpPlane) Ready() <-chan struct{} { return c.d.ready }
+
+// ReadsReady implements plane.ReadSignaling: it receives when a READ
+// posted here ended since the last receive, for the consumer's loop.
+func (c tcpPlane) ReadsReady() <-chan struct{} { return c.d.ended }
 
 // StopsReads implements plane.Stoppable: Release stops every READ.
 func (c tcpPlane) StopsReads() bool { return true }

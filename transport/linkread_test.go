@@ -141,7 +141,7 @@ func TestLinkCooledForWaitsAndLargeAnswers(t *testing.T) {
 	}
 	lc := hotLink(t, c, peer.Agent, g, 63)
 
-	done := tcpPlane{c}.StepWaiting()
+	done := tcpPlane{c}.Waiting()
 	if lc.hot.Load() {
 		t.Fatal("hot while its owner waits")
 	}
@@ -211,7 +211,7 @@ func TestLinkHandOverKeepsEveryFetch(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for i := range 400 {
 		if i%37 == 36 {
-			done := tcpPlane{c}.StepWaiting()
+			done := tcpPlane{c}.Waiting()
 			done()
 		}
 		n := 1 + rng.IntN(4)
@@ -482,18 +482,18 @@ func TestHotLinkFloodDoesNotHideTheDeadline(t *testing.T) {
 	}
 }
 
-// A plane that is both a consumer and a producer heats and cools each
-// side on its own: the producer's wait (Waiting, held by Serve for its
-// whole run) keeps no link from the consumer's Steps, and does not cool a
-// hot one; the consumer's wait (StepWaiting) cools its links.
-func TestProducerWaitKeepsLinksHot(t *testing.T) {
+// A plane that is both a consumer and a producer: a producer's Serve,
+// holding the plane for its whole run (Serving), keeps no link from the
+// consumer's Steps and cools none; a loop's wait (Waiting), which may be
+// the loop that steps either side, cools them all.
+func TestServeKeepsLinksHot(t *testing.T) {
 	c, _, cb, pb, g, agent := pushPair(t)
-	serving := tcpPlane{c}.Waiting() // c serves too, and its producer waits
+	serving := tcpPlane{c}.Serving()
 	defer serving()
 	lc := hotLink(t, c, agent, g, 14)
-	again := tcpPlane{c}.Waiting()
+	again := tcpPlane{c}.Serving()
 	if !lc.hot.Load() {
-		t.Fatal("a producer's wait cooled the consumer's link")
+		t.Fatal("Serve cooled the consumer's link")
 	}
 	again()
 	taken := c.links.taken.Load()
@@ -505,9 +505,79 @@ func TestProducerWaitKeepsLinksHot(t *testing.T) {
 	if c.links.taken.Load() == taken {
 		t.Fatal("its answer was not taken by a Step")
 	}
-	done := tcpPlane{c}.StepWaiting()
+	done := tcpPlane{c}.Waiting()
 	defer done()
 	if lc.hot.Load() {
-		t.Fatal("hot while the consumer waits")
+		t.Fatal("hot while a loop waits")
+	}
+}
+
+// A loop that steps both sides of a plane and waits cools the producer's
+// served connections as well as the consumer's links: nothing the loop's
+// steps would read is left hot while it sleeps (a READ would wait for the
+// next step, or coolAfter).
+func TestWaitCoolsServedConnections(t *testing.T) {
+	p, g := gatedProducer(t, newRegion(t, 8, 4096), TCPConfig{})
+	p.steps.patience.Store(int64(time.Minute)) // only the wait cools it
+	conn, s := helloConsumer(t, p, "notifier")
+	proveConn(t, conn, 1, g.grant())
+	until(t, "a hot served connection", func() bool {
+		if !s.hot.Load() {
+			conn.Write(appendNotify(nil, []byte("warm")))
+		}
+		tcpPlane{p}.Step() // the loop's Pool.Step
+		p.DrainNotifs(nil) // and its Producer.Step
+		return s.hot.Load()
+	})
+	done := tcpPlane{p}.Waiting()
+	defer done()
+	if s.hot.Load() {
+		t.Fatal("the loop waits and its served connection stays hot, read by no one")
+	}
+	id := uint64(100)
+	if _, err := conn.Write(appendRead(nil, id, g.grant(), 0, nil, false)); err != nil {
+		t.Fatal(err)
+	}
+	if st := rawAnswer(t, conn, id); st != dataOK { // by its goroutine
+		t.Fatalf("status %d", st)
+	}
+}
+
+// A READ's end wakes the consumer's loop alone (ReadsReady), and a
+// notification the producer's alone (Ready): a Pool and a Producer waiting
+// on one plane take none of each other's wake-ups.
+func TestReadEndsAndNotificationsWakeTheirOwnLoop(t *testing.T) {
+	c, p, cb, pb, g, agent := pushPair(t)
+	drain := func(ch chan struct{}) {
+		select {
+		case <-ch:
+		default:
+		}
+	}
+	for _, d := range []*TCPData{c, p} {
+		drain(d.ready)
+		drain(d.ended)
+	}
+	asked := g.grant(7)
+	h, _ := c.PostRead([]int{8}, agent, []int{7}, asked)
+	select {
+	case <-c.ended:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the READ's end woke no consumer loop")
+	}
+	if pr, _ := c.Check(h); pr != xfer.Complete || !bytes.Equal(cb(8), pb(7)) {
+		t.Fatalf("the READ: %v", pr)
+	}
+	select {
+	case <-p.ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("its notification woke no producer loop")
+	}
+	select {
+	case <-c.ready:
+		t.Fatal("a READ's end woke the producer's loop")
+	case <-p.ended:
+		t.Fatal("a notification woke the consumer's loop")
+	default:
 	}
 }

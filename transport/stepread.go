@@ -29,8 +29,9 @@ import (
 // their Drain), a producer's served data connections that bring
 // notifications alone (TCPData's DrainNotifs; anything else they bring
 // cools them, and their goroutine handles it), and a consumer's
-// connections to producers (the Pool's Step; see linkConn). Each owner
-// has its own set: one that waits cools only its own.
+// connections to producers (the Pool's Step; see linkConn). The data
+// plane keeps two sets, the producer's and the consumer's: a loop's wait
+// cools both (it may step both), a producer's Serve only its own.
 //
 // A connection is heated by its own goroutine, between messages, while its
 // owner is stepped: no one waits in Wait, and Drain ran at least twice
@@ -46,7 +47,8 @@ import (
 // (the goroutine reads it whole, faster); and after idleDrains Drains in a
 // row found nothing on it. A loop that waits between steps (the README's idle
 // loop) heats nothing, and Serve, whose steps run where messages arrive,
-// holds its planes waiting for its whole run.
+// holds its planes waiting for its whole run (the data plane's served
+// connections alone: a Pool may step on the same plane).
 type stepReads struct {
 	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
 	hot     []stepConn
@@ -135,12 +137,17 @@ func (st *stepReads) drain() {
 // wait notes that the owner waits until done is called, cooling every hot
 // connection: their goroutines read for the waiter.
 func (st *stepReads) wait() (done func()) {
+	st.hold()
+	return st.waited
+}
+
+// hold is wait, for a caller that calls waited itself.
+func (st *stepReads) hold() {
 	st.mu.Lock()
 	st.waiters++
 	st.drains.Store(0)
 	st.coolAllLocked()
 	st.mu.Unlock()
-	return st.waited
 }
 
 func (st *stepReads) coolAllLocked() {

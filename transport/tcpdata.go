@@ -142,7 +142,8 @@ type TCPData struct {
 	log    *slog.Logger
 	ln     net.Listener
 	wg     sync.WaitGroup
-	ready  chan struct{}
+	ready  chan struct{} // the producer's: notifications wait (Ready)
+	ended  chan struct{} // the consumer's: a READ ended (ReadsReady)
 
 	mu      sync.Mutex
 	closed  bool
@@ -202,7 +203,7 @@ type TCPData struct {
 	// steps reads the served connections that bring notifications while
 	// the producer steps (see stepReads); links the consumer's connections
 	// to producers while the Pool steps (see linkConn). Apart, so that a
-	// producer and a consumer sharing this plane heat and cool their own.
+	// producer's Serve (Serving) keeps no link from a Pool's steps.
 	steps stepReads
 	links stepReads
 	// contactChecks counts the looks at contact READs, for tests.
@@ -221,7 +222,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	d := &TCPData{
 		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
 		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[*servedConn]struct{}{},
-		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1),
+		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1), ended: make(chan struct{}, 1),
 		notifCap: maxNotifBytes, proofs: map[uint64][maxProofConns]*servedConn{},
 	}
 	if d.name == "" {
@@ -451,9 +452,23 @@ func (d *TCPData) Release(h xfer.Handle) error {
 	return nil
 }
 
+// waited ends a wait of both sides (tcpPlane.Waiting).
+func (d *TCPData) waited() {
+	d.steps.waited()
+	d.links.waited()
+}
+
 func (d *TCPData) signal() {
 	select {
 	case d.ready <- struct{}{}:
+	default:
+	}
+}
+
+// signalEnd wakes the consumer's loop: a READ ended.
+func (d *TCPData) signalEnd() {
+	select {
+	case d.ended <- struct{}{}:
 	default:
 	}
 }

@@ -169,6 +169,14 @@ type Signaling interface {
 	Ready() <-chan struct{}
 }
 
+// ReadSignaling is a Signaling data plane that tells a consumer's events
+// from a producer's: ReadsReady's channel receives when a READ posted here
+// ended, and Ready's then only when notifications wait. A Pool and a
+// Producer on the same plane then take none of each other's wake-ups.
+type ReadSignaling interface {
+	ReadsReady() <-chan struct{}
+}
+
 // Waiter is a data plane that reads some of its sockets in DrainNotifs
 // while its loop steps, and must know when the loop waits instead:
 // Waiting is called before the loop blocks, and the function it returns
@@ -180,13 +188,19 @@ type Waiter interface {
 // Stepped is a data plane whose consumer side reads some of its sockets
 // in the step of the loop that owns it, while the loop steps: Step reads
 // what they have, without waiting, and lands what came whole. A loop that
-// calls Step calls StepWaiting before it blocks, and the function it
-// returns when it stops waiting: the consumer's Waiter, apart from the
-// producer's, so that a producer waiting on the same plane does not keep
-// the consumer's sockets from its steps.
+// calls Step must tell its Waiter when it waits instead.
 type Stepped interface {
 	Step()
-	StepWaiting() (done func())
+}
+
+// Serving is a Waiter for a producer whose loop is a goroutine of its own
+// (Serve: its steps run where messages arrive): Serving hands the sockets
+// the producer's steps read to their goroutines for its whole run, and
+// leaves those of a consumer that steps on the same plane to that
+// consumer's steps. Waiting, for a loop that may step either side, hands
+// back all of them.
+type Serving interface {
+	Serving() (done func())
 }
 
 // Named is a data plane whose agent has a name its peers see on

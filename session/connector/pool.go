@@ -278,6 +278,7 @@ type Pool struct {
 
 	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
 	stepped  plane.Stepped   // the data plane's, if it reads in the step
+	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
 	lastStep time.Time       // the now of the last Step
 	// nextDeadline is at or before the earliest deadline of the fetches
 	// in flight (zero: none): endOverdue looks at them only once it passed.
@@ -318,10 +319,13 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		p.ids = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24), byte(seed >> 32)})
 	}
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	if sg, ok := plane.As[plane.Signaling](data); ok {
+	if rs, ok := plane.As[plane.ReadSignaling](data); ok {
+		p.ready = rs.ReadsReady() // not a producer's on the same plane
+	} else if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
 	p.stepped, _ = plane.As[plane.Stepped](data)
+	p.waiter, _ = plane.As[plane.Waiter](data)
 	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
@@ -1151,8 +1155,8 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
 	}
-	if p.stepped != nil {
-		defer p.stepped.StepWaiting()() // its connections go back to their goroutines
+	if p.waiter != nil {
+		defer p.waiter.Waiting()() // its connections go back to their goroutines
 	}
 	// Held blocks come back in a Step as fetches end: both need polling.
 	// With neither, a Step still has an idle session to close in time.

@@ -662,3 +662,37 @@ func TestPoolCloseGivesBackGrants(t *testing.T) {
 		})
 	}
 }
+
+// waitCheckCtl is a control plane whose Wait notes whether the data plane
+// was held waiting meanwhile.
+type waitCheckCtl struct {
+	*memCtl
+	data         *holdCount
+	waits, holds int
+}
+
+func (c *waitCheckCtl) Wait(ctx context.Context) bool {
+	c.waits++
+	if c.data.count() > 0 {
+		c.holds++
+	}
+	return c.memCtl.Wait(ctx)
+}
+
+// A Pool that waits holds its data plane waiting (plane.Waiter) while it
+// blocks, and lets go after: a plane that reads its sockets in the steps
+// of the loop hands them to their goroutines while the loop sleeps.
+func TestPoolWaitHoldsItsDataPlane(t *testing.T) {
+	data := waitingData{xfake.New("cons", 16, 8), &holdCount{}}
+	ctl := &waitCheckCtl{memCtl: &memCtl{out: map[string][][]byte{}}, data: data.holdCount}
+	pool := must(NewPool(PoolConfig{CompatHash: compat, Logger: quiet, BlockSize: 8}, ctl, data))
+	defer pool.Close()
+	pool.Step(time.Now())
+	pool.WaitFor(context.Background(), 2*time.Millisecond)
+	if ctl.waits == 0 || ctl.holds != ctl.waits {
+		t.Fatalf("%d of the Pool's %d waits held its data plane", ctl.holds, ctl.waits)
+	}
+	if data.count() != 0 {
+		t.Fatal("held after the wait")
+	}
+}

@@ -55,6 +55,7 @@ type Producer struct {
 	data    xfer.DataTransport
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
 	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
+	serving atomic.Bool     // in Serve, which holds the data plane waiting for its run
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
 	waiting backlog        // requests for later steps
@@ -189,9 +190,15 @@ func (p *Producer) Serve(ctx context.Context) error {
 	if w, ok := plane.As[plane.Waiter](p.ctl); ok {
 		defer w.Waiting()()
 	}
-	if p.waiter != nil {
+	// Serve's goroutine steps no consumer: a Pool that steps on the same
+	// data plane keeps its sockets (plane.Serving).
+	if s, ok := plane.As[plane.Serving](p.data); ok {
+		defer s.Serving()()
+	} else if p.waiter != nil {
 		defer p.waiter.Waiting()()
 	}
+	p.serving.Store(true)
+	defer p.serving.Store(false)
 	if s, ok := plane.As[inlineServer](p.ctl); ok {
 		s.OnRequest(func() { p.serveInline(s, now) })
 		defer s.OnRequest(nil)
@@ -240,7 +247,7 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 		wait = min(wait, d)
 	}
 	p.wakeAt.Store(t.Add(wait).UnixNano())
-	if p.waiter != nil {
+	if p.waiter != nil && !p.serving.Load() {
 		defer p.waiter.Waiting()()
 	}
 	if wo, ok := plane.As[serverWaiterOr](p.ctl); ok {

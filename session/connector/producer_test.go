@@ -490,15 +490,17 @@ func TestProducerWait(t *testing.T) {
 	}
 }
 
-// holdCount is a plane that counts who holds it waiting (plane.Waiter).
+// holdCount is a plane that counts who holds it waiting (plane.Waiter),
+// now and in all.
 type holdCount struct {
-	mu sync.Mutex
-	n  int
+	mu       sync.Mutex
+	n, total int
 }
 
 func (h *holdCount) Waiting() (done func()) {
 	h.mu.Lock()
 	h.n++
+	h.total++
 	h.mu.Unlock()
 	return func() {
 		h.mu.Lock()
@@ -551,6 +553,48 @@ func TestServeHoldsItsPlanesWaiting(t *testing.T) {
 	}
 	if srv.count() != 0 || data.count() != 0 {
 		t.Fatalf("held after Serve returned: control %d, data %d", srv.count(), data.count())
+	}
+}
+
+// servingData is a data plane that can be held for a Serve alone
+// (plane.Serving), besides a loop's wait (plane.Waiter).
+type servingData struct {
+	waitingData
+	serve *holdCount
+}
+
+func (d servingData) Serving() (done func()) { return d.serve.Waiting() }
+
+// A data plane that tells Serve's hold apart is held that way for Serve's
+// whole run, and never as a loop's wait: Serve's goroutine steps no
+// consumer, and a Pool stepping on the same plane keeps its sockets.
+func TestServeHoldsItsDataPlaneServing(t *testing.T) {
+	data := servingData{waitingData{xfake.New("prod", 16, 8), &holdCount{}}, &holdCount{}}
+	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.serve}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
+	defer p.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // an idle Serve steps once a second
+	defer cancel()
+	p.Serve(ctx)
+	if d, h := srv.drains.Load(), srv.holds.Load(); d == 0 || h != d {
+		t.Fatalf("%d of Serve's %d steps ran with the data plane held for Serve", h, d)
+	}
+	data.holdCount.mu.Lock()
+	waits := data.holdCount.total
+	data.holdCount.mu.Unlock()
+	if waits != 0 {
+		t.Fatalf("Serve held the data plane as a loop's wait %d times", waits)
+	}
+	if data.serve.count() != 0 {
+		t.Fatal("held after Serve returned")
+	}
+	// A loop's wait, outside Serve, is a Waiting.
+	p.WaitFor(context.Background(), time.Millisecond)
+	data.holdCount.mu.Lock()
+	waits = data.holdCount.total
+	data.holdCount.mu.Unlock()
+	if waits != 1 || data.holdCount.count() != 0 {
+		t.Fatalf("WaitFor held the plane %d times, %d still", waits, data.holdCount.count())
 	}
 }
 
