@@ -74,28 +74,27 @@ func (h clientHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout 
 type tcpPlane struct{ d *TCPData }
 
 var (
-	_ plane.Contacter     = tcpPlane{}
-	_ plane.Attacher      = tcpPlane{}
-	_ plane.Signaling     = tcpPlane{}
-	_ plane.ReadSignaling = tcpPlane{}
-	_ plane.Stoppable     = tcpPlane{}
-	_ plane.Named         = tcpPlane{}
-	_ plane.Stepped       = tcpPlane{}
-	_ plane.Waiter        = tcpPlane{}
-	_ plane.Serving       = tcpPlane{}
+	_ plane.Contacter         = tcpPlane{}
+	_ plane.Attacher          = tcpPlane{}
+	_ plane.Signaling         = tcpPlane{}
+	_ plane.ConsumerSignaling = tcpPlane{}
+	_ plane.Stoppable         = tcpPlane{}
+	_ plane.Named             = tcpPlane{}
+	_ plane.Stepped           = tcpPlane{}
+	_ plane.Waiter            = tcpPlane{}
+	_ plane.Serving           = tcpPlane{}
 )
 
 // Attach implements plane.Attacher (see TCPData.attach).
 func (c tcpPlane) Attach(g plane.Gate) plane.Attachment { return c.d.attach(g) }
 
-// Ready implements plane.Signaling: it receives when notifications
-// arrived since the last receive, so that a producer's loop sleeps until
-// there is something to do.
+// Ready implements plane.Signaling: it receives when a READ posted here
+// ended or a notification arrived since the last receive, so that a step
+// loop sleeps until there is something to do.
 func (c tcpPlane) Ready() <-chan struct{} { return c.d.ready }
 
-// ReadsReady implements plane.ReadSignaling: it receives when a READ
-// posted here ended since the last receive, for the consumer's loop.
-func (c tcpPlane) ReadsReady() <-chan struct{} { return c.d.ended }
+// ConsumerReady implements plane.ConsumerSignaling: Ready, for a Pool.
+func (c tcpPlane) ConsumerReady() <-chan struct{} { return c.d.cready }
 
 // StopsReads implements plane.Stoppable: Release stops every READ.
 func (c tcpPlane) StopsReads() bool { return true }

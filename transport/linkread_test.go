@@ -543,41 +543,35 @@ func TestWaitCoolsServedConnections(t *testing.T) {
 	}
 }
 
-// A READ's end wakes the consumer's loop alone (ReadsReady), and a
-// notification the producer's alone (Ready): a Pool and a Producer waiting
-// on one plane take none of each other's wake-ups.
-func TestReadEndsAndNotificationsWakeTheirOwnLoop(t *testing.T) {
+// A READ's end and a notification each wake both a Pool's loop
+// (ConsumerReady) and a Producer's (Ready), on channels of their own: one
+// loop may step both sides, and two loops on one plane take none of each
+// other's wake-ups.
+func TestEveryEventWakesBothLoops(t *testing.T) {
 	c, p, cb, pb, g, agent := pushPair(t)
-	drain := func(ch chan struct{}) {
-		select {
-		case <-ch:
-		default:
+	for _, d := range []*TCPData{c, p} {
+		for _, ch := range []chan struct{}{d.ready, d.cready} {
+			select {
+			case <-ch:
+			default:
+			}
 		}
 	}
-	for _, d := range []*TCPData{c, p} {
-		drain(d.ready)
-		drain(d.ended)
+	woken := func(what string, ch chan struct{}) {
+		t.Helper()
+		select {
+		case <-ch:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s woke no %s", what, map[bool]string{true: "Pool", false: "Producer"}[ch == c.cready || ch == p.cready])
+		}
 	}
 	asked := g.grant(7)
 	h, _ := c.PostRead([]int{8}, agent, []int{7}, asked)
-	select {
-	case <-c.ended:
-	case <-time.After(10 * time.Second):
-		t.Fatal("the READ's end woke no consumer loop")
-	}
+	woken("the READ's end", c.cready)
+	woken("the READ's end", c.ready)
 	if pr, _ := c.Check(h); pr != xfer.Complete || !bytes.Equal(cb(8), pb(7)) {
 		t.Fatalf("the READ: %v", pr)
 	}
-	select {
-	case <-p.ready:
-	case <-time.After(10 * time.Second):
-		t.Fatal("its notification woke no producer loop")
-	}
-	select {
-	case <-c.ready:
-		t.Fatal("a READ's end woke the producer's loop")
-	case <-p.ended:
-		t.Fatal("a notification woke the consumer's loop")
-	default:
-	}
+	woken("its notification", p.ready)
+	woken("its notification", p.cready)
 }

@@ -225,7 +225,7 @@ func dropEnded(ch chan *readOp) {
 func (p *peer) ended(_ *readOp, signal bool) {
 	p.inflight.Add(-1)
 	if signal {
-		p.d.signalEnd()
+		p.d.signal()
 	}
 }
 

@@ -142,8 +142,8 @@ type TCPData struct {
 	log    *slog.Logger
 	ln     net.Listener
 	wg     sync.WaitGroup
-	ready  chan struct{} // the producer's: notifications wait (Ready)
-	ended  chan struct{} // the consumer's: a READ ended (ReadsReady)
+	ready  chan struct{} // a READ ended or notifications wait, for a producer's loop
+	cready chan struct{} // the same, for a Pool's: neither takes the other's
 
 	mu      sync.Mutex
 	closed  bool
@@ -222,7 +222,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	d := &TCPData{
 		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
 		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[*servedConn]struct{}{},
-		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1), ended: make(chan struct{}, 1),
+		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1), cready: make(chan struct{}, 1),
 		notifCap: maxNotifBytes, proofs: map[uint64][maxProofConns]*servedConn{},
 	}
 	if d.name == "" {
@@ -458,17 +458,15 @@ func (d *TCPData) waited() {
 	d.links.waited()
 }
 
+// signal wakes the loops waiting on the plane: a READ ended, or
+// notifications wait. Both hear every event: one loop may step both sides.
 func (d *TCPData) signal() {
 	select {
 	case d.ready <- struct{}{}:
 	default:
 	}
-}
-
-// signalEnd wakes the consumer's loop: a READ ended.
-func (d *TCPData) signalEnd() {
 	select {
-	case d.ended <- struct{}{}:
+	case d.cready <- struct{}{}:
 	default:
 	}
 }

@@ -186,7 +186,7 @@ func readAll(t testing.TB, c *TCPData, agent string, notif []byte, blocks, batch
 				return
 			}
 			select { // until a READ ends
-			case <-c.ended:
+			case <-c.cready:
 			case <-time.After(10 * time.Second):
 				t.Fatal("no READ ended in 10 s")
 			}

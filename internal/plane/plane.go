@@ -169,12 +169,13 @@ type Signaling interface {
 	Ready() <-chan struct{}
 }
 
-// ReadSignaling is a Signaling data plane that tells a consumer's events
-// from a producer's: ReadsReady's channel receives when a READ posted here
-// ended, and Ready's then only when notifications wait. A Pool and a
-// Producer on the same plane then take none of each other's wake-ups.
-type ReadSignaling interface {
-	ReadsReady() <-chan struct{}
+// ConsumerSignaling is a Signaling data plane that gives a consumer a
+// channel of its own: ConsumerReady's receives on the same events as
+// Ready's, so that a Pool and a Producer on one plane each have one and
+// neither takes the other's wake-up (either may be the loop that steps
+// both, so each hears every event).
+type ConsumerSignaling interface {
+	ConsumerReady() <-chan struct{}
 }
 
 // Waiter is a data plane that reads some of its sockets in DrainNotifs

@@ -319,8 +319,8 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		p.ids = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24), byte(seed >> 32)})
 	}
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	if rs, ok := plane.As[plane.ReadSignaling](data); ok {
-		p.ready = rs.ReadsReady() // not a producer's on the same plane
+	if cs, ok := plane.As[plane.ConsumerSignaling](data); ok {
+		p.ready = cs.ConsumerReady() // not a producer's on the same plane
 	} else if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}

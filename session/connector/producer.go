@@ -55,7 +55,6 @@ type Producer struct {
 	data    xfer.DataTransport
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
 	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
-	serving atomic.Bool     // in Serve, which holds the data plane waiting for its run
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
 	waiting backlog        // requests for later steps
@@ -197,8 +196,6 @@ func (p *Producer) Serve(ctx context.Context) error {
 	} else if p.waiter != nil {
 		defer p.waiter.Waiting()()
 	}
-	p.serving.Store(true)
-	defer p.serving.Store(false)
 	if s, ok := plane.As[inlineServer](p.ctl); ok {
 		s.OnRequest(func() { p.serveInline(s, now) })
 		defer s.OnRequest(nil)
@@ -213,7 +210,7 @@ func (p *Producer) Serve(ctx context.Context) error {
 		p.wakeAt.Store(math.MaxInt64)
 		grants, backlog, next := p.load()
 		if backlog == 0 {
-			if err := p.wait(ctx, grants, next, -1); err != nil {
+			if err := p.wait(ctx, grants, next, -1, true); err != nil {
 				return err
 			}
 		}
@@ -239,15 +236,16 @@ func (p *Producer) why(ctx context.Context) error {
 // ctx ends; a data plane that cannot signal is polled every 5 ms while
 // grants are live, and an idle producer wakes once a second (waitFor). A
 // control plane that is closed ends it with ErrClosed, instead of
-// returning at once forever.
-func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.Duration) error {
+// returning at once forever. serving: Serve's, which holds the data plane
+// for its whole run; any other caller's loop may step a Pool too.
+func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.Duration, serving bool) error {
 	t := p.cfg.Now()
 	wait := p.waitFor(grants, next, t)
 	if d >= 0 {
 		wait = min(wait, d)
 	}
 	p.wakeAt.Store(t.Add(wait).UnixNano())
-	if p.waiter != nil && !p.serving.Load() {
+	if p.waiter != nil && !serving { // Serve holds it for its whole run
 		defer p.waiter.Waiting()()
 	}
 	if wo, ok := plane.As[serverWaiterOr](p.ctl); ok {
@@ -347,7 +345,7 @@ func (p *Producer) WaitFor(ctx context.Context, d time.Duration) bool {
 	if backlog > 0 {
 		return true
 	}
-	return p.wait(ctx, grants, next, d) == nil && ctx.Err() == nil
+	return p.wait(ctx, grants, next, d, false) == nil && ctx.Err() == nil
 }
 
 func (p *Producer) isClosed() bool {
@@ -385,7 +383,7 @@ func (p *Producer) Shutdown(ctx context.Context) error {
 			_ = p.Close() // never fails
 			return fmt.Errorf("connector: shutdown cut short, grants left: %d: %w", grants, err)
 		}
-		if p.wait(ctx, grants, next, -1) != nil {
+		if p.wait(ctx, grants, next, -1, false) != nil {
 			// The control plane is gone; notifications still come.
 			t := time.NewTimer(5 * time.Millisecond)
 			select {

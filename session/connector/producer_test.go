@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -595,6 +596,33 @@ func TestServeHoldsItsDataPlaneServing(t *testing.T) {
 	data.holdCount.mu.Unlock()
 	if waits != 1 || data.holdCount.count() != 0 {
 		t.Fatalf("WaitFor held the plane %d times, %d still", waits, data.holdCount.count())
+	}
+}
+
+// An engine loop that steps the Producer and waits in its WaitFor while
+// Serve runs on another goroutine holds the data plane as a loop's wait
+// (it may step a Pool on the same plane), whatever Serve holds.
+func TestLoopWaitWhileServeRuns(t *testing.T) {
+	data := servingData{waitingData{xfake.New("prod", 16, 8), &holdCount{}}, &holdCount{}}
+	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.serve}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
+	defer p.Close()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { p.Serve(ctx); close(served) }()
+	defer func() { cancel(); <-served }()
+	for data.serve.count() == 0 { // Serve holds the plane first thing
+		runtime.Gosched()
+	}
+	for i := range 3 {
+		p.Step(time.Now())
+		p.WaitFor(context.Background(), time.Millisecond)
+		data.holdCount.mu.Lock()
+		waits := data.holdCount.total
+		data.holdCount.mu.Unlock()
+		if waits != i+1 {
+			t.Fatalf("after %d waits of the loop, %d held the plane as a loop's wait", i+1, waits)
+		}
 	}
 }
 
