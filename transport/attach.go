@@ -206,7 +206,7 @@ func (a *attachment) DrainNotifs(dst []xfer.Notif) ([]xfer.Notif, error) {
 	}
 	d.mu.Unlock()
 	if nudge {
-		d.signal()
+		d.notify()
 	}
 	return dst, nil
 }

@@ -37,6 +37,9 @@ func (c tcpPlane) Waiting() (done func()) {
 // producer's Serve, whose goroutine steps no consumer.
 func (c tcpPlane) Serving() (done func()) { return c.d.steps.wait() }
 
+// ServeReady implements plane.Serving.
+func (c tcpPlane) ServeReady() <-chan struct{} { return c.d.sready }
+
 // Step implements plane.Stepped: the consumer's Drain of its connections
 // to producers (see linkConn).
 func (c tcpPlane) Step() { c.d.links.drain() }

@@ -546,11 +546,12 @@ func TestWaitCoolsServedConnections(t *testing.T) {
 // A READ's end and a notification each wake both a Pool's loop
 // (ConsumerReady) and a Producer's (Ready), on channels of their own: one
 // loop may step both sides, and two loops on one plane take none of each
-// other's wake-ups.
+// other's wake-ups. Serve's (ServeReady) hears notifications alone: its
+// goroutine steps no consumer.
 func TestEveryEventWakesBothLoops(t *testing.T) {
 	c, p, cb, pb, g, agent := pushPair(t)
 	for _, d := range []*TCPData{c, p} {
-		for _, ch := range []chan struct{}{d.ready, d.cready} {
+		for _, ch := range []chan struct{}{d.ready, d.cready, d.sready} {
 			select {
 			case <-ch:
 			default:
@@ -562,7 +563,7 @@ func TestEveryEventWakesBothLoops(t *testing.T) {
 		select {
 		case <-ch:
 		case <-time.After(10 * time.Second):
-			t.Fatalf("%s woke no %s", what, map[bool]string{true: "Pool", false: "Producer"}[ch == c.cready || ch == p.cready])
+			t.Fatalf("%s woke no %s", what, "loop")
 		}
 	}
 	asked := g.grant(7)
@@ -574,4 +575,10 @@ func TestEveryEventWakesBothLoops(t *testing.T) {
 	}
 	woken("its notification", p.ready)
 	woken("its notification", p.cready)
+	woken("its notification", p.sready)
+	select {
+	case <-c.sready:
+		t.Fatal("a READ's end woke Serve")
+	default:
+	}
 }

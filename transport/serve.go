@@ -913,7 +913,7 @@ func (d *TCPData) notified(a *attachment) {
 		}
 		d.owe(a)
 	}
-	d.signal()
+	d.notify()
 }
 
 // owe notes that a's notifications wait with no hook that took them, when

@@ -144,6 +144,7 @@ type TCPData struct {
 	wg     sync.WaitGroup
 	ready  chan struct{} // a READ ended or notifications wait, for a producer's loop
 	cready chan struct{} // the same, for a Pool's: neither takes the other's
+	sready chan struct{} // notifications wait, for Serve's
 
 	mu      sync.Mutex
 	closed  bool
@@ -222,7 +223,7 @@ func NewTCPData(cfg TCPConfig, region *cache.Region) (*TCPData, error) {
 	d := &TCPData{
 		cfg: cfg, region: region, log: cfg.Logger, name: cfg.Name,
 		peers: map[string]*peer{}, handles: map[xfer.Handle]*readOp{}, served: map[*servedConn]struct{}{},
-		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1), cready: make(chan struct{}, 1),
+		maps: map[regionKey]*regionMap{}, ready: make(chan struct{}, 1), cready: make(chan struct{}, 1), sready: make(chan struct{}, 1),
 		notifCap: maxNotifBytes, proofs: map[uint64][maxProofConns]*servedConn{},
 	}
 	if d.name == "" {
@@ -458,8 +459,8 @@ func (d *TCPData) waited() {
 	d.links.waited()
 }
 
-// signal wakes the loops waiting on the plane: a READ ended, or
-// notifications wait. Both hear every event: one loop may step both sides.
+// signal wakes the loops waiting on the plane: a READ ended. A Pool's
+// and a Producer's both hear it: one loop may step both sides.
 func (d *TCPData) signal() {
 	select {
 	case d.ready <- struct{}{}:
@@ -467,6 +468,16 @@ func (d *TCPData) signal() {
 	}
 	select {
 	case d.cready <- struct{}{}:
+	default:
+	}
+}
+
+// notify wakes the loops waiting on the plane, Serve's too: notifications
+// wait.
+func (d *TCPData) notify() {
+	d.signal()
+	select {
+	case d.sready <- struct{}{}:
 	default:
 	}
 }

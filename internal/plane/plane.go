@@ -178,10 +178,10 @@ type ConsumerSignaling interface {
 	ConsumerReady() <-chan struct{}
 }
 
-// Waiter is a data plane that reads some of its sockets in DrainNotifs
-// while its loop steps, and must know when the loop waits instead:
-// Waiting is called before the loop blocks, and the function it returns
-// when it stops waiting.
+// Waiter is a data plane that reads some of its sockets in its loop's
+// steps (DrainNotifs, Stepped's Step), and must know when the loop waits
+// instead: Waiting is called before the loop blocks, and the function it
+// returns when it stops waiting.
 type Waiter interface {
 	Waiting() (done func())
 }
@@ -200,8 +200,13 @@ type Stepped interface {
 // leaves those of a consumer that steps on the same plane to that
 // consumer's steps. Waiting, for a loop that may step either side, hands
 // back all of them.
+//
+// ServeReady is Ready for Serve: it receives on a producer's events alone
+// (notifications), not on the end of a READ a consumer on the same plane
+// posted, which Serve has nothing to do for.
 type Serving interface {
 	Serving() (done func())
+	ServeReady() <-chan struct{}
 }
 
 // Named is a data plane whose agent has a name its peers see on

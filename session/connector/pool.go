@@ -507,6 +507,11 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 	}
 	if c := plane.ContacterOf(p.data); c != nil {
+		if p.waiter != nil {
+			// The contact waits on the plane's connections, which a loop
+			// that stepped may have left for its Steps to read.
+			defer p.waiter.Waiting()()
+		}
 		return c.Contact(ctx, agent, hooks.ConsumerOf(p.peers[addr].s).ContactOf())
 	}
 	return nil

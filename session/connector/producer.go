@@ -54,6 +54,7 @@ type Producer struct {
 	ctl     ControlServer
 	data    xfer.DataTransport
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
+	sready  <-chan struct{} // the same for Serve, if the plane tells them apart (plane.Serving)
 	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
 	sess    *session.ProducerSession
 	cfg     ProducerConfig
@@ -117,6 +118,10 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		p.ready = sg.Ready()
 	}
 	p.waiter, _ = plane.As[plane.Waiter](data)
+	p.sready = p.ready
+	if s, ok := plane.As[plane.Serving](data); ok {
+		p.sready = s.ServeReady()
+	}
 	return p, nil
 }
 
@@ -245,7 +250,10 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 		wait = min(wait, d)
 	}
 	p.wakeAt.Store(t.Add(wait).UnixNano())
-	if p.waiter != nil && !serving { // Serve holds it for its whole run
+	ready := p.ready
+	if serving {
+		ready = p.sready
+	} else if p.waiter != nil { // Serve holds it for its whole run
 		defer p.waiter.Waiting()()
 	}
 	if wo, ok := plane.As[serverWaiterOr](p.ctl); ok {
@@ -259,7 +267,7 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 		}
 		// ready even with no grants: one may be made meanwhile on a
 		// control-plane goroutine (serveInline).
-		woke := wo.WaitOr(ctx, p.ready, p.timer.C)
+		woke := wo.WaitOr(ctx, ready, p.timer.C)
 		p.timer.Stop()
 		if !woke && ctx.Err() == nil {
 			return ErrClosed
@@ -268,10 +276,10 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 	}
 	wctx, cancel := context.WithTimeout(ctx, wait)
 	defer cancel()
-	if p.ready != nil && grants > 0 {
+	if ready != nil && grants > 0 {
 		go func() {
 			select {
-			case <-p.ready:
+			case <-ready:
 				cancel()
 			case <-wctx.Done():
 			}

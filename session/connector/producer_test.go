@@ -564,7 +564,8 @@ type servingData struct {
 	serve *holdCount
 }
 
-func (d servingData) Serving() (done func()) { return d.serve.Waiting() }
+func (d servingData) Serving() (done func())      { return d.serve.Waiting() }
+func (d servingData) ServeReady() <-chan struct{} { return nil }
 
 // A data plane that tells Serve's hold apart is held that way for Serve's
 // whole run, and never as a loop's wait: Serve's goroutine steps no
