@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ecxfer/ecxfer/cache"
-	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 )
 
@@ -21,19 +19,9 @@ func TestOneLoopProducerWaitWokenByReadEnd(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopA()
-	region := must(cache.NewRegion(cache.RegionConfig{Blocks: 16, BlockSize: 4096, NoLock: true}))
-	defer region.Close()
-	entries := cache.NewEmbeddingCache(16)
-	data := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: true}, region))
-	defer data.Close()
-	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-	defer cli.Close()
-	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 4096, Logger: benchQuiet, Cache: entries}, cli, data))
-	defer pool.Close()
-	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
-	defer srv.Close()
-	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, data, entries))
-	defer prod.Close()
+	n := newNode(t, 16, "tcp", transport.TCPConfig{})
+	n.producer(t)
+	pool, prod := n.pool, n.prod
 
 	// Warm up: Connect, so that the fetch is a request, an ack and a READ.
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -76,24 +64,14 @@ func TestOneLoopProducerWaitWokenByReadEnd(t *testing.T) {
 // notification, which ends the grant it fetched under, wakes it, and the
 // grant ends at once rather than when the wait runs out.
 func TestOneLoopPoolWaitWokenByNotification(t *testing.T) {
-	region := must(cache.NewRegion(cache.RegionConfig{Blocks: 16, BlockSize: 4096, NoLock: true}))
-	defer region.Close()
-	entries := cache.NewEmbeddingCache(16)
-	e := must(entries.Alloc(benchHash(1), 4))
+	n := newNode(t, 16, "tcp", transport.TCPConfig{NoPush: true})
+	n.producer(t)
+	pool, prod := n.pool, n.prod
+	e := must(n.cache.Alloc(benchHash(1), 4))
 	for j, b := range e.Blocks {
-		benchFill(region.Block(b), 1, j)
+		benchFill(n.region.Block(b), 1, j)
 	}
-	entries.MarkReady(benchHash(1))
-	data := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: true, NoPush: true}, region))
-	defer data.Close()
-	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-	defer cli.Close()
-	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 4096, Logger: benchQuiet, Cache: entries}, cli, data))
-	defer pool.Close()
-	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
-	defer srv.Close()
-	prod := must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, data, entries))
-	defer prod.Close()
+	n.cache.MarkReady(benchHash(1))
 	const d = 300 * time.Millisecond
 	ctx, cancel := context.WithCancel(context.Background())
 	looped := make(chan struct{})
@@ -107,7 +85,7 @@ func TestOneLoopPoolWaitWokenByNotification(t *testing.T) {
 	}()
 	defer func() { cancel(); <-looped }()
 	c := newTierNode(t, 8, "tcp", false)
-	c.fetch(t, srv.Endpoint(), 1)
+	c.fetch(t, n.ep, 1)
 	done := time.Now()
 	for prod.Grants() > 0 {
 		if time.Since(done) > 5*time.Second {

@@ -516,6 +516,12 @@ func (h *holdCount) count() int {
 	return h.n
 }
 
+func (h *holdCount) held() int {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.total
+}
+
 // waitingServer is a control server that is a plane.Waiter and counts
 // the Drains made while it and the data plane were both held waiting.
 type waitingServer struct {
@@ -567,24 +573,28 @@ type servingData struct {
 func (d servingData) Serving() (done func())      { return d.serve.Waiting() }
 func (d servingData) ServeReady() <-chan struct{} { return nil }
 
+// servingProducer is a Producer over a servingData plane, whose control
+// server counts the steps made with the plane held for Serve.
+func servingProducer(t *testing.T) (*Producer, servingData, *waitingServer) {
+	data := servingData{waitingData{xfake.New("prod", 16, 8), &holdCount{}}, &holdCount{}}
+	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.serve}
+	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
+	t.Cleanup(func() { p.Close() })
+	return p, data, srv
+}
+
 // A data plane that tells Serve's hold apart is held that way for Serve's
 // whole run, and never as a loop's wait: Serve's goroutine steps no
 // consumer, and a Pool stepping on the same plane keeps its sockets.
 func TestServeHoldsItsDataPlaneServing(t *testing.T) {
-	data := servingData{waitingData{xfake.New("prod", 16, 8), &holdCount{}}, &holdCount{}}
-	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.serve}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
-	defer p.Close()
+	p, data, srv := servingProducer(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // an idle Serve steps once a second
 	defer cancel()
 	p.Serve(ctx)
 	if d, h := srv.drains.Load(), srv.holds.Load(); d == 0 || h != d {
 		t.Fatalf("%d of Serve's %d steps ran with the data plane held for Serve", h, d)
 	}
-	data.holdCount.mu.Lock()
-	waits := data.holdCount.total
-	data.holdCount.mu.Unlock()
-	if waits != 0 {
+	if waits := data.holdCount.held(); waits != 0 {
 		t.Fatalf("Serve held the data plane as a loop's wait %d times", waits)
 	}
 	if data.serve.count() != 0 {
@@ -592,10 +602,7 @@ func TestServeHoldsItsDataPlaneServing(t *testing.T) {
 	}
 	// A loop's wait, outside Serve, is a Waiting.
 	p.WaitFor(context.Background(), time.Millisecond)
-	data.holdCount.mu.Lock()
-	waits = data.holdCount.total
-	data.holdCount.mu.Unlock()
-	if waits != 1 || data.holdCount.count() != 0 {
+	if waits := data.holdCount.held(); waits != 1 || data.holdCount.count() != 0 {
 		t.Fatalf("WaitFor held the plane %d times, %d still", waits, data.holdCount.count())
 	}
 }
@@ -604,10 +611,7 @@ func TestServeHoldsItsDataPlaneServing(t *testing.T) {
 // Serve runs on another goroutine holds the data plane as a loop's wait
 // (it may step a Pool on the same plane), whatever Serve holds.
 func TestLoopWaitWhileServeRuns(t *testing.T) {
-	data := servingData{waitingData{xfake.New("prod", 16, 8), &holdCount{}}, &holdCount{}}
-	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.serve}
-	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
-	defer p.Close()
+	p, data, _ := servingProducer(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() { p.Serve(ctx); close(served) }()
@@ -618,10 +622,7 @@ func TestLoopWaitWhileServeRuns(t *testing.T) {
 	for i := range 3 {
 		p.Step(time.Now())
 		p.WaitFor(context.Background(), time.Millisecond)
-		data.holdCount.mu.Lock()
-		waits := data.holdCount.total
-		data.holdCount.mu.Unlock()
-		if waits != i+1 {
+		if waits := data.holdCount.held(); waits != i+1 {
 			t.Fatalf("after %d waits of the loop, %d held the plane as a loop's wait", i+1, waits)
 		}
 	}

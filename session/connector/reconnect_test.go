@@ -5,8 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ecxfer/ecxfer/cache"
-	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 )
 
@@ -21,15 +19,8 @@ func TestReconnectOnHotLink(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer stopA()
-	region := must(cache.NewRegion(cache.RegionConfig{Blocks: 64, BlockSize: 4096, NoLock: true}))
-	defer region.Close()
-	entries := cache.NewEmbeddingCache(64)
-	data := must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: true}, region))
-	defer data.Close()
-	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
-	defer cli.Close()
-	pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 4096, Logger: benchQuiet, Cache: entries}, cli, data))
-	defer pool.Close()
+	n := newNode(t, 64, "tcp", transport.TCPConfig{})
+	pool, entries := n.pool, n.cache
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	if err := pool.Connect(ctx, epA); err != nil {

@@ -24,25 +24,41 @@ type tierNode struct {
 
 func newTierNode(t *testing.T, blocks int, plane string, serve bool) *tierNode {
 	t.Helper()
+	n := newNode(t, blocks, plane, transport.TCPConfig{})
+	if serve {
+		n.producer(t)
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { n.prod.Serve(ctx); close(done) }()
+		t.Cleanup(func() { cancel(); <-done })
+	}
+	return n
+}
+
+// newNode is a tierNode with a Pool alone, its data plane configured as
+// cfg (its listener, logger and same-host setting are the node's).
+func newNode(t *testing.T, blocks int, plane string, cfg transport.TCPConfig) *tierNode {
+	t.Helper()
 	n := &tierNode{}
 	n.region = must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: 4096, NoLock: true, Shared: plane == "shm"}))
 	t.Cleanup(func() { n.region.Close() })
 	n.cache = cache.NewEmbeddingCache(blocks)
-	n.data = must(transport.NewTCPData(transport.TCPConfig{Listen: "127.0.0.1:0", Logger: benchQuiet, NoSharedMemory: plane != "shm"}, n.region))
+	cfg.Listen, cfg.Logger, cfg.NoSharedMemory = "127.0.0.1:0", benchQuiet, plane != "shm"
+	n.data = must(transport.NewTCPData(cfg, n.region))
+	t.Cleanup(func() { n.data.Close() })
 	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
 	n.pool = must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: 4096, Logger: benchQuiet, Cache: n.cache}, cli, n.data))
 	t.Cleanup(func() { n.pool.Close(); cli.Close() })
-	if serve {
-		srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
-		n.ep = srv.Endpoint()
-		n.prod = must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, n.data, n.cache))
-		ctx, cancel := context.WithCancel(context.Background())
-		done := make(chan struct{})
-		go func() { n.prod.Serve(ctx); close(done) }()
-		t.Cleanup(func() { cancel(); <-done; n.prod.Close(); srv.Close() })
-	}
-	t.Cleanup(func() { n.data.Close() })
 	return n
+}
+
+// producer gives the node a Producer over its cache and data plane, which
+// the caller steps or serves.
+func (n *tierNode) producer(t *testing.T) {
+	srv := must(transport.Listen("tcp://127.0.0.1:0", transport.ServerConfig{Logger: benchQuiet}))
+	n.ep = srv.Endpoint()
+	n.prod = must(connector.NewProducer(connector.ProducerConfig{CompatHash: "bench", Logger: benchQuiet}, srv, n.data, n.cache))
+	t.Cleanup(func() { n.prod.Close(); srv.Close() })
 }
 
 // fetch fetches item i (4 blocks) from ep into the node's cache, checks
