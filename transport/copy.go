@@ -18,11 +18,17 @@ type copySpan struct {
 // than the share of the copy it takes.
 const parallelCopyMin = 2 << 20
 
-// copyChunk is the share of a parallel copy a goroutine takes at a time.
-// Helpers start late (an idle processor takes microseconds to a
-// millisecond to run one), so shares are taken as they go, not split up
-// front, and a helper that comes when none are left does nothing.
-const copyChunk = 512 << 10
+// copyChunk is the share of a parallel copy a goroutine takes at a time,
+// and a copy is never cut into smaller pieces than this (the last share
+// takes what is left when less than another would be). It is the size
+// from which Go's memmove on amd64 writes around the cache
+// (non-temporal stores): in smaller pieces a cold copy first reads every
+// line it then overwrites, and 4.5 MiB copied in 512 KiB pieces took 1.4
+// times as long as in 1 MiB ones here. Helpers start late (an idle
+// processor takes microseconds to a millisecond to run one), so shares
+// are taken as they go, not split up front, and a helper that comes when
+// none are left does nothing.
+const copyChunk = 1 << 20
 
 // parallelCopy copies spans, total bytes in all, on up to w goroutines,
 // this one among them, and returns once every byte is copied. Helpers are
@@ -70,14 +76,32 @@ func (j *copyJob) help() {
 	j.work()
 }
 
-// work copies chunks until none are left.
+// work copies shares until none are left.
 func (j *copyJob) work() {
 	for {
-		from := int(j.next.Add(copyChunk)) - copyChunk
-		if from >= j.total {
+		from, to, ok := j.take()
+		if !ok {
 			return
 		}
-		copyRange(j.spans, from, min(from+copyChunk, j.total))
+		copyRange(j.spans, from, to)
+	}
+}
+
+// take claims the next share: copyChunk bytes, or all that is left when
+// less than copyChunk would remain after it.
+func (j *copyJob) take() (from, to int, ok bool) {
+	for {
+		at := j.next.Load()
+		if at >= int64(j.total) {
+			return 0, 0, false
+		}
+		end := min(at+copyChunk, int64(j.total))
+		if int64(j.total)-end < copyChunk {
+			end = int64(j.total)
+		}
+		if j.next.CompareAndSwap(at, end) {
+			return int(at), int(end), true
+		}
 	}
 }
 

@@ -249,3 +249,69 @@ func TestCopyMadeAtTwoProcsRunsAtOne(t *testing.T) {
 		t.Fatalf("in the 20 ms after a copy the process used %v of CPU (median)", extra)
 	}
 }
+
+// TestCopySharesAreNeverSmall: the shares a parallel copy's goroutines
+// take cover the copy once, in order, and none is smaller than copyChunk
+// unless the whole copy is (the size from which Go's memmove writes
+// around the cache), whatever the total.
+func TestCopySharesAreNeverSmall(t *testing.T) {
+	for _, total := range []int{1, copyChunk - 1, copyChunk, copyChunk + 1, 2*copyChunk - 1, 2 * copyChunk,
+		2*copyChunk + 4096, 9 * 512 << 10, 7 << 20, 1024 * 7 << 10, 64<<20 + 3} {
+		j := &copyJob{total: total}
+		at := 0
+		for {
+			from, to, ok := j.take()
+			if !ok {
+				break
+			}
+			if from != at || to <= from || to > total {
+				t.Fatalf("total %d: share [%d, %d) after %d", total, from, to, at)
+			}
+			if to-from < copyChunk && to-from != total {
+				t.Fatalf("total %d: a share of %d bytes", total, to-from)
+			}
+			at = to
+		}
+		if at != total {
+			t.Fatalf("total %d: shares ended at %d", total, at)
+		}
+	}
+}
+
+// BenchmarkColdCopy copies 4.5 MiB (one image's embedding) from memory
+// the cache does not hold, each copy from and to the next 4.5 MiB of two
+// buffers of up to 1 GiB each: in pieces of 512 KiB and of copyChunk (Go's
+// memmove writes around the cache from 1 MiB on amd64), in one piece, and
+// through parallelCopy on two goroutines. Under -benchtime 1x the buffers
+// are small and warm: it only checks that it runs.
+//
+//	go test -run '^$' -bench ColdCopy -benchtime 2000x ./transport
+func BenchmarkColdCopy(b *testing.B) {
+	const size = 4608 << 10
+	for _, c := range []struct {
+		name  string
+		piece int
+		w     int
+	}{{"pieces-512KiB", 512 << 10, 1}, {"pieces-1MiB", copyChunk, 1}, {"whole", size, 1}, {"parallel-2", size, 2}} {
+		b.Run(c.name, func(b *testing.B) {
+			n := min(b.N, (1<<30)/size) // entries a buffer holds
+			src, dst := make([]byte, n*size), make([]byte, n*size)
+			for i := range src {
+				src[i], dst[i] = byte(i), byte(i>>8)
+			}
+			b.SetBytes(size)
+			b.ResetTimer()
+			for i := range b.N {
+				at := (i % n) * size
+				s, d := src[at:at+size], dst[(at+size*(n/2))%(n*size):][:size]
+				if c.w > 1 {
+					parallelCopy([]copySpan{{d, s, 0}}, size, c.w)
+					continue
+				}
+				for k := 0; k < size; k += c.piece {
+					copy(d[k:min(k+c.piece, size)], s[k:min(k+c.piece, size)])
+				}
+			}
+		})
+	}
+}
