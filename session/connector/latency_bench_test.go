@@ -90,26 +90,13 @@ func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string,
 	if err != nil {
 		return "", "", nil, err
 	}
-	go func() {
-		for {
-			c, err := echo.Accept()
-			if err != nil {
-				return
-			}
-			go func() {
-				defer c.Close()
-				buf := make([]byte, 200)
-				for {
-					if _, err := io.ReadFull(c, buf); err != nil {
-						return
-					}
-					if _, err := c.Write(buf); err != nil {
-						return
-					}
-				}
-			}()
-		}
-	}()
+	uecho, err := net.Listen("unix", unixEcho(echo.Addr().String()))
+	if err != nil {
+		echo.Close()
+		return "", "", nil, err
+	}
+	go serveEcho(echo)
+	go serveEcho(uecho)
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() { prod.Serve(ctx); close(served) }()
@@ -117,6 +104,7 @@ func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string,
 		cancel()
 		<-served
 		echo.Close()
+		uecho.Close()
 		prod.Close()
 		srv.Close()
 		pdata.Close()
@@ -125,6 +113,11 @@ func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string,
 	lastProducer = prod
 	return srv.Endpoint(), echo.Addr().String(), stop, nil
 }
+
+// unixEcho is the address of the echo's Unix-domain twin: an abstract
+// socket named after the TCP echo's address, which is unique on the host
+// while it is bound.
+func unixEcho(tcpEcho string) string { return "@ecxfer-bench-echo-" + tcpEcho }
 
 // lastProducer is the producer startBenchProducer made last in this
 // process, for BenchmarkUnpin.
@@ -347,7 +340,9 @@ func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
 // waits for the NACK, next to a 200-byte Go TCP ping-pong to that same
 // process, and to the reference's Python sessions doing the same over
 // pyzmq (python-sessions: they need msgspec, e.g. on PYTHONPATH, and the
-// seed in ../shared). Each reports rtt/s and p50.
+// seed in ../shared), and to the same ping-pong over a Unix-domain socket
+// (what a same-host control channel off TCP would start from). Each
+// reports rtt/s and p50.
 func BenchmarkRequestAck(b *testing.B) {
 	b.Run("python-sessions", pySessions)
 	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
@@ -359,20 +354,28 @@ func BenchmarkRequestAck(b *testing.B) {
 			}
 		})
 	})
-	b.Run("tcp-ping-pong", func(b *testing.B) {
-		c, err := net.Dial("tcp", echo)
-		if err != nil {
-			b.Fatal(err)
-		}
-		defer c.Close()
-		buf := make([]byte, 200)
-		rtt(b, func() {
-			c.Write(buf)
-			if _, err := io.ReadFull(c, buf); err != nil {
+	// The same 200 bytes over TCP and over a Unix-domain socket, between
+	// the same two processes.
+	for _, nw := range []string{"tcp", "unix"} {
+		b.Run(nw+"-ping-pong", func(b *testing.B) {
+			addr := echo
+			if nw == "unix" {
+				addr = unixEcho(echo)
+			}
+			c, err := net.Dial(nw, addr)
+			if err != nil {
 				b.Fatal(err)
 			}
+			defer c.Close()
+			buf := make([]byte, 200)
+			rtt(b, func() {
+				c.Write(buf)
+				if _, err := io.ReadFull(c, buf); err != nil {
+					b.Fatal(err)
+				}
+			})
 		})
-	})
+	}
 }
 
 // rtt runs once per iteration after a warm-up and reports the rate and the
