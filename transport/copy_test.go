@@ -3,9 +3,11 @@ package transport
 import (
 	"bytes"
 	"io"
+	"math/rand/v2"
 	"net"
 	"runtime"
 	"slices"
+	"sync"
 	"sync/atomic"
 	"syscall"
 	"testing"
@@ -250,14 +252,59 @@ func TestCopyMadeAtTwoProcsRunsAtOne(t *testing.T) {
 	}
 }
 
-// TestCopySharesAreNeverSmall: the shares a parallel copy's goroutines
-// take cover the copy once, in order, and none is smaller than copyChunk
-// unless the whole copy is (the size from which Go's memmove writes
-// around the cache), whatever the total.
-func TestCopySharesAreNeverSmall(t *testing.T) {
-	for _, total := range []int{1, copyChunk - 1, copyChunk, copyChunk + 1, 2*copyChunk - 1, 2 * copyChunk,
-		2*copyChunk + 4096, 9 * 512 << 10, 7 << 20, 1024 * 7 << 10, 64<<20 + 3} {
-		j := &copyJob{total: total}
+// spansOf lays out runs of lens bytes back to back in dst and src.
+func spansOf(dst, src []byte, lens []int) []copySpan {
+	var s []copySpan
+	off := 0
+	for _, n := range lens {
+		s = append(s, copySpan{dst[off : off+n], src[off : off+n], off})
+		off += n
+	}
+	return s
+}
+
+// randomRuns returns the lengths of up to eight runs: short ones, ones
+// just over copyChunk, and long ones.
+func randomRuns(rng *rand.Rand) []int {
+	var lens []int
+	for range 1 + rng.IntN(8) {
+		switch rng.IntN(3) {
+		case 0:
+			lens = append(lens, 1+rng.IntN(copyChunk))
+		case 1:
+			lens = append(lens, copyChunk+rng.IntN(copyChunk))
+		default:
+			lens = append(lens, 1+rng.IntN(6*copyChunk))
+		}
+	}
+	return lens
+}
+
+// TestCopyPiecesAreWholeSpansOrLarge: the shares of a parallel copy cover
+// it once, in order, and every memmove they make is a whole span or
+// copyChunk bytes or more (the size from which Go's memmove writes around
+// the cache), whatever the spans: runs that straddle where shares of
+// copyChunk would end included.
+func TestCopyPiecesAreWholeSpansOrLarge(t *testing.T) {
+	layouts := [][]int{
+		{1}, {copyChunk - 1}, {copyChunk + 1}, {2*copyChunk - 1}, {2*copyChunk + 4096}, {4608 << 10}, {64<<20 + 3},
+		{3 << 19, 3 << 19, 3 << 19},              // 4.5 MiB as three runs of 1.5 MiB
+		{17 << 16, 17 << 16, 17 << 16, 17 << 16}, // runs of 1.0625 MiB
+		{copyChunk + 8192, copyChunk + 8192, copyChunk + 8192, copyChunk + 8192},
+		{100 << 10, 10 << 20}, // a short run, then a long one
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 2000 {
+		layouts = append(layouts, randomRuns(rng))
+	}
+	buf := make([]byte, 64<<20+3) // no layout is longer; the copy is not made
+	for _, lens := range layouts {
+		total := 0
+		for _, n := range lens {
+			total += n
+		}
+		spans := spansOf(buf, buf, lens)
+		j := &copyJob{spans: spans, total: total}
 		at := 0
 		for {
 			from, to, ok := j.take()
@@ -265,53 +312,131 @@ func TestCopySharesAreNeverSmall(t *testing.T) {
 				break
 			}
 			if from != at || to <= from || to > total {
-				t.Fatalf("total %d: share [%d, %d) after %d", total, from, to, at)
+				t.Fatalf("runs %v: share [%d, %d) after %d", lens, from, to, at)
 			}
-			if to-from < copyChunk && to-from != total {
-				t.Fatalf("total %d: a share of %d bytes", total, to-from)
-			}
+			eachPiece(spans, from, to, func(dst, _ []byte) {
+				whole := false
+				for _, s := range spans {
+					whole = whole || len(dst) == len(s.dst) && &dst[0] == &s.dst[0]
+				}
+				if len(dst) < copyChunk && !whole {
+					t.Fatalf("runs %v: share [%d, %d) copies %d bytes of a run", lens, from, to, len(dst))
+				}
+			})
 			at = to
 		}
 		if at != total {
-			t.Fatalf("total %d: shares ended at %d", total, at)
+			t.Fatalf("runs %v: shares ended at %d of %d", lens, at, total)
 		}
 	}
 }
 
-// BenchmarkColdCopy copies 4.5 MiB (one image's embedding) from memory
-// the cache does not hold, each copy from and to the next 4.5 MiB of two
-// buffers of up to 1 GiB each: in pieces of 512 KiB and of copyChunk (Go's
-// memmove writes around the cache from 1 MiB on amd64), in one piece, and
-// through parallelCopy on two goroutines. Under -benchtime 1x the buffers
-// are small and warm: it only checks that it runs.
+// TestParallelCopyEachByteOnce: goroutines taking shares at once take
+// each byte once (the shares tile the copy), and parallelCopy copies every byte, for totals around
+// multiples of copyChunk, random runs, up to 16 goroutines and
+// GOMAXPROCS changing between copies.
+func TestParallelCopyEachByteOnce(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(0))
+	for k := range 5 {
+		for _, d := range []int{-4097, -1, 0, 1, 4096} {
+			total := k*copyChunk + d
+			if total <= 0 {
+				continue
+			}
+			var lens []int
+			for left := total; left > 0; {
+				n := min(left, 1+rng.IntN(3*copyChunk))
+				lens = append(lens, n)
+				left -= n
+			}
+			lens = append(lens, 0) // an empty span at the end
+			src, dst := make([]byte, total), make([]byte, total)
+			for i := range src {
+				src[i] = byte(rng.Uint32())
+			}
+			j := &copyJob{spans: spansOf(dst, src, lens), total: total}
+			var mu sync.Mutex
+			var shares [][2]int
+			var wg sync.WaitGroup
+			for range 8 {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for {
+						from, to, ok := j.take()
+						if !ok {
+							return
+						}
+						mu.Lock()
+						shares = append(shares, [2]int{from, to})
+						mu.Unlock()
+					}
+				}()
+			}
+			wg.Wait()
+			slices.SortFunc(shares, func(a, b [2]int) int { return a[0] - b[0] })
+			at := 0
+			for _, sh := range shares {
+				if sh[0] != at || sh[1] <= sh[0] {
+					t.Fatalf("total %d, runs %v: shares %v", total, lens, shares)
+				}
+				at = sh[1]
+			}
+			if at != total {
+				t.Fatalf("total %d, runs %v: shares %v end at %d", total, lens, shares, at)
+			}
+			runtime.GOMAXPROCS(1 + rng.IntN(4))
+			w := 1 + rng.IntN(16)
+			parallelCopy(spansOf(dst, src, lens), total, w)
+			if !bytes.Equal(dst, src) {
+				t.Fatalf("total %d, runs %v, %d goroutines: the copy's bytes differ", total, lens, w)
+			}
+		}
+	}
+}
+
+// BenchmarkColdCopy copies 4.5 MiB (one image's embedding), as one run
+// and as three runs of 1.5 MiB, from memory the cache does not hold:
+// each copy from and to the next 4.5 MiB of two buffers of up to 1 GiB
+// each. It copies in pieces of 512 KiB, in the shares parallelCopy takes
+// but on one goroutine, in one memmove per run, and through parallelCopy
+// on two goroutines. Under -benchtime 1x the buffers are small and warm:
+// it only checks that it runs.
 //
 //	go test -run '^$' -bench ColdCopy -benchtime 2000x ./transport
 func BenchmarkColdCopy(b *testing.B) {
 	const size = 4608 << 10
-	for _, c := range []struct {
-		name  string
-		piece int
-		w     int
-	}{{"pieces-512KiB", 512 << 10, 1}, {"pieces-1MiB", copyChunk, 1}, {"whole", size, 1}, {"parallel-2", size, 2}} {
-		b.Run(c.name, func(b *testing.B) {
-			n := min(b.N, (1<<30)/size) // entries a buffer holds
-			src, dst := make([]byte, n*size), make([]byte, n*size)
-			for i := range src {
-				src[i], dst[i] = byte(i), byte(i>>8)
-			}
-			b.SetBytes(size)
-			b.ResetTimer()
-			for i := range b.N {
-				at := (i % n) * size
-				s, d := src[at:at+size], dst[(at+size*(n/2))%(n*size):][:size]
-				if c.w > 1 {
-					parallelCopy([]copySpan{{d, s, 0}}, size, c.w)
-					continue
+	for _, layout := range []struct {
+		name string
+		lens []int
+	}{{"1-run", []int{size}}, {"3-runs", []int{size / 3, size / 3, size / 3}}} {
+		for _, how := range []string{"pieces-512KiB", "shares", "per-run", "parallel-2"} {
+			b.Run(layout.name+"/"+how, func(b *testing.B) {
+				n := min(b.N, (1<<30)/size) // copies a buffer holds
+				src, dst := make([]byte, n*size), make([]byte, n*size)
+				for i := range src {
+					src[i], dst[i] = byte(i), byte(i>>8)
 				}
-				for k := 0; k < size; k += c.piece {
-					copy(d[k:min(k+c.piece, size)], s[k:min(k+c.piece, size)])
+				b.SetBytes(size)
+				b.ResetTimer()
+				for i := range b.N {
+					at := (i % n) * size
+					spans := spansOf(dst[(at+size*(n/2))%(n*size):][:size], src[at:at+size], layout.lens)
+					switch how {
+					case "pieces-512KiB":
+						for k := 0; k < size; k += 512 << 10 {
+							copyRange(spans, k, min(k+512<<10, size))
+						}
+					case "shares":
+						(&copyJob{spans: spans, total: size}).work()
+					case "per-run":
+						copyRange(spans, 0, size)
+					case "parallel-2":
+						parallelCopy(spans, size, 2)
+					}
 				}
-			}
-		})
+			})
+		}
 	}
 }
