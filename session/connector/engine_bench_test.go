@@ -387,9 +387,7 @@ func serveEcho(ln net.Listener) {
 func enginePingPong(b *testing.B, rate float64) {
 	proc := startEngineProducer(b, 1, 4096, "tcp", 0)
 	remote := proc.remote
-	c := must(net.Dial("tcp", proc.echo))
-	defer c.Close()
-	buf := make([]byte, 200)
+	roundTrip := echoRoundTrip(b, "tcp", proc.echo)
 	e := newEngine(0)
 	defer e.close()
 	interval := time.Duration(float64(time.Second) / rate)
@@ -398,10 +396,7 @@ func enginePingPong(b *testing.B, rate float64) {
 		until := time.Now().Add(d)
 		for next := time.Now(); time.Now().Before(until); next = next.Add(interval) {
 			time.Sleep(time.Until(next))
-			c.Write(buf)
-			if _, err := io.ReadFull(c, buf); err != nil {
-				b.Fatal(err)
-			}
+			roundTrip()
 			n++
 		}
 	}
