@@ -49,6 +49,11 @@ func TestBadFlags(t *testing.T) {
 			add("loopback", "metrics", "-metrics", a)
 		}
 	}
+	for _, a := range []string{"ipc://", "ipc://@"} { // no path
+		add("producer", "control", "-control", a)
+		add("consumer", "producer", "-producer", a)
+		add("probe", "producer", "-producer", a)
+	}
 	for _, a := range []string{"tcp://127.0.0.1:0", ":5555"} { // no peer to dial
 		add("consumer", "producer", "-producer", a)
 		add("probe", "producer", "-producer", a)

@@ -25,15 +25,6 @@ const (
 	defaultPeerTimeout  = 8 * time.Second // the reference's HEARTBEAT_TTL
 )
 
-// hostPort accepts "tcp://host:port" or "host:port".
-func hostPort(addr string) (string, error) {
-	hp := strings.TrimPrefix(addr, "tcp://")
-	if _, _, err := net.SplitHostPort(hp); err != nil {
-		return "", fmt.Errorf("transport: address %q: %w", addr, err)
-	}
-	return hp, nil
-}
-
 var discardLog = log.New(io.Discard, "", 0)
 
 // ControlStats counts what a control-plane endpoint dropped and did.
@@ -102,9 +93,11 @@ type Server struct {
 	replies *replyBudget
 }
 
-// Listen binds a ROUTER on "tcp://host:port" or "host:port" (port 0: any).
+// Listen binds a ROUTER on "tcp://host:port" or "host:port" (port 0: any),
+// or on "ipc://path", a Unix-domain socket (consumers on the same host;
+// "ipc://@name" on Linux: the abstract namespace).
 func Listen(addr string, cfg ServerConfig) (*Server, error) {
-	hp, err := hostPort(addr)
+	e, err := parseEndpoint(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -141,7 +134,7 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	gcfg.replies = s.replies
 	gcfg.maxConns, gcfg.maxConnsPerHost, gcfg.seq = cfg.MaxConns, cfg.MaxConnsPerHost, &s.seq
 	gcfg.onShed = func() { s.stats.shed.Add(1) }
-	ep, forget, err := guardEndpoint(gcfg, hp)
+	ep, forget, err := guardEndpoint(gcfg, e)
 	if err != nil {
 		return nil, err
 	}
@@ -181,8 +174,9 @@ func newGuardConfig(maxFrame uint64, write, ping, peer, handshake, connect time.
 // Addr returns the bound address.
 func (s *Server) Addr() net.Addr { return s.sock.Addr() }
 
-// Endpoint returns "tcp://host:port" of the bound address.
-func (s *Server) Endpoint() string { return "tcp://" + s.Addr().String() }
+// Endpoint returns the bound address as an endpoint: "tcp://host:port" or
+// "ipc://path".
+func (s *Server) Endpoint() string { return endpointOf(s.Addr()) }
 
 // Stats returns the counters.
 func (s *Server) Stats() ControlStats { return s.stats.snapshot() }
@@ -444,7 +438,7 @@ type ClientConfig struct {
 	WriteTimeout              time.Duration              // a producer not reading for this long is cut off; default 5 s
 	PingInterval, PeerTimeout time.Duration              // defaults 2 s, 8 s: a producer silent for PeerTimeout is dead
 	MaxQueued                 int                        // requests queued per producer; default 1024
-	Allow                     func(hostport string) bool // producers that may be dialed; nil: all. Set it if addresses come from requests
+	Allow                     func(hostport string) bool // producers that may be dialed (host:port, or an "ipc://" endpoint whole); nil: all. Set it if addresses come from requests
 	Logger                    *slog.Logger
 }
 
@@ -502,7 +496,7 @@ func (c *Client) Stats() ControlStats { return c.stats.snapshot() }
 type dealer struct {
 	c     *Client
 	addr  string
-	hp    string
+	ep    endpoint
 	stop  chan struct{}
 	up    chan struct{}         // closed once the handshake is done
 	err   atomic.Pointer[error] // why it died, for Connect
@@ -569,14 +563,18 @@ func (c *Client) dealerFor(addr string) (*dealer, error) {
 		return nil, fmt.Errorf("%w: %s", xfer.ErrPeerDown, addr)
 	}
 	if d == nil {
-		hp, err := hostPort(addr)
+		e, err := parseEndpoint(addr)
 		if err != nil {
 			return nil, err
 		}
-		if c.cfg.Allow != nil && !c.cfg.Allow(hp) {
+		allowed := e.addr // host:port
+		if e.network == "unix" {
+			allowed = e.String()
+		}
+		if c.cfg.Allow != nil && !c.cfg.Allow(allowed) {
 			return nil, fmt.Errorf("%w: %s", xfer.ErrNotAllowed, addr)
 		}
-		d = &dealer{c: c, addr: addr, hp: hp, stop: make(chan struct{}), up: make(chan struct{}), room: make(chan struct{}, 1)}
+		d = &dealer{c: c, addr: addr, ep: e, stop: make(chan struct{}), up: make(chan struct{}), room: make(chan struct{}, 1)}
 		c.peers[addr] = d
 		c.wg.Add(1)
 		go d.run()
@@ -794,7 +792,7 @@ func (d *dealer) run() {
 			d.conn = c
 		}
 	}
-	ep, forget, err := guardEndpoint(&gcfg, d.hp)
+	ep, forget, err := guardEndpoint(&gcfg, d.ep)
 	if err != nil {
 		d.die(err)
 		return

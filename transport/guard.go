@@ -1257,7 +1257,7 @@ func (f *frameParser) feed(p []byte) (ready bool) {
 const guardScheme = "ecxfer-guard"
 
 var (
-	guardConfigs sync.Map // key -> *guardConfig
+	guardConfigs sync.Map // key -> guardTarget
 	guardKeys    atomic.Uint64
 	registerOnce sync.Once
 	registerErr  error
@@ -1272,27 +1272,31 @@ func registerGuard() error {
 	return registerErr
 }
 
-// guardEndpoint registers cfg and returns the zmq4 endpoint for addr, and a
-// function that forgets cfg.
-func guardEndpoint(cfg *guardConfig, addr string) (string, func(), error) {
+// guardTarget is what a guard endpoint dials or binds.
+type guardTarget struct {
+	cfg *guardConfig
+	ep  endpoint
+}
+
+// guardEndpoint registers cfg and returns the zmq4 endpoint for e, and a
+// function that forgets cfg. The endpoint carries only a key: a path may
+// hold anything, zmq4's parser only "scheme://rest".
+func guardEndpoint(cfg *guardConfig, e endpoint) (string, func(), error) {
 	if err := registerGuard(); err != nil {
 		return "", nil, err
 	}
 	key := fmt.Sprint(guardKeys.Add(1))
-	guardConfigs.Store(key, cfg)
-	return guardScheme + "://" + key + "@" + addr, func() { guardConfigs.Delete(key) }, nil
+	guardConfigs.Store(key, guardTarget{cfg, e})
+	return guardScheme + "://" + key, func() { guardConfigs.Delete(key) }, nil
 }
 
-func lookupGuard(addr string) (*guardConfig, string, error) {
-	key, hostport, ok := strings.Cut(addr, "@")
-	if !ok {
-		return nil, "", fmt.Errorf("transport: bad guard address %q", addr)
-	}
+func lookupGuard(key string) (*guardConfig, endpoint, error) {
 	v, ok := guardConfigs.Load(key)
 	if !ok {
-		return nil, "", fmt.Errorf("transport: no guard config %q", key)
+		return nil, endpoint{}, fmt.Errorf("transport: no guard config %q", key)
 	}
-	return v.(*guardConfig), hostport, nil
+	t := v.(guardTarget)
+	return t.cfg, t.ep, nil
 }
 
 func (guardTransport) Addr(ep string) (string, error) {
@@ -1303,7 +1307,7 @@ func (guardTransport) Addr(ep string) (string, error) {
 }
 
 func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr string) (net.Conn, error) {
-	cfg, hostport, err := lookupGuard(addr)
+	cfg, e, err := lookupGuard(addr)
 	if err != nil {
 		return nil, err
 	}
@@ -1320,7 +1324,7 @@ func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr strin
 		}()
 	}
 	d := net.Dialer{Timeout: cfg.connectTimeout}
-	c, err := d.DialContext(ctx, "tcp", hostport)
+	c, err := d.DialContext(ctx, e.network, e.addr)
 	if err != nil {
 		return nil, err
 	}
@@ -1335,11 +1339,11 @@ func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr strin
 }
 
 func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, error) {
-	cfg, hostport, err := lookupGuard(addr)
+	cfg, e, err := lookupGuard(addr)
 	if err != nil {
 		return nil, err
 	}
-	ln, err := net.Listen("tcp", hostport)
+	ln, err := listenEndpoint(e)
 	if err != nil {
 		return nil, err
 	}
@@ -1465,10 +1469,7 @@ func (l *guardListener) handshake(c net.Conn) {
 	c.SetDeadline(time.Time{})
 	g := newGuardConn(c, l.cfg, pre, true)
 	g.lastMsg.Store(born)
-	g.host = c.RemoteAddr().String()
-	if h, _, err := net.SplitHostPort(g.host); err == nil {
-		g.host = h
-	}
+	g.host = peerHost(c)
 	l.mu.Lock()
 	select {
 	case <-l.done:

@@ -40,11 +40,14 @@ func freePort(t testing.TB) string {
 	return ln.Addr().String()
 }
 
-// startPyRouter runs the pyzmq ROUTER echo on addr and waits until it is
-// bound.
+// startPyRouter runs the pyzmq ROUTER echo on addr (host:port, or an
+// endpoint) and waits until it is bound.
 func startPyRouter(t testing.TB, addr string) *exec.Cmd {
 	t.Helper()
-	cmd := exec.Command(python, pyScript("py_router_echo.py"), "tcp://"+addr)
+	if !strings.Contains(addr, "://") {
+		addr = "tcp://" + addr
+	}
+	cmd := exec.Command(python, pyScript("py_router_echo.py"), addr)
 	out, err := cmd.StdoutPipe()
 	if err != nil {
 		t.Fatal(err)
@@ -96,6 +99,44 @@ func TestInteropPyDealerHeartbeat(t *testing.T) {
 	}
 	if st := s.Stats(); st.Malformed != 0 || st.Received != 2 {
 		t.Fatalf("a heartbeat reached the application: %+v", st)
+	}
+}
+
+// Over Unix-domain sockets libzmq and we speak as over TCP, both ways: a
+// pyzmq DEALER (the reference's heartbeat options) to our server, and our
+// client to a pyzmq ROUTER, on a file and, on Linux, an abstract name.
+func TestInteropIPC(t *testing.T) {
+	requirePyzmq(t)
+	for _, addr := range ipcAddrs(t) {
+		t.Run(addr, func(t *testing.T) {
+			s := newServerAt(t, addr, ServerConfig{})
+			stop := make(chan struct{})
+			defer close(stop)
+			echo(t, s, stop)
+			out, err := exec.Command(python, pyScript("py_dealer_heartbeat.py"), addr, "250", "500", "1000", "0.3").Output()
+			if err != nil {
+				t.Fatalf("pyzmq DEALER: %v", err)
+			}
+			if !strings.Contains(string(out), `"replies": [["", "re:one"], ["", "re:two"]]`) {
+				t.Fatalf("pyzmq DEALER saw %s", out)
+			}
+			if st := s.Stats(); st.Malformed != 0 || st.Received != 2 {
+				t.Fatalf("stats %+v", st)
+			}
+			s.Close()
+
+			startPyRouter(t, addr)
+			c := newClient(t, ClientConfig{})
+			for _, p := range []string{"a", "b"} {
+				if err := c.Send(addr, []byte(p)); err != nil {
+					t.Fatal(err)
+				}
+			}
+			got := waitInbound(t, c, 2, 10*time.Second)
+			if string(got[0].Payload) != "re:a" || string(got[1].Payload) != "re:b" || got[0].Addr != addr {
+				t.Fatalf("replies %+v", got)
+			}
+		})
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -56,7 +57,12 @@ func sockIno(t testing.TB, q *quietConn) uint64 {
 // to it, hot and out of Go's poller.
 func hotServerConn(t *testing.T, id string) (*Server, net.Conn, *guardConn, *quietConn) {
 	t.Helper()
-	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	return hotServerConnOn(t, newServer(t, ServerConfig{PingInterval: time.Hour}), id)
+}
+
+// hotServerConnOn is hotServerConn on a given server.
+func hotServerConnOn(t *testing.T, s *Server, id string) (*Server, net.Conn, *guardConn, *quietConn) {
+	t.Helper()
 	raw := rawHandshakeAs(t, s.Addr().String(), id)
 	sg := serverConn(t, s, id)
 	heat(t, sg, func() { raw.Write(envelope("warm")) }, func() { s.Drain(nil) })
@@ -72,7 +78,16 @@ func hotServerConn(t *testing.T, id string) (*Server, net.Conn, *guardConn, *qui
 // a message arriving wakes no thread; once cooled, the first read that
 // waits puts it back, and what arrives then wakes the waiter.
 func TestHotConnectionLeavesThePoller(t *testing.T) {
-	s, raw, sg, q := hotServerConn(t, "stepped")
+	t.Run("tcp", func(t *testing.T) {
+		hotConnectionLeavesThePoller(t, newServer(t, ServerConfig{PingInterval: time.Hour}))
+	})
+	t.Run("ipc", func(t *testing.T) {
+		hotConnectionLeavesThePoller(t, newServerAt(t, "ipc://"+filepath.Join(t.TempDir(), "ctl.sock"), ServerConfig{PingInterval: time.Hour}))
+	})
+}
+
+func hotConnectionLeavesThePoller(t *testing.T, s *Server) {
+	s, raw, sg, q := hotServerConnOn(t, s, "stepped")
 	ino := sockIno(t, q)
 	if inPoller(t, ino) {
 		t.Fatal("a hot connection's socket is still in an epoll set")

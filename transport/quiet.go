@@ -27,7 +27,7 @@ import (
 // rawSys): the production path is the one the detector checks.
 //
 // While its owner steps, a hot connection (see stepReads) is also taken
-// out of Go's poller: its descriptor is duplicated and the net.TCPConn
+// out of Go's poller: its descriptor is duplicated and the connection
 // closed, so that a message arriving wakes no thread; Drain reads the
 // duplicate without waiting. The first read or write that has to wait
 // wraps the duplicate again (attach), and waits in the poller as before.
@@ -36,7 +36,7 @@ type quietConn struct {
 	// and is held over a detached descriptor's system calls, so that the
 	// descriptor is not closed under one. Taken after rmu and wmu.
 	mmu      sync.Mutex
-	tc       *net.TCPConn // nil while detached
+	tc       sysConn // nil while detached
 	raw      syscall.RawConn
 	fd       int // the duplicate while detached, else -1
 	detached atomic.Bool
@@ -64,10 +64,18 @@ type quietConn struct {
 	werr syscall.Errno
 }
 
+// sysConn is a socket whose descriptor quietConn can take: a TCP or a
+// Unix-domain connection.
+type sysConn interface {
+	net.Conn
+	SyscallConn() (syscall.RawConn, error)
+	SetWriteBuffer(bytes int) error
+}
+
 // quietIO returns c with quiet reads and writes, or c itself if it is not
-// a TCP connection (a test's pipe, a proxy's wrapper).
+// a TCP or Unix-domain connection (a test's pipe, a proxy's wrapper).
 func quietIO(c net.Conn) net.Conn {
-	tc, ok := c.(*net.TCPConn)
+	tc, ok := sysOf(c)
 	if !ok {
 		return c
 	}
@@ -306,7 +314,7 @@ func consume(v *net.Buffers, n int64) {
 }
 
 func (q *quietConn) opError(op string, e syscall.Errno) error {
-	return &net.OpError{Op: op, Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: os.NewSyscallError(op, e)}
+	return &net.OpError{Op: op, Net: q.laddr.Network(), Source: q.laddr, Addr: q.raddr, Err: os.NewSyscallError(op, e)}
 }
 
 // current returns the connection to wait on with fn, attached; or, while
@@ -317,7 +325,7 @@ func (q *quietConn) current(fn func(fd uintptr) bool, op string) (syscall.RawCon
 	q.mmu.Lock()
 	defer q.mmu.Unlock()
 	if q.closed {
-		return nil, &net.OpError{Op: op, Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: net.ErrClosed}
+		return nil, &net.OpError{Op: op, Net: q.laddr.Network(), Source: q.laddr, Addr: q.raddr, Err: net.ErrClosed}
 	}
 	if q.tc != nil {
 		return q.raw, nil
@@ -326,7 +334,7 @@ func (q *quietConn) current(fn func(fd uintptr) bool, op string) (syscall.RawCon
 		return nil, nil
 	}
 	if err := q.attachLocked(); err != nil {
-		return nil, &net.OpError{Op: op, Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: err}
+		return nil, &net.OpError{Op: op, Net: q.laddr.Network(), Source: q.laddr, Addr: q.raddr, Err: err}
 	}
 	return q.raw, nil
 }
@@ -354,7 +362,7 @@ func (q *quietConn) detach() {
 	q.detached.Store(true)
 }
 
-// attachLocked wraps the duplicate in a net.TCPConn again, in Go's poller;
+// attachLocked wraps the duplicate in a connection again, in Go's poller;
 // under mmu, detached. On failure the connection is closed.
 func (q *quietConn) attachLocked() error {
 	f := os.NewFile(uintptr(q.fd), "")
@@ -362,10 +370,10 @@ func (q *quietConn) attachLocked() error {
 	f.Close()
 	q.fd = -1
 	q.detached.Store(false)
-	tc, ok := c.(*net.TCPConn)
+	tc, ok := sysOf(c)
 	if err == nil && !ok {
 		c.Close()
-		err = errors.New("not a TCP connection")
+		err = errors.New("not a TCP or Unix-domain connection")
 	}
 	if err != nil {
 		q.closed = true
@@ -392,7 +400,7 @@ func (q *quietConn) Close() error {
 	q.mmu.Lock()
 	defer q.mmu.Unlock()
 	if q.closed {
-		return &net.OpError{Op: "close", Net: "tcp", Source: q.laddr, Addr: q.raddr, Err: net.ErrClosed}
+		return &net.OpError{Op: "close", Net: q.laddr.Network(), Source: q.laddr, Addr: q.raddr, Err: net.ErrClosed}
 	}
 	q.closed = true
 	if q.tc != nil {
@@ -466,7 +474,7 @@ func (r quietRaw) Control(f func(fd uintptr)) error {
 }
 
 // Read and Write hold rmu / wmu, as quietConn's own do, so that detach
-// (which takes both) cannot close the attached net.TCPConn under them.
+// (which takes both) cannot close the attached connection under them.
 func (r quietRaw) Read(f func(fd uintptr) bool) error {
 	r.q.rmu.Lock()
 	defer r.q.rmu.Unlock()
@@ -485,4 +493,15 @@ func (r quietRaw) Write(f func(fd uintptr) bool) error {
 		return raw.Write(f)
 	}
 	return err
+}
+
+// sysOf is c as a sysConn, if it is a TCP or Unix-domain connection.
+func sysOf(c net.Conn) (sysConn, bool) {
+	switch c := c.(type) {
+	case *net.TCPConn:
+		return c, true
+	case *net.UnixConn:
+		return c, true
+	}
+	return nil, false
 }

@@ -49,8 +49,8 @@ func BenchmarkControlRTT(b *testing.B) {
 			var st controlCounters
 			g := newGuardConfig(64<<10, time.Second, 0, 0, 0, 0, 0, &st)
 			var f1, f2 func()
-			srvEP, f1, _ = guardEndpoint(g, addr)
-			cliEP, f2, _ = guardEndpoint(newGuardConfig(64<<20, 5*time.Second, 0, 0, 0, 0, 0, &st), addr)
+			srvEP, f1, _ = guardEndpoint(g, endpoint{"tcp", addr})
+			cliEP, f2, _ = guardEndpoint(newGuardConfig(64<<20, 5*time.Second, 0, 0, 0, 0, 0, &st), endpoint{"tcp", addr})
 			defer f1()
 			defer f2()
 		}

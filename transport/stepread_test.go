@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"runtime"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -170,7 +171,11 @@ func TestHotConnectionCooledWhenStepsStop(t *testing.T) {
 // rawHandshakeAs is rawHandshake presenting an identity.
 func rawHandshakeAs(t testing.TB, addr, identity string) net.Conn {
 	t.Helper()
-	c, err := net.Dial("tcp", addr)
+	network := "tcp"
+	if strings.HasPrefix(addr, "/") || strings.HasPrefix(addr, "@") {
+		network = "unix"
+	}
+	c, err := net.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}

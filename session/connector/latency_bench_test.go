@@ -74,11 +74,11 @@ func startBenchProducer(blocks, bs int, data, ctlAddr, dataAddr string) (string,
 		return "", "", nil, err
 	}
 	scfg := transport.ServerConfig{Logger: benchQuiet}
-	if ctlAddr != "127.0.0.1:0" {
-		// The process-fault tests (fixed addresses): notice dead peers fast.
+	if ctlAddr != "127.0.0.1:0" && !strings.HasPrefix(ctlAddr, "ipc://") {
+		// The process-fault tests (fixed TCP addresses): notice dead peers fast.
 		scfg.PingInterval, scfg.PeerTimeout = 100*time.Millisecond, 500*time.Millisecond
 	}
-	srv, err := transport.Listen("tcp://"+ctlAddr, scfg)
+	srv, err := transport.Listen(ctlAddr, scfg)
 	if err != nil {
 		return "", "", nil, err
 	}
@@ -181,6 +181,18 @@ func benchProducer(b *testing.B, blocks, bs int, data string, twoProcs bool) (st
 	}
 	p := startProc(b, fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s", blocks, bs, data))
 	return p.fields[0], p.fields[1]
+}
+
+// ipcProducer starts the producer in a second process, its control
+// endpoint a Unix-domain socket: abstract on Linux, a file in the
+// temporary directory elsewhere (removed when its listener closes).
+func ipcProducer(b *testing.B, blocks, bs int, data string) string {
+	ctl := fmt.Sprintf("ipc://@ecxfer-bench-%d-%d", os.Getpid(), time.Now().UnixNano())
+	if runtime.GOOS != "linux" {
+		ctl = "ipc://" + filepath.Join(b.TempDir(), "ctl.sock")
+	}
+	p := startProc(b, fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s,%s,", blocks, bs, data, ctl))
+	return p.fields[0]
 }
 
 // proc is a second process: this test binary again, in the role its
@@ -361,6 +373,15 @@ func BenchmarkRequestAck(b *testing.B) {
 	b.Run("python-sessions", pySessions)
 	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
 	b.Run("sessions", func(b *testing.B) {
+		pool, _ := benchPool(b, 1, 4096, "tcp")
+		rtt(b, func() {
+			if fetchOne(b, pool, ep, "not-held", []int{0}) {
+				b.Fatal("an entry the producer does not hold was fetched")
+			}
+		})
+	})
+	b.Run("sessions-ipc", func(b *testing.B) {
+		ep := ipcProducer(b, 1, 4096, "tcp")
 		pool, _ := benchPool(b, 1, 4096, "tcp")
 		rtt(b, func() {
 			if fetchOne(b, pool, ep, "not-held", []int{0}) {

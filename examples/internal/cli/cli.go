@@ -77,12 +77,20 @@ func Positive(names []string, values ...int) error {
 	return nil
 }
 
-// Endpoint checks the control-plane address of flag name: tcp://host:port
-// or host:port. A listener's may leave the host out (every interface) and
-// take port 0 (any free one); a peer's names both. The host is not looked
-// up: that is the start's to fail.
+// Endpoint checks the control-plane address of flag name: tcp://host:port,
+// host:port or ipc://path (a Unix-domain socket; ipc://@name is Linux's
+// abstract namespace). A listener's may leave the host out (every
+// interface) and take port 0 (any free one); a peer's names both. The host
+// is not looked up, nor the path: that is the start's to fail.
 func Endpoint(name, addr string, listen bool) error {
-	return hostPort(name, strings.TrimPrefix(addr, "tcp://"), listen, "tcp://host:port or host:port")
+	const want = "tcp://host:port, host:port or ipc://path"
+	if path, ok := strings.CutPrefix(addr, "ipc://"); ok {
+		if path == "" || path == "@" {
+			return fmt.Errorf("-%s %q: want %s (no path)", name, addr, want)
+		}
+		return nil
+	}
+	return hostPort(name, strings.TrimPrefix(addr, "tcp://"), listen, want)
 }
 
 // HostPort checks the host:port address of flag name, as Endpoint does
