@@ -33,16 +33,23 @@ type ControlStats struct {
 	Malformed, SendFails uint64 // messages with the wrong envelope, dropped; sends that failed
 	Dropped              uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
 	Accepted, Shed       uint64 // connections a server accepted; closed or refused at MaxConns or MaxConnsPerHost
+	// The same-host channel: a client's producers reached over their
+	// Unix-domain socket since, and offers of one it could not take (a
+	// failed dial or proof); a server's connections on its socket, and
+	// hellos there it refused (no such ticket).
+	SameHost, SameHostFailed uint64
 }
 
 type controlCounters struct {
 	received, sent, malformed, dropped, sendFails, accepted, shed atomic.Uint64
+	sameHost, sameHostFailed                                      atomic.Uint64
 	throttled                                                     atomic.Uint64 // a client's waits for Drain to make room (admit); tests
 }
 
 func (c *controlCounters) snapshot() ControlStats {
 	return ControlStats{Received: c.received.Load(), Sent: c.sent.Load(), Malformed: c.malformed.Load(),
-		SendFails: c.sendFails.Load(), Dropped: c.dropped.Load(), Accepted: c.accepted.Load(), Shed: c.shed.Load()}
+		SendFails: c.sendFails.Load(), Dropped: c.dropped.Load(), Accepted: c.accepted.Load(), Shed: c.shed.Load(),
+		SameHost: c.sameHost.Load(), SameHostFailed: c.sameHostFailed.Load()}
 }
 
 // ---- server ----
@@ -57,6 +64,7 @@ type ServerConfig struct {
 	MaxQueued                 int           // requests and replies queued; default 4096
 	MaxQueuedBytes            int           // requests waiting for Drain, replies to one consumer (16× for all); default 16 MiB
 	MaxConns, MaxConnsPerHost int           // connections, from one host; the one longest without a request is shed; defaults 4096, 256
+	NoSameHost                bool          // offer Go consumers on this host no Unix-domain socket (Linux; see SameHost in ControlStats)
 	Logger                    *slog.Logger
 }
 
@@ -74,6 +82,7 @@ type Server struct {
 	maxIn   int64
 	room    chan struct{}
 	guards  *goGroup
+	gcfg    *guardConfig
 	stats   controlCounters
 	once    sync.Once
 
@@ -134,11 +143,20 @@ func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	gcfg.replies = s.replies
 	gcfg.maxConns, gcfg.maxConnsPerHost, gcfg.seq = cfg.MaxConns, cfg.MaxConnsPerHost, &s.seq
 	gcfg.onShed = func() { s.stats.shed.Add(1) }
+	gcfg.local = !cfg.NoSameHost
+	gcfg.onLocal = func(ok bool) {
+		if ok {
+			s.stats.sameHost.Add(1)
+		} else {
+			s.stats.sameHostFailed.Add(1)
+		}
+	}
 	ep, forget, err := guardEndpoint(gcfg, e)
 	if err != nil {
 		return nil, err
 	}
 	s.guards = gcfg.group
+	s.gcfg = gcfg
 	s.forget = forget
 	s.sock = zmq4.NewRouter(context.Background(), zmq4.WithLogger(discardLog), zmq4.WithTimeout(cfg.WriteTimeout))
 	if err := s.sock.Listen(ep); err != nil {
@@ -439,6 +457,7 @@ type ClientConfig struct {
 	PingInterval, PeerTimeout time.Duration              // defaults 2 s, 8 s: a producer silent for PeerTimeout is dead
 	MaxQueued                 int                        // requests queued per producer; default 1024
 	Allow                     func(hostport string) bool // producers that may be dialed (host:port, or an "ipc://" endpoint whole); nil: all. Set it if addresses come from requests
+	NoSameHost                bool                       // stay on TCP with Go producers on this host instead of moving to their Unix-domain socket
 	Logger                    *slog.Logger
 }
 
@@ -508,6 +527,20 @@ type dealer struct {
 	sockM sync.Mutex
 	sock  zmq4.Socket
 	conn  net.Conn // the guarded connection, once dialed
+
+	// The same-host channel (local.go). tcp is the first connection;
+	// local, under qmu, the proven Unix-domain one until a send moves to
+	// it (g), which it does once no request sent on tcp is unanswered
+	// (outstanding). lsock and lconn are its socket and connection until
+	// then, under sockM; retired is tcp once closed on purpose.
+	tcp          atomic.Pointer[guardConn]
+	local        *guardConn
+	moved        bool // under qmu
+	outstanding  atomic.Int64
+	asked, taken atomic.Bool
+	lsock        zmq4.Socket
+	lconn        net.Conn
+	retired      atomic.Pointer[guardConn]
 
 	// The replies delivered and not yet drained, bounded (see admit).
 	queued, queuedBytes atomic.Int64
@@ -594,7 +627,19 @@ func (d *dealer) send(payload []byte) error {
 		d.early = append(d.early, append([]byte(nil), payload...))
 		return nil
 	}
+	var retire *guardConn
+	if d.local != nil && d.outstanding.Load() == 0 {
+		retire, g = g, d.local
+		d.g, d.local, d.moved = g, nil, true
+		d.retired.Store(retire)
+	}
+	if !d.moved {
+		d.outstanding.Add(1)
+	}
 	d.qmu.Unlock()
+	if retire != nil {
+		d.retire()
+	}
 	if err := g.send(nil, payload); err != nil {
 		d.c.stats.sendFails.Add(1)
 		if errors.Is(err, xfer.ErrQueueFull) {
@@ -741,6 +786,12 @@ func (d *dealer) shutdown() {
 	if d.sock != nil {
 		d.sock.Close()
 	}
+	if d.lconn != nil {
+		d.lconn.Close()
+	}
+	if d.lsock != nil {
+		d.lsock.Close()
+	}
 	d.sockM.Unlock()
 }
 
@@ -781,7 +832,12 @@ func (d *dealer) run() {
 	gcfg := *d.c.gcfg
 	gcfg.stop = d.stop
 	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
-	gcfg.gone = func(g *guardConn) { d.die(g.cause()) }
+	gcfg.gone = func(g *guardConn) {
+		if d.retired.Load() != g {
+			d.die(g.cause())
+		}
+	}
+	gcfg.onOffer = d.offered
 	gcfg.track = func(c net.Conn) {
 		d.sockM.Lock()
 		defer d.sockM.Unlock()
@@ -822,10 +878,12 @@ func (d *dealer) run() {
 	}
 	// The handshake is done (zmq4's Dial returns after it): what was sent
 	// meanwhile goes first, in order, then Send writes directly.
+	d.tcp.Store(g)
 	d.qmu.Lock()
 	early := d.early
 	d.early = nil
 	for _, p := range early {
+		d.outstanding.Add(1)
 		if err := g.send(nil, p); err != nil {
 			d.c.stats.sendFails.Add(1)
 			break // the connection closed: the death is reported
@@ -834,6 +892,10 @@ func (d *dealer) run() {
 	}
 	d.g = g
 	d.qmu.Unlock()
+	if !d.c.cfg.NoSameHost && localSupported && d.ep.network == "tcp" && reachesThisHost(g.LocalAddr(), g.RemoteAddr()) {
+		d.asked.Store(true)
+		g.sendCommand(ctlLocal, localQuery)
+	}
 	d.c.mu.Lock()
 	back := d.c.down[d.addr]
 	delete(d.c.down, d.addr)
@@ -871,11 +933,12 @@ func listenErr(addr, ep string, err error) error {
 func (e *plainErr) Unwrap() error { return e.err }
 
 // take takes one reply a Drain read: as deliver, for Drain's caller.
-func (d *dealer) take(_ *guardConn, frames [][]byte) bool {
+func (d *dealer) take(g *guardConn, frames [][]byte) bool {
 	if len(frames) != 2 || len(frames[0]) != 0 {
 		d.c.stats.malformed.Add(1)
 		return true
 	}
+	d.answered(g)
 	d.c.steps.taken.Add(1)
 	d.c.got = append(d.c.got, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
 	return true
@@ -887,6 +950,7 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 		d.c.stats.malformed.Add(1)
 		return true
 	}
+	d.answered(g)
 	if !d.admit(g, len(frames[1])) {
 		return false
 	}
@@ -937,5 +1001,119 @@ func (d *dealer) drained(n int) {
 	select {
 	case d.room <- struct{}{}:
 	default:
+	}
+}
+
+// answered counts a reply on the TCP connection against the requests
+// unanswered there (never below none: a producer may answer twice).
+func (d *dealer) answered(g *guardConn) {
+	if g != d.tcp.Load() {
+		return
+	}
+	for {
+		n := d.outstanding.Load()
+		if n <= 0 || d.outstanding.CompareAndSwap(n, n-1) {
+			return
+		}
+	}
+}
+
+// offered takes a server's same-host offer, on the TCP connection, once,
+// if we asked, and proves and dials it on a goroutine of the guard's.
+func (d *dealer) offered(g *guardConn, body []byte) {
+	if !d.asked.Load() || g != d.tcp.Load() || !d.taken.CompareAndSwap(false, true) {
+		return
+	}
+	o, ok := parseLocalOffer(body)
+	if !ok {
+		d.c.stats.sameHostFailed.Add(1)
+		d.c.log.Debug("ec control: malformed same-host offer ignored", "addr", d.addr)
+		return
+	}
+	addr := g.RemoteAddr().String()
+	d.c.gcfg.spawn(func() { d.upgrade(o, addr) })
+}
+
+// upgrade dials the offer's socket and proves it (proveLocal) before the
+// ZMTP handshake; once up, the next send that finds no request
+// unanswered on TCP moves to it. A failure leaves the dealer on TCP.
+func (d *dealer) upgrade(o localOffer, addr string) {
+	gcfg := *d.c.gcfg
+	gcfg.stop = d.stop
+	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
+	gcfg.pre = func(c net.Conn) error { return proveLocal(c, o, addr, d.c.cfg.HandshakeTimeout) }
+	gcfg.gone = d.localGone
+	gcfg.track = func(c net.Conn) {
+		d.sockM.Lock()
+		defer d.sockM.Unlock()
+		select {
+		case <-d.stop:
+			c.Close()
+		default:
+			d.lconn = c
+		}
+	}
+	ep, forget, err := guardEndpoint(&gcfg, endpoint{"unix", o.name})
+	if err != nil {
+		return
+	}
+	defer forget()
+	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(uuid.NewString())),
+		zmq4.WithLogger(discardLog), zmq4.WithTimeout(d.c.cfg.WriteTimeout), zmq4.WithDialerMaxRetries(0))
+	d.sockM.Lock()
+	select {
+	case <-d.stop:
+		d.sockM.Unlock()
+		sock.Close()
+		return
+	default:
+	}
+	d.lsock = sock
+	d.sockM.Unlock()
+	if err := sock.Dial(ep); err != nil {
+		d.c.stats.sameHostFailed.Add(1)
+		d.c.log.Debug("ec control: same-host socket not taken; staying on TCP", "addr", d.addr, "err", err)
+		d.sockM.Lock()
+		d.lsock, d.lconn = nil, nil
+		d.sockM.Unlock()
+		sock.Close()
+		return
+	}
+	d.sockM.Lock()
+	g, _ := d.lconn.(*guardConn)
+	d.sockM.Unlock()
+	if g == nil { // stopped while dialing
+		return
+	}
+	d.qmu.Lock()
+	d.local = g
+	d.qmu.Unlock()
+	d.c.stats.sameHost.Add(1)
+}
+
+// localGone is told of the same-host connection's end: the producer's
+// death once sends moved to it, else only the end of the offer.
+func (d *dealer) localGone(g *guardConn) {
+	d.qmu.Lock()
+	inUse := d.g == g
+	if d.local == g {
+		d.local = nil
+	}
+	d.qmu.Unlock()
+	if inUse {
+		d.die(g.cause())
+	}
+}
+
+// retire closes the TCP connection once sends moved to the same-host one:
+// its socket becomes the one shutdown closes.
+func (d *dealer) retire() {
+	d.sockM.Lock()
+	old := d.sock
+	d.sock, d.conn = d.lsock, d.lconn
+	d.lsock, d.lconn = nil, nil
+	d.sockM.Unlock()
+	if old != nil && !d.c.gcfg.spawn(func() { old.Close() }) {
+		old.Close()
 	}
 }

@@ -25,6 +25,7 @@ func TestWriteDeadlinesOnlyWhereRenewed(t *testing.T) {
 		"newGuardConn":               true, // the handshake's
 		"guardConn.handshakeStep":    true, // the handshake's, cleared
 		"guardListener.handshake":    true, // before the handshake
+		"proveLocal":                 true, // the same-host proof: 56 bytes out, 32 in, before the handshake
 		"quietConn.attachLocked":     true, // the deadlines quietConn keeps
 		"quietConn.SetDeadline":      true,
 		"quietConn.SetWriteDeadline": true,

@@ -65,6 +65,15 @@ type guardConfig struct {
 	// connection so that its owner can close it.
 	stop  <-chan struct{}
 	track func(net.Conn)
+	// The same-host channel (local.go). local: a server offers one.
+	// onOffer: a client's dealer takes a server's offer. pre: a client
+	// proves the socket it dialed before the ZMTP handshake.
+	local   bool
+	onLocal func(ok bool) // server: a hello on the same-host socket, taken or refused
+	onOffer func(g *guardConn, body []byte)
+	pre     func(c net.Conn) error
+	// listener is a server's, once listening (for tests).
+	listener *guardListener
 	// group holds the guard's own goroutines (accept loop, handshakes,
 	// heartbeats, writers), for the owner's Close to wait on.
 	group *goGroup
@@ -245,7 +254,8 @@ type guardConn struct {
 	closeOnce sync.Once
 	done      chan struct{}
 	started   atomic.Bool
-	onClose   func() // the listener forgets it
+	onClose   func()        // the listener forgets it
+	offer     func() []byte // server: the same-host offer for this connection, or nil
 }
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
@@ -498,6 +508,15 @@ func (g *guardConn) onCommand(c []byte) (ready bool, err error) {
 		return true, nil
 	case "ERROR":
 		return false, g.fail("peer sent ERROR")
+	case localCmd:
+		switch {
+		case g.server && g.offer != nil:
+			if cmd := g.offer(); cmd != nil {
+				g.sendCommand(ctlLocal, cmd)
+			}
+		case !g.server && g.cfg.onOffer != nil:
+			g.cfg.onOffer(g, body)
+		}
 	}
 	return false, nil // PONG, and nothing else concerns DEALER/ROUTER
 }
@@ -763,6 +782,7 @@ func validMetadata(md []byte) bool {
 const (
 	ctlPong uint8 = 1 << iota
 	ctlPing
+	ctlLocal
 )
 
 // queuePong answers a PING now if the outbound stream is between messages,
@@ -1328,6 +1348,12 @@ func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr strin
 	if err != nil {
 		return nil, err
 	}
+	if cfg.pre != nil {
+		if err := cfg.pre(c); err != nil {
+			c.Close()
+			return nil, err
+		}
+	}
 	if tc, ok := c.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
@@ -1348,11 +1374,24 @@ func (guardTransport) Listen(_ context.Context, addr string) (net.Listener, erro
 		return nil, err
 	}
 	gl := &guardListener{Listener: ln, cfg: cfg, ready: make(chan net.Conn), done: make(chan struct{}),
-		pending: map[net.Conn]*list.Element{}, conns: map[*guardConn]struct{}{}, hosts: map[string]map[*guardConn]struct{}{}}
-	if !cfg.spawn(gl.acceptLoop) {
-		ln.Close()
+		pending: map[net.Conn]*list.Element{}, conns: map[*guardConn]struct{}{}, hosts: map[string]map[*guardConn]struct{}{},
+		tickets: map[[localTicketLen]byte]localTicket{}, ticketOf: map[*guardConn][localTicketLen]byte{}}
+	if cfg.local && e.network == "tcp" && localSupported {
+		// Without it Go consumers on this host stay on TCP: not worth
+		// failing the listen for.
+		if lln, err := listenLocal(); err == nil {
+			gl.local, gl.localName = lln, lln.Addr().String()
+		}
+	}
+	if !cfg.spawn(func() { gl.acceptLoop(ln, false) }) {
+		gl.Close()
 		return nil, net.ErrClosed
 	}
+	if gl.local != nil && !cfg.spawn(func() { gl.acceptLoop(gl.local, true) }) {
+		gl.Close()
+		return nil, net.ErrClosed
+	}
+	cfg.listener = gl
 	return gl, nil
 }
 
@@ -1372,6 +1411,13 @@ type guardListener struct {
 	order   list.List
 	conns   map[*guardConn]struct{}            // handed to zmq4 and not closed
 	hosts   map[string]map[*guardConn]struct{} // conns by the peer's host
+
+	// The same-host socket (local.go), or nil, and the tickets it takes:
+	// at most one per TCP connection, gone with it.
+	local     net.Listener
+	localName string
+	tickets   map[[localTicketLen]byte]localTicket
+	ticketOf  map[*guardConn][localTicketLen]byte
 }
 
 func (l *guardListener) Accept() (net.Conn, error) {
@@ -1388,6 +1434,9 @@ func (l *guardListener) Close() error {
 	l.closeOnce.Do(func() {
 		close(l.done)
 		err = l.Listener.Close()
+		if l.local != nil {
+			l.local.Close()
+		}
 		l.mu.Lock()
 		for c := range l.pending {
 			c.Close()
@@ -1404,10 +1453,12 @@ func (l *guardListener) Close() error {
 	return err
 }
 
-func (l *guardListener) acceptLoop() {
+// acceptLoop accepts on ln, the TCP listener or the same-host one
+// (local), and runs each handshake on its own goroutine.
+func (l *guardListener) acceptLoop(ln net.Listener, local bool) {
 	backoff := time.Millisecond
 	for {
-		c, err := l.Listener.Accept()
+		c, err := ln.Accept()
 		if err != nil {
 			select {
 			case <-l.done:
@@ -1435,14 +1486,14 @@ func (l *guardListener) acceptLoop() {
 		}
 		l.pending[c] = l.order.PushBack(c)
 		l.mu.Unlock()
-		if !l.cfg.spawn(func() { l.handshake(c) }) {
+		if !l.cfg.spawn(func() { l.handshake(c, local) }) {
 			c.Close()
 			return
 		}
 	}
 }
 
-func (l *guardListener) handshake(c net.Conn) {
+func (l *guardListener) handshake(c net.Conn, local bool) {
 	var born uint64 // before our greeting: a peer's requests after it are news
 	if l.cfg.seq != nil {
 		born = l.cfg.seq.Add(1)
@@ -1451,7 +1502,17 @@ func (l *guardListener) handshake(c net.Conn) {
 		tc.SetNoDelay(true)
 	}
 	c.SetDeadline(time.Now().Add(l.cfg.handshakeTimeout))
-	pre, err := serverHello(c)
+	var err error
+	if local {
+		err = l.redeem(c)
+		if l.cfg.onLocal != nil {
+			l.cfg.onLocal(err == nil)
+		}
+	}
+	var pre []byte
+	if err == nil {
+		pre, err = serverHello(c)
+	}
 	l.mu.Lock()
 	e, live := l.pending[c]
 	if live {
@@ -1470,6 +1531,16 @@ func (l *guardListener) handshake(c net.Conn) {
 	g := newGuardConn(c, l.cfg, pre, true)
 	g.lastMsg.Store(born)
 	g.host = peerHost(c)
+	if l.local != nil && !local {
+		g.offer = func() []byte {
+			l.mu.Lock()
+			defer l.mu.Unlock()
+			if _, live := l.conns[g]; !live {
+				return nil
+			}
+			return l.offerLocked(g)
+		}
+	}
 	l.mu.Lock()
 	select {
 	case <-l.done:
@@ -1555,6 +1626,7 @@ func (l *guardListener) addLocked(g *guardConn) {
 }
 
 func (l *guardListener) removeLocked(g *guardConn) {
+	l.forgetTicketLocked(g)
 	delete(l.conns, g)
 	if h := l.hosts[g.host]; h != nil {
 		if delete(h, g); len(h) == 0 {

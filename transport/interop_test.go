@@ -140,6 +140,35 @@ func TestInteropIPC(t *testing.T) {
 	}
 }
 
+// A libzmq ROUTER (vLLM's producer) drops the same-host query, a command
+// it does not know: requests and replies go on over TCP, nothing fails.
+func TestInteropPyRouterIgnoresSameHostQuery(t *testing.T) {
+	requirePyzmq(t)
+	addr := freePort(t)
+	startPyRouter(t, addr)
+	c := newClient(t, ClientConfig{})
+	for i := range 5 {
+		if err := c.Send("tcp://"+addr, fmt.Appendf(nil, "m%d", i)); err != nil {
+			t.Fatal(err)
+		}
+		if got := waitInbound(t, c, 1, 10*time.Second); string(got[0].Payload) != fmt.Sprintf("re:m%d", i) {
+			t.Fatalf("reply %d: %q", i, got[0].Payload)
+		}
+	}
+	if st := c.Stats(); st.SameHost != 0 || st.SameHostFailed != 0 || st.Malformed != 0 {
+		t.Fatalf("stats %+v", st)
+	}
+	c.mu.Lock()
+	asked := c.peers["tcp://"+addr].asked.Load()
+	c.mu.Unlock()
+	if !asked {
+		t.Fatal("the query was not sent: the test shows nothing")
+	}
+	if d := c.Dead(nil); len(d) != 0 {
+		t.Fatalf("dead: %v", d)
+	}
+}
+
 // (2) Our client talks to a pyzmq ROUTER; killed, it is reported dead;
 // restarted on the same port, a new request succeeds.
 func TestInteropPyRouterKillRestart(t *testing.T) {

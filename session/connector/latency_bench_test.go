@@ -183,18 +183,6 @@ func benchProducer(b *testing.B, blocks, bs int, data string, twoProcs bool) (st
 	return p.fields[0], p.fields[1]
 }
 
-// ipcProducer starts the producer in a second process, its control
-// endpoint a Unix-domain socket: abstract on Linux, a file in the
-// temporary directory elsewhere (removed when its listener closes).
-func ipcProducer(b *testing.B, blocks, bs int, data string) string {
-	ctl := fmt.Sprintf("ipc://@ecxfer-bench-%d-%d", os.Getpid(), time.Now().UnixNano())
-	if runtime.GOOS != "linux" {
-		ctl = "ipc://" + filepath.Join(b.TempDir(), "ctl.sock")
-	}
-	p := startProc(b, fmt.Sprintf("ECXFER_BENCH_PRODUCER=%dx%d,%s,%s,", blocks, bs, data, ctl))
-	return p.fields[0]
-}
-
 // proc is a second process: this test binary again, in the role its
 // environment names. It prints one line of fields when ready, and ends
 // when its stdin closes (or it is killed).
@@ -303,17 +291,25 @@ func BenchmarkFetchLatency(b *testing.B) {
 // × bs, on the real control plane and the TCP data plane (which maps a
 // shared region for "shm"). It closes with the benchmark.
 func benchPool(b *testing.B, blocks, bs int, data string, opts ...func(*connector.PoolConfig)) (*connector.Pool, *cache.Region) {
+	pool, region, _ := benchPoolWith(b, blocks, bs, data, transport.ClientConfig{}, opts...)
+	return pool, region
+}
+
+// benchPoolWith is benchPool with a control plane configured by ccfg,
+// which it returns too.
+func benchPoolWith(b *testing.B, blocks, bs int, data string, ccfg transport.ClientConfig, opts ...func(*connector.PoolConfig)) (*connector.Pool, *cache.Region, *transport.Client) {
 	region := must(cache.NewRegion(cache.RegionConfig{Blocks: blocks, BlockSize: bs, NoLock: true}))
 	cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm",
 		PushBuffer: map[bool]int{true: -1}[data == "tcp-no-push"]}, region))
-	cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+	ccfg.Logger = benchQuiet
+	cli := transport.NewClient(ccfg)
 	cfg := connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}
 	for _, o := range opts {
 		o(&cfg)
 	}
 	pool := must(connector.NewPool(cfg, cli, cdata))
 	b.Cleanup(func() { pool.Close(); cli.Close(); cdata.Close(); region.Close() })
-	return pool, region
+	return pool, region, cli
 }
 
 // fetchOne fetches mmHash into ids and steps until it ends, as an
@@ -372,23 +368,22 @@ func benchFetches(b *testing.B, ep string, blocks, bs int, data string) {
 func BenchmarkRequestAck(b *testing.B) {
 	b.Run("python-sessions", pySessions)
 	ep, echo := benchProducer(b, 1, 4096, "tcp", true)
-	b.Run("sessions", func(b *testing.B) {
-		pool, _ := benchPool(b, 1, 4096, "tcp")
-		rtt(b, func() {
-			if fetchOne(b, pool, ep, "not-held", []int{0}) {
-				b.Fatal("an entry the producer does not hold was fetched")
+	// The sessions as configured by default (between Go peers on one
+	// host the control plane moves to the producer's Unix-domain socket),
+	// and kept on TCP.
+	for _, tcpOnly := range []bool{false, true} {
+		b.Run(map[bool]string{false: "sessions", true: "sessions-tcp"}[tcpOnly], func(b *testing.B) {
+			pool, _, cli := benchPoolWith(b, 1, 4096, "tcp", transport.ClientConfig{NoSameHost: tcpOnly})
+			rtt(b, func() {
+				if fetchOne(b, pool, ep, "not-held", []int{0}) {
+					b.Fatal("an entry the producer does not hold was fetched")
+				}
+			})
+			if moved := cli.Stats().SameHost == 1; moved == tcpOnly {
+				b.Fatalf("moved to the same-host socket: %v", moved)
 			}
 		})
-	})
-	b.Run("sessions-ipc", func(b *testing.B) {
-		ep := ipcProducer(b, 1, 4096, "tcp")
-		pool, _ := benchPool(b, 1, 4096, "tcp")
-		rtt(b, func() {
-			if fetchOne(b, pool, ep, "not-held", []int{0}) {
-				b.Fatal("an entry the producer does not hold was fetched")
-			}
-		})
-	})
+	}
 	// The same 200 bytes over TCP and over a Unix-domain socket, between
 	// the same two processes.
 	for _, nw := range []string{"tcp", "unix"} {
