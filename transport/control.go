@@ -29,15 +29,11 @@ var discardLog = log.New(io.Discard, "", 0)
 
 // ControlStats counts what a control-plane endpoint dropped and did.
 type ControlStats struct {
-	Received, Sent       uint64 // messages handed to the application; sent
-	Malformed, SendFails uint64 // messages with the wrong envelope, dropped; sends that failed
-	Dropped              uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
-	Accepted, Shed       uint64 // connections a server accepted; closed or refused at MaxConns or MaxConnsPerHost
-	// The same-host channel: a client's producers reached over their
-	// Unix-domain socket since, and offers of one it could not take (a
-	// failed dial or proof); a server's connections on its socket, and
-	// hellos there it refused (no such ticket).
-	SameHost, SameHostFailed uint64
+	Received, Sent           uint64 // messages handed to the application; sent
+	Malformed, SendFails     uint64 // messages with the wrong envelope, dropped; sends that failed
+	Dropped                  uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
+	Accepted, Shed           uint64 // connections a server accepted; closed or refused at MaxConns or MaxConnsPerHost
+	SameHost, SameHostFailed uint64 // moves to a producer's same-host socket (server: connections taken there); offers, hellos refused
 }
 
 type controlCounters struct {
@@ -68,7 +64,7 @@ type ServerConfig struct {
 	Logger                    *slog.Logger
 }
 
-// Server is the producer's control plane: a ZeroMQ ROUTER (Go or libzmq peers).
+// Server is the producer's control plane: a ZeroMQ ROUTER.
 type Server struct {
 	sock   zmq4.Socket
 	forget func()
@@ -103,8 +99,7 @@ type Server struct {
 }
 
 // Listen binds a ROUTER on "tcp://host:port" or "host:port" (port 0: any),
-// or on "ipc://path", a Unix-domain socket (consumers on the same host;
-// "ipc://@name" on Linux: the abstract namespace).
+// or "ipc://path" (a Unix-domain socket; "ipc://@name": Linux's abstract one).
 func Listen(addr string, cfg ServerConfig) (*Server, error) {
 	e, err := parseEndpoint(addr)
 	if err != nil {
@@ -192,8 +187,7 @@ func newGuardConfig(maxFrame uint64, write, ping, peer, handshake, connect time.
 // Addr returns the bound address.
 func (s *Server) Addr() net.Addr { return s.sock.Addr() }
 
-// Endpoint returns the bound address as an endpoint: "tcp://host:port" or
-// "ipc://path".
+// Endpoint returns the bound address: "tcp://host:port" or "ipc://path".
 func (s *Server) Endpoint() string { return endpointOf(s.Addr()) }
 
 // Stats returns the counters.

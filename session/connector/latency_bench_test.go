@@ -291,9 +291,11 @@ func BenchmarkFetchLatency(b *testing.B) {
 // × bs, on the real control plane and the TCP data plane (which maps a
 // shared region for "shm"). It closes with the benchmark.
 func benchPool(b *testing.B, blocks, bs int, data string, opts ...func(*connector.PoolConfig)) (*connector.Pool, *cache.Region) {
-	pool, region, _ := benchPoolWith(b, blocks, bs, data, transport.ClientConfig{}, opts...)
+	pool, region, _ := benchPoolWith(b, blocks, bs, data, transport.ClientConfig{NoSameHost: *controlTCP}, opts...)
 	return pool, region
 }
+
+var controlTCP = flag.Bool("control.tcp", false, "keep benchmarks' control planes on TCP between Go peers on one host (ClientConfig.NoSameHost), for comparison")
 
 // benchPoolWith is benchPool with a control plane configured by ccfg,
 // which it returns too.
