@@ -623,11 +623,17 @@ func (d *dealer) send(payload []byte) error {
 	}
 	var retire *guardConn
 	if d.local != nil && d.outstanding.Load() == 0 {
-		retire, g = g, d.local
-		d.g, d.local, d.moved = g, nil, true
-		d.retired.Store(retire)
+		select {
+		case <-d.local.done: // closed, its end not yet told: stay
+			d.local = nil
+		default:
+			retire, g = g, d.local
+			d.g, d.local, d.moved = g, nil, true
+			d.retired.Store(retire)
+		}
 	}
-	if !d.moved {
+	counted := !d.moved
+	if counted {
 		d.outstanding.Add(1)
 	}
 	d.qmu.Unlock()
@@ -635,6 +641,9 @@ func (d *dealer) send(payload []byte) error {
 		d.retire()
 	}
 	if err := g.send(nil, payload); err != nil {
+		if counted {
+			d.uncount()
+		}
 		d.c.stats.sendFails.Add(1)
 		if errors.Is(err, xfer.ErrQueueFull) {
 			return fmt.Errorf("%w: %s", xfer.ErrQueueFull, d.addr)
@@ -932,9 +941,9 @@ func (d *dealer) take(g *guardConn, frames [][]byte) bool {
 		d.c.stats.malformed.Add(1)
 		return true
 	}
-	d.answered(g)
 	d.c.steps.taken.Add(1)
 	d.c.got = append(d.c.got, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
+	d.answered(g)
 	return true
 }
 
@@ -944,13 +953,13 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 		d.c.stats.malformed.Add(1)
 		return true
 	}
-	d.answered(g)
 	if !d.admit(g, len(frames[1])) {
 		return false
 	}
 	d.c.mu.Lock()
 	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
 	d.c.mu.Unlock()
+	d.answered(g) // only once queued: a reply waiting for room holds the move
 	select {
 	case d.c.wake <- struct{}{}:
 	default:
@@ -998,12 +1007,17 @@ func (d *dealer) drained(n int) {
 	}
 }
 
-// answered counts a reply on the TCP connection against the requests
-// unanswered there (never below none: a producer may answer twice).
+// answered counts a reply on the TCP connection, queued for Drain,
+// against the requests unanswered there (never below none: a producer may
+// answer twice).
 func (d *dealer) answered(g *guardConn) {
-	if g != d.tcp.Load() {
-		return
+	if g == d.tcp.Load() {
+		d.uncount()
 	}
+}
+
+// uncount takes one from outstanding, never below zero.
+func (d *dealer) uncount() {
 	for {
 		n := d.outstanding.Load()
 		if n <= 0 || d.outstanding.CompareAndSwap(n, n-1) {
@@ -1080,7 +1094,18 @@ func (d *dealer) upgrade(o localOffer, addr string) {
 		return
 	}
 	d.qmu.Lock()
-	d.local = g
+	select {
+	case <-g.done: // closed already: localGone found nothing to clear
+		d.qmu.Unlock()
+		d.c.stats.sameHostFailed.Add(1)
+		d.sockM.Lock()
+		d.lsock, d.lconn = nil, nil
+		d.sockM.Unlock()
+		sock.Close()
+		return
+	default:
+		d.local = g
+	}
 	d.qmu.Unlock()
 	d.c.stats.sameHost.Add(1)
 }

@@ -5,9 +5,12 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // endpoint is a control-plane address: "tcp://host:port" (or "host:port"),
@@ -65,6 +68,20 @@ func endpointOf(a net.Addr) string {
 func listenEndpoint(e endpoint) (net.Listener, error) {
 	ln, err := net.Listen(e.network, e.addr)
 	if err == nil || e.network != "unix" || strings.HasPrefix(e.addr, "@") || !errors.Is(err, syscall.EADDRINUSE) {
+		return ln, err
+	}
+	// Under a lock on the directory: two of ours that both found the file
+	// stale would otherwise each remove the other's new one.
+	dir, derr := unix.Open(filepath.Dir(e.addr), unix.O_RDONLY|unix.O_DIRECTORY|unix.O_CLOEXEC, 0)
+	if derr != nil {
+		return nil, err
+	}
+	defer unix.Close(dir)
+	if unix.Flock(dir, unix.LOCK_EX) != nil {
+		return nil, err
+	}
+	defer unix.Flock(dir, unix.LOCK_UN)
+	if ln, err = net.Listen(e.network, e.addr); err == nil || !errors.Is(err, syscall.EADDRINUSE) {
 		return ln, err
 	}
 	if fi, serr := os.Lstat(e.addr); serr != nil || fi.Mode().Type() != os.ModeSocket {

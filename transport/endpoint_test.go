@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"strings"
+	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -195,5 +196,41 @@ func TestClientAllowSeesIPCWhole(t *testing.T) {
 	}
 	if len(seen) != 2 || seen[0] != "ipc:///tmp/x.sock" || seen[1] != "127.0.0.1:1" {
 		t.Fatalf("Allow saw %q", seen)
+	}
+}
+
+// Two servers starting at once over one stale socket file: one binds,
+// the other fails; never both, which would leave the first unreachable.
+func TestIPCConcurrentListensOverAStaleFile(t *testing.T) {
+	both := 0
+	for range 200 {
+		path := filepath.Join(t.TempDir(), "ctl.sock")
+		ln, err := net.Listen("unix", path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ln.(*net.UnixListener).SetUnlinkOnClose(false)
+		ln.Close() // stale
+		var wg sync.WaitGroup
+		var lns [2]net.Listener
+		for k := range 2 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				lns[k], _ = listenEndpoint(endpoint{"unix", path})
+			}()
+		}
+		wg.Wait()
+		if lns[0] != nil && lns[1] != nil {
+			both++
+		}
+		for _, l := range lns {
+			if l != nil {
+				l.Close()
+			}
+		}
+	}
+	if both > 0 {
+		t.Fatalf("%d of 200: both listens succeeded on one path", both)
 	}
 }

@@ -1349,7 +1349,20 @@ func (guardTransport) Dial(ctx context.Context, _ zmtransport.Dialer, addr strin
 		return nil, err
 	}
 	if cfg.pre != nil {
-		if err := cfg.pre(c); err != nil {
+		// Nothing tracks c yet: a stop must end the exchange itself.
+		proved := make(chan struct{})
+		if cfg.stop != nil {
+			go func() {
+				select {
+				case <-cfg.stop:
+					c.Close()
+				case <-proved:
+				}
+			}()
+		}
+		err := cfg.pre(c)
+		close(proved)
+		if err != nil {
 			c.Close()
 			return nil, err
 		}

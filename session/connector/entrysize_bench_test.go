@@ -345,7 +345,7 @@ func entryRows(b *testing.B, blocks, bs int) {
 		b.Run(data, func(b *testing.B) {
 			b.Logf("%d entries of %d bytes on each side (%d MiB), %d rounds, %v in all for each", items, n, int64(items)*int64(n)>>20, rounds, phase)
 			cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm", CopyWorkers: *entriesWorkers}, region))
-			cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+			cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet, NoSameHost: *controlTCP})
 			pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
 			defer func() { pool.Close(); cli.Close(); cdata.Close() }()
 			ids := make([]int, blocks)
