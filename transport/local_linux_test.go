@@ -54,8 +54,9 @@ func (h *held) answer(t testing.TB, ms []xfer.Message) {
 }
 
 // One request at a time to a producer on this host: the first goes over
-// TCP; once the same-host socket is proven, the next goes over it, every
-// reply in order, and the TCP connection is closed.
+// TCP (unless the move was ready before it was sent: the dial goes on
+// while Send returns); once the same-host socket is proven, the next goes
+// over it, every reply in order, and the TCP connection is closed.
 func TestSameHostChannelTaken(t *testing.T) {
 	h := &held{s: newServer(t, ServerConfig{})}
 	c := newClient(t, ClientConfig{})
@@ -75,7 +76,7 @@ func TestSameHostChannelTaken(t *testing.T) {
 			until(t, "the same-host socket proven", func() bool { return c.Stats().SameHost == 1 })
 		}
 	}
-	if nets[0] != "tcp" || nets[1] != "unix" || strings.Count(strings.Join(nets, ","), "tcp") != 1 {
+	if strings.Count(strings.Join(nets, ","), "tcp") > 1 || nets[1] != "unix" {
 		t.Fatalf("requests went over %v", nets)
 	}
 	until(t, "the TCP connection closed", func() bool { return registered(h.s) == 1 })
@@ -102,6 +103,9 @@ func TestSameHostChannelWaitsForTCPReplies(t *testing.T) {
 	}
 	send("a")
 	first := h.take(t, 1)
+	if networkOf(t, h.s, first[0].Identity) != "tcp" {
+		t.Skip("the move was ready before the first request was sent: nothing to show")
+	}
 	until(t, "the same-host socket proven", func() bool { return c.Stats().SameHost == 1 })
 	send("b")
 	send("c")
