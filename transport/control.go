@@ -33,7 +33,7 @@ type ControlStats struct {
 	Malformed, SendFails     uint64 // messages with the wrong envelope, dropped; sends that failed
 	Dropped                  uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
 	Accepted, Shed           uint64 // connections a server accepted; closed or refused at MaxConns or MaxConnsPerHost
-	SameHost, SameHostFailed uint64 // moves to a producer's same-host socket (server: connections taken there); offers, hellos refused
+	SameHost, SameHostFailed uint64 // moves to a producer's same-host socket (server: hellos proven); offers, hellos refused
 }
 
 type controlCounters struct {
@@ -1082,6 +1082,9 @@ func (d *dealer) upgrade(o localOffer, addr string) {
 		d.c.stats.sameHostFailed.Add(1)
 		d.c.log.Debug("ec control: same-host socket not taken; staying on TCP", "addr", d.addr, "err", err)
 		d.sockM.Lock()
+		if d.lconn != nil {
+			d.lconn.Close() // a failed handshake's: zmq4 never took it
+		}
 		d.lsock, d.lconn = nil, nil
 		d.sockM.Unlock()
 		sock.Close()

@@ -62,6 +62,10 @@ func endpointOf(a net.Addr) string {
 	return "tcp://" + a.String()
 }
 
+// staleLockWait bounds the wait for the lock under which a stale socket
+// file is replaced.
+const staleLockWait = 2 * time.Second
+
 // listenEndpoint binds e. A socket file left by a process that is gone
 // (nothing accepts on it) is removed and bound again, as libzmq does; one
 // with a live listener, or a path that is not a socket, is an error.
@@ -77,8 +81,12 @@ func listenEndpoint(e endpoint) (net.Listener, error) {
 		return nil, err
 	}
 	defer unix.Close(dir)
-	if unix.Flock(dir, unix.LOCK_EX) != nil {
-		return nil, err
+	// Any process that can read the directory can hold its lock: wait a
+	// while, not for ever.
+	for end := time.Now().Add(staleLockWait); unix.Flock(dir, unix.LOCK_EX|unix.LOCK_NB) != nil; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			return nil, err
+		}
 	}
 	defer unix.Flock(dir, unix.LOCK_UN)
 	if ln, err = net.Listen(e.network, e.addr); err == nil || !errors.Is(err, syscall.EADDRINUSE) {

@@ -1562,7 +1562,9 @@ func (l *guardListener) handshake(c net.Conn, local bool) {
 		return
 	default:
 	}
-	victim, ok := l.admitLocked(g)
+	// A same-host connection sheds no one: its consumer holds a TCP
+	// connection already, and stays on it.
+	victim, ok := l.admitLocked(g, !local)
 	if !ok {
 		l.mu.Unlock()
 		g.Close()
@@ -1595,8 +1597,8 @@ func (l *guardListener) handshake(c net.Conn, local bool) {
 // only when every candidate sent a request since g was accepted.
 // Connections zmq4 is still opening are no candidates: they are gone in
 // microseconds, and closing one under zmq4's Open would leave it a
-// reference to keep.
-func (l *guardListener) admitLocked(g *guardConn) (victim *guardConn, ok bool) {
+// reference to keep. Unless mayShed, g is refused at a cap instead.
+func (l *guardListener) admitLocked(g *guardConn, mayShed bool) (victim *guardConn, ok bool) {
 	var pool map[*guardConn]struct{}
 	switch {
 	case l.cfg.maxConnsPerHost > 0 && len(l.hosts[g.host]) >= l.cfg.maxConnsPerHost:
@@ -1605,6 +1607,9 @@ func (l *guardListener) admitLocked(g *guardConn) (victim *guardConn, ok bool) {
 		pool = l.conns
 	default:
 		return nil, true
+	}
+	if !mayShed {
+		return nil, false
 	}
 	var idle uint64
 	for v := range pool {
