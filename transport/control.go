@@ -520,7 +520,9 @@ type dealer struct {
 	once  sync.Once
 	sockM sync.Mutex
 	sock  zmq4.Socket
-	conn  net.Conn // the guarded connection, once dialed
+	conn  net.Conn      // the guarded connection, once dialed
+	took  time.Duration // the dial and handshake, set before up closes
+	upAt  time.Time     // when the handshake was done, set before up closes
 
 	// The same-host channel (local.go). tcp is the first connection;
 	// local, under qmu, the proven Unix-domain one until a send moves to
@@ -532,6 +534,8 @@ type dealer struct {
 	moved        bool // under qmu
 	outstanding  atomic.Int64
 	asked, taken atomic.Bool
+	offer        chan struct{} // closed once an offer is taken
+	settled      chan struct{} // closed once the move is ready or failed
 	lsock        zmq4.Socket
 	lconn        net.Conn
 	retired      atomic.Pointer[guardConn]
@@ -553,7 +557,8 @@ func (c *Client) Send(addr string, payload []byte) error {
 	return d.send(payload)
 }
 
-// Connect dials addr, awaiting the handshake; xfer.ErrPeerDown wraps failures.
+// Connect dials addr, awaiting the handshake (and a move to a Go producer's
+// same-host socket); xfer.ErrPeerDown wraps failures.
 func (c *Client) Connect(ctx context.Context, addr string) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
@@ -561,6 +566,7 @@ func (c *Client) Connect(ctx context.Context, addr string) error {
 	}
 	select {
 	case <-d.up:
+		d.awaitMove(ctx)
 		return nil
 	case <-d.stop:
 	case <-ctx.Done():
@@ -601,7 +607,8 @@ func (c *Client) dealerFor(addr string) (*dealer, error) {
 		if c.cfg.Allow != nil && !c.cfg.Allow(allowed) {
 			return nil, fmt.Errorf("%w: %s", xfer.ErrNotAllowed, addr)
 		}
-		d = &dealer{c: c, addr: addr, ep: e, stop: make(chan struct{}), up: make(chan struct{}), room: make(chan struct{}, 1)}
+		d = &dealer{c: c, addr: addr, ep: e, stop: make(chan struct{}), up: make(chan struct{}), room: make(chan struct{}, 1),
+			offer: make(chan struct{}), settled: make(chan struct{})}
 		c.peers[addr] = d
 		c.wg.Add(1)
 		go d.run()
@@ -869,6 +876,7 @@ func (d *dealer) run() {
 	}
 	d.sock = sock
 	d.sockM.Unlock()
+	start := time.Now()
 	if err := sock.Dial(ep); err != nil {
 		d.die(&plainErr{msg: "connect to " + d.addr + ": " + strings.ReplaceAll(err.Error(), ep, d.addr), err: err})
 		return
@@ -895,6 +903,8 @@ func (d *dealer) run() {
 	}
 	d.g = g
 	d.qmu.Unlock()
+	d.upAt = time.Now()
+	d.took = d.upAt.Sub(start)
 	if !d.c.cfg.NoSameHost && localSupported && d.ep.network == "tcp" && reachesThisHost(g.LocalAddr(), g.RemoteAddr()) {
 		d.asked.Store(true)
 		g.sendCommand(ctlLocal, localQuery)
@@ -1032,14 +1042,45 @@ func (d *dealer) offered(g *guardConn, body []byte) {
 	if !d.asked.Load() || g != d.tcp.Load() || !d.taken.CompareAndSwap(false, true) {
 		return
 	}
+	close(d.offer)
 	o, ok := parseLocalOffer(body)
 	if !ok {
 		d.c.stats.sameHostFailed.Add(1)
 		d.c.log.Debug("ec control: malformed same-host offer ignored", "addr", d.addr)
+		close(d.settled)
 		return
 	}
 	addr := g.RemoteAddr().String()
-	d.c.gcfg.spawn(func() { d.upgrade(o, addr) })
+	if !d.c.gcfg.spawn(func() { defer close(d.settled); d.upgrade(o, addr) }) {
+		close(d.settled)
+	}
+}
+
+// awaitMove lets Connect return with the move ready, so that the first
+// fetch goes over the same-host socket: once the handshake is done, if
+// the producer was asked, it waits for an offer as long as the handshake
+// took (1 ms at least: a libzmq producer never offers), then for the
+// move's dial and proof, or for ctx.
+func (d *dealer) awaitMove(ctx context.Context) {
+	if !d.asked.Load() {
+		return
+	}
+	grace := time.NewTimer(time.Until(d.upAt.Add(max(d.took, time.Millisecond))))
+	defer grace.Stop()
+	select {
+	case <-d.offer:
+	case <-grace.C:
+		return
+	case <-ctx.Done():
+		return
+	case <-d.stop:
+		return
+	}
+	select {
+	case <-d.settled:
+	case <-ctx.Done():
+	case <-d.stop:
+	}
 }
 
 // upgrade dials the offer's socket and proves it (proveLocal) before the

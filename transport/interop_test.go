@@ -147,6 +147,13 @@ func TestInteropPyRouterIgnoresSameHostQuery(t *testing.T) {
 	addr := freePort(t)
 	startPyRouter(t, addr)
 	c := newClient(t, ClientConfig{})
+	start := time.Now()
+	if err := c.Connect(t.Context(), "tcp://"+addr); err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > time.Second {
+		t.Fatalf("Connect took %v: it waited for an offer a libzmq producer never makes", took)
+	}
 	for i := range 5 {
 		if err := c.Send("tcp://"+addr, fmt.Appendf(nil, "m%d", i)); err != nil {
 			t.Fatal(err)

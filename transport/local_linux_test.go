@@ -308,3 +308,22 @@ func TestSameHostHostileHellos(t *testing.T) {
 
 // listener is the server's guard listener.
 func (s *Server) listener() *guardListener { return s.gcfg.listener }
+
+// Connect to a Go producer on this host returns with the move ready: the
+// first request goes over the same-host socket. To a libzmq producer,
+// which never offers, it returns about a handshake's time later, at most.
+func TestConnectAwaitsTheMove(t *testing.T) {
+	h := &held{s: newServer(t, ServerConfig{})}
+	c := newClient(t, ClientConfig{})
+	ep := h.s.Endpoint()
+	if err := c.Connect(t.Context(), ep); err != nil {
+		t.Fatal(err)
+	}
+	if st := c.Stats(); st.SameHost != 1 {
+		t.Fatalf("Connect returned before the move was ready: %+v", st)
+	}
+	c.Send(ep, []byte("a"))
+	if m := h.take(t, 1); networkOf(t, h.s, m[0].Identity) != "unix" {
+		t.Fatal("the first request after Connect went over TCP")
+	}
+}

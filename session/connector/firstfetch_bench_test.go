@@ -117,7 +117,7 @@ func newFirstFetch(b *testing.B, blocks, bs int, data string) *firstFetch {
 	// not for the first touch of a huge page of its own.
 	clear(c.region.Bytes())
 	c.cdata = must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm"}, c.region))
-	c.cli = transport.NewClient(transport.ClientConfig{Logger: benchQuiet})
+	c.cli = transport.NewClient(transport.ClientConfig{Logger: benchQuiet, NoSameHost: *controlTCP})
 	c.pool = must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, c.cli, c.cdata))
 	return c
 }
