@@ -557,8 +557,7 @@ func (c *Client) Send(addr string, payload []byte) error {
 	return d.send(payload)
 }
 
-// Connect dials addr, awaiting the handshake (and a move to a Go producer's
-// same-host socket); xfer.ErrPeerDown wraps failures.
+// Connect dials addr, awaiting the handshake and any same-host move.
 func (c *Client) Connect(ctx context.Context, addr string) error {
 	d, err := c.dealerFor(addr)
 	if err != nil {
