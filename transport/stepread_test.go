@@ -116,7 +116,7 @@ func TestStepReadsKeepOrder(t *testing.T) {
 // the server waits wakes it, though the last Drains read the socket.
 func TestWaitCoolsHotConnections(t *testing.T) {
 	s := newServer(t, ServerConfig{})
-	c := newClient(t, ClientConfig{})
+	c := newClient(t, ClientConfig{NoSameHost: true}) // its one connection is the one watched
 	ep := s.Endpoint()
 	clientConn(t, c, ep)
 	c.Send(ep, []byte("hello"))
