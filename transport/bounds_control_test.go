@@ -32,8 +32,13 @@ func registered(s *Server) int {
 // is this host's on Linux), sends our greeting and reads the server's.
 func dialFrom(t testing.TB, ip, addr string) net.Conn {
 	t.Helper()
-	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
-	c, err := d.Dial("tcp", addr)
+	return dialGreet(t, net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}, "tcp", addr)
+}
+
+// dialGreet connects with d, sends our greeting and reads the server's.
+func dialGreet(t testing.TB, d net.Dialer, network, addr string) net.Conn {
+	t.Helper()
+	c, err := d.Dial(network, addr)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -839,50 +839,18 @@ func (d *dealer) die(err error) {
 func (d *dealer) run() {
 	defer d.c.wg.Done()
 	gcfg := *d.c.gcfg
-	gcfg.stop = d.stop
-	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
 	gcfg.gone = func(g *guardConn) {
 		if d.retired.Load() != g {
 			d.die(g.cause())
 		}
 	}
 	gcfg.onOffer = d.offered
-	gcfg.track = func(c net.Conn) {
-		d.sockM.Lock()
-		defer d.sockM.Unlock()
-		select {
-		case <-d.stop:
-			c.Close()
-		default:
-			d.conn = c
-		}
-	}
-	ep, forget, err := guardEndpoint(&gcfg, d.ep)
+	start := time.Now()
+	g, err := d.dial(gcfg, d.ep, d.addr, &d.sock, &d.conn)
 	if err != nil {
 		d.die(err)
 		return
 	}
-	defer forget()
-	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(uuid.NewString())),
-		zmq4.WithLogger(discardLog), zmq4.WithTimeout(d.c.cfg.WriteTimeout), zmq4.WithDialerMaxRetries(0))
-	d.sockM.Lock()
-	select {
-	case <-d.stop:
-		d.sockM.Unlock()
-		sock.Close()
-		return
-	default:
-	}
-	d.sock = sock
-	d.sockM.Unlock()
-	start := time.Now()
-	if err := sock.Dial(ep); err != nil {
-		d.die(&plainErr{msg: "connect to " + d.addr + ": " + strings.ReplaceAll(err.Error(), ep, d.addr), err: err})
-		return
-	}
-	d.sockM.Lock()
-	g, _ := d.conn.(*guardConn)
-	d.sockM.Unlock()
 	if g == nil { // stopped while dialing
 		return
 	}
@@ -1087,10 +1055,54 @@ func (d *dealer) awaitMove(ctx context.Context) {
 // unanswered on TCP moves to it. A failure leaves the dealer on TCP.
 func (d *dealer) upgrade(o localOffer, addr string) {
 	gcfg := *d.c.gcfg
-	gcfg.stop = d.stop
-	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
 	gcfg.pre = func(c net.Conn) error { return proveLocal(c, o, addr, d.c.cfg.HandshakeTimeout) }
 	gcfg.gone = d.localGone
+	g, err := d.dial(gcfg, endpoint{"unix", o.name}, o.name, &d.lsock, &d.lconn)
+	if err != nil {
+		d.c.stats.sameHostFailed.Add(1)
+		d.c.log.Debug("ec control: same-host socket not taken; staying on TCP", "addr", d.addr, "err", err)
+		d.dropLocal()
+		return
+	}
+	if g == nil { // stopped while dialing
+		return
+	}
+	d.qmu.Lock()
+	select {
+	case <-g.done: // closed already: localGone found nothing to clear
+		d.qmu.Unlock()
+		d.c.stats.sameHostFailed.Add(1)
+		d.dropLocal()
+		return
+	default:
+		d.local = g
+	}
+	d.qmu.Unlock()
+	d.c.stats.sameHost.Add(1)
+}
+
+// dropLocal closes and forgets the same-host socket and connection not
+// moved to (a failed handshake's connection zmq4 never took, too).
+func (d *dealer) dropLocal() {
+	d.sockM.Lock()
+	sock, c := d.lsock, d.lconn
+	d.lsock, d.lconn = nil, nil
+	d.sockM.Unlock()
+	if c != nil {
+		c.Close()
+	}
+	if sock != nil {
+		sock.Close()
+	}
+}
+
+// dial opens a zmq4 DEALER to e through the guard, with gcfg (the
+// dealer's message path added), named name in errors, keeping its socket in *sockp and its
+// connection in *connp, under sockM, for shutdown to close. A nil
+// connection and error: stopped before or while dialing.
+func (d *dealer) dial(gcfg guardConfig, e endpoint, name string, sockp *zmq4.Socket, connp *net.Conn) (*guardConn, error) {
+	gcfg.stop = d.stop
+	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
 	gcfg.track = func(c net.Conn) {
 		d.sockM.Lock()
 		defer d.sockM.Unlock()
@@ -1098,12 +1110,12 @@ func (d *dealer) upgrade(o localOffer, addr string) {
 		case <-d.stop:
 			c.Close()
 		default:
-			d.lconn = c
+			*connp = c
 		}
 	}
-	ep, forget, err := guardEndpoint(&gcfg, endpoint{"unix", o.name})
+	ep, forget, err := guardEndpoint(&gcfg, e)
 	if err != nil {
-		return
+		return nil, err
 	}
 	defer forget()
 	sock := zmq4.NewDealer(context.Background(), zmq4.WithID(zmq4.SocketIdentity(uuid.NewString())),
@@ -1113,44 +1125,18 @@ func (d *dealer) upgrade(o localOffer, addr string) {
 	case <-d.stop:
 		d.sockM.Unlock()
 		sock.Close()
-		return
+		return nil, nil
 	default:
 	}
-	d.lsock = sock
+	*sockp = sock
 	d.sockM.Unlock()
 	if err := sock.Dial(ep); err != nil {
-		d.c.stats.sameHostFailed.Add(1)
-		d.c.log.Debug("ec control: same-host socket not taken; staying on TCP", "addr", d.addr, "err", err)
-		d.sockM.Lock()
-		if d.lconn != nil {
-			d.lconn.Close() // a failed handshake's: zmq4 never took it
-		}
-		d.lsock, d.lconn = nil, nil
-		d.sockM.Unlock()
-		sock.Close()
-		return
+		return nil, &plainErr{msg: "connect to " + name + ": " + strings.ReplaceAll(err.Error(), ep, name), err: err}
 	}
 	d.sockM.Lock()
-	g, _ := d.lconn.(*guardConn)
+	g, _ := (*connp).(*guardConn)
 	d.sockM.Unlock()
-	if g == nil { // stopped while dialing
-		return
-	}
-	d.qmu.Lock()
-	select {
-	case <-g.done: // closed already: localGone found nothing to clear
-		d.qmu.Unlock()
-		d.c.stats.sameHostFailed.Add(1)
-		d.sockM.Lock()
-		d.lsock, d.lconn = nil, nil
-		d.sockM.Unlock()
-		sock.Close()
-		return
-	default:
-		d.local = g
-	}
-	d.qmu.Unlock()
-	d.c.stats.sameHost.Add(1)
+	return g, nil
 }
 
 // localGone is told of the same-host connection's end: the producer's

@@ -3,7 +3,6 @@ package transport
 import (
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
@@ -107,18 +106,25 @@ func TestIPCRoundTrip(t *testing.T) {
 	}
 }
 
-// A socket file nothing accepts on (its process died) is bound over, as
-// libzmq does; one a live server holds, or a path that is not a socket,
-// is never touched.
-func TestIPCListenOverAStaleFile(t *testing.T) {
-	dir := t.TempDir()
-	stale := filepath.Join(dir, "stale.sock")
-	ln, err := net.Listen("unix", stale)
+// staleSocket leaves a socket file at path that nothing accepts on, as a
+// process that died would, and returns path.
+func staleSocket(t *testing.T, path string) string {
+	t.Helper()
+	ln, err := net.Listen("unix", path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ln.(*net.UnixListener).SetUnlinkOnClose(false)
 	ln.Close()
+	return path
+}
+
+// A socket file nothing accepts on (its process died) is bound over, as
+// libzmq does; one a live server holds, or a path that is not a socket,
+// is never touched.
+func TestIPCListenOverAStaleFile(t *testing.T) {
+	dir := t.TempDir()
+	stale := staleSocket(t, filepath.Join(dir, "stale.sock"))
 	if _, err := os.Lstat(stale); err != nil {
 		t.Fatalf("the stale file is not there: %v", err)
 	}
@@ -154,18 +160,7 @@ func TestIPCConnsShareTheLocalHost(t *testing.T) {
 	n := 0
 	dial := func() net.Conn {
 		n++
-		d := net.Dialer{LocalAddr: &net.UnixAddr{Net: "unix", Name: filepath.Join(dir, fmt.Sprint("peer", n))}}
-		c, err := d.Dial("unix", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		t.Cleanup(func() { c.Close() })
-		c.SetDeadline(time.Now().Add(5 * time.Second))
-		c.Write(zmtpGreeting)
-		if _, err := io.ReadFull(c, make([]byte, greetingLen)); err != nil {
-			t.Fatalf("greeting: %v", err)
-		}
-		return c
+		return dialGreet(t, net.Dialer{LocalAddr: &net.UnixAddr{Net: "unix", Name: filepath.Join(dir, fmt.Sprint("peer", n))}}, "unix", path)
 	}
 	a, b := dial(), dial()
 	ready(t, s, a, "a")
@@ -204,13 +199,7 @@ func TestClientAllowSeesIPCWhole(t *testing.T) {
 func TestIPCConcurrentListensOverAStaleFile(t *testing.T) {
 	both := 0
 	for range 200 {
-		path := filepath.Join(t.TempDir(), "ctl.sock")
-		ln, err := net.Listen("unix", path)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln.(*net.UnixListener).SetUnlinkOnClose(false)
-		ln.Close() // stale
+		path := staleSocket(t, filepath.Join(t.TempDir(), "ctl.sock"))
 		var wg sync.WaitGroup
 		var lns [2]net.Listener
 		for k := range 2 {

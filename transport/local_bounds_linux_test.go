@@ -134,13 +134,7 @@ func TestSameHostFailedHandshakeClosesItsConnection(t *testing.T) {
 // for it, then fails with the address in use, never for ever.
 func TestIPCListenWaitsForALockedDirectoryBriefly(t *testing.T) {
 	dir := t.TempDir()
-	stale := filepath.Join(dir, "stale.sock")
-	ln, err := net.Listen("unix", stale)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln.(*net.UnixListener).SetUnlinkOnClose(false)
-	ln.Close()
+	stale := staleSocket(t, filepath.Join(dir, "stale.sock"))
 	// Another process's lock (a separate open file description).
 	fd, err := unix.Open(dir, unix.O_RDONLY|unix.O_DIRECTORY, 0)
 	if err != nil {
