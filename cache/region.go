@@ -73,6 +73,9 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 			r.shared.Close()
 			return nil, fmt.Errorf("cache: mmap %d bytes: %w", head+mapped, err)
 		}
+		if !cfg.NoHugePages && mapped >= hugePage {
+			shm.AdviseHuge(r.mapping) // before mlock faults it in
+		}
 		r.header = r.mapping[:head:head]
 		r.mem = r.mapping[head:]
 		var st unix.Stat_t

@@ -54,6 +54,27 @@ func TestSharedRegion(t *testing.T) {
 	}
 }
 
+// A Shared region of a huge page or more asks for huge pages on its
+// mapping before locking it, so that the host's shmem_enabled=advise gives
+// them; NoHugePages, or a smaller region, does not ask.
+func TestSharedRegionAsksForHugePages(t *testing.T) {
+	for _, tc := range []struct {
+		blocks  int
+		noHuge  bool
+		advised bool
+	}{{3, false, true}, {3, true, false}, {1, false, false}} {
+		r, err := NewRegion(RegionConfig{Blocks: tc.blocks, BlockSize: 1 << 20, Shared: true, NoHugePages: tc.noHuge})
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := shm.HugeAdvised(r.mapping)
+		r.Close()
+		if err != nil || got != tc.advised {
+			t.Fatalf("%d MiB, NoHugePages %v: advised %v (%v), want %v", tc.blocks, tc.noHuge, got, err, tc.advised)
+		}
+	}
+}
+
 // A Shared region lends its own mapping to readers in this process; the
 // mapping outlives the Region's Close until the last one gives it back,
 // and a closed region lends to no one new.

@@ -388,6 +388,9 @@ func (d *TCPData) mapRegion(f *os.File, key regionKey, size int) (mem []byte, ne
 	if err != nil {
 		return nil, false, err
 	}
+	// The producer's huge pages, where the host gives shared memory any,
+	// map as such here too.
+	shm.AdviseHuge(mem)
 	if d.maps[key] == nil { // else a stale size: keep that one's entry, map this privately
 		d.maps[key] = &regionMap{mem: mem, refs: 1}
 	}

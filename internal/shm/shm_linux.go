@@ -3,6 +3,10 @@ package shm
 import (
 	"fmt"
 	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -42,8 +46,37 @@ func Create(size int) (*os.File, error) {
 func Path(f *os.File) string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(), f.Fd()) }
 
 // AdviseHuge asks for transparent huge pages for mem (best effort: they
-// may be off).
+// may be off). On a Shared region's memfd the kernel gives them only where
+// /sys/kernel/mm/transparent_hugepage/shmem_enabled allows: always,
+// within_size, or advise with this advice on the mapping that faults.
 func AdviseHuge(mem []byte) { _ = unix.Madvise(mem, unix.MADV_HUGEPAGE) }
+
+// HugeAdvised says whether the mapping that holds mem[0] carries
+// MADV_HUGEPAGE (VmFlags "hg" in /proc/self/smaps), for tests.
+func HugeAdvised(mem []byte) (bool, error) {
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return false, err
+	}
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
+			l, err1 := strconv.ParseUint(lo, 16, 64)
+			h, err2 := strconv.ParseUint(hi, 16, 64)
+			in = err1 == nil && err2 == nil && l <= addr && addr < h
+			continue
+		}
+		if in && f[0] == "VmFlags:" {
+			return slices.Contains(f[1:], "hg"), nil
+		}
+	}
+	return false, fmt.Errorf("no mapping holds %#x", addr)
+}
 
 // Sealed returns nil if f carries Seals (its size cannot change), else
 // why not.
