@@ -74,7 +74,10 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 			return nil, fmt.Errorf("cache: mmap %d bytes: %w", head+mapped, err)
 		}
 		if !cfg.NoHugePages && mapped >= hugePage {
-			shm.AdviseHuge(r.mapping) // before mlock faults it in
+			// Before mlock faults it in, and the whole file: mlock of
+			// the blocks alone would split the mapping at the header,
+			// and no huge page crosses a split.
+			shm.AdviseHuge(r.mapping)
 		}
 		r.header = r.mapping[:head:head]
 		r.mem = r.mapping[head:]
@@ -114,7 +117,11 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 	}
 	r.mem = r.mem[:size:size]
 	if !cfg.NoLock {
-		if err := unix.Mlock(r.mem); err != nil {
+		locked := r.mem
+		if r.shared != nil {
+			locked = r.mapping // the header too, in one piece with the blocks
+		}
+		if err := unix.Mlock(locked); err != nil {
 			r.lockErr = lockError(size, err)
 			if cfg.RequireLock {
 				r.Close()

@@ -68,8 +68,10 @@ func sharedOf(t *testing.T, c *TCPData, agent string) *sharedPeer {
 // A read fault on a file hole allocates the page, charged to the process
 // that faults: a region's pages are faulted in ahead of the copies only
 // once its producer proved it its own, and only where the file has data.
-// Here a region of 256 MiB with 1 MiB of data is left alone while
-// unproven, and once proven has its data faulted in and no hole filled.
+// Even its token, read before the proof, is read with pread, which
+// allocates nothing on a hole. Here a region of 256 MiB with 1 MiB of data
+// is left alone while unproven, and once proven has its data faulted in
+// and no hole filled.
 func TestRegionPopulatedOnlyWhenProvenAndOnlyItsData(t *testing.T) {
 	const bs = 4096
 	c := newTCP(t, newRegion(t, 8, bs), TCPConfig{})
@@ -77,12 +79,16 @@ func TestRegionPopulatedOnlyWhenProvenAndOnlyItsData(t *testing.T) {
 	if _, err := unix.Pwrite(fd, make([]byte, 1<<20), 64<<20); err != nil {
 		t.Fatal(err)
 	}
+	atAdd := allocated()
 	peer, err := c.AddRemotePeer(meta, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer c.RemoveRemotePeer(peer.Agent)
 	sh := sharedOf(t, c, peer.Agent)
+	if got := allocated(); got != atAdd {
+		t.Fatalf("registering an unproven producer allocated %d KiB of its region's holes", (got-atAdd)>>10)
+	}
 	if !sh.populates {
 		t.Skip("the mapping is not new")
 	}

@@ -364,6 +364,17 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 		sh.unmap()
 		return nil, err
 	}
+	// The token is read with pread, not through the mapping: before the
+	// proof nothing of the file may cost us memory, and a read fault on a
+	// hole would allocate a page (a huge one where shared memory has them).
+	var token [tokenLen]byte
+	if n, err := unix.Pread(int(f.Fd()), token[:], 0); n != tokenLen || err != nil {
+		sh.unmap()
+		return nil, fmt.Errorf("%w: shared region's token unreadable (%d bytes, %v)", errBadMeta, n, err)
+	}
+	// Only the owner listening at the address we dial, of the
+	// incarnation named, answers this one.
+	copy(sh.want[:], proof(token[:], sh.challenge[:], m.Addr, m.Incarnation))
 	if sh.populates {
 		// Kept for populate, which faults in only what has pages.
 		if sh.fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0); err != nil {
@@ -371,9 +382,6 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 			return nil, err
 		}
 	}
-	// Only the owner listening at the address we dial, of the
-	// incarnation named, answers this one.
-	copy(sh.want[:], proof(sh.mem[:tokenLen], sh.challenge[:], m.Addr, m.Incarnation))
 	return sh, nil
 }
 
@@ -388,9 +396,6 @@ func (d *TCPData) mapRegion(f *os.File, key regionKey, size int) (mem []byte, ne
 	if err != nil {
 		return nil, false, err
 	}
-	// The producer's huge pages, where the host gives shared memory any,
-	// map as such here too.
-	shm.AdviseHuge(mem)
 	if d.maps[key] == nil { // else a stale size: keep that one's entry, map this privately
 		d.maps[key] = &regionMap{mem: mem, refs: 1}
 	}

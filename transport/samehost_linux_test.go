@@ -62,24 +62,3 @@ func refusesFile(t *testing.T, f *os.File) {
 		t.Fatal("the READ did not go over TCP")
 	}
 }
-
-// A consumer's mapping of a producer's region asks for huge pages, as the
-// producer's own does (cache), so that where the host gives shared memory
-// huge pages only on advice (shmem_enabled=advise) the copies read them
-// through huge-page mappings at both ends.
-func TestSharedMappingAsksForHugePages(t *testing.T) {
-	borrowOwn = false // map it, as a consumer in another process does
-	defer func() { borrowOwn = true }()
-	p, _ := gatedProducer(t, newSharedRegion(t, 2, 1<<20), TCPConfig{})
-	c := newTCP(t, newRegion(t, 2, 1<<20), TCPConfig{})
-	peer, err := c.AddRemotePeer(p.AgentMetadata(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c.mu.Lock()
-	mem := c.peers[peer.Agent].sh.mem
-	c.mu.Unlock()
-	if advised, err := shm.HugeAdvised(mem); err != nil || !advised {
-		t.Fatalf("the consumer's mapping: advised %v (%v)", advised, err)
-	}
-}
