@@ -122,7 +122,7 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 			locked = r.mapping // the header too, in one piece with the blocks
 		}
 		if err := unix.Mlock(locked); err != nil {
-			r.lockErr = lockError(size, err)
+			r.lockErr = lockError(len(locked), err)
 			if cfg.RequireLock {
 				r.Close()
 				return nil, r.lockErr
@@ -134,7 +134,8 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 	return r, nil
 }
 
-// lockError says why mlock refused size bytes and what to change.
+// lockError says why mlock refused size bytes (a Shared region's header
+// included) and what to change.
 func lockError(size int, err error) error {
 	limit := "unknown"
 	var rl unix.Rlimit
@@ -145,7 +146,7 @@ func lockError(size int, err error) error {
 			limit = fmt.Sprintf("%d KiB", rl.Cur>>10)
 		}
 	}
-	return fmt.Errorf("cache: mlock of a %d-byte region (%.1f MiB) refused: %w; the locked-memory limit RLIMIT_MEMLOCK (ulimit -l) is %s: raise it, or do not lock (NoLock)",
+	return fmt.Errorf("cache: mlock of the region's %d bytes (%.1f MiB) refused: %w; the locked-memory limit RLIMIT_MEMLOCK (ulimit -l) is %s: raise it, or do not lock (NoLock)",
 		size, float64(size)/(1<<20), err, limit)
 }
 

@@ -1,6 +1,7 @@
 package transport
 
 import (
+	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
@@ -161,5 +162,47 @@ func TestRegionOpenNeverWaits(t *testing.T) {
 		w, _ := unix.Open(fifo, unix.O_WRONLY|unix.O_NONBLOCK, 0) // lets a blocked open go
 		defer unix.Close(w)
 		t.Fatal("a registration waited on the producer's FIFO")
+	}
+}
+
+// mapShared runs under the plane's lock: a failure after the region is
+// mapped releases the mapping without taking that lock again (it once
+// deadlocked the plane), and the producer is read over TCP.
+func TestSharedMapFailureReleasesTheMapping(t *testing.T) {
+	borrowOwn = false
+	defer func() { borrowOwn = true }()
+	readToken = func(int, []byte) (int, error) { return 0, unix.EIO }
+	defer func() { readToken = func(fd int, token []byte) (int, error) { return unix.Pread(fd, token, 0) } }()
+	// Not newTCP: its cleanup, Close, would wait on a deadlocked plane.
+	c, err := NewTCPData(TCPConfig{Logger: quiet}, newRegion(t, 8, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, meta, _ := hostileRegion(t, 4096, 8, false)
+	added := make(chan error, 1)
+	go func() {
+		peer, err := c.AddRemotePeer(meta, nil)
+		if err == nil {
+			c.mu.Lock()
+			if c.peers[peer.Agent].sh != nil {
+				err = errors.New("the region is mapped though its token was unreadable")
+			}
+			c.mu.Unlock()
+		}
+		added <- err
+	}()
+	select {
+	case err := <-added:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("AddRemotePeer did not return: the plane is deadlocked")
+	}
+	defer c.Close()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if len(c.maps) != 0 {
+		t.Fatalf("%d mappings kept after the failure", len(c.maps))
 	}
 }

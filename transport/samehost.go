@@ -337,6 +337,8 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	sh := &sharedPeer{off: m.ShmOff, proven: make(chan struct{})}
 	key := regionKey{uint64(st.Dev), st.Ino}
 	skey := shm.Key{Dev: key.dev, Ino: key.ino}
+	// undo releases the mapping on the way out with an error: we hold d.mu.
+	var undo func()
 	if mem, ok := shm.Borrow(skey); ok && borrowOwn && len(mem) == int(st.Size) {
 		// Our own process's region: read it through its mapping, whose
 		// pages are in the page tables already.
@@ -346,6 +348,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 				unix.Munmap(mem)
 			}
 		}
+		undo = sh.unmap
 	} else {
 		if ok {
 			if shm.Return(skey, mem) {
@@ -355,21 +358,26 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 		if sh.mem, sh.populates, err = d.mapRegion(f, key, int(st.Size)); err != nil {
 			return nil, err
 		}
-		sh.unmap = func() { d.unmapRegion(sh.mem, key) }
+		sh.unmap = func() {
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			d.unmapRegionLocked(sh.mem, key)
+		}
+		undo = func() { d.unmapRegionLocked(sh.mem, key) }
 	}
 	if m.Grants > 0 {
 		sh.table = unsafe.Slice((*atomic.Uint64)(unsafe.Pointer(&sh.mem[grantTabOff])), m.Grants)
 	}
 	if _, err := rand.Read(sh.challenge[:]); err != nil {
-		sh.unmap()
+		undo()
 		return nil, err
 	}
 	// The token is read with pread, not through the mapping: before the
 	// proof nothing of the file may cost us memory, and a read fault on a
 	// hole would allocate a page (a huge one where shared memory has them).
 	var token [tokenLen]byte
-	if n, err := unix.Pread(int(f.Fd()), token[:], 0); n != tokenLen || err != nil {
-		sh.unmap()
+	if n, err := readToken(int(f.Fd()), token[:]); n != tokenLen || err != nil {
+		undo()
 		return nil, fmt.Errorf("%w: shared region's token unreadable (%d bytes, %v)", errBadMeta, n, err)
 	}
 	// Only the owner listening at the address we dial, of the
@@ -378,7 +386,7 @@ func (d *TCPData) mapShared(m agentMeta) (*sharedPeer, error) {
 	if sh.populates {
 		// Kept for populate, which faults in only what has pages.
 		if sh.fd, err = unix.FcntlInt(f.Fd(), unix.F_DUPFD_CLOEXEC, 0); err != nil {
-			sh.unmap()
+			undo()
 			return nil, err
 		}
 	}
@@ -402,10 +410,11 @@ func (d *TCPData) mapRegion(f *os.File, key regionKey, size int) (mem []byte, ne
 	return mem, true, nil
 }
 
-// unmapRegion drops a reference taken by mapRegion.
-func (d *TCPData) unmapRegion(mem []byte, key regionKey) {
-	d.mu.Lock()
-	defer d.mu.Unlock()
+// readToken reads a region's token from its file (tests make it fail).
+var readToken = func(fd int, token []byte) (int, error) { return unix.Pread(fd, token, 0) }
+
+// unmapRegionLocked drops a reference taken by mapRegion. Called with d.mu.
+func (d *TCPData) unmapRegionLocked(mem []byte, key regionKey) {
 	if r := d.maps[key]; r != nil && unsafe.SliceData(r.mem) == unsafe.SliceData(mem) {
 		if r.refs--; r.refs > 0 {
 			return
