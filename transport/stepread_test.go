@@ -201,6 +201,7 @@ func TestHotConnectionGuarded(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := newServer(t, ServerConfig{MaxFrame: 1 << 20, PingInterval: time.Hour})
+			s.steps.patience.Store(int64(time.Minute)) // only what is sent cools it
 			raw := rawHandshakeAs(t, s.Addr().String(), "hostile")
 			sg := serverConn(t, s, "hostile")
 			heat(t, sg, func() { raw.Write(envelope("warm")) }, func() { s.Drain(nil) })

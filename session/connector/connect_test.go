@@ -105,7 +105,9 @@ func TestConnectWithoutContact(t *testing.T) {
 // Connect returns ctx's error when nothing answers in time.
 func TestConnectEndsWithItsContext(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: time.Millisecond})
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+	// Long beside the ack timeout, so that a loaded machine still asks
+	// twice before it ends.
+	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
 	if err := w.pool.Connect(ctx, addr); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("Connect with no producer: %v", err)

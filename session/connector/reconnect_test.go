@@ -26,7 +26,9 @@ func TestReconnectOnHotLink(t *testing.T) {
 	if err := pool.Connect(ctx, epA); err != nil {
 		t.Fatal(err)
 	}
-	var worst time.Duration
+	// The fastest of five: a link that must cool first holds every Connect
+	// (20 ms), a loaded machine only some.
+	best := time.Hour
 	for i := 1; i <= 5; i++ {
 		now := time.Now()
 		if _, err := pool.FetchEntry(epA, benchHash(i), 4*4096, now.Add(10*time.Second), now); err != nil {
@@ -51,10 +53,10 @@ func TestReconnectOnHotLink(t *testing.T) {
 			t.Fatal(err)
 		}
 		took := time.Since(start)
-		worst = max(worst, took)
+		best = min(best, took)
 		t.Logf("Connect after stepping: %v", took)
 	}
-	if worst > 15*time.Millisecond {
-		t.Fatalf("Connect of a registered producer took %v: its contact READ's answer waited for the link to cool", worst)
+	if best > 15*time.Millisecond {
+		t.Fatalf("Connect of a registered producer took %v at best: its contact READ's answer waited for the link to cool", best)
 	}
 }
