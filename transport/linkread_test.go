@@ -37,12 +37,24 @@ func linkOf(c *TCPData, agent string) *linkConn {
 func stepUntilEnd(t testing.TB, c *TCPData, h xfer.Handle) xfer.Progress {
 	t.Helper()
 	var pr xfer.Progress
-	until(t, "the READ's end", func() bool {
+	stepping(t, "the READ's end", func() bool {
 		tcpPlane{c}.Step()
 		pr, _ = c.Check(h)
 		return pr != xfer.InProgress
 	})
 	return pr
+}
+
+// stepping is until for a loop whose cond steps a plane: at a millisecond
+// a step, so that the idleDrains steps that cool a link that brings
+// nothing outlast a producer slowed by a loaded machine.
+func stepping(t testing.TB, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			t.Fatalf("timed out waiting until %s", what)
+		}
+	}
 }
 
 // patient keeps c's hot connections hot on a machine that pauses the
@@ -89,7 +101,7 @@ func TestStepsLandPushesAndAnswers(t *testing.T) {
 	})
 	<-released
 	st := c.peers[agent].push
-	until(t, "the push kept by a Step", func() bool {
+	stepping(t, "the push kept by a Step", func() bool {
 		tcpPlane{c}.Step()
 		st.mu.Lock()
 		defer st.mu.Unlock()

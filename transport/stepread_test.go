@@ -157,6 +157,7 @@ func TestHotConnectionCooledWhenStepsStop(t *testing.T) {
 	raw := rawHandshakeAs(t, s.Addr().String(), "quiet-owner")
 	sg := serverConn(t, s, "quiet-owner")
 	heat(t, sg, func() { raw.Write(envelope("warm")) }, func() { s.Drain(nil) })
+	s.Drain(nil) // a "warm" its goroutine queued as it heated the connection
 	raw.Write(envelope("after the steps"))
 	poll(t, 10*time.Second, "the request queued by the connection's goroutine", func() bool { return len(s.in) > 0 })
 	if sg.hot.Load() {
