@@ -74,9 +74,8 @@ func NewRegion(cfg RegionConfig) (*Region, error) {
 			return nil, fmt.Errorf("cache: mmap %d bytes: %w", head+mapped, err)
 		}
 		if !cfg.NoHugePages && mapped >= hugePage {
-			// Before mlock faults it in, and the whole file: mlock of
-			// the blocks alone would split the mapping at the header,
-			// and no huge page crosses a split.
+			// Before mlock faults it in, over the header too: the
+			// first huge page holds it.
 			shm.AdviseHuge(r.mapping)
 		}
 		r.header = r.mapping[:head:head]

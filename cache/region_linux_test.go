@@ -2,9 +2,11 @@ package cache
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"unsafe"
@@ -75,27 +77,63 @@ func TestSharedRegionAsksForHugePages(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		m, err := shm.MappingOf(r.mapping)
+		m, err := mappingOf(r.mapping)
 		lockErr := r.LockErr()
 		start, end := uintptr(unsafe.Pointer(unsafe.SliceData(r.mapping))), uintptr(unsafe.Pointer(unsafe.SliceData(r.mapping)))+uintptr(len(r.mapping))
 		r.Close()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if got := slices.Contains(m.Flags, "hg"); got != tc.advised {
+		if got := slices.Contains(m.flags, "hg"); got != tc.advised {
 			t.Fatalf("%d MiB, NoHugePages %v: advised %v, want %v", tc.blocks, tc.noHuge, got, tc.advised)
 		}
 		if lockErr != nil {
 			unlocked = lockErr
 			continue
 		}
-		if m.Lo > start || m.Hi < end {
-			t.Fatalf("%d MiB: the locked mapping %#x-%#x is split (%#x-%#x holds its start)", tc.blocks, start, end, m.Lo, m.Hi)
+		if m.lo > start || m.hi < end {
+			t.Fatalf("%d MiB: the locked mapping %#x-%#x is split (%#x-%#x holds its start)", tc.blocks, start, end, m.lo, m.hi)
 		}
 	}
 	if unlocked != nil {
 		t.Skipf("mlock refused (%v): whether a lock splits the mapping is not shown", unlocked)
 	}
+}
+
+// mapping is what /proc/self/smaps says of one mapping: its range, and
+// its VmFlags ("hg": MADV_HUGEPAGE).
+type mapping struct {
+	lo, hi uintptr
+	flags  []string
+}
+
+// mappingOf returns the mapping that holds mem[0].
+func mappingOf(mem []byte) (mapping, error) {
+	smaps, err := os.ReadFile("/proc/self/smaps")
+	if err != nil {
+		return mapping{}, err
+	}
+	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
+	var m mapping
+	in := false
+	for _, line := range strings.Split(string(smaps), "\n") {
+		f := strings.Fields(line)
+		if len(f) == 0 {
+			continue
+		}
+		if lo, hi, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
+			l, err1 := strconv.ParseUint(lo, 16, 64)
+			h, err2 := strconv.ParseUint(hi, 16, 64)
+			in = err1 == nil && err2 == nil && l <= addr && addr < h
+			m = mapping{lo: uintptr(l), hi: uintptr(h)}
+			continue
+		}
+		if in && f[0] == "VmFlags:" {
+			m.flags = f[1:]
+			return m, nil
+		}
+	}
+	return mapping{}, fmt.Errorf("no mapping holds %#x", addr)
 }
 
 // A Shared region lends its own mapping to readers in this process; the

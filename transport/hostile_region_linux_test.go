@@ -171,8 +171,10 @@ func TestRegionOpenNeverWaits(t *testing.T) {
 func TestSharedMapFailureReleasesTheMapping(t *testing.T) {
 	borrowOwn = false
 	defer func() { borrowOwn = true }()
-	readToken = func(int, []byte) (int, error) { return 0, unix.EIO }
-	defer func() { readToken = func(fd int, token []byte) (int, error) { return unix.Pread(fd, token, 0) } }()
+	var reached atomic.Bool
+	saved := readToken
+	readToken = func(int, []byte) (int, error) { reached.Store(true); return 0, unix.EIO }
+	defer func() { readToken = saved }()
 	// Not newTCP: its cleanup, Close, would wait on a deadlocked plane.
 	c, err := NewTCPData(TCPConfig{Logger: quiet}, newRegion(t, 8, 4096))
 	if err != nil {
@@ -195,6 +197,9 @@ func TestSharedMapFailureReleasesTheMapping(t *testing.T) {
 	case err := <-added:
 		if err != nil {
 			t.Fatal(err)
+		}
+		if !reached.Load() {
+			t.Fatal("the region was never mapped: the failure was not reached")
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("AddRemotePeer did not return: the plane is deadlocked")

@@ -50,11 +50,7 @@ func stepUntilEnd(t testing.TB, c *TCPData, h xfer.Handle) xfer.Progress {
 // nothing outlast a producer slowed by a loaded machine.
 func stepping(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(end) {
-			t.Fatalf("timed out waiting until %s", what)
-		}
-	}
+	untilEvery(t, time.Millisecond, what, cond)
 }
 
 // patient keeps c's hot connections hot on a machine that pauses the

@@ -429,7 +429,13 @@ func TestDuplicateReadIDReleasesHolds(t *testing.T) {
 // until polls cond (an event on another goroutine, not a time) for 10 s.
 func until(t testing.TB, what string, cond func() bool) {
 	t.Helper()
-	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(50 * time.Microsecond) {
+	untilEvery(t, 50*time.Microsecond, what, cond)
+}
+
+// untilEvery is until, polling every pace.
+func untilEvery(t testing.TB, pace time.Duration, what string, cond func() bool) {
+	t.Helper()
+	for end := time.Now().Add(10 * time.Second); !cond(); time.Sleep(pace) {
 		if time.Now().After(end) {
 			t.Fatalf("timed out waiting until %s", what)
 		}

@@ -3,9 +3,6 @@ package shm
 import (
 	"fmt"
 	"os"
-	"strconv"
-	"strings"
-	"unsafe"
 
 	"golang.org/x/sys/unix"
 )
@@ -49,42 +46,6 @@ func Path(f *os.File) string { return fmt.Sprintf("/proc/%d/fd/%d", os.Getpid(),
 // /sys/kernel/mm/transparent_hugepage/shmem_enabled allows: always,
 // within_size, or advise with this advice on the mapping that faults.
 func AdviseHuge(mem []byte) { _ = unix.Madvise(mem, unix.MADV_HUGEPAGE) }
-
-// Mapping is the part of /proc/self/smaps about one mapping: its range,
-// and its VmFlags ("hg": MADV_HUGEPAGE).
-type Mapping struct {
-	Lo, Hi uintptr
-	Flags  []string
-}
-
-// MappingOf returns the mapping that holds mem[0], for tests.
-func MappingOf(mem []byte) (Mapping, error) {
-	smaps, err := os.ReadFile("/proc/self/smaps")
-	if err != nil {
-		return Mapping{}, err
-	}
-	addr := uint64(uintptr(unsafe.Pointer(unsafe.SliceData(mem))))
-	var m Mapping
-	in := false
-	for _, line := range strings.Split(string(smaps), "\n") {
-		f := strings.Fields(line)
-		if len(f) == 0 {
-			continue
-		}
-		if lo, hi, ok := strings.Cut(f[0], "-"); ok && !strings.HasSuffix(f[0], ":") {
-			l, err1 := strconv.ParseUint(lo, 16, 64)
-			h, err2 := strconv.ParseUint(hi, 16, 64)
-			in = err1 == nil && err2 == nil && l <= addr && addr < h
-			m = Mapping{Lo: uintptr(l), Hi: uintptr(h)}
-			continue
-		}
-		if in && f[0] == "VmFlags:" {
-			m.Flags = f[1:]
-			return m, nil
-		}
-	}
-	return Mapping{}, fmt.Errorf("no mapping holds %#x", addr)
-}
 
 // Sealed returns nil if f carries Seals (its size cannot change), else
 // why not.
