@@ -14,10 +14,12 @@ import (
 )
 
 // The re-fetch workload: a consumer re-fetches a few entries over and over at high
-// concurrency, over real sockets and the TCP data plane. A re-request in
-// the same session arrives while the previous grant's notification is
-// still on its way; that notification must end the old grant, not the new
-// one, or the new READ is refused (read-error) or runs unpinned. Every
+// concurrency, over real sockets and the TCP data plane, half of them again
+// the moment they complete, so that many re-requests in the same session
+// arrive while the previous grant's notification is still on its way (a
+// few per cent do, on an idle machine or a loaded one). That notification
+// must end the old grant, not the new one, or the new READ is refused
+// (read-error) or runs unpinned. Every
 // fetch completes with the producer's bytes, and the producer's grants end
 // exactly once each, by completion or lease.
 func TestRefetchSameEntriesUnderLoad(t *testing.T) {
@@ -105,6 +107,16 @@ func TestRefetchSameEntriesUnderLoad(t *testing.T) {
 				t.Fatalf("%s completed with other bytes", d.MMHash)
 			}
 			completed++
+			if started < fetches && rng.IntN(2) == 0 {
+				// Again at once, into the same blocks: the request leaves
+				// beside the notification that ends the grant just read.
+				now := time.Now()
+				if _, err := pool.Fetch(srv.Endpoint(), d.MMHash, d.Blocks, now.Add(10*time.Second), now); err != nil {
+					t.Fatal(err)
+				}
+				started++
+				continue
+			}
 			free = append(free, d.Blocks...)
 			delete(busy, d.MMHash)
 			recent = append(recent, d.MMHash)
