@@ -99,8 +99,7 @@ func (f *copyFixture) copy(t *testing.T, w int) time.Duration {
 // sorted, and the median CPU the process used beyond cores cores in the
 // 20 ms after a copy returned. A copy's answer counts from just after the
 // copy started.
-func (f *copyFixture) beside(t *testing.T, w, trials, cores int) (answers, copies []time.Duration, extra time.Duration) {
-	var extras []time.Duration
+func (f *copyFixture) beside(t *testing.T, w, trials, cores int) (answers, copies, extras []time.Duration) {
 	for range trials {
 		started := make(chan struct{})
 		done := make(chan time.Duration, 1)
@@ -126,7 +125,7 @@ func (f *copyFixture) beside(t *testing.T, w, trials, cores int) (answers, copie
 	slices.Sort(answers)
 	slices.Sort(copies)
 	slices.Sort(extras)
-	return answers, copies, median(extras)
+	return answers, copies, extras
 }
 
 // cpuBeyond sleeps for d and returns the CPU time the process used
@@ -192,16 +191,18 @@ func TestLargeCopyBesideBusyGoroutine(t *testing.T) {
 	}
 	slices.Sort(own)
 	busy(t)
-	answers, copies, extra := f.beside(t, w, 7, 1)
-	// The median, against the slower of the copy alone and the copy beside
-	// the busy goroutine (measured in the same trials).
+	answers, copies, extras := f.beside(t, w, 7, 1)
+	// The best trial, against the slower of the copy alone and the copy
+	// beside the busy goroutine (measured in the same trials): a copy that
+	// holds the processors past its end does so in every trial, while a
+	// loaded machine spoils only some.
 	limit := max(median(own), median(copies)) + answerMargin
-	if a := median(answers); a > limit {
-		t.Fatalf("a socket answer beside the copy took %v at the median (copy alone %v, beside %v; answers %v)", a, own, copies, answers)
+	if a := answers[0]; a > limit {
+		t.Fatalf("a socket answer beside the copy took %v at best (copy alone %v, beside %v; answers %v)", a, own, copies, answers)
 	}
 	// Once the copy has returned, nothing of it runs.
-	if extra > afterMargin {
-		t.Fatalf("in the 20 ms after a copy the process used %v of CPU beyond the busy goroutine's core (median)", extra)
+	if extra := extras[0]; extra > afterMargin {
+		t.Fatalf("in the 20 ms after a copy the process used %v of CPU beyond the busy goroutine's core, at least (trials %v)", extra, extras)
 	}
 }
 
@@ -230,25 +231,26 @@ func TestCopyMadeAtTwoProcsRunsAtOne(t *testing.T) {
 	for range 5 {
 		own = append(own, f.copy(t, 1))
 		a, c, x := f.beside(t, 2, 1, 0)
-		answers, copies, extras = append(answers, a...), append(copies, c...), append(extras, x)
+		answers, copies, extras = append(answers, a...), append(copies, c...), append(extras, x...)
 	}
 	for _, d := range [][]time.Duration{own, answers, copies, extras} {
 		slices.Sort(d)
 	}
-	extra := median(extras)
 	// Against the copy on one goroutine, with room for the asking
 	// goroutines' turns on the one processor and a race detector's
 	// uneven cost.
 	if c := median(copies); c > 4*median(own)+answerMargin {
 		t.Fatalf("a copy split for two goroutines took %v at GOMAXPROCS 1, against %v on one", copies, own)
 	}
+	// The best trial: a goroutine that waits on one that cannot run
+	// delays every one.
 	limit := max(median(own), median(copies)) + answerMargin
-	if a := median(answers); a > limit {
-		t.Fatalf("a socket answer beside the copy took %v at the median (copy alone %v, beside %v)", a, own, copies)
+	if a := answers[0]; a > limit {
+		t.Fatalf("a socket answer beside the copy took %v at best (copy alone %v, beside %v)", a, own, copies)
 	}
 	// Nothing else runs here: the process idles after a copy.
-	if extra > afterMargin {
-		t.Fatalf("in the 20 ms after a copy the process used %v of CPU (median)", extra)
+	if extra := extras[0]; extra > afterMargin {
+		t.Fatalf("in the 20 ms after a copy the process used %v of CPU, at least (trials %v)", extra, extras)
 	}
 }
 

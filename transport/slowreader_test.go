@@ -111,24 +111,42 @@ func TestWriteNoticesAStallWithinItsTimeout(t *testing.T) {
 	a, b := net.Pipe()
 	defer a.Close()
 	defer b.Close()
-	took := make(chan time.Time, 1)
+	// The last byte the peer took was taken between before and after: a
+	// loaded machine may delay either stamp, never move the byte out.
+	type taken struct{ before, after time.Time }
+	took := make(chan taken, 1)
 	go func() {
 		var one [1]byte
-		time.Sleep(10 * time.Millisecond)
-		b.Read(one[:])
-		time.Sleep(3 * timeout / 4) // within the timeout: not a stall
-		b.Read(one[:])
-		time.Sleep(timeout / 4) // just after a whole-timeout deadline would be renewed
-		b.Read(one[:])
-		took <- time.Now() // then nothing more
+		var last taken
+		defer func() { took <- last }()
+		for _, pause := range []time.Duration{10 * time.Millisecond, 3 * timeout / 4, timeout / 4} {
+			// 3/4 of the timeout: not a stall; then a quarter more, just
+			// after a whole-timeout deadline would be renewed; then
+			// nothing more.
+			time.Sleep(pause)
+			before := time.Now()
+			if _, err := b.Read(one[:]); err != nil {
+				return // the writer gave up first (a slow machine's sleep)
+			}
+			last = taken{before, time.Now()}
+		}
 	}()
 	err := writeFull(a, net.Buffers{make([]byte, 1<<20)}, timeout)
 	cut := time.Now()
-	last := <-took
+	a.Close() // a Read still waiting returns
+	var last taken
+	select {
+	case last = <-took:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the reader did not end")
+	}
 	if err == nil {
 		t.Fatal("a write the peer stopped taking succeeded")
 	}
-	if d := cut.Sub(last); d < timeout-5*time.Millisecond || d > timeout+timeout/4+100*time.Millisecond {
-		t.Fatalf("cut %v after the last byte the peer took; want between %v and %v (and scheduling)", d, timeout, timeout+timeout/4)
+	if last.before.IsZero() {
+		t.Fatal("the write was cut before the peer took a byte")
+	}
+	if early, late := cut.Sub(last.before), cut.Sub(last.after); early < timeout || late > timeout+timeout/4+100*time.Millisecond {
+		t.Fatalf("cut %v after the last byte the peer took (read %v long); want between %v and %v (and scheduling)", late, early-late, timeout, timeout+timeout/4)
 	}
 }

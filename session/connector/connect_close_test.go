@@ -23,8 +23,17 @@ func TestCloseAfterConnectKeepsItsOutcomes(t *testing.T) {
 		t.Fatal(err)
 	}
 	w.step(time.Millisecond) // granted; the READ is posted
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
+	// Connect runs until H's READ has ended and been released (its outcome
+	// taken by Connect's own steps), however slowly the machine runs it.
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
+	read := w.cdata.Posts()[0].Handle
+	go func() {
+		for ctx.Err() == nil && w.cdata.Releases(read) == 0 {
+			time.Sleep(100 * time.Microsecond)
+		}
+		cancel()
+	}()
 	w.pool.cfg.Now = func() time.Time { return w.now } // the engine's clock
 	w.pool.Connect(ctx, "tcp://other:1")               // H's READ completes during it
 	if len(w.pool.fetches) != 0 || w.pool.InFlight() != 1 {
