@@ -3,7 +3,6 @@ package cache
 import (
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 
 	"github.com/ecxfer/ecxfer/internal/cachex"
@@ -53,7 +52,7 @@ type entry struct {
 type EmbeddingCache struct {
 	mu        sync.Mutex
 	capacity  int
-	free      []int // free block ids; popped from the end
+	free      *freeRuns
 	entries   map[string]*entry
 	lru       entry // sentinel of the evictable list: lru.next is the oldest
 	evictable int   // blocks held by entries on the evictable list
@@ -71,16 +70,13 @@ func NewEmbeddingCache(numBlocks int) *EmbeddingCache {
 	if numBlocks < 0 {
 		numBlocks = 0
 	}
-	c := &EmbeddingCache{capacity: numBlocks, free: make([]int, numBlocks), entries: make(map[string]*entry)}
-	for i := range c.free {
-		c.free[i] = numBlocks - 1 - i // lowest ids first
-	}
+	c := &EmbeddingCache{capacity: numBlocks, free: newFreeRuns(numBlocks), entries: make(map[string]*entry)}
 	c.lru.prev, c.lru.next = &c.lru, &c.lru
 	return c
 }
 
-// Alloc creates key's not-ready entry of n blocks, evicting as needed; with
-// ErrNoSpace it evicted nothing. Other errors: ErrTooLarge, ErrDuplicate.
+// Alloc creates key's not-ready entry of n blocks, in one run where it can
+// (docs/design.md); ErrNoSpace: none evicted; ErrTooLarge, ErrDuplicate.
 func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -91,18 +87,22 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 		return Entry{}, fmt.Errorf("%w: %d blocks asked, capacity %d", ErrTooLarge, n, c.capacity)
 	}
 	c.maxSave = max(c.maxSave, n)
-	if len(c.free)+c.evictable < n {
+	if c.free.n+c.evictable < n {
 		c.starved = true
 		return Entry{}, ErrNoSpace
 	}
 	c.starved = false
-	for len(c.free) < n {
+	for c.free.n < n {
 		c.evictLocked(c.lru.next)
 	}
-	blocks := make([]int, n)
-	copy(blocks, c.free[len(c.free)-n:])
-	c.free = c.free[:len(c.free)-n]
-	slices.Sort(blocks)
+	// Fewer runs (freeRuns) at a small cost: while no free run holds the
+	// entry, the next oldest go too, until four times its blocks or a
+	// sixteenth of the cache are free, whichever is less. They were due
+	// to go next; the cache holds at most that much less.
+	for limit := min(4*n, c.capacity/16); !c.free.holds(n) && c.free.n < limit && c.lru.next != &c.lru; {
+		c.evictLocked(c.lru.next)
+	}
+	blocks := c.free.take(make([]int, 0, n), n)
 	e := &entry{key: key, blocks: blocks}
 	c.entries[key] = e
 	c.notReady++
@@ -112,7 +112,7 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 func (c *EmbeddingCache) evictLocked(e *entry) {
 	c.unlinkLocked(e)
 	delete(c.entries, e.key)
-	c.free = append(c.free, e.blocks...)
+	c.free.release(e.blocks)
 	c.evictions++
 }
 
@@ -212,7 +212,7 @@ func (c *EmbeddingCache) Remove(key string) error {
 		c.notReady--
 	}
 	delete(c.entries, key)
-	c.free = append(c.free, e.blocks...)
+	c.free.release(e.blocks)
 	return nil
 }
 
@@ -292,7 +292,7 @@ func (c *EmbeddingCache) drop(key string, retire bool) error {
 	if retire {
 		c.retired += len(e.blocks)
 	} else {
-		c.free = append(c.free, e.blocks...)
+		c.free.release(e.blocks)
 	}
 	return nil
 }
@@ -316,7 +316,7 @@ func (c *EmbeddingCache) Get(key string) (Entry, bool) {
 func (c *EmbeddingCache) pressure(reserve int) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return len(c.free)+c.evictable < max(c.maxSave, reserve)
+	return c.free.n+c.evictable < max(c.maxSave, reserve)
 }
 
 // hasHeldEntries reports whether any entry is not ready or pinned.
@@ -332,7 +332,7 @@ func (c *EmbeddingCache) Stats() Stats {
 	defer c.mu.Unlock()
 	return Stats{
 		Capacity:       c.capacity,
-		Free:           len(c.free),
+		Free:           c.free.n,
 		Entries:        len(c.entries),
 		NotReady:       c.notReady,
 		Pinned:         c.pinned,

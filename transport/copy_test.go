@@ -398,8 +398,10 @@ func TestParallelCopyEachByteOnce(t *testing.T) {
 	}
 }
 
-// BenchmarkColdCopy copies 4.5 MiB (one image's embedding), as one run
-// and as three runs of 1.5 MiB, from memory the cache does not hold:
+// BenchmarkColdCopy copies 4.5 MiB (one image's embedding), as one run,
+// as three runs of 1.5 MiB, and in runs of 512 KiB, 128 KiB and 8 KiB
+// (one block: an entry whose blocks are scattered), from memory the cache
+// does not hold:
 // each copy from and to the next 4.5 MiB of two buffers of up to 1 GiB
 // each. It copies in pieces of 512 KiB, in the shares parallelCopy takes
 // but on one goroutine, in one memmove per run, and through parallelCopy
@@ -412,7 +414,8 @@ func BenchmarkColdCopy(b *testing.B) {
 	for _, layout := range []struct {
 		name string
 		lens []int
-	}{{"1-run", []int{size}}, {"3-runs", []int{size / 3, size / 3, size / 3}}} {
+	}{{"1-run", []int{size}}, {"3-runs", runsOfSize(size, size/3)}, {"9-runs", runsOfSize(size, size/9)},
+		{"36-runs", runsOfSize(size, size/36)}, {"576-runs", runsOfSize(size, size/576)}} {
 		for _, how := range []string{"pieces-512KiB", "shares", "per-run", "parallel-2"} {
 			b.Run(layout.name+"/"+how, func(b *testing.B) {
 				n := min(b.N, (1<<30)/size) // copies a buffer holds
@@ -441,4 +444,13 @@ func BenchmarkColdCopy(b *testing.B) {
 			})
 		}
 	}
+}
+
+// runsOfSize cuts size bytes into runs of n.
+func runsOfSize(size, n int) []int {
+	var lens []int
+	for ; size > 0; size -= n {
+		lens = append(lens, min(n, size))
+	}
+	return lens
 }
