@@ -41,28 +41,37 @@ func checkBlocks(t *testing.T, c *EmbeddingCache) {
 		}
 		held += len(e.blocks)
 	}
-	f, free := c.free, 0
-	for start, r := range f.byStart {
-		if r.start != start || r.n <= 0 || f.byEnd[start+r.n] != r || f.bySize[r.n][r.at] != r {
-			t.Fatalf("run %+v indexed wrong", *r)
-		}
-		if f.byEnd[start] != nil || f.byStart[start+r.n] != nil {
-			t.Fatalf("run %+v has a free neighbour: not merged", *r)
-		}
-		for b := start; b < start+r.n; b++ {
-			own(b, "free")
-		}
-		free += r.n
-	}
-	runs := 0
+	f, free, runs := c.free, 0, 0
 	for n, s := range f.bySize {
 		if len(s) == 0 || !slices.Contains(f.sizes, n) {
 			t.Fatalf("length %d: %d runs, sizes %v", n, len(s), f.sizes)
 		}
-		runs += len(s)
+		for at, i := range s {
+			r := f.runs[i]
+			if r.n != n || r.at != at || f.first[r.start] != i+1 || f.last[r.start+r.n-1] != i+1 {
+				t.Fatalf("run %d %+v indexed wrong", i, r)
+			}
+			if r.start > 0 && f.last[r.start-1] != 0 || r.start+r.n < c.capacity && f.first[r.start+r.n] != 0 {
+				t.Fatalf("run %+v has a free neighbour: not merged", r)
+			}
+			for b := r.start; b < r.start+r.n; b++ {
+				own(b, "free")
+			}
+			free += r.n
+			runs++
+		}
 	}
-	if runs != len(f.byStart) || len(f.byEnd) != runs || len(f.sizes) != len(f.bySize) || !slices.IsSorted(f.sizes) {
-		t.Fatalf("%d runs by start, %d by end, %d by size; sizes %v", len(f.byStart), len(f.byEnd), runs, f.sizes)
+	ends := 0
+	for id := range c.capacity {
+		if f.first[id] != 0 {
+			ends++
+		}
+		if f.last[id] != 0 {
+			ends++
+		}
+	}
+	if ends != 2*runs || len(f.sizes) != len(f.bySize) || !slices.IsSorted(f.sizes) || runs+len(f.spare) != len(f.runs) {
+		t.Fatalf("%d runs, %d ends marked, %d spare of %d; sizes %v", runs, ends, len(f.spare), len(f.runs), f.sizes)
 	}
 	if free != f.n || free+held+c.retired != c.capacity {
 		t.Fatalf("%d free (counted %d), %d held, %d retired, capacity %d", free, f.n, held, c.retired, c.capacity)
@@ -70,10 +79,12 @@ func checkBlocks(t *testing.T, c *EmbeddingCache) {
 }
 
 // Under any sequence of the cache's calls every block stays accounted for
-// (free, one entry's, or retired), and an entry comes in more than one
-// run only when no free run could hold it and eviction could not make
-// one cheaply: no free run is left that holds it, and either Alloc's limit
-// was free before the entry or nothing more was evictable.
+// (free, one entry's, or retired). An Alloc that evicts leaves under
+// twice its limit free, or what the blocks it needed took. An entry comes
+// in more than one run only when no free run could hold it and eviction
+// could not make one cheaply: no free run is left that holds it, and its
+// limit was free, or nothing more was evictable, or the next oldest was
+// over the limit.
 func TestBlocksAccountedAndEntriesInFewRuns(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
@@ -88,20 +99,30 @@ func TestBlocksAccountedAndEntriesInFewRuns(t *testing.T) {
 				if rng.IntN(8) == 0 {
 					n = rng.IntN(200)
 				}
+				before := c.Stats()
 				e, err := c.Alloc(k, n)
 				if err != nil {
 					break
 				}
 				keys = append(keys, k)
+				evicted := c.Stats().Evictions > before.Evictions
+				c.mu.Lock()
+				// Once the blocks needed are free, the next oldest go only
+				// while no run holds the entry, each within the limit, until
+				// the limit is free: so that many or fewer are free then, or
+				// the last one evicted was needed, or none was.
+				limit, next := min(4*n, c.capacity/16), c.lru.next
+				if free := c.free.n + n; evicted && free >= 2*limit && free >= n+c.maxSave {
+					t.Fatalf("seed %d: %d free after evicting for %d blocks, limit %d", seed, free, n, limit)
+				}
 				if runsIn(e.Blocks) > 1 {
 					split++
-					c.mu.Lock()
-					if c.free.holds(n) || c.free.n+n < min(4*n, c.capacity/16) && c.lru.next != &c.lru {
+					if c.free.holds(n) || c.free.n+n < limit && next != &c.lru && len(next.blocks) <= limit {
 						t.Fatalf("seed %d: %d blocks in %d runs, %d free in runs %v, evictable %d",
 							seed, n, runsIn(e.Blocks), c.free.n, c.free.sizes, c.evictable)
 					}
-					c.mu.Unlock()
 				}
+				c.mu.Unlock()
 			case op < 6:
 				c.MarkReady(k)
 			case op < 7:
@@ -167,6 +188,42 @@ func TestAllocEvictsForOneRun(t *testing.T) {
 	f := mustAlloc(t, c, "f", 3)
 	if runsIn(f.Blocks) != 2 || !slices.Equal(f.Blocks[:2], []int{0, 1}) && !slices.Equal(f.Blocks[1:], []int{8, 9}) {
 		t.Fatalf("f: blocks %v, want 3 of 0, 1, 8, 9", f.Blocks)
+	}
+	checkBlocks(t, c)
+}
+
+// Free blocks that hold no run of the entry are not enough: the oldest
+// go while that makes one, up to the limit. An entry over the limit does
+// not go for a run.
+func TestAllocEvictsForARunOnlyWithinItsLimit(t *testing.T) {
+	c := NewEmbeddingCache(64) // limit for 2 blocks: 4 free
+	for i := range 64 {
+		mustAlloc(t, c, fmt.Sprint(i), 1)
+		mustReady(t, c, fmt.Sprint(i))
+	}
+	c.Remove("10")
+	c.Remove("20")
+	if e := mustAlloc(t, c, "x", 2); !slices.Equal(e.Blocks, []int{0, 1}) || c.Stats().Evictions != 2 || !has(c, "2") {
+		t.Fatalf("x: blocks %v, %d evicted: the two oldest were to go", e.Blocks, c.Stats().Evictions)
+	}
+
+	c = NewEmbeddingCache(1024) // limit for 4 blocks: 16 free
+	for _, k := range []string{"a", "s", "b"} {
+		mustAlloc(t, c, k, 1) // blocks 0, 1, 2
+	}
+	mustAlloc(t, c, "big", 900) // 3-902
+	for i := range 121 {
+		mustAlloc(t, c, fmt.Sprint(i), 1) // 903-1023
+	}
+	mustReady(t, c, "s", "big")
+	for _, k := range []string{"10", "20", "30"} {
+		if err := c.Discard(k); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// s goes, for the 4 blocks needed; big would leave 904 free.
+	if e := mustAlloc(t, c, "x", 4); !slices.Equal(e.Blocks, []int{1, 913, 923, 933}) || !has(c, "big") {
+		t.Fatalf("x: blocks %v, big kept %v: only s was to go", e.Blocks, has(c, "big"))
 	}
 	checkBlocks(t, c)
 }
