@@ -468,14 +468,15 @@ func (s Summary) Print(w io.Writer) {
 // fetches in all, cycling over the items) and verifies every block by content,
 // printing progress to progress (nil: none).
 func RunConsumer(ctx context.Context, cfg Config, control string, progress io.Writer, log *slog.Logger) (Summary, error) {
-	return consume(ctx, cfg, []string{control}, time.Time{}, progress, nil, log)
+	return consume(ctx, cfg, []string{control}, 0, progress, nil, log)
 }
 
 // consume fetches items from producers (item i from producers[i % n]):
-// cfg.Fetches fetches in all, or fetches until stopAt when it is set, and
+// cfg.Fetches fetches in all, or asks for fetches for d after its set-up
+// when d is set (the set-up's time, under load, is not the run's), and
 // verifies every block by content (see sums). Progress goes to progress (nil: none) and each
 // completed fetch to live (nil: none).
-func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Time, progress io.Writer, live *Live, log *slog.Logger) (Summary, error) {
+func consume(ctx context.Context, cfg Config, producers []string, d time.Duration, progress io.Writer, live *Live, log *slog.Logger) (Summary, error) {
 	inFlight, err := cfg.InFlight()
 	if err != nil {
 		return Summary{}, err
@@ -559,7 +560,7 @@ func consume(ctx context.Context, cfg Config, producers []string, stopAt time.Ti
 	}
 	due := start
 	dueOf := map[string]time.Time{}
-	timed := !stopAt.IsZero()
+	timed, stopAt := d > 0, start.Add(d)
 	more := func(now time.Time) bool {
 		if timed {
 			return now.Before(stopAt)

@@ -135,7 +135,7 @@ func (s ProcStats) String() string {
 // FleetConfig is the shape of a load run.
 type FleetConfig struct {
 	Producers, Consumers int
-	Duration             time.Duration // run this long (0: cfg.Fetches or cfg.Items per consumer)
+	Duration             time.Duration // each consumer asks this long after its set-up (0: cfg.Fetches or cfg.Items)
 	Procs                bool          // producers and consumers as processes (re-running this binary)
 	Self                 []string      // the command that re-runs this binary, without role flags
 }
@@ -170,10 +170,6 @@ func RunFleet(ctx context.Context, cfg Config, fc FleetConfig, out io.Writer, lo
 		eps = append(eps, p.Control)
 	}
 	live := &Live{}
-	stopAt := time.Time{}
-	if fc.Duration > 0 {
-		stopAt = time.Now().Add(fc.Duration)
-	}
 	sums := make([]Summary, fc.Consumers)
 	errs := make([]error, fc.Consumers)
 	var wg sync.WaitGroup
@@ -182,7 +178,7 @@ func RunFleet(ctx context.Context, cfg Config, fc FleetConfig, out io.Writer, lo
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			sums[i], errs[i] = consume(ctx, cfg, eps, stopAt, nil, live, log)
+			sums[i], errs[i] = consume(ctx, cfg, eps, fc.Duration, nil, live, log)
 		}()
 	}
 	stop := make(chan struct{})
@@ -315,11 +311,7 @@ func RunRole(ctx context.Context, role string, cfg Config, producers []string, d
 				}
 			}
 		}()
-		stopAt := time.Time{}
-		if d > 0 {
-			stopAt = time.Now().Add(d)
-		}
-		sum, err := consume(ctx, cfg, producers, stopAt, nil, live, log)
+		sum, err := consume(ctx, cfg, producers, d, nil, live, log)
 		close(stop)
 		<-ticked
 		emit("done", struct {
