@@ -96,11 +96,13 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 		c.evictLocked(c.lru.next)
 	}
 	// Fewer runs (freeRuns) at a small cost: while no free run holds the
-	// entry, the next oldest go too, each of at most limit blocks, until
-	// limit are free: 4n or a sixteenth of the cache, whichever is less.
-	// They were due to go next; the cache holds under 2*limit blocks less.
+	// entry, the next oldest go too, each of 1 to limit blocks (one of
+	// none frees nothing), until limit are free: 4n or a sixteenth of the
+	// cache, whichever is less. They were due to go next; the cache holds
+	// under 2*limit blocks less.
 	limit := min(4*n, c.capacity/16)
-	for !c.free.holds(n) && c.free.n < limit && c.lru.next != &c.lru && len(c.lru.next.blocks) <= limit {
+	for !c.free.holds(n) && c.free.n < limit && c.lru.next != &c.lru &&
+		len(c.lru.next.blocks) > 0 && len(c.lru.next.blocks) <= limit {
 		c.evictLocked(c.lru.next)
 	}
 	blocks := c.free.take(make([]int, 0, n), n)

@@ -84,7 +84,7 @@ func checkBlocks(t *testing.T, c *EmbeddingCache) {
 // in more than one run only when no free run could hold it and eviction
 // could not make one cheaply: no free run is left that holds it, and its
 // limit was free, or nothing more was evictable, or the next oldest was
-// over the limit.
+// over the limit or held no blocks.
 func TestBlocksAccountedAndEntriesInFewRuns(t *testing.T) {
 	for seed := range uint64(20) {
 		rng := rand.New(rand.NewPCG(seed, 7))
@@ -117,7 +117,7 @@ func TestBlocksAccountedAndEntriesInFewRuns(t *testing.T) {
 				}
 				if runsIn(e.Blocks) > 1 {
 					split++
-					if c.free.holds(n) || c.free.n+n < limit && next != &c.lru && len(next.blocks) <= limit {
+					if c.free.holds(n) || c.free.n+n < limit && next != &c.lru && len(next.blocks) > 0 && len(next.blocks) <= limit {
 						t.Fatalf("seed %d: %d blocks in %d runs, %d free in runs %v, evictable %d",
 							seed, n, runsIn(e.Blocks), c.free.n, c.free.sizes, c.evictable)
 					}
@@ -193,8 +193,8 @@ func TestAllocEvictsForOneRun(t *testing.T) {
 }
 
 // Free blocks that hold no run of the entry are not enough: the oldest
-// go while that makes one, up to the limit. An entry over the limit does
-// not go for a run.
+// go while that makes one, up to the limit. An entry over the limit, or
+// of no blocks (it frees nothing), does not go for a run.
 func TestAllocEvictsForARunOnlyWithinItsLimit(t *testing.T) {
 	c := NewEmbeddingCache(64) // limit for 2 blocks: 4 free
 	for i := range 64 {
@@ -224,6 +224,19 @@ func TestAllocEvictsForARunOnlyWithinItsLimit(t *testing.T) {
 	// s goes, for the 4 blocks needed; big would leave 904 free.
 	if e := mustAlloc(t, c, "x", 4); !slices.Equal(e.Blocks, []int{1, 913, 923, 933}) || !has(c, "big") {
 		t.Fatalf("x: blocks %v, big kept %v: only s was to go", e.Blocks, has(c, "big"))
+	}
+	checkBlocks(t, c)
+
+	c = NewEmbeddingCache(64)
+	mustAlloc(t, c, "empty", 0)
+	for i := range 64 {
+		mustAlloc(t, c, fmt.Sprint(i), 1)
+	}
+	mustReady(t, c, "empty", "1")
+	c.Discard("10")
+	c.Discard("20") // 2 free, in no run of 2; the oldest holds none
+	if e := mustAlloc(t, c, "x", 2); runsIn(e.Blocks) != 2 || !has(c, "empty") || !has(c, "1") {
+		t.Fatalf("x: blocks %v, empty kept %v, 1 kept %v: nothing was to go", e.Blocks, has(c, "empty"), has(c, "1"))
 	}
 	checkBlocks(t, c)
 }
