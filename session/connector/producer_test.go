@@ -552,15 +552,32 @@ func TestServeHoldsItsPlanesWaiting(t *testing.T) {
 	srv := &waitingServer{memServer: &memServer{replies: map[string][][]byte{}}, data: data.holdCount}
 	p := must(NewProducer(ProducerConfig{CompatHash: compat, Logger: quiet}, srv, data, cache.NewEmbeddingCache(16)))
 	defer p.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // an idle Serve steps once a second
-	defer cancel()
-	p.Serve(ctx)
+	serveUntilStepped(t, p, srv)
 	if d, h := srv.drains.Load(), srv.holds.Load(); d == 0 || h != d {
 		t.Fatalf("%d of Serve's %d steps ran with both planes held waiting", h, d)
 	}
 	if srv.count() != 0 || data.count() != 0 {
 		t.Fatalf("held after Serve returned: control %d, data %d", srv.count(), data.count())
 	}
+}
+
+// serveUntilStepped runs p's Serve until it made a step (an idle Serve
+// steps once a second), however late a loaded machine lets it: a Serve
+// ended by a timer could end before its first step.
+func serveUntilStepped(t *testing.T, p *Producer, srv *waitingServer) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan struct{})
+	go func() { p.Serve(ctx); close(served) }()
+	for end := time.Now().Add(30 * time.Second); srv.drains.Load() == 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(end) {
+			cancel()
+			<-served
+			t.Fatal("Serve made no step in 30 s")
+		}
+	}
+	cancel()
+	<-served
 }
 
 // servingData is a data plane that can be held for a Serve alone
@@ -588,9 +605,7 @@ func servingProducer(t *testing.T) (*Producer, servingData, *waitingServer) {
 // consumer, and a Pool stepping on the same plane keeps its sockets.
 func TestServeHoldsItsDataPlaneServing(t *testing.T) {
 	p, data, srv := servingProducer(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 1500*time.Millisecond) // an idle Serve steps once a second
-	defer cancel()
-	p.Serve(ctx)
+	serveUntilStepped(t, p, srv)
 	if d, h := srv.drains.Load(), srv.holds.Load(); d == 0 || h != d {
 		t.Fatalf("%d of Serve's %d steps ran with the data plane held for Serve", h, d)
 	}
