@@ -29,8 +29,9 @@ import (
 )
 
 var (
-	engineFor  = flag.Duration("engine.for", 2*time.Second, "how long BenchmarkEngine measures each phase (pybench.Short under -benchtime 1x unless set)")
-	engineWork = flag.Duration("engine.work", 200*time.Microsecond, "BenchmarkEngine: CPU work of each engine goroutine per step")
+	engineFor    = flag.Duration("engine.for", 2*time.Second, "how long BenchmarkEngine measures each phase (pybench.Short under -benchtime 1x unless set)")
+	engineWork   = flag.Duration("engine.work", 200*time.Microsecond, "BenchmarkEngine: CPU work of each engine goroutine per step")
+	engineRounds = flag.Int("engine.rounds", 4, "BenchmarkEngine: rounds each load's phases are cut into, in turn with the other loads'")
 )
 
 // engineItems is how many entries the engine benchmark's producer holds.
@@ -713,6 +714,7 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 		}
 	}
 	phase := enginePhaseLen()
+	rounds := max(*engineRounds, 1)
 	// Warm-up: connections, mappings, first touches; not recorded.
 	for i := range loads {
 		until = time.Now().Add(phase / 4)
@@ -729,7 +731,7 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 	measure := func(asking int) (enginePhase, enginePhase) {
 		s0, _ := steal.Machine()
 		r0, l0 := remote(), e.snap()
-		run(phase, asking)
+		run(phase/time.Duration(rounds), asking)
 		l1, r1 := e.snap(), remote()
 		if s1, _ := steal.Machine(); asking >= 0 {
 			stolen[asking] += s1 - s0
@@ -737,17 +739,26 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 		settle()
 		return phaseOf(l0, l1), phaseOf(r0, r1)
 	}
-	cbs, pbs := make([]enginePhase, len(loads)+1), make([]enginePhase, len(loads)+1)
+	// Each load's phase with fetches sits between two without; the loads
+	// take turns in rounds, so that a slow spell of the machine (a VM's
+	// come and go over seconds) weighs on the library and its floors
+	// alike, not on whichever phase it fell in.
+	cbs, pbs := make([]enginePhase, len(loads)), make([]enginePhase, len(loads))
 	cfs, pfs := make([]enginePhase, len(loads)), make([]enginePhase, len(loads))
-	cbs[0], pbs[0] = measure(-1)
-	for i := range loads {
-		cfs[i], pfs[i] = measure(i)
-		cbs[i+1], pbs[i+1] = measure(-1)
+	for range rounds {
+		bc, bp := measure(-1)
+		for i := range loads {
+			fc, fp := measure(i)
+			cfs[i], pfs[i] = cfs[i].add(fc), pfs[i].add(fp)
+			nc, np := measure(-1)
+			cbs[i], pbs[i] = cbs[i].add(bc).add(nc), pbs[i].add(bp).add(np)
+			bc, bp = nc, np
+		}
 	}
 	b.ReportMetric(0, "ns/op")
 	for i, load := range loads {
 		t := tallies[i]
-		cb, pb := cbs[i].add(cbs[i+1]), pbs[i].add(pbs[i+1])
+		cb, pb := cbs[i], pbs[i]
 		cf, pf := cfs[i], pfs[i]
 		if load.failed() > 0 || t.fetches == 0 {
 			b.Fatalf("%s: %d fetches, %d failed", names[i], t.fetches, load.failed())
