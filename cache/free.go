@@ -16,7 +16,8 @@ import "slices"
 // So take hands out the shortest run that holds a whole entry (best fit),
 // else the longest runs first; put merges a freed run with its free
 // neighbours. Each costs what the runs it touches cost, not what is free:
-// a run is found by its ends in two tables the size of the cache.
+// a run is found by its ends in two tables the size of the cache. Run
+// slots are int32: a cache has at most half its blocks' count of runs.
 type freeRuns struct {
 	n      int             // free blocks
 	runs   []run           // by index; those in spare are unused
