@@ -31,7 +31,7 @@ import (
 var (
 	engineFor    = flag.Duration("engine.for", 2*time.Second, "how long BenchmarkEngine measures each phase (pybench.Short under -benchtime 1x unless set)")
 	engineWork   = flag.Duration("engine.work", 200*time.Microsecond, "BenchmarkEngine: CPU work of each engine goroutine per step")
-	engineRounds = flag.Int("engine.rounds", 4, "BenchmarkEngine: rounds each load's phases are cut into, in turn with the other loads'")
+	engineRounds = flag.Int("engine.rounds", 1, "BenchmarkEngine: rounds each load's phases are cut into, in turn with the other loads'")
 )
 
 // engineItems is how many entries the engine benchmark's producer holds.
@@ -739,10 +739,10 @@ func engineDrive(b *testing.B, remote func() engineSnap, work time.Duration, rat
 		settle()
 		return phaseOf(l0, l1), phaseOf(r0, r1)
 	}
-	// Each load's phase with fetches sits between two without; the loads
-	// take turns in rounds, so that a slow spell of the machine (a VM's
-	// come and go over seconds) weighs on the library and its floors
-	// alike, not on whichever phase it fell in.
+	// Each load's phase with fetches sits between two without. With
+	// -engine.rounds above 1 the loads take turns in shorter phases, so
+	// that a slow spell of the machine weighs on the library and its
+	// floors alike (docs/performance.md, "Beside a busy engine").
 	cbs, pbs := make([]enginePhase, len(loads)), make([]enginePhase, len(loads))
 	cfs, pfs := make([]enginePhase, len(loads)), make([]enginePhase, len(loads))
 	for range rounds {
