@@ -60,9 +60,8 @@ type EmbeddingCache struct {
 	notReady  int
 	pinned    int
 	evictions uint64
-	retired   int  // blocks retired: never handed out again
-	maxSave   int  // the most blocks an Alloc asked for
-	starved   bool // the last Alloc found no room
+	retired   int // blocks retired: never handed out again
+	maxSave   int // the most blocks an Alloc asked for
 }
 
 // NewEmbeddingCache returns a cache of numBlocks blocks, ids 0..numBlocks-1.
@@ -88,10 +87,8 @@ func (c *EmbeddingCache) Alloc(key string, n int) (Entry, error) {
 	}
 	c.maxSave = max(c.maxSave, n)
 	if c.free.n+c.evictable < n {
-		c.starved = true
 		return Entry{}, ErrNoSpace
 	}
-	c.starved = false
 	for c.free.n < n {
 		c.evictLocked(c.lru.next)
 	}
