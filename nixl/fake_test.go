@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -584,32 +585,45 @@ func TestAsyncStepNeverWaitsForProgress(t *testing.T) {
 // A READ that never ends (a hung producer, a link that drops everything)
 // costs the progress goroutine's pauses, not a core: under 5 % of a core
 // over a second from its post, above the same process idle; then its
-// pauses have grown to ProgressDelay.
+// pauses have grown to ProgressDelay. The process's CPU counts whatever
+// else runs in it (the race detector, the collector, other packages'
+// tests beside it on a small machine), so the best of three trials, each
+// a READ of its own ended before the next, is judged: a goroutine that
+// spun would fail all three.
 func TestHungReadParks(t *testing.T) {
 	fakeSetHang(true)
 	defer fakeSetHang(false) // before the agents close
 	c, peer := slowPair(t, Config{})
-	settle(t, c)
 	const window = time.Second
-	idle := cpuOver(t, window)
-	h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
-	if err != nil {
-		t.Fatal(err)
+	var trials []string
+	parked := false
+	for trial := 0; trial < 3 && !parked; trial++ {
+		fakeSetHang(true)
+		settle(t, c)
+		idle := cpuOver(t, window)
+		h, err := c.PostRead([]int{1}, peer.Agent, []int{1}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hung := cpuOver(t, window)
+		if pg, err := c.Check(h); pg != xfer.InProgress || err != nil {
+			t.Fatalf("the READ was to hang: %v, %v", pg, err)
+		}
+		share := (hung - idle).Seconds() / window.Seconds()
+		trials = append(trials, fmt.Sprintf("%.1f %% (%v over %v, %v idle)", 100*share, hung, window, idle))
+		if parked = share <= 0.05; parked {
+			wakeupsAtMost(t, c)
+		}
+		fakeSetHang(false)
+		if pg := waitEnded(t, c, h); pg != xfer.Complete {
+			t.Fatalf("READ: %v", pg)
+		}
+		c.Release(h)
 	}
-	hung := cpuOver(t, window)
-	if pg, err := c.Check(h); pg != xfer.InProgress || err != nil {
-		t.Fatalf("the READ was to hang: %v, %v", pg, err)
+	if !parked {
+		t.Fatalf("a hung READ cost over 5 %% of a core in every trial: %s", strings.Join(trials, "; "))
 	}
-	if share := (hung - idle).Seconds() / window.Seconds(); share > 0.05 {
-		t.Fatalf("a hung READ cost %.1f %% of a core (%v over %v, %v idle)", 100*share, hung, window, idle)
-	}
-	t.Logf("a hung READ: %v of CPU over %v, %v idle", hung, window, idle)
-	wakeupsAtMost(t, c)
-	fakeSetHang(false)
-	if pg := waitEnded(t, c, h); pg != xfer.Complete {
-		t.Fatalf("READ: %v", pg)
-	}
-	c.Release(h)
+	t.Logf("a hung READ: %s", strings.Join(trials, "; "))
 }
 
 // While a producer expects READs and none comes, its progress goroutine
