@@ -684,21 +684,38 @@ func TestNotificationsDoNotKeepAGrantDriven(t *testing.T) {
 	p.expectReads(1)
 	defer p.expectReads(0)
 	time.Sleep(300 * time.Millisecond)
-	w0 := p.wakeups.Load()
-	time.Sleep(time.Second)
-	n := p.wakeups.Load() - w0
-	// The grant's own pauses over that second: doubling from grantPause
-	// to a twentieth of its age, never past ProgressDelay.
+	// The grant's own pauses over the first second: doubling from
+	// grantPause to a twentieth of its age, never past ProgressDelay. A
+	// later second allows fewer, so the bound holds for it too.
 	var pauses uint64
 	for at, wait := 300*time.Millisecond, time.Duration(0); at < 1300*time.Millisecond; pauses++ {
 		wait = min(max(2*wait, grantPause), defaultProgressDelay, max(readPause, at/readLag))
 		at += wait
 	}
-	if most := pauses*3/2 + 9; n > most {
-		t.Fatalf("a live grant under a trickle of notifications: %d wake-ups in 1 s, want at most %d", n, most)
+	most := pauses*3/2 + 9
+	if n, ok := fewWakeups(p, time.Second, most); !ok {
+		t.Fatalf("a live grant under a trickle of notifications: %v wake-ups in three seconds, want at most %d in one", n, most)
 	} else {
-		t.Logf("a live grant under a trickle of notifications: %d wake-ups in 1 s (at most %d)", n, most)
+		t.Logf("a live grant under a trickle of notifications: %v wake-ups in 1 s (at most %d)", n, most)
 	}
+}
+
+// fewWakeups counts a's progress goroutine's wake-ups over up to three
+// windows in a row, until one has at most most. One window is a single
+// sample of a loaded machine (a progress call it slows past movedCall
+// starts the pauses over); a goroutine that woke too often would exceed
+// the bound in all three.
+func fewWakeups(a *Agent, window time.Duration, most uint64) ([]uint64, bool) {
+	var counts []uint64
+	for range 3 {
+		w0 := a.wakeups.Load()
+		time.Sleep(window)
+		n := a.wakeups.Load() - w0
+		if counts = append(counts, n); n <= most {
+			return counts, true
+		}
+	}
+	return counts, false
 }
 
 // wakeupsAtMost fails the test if a's progress goroutine wakes more often
@@ -707,7 +724,8 @@ func TestNotificationsDoNotKeepAGrantDriven(t *testing.T) {
 // or a twentieth of the time since the last event if that is longer,
 // never past ProgressDelay's default, and the timer never fires early.
 // Half as many more allow for progress calls a loaded machine slows past
-// movedCall, which start them over.
+// movedCall, which start them over; the bound, counted from the first
+// event, holds for any later window too (fewWakeups).
 func wakeupsAtMost(t *testing.T, a *Agent) {
 	t.Helper()
 	const window = time.Second
@@ -719,12 +737,10 @@ func wakeupsAtMost(t *testing.T, a *Agent) {
 		}
 	}
 	most := pauses*3/2 + 9
-	w0 := a.wakeups.Load()
-	time.Sleep(window)
-	if n := a.wakeups.Load() - w0; n > most {
-		t.Fatalf("%d wake-ups in %v, want at most %d", n, window, most)
+	if n, ok := fewWakeups(a, window, most); !ok {
+		t.Fatalf("%v wake-ups in three windows of %v, want at most %d in one", n, window, most)
 	} else {
-		t.Logf("%d wake-ups in %v (at most %d)", n, window, most)
+		t.Logf("%v wake-ups in %v (at most %d)", n, window, most)
 	}
 }
 
