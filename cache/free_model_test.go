@@ -149,6 +149,26 @@ func checkTake(t *testing.T, before [][2]int, got []int, n int) {
 	}
 }
 
+// allFree is the model of a new cache's blocks: every one free.
+func allFree(capacity int) []bool {
+	free := make([]bool, capacity)
+	for i := range free {
+		free[i] = true
+	}
+	return free
+}
+
+// countFree counts the model's free blocks.
+func countFree(free []bool) int {
+	n := 0
+	for _, fr := range free {
+		if fr {
+			n++
+		}
+	}
+	return n
+}
+
 var seedsFlag = flag.Int("model.seeds", 0, "seeds the model tests run (0: their default)")
 
 func modelSeeds(def int) int {
@@ -167,10 +187,7 @@ func TestFreeRunsModel(t *testing.T) {
 		for _, capacity := range caps {
 			rng := rand.New(rand.NewPCG(seed, uint64(capacity)))
 			f := newFreeRuns(capacity)
-			free := make([]bool, capacity)
-			for i := range free {
-				free[i] = true
-			}
+			free := allFree(capacity)
 			checkFreeRuns(t, f, free)
 			for range 400 {
 				if rng.IntN(2) == 0 && f.n > 0 || f.n == capacity {
@@ -262,13 +279,15 @@ func TestCacheModel(t *testing.T) {
 			ents := map[string]*ment{}
 			var lru []string // evictable, oldest first
 			retired, evictions, maxSave := 0, uint64(0), 0
-			free := make([]bool, capacity)
-			for i := range free {
-				free[i] = true
-			}
+			free := allFree(capacity)
 			drop := func(k string) {
 				if i := slices.Index(lru, k); i >= 0 {
 					lru = slices.Delete(lru, i, i+1)
+				}
+			}
+			release := func(blocks []int) {
+				for _, b := range blocks {
+					free[b] = true
 				}
 			}
 			nkeys := 40 + int(seed%3)*40
@@ -295,12 +314,7 @@ func TestCacheModel(t *testing.T) {
 						n = -1
 					}
 					// The reference: evict what is needed, then the rule.
-					nfree := 0
-					for _, fr := range free {
-						if fr {
-							nfree++
-						}
-					}
+					nfree := countFree(free)
 					evictable := 0
 					for _, x := range lru {
 						evictable += len(ents[x].blocks)
@@ -329,15 +343,16 @@ func TestCacheModel(t *testing.T) {
 						t.Fatalf("seed %d cap %d step %d: alloc %d: %v", seed, capacity, step, n, err)
 					}
 					var gone []string
-					for nfree < n {
+					evictOldest := func() {
 						x := lru[0]
 						lru = lru[1:]
 						gone = append(gone, x)
-						for _, b := range ents[x].blocks {
-							free[b] = true
-						}
+						release(ents[x].blocks)
 						nfree += len(ents[x].blocks)
 						delete(ents, x)
+					}
+					for nfree < n {
+						evictOldest()
 					}
 					needed, afterNeeded := len(gone), nfree
 					limit := min(4*n, capacity/16)
@@ -350,14 +365,7 @@ func TestCacheModel(t *testing.T) {
 						return false
 					}
 					for !holds() && nfree < limit && len(lru) > 0 && len(ents[lru[0]].blocks) > 0 && len(ents[lru[0]].blocks) <= limit {
-						x := lru[0]
-						lru = lru[1:]
-						gone = append(gone, x)
-						for _, b := range ents[x].blocks {
-							free[b] = true
-						}
-						nfree += len(ents[x].blocks)
-						delete(ents, x)
+						evictOldest()
 					}
 					if len(gone) > needed && (nfree >= 2*limit || nfree-afterNeeded >= 2*limit) {
 						t.Fatalf("seed %d cap %d step %d: %d free after evicting for a run of %d, limit %d", seed, capacity, step, nfree, n, limit)
@@ -465,9 +473,7 @@ func TestCacheModel(t *testing.T) {
 						t.Fatal(err)
 					}
 					drop(k)
-					for _, b := range e.blocks {
-						free[b] = true
-					}
+					release(e.blocks)
 					delete(ents, k)
 				default:
 					retire := rng.IntN(3) == 0
@@ -489,9 +495,7 @@ func TestCacheModel(t *testing.T) {
 					if retire {
 						retired += len(e.blocks)
 					} else {
-						for _, b := range e.blocks {
-							free[b] = true
-						}
+						release(e.blocks)
 					}
 					delete(ents, k)
 				}
@@ -506,7 +510,7 @@ func TestCacheModel(t *testing.T) {
 					t.Fatalf("seed %d cap %d step %d: lru %v, model %v", seed, capacity, step, order, lru)
 				}
 				st := c.Stats()
-				nr, pinned, evb, nfree := 0, 0, 0, 0
+				nr, pinned, evb, nfree := 0, 0, 0, countFree(free)
 				for _, x := range ents {
 					if !x.ready {
 						nr++
@@ -516,11 +520,6 @@ func TestCacheModel(t *testing.T) {
 				}
 				for _, x := range lru {
 					evb += len(ents[x].blocks)
-				}
-				for _, fr := range free {
-					if fr {
-						nfree++
-					}
 				}
 				want := Stats{Capacity: capacity, Free: nfree, Retired: retired, Entries: len(ents), NotReady: nr,
 					Pinned: pinned, Evictable: len(lru), EvictableBlock: evb, Evictions: evictions}
@@ -535,10 +534,10 @@ func TestCacheModel(t *testing.T) {
 					// everything held: let go of some
 					for x, me := range ents {
 						if !me.ready {
-							c.Discard(x)
-							for _, b := range me.blocks {
-								free[b] = true
+							if err := c.Discard(x); err != nil {
+								t.Fatal(err)
 							}
+							release(me.blocks)
 							delete(ents, x)
 						}
 					}

@@ -569,15 +569,12 @@ func serveUntilStepped(t *testing.T, p *Producer, srv *waitingServer) {
 	ctx, cancel := context.WithCancel(context.Background())
 	served := make(chan struct{})
 	go func() { p.Serve(ctx); close(served) }()
+	defer func() { cancel(); <-served }()
 	for end := time.Now().Add(30 * time.Second); srv.drains.Load() == 0; time.Sleep(time.Millisecond) {
 		if time.Now().After(end) {
-			cancel()
-			<-served
 			t.Fatal("Serve made no step in 30 s")
 		}
 	}
-	cancel()
-	<-served
 }
 
 // servingData is a data plane that can be held for a Serve alone
