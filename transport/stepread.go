@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Reading in the step. A message that wakes a goroutine waiting in Go's
@@ -65,6 +67,41 @@ type stepReads struct {
 	// patience replaces coolAfter where set: tests whose connections must
 	// stay hot on a machine that may pause a goroutine that long.
 	patience atomic.Int64
+
+	// An owner that waits may read its hot connections itself (pollWait):
+	// pollers counts such waits under way, which the bell wakes.
+	bell    bell
+	pollers atomic.Int32
+	pfds    []unix.PollFd // a wait's set, kept for the next
+}
+
+// waitSource is what an owner's wait ends on besides its sockets: a
+// Client's or a Server's queue, and its end.
+type waitSource interface {
+	pending() bool         // something waits for Drain
+	gone() <-chan struct{} // closed once the owner is (nil: never)
+}
+
+// ring wakes the owner's wait in pollWait, if one is under way; whatever
+// ends a wait calls it after making its change visible, and a wait
+// registers (pollers) before it looks, so that neither misses the other.
+func (st *stepReads) ring() {
+	if st.pollers.Load() > 0 {
+		st.bell.ring()
+	}
+}
+
+// polled ends a pollWait: the timer that checks on hot connections,
+// stopped for the wait (the owner was reading them), runs again.
+func (st *stepReads) polled() {
+	st.pollers.Add(-1)
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if len(st.hot) > 0 && !st.armed {
+		st.armed = true
+		st.timer.Reset(st.after())
+		st.pushing.Store(true)
+	}
 }
 
 // after is coolAfter, or the patience a test set; longest, stepsAtMost
@@ -164,6 +201,12 @@ func (st *stepReads) check() {
 	st.checks.Add(1)
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	if st.pollers.Load() > 0 {
+		// The owner waits on them itself; polled arms the timer again.
+		st.armed = false
+		st.pushing.Store(false)
+		return
+	}
 	since := time.Duration(monoNow() - st.last.Load())
 	if since >= st.after() {
 		st.coolAllLocked()
@@ -185,7 +228,8 @@ func (st *stepReads) waited() {
 // between messages.
 func (st *stepReads) heat(c stepConn) {
 	after := st.after()
-	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(after) || st.gap.Load() > int64(st.longest()) {
+	polled := st.pollers.Load() > 0
+	if !polled && (st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(after) || st.gap.Load() > int64(st.longest())) {
 		return
 	}
 	st.mu.Lock()
@@ -194,6 +238,9 @@ func (st *stepReads) heat(c stepConn) {
 		return
 	}
 	st.hot = append(st.hot, c)
+	if polled {
+		st.bell.ring() // the wait polls it from now on
+	}
 	if !st.armed {
 		st.armed = true
 		if st.timer == nil {

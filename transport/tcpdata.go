@@ -144,6 +144,8 @@ type TCPData struct {
 	wg     sync.WaitGroup
 	ready  chan struct{} // a READ ended or notifications wait, for a producer's loop
 	cready chan struct{} // the same, for a Pool's: neither takes the other's
+	// pbell and cbell run after each send on ready and cready (OnReady).
+	pbell, cbell atomic.Pointer[func()]
 	sready chan struct{} // notifications wait, for Serve's
 
 	mu      sync.Mutex
@@ -469,6 +471,12 @@ func (d *TCPData) signal() {
 	select {
 	case d.cready <- struct{}{}:
 	default:
+	}
+	if f := d.pbell.Load(); f != nil {
+		(*f)()
+	}
+	if f := d.cbell.Load(); f != nil {
+		(*f)()
 	}
 }
 
