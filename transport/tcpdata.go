@@ -146,7 +146,7 @@ type TCPData struct {
 	cready chan struct{} // the same, for a Pool's: neither takes the other's
 	// pbell and cbell run after each send on ready and cready (OnReady).
 	pbell, cbell atomic.Pointer[func()]
-	sready chan struct{} // notifications wait, for Serve's
+	sready       chan struct{} // notifications wait, for Serve's
 
 	mu      sync.Mutex
 	closed  bool
