@@ -33,24 +33,38 @@ import (
 // cools them, and their goroutine handles it), and a consumer's
 // connections to producers (the Pool's Step; see linkConn). The data
 // plane keeps two sets, the producer's and the consumer's: a loop's wait
-// cools both (it may step both), a producer's Serve only its own.
+// cools both (it may step both; only the control plane's are polled in
+// the wait), a producer's Serve only its own.
 //
 // A connection is heated by its own goroutine, between messages, while its
-// owner is stepped: no one waits in Wait, and Drain ran at least twice
-// since anyone last did, the last time within coolAfter and the one
-// before within stepsAtMost of it. A Drain takes the queue and reads the
-// hot sockets under mu, which heating takes too, so what a goroutine
-// delivered before its connection was heated is taken before what a Drain
-// reads from it: a connection's messages stay in order. It is cooled, and
-// its goroutine woken, when someone waits; when no Drain ran for
-// coolAfter (an owner that stopped stepping without waiting: a timer,
-// armed while anything is hot and pushed back by each Drain, checks);
-// when its socket is closed or fails; when a large frame is on its way
-// (the goroutine reads it whole, faster); and after idleDrains Drains in a
-// row found nothing on it. A loop that waits between steps (the README's idle
-// loop) heats nothing, and Serve, whose steps run where messages arrive,
-// holds its planes waiting for its whole run (the data plane's served
-// connections alone: a Pool may step on the same plane).
+// owner is stepped or waits by polling: Drain ran at least twice since
+// anyone last held it, the last time within coolAfter and the one before
+// within stepsAtMost of it; or the owner's wait polls now (pollWait). A
+// Drain takes the queue and reads the hot sockets under mu, which heating
+// takes too, so what a goroutine delivered before its connection was
+// heated is taken before what a Drain reads from it: a connection's
+// messages stay in order. It is cooled, and its goroutine woken, when the
+// owner holds its connections (Serve, and waits that cannot poll); when
+// no Drain ran for coolAfter and no wait polls (an owner that stopped
+// stepping without waiting: a timer, armed while anything is hot, pushed
+// back by each Drain and stopped while a wait polls, checks); when its
+// socket is closed or fails; when a large frame is on its way (the
+// goroutine reads it whole, faster); and after idleDrains Drains in a row
+// found nothing on it.
+//
+// An owner that waits between its steps (Wait, and the Pool's and the
+// Producer's) reads its hot connections itself: on Linux it sleeps in one
+// ppoll on their sockets and an eventfd (pollWait), so that a message on
+// one wakes the waiting thread and no goroutine hands it over (two
+// wake-ups on a small machine, tens of microseconds each). Whatever else
+// should end the wait rings the eventfd after making itself visible, and
+// the wait counts itself (pollers) before it looks, so that neither
+// misses the other: a goroutine's delivery, a connection heated meanwhile
+// (the wait polls it from then on), the data plane's signal
+// (plane.Ringing), the context's end and Close. Serve, whose steps run
+// where messages arrive, holds its planes for its whole run (the data
+// plane's served connections alone: a Pool may step on the same plane),
+// and heats nothing.
 type stepReads struct {
 	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
 	hot     []stepConn
