@@ -247,6 +247,7 @@ type guardConn struct {
 	inHdr    bool     // the frame header at in's start passed the caps
 	inWant   int      // a large frame in part: the length in must reach to hold it
 	sink     func(g *guardConn, frames [][]byte) bool
+	sunk     int           // messages handed to sink, under smu
 	hot      atomic.Bool   // Drains read the socket; the goroutine waits on cool
 	cool     chan struct{} // wakes the goroutine when it is no longer hot
 	empty    int           // Drains in a row that found nothing, under smu
@@ -668,6 +669,7 @@ func (g *guardConn) feed(p []byte) error {
 		}
 		g.inFrames = append(g.inFrames, body)
 		if flags&flagMore == 0 {
+			g.sunk++
 			ok := g.sink(g, g.inFrames)
 			clear(g.inFrames)
 			g.inFrames = g.inFrames[:0]

@@ -2,9 +2,8 @@ package transport
 
 import (
 	"context"
+	"slices"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // pollable is a connection whose descriptor an owner's wait can poll.
@@ -19,13 +18,13 @@ func (g *guardConn) pollFD() int {
 }
 
 // pollWait is the owner's wait when it reads its hot connections itself:
-// it sleeps in one system call on their sockets and the bell, so that a
-// message on a hot connection wakes the waiting thread directly, with no
-// goroutine to hand it over (see stepReads). It returns, true, when a hot
+// its goroutine parks in Go's poller on the bell's epoll set, their
+// sockets armed in it, so that a message on a hot connection wakes it
+// directly, with no goroutine to hand it over (see stepReads). It returns, true, when a hot
 // socket has bytes, src has something pending, ready receives, or d
 // passes (d < 0: no limit); false when ctx ends or src is gone. handled is
-// false where it cannot wait so (no eventfd, or a hold is on: Serve's),
-// and the caller waits on its channels instead.
+// false where it cannot wait so (no eventfd, a hold is on, as Serve's, or
+// another wait polls), and the caller waits on its channels instead.
 func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time.Duration, src waitSource) (woke, handled bool) {
 	st.mu.Lock()
 	held := st.waiters > 0
@@ -33,18 +32,32 @@ func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time
 	if held {
 		return false, false
 	}
-	bfd, ok := st.bell.enter()
+	// One wait polls at a time: the bell's ring is taken by whichever wait
+	// wakes first, so a second one waits on its channels.
+	if st.pollers.Add(1) > 1 {
+		st.pollers.Add(-1)
+		return false, false
+	}
+	// From here on, whatever should end the wait rings.
+	defer st.pollers.Add(-1)
+	efd, epfd, raw, ep, ok := st.bell.enter()
 	if !ok {
 		return false, false
 	}
 	defer st.bell.leave()
-	st.pollers.Add(1) // from here on, whatever should end the wait rings
-	defer st.polled()
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, st.bell.ring)()
 	}
-	fds := st.takeFDs()
-	defer func() { st.giveFDs(fds) }()
+	armed, fired := st.armedFDs[:0], st.firedFDs[:0]
+	defer func() {
+		// What a wait armed and did not see fire is disarmed.
+		for _, fd := range armed {
+			if !slices.Contains(fired, fd) {
+				disarm(epfd, fd)
+			}
+		}
+		st.armedFDs, st.firedFDs = armed[:0], fired[:0]
+	}()
 	var end int64
 	if d >= 0 {
 		end = monoNow() + int64(d)
@@ -68,47 +81,29 @@ func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time
 				return true, true
 			}
 		}
-		fds = st.pollSet(fds[:0], bfd)
-		pollFor(fds, left)
-		if fds[0].Revents != 0 {
-			st.bell.clear(bfd)
-		}
-		for _, f := range fds[1:] {
-			if f.Revents != 0 {
-				return true, true
-			}
+		armed = st.armHot(epfd, armed)
+		var over bool
+		if fired, over = sleep(raw, ep, epfd, efd, left, fired[:0]); over {
+			return true, true
 		}
 		// The bell: see what rang it, with the hot set as it is now.
 	}
 }
 
-// pollSet appends the bell and the hot connections' descriptors to fds.
-func (st *stepReads) pollSet(fds []unix.PollFd, bell int) []unix.PollFd {
+// armHot arms each hot connection's socket in the wait's epoll set, and
+// adds its descriptor to armed (all a wait armed, to disarm at its end).
+func (st *stepReads) armHot(epfd int, armed []int) []int {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	fds = append(fds, unix.PollFd{Fd: int32(bell), Events: unix.POLLIN})
 	for _, c := range st.hot {
 		if p, ok := c.(pollable); ok {
 			if fd := p.pollFD(); fd >= 0 {
-				fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
+				arm(epfd, fd)
+				if !slices.Contains(armed, fd) {
+					armed = append(armed, fd)
+				}
 			}
 		}
 	}
-	return fds
-}
-
-// takeFDs and giveFDs lend a wait the set's buffer (a second wait at once
-// makes its own).
-func (st *stepReads) takeFDs() []unix.PollFd {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	fds := st.pfds
-	st.pfds = nil
-	return fds[:0]
-}
-
-func (st *stepReads) giveFDs(fds []unix.PollFd) {
-	st.mu.Lock()
-	st.pfds = fds[:0]
-	st.mu.Unlock()
+	return armed
 }

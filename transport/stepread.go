@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Reading in the step. A message that wakes a goroutine waiting in Go's
@@ -37,34 +35,34 @@ import (
 // the wait), a producer's Serve only its own.
 //
 // A connection is heated by its own goroutine, between messages, while its
-// owner is stepped or waits by polling: Drain ran at least twice since
-// anyone last held it, the last time within coolAfter and the one before
-// within stepsAtMost of it; or the owner's wait polls now (pollWait). A
-// Drain takes the queue and reads the hot sockets under mu, which heating
-// takes too, so what a goroutine delivered before its connection was
-// heated is taken before what a Drain reads from it: a connection's
+// owner is stepped: Drain ran at least twice since anyone last held it,
+// the last time within coolAfter and the one before within stepsAtMost of
+// it. A Drain takes the queue and reads the hot sockets under mu, which
+// heating takes too, so what a goroutine delivered before its connection
+// was heated is taken before what a Drain reads from it: a connection's
 // messages stay in order. It is cooled, and its goroutine woken, when the
-// owner holds its connections (Serve, and waits that cannot poll); when
-// no Drain ran for coolAfter and no wait polls (an owner that stopped
-// stepping without waiting: a timer, armed while anything is hot, pushed
-// back by each Drain and stopped while a wait polls, checks); when its
-// socket is closed or fails; when a large frame is on its way (the
-// goroutine reads it whole, faster); and after idleDrains Drains in a row
-// found nothing on it.
+// owner holds its connections (Serve, and waits that cannot poll); when no
+// Drain ran for coolAfter (an owner that stopped stepping, or that waits
+// that long: a timer, armed while anything is hot and pushed back by each
+// Drain, checks); when its socket is closed or fails; when a large frame
+// is on its way (the goroutine reads it whole, faster); and after
+// idleDrains Drains in a row found nothing on it.
 //
 // An owner that waits between its steps (Wait, and the Pool's and the
-// Producer's) reads its hot connections itself: on Linux it sleeps in one
-// ppoll on their sockets and an eventfd (pollWait), so that a message on
-// one wakes the waiting thread and no goroutine hands it over (two
-// wake-ups on a small machine, tens of microseconds each). Whatever else
-// should end the wait rings the eventfd after making itself visible, and
-// the wait counts itself (pollers) before it looks, so that neither
-// misses the other: a goroutine's delivery, a connection heated meanwhile
-// (the wait polls it from then on), the data plane's signal
-// (plane.Ringing), the context's end and Close. Serve, whose steps run
-// where messages arrive, holds its planes for its whole run (the data
-// plane's served connections alone: a Pool may step on the same plane),
-// and heats nothing.
+// Producer's) reads its hot connections itself: on Linux its goroutine
+// parks in Go's poller on an epoll set of their sockets and an eventfd
+// (pollWait, bell), so that a message on one wakes it directly and no
+// goroutine hands it over (two wake-ups on a small machine, tens of
+// microseconds each). Whatever else should end the wait rings the eventfd
+// after making itself visible, and the wait counts itself (pollers) before
+// it looks and arms the hot set, so that neither misses the other: a
+// goroutine's delivery, a connection heated meanwhile (the wait arms it
+// once rung), the timer's cooling (the wait stops looking at them), the
+// data plane's signal (plane.Ringing), the context's end and Close. One
+// wait polls at a time: a second waits on its channels, as on other
+// systems. Serve, whose steps run where messages arrive, holds its planes
+// for its whole run (the data plane's served connections alone: a Pool
+// may step on the same plane), and heats nothing.
 type stepReads struct {
 	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
 	hot     []stepConn
@@ -86,7 +84,9 @@ type stepReads struct {
 	// pollers counts such waits under way, which the bell wakes.
 	bell    bell
 	pollers atomic.Int32
-	pfds    []unix.PollFd // a wait's set, kept for the next
+	// armedFDs and firedFDs are the wait's, kept for the next (one at a
+	// time).
+	armedFDs, firedFDs []int
 }
 
 // waitSource is what an owner's wait ends on besides its sockets: a
@@ -102,19 +102,6 @@ type waitSource interface {
 func (st *stepReads) ring() {
 	if st.pollers.Load() > 0 {
 		st.bell.ring()
-	}
-}
-
-// polled ends a pollWait: the timer that checks on hot connections,
-// stopped for the wait (the owner was reading them), runs again.
-func (st *stepReads) polled() {
-	st.pollers.Add(-1)
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if len(st.hot) > 0 && !st.armed {
-		st.armed = true
-		st.timer.Reset(st.after())
-		st.pushing.Store(true)
 	}
 }
 
@@ -215,15 +202,12 @@ func (st *stepReads) check() {
 	st.checks.Add(1)
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.pollers.Load() > 0 {
-		// The owner waits on them itself; polled arms the timer again.
-		st.armed = false
-		st.pushing.Store(false)
-		return
-	}
 	since := time.Duration(monoNow() - st.last.Load())
 	if since >= st.after() {
 		st.coolAllLocked()
+		if st.pollers.Load() > 0 {
+			st.bell.ring() // the wait stops polling them
+		}
 	}
 	st.armed = len(st.hot) > 0
 	st.pushing.Store(st.armed)
@@ -242,8 +226,7 @@ func (st *stepReads) waited() {
 // between messages.
 func (st *stepReads) heat(c stepConn) {
 	after := st.after()
-	polled := st.pollers.Load() > 0
-	if !polled && (st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(after) || st.gap.Load() > int64(st.longest())) {
+	if st.drains.Load() < 2 || monoNow()-st.last.Load() > int64(after) || st.gap.Load() > int64(st.longest()) {
 		return
 	}
 	st.mu.Lock()
@@ -252,8 +235,10 @@ func (st *stepReads) heat(c stepConn) {
 		return
 	}
 	st.hot = append(st.hot, c)
-	if polled {
-		st.bell.ring() // the wait polls it from now on
+	if st.pollers.Load() > 0 {
+		// A wait armed the hot set before this, under mu: it arms this
+		// one once rung (it counts itself before it arms).
+		st.bell.ring()
 	}
 	if !st.armed {
 		st.armed = true
@@ -336,9 +321,11 @@ func (g *guardConn) readNow(buf []byte) bool {
 	}
 	defer g.smu.Unlock()
 	q := g.Conn.(*quietConn)
+	sunk, read := g.sunk, false
 	for range 4 {
 		n, err := q.tryRead(buf)
 		if n > 0 {
+			read = true
 			g.empty = 0
 			g.received(n)
 			g.sink = g.cfg.take
@@ -351,13 +338,24 @@ func (g *guardConn) readNow(buf []byte) bool {
 		}
 		switch {
 		case errors.Is(err, errNothing):
+			if read {
+				return g.carries(sunk)
+			}
 			g.empty++
 			return g.empty < idleDrains
 		case err != nil:
 			return false
 		case n < len(buf):
-			return true // it had no more
+			return g.carries(sunk) // it had no more
 		}
 	}
 	return true
+}
+
+// carries reports whether what a Drain just read from g brought a message
+// (g.sunk was sunk before it) or part of one: bytes that were heartbeats
+// alone cool the connection, so that they go to its goroutine and do not
+// wake an owner waiting on it with nothing to step; under smu.
+func (g *guardConn) carries(sunk int) bool {
+	return g.sunk != sunk || len(g.in) > 0
 }
