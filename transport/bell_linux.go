@@ -2,80 +2,47 @@ package transport
 
 import (
 	"encoding/binary"
-	"os"
+	"runtime"
 	"sync"
-	"syscall"
 	"time"
 
 	"golang.org/x/sys/unix"
 )
 
-// bell is what an owner waiting in pollWait sleeps on: an epoll set, kept
-// in Go's poller as one file, that holds an eventfd (the bell itself) and
-// the owner's hot sockets, each armed once per wait (EPOLLONESHOT). The
-// waiting goroutine parks in Go's poller, as one reading a socket does:
-// a message on a hot socket wakes it directly, and a thread that waits
-// holds no processor. Whatever else should end the wait (a message a
-// goroutine delivered, the data plane's signal, a context's end, Close)
-// rings the eventfd. The descriptors are made by the first wait and
-// closed by Close, or by the last wait under way when Close came, so that
-// no ring or wait ever uses a number that may name another file by then.
+// bell is the eventfd an owner waiting in pollWait sleeps on beside its
+// hot sockets: whatever else should end the wait (a message a goroutine
+// delivered, the data plane's signal, a context's end, Close, a hot
+// socket's descriptor changing) rings it. Its descriptor is made by the
+// first wait and closed by Close, or by the last wait under way when
+// Close came, so that no ring or poll ever uses a number that may name
+// another file by then.
 type bell struct {
 	mu     sync.Mutex
+	fd     int  // the eventfd, while made
 	made   bool // by the first wait
-	efd    int  // the eventfd, while made
-	epfd   int  // the epoll set, while made
-	ep     *os.File
-	raw    syscall.RawConn
-	users  int // waits under way, which hold the descriptors open
+	users  int  // waits under way, which hold fd open
 	closed bool
 	one    [8]byte
 }
 
-// enter returns the bell's descriptors, held open until leave; false if
-// there are none (closed, or the system refused them).
-func (b *bell) enter() (efd, epfd int, raw syscall.RawConn, ep *os.File, ok bool) {
+// enter returns the descriptor to poll, held open until leave; false if
+// there is none (closed, or no eventfd).
+func (b *bell) enter() (int, bool) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.closed {
-		return -1, -1, nil, nil, false
+		return -1, false
 	}
-	if !b.made && !b.makeLocked() {
-		return -1, -1, nil, nil, false
+	if !b.made {
+		fd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+		if err != nil {
+			return -1, false
+		}
+		b.fd, b.made = fd, true
+		binary.NativeEndian.PutUint64(b.one[:], 1)
 	}
 	b.users++
-	return b.efd, b.epfd, b.raw, b.ep, true
-}
-
-func (b *bell) makeLocked() bool {
-	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
-	if err != nil {
-		return false
-	}
-	epfd, err := unix.EpollCreate1(unix.EPOLL_CLOEXEC)
-	if err == nil {
-		err = unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, efd, &unix.EpollEvent{Events: unix.EPOLLIN, Fd: int32(efd)})
-		if err == nil {
-			err = unix.SetNonblock(epfd, true) // so that Go's poller takes it
-		}
-		if err != nil {
-			unix.Close(epfd)
-		}
-	}
-	if err != nil {
-		unix.Close(efd)
-		return false
-	}
-	ep := os.NewFile(uintptr(epfd), "ecxfer-wait")
-	raw, err := ep.SyscallConn()
-	if err != nil {
-		ep.Close()
-		unix.Close(efd)
-		return false
-	}
-	b.efd, b.epfd, b.ep, b.raw, b.made = efd, epfd, ep, raw, true
-	binary.NativeEndian.PutUint64(b.one[:], 1)
-	return true
+	return b.fd, true
 }
 
 // leave ends a wait that entered; the last one closes a closed bell.
@@ -83,38 +50,31 @@ func (b *bell) leave() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.users--
-	if b.closed && b.users == 0 {
-		b.freeLocked()
-	}
-}
-
-func (b *bell) freeLocked() {
-	if b.made {
-		b.ep.Close()
-		unix.Close(b.efd)
+	if b.closed && b.users == 0 && b.made {
+		unix.Close(b.fd)
 		b.made = false
 	}
 }
 
-// ring wakes the waits under way. A wait that begins later checks what
-// it waits for before it sleeps, so a ring with none under way is
-// skipped by the caller (stepReads.ring).
+// ring wakes the wait under way. A wait that begins later checks what it
+// waits for before it polls, so a ring with none under way is skipped by
+// the caller (stepReads.ring).
 func (b *bell) ring() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	if b.made {
-		unix.Write(b.efd, b.one[:]) // EAGAIN: it is rung already
+		unix.Write(b.fd, b.one[:]) // EAGAIN: it is rung already
 	}
 }
 
 // clear takes the rings so far.
-func (b *bell) clear(efd int) {
+func (b *bell) clear(fd int) {
 	var v [8]byte
-	unix.Read(efd, v[:])
+	unix.Read(fd, v[:])
 }
 
-// close closes the descriptors, now or when the last wait leaves, after
-// ringing them for those.
+// close closes the descriptor, now or when the last wait leaves, after
+// ringing it for those.
 func (b *bell) close() {
 	b.mu.Lock()
 	defer b.mu.Unlock()
@@ -122,56 +82,40 @@ func (b *bell) close() {
 		return
 	}
 	b.closed = true
-	if b.users > 0 {
-		unix.Write(b.efd, b.one[:])
+	if !b.made {
 		return
 	}
-	b.freeLocked()
-}
-
-// arm arms fd in the epoll set for one event (EPOLLONESHOT): a socket's
-// registration wakes no one once it fired, or once the wait disarmed it.
-func arm(epfd, fd int) {
-	ev := unix.EpollEvent{Events: unix.EPOLLIN | unix.EPOLLRDHUP | unix.EPOLLONESHOT, Fd: int32(fd)}
-	if unix.EpollCtl(epfd, unix.EPOLL_CTL_MOD, fd, &ev) != nil {
-		unix.EpollCtl(epfd, unix.EPOLL_CTL_ADD, fd, &ev)
+	if b.users > 0 {
+		unix.Write(b.fd, b.one[:])
+		return
 	}
+	unix.Close(b.fd)
+	b.made = false
 }
 
-// disarm disarms fd in the epoll set, where a wait armed it and it did
-// not fire: bytes arriving while the owner steps wake no thread.
-func disarm(epfd, fd int) {
-	unix.EpollCtl(epfd, unix.EPOLL_CTL_MOD, fd, &unix.EpollEvent{Events: unix.EPOLLONESHOT, Fd: int32(fd)})
-}
-
-// sleep waits in Go's poller until the epoll set has an event or d passes
-// (d < 0: no limit); it appends the sockets whose events came to fired
-// (the bell's is cleared), and reports whether the wait is over: a socket
-// fired, or d passed.
-func sleep(raw syscall.RawConn, ep *os.File, epfd, efd int, d time.Duration, fired []int) ([]int, bool) {
-	var dl time.Time
-	if d >= 0 {
-		dl = time.Now().Add(d)
+// pollFor polls fds for input for at most d (negative: no limit).
+//
+// The thread sleeps in the system call and keeps its processor until the
+// runtime's monitor takes it back (20 µs to 10 ms later): a goroutine
+// queued on that processor would wait that long for it (the copy
+// goroutines a READ just started, the engine's own). So the waiting
+// goroutine first yields, and sleeps only once whatever was queued
+// behind it ran; nothing is queued on a processor whose thread is asleep,
+// and the other processors steal what would be.
+func pollFor(fds []unix.PollFd, d time.Duration) {
+	runtime.Gosched()
+	if d < 0 {
+		unix.Ppoll(fds, nil, nil)
+		return
 	}
-	ep.SetReadDeadline(dl)
-	var evs [8]unix.EpollEvent
-	err := raw.Read(func(uintptr) bool {
-		n, _ := unix.EpollWait(epfd, evs[:], 0)
-		for _, ev := range evs[:max(n, 0)] {
-			if int(ev.Fd) == efd {
-				var v [8]byte
-				unix.Read(efd, v[:])
-			} else {
-				fired = append(fired, int(ev.Fd))
-			}
-		}
-		return n > 0
-	})
-	return fired, len(fired) > 0 || err != nil
+	ts := unix.NsecToTimespec(int64(d))
+	unix.Ppoll(fds, &ts, nil)
 }
 
 // pollFD implements pollable: the descriptor the connection's bytes
-// arrive on, whether or not it is in Go's poller; -1 if closed.
+// arrive on, whether or not it is in Go's poller; -1 if closed. A change
+// of it (attach, detach) rings moved, so that a wait polling the old
+// number, which may name another file once closed, polls the new one.
 func (q *quietConn) pollFD() int {
 	q.mmu.Lock()
 	defer q.mmu.Unlock()

@@ -119,15 +119,16 @@ func (c tcpPlane) Ready() <-chan struct{} { return c.d.ready }
 // ConsumerReady implements plane.ConsumerSignaling: Ready, for a Pool.
 func (c tcpPlane) ConsumerReady() <-chan struct{} { return c.d.cready }
 
-// OnReady sets f to run after each send on Ready (consumer false) or on
-// ConsumerReady (true), so that a loop waiting by polling its sockets,
-// which cannot also wait on the channel, is woken (plane.Ringing).
-func (c tcpPlane) OnReady(consumer bool, f func()) {
+// OnReady adds f to run after each send on Ready (consumer false) or on
+// ConsumerReady (true), until remove is called, so that a loop waiting by
+// polling its sockets, which cannot also wait on the channel, is woken
+// (plane.Ringing).
+func (c tcpPlane) OnReady(consumer bool, f func()) (remove func()) {
+	l := &c.d.pbells
 	if consumer {
-		c.d.cbell.Store(&f)
-	} else {
-		c.d.pbell.Store(&f)
+		l = &c.d.cbells
 	}
+	return l.add(f)
 }
 
 // StopsReads implements plane.Stoppable: Release stops every READ.

@@ -337,14 +337,11 @@ func (s *Server) wake() {
 
 // pending implements waitSource: a request, or a wake, waits.
 func (s *Server) pending() bool {
-	if len(s.in) > 0 {
-		return true
-	}
 	select {
-	case <-s.kick:
+	case <-s.kick: // taken, as a wait on it would: it is for this wait
 		return true
 	default:
-		return false
+		return len(s.in) > 0
 	}
 }
 

@@ -261,6 +261,9 @@ type guardConn struct {
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
 	c = quietIO(c)
+	if q, ok := c.(*quietConn); ok && cfg.steps != nil {
+		q.moved = cfg.steps.ring // a wait polling its old number polls the new one
+	}
 	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{}),
 		okick: make(chan struct{}, 1), cool: make(chan struct{}, 1)}
 	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)

@@ -2,8 +2,9 @@ package transport
 
 import (
 	"context"
-	"slices"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // pollable is a connection whose descriptor an owner's wait can poll.
@@ -18,9 +19,9 @@ func (g *guardConn) pollFD() int {
 }
 
 // pollWait is the owner's wait when it reads its hot connections itself:
-// its goroutine parks in Go's poller on the bell's epoll set, their
-// sockets armed in it, so that a message on a hot connection wakes it
-// directly, with no goroutine to hand it over (see stepReads). It returns, true, when a hot
+// it sleeps in one system call on their sockets and the bell, so that a
+// message on a hot connection wakes the waiting thread directly, with no
+// goroutine to hand it over (see stepReads). It returns, true, when a hot
 // socket has bytes, src has something pending, ready receives, or d
 // passes (d < 0: no limit); false when ctx ends or src is gone. handled is
 // false where it cannot wait so (no eventfd, a hold is on, as Serve's, or
@@ -40,7 +41,8 @@ func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time
 	}
 	// From here on, whatever should end the wait rings.
 	defer st.pollers.Add(-1)
-	efd, epfd, raw, ep, ok := st.bell.enter()
+	st.polled.Store(true)
+	bfd, ok := st.bell.enter()
 	if !ok {
 		return false, false
 	}
@@ -48,16 +50,8 @@ func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, st.bell.ring)()
 	}
-	armed, fired := st.armedFDs[:0], st.firedFDs[:0]
-	defer func() {
-		// What a wait armed and did not see fire is disarmed.
-		for _, fd := range armed {
-			if !slices.Contains(fired, fd) {
-				disarm(epfd, fd)
-			}
-		}
-		st.armedFDs, st.firedFDs = armed[:0], fired[:0]
-	}()
+	fds := st.pfds[:0]
+	defer func() { st.pfds = fds[:0] }()
 	var end int64
 	if d >= 0 {
 		end = monoNow() + int64(d)
@@ -81,29 +75,31 @@ func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time
 				return true, true
 			}
 		}
-		armed = st.armHot(epfd, armed)
-		var over bool
-		if fired, over = sleep(raw, ep, epfd, efd, left, fired[:0]); over {
-			return true, true
+		fds = st.pollSet(fds[:0], bfd)
+		pollFor(fds, left)
+		if fds[0].Revents != 0 {
+			st.bell.clear(bfd)
+		}
+		for _, f := range fds[1:] {
+			if f.Revents != 0 {
+				return true, true
+			}
 		}
 		// The bell: see what rang it, with the hot set as it is now.
 	}
 }
 
-// armHot arms each hot connection's socket in the wait's epoll set, and
-// adds its descriptor to armed (all a wait armed, to disarm at its end).
-func (st *stepReads) armHot(epfd int, armed []int) []int {
+// pollSet appends the bell and the hot connections' descriptors to fds.
+func (st *stepReads) pollSet(fds []unix.PollFd, bell int) []unix.PollFd {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	fds = append(fds, unix.PollFd{Fd: int32(bell), Events: unix.POLLIN})
 	for _, c := range st.hot {
 		if p, ok := c.(pollable); ok {
 			if fd := p.pollFD(); fd >= 0 {
-				arm(epfd, fd)
-				if !slices.Contains(armed, fd) {
-					armed = append(armed, fd)
-				}
+				fds = append(fds, unix.PollFd{Fd: int32(fd), Events: unix.POLLIN})
 			}
 		}
 	}
-	return armed
+	return fds
 }

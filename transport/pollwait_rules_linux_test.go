@@ -166,8 +166,8 @@ func (h qHot) pollFD() int         { return h.q.pollFD() }
 // A wait follows a hot connection's socket, not its number: a write that
 // must wait for room attaches the connection again while its owner waits
 // (its detached number closed, and taken by the next file the process
-// makes), and a message on it still ends the wait. The wait's epoll set
-// holds the socket itself.
+// makes), and a message on it still ends the wait, since each change of
+// the descriptor rings the wait, which then polls the new one.
 func TestWaitFollowsTheSocketNotItsNumber(t *testing.T) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -194,6 +194,7 @@ func TestWaitFollowsTheSocketNotItsNumber(t *testing.T) {
 
 	var st stepReads
 	defer st.bell.close()
+	q.moved = st.ring // as newGuardConn wires it
 	st.hot = []stepConn{qHot{q}}
 	st.timer = time.AfterFunc(time.Hour, func() {}) // as heat made it
 	defer st.timer.Stop()
@@ -208,7 +209,7 @@ func TestWaitFollowsTheSocketNotItsNumber(t *testing.T) {
 		got <- res{woke, time.Since(start)}
 	}()
 	poll(t, 10*time.Second, "a wait polling", func() bool { return st.pollers.Load() == 1 })
-	time.Sleep(20 * time.Millisecond) // asleep, n1 armed in its set
+	time.Sleep(20 * time.Millisecond) // asleep in ppoll on n1
 
 	// The guard's writer: more than the socket takes; it waits for room,
 	// attaching the connection (its number n1 closed, another made).

@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"golang.org/x/sys/unix"
 )
 
 // Reading in the step. A message that wakes a goroutine waiting in Go's
@@ -64,18 +66,21 @@ import (
 // for its whole run (the data plane's served connections alone: a Pool
 // may step on the same plane), and heats nothing.
 type stepReads struct {
-	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
-	hot     []stepConn
-	buf     []byte
-	waiters int         // in Wait now, under mu
-	timer   *time.Timer // checks that Drain still runs, while anything is hot
-	armed   bool        // under mu
-	pushing atomic.Bool // armed, for Drain: each Drain pushes the timer back
-	drains  atomic.Int64
-	last    atomic.Int64  // monoNow of the last Drain
-	gap     atomic.Int64  // between the last two Drains
-	taken   atomic.Uint64 // messages read in Drain, for tests
-	checks  atomic.Uint64 // the timer's checks, for tests
+	mu  sync.Mutex // held by Drain; the hot set, the scratch buffer
+	hot []stepConn
+	buf []byte
+	// idleBeats: this Drain cools a connection that brought heartbeats
+	// alone (see readLocked); under mu.
+	idleBeats bool
+	waiters   int         // in Wait now, under mu
+	timer     *time.Timer // checks that Drain still runs, while anything is hot
+	armed     bool        // under mu
+	pushing   atomic.Bool // armed, for Drain: each Drain pushes the timer back
+	drains    atomic.Int64
+	last      atomic.Int64  // monoNow of the last Drain
+	gap       atomic.Int64  // between the last two Drains
+	taken     atomic.Uint64 // messages read in Drain, for tests
+	checks    atomic.Uint64 // the timer's checks, for tests
 	// patience replaces coolAfter where set: tests whose connections must
 	// stay hot on a machine that may pause a goroutine that long.
 	patience atomic.Int64
@@ -84,9 +89,8 @@ type stepReads struct {
 	// pollers counts such waits under way, which the bell wakes.
 	bell    bell
 	pollers atomic.Int32
-	// armedFDs and firedFDs are the wait's, kept for the next (one at a
-	// time).
-	armedFDs, firedFDs []int
+	polled  atomic.Bool   // a wait polled since the last Drain read
+	pfds    []unix.PollFd // the wait's set, kept for the next (one at a time)
 }
 
 // waitSource is what an owner's wait ends on besides its sockets: a
@@ -299,6 +303,10 @@ func (st *stepReads) readLocked() {
 	if st.buf == nil {
 		st.buf = make([]byte, 16<<10)
 	}
+	// A connection that brought heartbeats alone goes back to its
+	// goroutine if the owner waits between its steps (the heartbeats would
+	// wake it for nothing); an owner that never waits keeps it.
+	st.idleBeats = st.polled.Swap(false)
 	keep := st.hot[:0]
 	for _, c := range st.hot {
 		if c.readNow(st.buf) {
@@ -352,10 +360,11 @@ func (g *guardConn) readNow(buf []byte) bool {
 	return true
 }
 
-// carries reports whether what a Drain just read from g brought a message
-// (g.sunk was sunk before it) or part of one: bytes that were heartbeats
-// alone cool the connection, so that they go to its goroutine and do not
-// wake an owner waiting on it with nothing to step; under smu.
+// carries reports whether g stays hot after a Drain read bytes from it:
+// they brought a message (g.sunk was sunk before it) or part of one, or
+// its owner does not wait between steps. Bytes that were heartbeats alone
+// cool it for an owner that waits, so that they go to its goroutine and
+// do not wake that owner with nothing to step; under smu and the set's mu.
 func (g *guardConn) carries(sunk int) bool {
-	return g.sunk != sunk || len(g.in) > 0
+	return g.sunk != sunk || len(g.in) > 0 || !g.cfg.steps.idleBeats
 }

@@ -278,6 +278,7 @@ type Pool struct {
 
 	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
 	waitIn   waiterIn        // the control plane's, if the data plane's signal rings it
+	unring   func()          // stops the data plane's signal ringing it
 	stepped  plane.Stepped   // the data plane's, if it reads in the step
 	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
 	lastStep time.Time       // the now of the last Step
@@ -326,7 +327,7 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	} else if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
-	p.waitIn = waitInOf(p.ctl, data, p.ready, consumer)
+	p.waitIn, p.unring = waitInOf(p.ctl, data, p.ready, consumer)
 	p.stepped, _ = plane.As[plane.Stepped](data)
 	p.waiter, _ = plane.As[plane.Waiter](data)
 	p.stats.FailedBy = FailureCounts{}
@@ -1262,20 +1263,21 @@ type waiterIn interface {
 }
 
 // waitInOf returns ctl's waiterIn if its waits hear ready: none, or a
-// data plane that rings it on each send (consumer: on ConsumerReady).
-func waitInOf(ctl any, data xfer.DataTransport, ready <-chan struct{}, consumer bool) waiterIn {
+// data plane that rings it on each send (consumer: on ConsumerReady);
+// unring, never nil, stops the ringing.
+func waitInOf(ctl any, data xfer.DataTransport, ready <-chan struct{}, consumer bool) (wi waiterIn, unring func()) {
 	wi, ok := plane.As[waiterIn](ctl)
 	if !ok {
-		return nil
+		return nil, func() {}
 	}
 	if ready != nil {
 		r, ok := plane.As[plane.Ringing](data)
 		if !ok {
-			return nil
+			return nil, func() {}
 		}
-		r.OnReady(consumer, wi.Ring)
+		return wi, r.OnReady(consumer, wi.Ring)
 	}
-	return wi
+	return wi, func() {}
 }
 
 // waiterOr is a control plane that can wait on a data plane's signal and a
@@ -1326,6 +1328,7 @@ func (p *Pool) Close() error {
 	}
 	p.keep()
 	p.closed = true
+	p.unring()
 	for _, pe := range p.order {
 		p.ctl.Remove(pe.addr)
 	}

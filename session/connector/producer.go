@@ -55,6 +55,7 @@ type Producer struct {
 	data    xfer.DataTransport
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
 	waitIn  waiterIn        // the control plane's, if the data plane's signal rings it
+	unring  func()          // stops the data plane's signal ringing it
 	sready  <-chan struct{} // the same for Serve, if the plane tells them apart (plane.Serving)
 	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
 	sess    *session.ProducerSession
@@ -119,7 +120,7 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		p.ready = sg.Ready()
 	}
 	p.waiter, _ = plane.As[plane.Waiter](data)
-	p.waitIn = waitInOf(ctl, data, p.ready, false)
+	p.waitIn, p.unring = waitInOf(ctl, data, p.ready, false)
 	p.sready = p.ready
 	if s, ok := plane.As[plane.Serving](data); ok {
 		p.sready = s.ServeReady()
@@ -432,5 +433,6 @@ func (p *Producer) Close() error {
 	}
 	p.closed = true
 	close(p.done)
+	p.unring()
 	return p.sess.Close()
 }
