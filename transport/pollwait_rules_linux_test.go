@@ -315,3 +315,65 @@ func TestConcurrentWaitsEachEnd(t *testing.T) {
 		})
 	}
 }
+
+// A Client's wait polls the hot connections of the set it follows (a
+// TCP plane's connections to producers) as its own: bytes on one end the
+// wait, one heated while the wait is under way is polled once rung, and a
+// wait that cannot poll (a second one) holds them, so that their
+// goroutines read.
+func TestWaitPollsTheSetItFollows(t *testing.T) {
+	c := newClient(t, ClientConfig{})
+	var links stepReads
+	unfollow, ok := c.steps.follow(&links)
+	if !ok {
+		t.Fatal("follow refused")
+	}
+	defer unfollow()
+	if _, ok := c.steps.follow(&stepReads{}); ok {
+		t.Fatal("a second follow accepted")
+	}
+	efd, err := unix.Eventfd(0, unix.EFD_CLOEXEC|unix.EFD_NONBLOCK)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer unix.Close(efd)
+	one := binary.NativeEndian.AppendUint64(nil, 1)
+	fc := &fakeHot{fd: efd}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	wait := func(during func()) bool {
+		got := make(chan bool, 1)
+		go func() { got <- c.waitIn(ctx, nil, -1) }()
+		poll(t, 10*time.Second, "a wait polling", func() bool { return c.steps.pollers.Load() == 1 })
+		during()
+		return <-got
+	}
+	// Heated while the wait is under way, then bytes.
+	links.drained()
+	links.drained()
+	if !wait(func() {
+		links.heat(fc)
+		unix.Write(efd, one)
+	}) {
+		t.Fatal("the wait ended false")
+	}
+	if !fc.hot.Load() {
+		t.Fatal("not heated")
+	}
+	var v [8]byte
+	unix.Read(efd, v[:])
+	// Hot before the wait, bytes during it.
+	if !wait(func() { unix.Write(efd, one) }) {
+		t.Fatal("the wait ended false")
+	}
+	unix.Read(efd, v[:])
+	// A wait on channels holds the followed set: its connections cool.
+	done := c.steps.holdAll()
+	if fc.hot.Load() || links.waiters != 1 {
+		t.Fatal("a wait on channels left the followed set's connections hot")
+	}
+	done()
+	if links.waiters != 0 {
+		t.Fatal("the hold of the followed set not ended")
+	}
+}
