@@ -51,20 +51,23 @@ import (
 // idleDrains Drains in a row found nothing on it.
 //
 // An owner that waits between its steps (Wait, and the Pool's and the
-// Producer's) reads its hot connections itself: on Linux its goroutine
-// parks in Go's poller on an epoll set of their sockets and an eventfd
-// (pollWait, bell), so that a message on one wakes it directly and no
-// goroutine hands it over (two wake-ups on a small machine, tens of
-// microseconds each). Whatever else should end the wait rings the eventfd
-// after making itself visible, and the wait counts itself (pollers) before
-// it looks and arms the hot set, so that neither misses the other: a
-// goroutine's delivery, a connection heated meanwhile (the wait arms it
-// once rung), the timer's cooling (the wait stops looking at them), the
-// data plane's signal (plane.Ringing), the context's end and Close. One
-// wait polls at a time: a second waits on its channels, as on other
-// systems. Serve, whose steps run where messages arrive, holds its planes
-// for its whole run (the data plane's served connections alone: a Pool
-// may step on the same plane), and heats nothing.
+// Producer's) reads its hot connections itself: on Linux it sleeps in one
+// ppoll on their sockets and an eventfd (pollWait, bell), so that a
+// message on one wakes the waiting thread and no goroutine hands it over
+// (two wake-ups on a small machine, tens of microseconds each). Whatever
+// else should end the wait rings the eventfd after making itself visible,
+// and the wait counts itself (pollers) before it looks and takes the hot
+// set, so that neither misses the other: a goroutine's delivery, a
+// connection heated meanwhile (the wait polls it once rung), the timer's
+// cooling, a hot socket's descriptor changing (attach, detach), the data
+// plane's signal (plane.Ringing), the context's end and Close. A set may
+// follow another (a Pool's control plane its TCP plane's connections to
+// producers): its waits poll that one's hot connections too, whose events
+// ring it. One wait polls at a time: a second waits on its channels, as
+// on other systems, and so does one under a hold. Serve, whose steps run
+// where messages arrive, holds its planes for its whole run (the data
+// plane's served connections alone: a Pool may step on the same plane),
+// and heats nothing.
 type stepReads struct {
 	mu  sync.Mutex // held by Drain; the hot set, the scratch buffer
 	hot []stepConn
