@@ -91,18 +91,6 @@ func (h clientHooks) WaitIn(ctx context.Context, ready <-chan struct{}, d time.D
 // Ring wakes a WaitIn under way (see serverHooks.Ring).
 func (h clientHooks) Ring() { h.c.steps.ring() }
 
-// Follow makes the client's waits poll data's connections to producers
-// too, and hold them when they wait on channels, until unfollow is
-// called: a Pool's loop then reads a TCP plane's pushes and answers
-// itself, waiting or stepping. False for another plane, or one followed.
-func (h clientHooks) Follow(data any) (unfollow func(), ok bool) {
-	t, ok := plane.As[tcpPlane](data)
-	if !ok {
-		return nil, false
-	}
-	return h.c.steps.follow(&t.d.links)
-}
-
 // tcpPlane is a TCPData's side of the plumbing between a session and its
 // data plane (package internal/plane).
 type tcpPlane struct{ d *TCPData }

@@ -773,7 +773,7 @@ func (c *Client) waitIn(ctx context.Context, ready <-chan struct{}, d time.Durat
 	if woke, ok := c.steps.pollWait(ctx, ready, d, c); ok {
 		return woke
 	}
-	defer c.steps.holdAll()()
+	defer c.steps.wait()()
 	if d < 0 {
 		return c.waitChans(ctx, ready, nil)
 	}

@@ -320,9 +320,6 @@ func (l *link) connect(ctx context.Context) (net.Conn, error) {
 		tuneConn(tc)
 	}
 	c = quietIO(c)
-	if q, ok := c.(*quietConn); ok {
-		q.moved = l.p.d.links.ring // a wait polling its old number polls the new one
-	}
 	room := 0
 	if l.first && l.p.push != nil {
 		room = l.p.push.cap

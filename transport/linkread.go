@@ -93,14 +93,6 @@ func newLinkConn(l *link, c net.Conn) *linkConn {
 	return lc
 }
 
-// pollFD implements pollable.
-func (lc *linkConn) pollFD() int {
-	if q, ok := lc.c.(*quietConn); ok {
-		return q.pollFD()
-	}
-	return -1
-}
-
 // hotConn returns the link's connection if Drains read it.
 func (l *link) hotConn() *linkConn {
 	l.mu.Lock()

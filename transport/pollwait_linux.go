@@ -89,21 +89,11 @@ func (st *stepReads) pollWait(ctx context.Context, ready <-chan struct{}, d time
 	}
 }
 
-// pollSet appends the bell and the hot connections' descriptors to fds,
-// those of the set st follows too.
+// pollSet appends the bell and the hot connections' descriptors to fds.
 func (st *stepReads) pollSet(fds []unix.PollFd, bell int) []unix.PollFd {
-	fds = append(fds, unix.PollFd{Fd: int32(bell), Events: unix.POLLIN})
-	fds = st.hotFDs(fds)
-	if a := st.also.Load(); a != nil {
-		fds = a.hotFDs(fds)
-	}
-	return fds
-}
-
-// hotFDs appends the hot connections' descriptors to fds.
-func (st *stepReads) hotFDs(fds []unix.PollFd) []unix.PollFd {
 	st.mu.Lock()
 	defer st.mu.Unlock()
+	fds = append(fds, unix.PollFd{Fd: int32(bell), Events: unix.POLLIN})
 	for _, c := range st.hot {
 		if p, ok := c.(pollable); ok {
 			if fd := p.pollFD(); fd >= 0 {

@@ -92,11 +92,8 @@ type stepReads struct {
 	// pollers counts such waits under way, which the bell wakes.
 	bell    bell
 	pollers atomic.Int32
-	// also is a set this one's waits poll too; waker the set whose waits
-	// poll this one (follow).
-	also, waker atomic.Pointer[stepReads]
-	polled      atomic.Bool   // a wait polled since the last Drain read
-	pfds        []unix.PollFd // the wait's set, kept for the next (one at a time)
+	polled  atomic.Bool   // a wait polled since the last Drain read
+	pfds    []unix.PollFd // the wait's set, kept for the next (one at a time)
 }
 
 // waitSource is what an owner's wait ends on besides its sockets: a
@@ -110,36 +107,9 @@ type waitSource interface {
 // ends a wait calls it after making its change visible, and a wait
 // registers (pollers) before it looks, so that neither misses the other.
 func (st *stepReads) ring() {
-	if o := st.owner(); o.pollers.Load() > 0 {
-		o.bell.ring()
+	if st.pollers.Load() > 0 {
+		st.bell.ring()
 	}
-}
-
-// owner is the set whose waits poll this one's hot connections: its waker,
-// or itself.
-func (st *stepReads) owner() *stepReads {
-	if w := st.waker.Load(); w != nil {
-		return w
-	}
-	return st
-}
-
-// follow makes st's waits poll also's hot connections too, and hold them
-// when they cannot (holdAll), until the returned function is called; false if
-// either is linked already. A Pool's control plane follows its TCP
-// plane's connections to producers so (see pollWait).
-func (st *stepReads) follow(also *stepReads) (unfollow func(), ok bool) {
-	if !also.waker.CompareAndSwap(nil, st) {
-		return nil, false
-	}
-	if !st.also.CompareAndSwap(nil, also) {
-		also.waker.Store(nil)
-		return nil, false
-	}
-	return func() {
-		st.also.CompareAndSwap(also, nil)
-		also.waker.CompareAndSwap(st, nil)
-	}, true
 }
 
 // after is coolAfter, or the patience a test set; longest, stepsAtMost
@@ -242,7 +212,9 @@ func (st *stepReads) check() {
 	since := time.Duration(monoNow() - st.last.Load())
 	if since >= st.after() {
 		st.coolAllLocked()
-		st.ring() // a wait polling them stops
+		if st.pollers.Load() > 0 {
+			st.bell.ring() // the wait stops polling them
+		}
 	}
 	st.armed = len(st.hot) > 0
 	st.pushing.Store(st.armed)
@@ -255,17 +227,6 @@ func (st *stepReads) waited() {
 	st.mu.Lock()
 	st.waiters--
 	st.mu.Unlock()
-}
-
-// holdAll is wait for st and the set it follows, if any: what a wait on
-// channels, which reads no socket, holds.
-func (st *stepReads) holdAll() (done func()) {
-	own := st.wait()
-	if a := st.also.Load(); a != nil {
-		its := a.wait()
-		return func() { own(); its() }
-	}
-	return own
 }
 
 // heat makes c hot if its owner is stepped; called by c's goroutine,
@@ -281,9 +242,11 @@ func (st *stepReads) heat(c stepConn) {
 		return
 	}
 	st.hot = append(st.hot, c)
-	// A wait that took the hot set before this, under mu, polls this one
-	// once rung (it counts itself before it takes the set).
-	st.ring()
+	if st.pollers.Load() > 0 {
+		// A wait armed the hot set before this, under mu: it arms this
+		// one once rung (it counts itself before it arms).
+		st.bell.ring()
+	}
 	if !st.armed {
 		st.armed = true
 		if st.timer == nil {

@@ -281,7 +281,6 @@ type Pool struct {
 	unring   func()          // stops the data plane's signal ringing it
 	stepped  plane.Stepped   // the data plane's, if it reads in the step
 	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
-	waitHold plane.Waiter    // what WaitFor tells: waiter, or its served part (followed)
 	lastStep time.Time       // the now of the last Step
 	// nextDeadline is at or before the earliest deadline of the fetches
 	// in flight (zero: none): endOverdue looks at them only once it passed.
@@ -331,17 +330,6 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	p.waitIn, p.unring = waitInOf(p.ctl, data, p.ready, consumer)
 	p.stepped, _ = plane.As[plane.Stepped](data)
 	p.waiter, _ = plane.As[plane.Waiter](data)
-	p.waitHold = p.waiter
-	if f, ok := plane.As[follower](ctl); ok && p.waitIn != nil && p.stepped != nil {
-		// The loop's wait reads the plane's connections to producers,
-		// which its Step reads: it holds only the plane's served ones.
-		if unfollow, ok := f.Follow(data); ok {
-			p.unring = func(unring func()) func() { return func() { unring(); unfollow() } }(p.unring)
-			if s, ok := plane.As[plane.Serving](data); ok {
-				p.waitHold = servedOnly{s}
-			}
-		}
-	}
 	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
@@ -1176,8 +1164,8 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	if p.closed {
 		return false
 	}
-	if p.waitHold != nil {
-		defer p.waitHold.Waiting()() // its connections go back to their goroutines
+	if p.waiter != nil {
+		defer p.waiter.Waiting()() // its connections go back to their goroutines
 	}
 	// Held blocks come back in a Step as fetches end: both need polling.
 	// With neither, a Step still has an idle session to close in time.
@@ -1291,19 +1279,6 @@ func waitInOf(ctl any, data xfer.DataTransport, ready <-chan struct{}, consumer 
 	}
 	return wi, func() {}
 }
-
-// follower is a control plane whose waits can read a data plane's
-// connections to producers too (*transport.Client over *transport.TCPData).
-type follower interface {
-	Follow(data any) (unfollow func(), ok bool)
-}
-
-// servedOnly is a plane.Waiter that holds a data plane's served
-// connections alone (plane.Serving): those its consumer side reads, the
-// control plane's wait follows.
-type servedOnly struct{ s plane.Serving }
-
-func (w servedOnly) Waiting() (done func()) { return w.s.Serving() }
 
 // waiterOr is a control plane that can wait on a data plane's signal and a
 // timer too (*transport.Client).
