@@ -54,16 +54,6 @@ func (h serverHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout 
 	return h.s.waitOr(ctx, ready, timeout)
 }
 
-// WaitIn is WaitOr for at most d (negative: no limit); the loop reads
-// its hot connections itself while it waits (stepReads.pollWait).
-func (h serverHooks) WaitIn(ctx context.Context, ready <-chan struct{}, d time.Duration) bool {
-	return h.s.waitIn(ctx, ready, d)
-}
-
-// Ring wakes a WaitIn under way: the data plane's signal rings it (see
-// tcpPlane.OnReady), as it is not one of the channels the wait polls.
-func (h serverHooks) Ring() { h.s.steps.ring() }
-
 // OnRequest sets f (nil: none) to run where each request is queued.
 func (h serverHooks) OnRequest(f func()) { h.s.onRequestHook(f) }
 
@@ -82,15 +72,6 @@ func (h clientHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout 
 	return h.c.waitOr(ctx, ready, timeout)
 }
 
-// WaitIn is WaitOr for at most d (negative: no limit); the loop reads
-// its hot connections itself while it waits (stepReads.pollWait).
-func (h clientHooks) WaitIn(ctx context.Context, ready <-chan struct{}, d time.Duration) bool {
-	return h.c.waitIn(ctx, ready, d)
-}
-
-// Ring wakes a WaitIn under way (see serverHooks.Ring).
-func (h clientHooks) Ring() { h.c.steps.ring() }
-
 // tcpPlane is a TCPData's side of the plumbing between a session and its
 // data plane (package internal/plane).
 type tcpPlane struct{ d *TCPData }
@@ -105,7 +86,6 @@ var (
 	_ plane.Stepped           = tcpPlane{}
 	_ plane.Waiter            = tcpPlane{}
 	_ plane.Serving           = tcpPlane{}
-	_ plane.Ringing           = tcpPlane{}
 )
 
 // Attach implements plane.Attacher (see TCPData.attach).
@@ -118,18 +98,6 @@ func (c tcpPlane) Ready() <-chan struct{} { return c.d.ready }
 
 // ConsumerReady implements plane.ConsumerSignaling: Ready, for a Pool.
 func (c tcpPlane) ConsumerReady() <-chan struct{} { return c.d.cready }
-
-// OnReady adds f to run after each send on Ready (consumer false) or on
-// ConsumerReady (true), until remove is called, so that a loop waiting by
-// polling its sockets, which cannot also wait on the channel, is woken
-// (plane.Ringing).
-func (c tcpPlane) OnReady(consumer bool, f func()) (remove func()) {
-	l := &c.d.pbells
-	if consumer {
-		l = &c.d.cbells
-	}
-	return l.add(f)
-}
 
 // StopsReads implements plane.Stoppable: Release stops every READ.
 func (c tcpPlane) StopsReads() bool { return true }

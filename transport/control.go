@@ -332,21 +332,7 @@ func (s *Server) wake() {
 	case s.kick <- struct{}{}:
 	default:
 	}
-	s.steps.ring()
 }
-
-// pending implements waitSource: a request, or a wake, waits.
-func (s *Server) pending() bool {
-	select {
-	case <-s.kick: // taken, as a wait on it would: it is for this wait
-		return true
-	default:
-		return len(s.in) > 0
-	}
-}
-
-// gone implements waitSource.
-func (s *Server) gone() <-chan struct{} { return s.done }
 
 // onRequestHook sets f (nil: none) to run on a connection's reader goroutine
 // each time a request from it is queued, before Wait is woken for it. If f
@@ -391,7 +377,7 @@ func (s *Server) Drain(dst []xfer.Message) []xfer.Message {
 }
 
 // Wait blocks until a request waits for Drain (true) or ctx ends.
-func (s *Server) Wait(ctx context.Context) bool { return s.waitIn(ctx, nil, -1) }
+func (s *Server) Wait(ctx context.Context) bool { return s.waitOr(ctx, nil, nil) }
 
 // waitOr is Wait that also returns, true, when ready or timeout receives,
 // so that a producer's loop waits on requests and its data plane's
@@ -402,29 +388,6 @@ func (s *Server) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 		return true
 	}
 	defer s.steps.wait()()
-	return s.waitChans(ctx, ready, timeout)
-}
-
-// waitIn is waitOr for at most d (negative: no limit), by the owner's own
-// reads of its hot connections where it can (stepReads.pollWait).
-func (s *Server) waitIn(ctx context.Context, ready <-chan struct{}, d time.Duration) bool {
-	if len(s.in) > 0 {
-		return true
-	}
-	if woke, ok := s.steps.pollWait(ctx, ready, d, s); ok {
-		return woke
-	}
-	defer s.steps.wait()()
-	if d < 0 {
-		return s.waitChans(ctx, ready, nil)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	return s.waitChans(ctx, ready, t.C)
-}
-
-// waitChans is a wait on the queue's and the caller's channels.
-func (s *Server) waitChans(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
 	select {
 	case <-s.kick:
 		return true
@@ -470,7 +433,6 @@ func (s *Server) Close() error {
 	var err error
 	s.once.Do(func() {
 		close(s.done)
-		s.steps.bell.close()
 		err = s.sock.Close()
 		s.guards.wait() // the guard's accept loop, handshakes and heartbeats
 		s.forget()
@@ -511,7 +473,6 @@ type Client struct {
 	closed bool
 	queue  []inbound     // delivered, for the next Drain (see admit)
 	wake   chan struct{} // something was queued, or a producer died
-	done   chan struct{} // closed by Close
 
 	steps stepReads
 	got   []inbound // what Drain's reads took, under steps.mu
@@ -535,7 +496,7 @@ func NewClient(cfg ClientConfig) *Client {
 		cfg.Logger = slog.Default()
 	}
 	c := &Client{cfg: cfg, log: cfg.Logger, peers: map[string]*dealer{},
-		down: map[string]bool{}, wake: make(chan struct{}, 1), done: make(chan struct{})}
+		down: map[string]bool{}, wake: make(chan struct{}, 1)}
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
 	c.gcfg.steps = &c.steps
@@ -751,39 +712,19 @@ func (c *Client) take(dst []xfer.Inbound, m inbound) []xfer.Inbound {
 }
 
 // Wait blocks until a payload or a death waits (true) or ctx ends.
-func (c *Client) Wait(ctx context.Context) bool { return c.waitIn(ctx, nil, -1) }
+func (c *Client) Wait(ctx context.Context) bool { return c.waitOr(ctx, nil, nil) }
 
 // waitOr is Wait that also returns, true, when ready or timeout receives,
 // so that a loop waits on the control plane and a data plane at once
 // without a goroutine (connector.Pool uses it).
 func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
-	if c.pending() {
+	c.mu.Lock()
+	n := len(c.queue) + len(c.dead)
+	c.mu.Unlock()
+	if n > 0 {
 		return true
 	}
 	defer c.steps.wait()()
-	return c.waitChans(ctx, ready, timeout)
-}
-
-// waitIn is waitOr for at most d (negative: no limit), by the owner's own
-// reads of its hot connections where it can (stepReads.pollWait).
-func (c *Client) waitIn(ctx context.Context, ready <-chan struct{}, d time.Duration) bool {
-	if c.pending() {
-		return true
-	}
-	if woke, ok := c.steps.pollWait(ctx, ready, d, c); ok {
-		return woke
-	}
-	defer c.steps.wait()()
-	if d < 0 {
-		return c.waitChans(ctx, ready, nil)
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	return c.waitChans(ctx, ready, t.C)
-}
-
-// waitChans is a wait on the queue's and the caller's channels.
-func (c *Client) waitChans(ctx context.Context, ready <-chan struct{}, timeout <-chan time.Time) bool {
 	select {
 	case <-c.wake:
 		return true
@@ -793,20 +734,8 @@ func (c *Client) waitChans(ctx context.Context, ready <-chan struct{}, timeout <
 		return true
 	case <-ctx.Done():
 		return false
-	case <-c.done:
-		return false
 	}
 }
-
-// pending implements waitSource: a payload or a death waits.
-func (c *Client) pending() bool {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return len(c.queue)+len(c.dead) > 0
-}
-
-// gone implements waitSource.
-func (c *Client) gone() <-chan struct{} { return c.done }
 
 // Dead appends the producers declared dead since the last call, and why.
 func (c *Client) Dead(dst []xfer.Death) []xfer.Death {
@@ -846,8 +775,6 @@ func (c *Client) Close() error {
 		return nil
 	}
 	c.closed = true
-	close(c.done)
-	c.steps.bell.close()
 	peers := c.peers
 	c.peers = map[string]*dealer{}
 	c.mu.Unlock()
@@ -906,7 +833,6 @@ func (d *dealer) die(err error) {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
-	d.c.steps.ring()
 	d.shutdown()
 }
 
@@ -1015,7 +941,6 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
-	d.c.steps.ring()
 	return true
 }
 

@@ -247,7 +247,6 @@ type guardConn struct {
 	inHdr    bool     // the frame header at in's start passed the caps
 	inWant   int      // a large frame in part: the length in must reach to hold it
 	sink     func(g *guardConn, frames [][]byte) bool
-	sunk     int           // messages handed to sink, under smu
 	hot      atomic.Bool   // Drains read the socket; the goroutine waits on cool
 	cool     chan struct{} // wakes the goroutine when it is no longer hot
 	empty    int           // Drains in a row that found nothing, under smu
@@ -261,9 +260,6 @@ type guardConn struct {
 
 func newGuardConn(c net.Conn, cfg *guardConfig, pre []byte, server bool) *guardConn {
 	c = quietIO(c)
-	if q, ok := c.(*quietConn); ok && cfg.steps != nil {
-		q.moved = cfg.steps.ring // a wait polling its old number polls the new one
-	}
 	g := &guardConn{Conn: c, cfg: cfg, pre: pre, greetLeft: greetingLen, done: make(chan struct{}),
 		okick: make(chan struct{}, 1), cool: make(chan struct{}, 1)}
 	g.br = bufio.NewReaderSize(guardSrc{g}, 16<<10)
@@ -672,7 +668,6 @@ func (g *guardConn) feed(p []byte) error {
 		}
 		g.inFrames = append(g.inFrames, body)
 		if flags&flagMore == 0 {
-			g.sunk++
 			ok := g.sink(g, g.inFrames)
 			clear(g.inFrames)
 			g.inFrames = g.inFrames[:0]

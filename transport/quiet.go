@@ -42,7 +42,6 @@ type quietConn struct {
 	detached atomic.Bool
 	closed   bool
 	rdl, wdl time.Time // the deadlines, set again on attach
-	moved    func()    // after the descriptor changed (attach, detach), if set
 	laddr    net.Addr
 	raddr    net.Addr
 
@@ -361,9 +360,6 @@ func (q *quietConn) detach() {
 	q.tc.Close() // nothing waits in it: rmu and wmu are ours
 	q.tc, q.raw, q.fd = nil, nil, fd
 	q.detached.Store(true)
-	if q.moved != nil {
-		q.moved()
-	}
 }
 
 // attachLocked wraps the duplicate in a connection again, in Go's poller;
@@ -374,9 +370,6 @@ func (q *quietConn) attachLocked() error {
 	f.Close()
 	q.fd = -1
 	q.detached.Store(false)
-	if q.moved != nil {
-		q.moved()
-	}
 	tc, ok := sysOf(c)
 	if err == nil && !ok {
 		c.Close()

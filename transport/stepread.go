@@ -5,8 +5,6 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"golang.org/x/sys/unix"
 )
 
 // Reading in the step. A message that wakes a goroutine waiting in Go's
@@ -33,83 +31,40 @@ import (
 // cools them, and their goroutine handles it), and a consumer's
 // connections to producers (the Pool's Step; see linkConn). The data
 // plane keeps two sets, the producer's and the consumer's: a loop's wait
-// cools both (it may step both; only the control plane's are polled in
-// the wait), a producer's Serve only its own.
+// cools both (it may step both), a producer's Serve only its own.
 //
 // A connection is heated by its own goroutine, between messages, while its
-// owner is stepped: Drain ran at least twice since anyone last held it,
-// the last time within coolAfter and the one before within stepsAtMost of
-// it. A Drain takes the queue and reads the hot sockets under mu, which
-// heating takes too, so what a goroutine delivered before its connection
-// was heated is taken before what a Drain reads from it: a connection's
-// messages stay in order. It is cooled, and its goroutine woken, when the
-// owner holds its connections (Serve, and waits that cannot poll); when no
-// Drain ran for coolAfter (an owner that stopped stepping, or that waits
-// that long: a timer, armed while anything is hot and pushed back by each
-// Drain, checks); when its socket is closed or fails; when a large frame
-// is on its way (the goroutine reads it whole, faster); and after
-// idleDrains Drains in a row found nothing on it.
-//
-// An owner that waits between its steps (Wait, and the Pool's and the
-// Producer's) reads its hot connections itself: on Linux it sleeps in one
-// ppoll on their sockets and an eventfd (pollWait, bell), so that a
-// message on one wakes the waiting thread and no goroutine hands it over
-// (two wake-ups on a small machine, tens of microseconds each). Whatever
-// else should end the wait rings the eventfd after making itself visible,
-// and the wait counts itself (pollers) before it looks and takes the hot
-// set, so that neither misses the other: a goroutine's delivery, a
-// connection heated meanwhile (the wait polls it once rung), the timer's
-// cooling, a hot socket's descriptor changing (attach, detach), the data
-// plane's signal (plane.Ringing), the context's end and Close. A set may
-// follow another (a Pool's control plane its TCP plane's connections to
-// producers): its waits poll that one's hot connections too, whose events
-// ring it. One wait polls at a time: a second waits on its channels, as
-// on other systems, and so does one under a hold. Serve, whose steps run
-// where messages arrive, holds its planes for its whole run (the data
-// plane's served connections alone: a Pool may step on the same plane),
-// and heats nothing.
+// owner is stepped: no one waits in Wait, and Drain ran at least twice
+// since anyone last did, the last time within coolAfter and the one
+// before within stepsAtMost of it. A Drain takes the queue and reads the
+// hot sockets under mu, which heating takes too, so what a goroutine
+// delivered before its connection was heated is taken before what a Drain
+// reads from it: a connection's messages stay in order. It is cooled, and
+// its goroutine woken, when someone waits; when no Drain ran for
+// coolAfter (an owner that stopped stepping without waiting: a timer,
+// armed while anything is hot and pushed back by each Drain, checks);
+// when its socket is closed or fails; when a large frame is on its way
+// (the goroutine reads it whole, faster); and after idleDrains Drains in a
+// row found nothing on it. A loop that waits between steps (the README's idle
+// loop) heats nothing, and Serve, whose steps run where messages arrive,
+// holds its planes waiting for its whole run (the data plane's served
+// connections alone: a Pool may step on the same plane).
 type stepReads struct {
-	mu  sync.Mutex // held by Drain; the hot set, the scratch buffer
-	hot []stepConn
-	buf []byte
-	// idleBeats: this Drain cools a connection that brought heartbeats
-	// alone (see readLocked); under mu.
-	idleBeats bool
-	waiters   int         // in Wait now, under mu
-	timer     *time.Timer // checks that Drain still runs, while anything is hot
-	armed     bool        // under mu
-	pushing   atomic.Bool // armed, for Drain: each Drain pushes the timer back
-	drains    atomic.Int64
-	last      atomic.Int64  // monoNow of the last Drain
-	gap       atomic.Int64  // between the last two Drains
-	taken     atomic.Uint64 // messages read in Drain, for tests
-	checks    atomic.Uint64 // the timer's checks, for tests
+	mu      sync.Mutex // held by Drain; the hot set, the scratch buffer
+	hot     []stepConn
+	buf     []byte
+	waiters int         // in Wait now, under mu
+	timer   *time.Timer // checks that Drain still runs, while anything is hot
+	armed   bool        // under mu
+	pushing atomic.Bool // armed, for Drain: each Drain pushes the timer back
+	drains  atomic.Int64
+	last    atomic.Int64  // monoNow of the last Drain
+	gap     atomic.Int64  // between the last two Drains
+	taken   atomic.Uint64 // messages read in Drain, for tests
+	checks  atomic.Uint64 // the timer's checks, for tests
 	// patience replaces coolAfter where set: tests whose connections must
 	// stay hot on a machine that may pause a goroutine that long.
 	patience atomic.Int64
-
-	// An owner that waits may read its hot connections itself (pollWait):
-	// pollers counts such waits under way, which the bell wakes.
-	bell    bell
-	pollers atomic.Int32
-	polled  atomic.Bool   // a wait polled since the last Drain read
-	pfds    []unix.PollFd // the wait's set, kept for the next (one at a time)
-}
-
-// waitSource is what an owner's wait ends on besides its sockets: a
-// Client's or a Server's queue, and its end.
-type waitSource interface {
-	pending() bool         // something waits for Drain
-	gone() <-chan struct{} // closed once the owner is (nil: never)
-}
-
-// ring wakes the owner's wait in pollWait, if one is under way; whatever
-// ends a wait calls it after making its change visible, and a wait
-// registers (pollers) before it looks, so that neither misses the other.
-func (st *stepReads) ring() {
-	if st.pollers.Load() > 0 {
-		st.bell.ring()
-	}
 }
 
 // after is coolAfter, or the patience a test set; longest, stepsAtMost
@@ -212,9 +167,6 @@ func (st *stepReads) check() {
 	since := time.Duration(monoNow() - st.last.Load())
 	if since >= st.after() {
 		st.coolAllLocked()
-		if st.pollers.Load() > 0 {
-			st.bell.ring() // the wait stops polling them
-		}
 	}
 	st.armed = len(st.hot) > 0
 	st.pushing.Store(st.armed)
@@ -242,11 +194,6 @@ func (st *stepReads) heat(c stepConn) {
 		return
 	}
 	st.hot = append(st.hot, c)
-	if st.pollers.Load() > 0 {
-		// A wait armed the hot set before this, under mu: it arms this
-		// one once rung (it counts itself before it arms).
-		st.bell.ring()
-	}
 	if !st.armed {
 		st.armed = true
 		if st.timer == nil {
@@ -306,10 +253,6 @@ func (st *stepReads) readLocked() {
 	if st.buf == nil {
 		st.buf = make([]byte, 16<<10)
 	}
-	// A connection that brought heartbeats alone goes back to its
-	// goroutine if the owner waits between its steps (the heartbeats would
-	// wake it for nothing); an owner that never waits keeps it.
-	st.idleBeats = st.polled.Swap(false)
 	keep := st.hot[:0]
 	for _, c := range st.hot {
 		if c.readNow(st.buf) {
@@ -332,11 +275,9 @@ func (g *guardConn) readNow(buf []byte) bool {
 	}
 	defer g.smu.Unlock()
 	q := g.Conn.(*quietConn)
-	sunk, read := g.sunk, false
 	for range 4 {
 		n, err := q.tryRead(buf)
 		if n > 0 {
-			read = true
 			g.empty = 0
 			g.received(n)
 			g.sink = g.cfg.take
@@ -349,25 +290,13 @@ func (g *guardConn) readNow(buf []byte) bool {
 		}
 		switch {
 		case errors.Is(err, errNothing):
-			if read {
-				return g.carries(sunk)
-			}
 			g.empty++
 			return g.empty < idleDrains
 		case err != nil:
 			return false
 		case n < len(buf):
-			return g.carries(sunk) // it had no more
+			return true // it had no more
 		}
 	}
 	return true
-}
-
-// carries reports whether g stays hot after a Drain read bytes from it:
-// they brought a message (g.sunk was sunk before it) or part of one, or
-// its owner does not wait between steps. Bytes that were heartbeats alone
-// cool it for an owner that waits, so that they go to its goroutine and
-// do not wake that owner with nothing to step; under smu and the set's mu.
-func (g *guardConn) carries(sunk int) bool {
-	return g.sunk != sunk || len(g.in) > 0 || !g.cfg.steps.idleBeats
 }

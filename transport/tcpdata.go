@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"runtime"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -145,9 +144,7 @@ type TCPData struct {
 	wg     sync.WaitGroup
 	ready  chan struct{} // a READ ended or notifications wait, for a producer's loop
 	cready chan struct{} // the same, for a Pool's: neither takes the other's
-	// pbells and cbells run after each send on ready and cready (OnReady).
-	pbells, cbells bells
-	sready         chan struct{} // notifications wait, for Serve's
+	sready chan struct{} // notifications wait, for Serve's
 
 	mu      sync.Mutex
 	closed  bool
@@ -472,45 +469,6 @@ func (d *TCPData) signal() {
 	select {
 	case d.cready <- struct{}{}:
 	default:
-	}
-	d.pbells.ring()
-	d.cbells.ring()
-}
-
-// bells are the functions a plane's signal runs: a copy-on-write list,
-// read with one atomic load per signal.
-type bells struct {
-	mu sync.Mutex
-	fs atomic.Pointer[[]*func()]
-}
-
-// add adds f until remove is called.
-func (b *bells) add(f func()) (remove func()) {
-	p := &f
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	var l []*func()
-	if old := b.fs.Load(); old != nil {
-		l = append(l, *old...)
-	}
-	l = append(l, p)
-	b.fs.Store(&l)
-	return func() {
-		b.mu.Lock()
-		defer b.mu.Unlock()
-		if old := b.fs.Load(); old != nil {
-			l := slices.DeleteFunc(slices.Clone(*old), func(q *func()) bool { return q == p })
-			b.fs.Store(&l)
-		}
-	}
-}
-
-// ring runs them.
-func (b *bells) ring() {
-	if l := b.fs.Load(); l != nil {
-		for _, f := range *l {
-			(*f)()
-		}
 	}
 }
 

@@ -178,15 +178,6 @@ type ConsumerSignaling interface {
 	ConsumerReady() <-chan struct{}
 }
 
-// Ringing is a Signaling data plane that also calls functions after each
-// send on Ready (consumer false) or ConsumerReady (true): a loop that
-// waits in a system call on its own sockets, and so not on the channel,
-// is woken by it (the control plane's Ring). Each loop on the plane adds
-// its own, and removes it when it closes.
-type Ringing interface {
-	OnReady(consumer bool, f func()) (remove func())
-}
-
 // Waiter is a data plane that reads some of its sockets in its loop's
 // steps (DrainNotifs, Stepped's Step), and must know when the loop waits
 // instead: Waiting is called before the loop blocks, and the function it

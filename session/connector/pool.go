@@ -277,8 +277,6 @@ type Pool struct {
 	lately, fetchesMade int
 
 	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
-	waitIn   waiterIn        // the control plane's, if the data plane's signal rings it
-	unring   func()          // stops the data plane's signal ringing it
 	stepped  plane.Stepped   // the data plane's, if it reads in the step
 	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
 	lastStep time.Time       // the now of the last Step
@@ -321,13 +319,11 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 		p.ids = rand.NewChaCha8([32]byte{byte(seed), byte(seed >> 8), byte(seed >> 16), byte(seed >> 24), byte(seed >> 32)})
 	}
 	p.rng = rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
-	consumer := false
 	if cs, ok := plane.As[plane.ConsumerSignaling](data); ok {
-		p.ready, consumer = cs.ConsumerReady(), true // not a producer's on the same plane
+		p.ready = cs.ConsumerReady() // not a producer's on the same plane
 	} else if sg, ok := plane.As[plane.Signaling](data); ok {
 		p.ready = sg.Ready()
 	}
-	p.waitIn, p.unring = waitInOf(p.ctl, data, p.ready, consumer)
 	p.stepped, _ = plane.As[plane.Stepped](data)
 	p.waiter, _ = plane.As[plane.Waiter](data)
 	p.stats.FailedBy = FailureCounts{}
@@ -1180,9 +1176,6 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 			wait = max(0, due.Sub(p.lastStep))
 		}
 		if wait < 0 {
-			if p.waitIn != nil {
-				return p.waitIn.WaitIn(ctx, nil, -1)
-			}
 			return p.ctl.Wait(ctx)
 		}
 	}
@@ -1195,11 +1188,6 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	}
 	if !p.nextDeadline.IsZero() {
 		wait = min(wait, max(0, p.nextDeadline.Sub(p.lastStep)))
-	}
-	if p.waitIn != nil {
-		// The loop reads its busy connections itself, in one system call
-		// with a precise timeout: no goroutine hands it a message.
-		return p.waitIn.WaitIn(ctx, p.ready, wait)
 	}
 	if wo, ok := plane.As[waiterOr](p.ctl); ok {
 		// No goroutine, no context: the loop may wait thousands of times
@@ -1254,32 +1242,6 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	return ctx.Err() == nil
 }
 
-// waiterIn is a control plane whose loop can wait by reading its busy
-// connections itself (*transport.Client, *transport.Server): it waits on
-// a data plane's signal only if that rings it (Ring, plane.Ringing).
-type waiterIn interface {
-	WaitIn(ctx context.Context, ready <-chan struct{}, d time.Duration) bool
-	Ring()
-}
-
-// waitInOf returns ctl's waiterIn if its waits hear ready: none, or a
-// data plane that rings it on each send (consumer: on ConsumerReady);
-// unring, never nil, stops the ringing.
-func waitInOf(ctl any, data xfer.DataTransport, ready <-chan struct{}, consumer bool) (wi waiterIn, unring func()) {
-	wi, ok := plane.As[waiterIn](ctl)
-	if !ok {
-		return nil, func() {}
-	}
-	if ready != nil {
-		r, ok := plane.As[plane.Ringing](data)
-		if !ok {
-			return nil, func() {}
-		}
-		return wi, r.OnReady(consumer, wi.Ring)
-	}
-	return wi, func() {}
-}
-
 // waiterOr is a control plane that can wait on a data plane's signal and a
 // timer too (*transport.Client).
 type waiterOr interface {
@@ -1328,7 +1290,6 @@ func (p *Pool) Close() error {
 	}
 	p.keep()
 	p.closed = true
-	p.unring()
 	for _, pe := range p.order {
 		p.ctl.Remove(pe.addr)
 	}

@@ -54,8 +54,6 @@ type Producer struct {
 	ctl     ControlServer
 	data    xfer.DataTransport
 	ready   <-chan struct{} // the data plane's notifications, if it signals them
-	waitIn  waiterIn        // the control plane's, if the data plane's signal rings it
-	unring  func()          // stops the data plane's signal ringing it
 	sready  <-chan struct{} // the same for Serve, if the plane tells them apart (plane.Serving)
 	waiter  plane.Waiter    // the data plane's, told when wait blocks, if it has one
 	sess    *session.ProducerSession
@@ -120,7 +118,6 @@ func NewProducer(cfg ProducerConfig, ctl ControlServer, data xfer.DataTransport,
 		p.ready = sg.Ready()
 	}
 	p.waiter, _ = plane.As[plane.Waiter](data)
-	p.waitIn, p.unring = waitInOf(ctl, data, p.ready, false)
 	p.sready = p.ready
 	if s, ok := plane.As[plane.Serving](data); ok {
 		p.sready = s.ServeReady()
@@ -258,13 +255,6 @@ func (p *Producer) wait(ctx context.Context, grants int, next time.Time, d time.
 		ready = p.sready
 	} else if p.waiter != nil { // Serve holds it for its whole run
 		defer p.waiter.Waiting()()
-	}
-	if p.waitIn != nil && !serving {
-		// The loop reads its busy connections itself while it waits.
-		if !p.waitIn.WaitIn(ctx, ready, wait) && ctx.Err() == nil {
-			return ErrClosed
-		}
-		return nil
 	}
 	if wo, ok := plane.As[serverWaiterOr](p.ctl); ok {
 		// One select, no goroutine: the wake-up is the latency.
@@ -433,6 +423,5 @@ func (p *Producer) Close() error {
 	}
 	p.closed = true
 	close(p.done)
-	p.unring()
 	return p.sess.Close()
 }
