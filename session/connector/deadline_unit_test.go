@@ -3,6 +3,7 @@ package connector
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -21,70 +22,74 @@ func (w *world) stepOnly(d time.Duration) Results {
 		Released: append([]Released(nil), r.Released...)}
 }
 
+// stage is a fetch of "H" (blocks 1, 2) taken to one of the stages it
+// can end in; setup starts it to end by w.now+budget.
+type stage struct {
+	name  string
+	setup func(t *testing.T, w *world, budget time.Duration)
+	held  bool // a READ may still write when it ends
+	cause error
+	// early: no retry fits before the deadline, so it ends as soon as
+	// that is known, not later than the deadline.
+	early bool
+}
+
+// stages are every stage a fetch waits in.
+var stages = []stage{
+	{"waiting for the ack", func(t *testing.T, w *world, budget time.Duration) {
+		w.entry(t, "H", 2, true)
+		w.fetch(t, "H", budget)
+		w.stepOnly(time.Millisecond) // sent, never answered
+	}, false, nil, false},
+	{"held behind the producer's first request", func(t *testing.T, w *world, budget time.Duration) {
+		w.entry(t, "H", 2, true)
+		w.entry(t, "G", 1, true)
+		if _, err := w.pool.Fetch(addr, "G", []int{9}, w.now.Add(time.Minute), w.now); err != nil {
+			t.Fatal(err)
+		}
+		w.fetch(t, "H", budget) // held: G's answer registers the producer
+		w.stepOnly(time.Millisecond)
+	}, false, nil, false},
+	{"between attempts", func(t *testing.T, w *world, budget time.Duration) {
+		w.entry(t, "H", 2, false) // NACK_NOT_READY, retried after a second
+		w.fetch(t, "H", budget)
+		w.step(time.Millisecond)
+		w.step(time.Millisecond)
+	}, false, wire.NackNotReady, true},
+	{"READ stalled, stoppable", func(t *testing.T, w *world, budget time.Duration) {
+		w.entry(t, "H", 2, true)
+		w.cdata.SetStopsReads(true)
+		w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck})
+		w.fetch(t, "H", budget)
+		w.step(time.Millisecond)
+		w.step(time.Millisecond)
+	}, false, nil, false},
+	{"READ stalled, unstoppable", func(t *testing.T, w *world, budget time.Duration) {
+		w.entry(t, "H", 2, true)
+		w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+		w.fetch(t, "H", budget)
+		w.step(time.Millisecond)
+		w.step(time.Millisecond)
+	}, true, nil, false},
+}
+
 // The deadline is the engine's budget: a fetch ends at the first Step at or
 // after it, whatever it waits for, in Failed with reason deadline; its
 // blocks are held only where a READ may still write.
 func TestDeadlineEndsEveryStage(t *testing.T) {
 	const budget = 100 * time.Millisecond
-	cases := []struct {
-		name string
-		// setup starts the fetch of "H" (blocks 1, 2) to end by
-		// w.now+budget and takes it to the stage.
-		setup func(t *testing.T, w *world)
-		held  bool // a READ may still write at the deadline
-		cause error
-		// early: no retry fits before the deadline, so it ends as soon as
-		// that is known, not later than the deadline.
-		early bool
-	}{
-		{"waiting for the ack", func(t *testing.T, w *world) {
-			w.entry(t, "H", 2, true)
-			w.fetch(t, "H", budget)
-			w.stepOnly(time.Millisecond) // sent, never answered
-		}, false, nil, false},
-		{"held behind the producer's first request", func(t *testing.T, w *world) {
-			w.entry(t, "H", 2, true)
-			w.entry(t, "G", 1, true)
-			if _, err := w.pool.Fetch(addr, "G", []int{9}, w.now.Add(time.Minute), w.now); err != nil {
-				t.Fatal(err)
-			}
-			w.fetch(t, "H", budget) // held: G's answer registers the producer
-			w.stepOnly(time.Millisecond)
-		}, false, nil, false},
-		{"between attempts", func(t *testing.T, w *world) {
-			w.entry(t, "H", 2, false) // NACK_NOT_READY, retried after a second
-			w.fetch(t, "H", budget)
-			w.step(time.Millisecond)
-			w.step(time.Millisecond)
-		}, false, wire.NackNotReady, true},
-		{"READ stalled, stoppable", func(t *testing.T, w *world) {
-			w.entry(t, "H", 2, true)
-			w.cdata.SetStopsReads(true)
-			w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck})
-			w.fetch(t, "H", budget)
-			w.step(time.Millisecond)
-			w.step(time.Millisecond)
-		}, false, nil, false},
-		{"READ stalled, unstoppable", func(t *testing.T, w *world) {
-			w.entry(t, "H", 2, true)
-			w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
-			w.fetch(t, "H", budget)
-			w.step(time.Millisecond)
-			w.step(time.Millisecond)
-		}, true, nil, false},
-		{"already past at Fetch", func(t *testing.T, w *world) {
-			w.entry(t, "H", 2, true)
-			w.fetch(t, "H", 0)
-			if len(w.ctl.out[addr]) != 0 {
-				t.Fatal("a fetch past its deadline sent a request")
-			}
-		}, false, nil, true},
-	}
+	cases := append(slices.Clone(stages), stage{"already past at Fetch", func(t *testing.T, w *world, _ time.Duration) {
+		w.entry(t, "H", 2, true)
+		w.fetch(t, "H", 0)
+		if len(w.ctl.out[addr]) != 0 {
+			t.Fatal("a fetch past its deadline sent a request")
+		}
+	}, false, nil, true})
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
 			w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: time.Second}})
 			start := w.now
-			tc.setup(t, w)
+			tc.setup(t, w, budget)
 			failed := pick(w.failed, "H")
 			for w.now.Before(start.Add(budget)) {
 				r := w.stepOnly(min(10*time.Millisecond, start.Add(budget).Sub(w.now)))
@@ -118,6 +123,35 @@ func TestDeadlineEndsEveryStage(t *testing.T) {
 				if len(r.Released) != 1 || r.Released[0].MMHash != "H" || r.Released[0].Forced {
 					t.Fatalf("released %+v", r.Released)
 				}
+			}
+		})
+	}
+}
+
+// A producer declared dead for its silence ends every fetch that asked it
+// for anything, whatever stage it waits in, at the Step that hears of the
+// death: in Failed with reason peer-down and an error that names the
+// silence (and, between attempts, the last attempt's cause too); its
+// blocks held only where a READ may still write.
+func TestSilenceEndsEveryStage(t *testing.T) {
+	for _, tc := range stages {
+		t.Run(tc.name, func(t *testing.T) {
+			w := newWorld(t, PoolConfig{Retry: RetryConfig{BaseBackoff: time.Second}})
+			tc.setup(t, w, time.Minute)
+			if f := pick(w.failed, "H"); len(f) > 0 {
+				t.Fatalf("ended before the death: %+v", f)
+			}
+			w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: fmt.Errorf("guard: %w", xfer.ErrPeerSilent)})
+			failed := pick(w.stepOnly(time.Millisecond).Failed, "H")
+			if len(failed) != 1 {
+				t.Fatalf("at the Step after the death: %+v", failed)
+			}
+			f := failed[0]
+			if f.Reason != xfer.PeerDown || !errors.Is(f.Err, xfer.ErrPeerSilent) || f.BlocksHeld != tc.held {
+				t.Fatalf("failure %+v (%v), want peer-down naming the silence, held %v", f, f.Err, tc.held)
+			}
+			if tc.cause != nil && !errors.Is(f.Err, tc.cause) {
+				t.Fatalf("err %v does not say %v", f.Err, tc.cause)
 			}
 		})
 	}

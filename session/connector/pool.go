@@ -786,7 +786,7 @@ func (p *Pool) peerDown(d xfer.Death, now time.Time) {
 		// write. A fetch that never reached it (its sends refused) goes
 		// on, on a new connection.
 		for _, h := range p.fetchesOn(pe) {
-			p.end(p.fetches[h], xfer.PeerDown, now)
+			p.end(p.fetches[h], xfer.PeerDown, d.Err, now)
 		}
 	}
 	if pe.s.InFlight() > 0 {
@@ -1056,22 +1056,29 @@ func (p *Pool) endOverdue(now time.Time) {
 	p.nextDeadline = next
 	slices.Sort(p.overdue)
 	for _, h := range p.overdue {
-		p.end(p.fetches[h], xfer.DeadlineExceeded, now)
+		p.end(p.fetches[h], xfer.DeadlineExceeded, nil, now)
 	}
 }
 
-// end ends f at now for why, where it stands: between attempts nothing
+// end ends f at now for why, caused by cause (the producer's death; nil:
+// the reason says it all), where it stands: between attempts nothing
 // runs; a request waiting for its ack is forgotten (a late ack's grant is
 // given back unread); a READ is stopped where the data plane can stop it
 // for certain, and otherwise its blocks are held until it ends.
-func (p *Pool) end(f *fetch, why xfer.Reason, now time.Time) {
+func (p *Pool) end(f *fetch, why xfer.Reason, cause error, now time.Time) {
 	if f == nil {
 		return
 	}
 	if !f.retryAt.IsZero() || f.pe == nil {
-		var cause error
+		// Nothing of it runs: it fails here, naming what ended it and
+		// what its last attempt met.
 		if f.lastWhy != xfer.NoReason {
-			cause = causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
+			last := causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
+			if cause == nil {
+				cause = last
+			} else {
+				cause = fmt.Errorf("%w; its last attempt: %w", cause, last)
+			}
 		}
 		p.fail(f.mmHash, why, wire.OK, cause, false)
 		return
