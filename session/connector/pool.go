@@ -224,6 +224,9 @@ type fetch struct {
 	// answer is on its way (see hold); held says f waited once.
 	heldOn *peer
 	held   bool
+	// endCause is what end ended it for (the producer's death), for the
+	// outcome its session reports.
+	endCause error
 }
 
 // peer is one consumer session and the address it talks to.
@@ -862,7 +865,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 				p.stats.Failed++
 				p.stats.FailedBy[xfer.BadAck]++
 				p.res.Failed = append(p.res.Failed, Failure{MMHash: f.mmHash, Addr: f.addr, Blocks: f.blocks, Reason: xfer.BadAck,
-					Err: fmt.Errorf("connector: fetch of %s from %s: the cache entry it filled: %w", f.mmHash, f.addr, err)})
+					Err: failErr(f.mmHash, f.addr, xfer.BadAck, wire.OK, fmt.Errorf("the cache entry it filled: %w", err))})
 				continue
 			}
 			held = true
@@ -883,17 +886,21 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		if o.BlocksHeld {
 			p.stats.Quarantines++
 		}
+		f := p.current(pe, o.MMHash)
 		if o.Reason == xfer.PeerDown && o.Err == nil {
 			o.Err = pe.died
+			if f != nil && f.endCause != nil {
+				o.Err = f.endCause // a later connection's death ended it
+			}
 		}
-		f := p.current(pe, o.MMHash)
 		if f == nil {
 			continue
 		}
 		// A failure worth another attempt is retried while the deadline
 		// and the budget allow (a new request is a new grant): a NACK_NOT_READY,
-		// an ack timeout, a READ that failed (its blocks are free).
-		if o.Retry && !o.BlocksHeld && !now.IsZero() {
+		// an ack timeout, a READ that failed (its blocks are free). Not a
+		// producer's silence: that ends what asked it (peerDown).
+		if o.Retry && !o.BlocksHeld && !now.IsZero() && !errors.Is(o.Err, xfer.ErrPeerSilent) {
 			f.lastWhy, f.lastSt, f.lastErr = o.Reason, o.Status, o.Err
 			switch p.scheduleRetry(f, now) {
 			case retried:
@@ -1012,6 +1019,8 @@ const planeHint = "cannot use the producer's data-plane contact; is the producer
 func failErr(mmHash, addr string, why xfer.Reason, st wire.Status, cause error) error {
 	at := "connector: fetch of " + mmHash + " from " + addr
 	switch {
+	case why == xfer.Nacked && cause != nil:
+		return fmt.Errorf("%s: %w: %w: %w", at, why, st, cause)
 	case why == xfer.Nacked:
 		return fmt.Errorf("%s: %w: %w", at, why, st)
 	case why == xfer.RegisterFailed && cause != nil:
@@ -1083,6 +1092,7 @@ func (p *Pool) end(f *fetch, why xfer.Reason, cause error, now time.Time) {
 		p.fail(f.mmHash, why, wire.OK, cause, false)
 		return
 	}
+	f.endCause = cause
 	if err := hooks.ConsumerOf(f.pe.s).End(f.mmHash, now, why); err != nil {
 		p.fail(f.mmHash, why, wire.OK, err, false) // cannot happen: the session holds every fetch on it
 		return
@@ -1149,7 +1159,11 @@ func (p *Pool) retryDue(now time.Time) {
 					continue
 				}
 			}
-			p.fail(f.mmHash, f.lastWhy, f.lastSt, err, false)
+			why := f.lastWhy
+			if why == xfer.NoReason { // held, it never sent: its send was refused
+				why = xfer.PeerDown
+			}
+			p.fail(f.mmHash, why, f.lastSt, err, false)
 		}
 	}
 	clear(due)
