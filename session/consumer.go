@@ -181,15 +181,7 @@ func (c *ConsumerSession) StartXfer(mmHash string, blocks []int, ackDeadline, no
 	if _, ok := c.byHash[mmHash]; ok {
 		return fmt.Errorf("%w: %s", ErrInFlight, mmHash)
 	}
-	if !fsm.Increasing(blocks) { // else unique, and none negative if the first is not
-		c.sorted = append(c.sorted[:0], blocks...)
-		slices.Sort(c.sorted)
-		for i, b := range c.sorted {
-			if b < 0 || (i > 0 && b == c.sorted[i-1]) {
-				return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
-			}
-		}
-	} else if len(blocks) > 0 && blocks[0] < 0 {
+	if !fsm.DistinctBlocks(blocks, &c.sorted) {
 		return fmt.Errorf("%w: %v", ErrBadBlocks, blocks)
 	}
 	if c.perHash[mmHash].n >= maxUnansweredPerHash || c.unanswered() >= maxUnanswered {

@@ -382,6 +382,23 @@ func (x *ConsumerXfer) Release() error {
 	return nil
 }
 
+// DistinctBlocks reports whether ids are distinct and none negative, as a
+// fetch's local blocks must be; scratch holds a sorted copy when they are
+// not increasing (no allocation once it has grown).
+func DistinctBlocks(ids []int, scratch *[]int) bool {
+	if Increasing(ids) {
+		return len(ids) == 0 || ids[0] >= 0
+	}
+	*scratch = append((*scratch)[:0], ids...)
+	slices.Sort(*scratch)
+	for i, b := range *scratch {
+		if b < 0 || (i > 0 && b == (*scratch)[i-1]) {
+			return false
+		}
+	}
+	return true
+}
+
 // Increasing reports whether every id is above the one before: then they
 // are unique without a sort or a bitmap. The blocks a cache hands out
 // usually are.

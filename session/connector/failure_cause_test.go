@@ -24,7 +24,7 @@ func checkNames(t *testing.T, f Failure, want xfer.Reason, causes ...error) {
 	}
 }
 
-var silent = fmt.Errorf("guard: %w", xfer.ErrPeerSilent)
+var errSilent = fmt.Errorf("guard: %w", xfer.ErrPeerSilent)
 
 // A Failure's Err names what caused its Reason, whatever route ended the
 // fetch. A READ that runs on from an earlier (closed) connection, ended by
@@ -43,7 +43,7 @@ func TestSilenceEndsAnEarlierConnectionsReadNamingTheSilence(t *testing.T) {
 			w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed})
 			w.stepOnly(time.Millisecond)
 			w.fetch(t, "G", time.Minute) // a new connection to the same producer
-			w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: silent})
+			w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errSilent})
 			r := w.stepOnly(time.Millisecond)
 			h := pick(r.Failed, "H")
 			if len(h) != 1 {
@@ -63,7 +63,7 @@ func TestSilenceEndsAFetchBeforeItsDeadlineAsPeerDown(t *testing.T) {
 	w.entry(t, "H", 2, true)
 	w.fetch(t, "H", 500*time.Millisecond)
 	w.stepOnly(time.Millisecond) // sent, never answered
-	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: silent})
+	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errSilent})
 	r := w.stepOnly(time.Millisecond)
 	h := pick(r.Failed, "H")
 	if len(h) != 1 {

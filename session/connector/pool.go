@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/fsm"
 	"github.com/ecxfer/ecxfer/internal/hist"
 	"github.com/ecxfer/ecxfer/internal/hooks"
 	"github.com/ecxfer/ecxfer/internal/logx"
@@ -294,6 +295,7 @@ type Pool struct {
 	kept            bool   // p.res holds outcomes of Connect's steps, for the next Step
 	connecting      bool   // Connect is running
 	hits            []Done // FetchEntry's of entries the cache held ready, for the next Step
+	sorted          []int  // Fetch's check of its blocks (fsm.DistinctBlocks)
 	// held holds the mm_hashes of the failed fetches whose READ may still
 	// write, whichever session follows it: no fetch of one starts until
 	// its blocks are released, so a release names one fetch. The value
@@ -404,6 +406,9 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 	if _, ok := p.held[mmHash]; ok {
 		return false, fmt.Errorf("%w: %s", ErrInFlight, mmHash)
 	}
+	if !fsm.DistinctBlocks(blocks, &p.sorted) { // before a hold: its StartXfer comes later
+		return false, fmt.Errorf("%w: %v", session.ErrBadBlocks, blocks)
+	}
 	f := &fetch{mmHash: mmHash, addr: addr, blocks: blocks, started: now, deadline: deadline}
 	if !now.Before(deadline) {
 		// Over before it starts: nothing is sent, and the next Step ends
@@ -415,7 +420,7 @@ func (p *Pool) Fetch(addr, mmHash string, blocks []int, deadline, now time.Time)
 		// (a later Step takes the report and drops its connection), or a
 		// full queue: the fetch starts, and its first send is retried
 		// like any other. Anything else is the caller's to see.
-		f.lastWhy = xfer.PeerDown
+		f.lastWhy, f.lastErr = xfer.PeerDown, err
 		if !(errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull)) || p.scheduleRetry(f, now) != retried {
 			return false, err
 		}
@@ -1081,13 +1086,10 @@ func (p *Pool) end(f *fetch, why xfer.Reason, cause error, now time.Time) {
 	if !f.retryAt.IsZero() || f.pe == nil {
 		// Nothing of it runs: it fails here, naming what ended it and
 		// what its last attempt met.
-		if f.lastWhy != xfer.NoReason {
-			last := causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
-			if cause == nil {
-				cause = last
-			} else {
-				cause = fmt.Errorf("%w; its last attempt: %w", cause, last)
-			}
+		if cause == nil {
+			cause = lastCause(f)
+		} else {
+			cause = withLast(f, cause)
 		}
 		p.fail(f.mmHash, why, wire.OK, cause, false)
 		return
@@ -1153,15 +1155,21 @@ func (p *Pool) retryDue(now time.Time) {
 			if errors.Is(err, session.ErrInFlight) || errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull) {
 				switch p.scheduleRetry(f, now) {
 				case retried:
+					if f.lastWhy == xfer.NoReason || f.lastWhy == xfer.PeerDown {
+						f.lastWhy, f.lastErr = xfer.PeerDown, err // what a deadline names
+					}
 					continue
 				case pastDeadline:
-					p.fail(f.mmHash, xfer.DeadlineExceeded, wire.OK, err, false)
+					p.fail(f.mmHash, xfer.DeadlineExceeded, wire.OK, withLast(f, err), false)
 					continue
 				}
 			}
 			why := f.lastWhy
 			if why == xfer.NoReason { // held, it never sent: its send was refused
 				why = xfer.PeerDown
+			}
+			if why != xfer.Nacked { // failErr names a NACK's status itself
+				err = withLast(f, err)
 			}
 			p.fail(f.mmHash, why, f.lastSt, err, false)
 		}
@@ -1333,3 +1341,19 @@ func (p *Pool) Close() error {
 // timer's millisecond of lateness would be most of such a wait, and the
 // precise one costs a system call to arm.
 const preciseBelow = 2 * time.Millisecond
+
+// lastCause is what f's last attempt met, or nil.
+func lastCause(f *fetch) error {
+	if f.lastWhy == xfer.NoReason {
+		return nil
+	}
+	return causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
+}
+
+// withLast is err, naming what f's last attempt met too, if anything.
+func withLast(f *fetch, err error) error {
+	if f.lastWhy == xfer.NoReason || f.lastErr == err {
+		return err
+	}
+	return fmt.Errorf("%w; its last attempt: %w", err, lastCause(f))
+}
