@@ -767,7 +767,7 @@ func (f *forgotten) take(attempt uint64, sid string) bool {
 func (c *ConsumerSession) enterQuarantine(x *cxfer) {
 	c.log.Warn("ec consumer: READ failed and may still write; blocks held", "mm_hash", x.MMHash, "reason", x.Reason().String())
 	c.quarantined = append(c.quarantined, x)
-	c.results.Failed = append(c.results.Failed, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), BlocksHeld: true})
+	c.results.Failed = append(c.results.Failed, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), BlocksHeld: true, Err: x.Cause()})
 	c.stats.Failed++
 	c.stats.Held++
 }

@@ -44,6 +44,7 @@ type ConsumerXfer struct {
 	cfg      *xfer.Config
 	state    State
 	reason   xfer.Reason
+	cause    error // what the data plane said, where it said why (Cause)
 	forced   bool
 	deadline time.Time // ack, read or quarantine deadline, by state
 	sentAt   time.Time // when the request went out
@@ -102,6 +103,9 @@ func (x *ConsumerXfer) State() State { return x.state }
 
 // Reason says why the transfer left the happy path (xfer.NoReason if it did not).
 func (x *ConsumerXfer) Reason() xfer.Reason { return x.reason }
+
+// Cause is the data plane's error behind Reason, or nil: a failed Check's.
+func (x *ConsumerXfer) Cause() error { return x.cause }
 
 // Forced reports whether a quarantined READ was settled by its deadline
 // rather than by the data plane confirming it ended: its blocks may still be
@@ -280,6 +284,7 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 	switch {
 	case err != nil:
 		// Unknown is not failed: the DMA may still be running.
+		x.cause = err
 		x.quarantine(now, xfer.CheckFailed)
 	case p == xfer.Complete:
 		x.releaseEnded()

@@ -157,3 +157,17 @@ func TestFetchEntryLostEntryErrMatchesReason(t *testing.T) {
 	t.Logf("H: reason %v, err %v", r.Failed[0].Reason, r.Failed[0].Err)
 	checkNames(t, r.Failed[0], xfer.BadAck)
 }
+
+// A READ whose Check failed (the data plane cannot say whether it ended)
+// fails check-failed with its blocks held, naming the data plane's error.
+func TestCheckFailedNamesTheDataPlaneError(t *testing.T) {
+	w := newWorld(t, PoolConfig{})
+	w.entry(t, "H", 2, true)
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.CheckError})
+	w.fetch(t, "H", time.Minute)
+	r := w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Failed) > 0 })
+	if !r.Failed[0].BlocksHeld {
+		t.Fatalf("a READ whose end is unknown gave its blocks back: %+v", r.Failed[0])
+	}
+	checkNames(t, r.Failed[0], xfer.CheckFailed, xfake.ErrInjected)
+}
