@@ -45,17 +45,8 @@ func TestRefusedRetryAfterDeathNamesTheDeath(t *testing.T) {
 	w.stepOnly(time.Millisecond) // sent, never answered
 	w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errClosed})
 	w.stepOnly(time.Millisecond) // peer-down: retry planned
-	if f := w.pool.fetches["H"]; f == nil || f.retryAt.IsZero() {
-		t.Fatalf("no retry planned: %+v", w.failed)
-	}
-	w.ctl.sendErr = fmt.Errorf("refused: %w", xfer.ErrNotAllowed)
-	r := w.stepOnly(20 * time.Millisecond)
-	h := pick(r.Failed, "H")
-	if len(h) != 1 {
-		t.Fatalf("H: %+v", r.Failed)
-	}
-	t.Logf("H: reason %v, err %v", h[0].Reason, h[0].Err)
-	checkNames(t, h[0], xfer.PeerDown, xfer.ErrNotAllowed, errClosed)
+	h := refuseRetry(t, w, fmt.Errorf("refused: %w", xfer.ErrNotAllowed), 20*time.Millisecond)
+	checkNames(t, h, xfer.PeerDown, xfer.ErrNotAllowed, errClosed)
 }
 
 // A fetch between attempts (NACK_NOT_READY) whose retry's send is refused
@@ -68,17 +59,9 @@ func TestRefusedRetryPastDeadlineNamesLastAttempt(t *testing.T) {
 	w.fetch(t, "H", 25*time.Millisecond)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond) // NACK: retry planned at ~+12ms
-	if f := w.pool.fetches["H"]; f == nil || f.retryAt.IsZero() {
-		t.Fatalf("no retry planned: %+v", w.failed)
-	}
-	w.ctl.sendErr = fmt.Errorf("refused: %w", xfer.ErrQueueFull)
-	r := w.stepOnly(18 * time.Millisecond) // retry due, refused; the next would pass the deadline
-	h := pick(r.Failed, "H")
-	if len(h) != 1 {
-		t.Fatalf("H: %+v", r.Failed)
-	}
-	t.Logf("H: reason %v, err %v", h[0].Reason, h[0].Err)
-	checkNames(t, h[0], xfer.DeadlineExceeded, xfer.ErrQueueFull, wire.NackNotReady)
+	// The retry is due and refused; the next would pass the deadline.
+	h := refuseRetry(t, w, fmt.Errorf("refused: %w", xfer.ErrQueueFull), 18*time.Millisecond)
+	checkNames(t, h, xfer.DeadlineExceeded, xfer.ErrQueueFull, wire.NackNotReady)
 }
 
 // A fetch whose send was refused (it never reached the producer) goes on

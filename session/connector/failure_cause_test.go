@@ -121,22 +121,24 @@ func TestNackedThenRefusedNamesTheRefusal(t *testing.T) {
 	w.fetch(t, "H", time.Minute)
 	w.step(time.Millisecond)
 	w.step(time.Millisecond) // NACK: retry planned
+	h := refuseRetry(t, w, fmt.Errorf("refused: %w", xfer.ErrNotAllowed), 20*time.Millisecond)
+	checkNames(t, h, xfer.Nacked, xfer.ErrNotAllowed, wire.NackNotReady)
+}
+
+// refuseRetry refuses the send of H's planned retry with refusal and
+// returns H's one Failure from the Step after d, which tries it.
+func refuseRetry(t *testing.T, w *world, refusal error, d time.Duration) Failure {
+	t.Helper()
 	if f := w.pool.fetches["H"]; f == nil || f.retryAt.IsZero() {
 		t.Fatalf("no retry planned: %+v", w.failed)
 	}
-	w.ctl.sendErr = fmt.Errorf("refused: %w", xfer.ErrNotAllowed)
-	r := w.stepOnly(20 * time.Millisecond)
-	h := pick(r.Failed, "H")
+	w.ctl.sendErr = refusal
+	h := pick(w.stepOnly(d).Failed, "H")
 	if len(h) != 1 {
-		t.Fatalf("H: %+v", r.Failed)
+		t.Fatalf("H: %+v", h)
 	}
-	t.Logf("H: reason %v status %v, err %v", h[0].Reason, h[0].Status, h[0].Err)
-	if !errors.Is(h[0].Err, xfer.ErrNotAllowed) {
-		t.Errorf("err %q does not name the refused send that ended it", h[0].Err)
-	}
-	if !errors.Is(h[0].Err, wire.NackNotReady) {
-		t.Errorf("err %q does not name the last attempt's NACK", h[0].Err)
-	}
+	t.Logf("H: reason %v, err %v", h[0].Reason, h[0].Err)
+	return h[0]
 }
 
 // A FetchEntry whose cache entry was removed under it fails bad-ack, and

@@ -1352,7 +1352,7 @@ func lastCause(f *fetch) error {
 
 // withLast is err, naming what f's last attempt met too, if anything.
 func withLast(f *fetch, err error) error {
-	if f.lastWhy == xfer.NoReason || f.lastErr == err {
+	if f.lastWhy == xfer.NoReason || errors.Is(f.lastErr, err) { // Is: == panics on some error types
 		return err
 	}
 	return fmt.Errorf("%w; its last attempt: %w", err, lastCause(f))
