@@ -469,7 +469,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 		if err := wireview.DecodeAck(raw, &c.ack); err != nil {
 			c.stats.Malformed++
 			c.log.Warn("ec consumer: dropped malformed XferAck", "session", c.id, "err", err)
-			c.badAck(raw)
+			c.badAck(raw, err)
 			continue
 		}
 		c.dispatch(&c.ack, now)
@@ -483,7 +483,7 @@ func (c *ConsumerSession) Poll(msgs [][]byte, now time.Time) {
 // rather than after its ack timeout and retries: the producer has
 // answered, and not with a grant we can use. It answers the attempt it
 // names, or else the oldest unanswered request of its mm_hash.
-func (c *ConsumerSession) badAck(raw []byte) {
+func (c *ConsumerSession) badAck(raw []byte, err error) {
 	mm, sid, attempt, ok := wireview.PeekIDs(raw, "ack")
 	switch {
 	case !ok:
@@ -501,7 +501,7 @@ func (c *ConsumerSession) badAck(raw []byte) {
 		c.stats.StrayAcks++
 		return
 	}
-	c.fail(x, xfer.BadAck, wire.OK, false)
+	c.fail(x, xfer.BadAck, wire.OK, false, err)
 }
 
 // ours reports whether a reply echoing session id sid (or none) may be
@@ -566,14 +566,14 @@ func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 			level = slog.LevelInfo
 		}
 		c.log.Log(context.Background(), level, "ec consumer: NACK", "status", status.String(), "mm_hash", x.MMHash, "session", c.id)
-		c.fail(x, xfer.Nacked, status, status.Retryable())
+		c.fail(x, xfer.Nacked, status, status.Retryable(), nil)
 		return
 	}
 	x.Grant(ack.Grant, ack.Token, time.Duration(min(ack.LeaseMillis, uint64(math.MaxInt64/time.Millisecond)))*time.Millisecond)
 	if err := x.CheckLease(now); err != nil {
 		c.stats.LateAcks++
 		c.log.Warn("ec consumer: OK ack past its lease; no READ posted; may retry", "mm_hash", x.MMHash, "err", err)
-		c.fail(x, x.Reason(), wire.OK, true)
+		c.fail(x, x.Reason(), wire.OK, true, err)
 		c.unread(ack, x.Notif())
 		return
 	}
@@ -676,13 +676,13 @@ func (c *ConsumerSession) advance(now time.Time) {
 			c.spare = append(c.spare, x)
 		case fsm.AckTimeout:
 			c.log.Warn("ec consumer: no XferAck in time; may retry", "mm_hash", x.MMHash, "session", c.id)
-			c.fail(x, x.Reason(), wire.OK, true)
+			c.fail(x, x.Reason(), wire.OK, true, nil)
 			c.spare = append(c.spare, x)
 		case fsm.ReadFailed:
 			// A READ that failed has ended (its blocks are free); the entry
 			// may still be there, under a new grant. One done past its lease
 			// is not trusted, and not worth asking again now.
-			c.fail(x, x.Reason(), wire.OK, x.Reason() == xfer.ReadError)
+			c.fail(x, x.Reason(), wire.OK, x.Reason() == xfer.ReadError, x.Cause())
 			c.spare = append(c.spare, x)
 		case fsm.Quarantined:
 			c.enterQuarantine(x)
@@ -804,11 +804,8 @@ func (c *ConsumerSession) complete(x *cxfer) {
 
 // fail records that an active transfer ended without its entry, with its
 // blocks free, as complete does.
-func (c *ConsumerSession) fail(x *cxfer, reason xfer.Reason, status wire.Status, retry bool, cause ...error) {
-	o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status, Retry: retry}
-	if len(cause) > 0 {
-		o.Err = cause[0]
-	}
+func (c *ConsumerSession) fail(x *cxfer, reason xfer.Reason, status wire.Status, retry bool, cause error) {
+	o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: reason, Status: status, Retry: retry, Err: cause}
 	c.results.Failed = append(c.results.Failed, o)
 	c.stats.Failed++
 	if reason == xfer.LateCompletion && !retry {
@@ -915,7 +912,7 @@ func (c *ConsumerSession) PeerDown(now time.Time) {
 			continue
 		}
 		if x.PeerDown(now) == fsm.AckTimeout {
-			c.fail(x, xfer.PeerDown, wire.OK, true)
+			c.fail(x, xfer.PeerDown, wire.OK, true, nil) // the connector knows the death's error
 			c.spare = append(c.spare, x)
 			continue
 		}
@@ -988,10 +985,10 @@ func (c *ConsumerSession) abort(mmHash string, now time.Time, why xfer.Reason) e
 	switch x.State() {
 	case fsm.WaitingAck:
 		x.Cancel()
-		c.fail(x, why, wire.OK, false)
+		c.fail(x, why, wire.OK, false, nil)
 	case fsm.Reading:
 		if st, ok := plane.As[plane.Stoppable](c.data); ok && st.StopsReads() && x.Release() == nil {
-			c.fail(x, why, wire.OK, false)
+			c.fail(x, why, wire.OK, false, nil)
 			c.giveBack(x)
 			return nil
 		}

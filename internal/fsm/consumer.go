@@ -22,9 +22,9 @@ var (
 	ErrBadAck = errors.New("xfer: OK ack does not fit the request")
 	// ErrNotWaiting: the operation needs a transfer still waiting for its ack.
 	ErrNotWaiting = errors.New("xfer: transfer is not waiting for an ack")
-	// ErrLeaseOver: an OK ack handled after its grant's lease could have
-	// run out.
-	ErrLeaseOver = errors.New("xfer: OK ack handled after its grant's lease")
+	// ErrLeaseOver: an OK ack handled, or a READ seen done, after its
+	// grant's lease could have run out.
+	ErrLeaseOver = errors.New("xfer: past the grant's lease")
 )
 
 // ConsumerXfer is the state machine of one fetch on the consumer side: from
@@ -44,7 +44,7 @@ type ConsumerXfer struct {
 	cfg      *xfer.Config
 	state    State
 	reason   xfer.Reason
-	cause    error // what the data plane said, where it said why (Cause)
+	cause    error // the error behind reason, where one is known (Cause)
 	forced   bool
 	deadline time.Time // ack, read or quarantine deadline, by state
 	sentAt   time.Time // when the request went out
@@ -104,7 +104,8 @@ func (x *ConsumerXfer) State() State { return x.state }
 // Reason says why the transfer left the happy path (xfer.NoReason if it did not).
 func (x *ConsumerXfer) Reason() xfer.Reason { return x.reason }
 
-// Cause is the data plane's error behind Reason, or nil: a failed Check's.
+// Cause is the error behind Reason, or nil: a failed Check's, or the
+// lease's for a READ seen done past it.
 func (x *ConsumerXfer) Cause() error { return x.cause }
 
 // Forced reports whether a quarantined READ was settled by its deadline
@@ -135,7 +136,7 @@ func (x *ConsumerXfer) CheckLease(now time.Time) error {
 		return nil
 	}
 	x.state, x.reason = AckTimeout, xfer.LateCompletion
-	return fmt.Errorf("%w: %s at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
+	return fmt.Errorf("%w: %s: OK ack handled at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
 }
 
 // GrantID returns the grant the ack named (a Go producer's), or 0: then
@@ -291,6 +292,7 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 		// Past LeaseEnd the blocks may hold something else.
 		if now.After(x.LeaseEnd()) {
 			x.state, x.reason = ReadFailed, xfer.LateCompletion
+			x.cause = fmt.Errorf("%w: %s: READ seen done at +%v, lease %v", ErrLeaseOver, x.MMHash, now.Sub(x.sentAt), x.lease)
 		} else {
 			x.state = Done
 		}
