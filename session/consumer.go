@@ -324,13 +324,13 @@ func (c *ConsumerSession) registeredPeer() (xfer.Peer, bool) { return c.agent, c
 func (c *ConsumerSession) probing() bool { return !c.registered && !c.replied && c.unanswered() > 0 }
 
 // answered handles the reply to the contact request: ack is its decoded
-// answer, or nil for one that does not decode.
-func (c *ConsumerSession) answered(ack *wireview.Ack) {
+// answer, or nil for one that does not decode, and then bad says why.
+func (c *ConsumerSession) answered(ack *wireview.Ack, bad error) {
 	k := &c.contact
 	k.done = true
 	switch {
 	case ack == nil:
-		k.err = fmt.Errorf("session: contact answer: %w", fsm.ErrBadAck)
+		k.err = fmt.Errorf("session: contact answer does not decode: %w", bad)
 	case wire.Status(ack.Status) != wire.OK:
 		k.status = wire.Status(ack.Status)
 	case len(ack.AgentMetadata) == 0:
@@ -495,7 +495,7 @@ func (c *ConsumerSession) badAck(raw []byte, err error) {
 	x, answered := c.answer(mm, sid, attempt)
 	if x == nil {
 		if c.isContact(answered) {
-			c.answered(nil)
+			c.answered(nil, err)
 			return
 		}
 		c.stats.StrayAcks++
@@ -548,7 +548,7 @@ func (c *ConsumerSession) dispatch(ack *wireview.Ack, now time.Time) {
 	x, answered := c.answer(ack.MMHash, ack.SessionID, ack.Attempt)
 	if x == nil {
 		if c.isContact(answered) {
-			c.answered(ack)
+			c.answered(ack, nil)
 			return
 		}
 		c.stats.StrayAcks++ // an earlier request's, a second reply, or not ours
@@ -783,7 +783,11 @@ func (c *ConsumerSession) drainQuarantine(now time.Time) {
 			c.stats.ForcedReleases++
 			c.log.Warn("ec consumer: quarantine deadline passed; READ not confirmed ended", "mm_hash", x.MMHash)
 		}
-		c.results.Released = append(c.results.Released, Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), Forced: x.Forced()})
+		o := Outcome{MMHash: x.MMHash, Blocks: x.Blocks, Reason: x.Reason(), Forced: x.Forced()}
+		if o.Forced {
+			o.Err = x.Cause()
+		}
+		c.results.Released = append(c.results.Released, o)
 		c.stats.Released++
 		delete(c.byHash, x.MMHash)
 		c.spare = append(c.spare, x)
@@ -1017,6 +1021,7 @@ func (c *ConsumerSession) Close() error {
 		switch err := x.Release(); {
 		case err != nil:
 			c.log.Warn("ec consumer: READ could not be stopped at close; blocks unsafe", "mm_hash", x.MMHash, "err", err)
+			o.Err = err
 			if !quarantined {
 				held := o
 				held.BlocksHeld = true

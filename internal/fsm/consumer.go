@@ -53,6 +53,7 @@ type ConsumerXfer struct {
 	// loose: a Release could not stop the READ; its handle is gone, and
 	// it may still write until the quarantine deadline.
 	loose  bool
+	stuck  error    // what the data plane last said of a READ it could not end
 	remote []int    // scratch: the ack's source blocks
 	seen   []uint64 // scratch: for the uniqueness check
 	sorted []int
@@ -104,8 +105,8 @@ func (x *ConsumerXfer) State() State { return x.state }
 // Reason says why the transfer left the happy path (xfer.NoReason if it did not).
 func (x *ConsumerXfer) Reason() xfer.Reason { return x.reason }
 
-// Cause is the error behind Reason, or nil: a failed Check's, or the
-// lease's for a READ seen done past it.
+// Cause is the error behind Reason, or nil: a failed Check's, the lease's
+// for a READ seen done past it, or, Forced, why the READ may still write.
 func (x *ConsumerXfer) Cause() error { return x.cause }
 
 // Forced reports whether a quarantined READ was settled by its deadline
@@ -312,11 +313,24 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 			x.state = Settled
 			return
 		}
+		if err != nil {
+			x.stuck = err
+		}
 	}
 	if now.After(x.deadline) {
 		// Assume the data plane is stuck. The blocks are handed back, but
 		// flagged: nothing confirmed the DMA stopped.
-		x.forced = x.loose || x.data.Release(x.handle) != nil
+		if !x.loose {
+			if err := x.data.Release(x.handle); err != nil {
+				x.stuck, x.loose = err, true
+			}
+		}
+		if x.forced = x.loose; x.forced {
+			x.cause = fmt.Errorf("%w: %s: not seen ended by the quarantine deadline", xfer.ErrMayStillWrite, x.MMHash)
+			if x.stuck != nil {
+				x.cause = fmt.Errorf("%w: %w", x.cause, x.stuck)
+			}
+		}
 		x.handle, x.loose = 0, false
 		x.state, x.reason = Settled, xfer.QuarantineTimedOut
 	}
@@ -367,6 +381,7 @@ func (x *ConsumerXfer) Quarantine(now time.Time, why xfer.Reason) error {
 		return fmt.Errorf("xfer: quarantine of a transfer in state %s", x.state)
 	}
 	x.quarantine(now, why)
+	x.cause = x.stuck // a Release that could not stop it said why, if one was tried
 	return nil
 }
 
@@ -383,8 +398,8 @@ func (x *ConsumerXfer) Release() error {
 	err := x.data.Release(x.handle)
 	x.handle = 0
 	if err != nil {
-		x.loose = true
-		return fmt.Errorf("%w: %s: %v", xfer.ErrMayStillWrite, x.MMHash, err)
+		x.loose, x.stuck = true, err
+		return fmt.Errorf("%w: %s: %w", xfer.ErrMayStillWrite, x.MMHash, err)
 	}
 	return nil
 }

@@ -3,6 +3,7 @@ package connector
 import (
 	"context"
 	"errors"
+	"strings"
 	"testing"
 	"time"
 
@@ -102,14 +103,16 @@ func TestConnectWithoutContact(t *testing.T) {
 	}
 }
 
-// Connect returns ctx's error when nothing answers in time.
+// Connect returns ctx's error when nothing answers in time, naming what
+// its last try met.
 func TestConnectEndsWithItsContext(t *testing.T) {
 	w := newWorld(t, PoolConfig{AckTimeout: time.Millisecond})
 	// Long beside the ack timeout, so that a loaded machine still asks
 	// twice before it ends.
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 	defer cancel()
-	if err := w.pool.Connect(ctx, addr); !errors.Is(err, context.DeadlineExceeded) {
+	err := w.pool.Connect(ctx, addr)
+	if !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), "no answer to the contact request") {
 		t.Fatalf("Connect with no producer: %v", err)
 	}
 	if n := len(w.ctl.out[addr]); n < 2 {

@@ -130,7 +130,8 @@ func (f Failure) String() string {
 type Released struct {
 	MMHash string
 	Blocks []int
-	Forced bool // never confirmed stopped (quarantine deadline, Close): keep out of use if you can; FetchEntry's are retired
+	Forced bool  // never confirmed stopped (quarantine deadline, Close): keep out of use if you can; FetchEntry's are retired
+	Err    error // on a Forced one, why: matches xfer.ErrMayStillWrite, and names what the data plane said
 }
 
 // Results are a Step's outcomes, valid until the next Step, Connect or Close.
@@ -219,14 +220,15 @@ type fetch struct {
 	lastWhy  xfer.Reason
 	lastSt   wire.Status
 	lastErr  error
+	refused  error // a retry's send refused after the last attempt, if one was
 	pe       *peer // the session of the current attempt
 	managed  bool  // FetchEntry's: the blocks are an entry of the Pool's cache
 	// heldOn is the session f waits on while its producer's first
 	// answer is on its way (see hold); held says f waited once.
 	heldOn *peer
 	held   bool
-	// endCause is what end ended it for (the producer's death), for the
-	// outcome its session reports.
+	// endCause is what end ended it for (the producer's death, and what
+	// its last attempt met), for the outcome its session reports.
 	endCause error
 }
 
@@ -443,7 +445,8 @@ type connecter interface {
 
 // Connect steps the pool until addr is in contact, so that the first fetch
 // pays no set-up (nil at once for vLLM's); outcomes come in the next Step.
-// Errors: ErrContactRefused, xfer.RegisterFailed, ctx's, the control plane's.
+// Errors: ErrContactRefused, xfer.RegisterFailed, ctx's (naming what the
+// last try met, if anything), the control plane's.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -457,9 +460,16 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 	}
 	var agent string
+	var last error // what the last try met: no answer, a death
+	ended := func() error {
+		if last == nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("connector: contact with %s: %w; the last try: %w", addr, ctx.Err(), last)
+	}
 	for agent == "" {
-		if err := ctx.Err(); err != nil {
-			return err
+		if ctx.Err() != nil {
+			return ended()
 		}
 		t := now()
 		pe, err := p.peer(addr)
@@ -476,6 +486,9 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 				if !errors.Is(err, xfer.ErrPeerDown) && !errors.Is(err, xfer.ErrQueueFull) {
 					return err
 				}
+				if last == nil || errors.Is(err, xfer.ErrPeerDown) { // a full queue follows from what came before
+					last = err
+				}
 				// Its death is reported in a step to come; or a full
 				// queue: wait a little.
 				p.WaitFor(ctx, pollInterval)
@@ -487,13 +500,16 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 		for {
 			if !p.WaitFor(ctx, p.cfg.AckTimeout) && ctx.Err() != nil {
-				return ctx.Err()
+				return ended()
 			}
 			p.keep()
 			p.step(now())
 			done, again, st, err := hooks.ConsumerOf(pe.s).Contacted()
 			if p.peers[addr] != pe || !done {
 				if p.peers[addr] != pe {
+					if pe.died != nil {
+						last = pe.died
+					}
 					break // it died: a new session asks again
 				}
 				continue
@@ -501,6 +517,7 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			pe.contacting = false
 			switch {
 			case again:
+				last = err
 			case err != nil:
 				return fmt.Errorf("connector: contact with %s: %w: %s: %w", addr, xfer.RegisterFailed, planeHint, err)
 			case st == wire.NackMissing:
@@ -550,7 +567,7 @@ func (p *Pool) attempt(f *fetch, now time.Time) error {
 	}
 	pe.lastUsed = now
 	f.attempts++
-	f.retryAt = time.Time{}
+	f.retryAt, f.refused = time.Time{}, nil
 	f.pe, f.heldOn = pe, nil
 	if _, ok := hooks.ConsumerOf(pe.s).Registered(); !ok {
 		// Sent before its producer is registered, it may be the request
@@ -834,7 +851,11 @@ func (p *Pool) release(o session.Outcome, forced bool) {
 			p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
 		}
 	}
-	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced})
+	r := Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced}
+	if forced {
+		r.Err = o.Err
+	}
+	p.res.Released = append(p.res.Released, r)
 }
 
 // current returns the fetch an outcome of pe's belongs to, or nil if the
@@ -892,11 +913,13 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 			p.stats.Quarantines++
 		}
 		f := p.current(pe, o.MMHash)
-		if o.Reason == xfer.PeerDown && o.Err == nil {
+		switch {
+		case f != nil && f.endCause != nil && o.Err == nil:
+			o.Err = f.endCause // what end ended it for (a later connection's death, say)
+		case f != nil && f.endCause != nil && !errors.Is(o.Err, f.endCause):
+			o.Err = fmt.Errorf("%w; %w", f.endCause, o.Err)
+		case o.Reason == xfer.PeerDown && o.Err == nil:
 			o.Err = pe.died
-			if f != nil && f.endCause != nil {
-				o.Err = f.endCause // a later connection's death ended it
-			}
 		}
 		if f == nil {
 			continue
@@ -906,7 +929,7 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		// an ack timeout, a READ that failed (its blocks are free). Not a
 		// producer's silence: that ends what asked it (peerDown).
 		if o.Retry && !o.BlocksHeld && !now.IsZero() && !errors.Is(o.Err, xfer.ErrPeerSilent) {
-			f.lastWhy, f.lastSt, f.lastErr = o.Reason, o.Status, o.Err
+			f.lastWhy, f.lastSt, f.lastErr, f.refused = o.Reason, o.Status, o.Err, nil
 			switch p.scheduleRetry(f, now) {
 			case retried:
 				continue
@@ -916,6 +939,9 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 				p.fail(o.MMHash, xfer.DeadlineExceeded, wire.OK, causeOf(o), false)
 				continue
 			}
+		}
+		if f.endCause == nil { // else end named the earlier attempt
+			o.Err = withLast(f, o.Err)
 		}
 		p.fail(o.MMHash, o.Reason, o.Status, o.Err, o.BlocksHeld)
 	}
@@ -1094,7 +1120,11 @@ func (p *Pool) end(f *fetch, why xfer.Reason, cause error, now time.Time) {
 		p.fail(f.mmHash, why, wire.OK, cause, false)
 		return
 	}
-	f.endCause = cause
+	if cause == nil {
+		f.endCause = lastCause(f)
+	} else {
+		f.endCause = withLast(f, cause)
+	}
 	if err := hooks.ConsumerOf(f.pe.s).End(f.mmHash, now, why); err != nil {
 		p.fail(f.mmHash, why, wire.OK, err, false) // cannot happen: the session holds every fetch on it
 		return
@@ -1157,6 +1187,8 @@ func (p *Pool) retryDue(now time.Time) {
 				case retried:
 					if f.lastWhy == xfer.NoReason || f.lastWhy == xfer.PeerDown {
 						f.lastWhy, f.lastErr = xfer.PeerDown, err // what a deadline names
+					} else {
+						f.refused = err // named after what the last attempt met
 					}
 					continue
 				case pastDeadline:
@@ -1347,13 +1379,21 @@ func lastCause(f *fetch) error {
 	if f.lastWhy == xfer.NoReason {
 		return nil
 	}
-	return causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
+	c := causeOf(session.Outcome{Reason: f.lastWhy, Status: f.lastSt, Err: f.lastErr})
+	if f.refused != nil {
+		c = fmt.Errorf("%w; its retry refused: %w", c, f.refused)
+	}
+	return c
 }
 
-// withLast is err, naming what f's last attempt met too, if anything.
+// withLast is err (nil: nothing more), naming what f's earlier attempt
+// met too, if anything.
 func withLast(f *fetch, err error) error {
-	if f.lastWhy == xfer.NoReason || errors.Is(f.lastErr, err) { // Is: == panics on some error types
+	switch {
+	case f.lastWhy == xfer.NoReason || err != nil && errors.Is(f.lastErr, err): // Is: == panics on some error types
 		return err
+	case err == nil:
+		return fmt.Errorf("an earlier attempt: %w", lastCause(f))
 	}
-	return fmt.Errorf("%w; its last attempt: %w", err, lastCause(f))
+	return fmt.Errorf("%w; an earlier attempt: %w", err, lastCause(f))
 }
