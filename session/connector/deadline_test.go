@@ -144,7 +144,10 @@ func TestSilentProducerEndsItsFetchOnRealPlanes(t *testing.T) {
 			if f.Reason != xfer.PeerDown || !errors.Is(f.Err, xfer.ErrPeerSilent) || f.BlocksHeld {
 				t.Fatalf("failure %+v (%v)", *f, f.Err)
 			}
-			if took := o.at.Sub(stopped); took > 800*time.Millisecond {
+			// Detected at the peer timeout (500 ms; 600 measured, the check
+			// running on the ping's tick), long before the fetch's 10 s
+			// deadline; the slack is for a loaded machine.
+			if took := o.at.Sub(stopped); took > 2*time.Second {
 				t.Fatalf("ended %v after the producer stopped (peer timeout 500 ms)", took)
 			}
 			t.Logf("ended %v after the producer stopped: %v", o.at.Sub(stopped).Round(time.Millisecond), f.Err)
