@@ -330,11 +330,11 @@ func (c *ConsumerSession) answered(ack *wireview.Ack, bad error) {
 	k.done = true
 	switch {
 	case ack == nil:
-		k.err = fmt.Errorf("session: contact answer does not decode: %w", bad)
+		k.err = fmt.Errorf("session: contact answer does not decode: %w: %w", xfer.BadAck, bad)
 	case wire.Status(ack.Status) != wire.OK:
 		k.status = wire.Status(ack.Status)
 	case len(ack.AgentMetadata) == 0:
-		k.err = fmt.Errorf("session: contact answer without agent metadata: %w", fsm.ErrBadAck)
+		k.err = fmt.Errorf("session: contact answer without agent metadata: %w: %w", xfer.BadAck, fsm.ErrBadAck)
 	default:
 		k.status = wire.OK
 		if _, err := c.register(ack); err != nil {

@@ -52,11 +52,12 @@ type ConsumerXfer struct {
 	handle   xfer.Handle
 	// loose: a Release could not stop the READ; its handle is gone, and
 	// it may still write until the quarantine deadline.
-	loose  bool
-	stuck  error    // what the data plane last said of a READ it could not end
-	remote []int    // scratch: the ack's source blocks
-	seen   []uint64 // scratch: for the uniqueness check
-	sorted []int
+	loose     bool
+	stuck     error    // why the data plane could not stop the READ (Release's error)
+	lastCheck error    // the last Check's error while quarantined
+	remote    []int    // scratch: the ack's source blocks
+	seen      []uint64 // scratch: for the uniqueness check
+	sorted    []int
 }
 
 // NewConsumerXfer returns a transfer whose request was sent at sentAt,
@@ -314,7 +315,7 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 			return
 		}
 		if err != nil {
-			x.stuck = err
+			x.lastCheck = err
 		}
 	}
 	if now.After(x.deadline) {
@@ -326,9 +327,9 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 			}
 		}
 		if x.forced = x.loose; x.forced {
-			x.cause = fmt.Errorf("%w: %s: not seen ended by the quarantine deadline", xfer.ErrMayStillWrite, x.MMHash)
-			if x.stuck != nil {
-				x.cause = fmt.Errorf("%w: %w", x.cause, x.stuck)
+			x.cause = mayStillWrite(x.MMHash+": not seen ended by the quarantine deadline", x.stuck)
+			if x.lastCheck != nil {
+				x.cause = fmt.Errorf("%w; its last check: %w", x.cause, x.lastCheck)
 			}
 		}
 		x.handle, x.loose = 0, false
@@ -381,7 +382,9 @@ func (x *ConsumerXfer) Quarantine(now time.Time, why xfer.Reason) error {
 		return fmt.Errorf("xfer: quarantine of a transfer in state %s", x.state)
 	}
 	x.quarantine(now, why)
-	x.cause = x.stuck // a Release that could not stop it said why, if one was tried
+	if x.stuck != nil { // a Release that could not stop it said why
+		x.cause = mayStillWrite(x.MMHash, x.stuck)
+	}
 	return nil
 }
 
@@ -391,7 +394,7 @@ func (x *ConsumerXfer) Quarantine(now time.Time, why xfer.Reason) error {
 func (x *ConsumerXfer) Release() error {
 	if x.handle == 0 {
 		if x.loose { // released before, and not stopped
-			return fmt.Errorf("%w: %s", xfer.ErrMayStillWrite, x.MMHash)
+			return mayStillWrite(x.MMHash, x.stuck)
 		}
 		return nil
 	}
@@ -399,9 +402,22 @@ func (x *ConsumerXfer) Release() error {
 	x.handle = 0
 	if err != nil {
 		x.loose, x.stuck = true, err
-		return fmt.Errorf("%w: %s: %w", xfer.ErrMayStillWrite, x.MMHash, err)
+		return mayStillWrite(x.MMHash, err)
 	}
 	return nil
+}
+
+// mayStillWrite is the error of a READ that may still write, for what:
+// xfer.ErrMayStillWrite, once, and what the data plane said (err), if
+// anything.
+func mayStillWrite(what string, err error) error {
+	switch {
+	case err == nil:
+		return fmt.Errorf("%w: %s", xfer.ErrMayStillWrite, what)
+	case errors.Is(err, xfer.ErrMayStillWrite):
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	return fmt.Errorf("%w: %s: %w", xfer.ErrMayStillWrite, what, err)
 }
 
 // DistinctBlocks reports whether ids are distinct and none negative, as a

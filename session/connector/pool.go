@@ -445,8 +445,9 @@ type connecter interface {
 
 // Connect steps the pool until addr is in contact, so that the first fetch
 // pays no set-up (nil at once for vLLM's); outcomes come in the next Step.
-// Errors: ErrContactRefused, xfer.RegisterFailed, ctx's (naming what the
-// last try met, if anything), the control plane's.
+// Errors: ErrContactRefused, xfer.RegisterFailed, xfer.BadAck (an answer
+// that cannot be read), ctx's (naming what an earlier try met, if
+// anything), the control plane's.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -460,12 +461,12 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		}
 	}
 	var agent string
-	var last error // what the last try met: no answer, a death
+	var last error // what the latest try that ended met: no answer, a death, a busy producer
 	ended := func() error {
 		if last == nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("connector: contact with %s: %w; the last try: %w", addr, ctx.Err(), last)
+		return fmt.Errorf("connector: contact with %s: %w; an earlier try: %w", addr, ctx.Err(), last)
 	}
 	for agent == "" {
 		if ctx.Err() != nil {
@@ -518,12 +519,15 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 			switch {
 			case again:
 				last = err
+			case errors.Is(err, xfer.BadAck): // an answer we cannot read, not a data plane we cannot use
+				return fmt.Errorf("connector: contact with %s: %w", addr, err)
 			case err != nil:
 				return fmt.Errorf("connector: contact with %s: %w: %s: %w", addr, xfer.RegisterFailed, planeHint, err)
 			case st == wire.NackMissing:
 				return nil // it takes no contact request: the first fetch registers it
 			case st.Retryable():
 				// Busy (its backlog answered late): ask again.
+				last = st
 				p.WaitFor(ctx, pollInterval)
 			case st != wire.OK:
 				return fmt.Errorf("%w: %s: %w", ErrContactRefused, addr, st)
@@ -929,14 +933,14 @@ func (p *Pool) apply(pe *peer, r *session.Results, now time.Time) {
 		// an ack timeout, a READ that failed (its blocks are free). Not a
 		// producer's silence: that ends what asked it (peerDown).
 		if o.Retry && !o.BlocksHeld && !now.IsZero() && !errors.Is(o.Err, xfer.ErrPeerSilent) {
-			f.lastWhy, f.lastSt, f.lastErr, f.refused = o.Reason, o.Status, o.Err, nil
 			switch p.scheduleRetry(f, now) {
 			case retried:
+				f.lastWhy, f.lastSt, f.lastErr, f.refused = o.Reason, o.Status, o.Err, nil
 				continue
 			case pastDeadline:
 				// No retry fits before the deadline: the deadline ends it
 				// now, rather than at the deadline for nothing.
-				p.fail(o.MMHash, xfer.DeadlineExceeded, wire.OK, causeOf(o), false)
+				p.fail(o.MMHash, xfer.DeadlineExceeded, wire.OK, withLast(f, causeOf(o)), false)
 				continue
 			}
 		}
@@ -1185,7 +1189,7 @@ func (p *Pool) retryDue(now time.Time) {
 			if errors.Is(err, session.ErrInFlight) || errors.Is(err, xfer.ErrPeerDown) || errors.Is(err, xfer.ErrQueueFull) {
 				switch p.scheduleRetry(f, now) {
 				case retried:
-					if f.lastWhy == xfer.NoReason || f.lastWhy == xfer.PeerDown {
+					if f.lastWhy == xfer.NoReason {
 						f.lastWhy, f.lastErr = xfer.PeerDown, err // what a deadline names
 					} else {
 						f.refused = err // named after what the last attempt met
@@ -1202,6 +1206,8 @@ func (p *Pool) retryDue(now time.Time) {
 			}
 			if why != xfer.Nacked { // failErr names a NACK's status itself
 				err = withLast(f, err)
+			} else if f.refused != nil && !errors.Is(err, f.refused) {
+				err = fmt.Errorf("%w; a retry before it refused: %w", err, f.refused)
 			}
 			p.fail(f.mmHash, why, f.lastSt, err, false)
 		}
@@ -1321,7 +1327,7 @@ func (p *Pool) Cancel(mmHash string, now time.Time) (Failure, error) {
 	}
 	n := len(p.res.Failed)
 	if !f.retryAt.IsZero() || f.pe == nil { // between attempts: nothing runs
-		p.fail(mmHash, xfer.Canceled, wire.OK, nil, false)
+		p.fail(mmHash, xfer.Canceled, wire.OK, withLast(f, nil), false)
 	} else if err := f.pe.s.Cancel(mmHash, now); err != nil {
 		return Failure{}, err
 	} else {
@@ -1358,7 +1364,7 @@ func (p *Pool) Close() error {
 		p.closeSession(pe)
 	}
 	for _, h := range slices.Sorted(maps.Keys(p.fetches)) {
-		p.fail(h, xfer.Closed, wire.OK, nil, false)
+		p.fail(h, xfer.Closed, wire.OK, withLast(p.fetches[h], nil), false)
 	}
 	p.peers, p.order, p.draining, p.retrying = nil, nil, nil, nil
 	if p.ptimer != nil {

@@ -1,0 +1,115 @@
+package session
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/internal/xfake"
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// stuckSays is the fake whose Release of a READ it cannot stop says why, as
+// nixl/agent.go does ("%w: READ %d still in progress", xfer.ErrMayStillWrite).
+type stuckSays struct{ *xfake.Fake }
+
+func (n stuckSays) Release(h xfer.Handle) error {
+	if err := n.Fake.Release(h); err != nil {
+		if errors.Is(err, xfer.ErrMayStillWrite) {
+			return fmt.Errorf("%w: READ %d still in progress", xfer.ErrMayStillWrite, h)
+		}
+		return err
+	}
+	return nil
+}
+
+func newStuckSays(t *testing.T) *consumerOnly {
+	t.Helper()
+	fab := xfake.NewFabric()
+	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
+	var err error
+	co.c, err = NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, stuckSays{co.data}, compat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return co
+}
+
+// A READ a Cancel could not stop (stoppable plane, Release refused) is
+// quarantined loose; Close then releases it Forced, naming what the data
+// plane said.
+func TestCloseOfALooseQuarantinedReadNamesThePlane(t *testing.T) {
+	co := newStuckSays(t)
+	co.data.SetStopsReads(true)
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	mustStart(t, co.c, "H", []int{1}, at(40*time.Second))
+	co.poll(at(time.Millisecond), co.ok("H", 1))
+	if err := co.c.Cancel("H", at(2*time.Millisecond)); err != nil {
+		t.Fatal(err)
+	}
+	var r Results
+	co.c.TakeResults(&r)
+	if len(r.Failed) != 1 || !r.Failed[0].BlocksHeld {
+		t.Fatalf("cancel: %+v", r)
+	}
+	co.c.Close()
+	r = Results{}
+	co.c.TakeResults(&r)
+	if len(r.Released) != 1 || !r.Released[0].Forced {
+		t.Fatalf("close: %+v", r)
+	}
+	if !strings.Contains(r.Released[0].Err.Error(), "still in progress") {
+		t.Errorf("forced release's Err %q drops the data plane's error", r.Released[0].Err)
+	}
+}
+
+// A data plane's own error that wraps ErrMayStillWrite is not wrapped in
+// it again: its text appears once.
+func TestMayStillWriteTextOnce(t *testing.T) {
+	for _, route := range []string{"close", "quarantine deadline"} {
+		t.Run(route, func(t *testing.T) {
+			co := newStuckSays(t)
+			co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+			mustStart(t, co.c, "H", []int{1}, at(time.Second))
+			co.poll(at(time.Millisecond), co.ok("H", 1))
+			var r Results
+			if route == "close" {
+				co.c.Close()
+				co.c.TakeResults(&r)
+			} else {
+				for i := 2; i < 200 && len(r.Released) == 0; i++ {
+					r = co.poll(at(time.Duration(i) * time.Second))
+				}
+			}
+			if len(r.Released) != 1 {
+				t.Fatalf("%+v", r)
+			}
+			s := r.Released[0].Err.Error()
+			t.Logf("forced release: %s", s)
+			if n := strings.Count(s, xfer.ErrMayStillWrite.Error()); n > 1 {
+				t.Errorf("%q says %q %d times", s, xfer.ErrMayStillWrite, n)
+			}
+		})
+	}
+}
+
+// A quarantined READ whose Checks fail, forced out at the deadline, names
+// the last Check's error beside the Release's.
+func TestForcedAfterCheckErrorsNamesTheCheck(t *testing.T) {
+	co := newConsumer(t)
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.CheckError, Unstoppable: true})
+	mustStart(t, co.c, "H", []int{1}, at(time.Second))
+	co.poll(at(time.Millisecond), co.ok("H", 1))
+	var r Results
+	for i := 2; i < 200 && len(r.Released) == 0; i++ {
+		r = co.poll(at(time.Duration(i) * time.Second))
+	}
+	if len(r.Released) != 1 || !r.Released[0].Forced {
+		t.Fatalf("%+v", r)
+	}
+	if !errors.Is(r.Released[0].Err, xfake.ErrInjected) {
+		t.Errorf("forced release names only the Release's error, not the Check's")
+	}
+}
