@@ -874,6 +874,7 @@ var (
 	_ plane.Signaling   = agentPlane{}
 	_ plane.ShapedPeers = agentPlane{}
 	_ plane.Named       = agentPlane{}
+	_ plane.Explainer   = agentPlane{}
 	_ plane.Toucher     = agentPlane{}
 )
 
@@ -888,6 +889,9 @@ func init() {
 
 // Name implements plane.Named: the agent's name, as peers address it.
 func (c agentPlane) Name() string { return c.a.cfg.Name }
+
+// FailedWhy implements plane.Explainer.
+func (c agentPlane) FailedWhy(h xfer.Handle) error { return c.a.failedWhy(h) }
 
 // ExpectReads implements plane.Driven (see Agent.expectReads).
 func (c agentPlane) ExpectReads(n int, fresh bool) {
@@ -1187,9 +1191,24 @@ func (a *Agent) Check(h xfer.Handle) (xfer.Progress, error) {
 	case st == C.CNIXL_ERR_NOT_FOUND && !r.refused:
 		return 0, statusErr("check", st)
 	default:
-		r.ended = true
+		r.ended, r.st = true, st // st for FailedWhy
 		return xfer.Failed, nil
 	}
+}
+
+// failedWhy is NIXL's status of a READ Check said failed, as an error, or
+// nil.
+func (a *Agent) failedWhy(h xfer.Handle) error {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	r, ok := a.handles[h]
+	switch {
+	case !ok || !r.ended:
+		return nil
+	case r.refused:
+		return statusErr("post", r.st)
+	}
+	return statusErr("read", r.st)
 }
 
 // Release implements xfer.DataTransport. A READ still in progress is not

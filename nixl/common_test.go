@@ -649,6 +649,10 @@ func waitEnded(t *testing.T, a *Agent, h xfer.Handle) xfer.Progress {
 			t.Fatal(err)
 		}
 		if pg != xfer.InProgress {
+			// The rule: a READ NIXL failed says why (plane.Explainer).
+			if why := a.failedWhy(h); (pg == xfer.Failed) != (why != nil) {
+				t.Errorf("READ %d is %v; why it failed: %v", h, pg, why)
+			}
 			return pg
 		}
 		select {

@@ -57,7 +57,7 @@ func TestCloseOfALooseQuarantinedReadNamesThePlane(t *testing.T) {
 	co.c.Close()
 	r = Results{}
 	co.c.TakeResults(&r)
-	if len(r.Released) != 1 || !r.Released[0].Forced {
+	if len(r.Released) != 1 || !r.Released[0].Forced || r.Released[0].Err == nil {
 		t.Fatalf("close: %+v", r)
 	}
 	if !strings.Contains(r.Released[0].Err.Error(), "still in progress") {
@@ -83,11 +83,10 @@ func TestMayStillWriteTextOnce(t *testing.T) {
 					r = co.poll(at(time.Duration(i) * time.Second))
 				}
 			}
-			if len(r.Released) != 1 {
+			if len(r.Released) != 1 || r.Released[0].Err == nil {
 				t.Fatalf("%+v", r)
 			}
 			s := r.Released[0].Err.Error()
-			t.Logf("forced release: %s", s)
 			if n := strings.Count(s, xfer.ErrMayStillWrite.Error()); n > 1 {
 				t.Errorf("%q says %q %d times", s, xfer.ErrMayStillWrite, n)
 			}
@@ -111,5 +110,48 @@ func TestForcedAfterCheckErrorsNamesTheCheck(t *testing.T) {
 	}
 	if !errors.Is(r.Released[0].Err, xfake.ErrInjected) {
 		t.Errorf("forced release names only the Release's error, not the Check's")
+	}
+}
+
+var errOldCheck = errors.New("an old check's failure")
+
+// failsTwice fails the second and third Checks; the others are the fake's.
+type failsTwice struct {
+	*xfake.Fake
+	n *int
+}
+
+func (o failsTwice) Check(h xfer.Handle) (xfer.Progress, error) {
+	*o.n++
+	if *o.n == 2 || *o.n == 3 { // the second quarantines it; the third is the first in quarantine
+		return 0, errOldCheck
+	}
+	return o.Fake.Check(h)
+}
+
+// A forced release names the last Check's error only if the last Check
+// failed: one that failed long ago, followed by many that could only say
+// in progress, is not "its last check".
+func TestForcedReleaseNamesNoStaleCheck(t *testing.T) {
+	fab := xfake.NewFabric()
+	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
+	n := 0
+	var err error
+	co.c, err = NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, failsTwice{co.data, &n}, compat)
+	if err != nil {
+		t.Fatal(err)
+	}
+	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	mustStart(t, co.c, "H", []int{1}, at(time.Second))
+	co.poll(at(time.Millisecond), co.ok("H", 1))
+	var r Results
+	for i := 2; i < 400 && len(r.Released) == 0; i++ {
+		r = co.poll(at(time.Duration(i) * time.Second))
+	}
+	if len(r.Released) != 1 || !r.Released[0].Forced || r.Released[0].Err == nil || n < 5 {
+		t.Fatalf("%d checks, %+v", n, r)
+	}
+	if errors.Is(r.Released[0].Err, errOldCheck) {
+		t.Errorf("Released.Err %q names an old check, though %d later ones said in progress", r.Released[0].Err, n-3)
 	}
 }

@@ -14,8 +14,8 @@ import (
 )
 
 // A failure carries the error the session had when it ended the
-// transfer: an ack's decode error, a lease's, a refused post's. The
-// Reason says which class; Err says what happened.
+// transfer: an ack's decode error, a lease's, a failed READ's, a refused
+// post's. The Reason says which class; Err says what happened.
 func TestFailureCarriesItsCause(t *testing.T) {
 	for _, tc := range []struct {
 		name   string
@@ -41,6 +41,11 @@ func TestFailureCarriesItsCause(t *testing.T) {
 			co.poll(at(time.Second), co.ok("H", 1))
 			co.data.Finish(co.data.Posts()[0].Handle)
 			return co.poll(at(32 * time.Second))
+		}},
+		{"READ failed", xfer.ReadError, xfake.ErrInjected, func(t *testing.T, co *consumerOnly) Results {
+			co.data.SetOutcome(xfake.Outcome{Kind: xfake.FailAfter, After: 1})
+			co.poll(at(time.Second), co.ok("H", 1)) // posted, seen in progress
+			return co.poll(at(2 * time.Second))
 		}},
 		{"refused post", xfer.PostFailed, xfake.ErrInjected, func(t *testing.T, co *consumerOnly) Results {
 			co.data.SetPostError(xfake.ErrInjected)

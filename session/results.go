@@ -14,7 +14,7 @@ type Outcome struct {
 	Blocks     []int       // the local blocks given to StartXfer
 	Reason     xfer.Reason // why it failed; xfer.NoReason when it completed
 	Status     wire.Status // the NACK, when Reason is xfer.Nacked
-	Err        error       // the cause beyond Reason and Status, if any; on a Released, why it was Forced
+	Err        error       // the cause beyond Reason and Status, if any; on a Released, why Forced
 	Retry      bool        // on a failure: another attempt may succeed
 	BlocksHeld bool        // on a failure: reuse Blocks only after their Released
 	Forced     bool        // on a Released: never confirmed stopped; keep out of use

@@ -44,6 +44,17 @@ func (c tcpPlane) ServeReady() <-chan struct{} { return c.d.sready }
 // to producers (see linkConn).
 func (c tcpPlane) Step() { c.d.links.drain() }
 
+// FailedWhy implements plane.Explainer.
+func (c tcpPlane) FailedWhy(h xfer.Handle) error {
+	c.d.mu.Lock()
+	op := c.d.handles[h]
+	c.d.mu.Unlock()
+	if op == nil {
+		return nil
+	}
+	return op.failedWhy()
+}
+
 // serverHooks are a Server's hooks for session/connector's Producer,
 // which steps on the goroutine a request arrived on and waits on its data
 // plane's signal and the control plane at once.
@@ -78,6 +89,7 @@ type tcpPlane struct{ d *TCPData }
 
 var (
 	_ plane.Contacter         = tcpPlane{}
+	_ plane.Explainer         = tcpPlane{}
 	_ plane.Attacher          = tcpPlane{}
 	_ plane.Signaling         = tcpPlane{}
 	_ plane.ConsumerSignaling = tcpPlane{}

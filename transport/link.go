@@ -53,9 +53,9 @@ func (l *link) writer() {
 			for {
 				select {
 				case op := <-l.p.queue:
-					op.fail()
+					op.fail(errStopped)
 				case op := <-firstq:
-					op.fail()
+					op.fail(errStopped)
 				case <-l.p.notes: // none comes after the stop (sendNotes)
 					l.p.d.notesLost.Add(1)
 					l.p.noting.Add(-1)
@@ -108,7 +108,7 @@ func (l *link) send(op *readOp, buf []byte) []byte {
 			level = slog.LevelDebug
 		}
 		l.p.d.log.Log(context.Background(), level, "ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
-		op.fail()
+		op.fail(fmt.Errorf("transport: cannot reach the producer at %s: %w", l.p.addr, err))
 		return buf
 	}
 	buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote, op.resend)
@@ -140,7 +140,7 @@ func (l *link) enqueue(conn net.Conn, op *readOp) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if l.conn != conn {
-		op.fail()
+		op.fail(errors.New("transport: its connection to the producer closed before it was sent"))
 		return false
 	}
 	op.link.Store(l)
@@ -285,8 +285,9 @@ func (l *link) breakLocked(err error) {
 		l.conn, l.nb, l.lc = nil, nil, nil
 		l.p.d.log.Debug("ec data: connection to producer closed", "peer", l.p.name, "err", err)
 	}
+	why := fmt.Errorf("transport: its connection to the producer closed: %w", err)
 	for _, op := range l.pending {
-		op.fail()
+		op.fail(why)
 	}
 	clear(l.pending)
 	l.pending = l.pending[:0]
@@ -487,18 +488,19 @@ func (l *link) answer(c net.Conn, r frameReader, done func(id uint64) error) err
 	switch {
 	case status == dataRefused && size == 0:
 		op.refused.Store(true)
-		op.fail()
+		op.fail(errRefusedOp)
 	case status == dataPushed && size == 0:
 		// Its push, earlier on this connection, landed it (or found it
 		// released); one we dropped leaves it to fail, and be asked for
 		// anew. Its done brings the notification.
-		op.fail()
+		op.fail(errPushLost)
 		if err := done(id); err != nil {
 			return err
 		}
 	case status != dataOK || size != uint64(op.n)*uint64(bs):
-		op.fail()
-		return fmt.Errorf("%w: answer %d: status %d, %d bytes for %d blocks", errProtocol, id, status, size, op.n)
+		err := fmt.Errorf("%w: answer %d: status %d, %d bytes for %d blocks", errProtocol, id, status, size, op.n)
+		op.fail(err)
+		return err
 	case op.claimFrom(l, opSent):
 		err := l.landBytes(r, op)
 		if err == nil {
@@ -507,7 +509,7 @@ func (l *link) answer(c net.Conn, r frameReader, done func(id uint64) error) err
 			// the producer (or closes) does not lose it.
 			err = done(id)
 		}
-		op.land(err == nil)
+		op.land(err)
 		if err != nil {
 			return err
 		}

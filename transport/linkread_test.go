@@ -42,6 +42,7 @@ func stepUntilEnd(t testing.TB, c *TCPData, h xfer.Handle) xfer.Progress {
 		pr, _ = c.Check(h)
 		return pr != xfer.InProgress
 	})
+	saysWhy(t, c, h, pr)
 	return pr
 }
 

@@ -140,13 +140,13 @@ func (p *peer) start(op *readOp, way int) {
 			if live {
 				p.sendNotes([][]byte{op.notif})
 			}
-			op.land(live)
+			op.land(grantLive(live))
 		}
 	case viaCopier:
 		if !p.handOff(p.sh.copies, op) {
 			p.sh.queued.Add(-1)
 			p.readers.Done()
-			op.fail()
+			op.fail(errStopped)
 		}
 	case viaAwait:
 		if lc := p.links[0].hotConn(); lc == nil || !lc.await(op) {
@@ -156,7 +156,7 @@ func (p *peer) start(op *readOp, way int) {
 		p.sendFirst(op)
 	default:
 		if !p.tryPost(op) && !p.handOff(p.queue, op) {
-			op.fail()
+			op.fail(errStopped)
 		}
 	}
 }
@@ -169,7 +169,7 @@ const pushedInFlight = 2
 // sendFirst sends op's READ on the link pushes come on.
 func (p *peer) sendFirst(op *readOp) {
 	if !p.links[0].tryPost(op) && !p.handOff(p.firstq, op) {
-		op.fail()
+		op.fail(errStopped)
 	}
 }
 

@@ -2,6 +2,7 @@ package transport
 
 import (
 	"encoding/binary"
+	"fmt"
 	"io"
 	"slices"
 	"sync"
@@ -253,7 +254,7 @@ func (s *stage) shutdown() {
 	s.head, s.tail, s.free, s.bytes, s.spare = nil, nil, nil, 0, 0
 	s.mu.Unlock()
 	for _, op := range waiting {
-		op.fail()
+		op.fail(errStopped)
 	}
 }
 
@@ -330,7 +331,7 @@ func (p *peer) landStaged(op *readOp, st *staged) {
 	}
 	p.d.pushLanded.Add(1)
 	p.sendNotes([][]byte{op.notif})
-	op.land(true)
+	op.land(nil)
 }
 
 // takePush reads a push frame (its head read) and keeps it, lands it in
@@ -380,7 +381,7 @@ func (l *link) takePush(r frameReader) error {
 				p.sendNotes([][]byte{op.notif})
 			}
 		}
-		op.land(err == nil)
+		op.land(err)
 		if err == nil && !unsent {
 			l.pushedHead(op)
 		}
@@ -396,7 +397,7 @@ func (l *link) takePush(r frameReader) error {
 	switch {
 	case op == nil:
 	case err != nil:
-		op.fail()
+		op.fail(fmt.Errorf("transport: reading its push: %w", err))
 	default:
 		p.landStaged(op, st)
 	}

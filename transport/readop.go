@@ -1,6 +1,8 @@
 package transport
 
 import (
+	"errors"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -42,7 +44,19 @@ type readOp struct {
 	resend bool    // its push was dropped: the producer must send the bytes
 	// refused: the producer answered that no live grant covers it (tests).
 	refused atomic.Bool
+	// why it failed, set by whoever moves it to opFailed, under whyMu
+	// with that move, so that one who sees it failed reads why (failedWhy).
+	whyMu sync.Mutex
+	why   error
 }
+
+// Why READs fail, where nothing more precise is at hand.
+var (
+	errStopped    = errors.New("transport: the data plane or the producer's peer was closed")
+	errRefusedOp  = errors.New("transport: the producer holds no live grant for this READ")
+	errPushLost   = errors.New("transport: the producer pushed this READ's bytes, and they were dropped")
+	errGrantEnded = errors.New("transport: the grant ended before the copy did")
+)
 
 func newReadOp(h xfer.Handle, p *peer, local, remote []int, notif []byte) *readOp {
 	return &readOp{h: h, id: uint64(h), n: len(local), local: spans(nil, local), remote: spans(nil, remote),
@@ -59,30 +73,59 @@ func (op *readOp) claimFrom(l *link, from int32) bool {
 	return op.claim(from)
 }
 
-// land ends op's writing, as its lander: done or failed. It wakes a
-// Release waiting for it, and the consumer's loop.
-func (op *readOp) land(ok bool) {
-	st := opFailed
-	if ok {
-		st = opDone
+// land ends op's writing, as its lander: done (why nil) or failed for
+// why. It wakes a Release waiting for it, and the consumer's loop.
+func (op *readOp) land(why error) {
+	if why == nil {
+		op.state.Store(opDone)
+	} else {
+		op.whyMu.Lock()
+		op.why = why
+		op.state.Store(opFailed)
+		op.whyMu.Unlock()
 	}
-	op.state.Store(st)
 	close(op.landed)
 	op.peer.ended(op, true)
 }
 
-// fail ends op unless it is being written (its lander ends it) or ended.
-func (op *readOp) fail() {
+// fail ends op for why unless it is being written (its lander ends it) or
+// ended.
+func (op *readOp) fail(why error) {
 	for {
 		s := op.state.Load()
 		if s != opQueued && s != opSent {
 			return
 		}
-		if op.state.CompareAndSwap(s, opFailed) {
+		op.whyMu.Lock()
+		ok := op.state.CompareAndSwap(s, opFailed)
+		if ok {
+			op.why = why
+		}
+		op.whyMu.Unlock()
+		if ok {
 			op.peer.ended(op, true)
 			return
 		}
 	}
+}
+
+// grantLive is a same-host copy's outcome: nil, or errGrantEnded when the
+// grant ended before the copy did (its bytes are not trusted).
+func grantLive(live bool) error {
+	if live {
+		return nil
+	}
+	return errGrantEnded
+}
+
+// failedWhy is why op failed, or nil while it has not.
+func (op *readOp) failedWhy() error {
+	op.whyMu.Lock()
+	defer op.whyMu.Unlock()
+	if op.state.Load() != opFailed {
+		return nil
+	}
+	return op.why
 }
 
 // release ends op for Release: at once unless a lander is writing into

@@ -236,7 +236,7 @@ func (p *peer) copier() {
 			for {
 				select {
 				case op := <-p.sh.copies:
-					op.fail()
+					op.fail(errStopped)
 					p.sh.queued.Add(-1)
 					p.readers.Done()
 				default:
@@ -246,7 +246,7 @@ func (p *peer) copier() {
 		case op := <-p.sh.copies:
 			// A burst's notifications go in one write, once it is copied.
 			if claimed, live := p.boardCopy(op); claimed {
-				op.land(live)
+				op.land(grantLive(live))
 				if live {
 					done = append(done, op.notif)
 				}

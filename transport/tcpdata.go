@@ -520,7 +520,7 @@ func (d *TCPData) Close() error {
 	d.wg.Wait()
 	d.mu.Lock()
 	for _, op := range d.handles {
-		op.fail() // one a Step was to send (viaAwait) ends with the plane too
+		op.fail(errStopped) // one a Step was to send (viaAwait) ends with the plane too
 	}
 	clear(d.handles)
 	d.mu.Unlock()

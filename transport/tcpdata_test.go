@@ -74,11 +74,29 @@ func waitEnd(t testing.TB, d xfer.DataTransport, h xfer.Handle) xfer.Progress {
 			t.Fatal(err)
 		}
 		if p != xfer.InProgress {
+			saysWhy(t, d, h, p)
 			return p
 		}
 	}
 	t.Fatal("READ did not end")
 	return 0
+}
+
+// saysWhy checks the rule that every READ this plane fails says why
+// (plane.Explainer), whatever failed it.
+func saysWhy(t testing.TB, d xfer.DataTransport, h xfer.Handle, p xfer.Progress) {
+	t.Helper()
+	td, ok := d.(*TCPData)
+	if !ok {
+		return
+	}
+	why := tcpPlane{td}.FailedWhy(h)
+	switch {
+	case p == xfer.Failed && why == nil:
+		t.Errorf("READ %d failed, and the plane does not say why", h)
+	case p != xfer.Failed && why != nil:
+		t.Errorf("READ %d is %v, yet the plane says why it failed: %v", h, p, why)
+	}
 }
 
 // The producer serves only what its gates grant; a refusal is a failed

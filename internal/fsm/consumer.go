@@ -10,6 +10,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/ecxfer/ecxfer/internal/plane"
 	"github.com/ecxfer/ecxfer/internal/wireview"
 	"github.com/ecxfer/ecxfer/internal/wirext"
 	"github.com/ecxfer/ecxfer/wire"
@@ -299,6 +300,9 @@ func (x *ConsumerXfer) pollReading(now time.Time) {
 			x.state = Done
 		}
 	case p == xfer.Failed:
+		if e, ok := plane.As[plane.Explainer](x.data); ok {
+			x.cause = e.FailedWhy(x.handle)
+		}
 		x.releaseEnded()
 		x.state, x.reason = ReadFailed, xfer.ReadError
 	case now.After(x.deadline):
@@ -314,9 +318,7 @@ func (x *ConsumerXfer) pollQuarantined(now time.Time) {
 			x.state = Settled
 			return
 		}
-		if err != nil {
-			x.lastCheck = err
-		}
+		x.lastCheck = err // nil: the last check could not tell, without an error
 	}
 	if now.After(x.deadline) {
 		// Assume the data plane is stuck. The blocks are handed back, but

@@ -224,6 +224,13 @@ type Stoppable interface {
 	StopsReads() bool
 }
 
+// Explainer is a data plane that says why a READ failed: asked once Check
+// said Failed, and before the handle's Release, FailedWhy returns the
+// error that ended it, or nil where it does not know.
+type Explainer interface {
+	FailedWhy(h xfer.Handle) error
+}
+
 // adapters are the data planes' packages' ways to the interfaces of this
 // package, each registered in its package's init: the planes' own types
 // keep no method for them in their public API.

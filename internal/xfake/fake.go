@@ -396,6 +396,17 @@ func (f *Fake) Check(h xfer.Handle) (xfer.Progress, error) {
 	return r.progress, nil
 }
 
+// FailedWhy says why a READ Check said Failed (plane.Explainer).
+func (f *Fake) FailedWhy(h xfer.Handle) error {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	r, ok := f.xfers[h]
+	if !ok || r.progress != xfer.Failed {
+		return nil
+	}
+	return fmt.Errorf("%w: READ %d failed", ErrInjected, h)
+}
+
 // endLocked ends a READ: on success the bytes are copied and the
 // notification delivered to the producer.
 func (f *Fake) endLocked(r *read, p xfer.Progress) {

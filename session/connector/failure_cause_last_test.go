@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/ecxfer/ecxfer/internal/wirext"
+	"github.com/ecxfer/ecxfer/internal/xfake"
 	"github.com/ecxfer/ecxfer/wire"
 	"github.com/ecxfer/ecxfer/xfer"
 )
@@ -42,6 +43,9 @@ func TestSingleAttemptNamesNoEarlierAttempt(t *testing.T) {
 	w.fetch(t, "H", time.Minute)
 	r := w.until(t, time.Millisecond, 10, func(r Results) bool { return len(r.Failed) > 0 })
 	h := pick(r.Failed, "H")
+	if len(h) != 1 {
+		t.Fatalf("H: %+v", r)
+	}
 	if strings.Contains(h[0].Err.Error(), "earlier attempt") {
 		t.Errorf("one attempt made, yet Err names an earlier one")
 	}
@@ -82,8 +86,9 @@ func TestConnectNamesItsLatestTry(t *testing.T) {
 	if sc.n < 3 {
 		t.Fatalf("the script did not run: %d sends", sc.n)
 	}
-	if errors.Is(err, errClosed) || !errors.Is(err, wire.NackNotReady) || !errors.Is(err, context.DeadlineExceeded) {
-		t.Errorf("Connect's error %q, want ctx's naming the later try's NACK_NOT_READY, not the earlier death", err)
+	if err == nil || errors.Is(err, errClosed) || !errors.Is(err, context.DeadlineExceeded) ||
+		!strings.Contains(err.Error(), wire.NackNotReady.Error()) || strings.Contains(err.Error(), errClosed.Error()) {
+		t.Errorf("Connect's error %q, want ctx's, naming the later try's NACK_NOT_READY, not the earlier death", err)
 	}
 }
 
@@ -129,4 +134,56 @@ func TestCancelNamesTheEarlierAttemptEitherWay(t *testing.T) {
 			checkNames(t, f, xfer.Canceled, wire.NackNotReady)
 		})
 	}
+}
+
+// nackThenRead: H is NACKed (not ready), then its retry's READ is posted
+// and never ends (unstoppable): a READ in flight of a second attempt.
+func nackThenRead(t *testing.T, budget time.Duration) *world {
+	t.Helper()
+	w := nackThenRetryDue(t, budget)
+	w.cache.MarkReady("H")
+	w.cdata.QueueOutcomes(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
+	for i := 0; i < 20 && len(w.cdata.Posts()) == 0; i++ {
+		w.step(time.Millisecond)
+	}
+	if len(w.cdata.Posts()) != 1 {
+		t.Fatal("no READ posted")
+	}
+	return w
+}
+
+// What ends a retry's READ in flight (held: it may still write) names the
+// earlier attempt's NACK too.
+func TestEndOfARetrysReadNamesTheEarlierAttempt(t *testing.T) {
+	t.Run("deadline", func(t *testing.T) {
+		w := nackThenRead(t, 100*time.Millisecond)
+		var h []Failure
+		for i := 0; i < 200 && len(h) == 0; i++ {
+			h = pick(w.stepOnly(time.Millisecond).Failed, "H")
+		}
+		if len(h) != 1 || !h[0].BlocksHeld {
+			t.Fatalf("H: %+v", h)
+		}
+		checkNames(t, h[0], xfer.DeadlineExceeded, wire.NackNotReady)
+	})
+	t.Run("silence", func(t *testing.T) {
+		w := nackThenRead(t, time.Minute)
+		w.ctl.dead = append(w.ctl.dead, xfer.Death{Addr: addr, Err: errSilent})
+		h := pick(w.stepOnly(time.Millisecond).Failed, "H")
+		if len(h) != 1 || !h[0].BlocksHeld {
+			t.Fatalf("H: %+v", h)
+		}
+		checkNames(t, h[0], xfer.PeerDown, xfer.ErrPeerSilent, wire.NackNotReady)
+	})
+	t.Run("cancel", func(t *testing.T) {
+		w := nackThenRead(t, time.Minute)
+		f, err := w.pool.Cancel("H", w.now)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !f.BlocksHeld {
+			t.Fatalf("H: %+v", f)
+		}
+		checkNames(t, f, xfer.Canceled, wire.NackNotReady)
+	})
 }

@@ -443,11 +443,9 @@ type connecter interface {
 	Connect(ctx context.Context, addr string) error
 }
 
-// Connect steps the pool until addr is in contact, so that the first fetch
-// pays no set-up (nil at once for vLLM's); outcomes come in the next Step.
-// Errors: ErrContactRefused, xfer.RegisterFailed, xfer.BadAck (an answer
-// that cannot be read), ctx's (naming what an earlier try met, if
-// anything), the control plane's.
+// Connect steps until addr is in contact, so the first fetch pays no set-up
+// (nil at once for vLLM's); outcomes come in the next Step. Errors:
+// ErrContactRefused, xfer.RegisterFailed or BadAck, ctx's, ControlClient's.
 func (p *Pool) Connect(ctx context.Context, addr string) error {
 	if p.closed {
 		return ErrClosed
@@ -466,7 +464,8 @@ func (p *Pool) Connect(ctx context.Context, addr string) error {
 		if last == nil {
 			return ctx.Err()
 		}
-		return fmt.Errorf("connector: contact with %s: %w; an earlier try: %w", addr, ctx.Err(), last)
+		// %v: the error is ctx's, whatever an earlier try met.
+		return fmt.Errorf("connector: contact with %s: %w; an earlier try: %v", addr, ctx.Err(), last)
 	}
 	for agent == "" {
 		if ctx.Err() != nil {
@@ -1003,7 +1002,7 @@ func (p *Pool) giveBack(mmHash string) {
 }
 
 // FetchEntry is Fetch into blocks it allocates in Cache for size bytes; a
-// cached entry completes at the next Step. Failed blocks go back by themselves.
+// cached entry completes at the next Step. Failed blocks go back to Cache.
 // Do not Remove, Discard or Retire the entry meanwhile. Errors: Fetch's,
 // ErrBadConfig (no Cache or BlockSize), cache.ErrNoSpace or ErrTooLarge.
 func (p *Pool) FetchEntry(addr, mmHash string, size int, deadline, now time.Time) (joined bool, err error) {
@@ -1124,9 +1123,7 @@ func (p *Pool) end(f *fetch, why xfer.Reason, cause error, now time.Time) {
 		p.fail(f.mmHash, why, wire.OK, cause, false)
 		return
 	}
-	if cause == nil {
-		f.endCause = lastCause(f)
-	} else {
+	if cause != nil { // else the outcome names the earlier attempt, as any does (apply)
 		f.endCause = withLast(f, cause)
 	}
 	if err := hooks.ConsumerOf(f.pe.s).End(f.mmHash, now, why); err != nil {
