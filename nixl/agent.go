@@ -12,6 +12,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"math"
 	"os"
@@ -101,6 +102,10 @@ type touchReq struct {
 	peer string
 }
 
+// errPeerGoneBeforePost is why a READ whose producer was removed before
+// its post failed.
+var errPeerGoneBeforePost = fmt.Errorf("nixl: the producer was removed before the READ was posted: %w", xfer.ErrUnknownPeer)
+
 // req is a READ; ended says Check saw it end, so Release need not ask
 // NIXL again.
 type req struct {
@@ -111,8 +116,9 @@ type req struct {
 
 	// Async READs: queued until the progress goroutine posts them.
 	phase    postPhase
-	released bool // released before its post returned
-	refused  bool // NIXL refused its post: no request
+	released bool  // released before its post returned
+	refused  bool  // NIXL refused its post: no request
+	why      error // why it was refused before NIXL saw it, if it was
 	ids      []C.int32_t
 	agent    string
 	notif    []byte
@@ -1129,8 +1135,17 @@ func (a *Agent) postQueued() (did, ended bool) {
 		a.mu.Unlock()
 		var st int
 		var h C.cnixl_handle
+		var why error
 		if !live || p.failed != nil || p.name == "" {
 			st = int(C.CNIXL_ERR_NOT_FOUND) // its peer is gone, or did not load
+			switch {
+			case !live:
+				why = errPeerGoneBeforePost
+			case p.failed != nil:
+				why = fmt.Errorf("nixl: the producer's metadata did not load: %w", p.failed)
+			default:
+				why = errors.New("nixl: the producer's metadata had not loaded")
+			}
 		} else {
 			st, h = a.postLocked(r.ids, p.name, r.notif)
 		}
@@ -1138,7 +1153,7 @@ func (a *Agent) postQueued() (did, ended bool) {
 		r.phase, r.ids, r.notif = posted, nil, nil
 		switch {
 		case st < 0: // refused: nothing runs, and there is no request
-			r.ended, r.seen, r.st, r.refused = true, true, st, true
+			r.ended, r.seen, r.st, r.refused, r.why = true, true, st, true, why
 			ended = true
 		case st == C.CNIXL_SUCCESS:
 			r.ch, r.ended, r.seen, r.st = h, true, true, st
@@ -1205,6 +1220,8 @@ func (a *Agent) failedWhy(h xfer.Handle) error {
 	switch {
 	case !ok || !r.ended:
 		return nil
+	case r.why != nil:
+		return r.why
 	case r.refused:
 		return statusErr("post", r.st)
 	}

@@ -1567,8 +1567,8 @@ func (l *guardListener) handshake(c net.Conn, local bool) {
 	victim, ok := l.admitLocked(g, !local)
 	if !ok {
 		l.mu.Unlock()
+		l.shed() // counted before the close: whoever sees it closed sees it counted
 		g.Close()
-		l.shed()
 		return
 	}
 	g.onClose = func() {
@@ -1579,8 +1579,8 @@ func (l *guardListener) handshake(c net.Conn, local bool) {
 	l.addLocked(g)
 	l.mu.Unlock()
 	if victim != nil {
-		victim.Close() // its reader's error makes zmq4 forget it
 		l.shed()
+		victim.Close() // its reader's error makes zmq4 forget it
 	}
 	select {
 	case l.ready <- g:

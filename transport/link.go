@@ -38,7 +38,7 @@ type link struct {
 	frame   []byte // under wmu
 }
 
-var errReleased = errors.New("transport: READ released while landing")
+var errReleased = errors.New("transport: a READ before it on the connection was released while landing")
 
 func (l *link) writer() {
 	defer l.p.d.wg.Done()
@@ -108,7 +108,11 @@ func (l *link) send(op *readOp, buf []byte) []byte {
 			level = slog.LevelDebug
 		}
 		l.p.d.log.Log(context.Background(), level, "ec data: cannot reach producer", "peer", l.p.name, "addr", l.p.addr, "err", err)
-		op.fail(fmt.Errorf("transport: cannot reach the producer at %s: %w", l.p.addr, err))
+		if errors.Is(err, xfer.ErrClosed) || l.p.stopped() {
+			op.fail(errStopped)
+		} else {
+			op.fail(fmt.Errorf("transport: cannot reach the producer at %s: %w", l.p.addr, err))
+		}
 		return buf
 	}
 	buf = appendRead(buf[:0], op.id, op.notif, op.n, op.remote, op.resend)
@@ -502,12 +506,14 @@ func (l *link) answer(c net.Conn, r frameReader, done func(id uint64) error) err
 		op.fail(err)
 		return err
 	case op.claimFrom(l, opSent):
+		// Once every byte is in, the producer's notification goes before
+		// the READ is seen done, so that a consumer that then drops the
+		// producer (or closes) does not lose it.
 		err := l.landBytes(r, op)
-		if err == nil {
-			// Every byte is in: the producer's notification goes before
-			// the READ is seen done, so that a consumer that then drops
-			// the producer (or closes) does not lose it.
-			err = done(id)
+		if err != nil {
+			err = fmt.Errorf("transport: reading its answer: %w", err)
+		} else if err = done(id); err != nil {
+			err = fmt.Errorf("transport: writing its done: %w", err)
 		}
 		op.land(err)
 		if err != nil {

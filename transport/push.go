@@ -380,6 +380,8 @@ func (l *link) takePush(r frameReader) error {
 			if unsent {
 				p.sendNotes([][]byte{op.notif})
 			}
+		} else {
+			err = fmt.Errorf("transport: reading its push: %w", err)
 		}
 		op.land(err)
 		if err == nil && !unsent {

@@ -122,6 +122,7 @@ func (fab *Fabric) lookup(name string) *Fake {
 type read struct {
 	release  func() // the producer's authorization hold, while served
 	refused  bool   // the producer's authorizer refused it
+	why      error  // why it failed (FailedWhy)
 	post     Post
 	out      Outcome
 	checks   int
@@ -404,8 +405,14 @@ func (f *Fake) FailedWhy(h xfer.Handle) error {
 	if !ok || r.progress != xfer.Failed {
 		return nil
 	}
-	return fmt.Errorf("%w: READ %d failed", ErrInjected, h)
+	return r.why
 }
+
+// Why the fake fails READs, beside ErrInjected (a scripted failure).
+var (
+	errRefused      = errors.New("xfake: the producer refused the READ")
+	errProducerGone = errors.New("xfake: the producer is closed")
+)
 
 // endLocked ends a READ: on success the bytes are copied and the
 // notification delivered to the producer.
@@ -413,11 +420,15 @@ func (f *Fake) endLocked(r *read, p xfer.Progress) {
 	r.progress = p
 	defer r.unserve()
 	if p != xfer.Complete {
+		r.why = fmt.Errorf("%w: READ %d failed", ErrInjected, r.post.Handle)
+		if r.refused {
+			r.why = errRefused
+		}
 		return
 	}
 	if t := r.target; t != nil && t != f {
 		if t.closed { // the producer is gone: nothing to read
-			r.progress = xfer.Failed
+			r.progress, r.why = xfer.Failed, errProducerGone
 			return
 		}
 		for i, rb := range r.post.Remote {
