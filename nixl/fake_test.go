@@ -482,7 +482,7 @@ func TestAsyncPeerLoad(t *testing.T) {
 }
 
 // By default a load that fails ends the READs queued behind it
-// Failed, and PostRead refuses later ones with xfer.ErrUnknownPeer,
+// Failed, saying why, and PostRead refuses later ones with xfer.ErrUnknownPeer,
 // naming the cause; registering the metadata again loads it again.
 func TestAsyncPeerLoadFails(t *testing.T) {
 	c, _ := newAgent(t, variants[0], 8, 64, Config{})
@@ -501,6 +501,9 @@ func TestAsyncPeerLoadFails(t *testing.T) {
 	}
 	if pg := waitEnded(t, c, h); pg != xfer.Failed {
 		t.Fatalf("READ behind a failed load: %v", pg)
+	}
+	if why := c.failedWhy(h); !errors.Is(why, errRemoteDisconnect) { // the load's failure, not a post refusal
+		t.Errorf("the failed READ says %v, not the failed load", why)
 	}
 	if err := c.Release(h); err != nil {
 		t.Fatal(err)

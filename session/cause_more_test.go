@@ -58,29 +58,28 @@ func TestCloseOfAnUnstoppableReadNamesWhy(t *testing.T) {
 }
 
 // A READ released at the quarantine deadline without being seen ended
-// (Forced) says why: the data plane's Release error, or its last Check's.
+// (Forced) says why: the data plane's Release error, and its last Check's
+// where that failed.
 func TestForcedReleaseNamesWhy(t *testing.T) {
 	for _, tc := range []struct {
 		name string
 		out  xfake.Outcome
+		also error // the last Check's, beside xfer.ErrMayStillWrite
 	}{
-		{"release refused", xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true}},
-		{"check failing", xfake.Outcome{Kind: xfake.CheckError, Unstoppable: true}},
+		{"release refused", xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true}, nil},
+		{"check failing", xfake.Outcome{Kind: xfake.CheckError, Unstoppable: true}, xfake.ErrInjected},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			co := newConsumer(t)
 			co.data.SetOutcome(tc.out)
 			mustStart(t, co.c, "H", []int{1}, at(time.Second))
 			co.poll(at(time.Millisecond), co.ok("H", 1))
-			var r Results
-			for i := 2; i < 200 && len(r.Released) == 0; i++ {
-				r = co.poll(at(time.Duration(i) * time.Second))
-			}
+			r := co.untilReleased()
 			if len(r.Released) != 1 || !r.Released[0].Forced {
 				t.Fatalf("released %+v, want one Forced", r.Released)
 			}
-			if err := r.Released[0].Err; !errors.Is(err, xfer.ErrMayStillWrite) {
-				t.Fatalf("forced release's Err %v, want one naming xfer.ErrMayStillWrite", err)
+			if err := r.Released[0].Err; !errors.Is(err, xfer.ErrMayStillWrite) || tc.also != nil && !errors.Is(err, tc.also) {
+				t.Fatalf("forced release's Err %v, want one naming xfer.ErrMayStillWrite and %v", err, tc.also)
 			}
 		})
 	}

@@ -25,23 +25,32 @@ func (n stuckSays) Release(h xfer.Handle) error {
 	return nil
 }
 
-func newStuckSays(t *testing.T) *consumerOnly {
+// newConsumerOver is newConsumer whose session sees its fake through
+// wrap (a data plane that answers some calls its own way).
+func newConsumerOver(t *testing.T, wrap func(*xfake.Fake) xfer.DataTransport) *consumerOnly {
 	t.Helper()
 	fab := xfake.NewFabric()
 	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
-	var err error
-	co.c, err = NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, stuckSays{co.data}, compat)
-	if err != nil {
-		t.Fatal(err)
-	}
+	co.c = must(NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, wrap(co.data), compat))
 	return co
+}
+
+// untilReleased polls co once a second of the test's clock, from +2 s,
+// until a Step hands out a Released (or 400 s pass), and returns that
+// Step's results.
+func (co *consumerOnly) untilReleased() Results {
+	var r Results
+	for i := 2; i < 400 && len(r.Released) == 0; i++ {
+		r = co.poll(at(time.Duration(i) * time.Second))
+	}
+	return r
 }
 
 // A READ a Cancel could not stop (stoppable plane, Release refused) is
 // quarantined loose; Close then releases it Forced, naming what the data
 // plane said.
 func TestCloseOfALooseQuarantinedReadNamesThePlane(t *testing.T) {
-	co := newStuckSays(t)
+	co := newConsumerOver(t, func(f *xfake.Fake) xfer.DataTransport { return stuckSays{f} })
 	co.data.SetStopsReads(true)
 	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
 	mustStart(t, co.c, "H", []int{1}, at(40*time.Second))
@@ -70,7 +79,7 @@ func TestCloseOfALooseQuarantinedReadNamesThePlane(t *testing.T) {
 func TestMayStillWriteTextOnce(t *testing.T) {
 	for _, route := range []string{"close", "quarantine deadline"} {
 		t.Run(route, func(t *testing.T) {
-			co := newStuckSays(t)
+			co := newConsumerOver(t, func(f *xfake.Fake) xfer.DataTransport { return stuckSays{f} })
 			co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
 			mustStart(t, co.c, "H", []int{1}, at(time.Second))
 			co.poll(at(time.Millisecond), co.ok("H", 1))
@@ -79,9 +88,7 @@ func TestMayStillWriteTextOnce(t *testing.T) {
 				co.c.Close()
 				co.c.TakeResults(&r)
 			} else {
-				for i := 2; i < 200 && len(r.Released) == 0; i++ {
-					r = co.poll(at(time.Duration(i) * time.Second))
-				}
+				r = co.untilReleased()
 			}
 			if len(r.Released) != 1 || r.Released[0].Err == nil {
 				t.Fatalf("%+v", r)
@@ -91,25 +98,6 @@ func TestMayStillWriteTextOnce(t *testing.T) {
 				t.Errorf("%q says %q %d times", s, xfer.ErrMayStillWrite, n)
 			}
 		})
-	}
-}
-
-// A quarantined READ whose Checks fail, forced out at the deadline, names
-// the last Check's error beside the Release's.
-func TestForcedAfterCheckErrorsNamesTheCheck(t *testing.T) {
-	co := newConsumer(t)
-	co.data.SetOutcome(xfake.Outcome{Kind: xfake.CheckError, Unstoppable: true})
-	mustStart(t, co.c, "H", []int{1}, at(time.Second))
-	co.poll(at(time.Millisecond), co.ok("H", 1))
-	var r Results
-	for i := 2; i < 200 && len(r.Released) == 0; i++ {
-		r = co.poll(at(time.Duration(i) * time.Second))
-	}
-	if len(r.Released) != 1 || !r.Released[0].Forced {
-		t.Fatalf("%+v", r)
-	}
-	if !errors.Is(r.Released[0].Err, xfake.ErrInjected) {
-		t.Errorf("forced release names only the Release's error, not the Check's")
 	}
 }
 
@@ -133,21 +121,12 @@ func (o failsTwice) Check(h xfer.Handle) (xfer.Progress, error) {
 // failed: one that failed long ago, followed by many that could only say
 // in progress, is not "its last check".
 func TestForcedReleaseNamesNoStaleCheck(t *testing.T) {
-	fab := xfake.NewFabric()
-	co := &consumerOnly{data: fab.New("cons", 64, 16), prod: fab.New("prod", 64, 16), out: &queue{}}
 	n := 0
-	var err error
-	co.c, err = NewConsumerSession(ConsumerConfig{Logger: quiet}, co.out, failsTwice{co.data, &n}, compat)
-	if err != nil {
-		t.Fatal(err)
-	}
+	co := newConsumerOver(t, func(f *xfake.Fake) xfer.DataTransport { return failsTwice{f, &n} })
 	co.data.SetOutcome(xfake.Outcome{Kind: xfake.Stuck, Unstoppable: true})
 	mustStart(t, co.c, "H", []int{1}, at(time.Second))
 	co.poll(at(time.Millisecond), co.ok("H", 1))
-	var r Results
-	for i := 2; i < 400 && len(r.Released) == 0; i++ {
-		r = co.poll(at(time.Duration(i) * time.Second))
-	}
+	r := co.untilReleased()
 	if len(r.Released) != 1 || !r.Released[0].Forced || r.Released[0].Err == nil || n < 5 {
 		t.Fatalf("%d checks, %+v", n, r)
 	}

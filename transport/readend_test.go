@@ -225,12 +225,16 @@ func TestCloseCutsADialShort(t *testing.T) {
 	}
 }
 
-func closeCutsADialShort(t *testing.T, contact bool) {
+// silentAddr returns the address of a listener that accepts nothing and
+// whose accept queue is full, so that a dial to it hangs (SYNs dropped);
+// it skips where the kernel accepts beyond the queue.
+func silentAddr(t *testing.T) string {
+	t.Helper()
 	fd, err := syscall.Socket(syscall.AF_INET, syscall.SOCK_STREAM, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer syscall.Close(fd)
+	t.Cleanup(func() { syscall.Close(fd) })
 	if err := syscall.Bind(fd, &syscall.SockaddrInet4{Addr: [4]byte{127, 0, 0, 1}}); err != nil {
 		t.Fatal(err)
 	}
@@ -239,13 +243,18 @@ func closeCutsADialShort(t *testing.T, contact bool) {
 	addr := fmt.Sprintf("127.0.0.1:%d", sa.(*syscall.SockaddrInet4).Port)
 	for range 4 { // fill the accept queue
 		if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
-			defer c.Close()
+			t.Cleanup(func() { c.Close() })
 		}
 	}
 	if c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond); err == nil {
 		c.Close()
-		t.Skip("this kernel accepts beyond the queue: nothing to cut short")
+		t.Skip("this kernel accepts beyond the queue: no dial hangs")
 	}
+	return addr
+}
+
+func closeCutsADialShort(t *testing.T, contact bool) {
+	addr := silentAddr(t)
 	cr := newRegion(t, 8, 64)
 	c, err := NewTCPData(TCPConfig{Logger: quiet, DialTimeout: time.Minute}, cr)
 	if err != nil {

@@ -854,11 +854,7 @@ func (p *Pool) release(o session.Outcome, forced bool) {
 			p.log.Warn("ec consumer: cache entry of a forced release not retired", "mm_hash", o.MMHash, "err", err)
 		}
 	}
-	r := Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced}
-	if forced {
-		r.Err = o.Err
-	}
-	p.res.Released = append(p.res.Released, r)
+	p.res.Released = append(p.res.Released, Released{MMHash: o.MMHash, Blocks: o.Blocks, Forced: forced, Err: o.Err})
 }
 
 // current returns the fetch an outcome of pe's belongs to, or nil if the
@@ -1115,12 +1111,7 @@ func (p *Pool) end(f *fetch, why xfer.Reason, cause error, now time.Time) {
 	if !f.retryAt.IsZero() || f.pe == nil {
 		// Nothing of it runs: it fails here, naming what ended it and
 		// what its last attempt met.
-		if cause == nil {
-			cause = lastCause(f)
-		} else {
-			cause = withLast(f, cause)
-		}
-		p.fail(f.mmHash, why, wire.OK, cause, false)
+		p.fail(f.mmHash, why, wire.OK, withLast(f, cause), false)
 		return
 	}
 	if cause != nil { // else the outcome names the earlier attempt, as any does (apply)
