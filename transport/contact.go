@@ -83,6 +83,20 @@ func (h clientHooks) WaitOr(ctx context.Context, ready <-chan struct{}, timeout 
 	return h.c.waitOr(ctx, ready, timeout)
 }
 
+// WaitOwn implements plane.OwnWaiter (see Client.waitOwn).
+func (h clientHooks) WaitOwn(ctx context.Context, ready <-chan struct{}, d time.Duration) (woke, ok bool) {
+	return h.c.waitOwn(ctx, ready, d)
+}
+
+// Interrupt implements plane.OwnWaiter.
+func (h clientHooks) Interrupt() { h.c.steps.interrupt() }
+
+// OnSignal implements plane.SignalHooked.
+func (c tcpPlane) OnSignal(f func()) (remove func()) { return c.d.onSignal(f) }
+
+// Pushes implements plane.SignalHooked: a producer may push.
+func (c tcpPlane) Pushes() bool { return c.d.pushPeers.Load() > 0 }
+
 // tcpPlane is a TCPData's side of the plumbing between a session and its
 // data plane (package internal/plane).
 type tcpPlane struct{ d *TCPData }
@@ -98,6 +112,8 @@ var (
 	_ plane.Stepped           = tcpPlane{}
 	_ plane.Waiter            = tcpPlane{}
 	_ plane.Serving           = tcpPlane{}
+	_ plane.SignalHooked      = tcpPlane{}
+	_ plane.OwnWaiter         = clientHooks{}
 )
 
 // Attach implements plane.Attacher (see TCPData.attach).

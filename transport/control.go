@@ -8,6 +8,7 @@ import (
 	"log"
 	"log/slog"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -34,18 +35,19 @@ type ControlStats struct {
 	Dropped                  uint64 // connections the guard closed (caps, silence, stalls, bad handshakes)
 	Accepted, Shed           uint64 // connections a server accepted; closed or refused at MaxConns or MaxConnsPerHost
 	SameHost, SameHostFailed uint64 // moves to a producer's same-host socket (server: hellos proven); offers, hellos refused
+	ReadInWait               uint64 // client: replies its waiting loop read itself, waking no other goroutine
 }
 
 type controlCounters struct {
 	received, sent, malformed, dropped, sendFails, accepted, shed atomic.Uint64
-	sameHost, sameHostFailed                                      atomic.Uint64
+	sameHost, sameHostFailed, readInWait                          atomic.Uint64
 	throttled                                                     atomic.Uint64 // a client's waits for Drain to make room (admit); tests
 }
 
 func (c *controlCounters) snapshot() ControlStats {
 	return ControlStats{Received: c.received.Load(), Sent: c.sent.Load(), Malformed: c.malformed.Load(),
 		SendFails: c.sendFails.Load(), Dropped: c.dropped.Load(), Accepted: c.accepted.Load(), Shed: c.shed.Load(),
-		SameHost: c.sameHost.Load(), SameHostFailed: c.sameHostFailed.Load()}
+		SameHost: c.sameHost.Load(), SameHostFailed: c.sameHostFailed.Load(), ReadInWait: c.readInWait.Load()}
 }
 
 // ---- server ----
@@ -444,15 +446,14 @@ func (s *Server) Close() error {
 
 // ClientConfig configures a Client. Zero fields take defaults.
 type ClientConfig struct {
-	MaxFrame                  int                        // largest frame, and bytes of one producer's replies waiting for Drain; default 64 MiB
-	ConnectTimeout            time.Duration              // default 8 s
-	HandshakeTimeout          time.Duration              // default 8 s
-	WriteTimeout              time.Duration              // a producer not reading for this long is cut off; default 5 s
-	PingInterval, PeerTimeout time.Duration              // defaults 2 s, 8 s: a producer silent for PeerTimeout is dead
-	MaxQueued                 int                        // requests queued per producer; default 1024
-	Allow                     func(hostport string) bool // producers that may be dialed (host:port, or an "ipc://" endpoint whole); nil: all. Set it if addresses come from requests
-	NoSameHost                bool                       // stay on TCP with Go producers on this host instead of moving to their Unix-domain socket
-	Logger                    *slog.Logger
+	MaxFrame                         int                        // largest frame, and bytes of one producer's replies waiting for Drain; default 64 MiB
+	ConnectTimeout, HandshakeTimeout time.Duration              // defaults 8 s, 8 s
+	WriteTimeout                     time.Duration              // a producer not reading for this long is cut off; default 5 s
+	PingInterval, PeerTimeout        time.Duration              // defaults 2 s, 8 s: a producer silent for PeerTimeout is dead
+	MaxQueued                        int                        // requests queued per producer; default 1024
+	Allow                            func(hostport string) bool // producers that may be dialed (host:port, or an "ipc://" endpoint whole); nil: all. Set it if addresses come from requests
+	NoSameHost                       bool                       // stay on TCP with Go producers on this host instead of moving to their Unix-domain socket
+	Logger                           *slog.Logger
 }
 
 // Client is the consumer's control plane: a DEALER per producer address.
@@ -476,6 +477,7 @@ type Client struct {
 
 	steps stepReads
 	got   []inbound // what Drain's reads took, under steps.mu
+	obuf  []byte    // the owner's own wait's reads (waitOwn)
 }
 
 // NewClient returns a client.
@@ -500,6 +502,7 @@ func NewClient(cfg ClientConfig) *Client {
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
 	c.gcfg.steps = &c.steps
+	c.steps.ownWait = true
 	return c
 }
 
@@ -737,6 +740,102 @@ func (c *Client) waitOr(ctx context.Context, ready <-chan struct{}, timeout <-ch
 	}
 }
 
+// waitOwn is waitOr for a loop that waits between its steps, when one
+// connection is busy (stepReads.mine): the waiting goroutine reads it
+// itself, in Go's poller, until a message came whole, d passed (d < 0:
+// no limit), ctx ended (false), or anything else is for the loop: a
+// reply on another connection, a death, Close, or the data plane's
+// signal, whose hook calls interrupt (ready is checked only before the
+// read). ok false: there is no such connection, and nothing was waited.
+func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Duration) (woke, ok bool) {
+	c.mu.Lock()
+	n, closed := len(c.queue)+len(c.dead), c.closed
+	c.mu.Unlock()
+	switch {
+	case n > 0:
+		return true, true
+	case closed:
+		return false, false
+	}
+	st := &c.steps
+	g := st.holdOwn()
+	if g == nil {
+		return false, false
+	}
+	defer st.waitedOwn()
+	var dl time.Time
+	if d >= 0 {
+		dl = time.Now().Add(d)
+	}
+	st.imu.Lock()
+	st.reading = g
+	g.Conn.SetReadDeadline(dl)
+	st.imu.Unlock()
+	defer func() {
+		st.imu.Lock()
+		st.reading = nil
+		g.Conn.SetReadDeadline(time.Time{})
+		st.imu.Unlock()
+	}()
+	if ctx.Done() != nil {
+		defer context.AfterFunc(ctx, st.interrupt)()
+	}
+	// What came before the read could be interrupted.
+	if c.pending() {
+		return true, true
+	}
+	select {
+	case <-ready:
+		return true, true
+	default:
+	}
+	if ctx.Err() != nil {
+		return false, true
+	}
+	if c.obuf == nil {
+		c.obuf = make([]byte, 16<<10)
+	}
+	for {
+		n, err := g.Conn.Read(c.obuf)
+		if st.afterRead != nil {
+			st.afterRead(g)
+		}
+		if n > 0 {
+			g.received(n)
+			g.smu.Lock()
+			g.empty = 0
+			g.sink = g.cfg.own
+			was := g.sunk
+			ferr := g.feed(c.obuf[:n])
+			delivered, big := g.sunk != was, len(g.in) > readChunk
+			g.smu.Unlock()
+			if ferr != nil || big {
+				st.coolMine(g) // its goroutine sees the same, or reads the frame
+				return true, true
+			}
+			if delivered {
+				return true, true
+			}
+		}
+		switch {
+		case err == nil:
+			continue // a command, or part of a message
+		case errors.Is(err, os.ErrDeadlineExceeded):
+			return ctx.Err() == nil, true
+		default:
+			st.coolMine(g) // its goroutine sees the same, and reports it
+			return true, true
+		}
+	}
+}
+
+// pending says whether a payload or a death waits for the loop.
+func (c *Client) pending() bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.queue)+len(c.dead) > 0
+}
+
 // Dead appends the producers declared dead since the last call, and why.
 func (c *Client) Dead(dst []xfer.Death) []xfer.Death {
 	c.mu.Lock()
@@ -778,6 +877,7 @@ func (c *Client) Close() error {
 	peers := c.peers
 	c.peers = map[string]*dealer{}
 	c.mu.Unlock()
+	c.steps.interrupt()
 	for _, d := range peers {
 		d.shutdown()
 	}
@@ -833,6 +933,7 @@ func (d *dealer) die(err error) {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
+	d.c.steps.interrupt()
 	d.shutdown()
 }
 
@@ -941,6 +1042,26 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 	case d.c.wake <- struct{}{}:
 	default:
 	}
+	d.c.steps.interrupt()
+	return true
+}
+
+// ownDeliver is deliver for the owner's own wait, which reads only while
+// nothing waits for Drain and returns with what it read: a reply is
+// counted as admitted without waiting for room (the wait read at most a
+// buffer's worth).
+func (d *dealer) ownDeliver(g *guardConn, frames [][]byte) bool {
+	if len(frames) != 2 || len(frames[0]) != 0 {
+		d.c.stats.malformed.Add(1)
+		return true
+	}
+	d.queued.Add(1)
+	d.queuedBytes.Add(int64(len(frames[1])))
+	d.c.stats.readInWait.Add(1)
+	d.c.mu.Lock()
+	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
+	d.c.mu.Unlock()
+	d.answered(g)
 	return true
 }
 
@@ -1102,7 +1223,7 @@ func (d *dealer) dropLocal() {
 // connection and error: stopped before or while dialing.
 func (d *dealer) dial(gcfg guardConfig, e endpoint, name string, sockp *zmq4.Socket, connp *net.Conn) (*guardConn, error) {
 	gcfg.stop = d.stop
-	gcfg.deliver, gcfg.take, gcfg.maxOut = d.deliver, d.take, d.c.cfg.MaxQueued
+	gcfg.deliver, gcfg.take, gcfg.own, gcfg.maxOut = d.deliver, d.take, d.ownDeliver, d.c.cfg.MaxQueued
 	gcfg.track = func(c net.Conn) {
 		d.sockM.Lock()
 		defer d.sockM.Unlock()

@@ -98,6 +98,9 @@ type guardConfig struct {
 	// take the messages they read, as deliver does for the goroutine's.
 	steps *stepReads
 	take  func(g *guardConn, frames [][]byte) bool
+	// own, on a client, takes what the owner's wait read itself (see
+	// stepReads.mine): queued as deliver does, without waiting for room.
+	own func(g *guardConn, frames [][]byte) bool
 }
 
 // spawn runs f on a goroutine of the owner's group; false once the group
@@ -250,6 +253,7 @@ type guardConn struct {
 	hot      atomic.Bool   // Drains read the socket; the goroutine waits on cool
 	cool     chan struct{} // wakes the goroutine when it is no longer hot
 	empty    int           // Drains in a row that found nothing, under smu
+	sunk     uint64        // messages handed to sink, under smu
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -573,11 +577,14 @@ func (g *guardConn) messages(hl int) error {
 			continue
 		}
 		n, err := g.Conn.Read(buf)
+		delivered := false
 		if n > 0 {
 			g.received(n)
 			g.smu.Lock()
 			g.sink = g.cfg.deliver
+			was := g.sunk
 			ferr := g.feed(buf[:n])
+			delivered = g.sunk != was
 			g.smu.Unlock()
 			if ferr != nil {
 				return ferr
@@ -586,7 +593,7 @@ func (g *guardConn) messages(hl int) error {
 		if err != nil {
 			return err
 		}
-		if st := g.cfg.steps; st != nil {
+		if st := g.cfg.steps; st != nil && !(delivered && st.ownWait && g.cfg.own != nil && st.heatOwn(g)) {
 			st.heat(g)
 		}
 	}
@@ -668,6 +675,7 @@ func (g *guardConn) feed(p []byte) error {
 		}
 		g.inFrames = append(g.inFrames, body)
 		if flags&flagMore == 0 {
+			g.sunk++
 			ok := g.sink(g, g.inFrames)
 			clear(g.inFrames)
 			g.inFrames = g.inFrames[:0]

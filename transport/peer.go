@@ -80,6 +80,7 @@ func newPeer(d *TCPData, m agentMeta, key string) *peer {
 	}
 	if m.Push && p.sh == nil && d.cfg.PushBuffer > 0 {
 		p.push = newStage(d.cfg.PushBuffer)
+		d.pushPeers.Add(1)
 	}
 	for i := range d.cfg.Conns {
 		l := &link{p: p, first: i == 0}
@@ -243,6 +244,7 @@ func (p *peer) shutdown(err error) {
 		}
 		if p.push != nil {
 			p.push.shutdown()
+			p.d.pushPeers.Add(-1)
 		}
 		if p.sh != nil {
 			// No reader starts after the loop above (connect checks stop

@@ -40,6 +40,7 @@ type quietConn struct {
 	raw      syscall.RawConn
 	fd       int // the duplicate while detached, else -1
 	detached atomic.Bool
+	stayIn   atomic.Bool // tryRead leaves it in the poller: its owner waits on it
 	closed   bool
 	rdl, wdl time.Time // the deadlines, set again on attach
 	laddr    net.Addr
@@ -155,7 +156,7 @@ var errNothing = errors.New("transport: nothing to read")
 // it has nothing. It is the hot reader's (a Drain's), so it takes the
 // connection out of Go's poller first.
 func (q *quietConn) tryRead(p []byte) (int, error) {
-	if !q.detached.Load() {
+	if !q.detached.Load() && !q.stayIn.Load() {
 		q.detach()
 	}
 	q.rmu.Lock()

@@ -65,6 +65,32 @@ type stepReads struct {
 	// patience replaces coolAfter where set: tests whose connections must
 	// stay hot on a machine that may pause a goroutine that long.
 	patience atomic.Int64
+
+	// The owner's own wait (a Client's; ownWait). A loop that waits
+	// between its steps keeps one hot connection, mine, across its waits,
+	// and reads it itself while it waits (Client.waitOwn), in Go's poller:
+	// the reply wakes the goroutine that waits for it, where a hand-off
+	// from the connection's goroutine wakes a second thread. mine is
+	// heated by its goroutine as it delivers to a loop that waits
+	// (heatOwn), and cooled as any hot connection is, but never while the
+	// waiter reads it. What else should end that wait interrupts its read
+	// (interrupt): reading is the connection it reads, under imu.
+	ownWait bool
+	mine    *guardConn // under mu
+	ownBusy bool       // under mu: a waiter holds mine (holdOwn to waitedOwn)
+	// asked: holdOwn found no mine, and the wait that follows is a loop's
+	// that would read one (wantsOwn, from hold); only such a wait is
+	// given one. A loop that waits as before keeps it from being heated
+	// for a wait that would only cool it again.
+	asked, wantsOwn bool       // under mu
+	coolOwn         bool       // under mu: mine is to be cooled once its waiter is done
+	imu             sync.Mutex // taken after mu, before the connection's own locks
+	reading         *guardConn
+	// waitedAt is when the last wait ended (monoNow): mine is taken out of
+	// the poller by a Drain coolAfter later, its owner stepping without
+	// waiting.
+	waitedAt  atomic.Int64
+	afterRead func(g *guardConn) // tests: runs as each of the waiter's reads returns
 }
 
 // after is coolAfter, or the patience a test set; longest, stepsAtMost
@@ -144,20 +170,120 @@ func (st *stepReads) wait() (done func()) {
 // hold is wait, for a caller that calls waited itself.
 func (st *stepReads) hold() {
 	st.mu.Lock()
+	st.wantsOwn, st.asked = st.asked, false
 	st.waiters++
 	st.drains.Store(0)
 	st.coolAllLocked()
 	st.mu.Unlock()
 }
 
-func (st *stepReads) coolAllLocked() {
+// holdOwn is hold for a waiter that reads mine itself: every other hot
+// connection is cooled. nil, and nothing held: there is no mine, or
+// someone else waits.
+func (st *stepReads) holdOwn() *guardConn {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	g := st.mine
+	if g == nil || st.waiters > 0 {
+		st.asked = true
+		return nil
+	}
+	st.waiters++
+	st.ownBusy = true
+	st.drains.Store(0)
+	st.coolAllBut(g)
+	return g
+}
+
+// waitedOwn ends holdOwn's wait: mine is cooled now if someone asked
+// while the waiter read it.
+func (st *stepReads) waitedOwn() {
+	st.mu.Lock()
+	st.ownBusy = false
+	if st.coolOwn {
+		st.coolOwn = false
+		st.coolAllBut(nil) // mine is all that is hot: holdOwn cooled the rest
+	}
+	st.mu.Unlock()
+	st.waited()
+}
+
+func (st *stepReads) coolAllLocked() { st.coolAllBut(nil) }
+
+// coolAllBut cools every hot connection but keep (nil: all). Mine, while
+// its waiter reads it, is kept too, cooled when the waiter is done
+// (waitedOwn): two readers at once could hand its messages on out of
+// order.
+func (st *stepReads) coolAllBut(keep *guardConn) {
+	if st.ownBusy && keep == nil && st.mine != nil {
+		keep = st.mine
+		st.coolOwn = true
+		st.interrupt()
+	}
+	kept := false
 	for _, c := range st.hot {
+		if keep != nil && c == stepConn(keep) {
+			kept = true
+			continue
+		}
 		cool(c)
 	}
 	clear(st.hot)
 	st.hot = st.hot[:0]
+	if kept {
+		st.hot = append(st.hot, keep)
+	} else {
+		st.mine = nil
+	}
 	st.pushing.Store(false) // the timer fires once more, and disarms
 }
+
+// coolMine cools g, the waiter's, if it is still mine: its goroutine
+// reads on (a large frame, a failed socket) once the waiter stops.
+func (st *stepReads) coolMine(g *guardConn) {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.mine != g {
+		return
+	}
+	st.mine = nil
+	for i, c := range st.hot {
+		if c == stepConn(g) {
+			st.hot = append(st.hot[:i], st.hot[i+1:]...)
+			st.hot = st.hot[:len(st.hot):len(st.hot)]
+			break
+		}
+	}
+	cool(g)
+}
+
+// heatOwn makes g mine, hot, if its owner waits now with nothing hot:
+// called by g's goroutine just after it delivered to that waiter, which
+// the delivery wakes. The waiter's next wait reads g itself.
+func (st *stepReads) heatOwn(g *guardConn) bool {
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if st.waiters == 0 || !st.wantsOwn || len(st.hot) > 0 || st.mine != nil || !g.setHot(true) {
+		return false
+	}
+	g.Conn.(*quietConn).stayIn.Store(true) // the waiter reads it in the poller
+	st.hot = append(st.hot, g)
+	st.mine = g
+	return true // the timer is armed once the wait ends (waited)
+}
+
+// interrupt ends the waiter's read of mine, if one runs: something else
+// is for the loop.
+func (st *stepReads) interrupt() {
+	st.imu.Lock()
+	if g := st.reading; g != nil {
+		g.Conn.SetReadDeadline(longAgo)
+	}
+	st.imu.Unlock()
+}
+
+// longAgo is a deadline already passed.
+var longAgo = time.Unix(1, 0)
 
 // check cools everything if no Drain ran for coolAfter; the timer's.
 func (st *stepReads) check() {
@@ -165,6 +291,13 @@ func (st *stepReads) check() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	since := time.Duration(monoNow() - st.last.Load())
+	if st.waiters > 0 {
+		// The owner waits: anything still hot is the waiter's to read
+		// (mine); waited arms the timer again.
+		st.armed = false
+		st.pushing.Store(false)
+		return
+	}
 	if since >= st.after() {
 		st.coolAllLocked()
 	}
@@ -176,9 +309,27 @@ func (st *stepReads) check() {
 }
 
 func (st *stepReads) waited() {
+	st.waitedAt.Store(monoNow())
 	st.mu.Lock()
 	st.waiters--
+	if st.waiters == 0 && len(st.hot) > 0 {
+		st.armLocked() // mine, kept over the wait: cooled if no Drain follows
+		st.pushing.Store(true)
+	}
 	st.mu.Unlock()
+}
+
+// armLocked arms the timer that checks that Drain still runs.
+func (st *stepReads) armLocked() {
+	if st.armed {
+		return
+	}
+	st.armed = true
+	if st.timer == nil {
+		st.timer = time.AfterFunc(st.after(), st.check)
+	} else {
+		st.timer.Reset(st.after())
+	}
 }
 
 // heat makes c hot if its owner is stepped; called by c's goroutine,
@@ -194,14 +345,7 @@ func (st *stepReads) heat(c stepConn) {
 		return
 	}
 	st.hot = append(st.hot, c)
-	if !st.armed {
-		st.armed = true
-		if st.timer == nil {
-			st.timer = time.AfterFunc(after, st.check)
-		} else {
-			st.timer.Reset(after)
-		}
-	}
+	st.armLocked()
 	st.pushing.Store(true)
 }
 
@@ -230,6 +374,9 @@ func (g *guardConn) setHot(on bool) bool {
 	}
 	g.hot.Store(on)
 	g.empty = 0
+	if q, ok := g.Conn.(*quietConn); ok && !on {
+		q.stayIn.Store(false)
+	}
 	return true
 }
 
@@ -253,12 +400,23 @@ func (st *stepReads) readLocked() {
 	if st.buf == nil {
 		st.buf = make([]byte, 16<<10)
 	}
+	if st.mine != nil && monoNow()-st.waitedAt.Load() > int64(st.after()) {
+		// Stepped, not waited on: out of the poller like the others.
+		st.mine.Conn.(*quietConn).stayIn.Store(false)
+	}
 	keep := st.hot[:0]
 	for _, c := range st.hot {
+		if st.ownBusy && c == stepConn(st.mine) {
+			keep = append(keep, c) // its waiter reads it
+			continue
+		}
 		if c.readNow(st.buf) {
 			keep = append(keep, c)
 		} else {
 			cool(c)
+			if c == stepConn(st.mine) {
+				st.mine = nil
+			}
 		}
 	}
 	clear(st.hot[len(keep):])

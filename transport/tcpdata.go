@@ -144,7 +144,10 @@ type TCPData struct {
 	wg     sync.WaitGroup
 	ready  chan struct{} // a READ ended or notifications wait, for a producer's loop
 	cready chan struct{} // the same, for a Pool's: neither takes the other's
-	sready chan struct{} // notifications wait, for Serve's
+	hooks  hookSet       // called where cready is sent (plane.SignalHooked)
+	// pushPeers counts the producers whose pushes this consumer takes.
+	pushPeers atomic.Int32
+	sready    chan struct{} // notifications wait, for Serve's
 
 	mu      sync.Mutex
 	closed  bool
@@ -470,6 +473,7 @@ func (d *TCPData) signal() {
 	case d.cready <- struct{}{}:
 	default:
 	}
+	d.hooks.call()
 }
 
 // notify wakes the loops waiting on the plane, Serve's too: notifications
@@ -526,3 +530,47 @@ func (d *TCPData) Close() error {
 	d.mu.Unlock()
 	return nil
 }
+
+// hookSet is a set of functions called on an event, read without a lock.
+type hookSet struct {
+	mu sync.Mutex
+	fs atomic.Pointer[[]*func()]
+}
+
+// add adds f until remove is called.
+func (h *hookSet) add(f func()) (remove func()) {
+	p := &f
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	old := h.load()
+	nw := append(append(make([]*func(), 0, len(old)+1), old...), p)
+	h.fs.Store(&nw)
+	return func() {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		var kept []*func()
+		for _, q := range h.load() {
+			if q != p {
+				kept = append(kept, q)
+			}
+		}
+		h.fs.Store(&kept)
+	}
+}
+
+func (h *hookSet) load() []*func() {
+	if p := h.fs.Load(); p != nil {
+		return *p
+	}
+	return nil
+}
+
+// call calls each function.
+func (h *hookSet) call() {
+	for _, f := range h.load() {
+		(*f)()
+	}
+}
+
+// onSignal adds f to the functions called where a Pool's channel is sent.
+func (d *TCPData) onSignal(f func()) (remove func()) { return d.hooks.add(f) }

@@ -178,6 +178,28 @@ type ConsumerSignaling interface {
 	ConsumerReady() <-chan struct{}
 }
 
+// SignalHooked is a ConsumerSignaling data plane that also calls a
+// function wherever it sends on ConsumerReady's channel, so that a loop
+// that waits on something else than that channel hears it (OwnWaiter).
+// f must not block; remove stops the calls. Pushes says whether a
+// READ's bytes may come pushed behind its ack, landed by a goroutine of
+// the plane's: a loop that read the ack itself would post the READ before
+// its push came, and the producer would answer it as well.
+type SignalHooked interface {
+	OnSignal(f func()) (remove func())
+	Pushes() bool
+}
+
+// OwnWaiter is a control plane whose waiting loop can read its one busy
+// connection itself (*transport.Client): WaitOwn is a wait of at most d
+// (negative: no limit) that checks ready only as it starts, so a loop
+// uses it only where ready is nil or its plane's signal calls Interrupt
+// (SignalHooked). ok false: it did not wait, and the loop waits as usual.
+type OwnWaiter interface {
+	WaitOwn(ctx context.Context, ready <-chan struct{}, d time.Duration) (woke, ok bool)
+	Interrupt()
+}
+
 // Waiter is a data plane that reads some of its sockets in its loop's
 // steps (DrainNotifs, Stepped's Step), and must know when the loop waits
 // instead: Waiting is called before the loop blocks, and the function it

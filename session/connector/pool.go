@@ -282,10 +282,16 @@ type Pool struct {
 	// the last trim, and the most fetches since the map was made.
 	lately, fetchesMade int
 
-	ready    <-chan struct{} // the data plane's, if it signals (plane.Signaling)
-	stepped  plane.Stepped   // the data plane's, if it reads in the step
-	waiter   plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
-	lastStep time.Time       // the now of the last Step
+	ready   <-chan struct{} // the data plane's, if it signals (plane.Signaling)
+	stepped plane.Stepped   // the data plane's, if it reads in the step
+	waiter  plane.Waiter    // the data plane's, told when WaitFor blocks, if it has one
+	// own is the control plane's, where WaitFor may read its busy
+	// connection itself: the data plane signals nothing, or calls
+	// own.Interrupt where it does (unhook stops that, at Close).
+	own      plane.OwnWaiter
+	hooked   plane.SignalHooked // the data plane, if own hears it through a hook
+	unhook   func()
+	lastStep time.Time // the now of the last Step
 	// nextDeadline is at or before the earliest deadline of the fetches
 	// in flight (zero: none): endOverdue looks at them only once it passed.
 	nextDeadline time.Time
@@ -333,6 +339,13 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 	}
 	p.stepped, _ = plane.As[plane.Stepped](data)
 	p.waiter, _ = plane.As[plane.Waiter](data)
+	if own, ok := plane.As[plane.OwnWaiter](ctl); ok {
+		if p.ready == nil {
+			p.own = own
+		} else if sh, ok := plane.As[plane.SignalHooked](data); ok {
+			p.own, p.hooked, p.unhook = own, sh, sh.OnSignal(own.Interrupt)
+		}
+	}
 	p.stats.FailedBy = FailureCounts{}
 	return p, nil
 }
@@ -1231,6 +1244,11 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 			wait = max(0, due.Sub(p.lastStep))
 		}
 		if wait < 0 {
+			if p.ownWait() {
+				if woke, ok := p.own.WaitOwn(ctx, p.ready, -1); ok {
+					return woke
+				}
+			}
 			return p.ctl.Wait(ctx)
 		}
 	}
@@ -1243,6 +1261,13 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 	}
 	if !p.nextDeadline.IsZero() {
 		wait = min(wait, max(0, p.nextDeadline.Sub(p.lastStep)))
+	}
+	if wait >= preciseBelow && p.ownWait() {
+		// Its busy connection read by this goroutine: a reply wakes no
+		// other.
+		if woke, ok := p.own.WaitOwn(ctx, p.ready, wait); ok {
+			return woke
+		}
 	}
 	if wo, ok := plane.As[waiterOr](p.ctl); ok {
 		// No goroutine, no context: the loop may wait thousands of times
@@ -1295,6 +1320,12 @@ func (p *Pool) WaitFor(ctx context.Context, d time.Duration) bool {
 		return true
 	}
 	return ctx.Err() == nil
+}
+
+// ownWait says whether WaitFor may read its busy connection itself: not
+// where a READ's bytes may come pushed (plane.SignalHooked).
+func (p *Pool) ownWait() bool {
+	return p.own != nil && (p.hooked == nil || !p.hooked.Pushes())
 }
 
 // waiterOr is a control plane that can wait on a data plane's signal and a
@@ -1358,6 +1389,9 @@ func (p *Pool) Close() error {
 	if p.ptimer != nil {
 		p.ptimer.Close()
 		p.ptimer = nil
+	}
+	if p.unhook != nil {
+		p.unhook()
 	}
 	p.publish()
 	return nil

@@ -1,0 +1,324 @@
+package transport
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/ecxfer/ecxfer/xfer"
+)
+
+// mineOf makes the connection to ep the one c's waiting loop reads itself
+// (stepReads.mine): its goroutine hands it over as it delivers a reply to
+// a loop that waits. ep echoes.
+func mineOf(t testing.TB, c *Client, ep string) *guardConn {
+	t.Helper()
+	var g *guardConn
+	poll(t, 10*time.Second, "a connection the waiting loop reads", func() bool {
+		woke := make(chan struct{})
+		go func() {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			defer cancel()
+			if _, ok := c.waitOwn(ctx, nil, time.Second); !ok { // as a Pool waits
+				c.Wait(ctx)
+			}
+			close(woke)
+		}()
+		if err := c.Send(ep, []byte("mine?")); err != nil {
+			t.Fatal(err)
+		}
+		<-woke
+		c.Drain(nil)
+		c.steps.mu.Lock()
+		g = c.steps.mine
+		c.steps.mu.Unlock()
+		return g != nil
+	})
+	return g
+}
+
+// ownWaiting starts c.waitOwn on a goroutine once its read is under way,
+// and returns what it returns.
+func ownWaiting(t testing.TB, c *Client, ctx context.Context, ready <-chan struct{}, d time.Duration) <-chan [2]bool {
+	t.Helper()
+	out := make(chan [2]bool, 1)
+	go func() {
+		woke, ok := c.waitOwn(ctx, ready, d)
+		out <- [2]bool{woke, ok}
+	}()
+	poll(t, 10*time.Second, "the waiter's read", func() bool {
+		c.steps.imu.Lock()
+		g := c.steps.reading
+		c.steps.imu.Unlock()
+		if g == nil {
+			return false
+		}
+		q := g.Conn.(*quietConn)
+		if q.rmu.TryLock() { // not in its read yet
+			q.rmu.Unlock()
+			return false
+		}
+		return true
+	})
+	return out
+}
+
+// ended returns what the wait returned, failing if it runs on for 10 s.
+func ended(t testing.TB, what string, out <-chan [2]bool) (woke bool) {
+	t.Helper()
+	select {
+	case r := <-out:
+		if !r[1] {
+			t.Fatalf("%s: the wait did not read its connection", what)
+		}
+		return r[0]
+	case <-time.After(10 * time.Second):
+		t.Fatalf("%s did not end the waiter's own read", what)
+	}
+	return false
+}
+
+// Whatever else is for the loop ends a wait that reads its connection
+// itself: a reply or a death on another connection, the data plane's
+// signal (through its hook), a token on ready, the context, the wait's
+// own limit, a wait on the same client beside it, Close; and a reply on
+// its own connection. After each, the connection still answers.
+func TestOwnWaitEnds(t *testing.T) {
+	s1, s2 := newServer(t, ServerConfig{}), newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s1, stop)
+	echo(t, s2, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true})
+	ep1, ep2 := s1.Endpoint(), s2.Endpoint()
+	clientConn(t, c, ep2)
+	d, err := NewTCPData(TCPConfig{Logger: quiet}, newRegion(t, 8, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	defer tcpPlane{d}.OnSignal(clientHooks{c}.Interrupt)()
+	still := func(what string) {
+		t.Helper()
+		c.Drain(nil)
+		if err := c.Send(ep1, []byte("still")); err != nil {
+			t.Fatalf("after %s: %v", what, err)
+		}
+		waitInbound(t, c, 1, 10*time.Second)
+	}
+	bg := context.Background()
+	for _, tc := range []struct {
+		name string
+		wake func() // nil: the reply on the waiter's own connection
+		ctx  func() (context.Context, func())
+		d    time.Duration
+		want bool
+	}{
+		{name: "its own reply", wake: func() { c.Send(ep1, []byte("own")) }, want: true},
+		{name: "another producer's reply", wake: func() { c.Send(ep2, []byte("other")) }, want: true},
+		{name: "the data plane's signal", wake: d.signal, want: true},
+		{name: "the limit", d: 20 * time.Millisecond, want: true},
+		{name: "the context", ctx: func() (context.Context, func()) {
+			ctx, cancel := context.WithCancel(bg)
+			return ctx, cancel
+		}, want: false},
+		{name: "a wait beside it", wake: func() {
+			go func() {
+				ctx, cancel := context.WithTimeout(bg, 50*time.Millisecond)
+				defer cancel()
+				c.Wait(ctx)
+			}()
+		}, want: true},
+	} {
+		mineOf(t, c, ep1)
+		ctx, cancel := bg, func() {}
+		if tc.ctx != nil {
+			ctx, cancel = tc.ctx()
+		}
+		limit := tc.d
+		if limit == 0 {
+			limit = -1
+		}
+		start := time.Now()
+		out := ownWaiting(t, c, ctx, nil, limit)
+		if tc.wake != nil {
+			tc.wake()
+		} else {
+			cancel()
+		}
+		if woke := ended(t, tc.name, out); woke != tc.want {
+			t.Fatalf("%s: the wait returned %v", tc.name, woke)
+		}
+		if tc.d > 0 && time.Since(start) < tc.d {
+			t.Fatalf("%s: returned after %v", tc.name, time.Since(start))
+		}
+		cancel()
+		still(tc.name)
+	}
+
+	// A token on ready ends it before it reads.
+	mineOf(t, c, ep1)
+	ready := make(chan struct{}, 1)
+	ready <- struct{}{}
+	if woke, ok := c.waitOwn(bg, ready, -1); !woke || !ok {
+		t.Fatalf("with ready signalled: %v, %v", woke, ok)
+	}
+
+	// A death on another connection.
+	mineOf(t, c, ep1)
+	out := ownWaiting(t, c, bg, nil, -1)
+	s2.Close()
+	ended(t, "another producer's death", out)
+	if dead := c.Dead(nil); len(dead) != 1 || dead[0].Addr != ep2 {
+		t.Fatalf("dead: %v", dead)
+	}
+	still("a death")
+
+	// Close.
+	mineOf(t, c, ep1)
+	out = ownWaiting(t, c, bg, nil, -1)
+	c.Close()
+	select {
+	case <-out:
+	case <-time.After(10 * time.Second):
+		t.Fatal("Close did not end the waiter's own read")
+	}
+}
+
+// A connection's replies reach Drain in order, none lost, whoever reads
+// them: its goroutine, a Drain, or a waiting loop's own read; with the
+// readers changing hands as the loop waits one way or the other, and a
+// second goroutine waiting and draining beside it now and then.
+func TestOwnWaitKeepsOrder(t *testing.T) {
+	s := newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{})
+	ep := s.Endpoint()
+	const n, window = 20000, 8
+	var mu sync.Mutex // Drain and the check, in one order
+	got := 0
+	var failed error
+	drain := func(in []xfer.Inbound) []xfer.Inbound {
+		mu.Lock()
+		defer mu.Unlock()
+		in = c.Drain(in[:0])
+		for _, m := range in {
+			want := append([]byte("re:"), seq(got)...)
+			if string(m.Payload) != string(want) && failed == nil {
+				failed = fmt.Errorf("reply %d came where %d was due", binary.BigEndian.Uint64(m.Payload[3:]), got)
+			}
+			got++
+		}
+		return in
+	}
+	count := func() int {
+		mu.Lock()
+		defer mu.Unlock()
+		if failed != nil {
+			t.Fatal(failed)
+		}
+		return got
+	}
+	besideStop := make(chan struct{})
+	besideDone := make(chan struct{})
+	go func() { // beside the loop
+		defer close(besideDone)
+		var in []xfer.Inbound
+		for {
+			select {
+			case <-besideStop:
+				return
+			default:
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Microsecond)
+			c.Wait(ctx)
+			cancel()
+			in = drain(in)
+			time.Sleep(time.Millisecond) // now and then: the loop's waits are the most
+		}
+	}()
+	defer func() { close(besideStop); <-besideDone }()
+	rng := rand.New(rand.NewPCG(1, 2))
+	sent := 0
+	var in []xfer.Inbound
+	deadline := time.Now().Add(60 * time.Second)
+	used := func() bool {
+		st := c.Stats()
+		return st.ReadInWait > 0 && c.steps.taken.Load() > 0 && st.ReadInWait+c.steps.taken.Load() < st.Received
+	}
+	for count() < n || !used() {
+		for ; sent-count() < window; sent++ {
+			if err := c.Send(ep, seq(sent)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Millisecond)
+		switch rng.IntN(4) {
+		case 0:
+			c.Wait(ctx)
+		case 1: // steps without waiting
+		default:
+			c.waitOwn(ctx, nil, time.Duration(rng.IntN(3))*time.Millisecond)
+		}
+		cancel()
+		in = drain(in)
+		if time.Now().After(deadline) {
+			st := c.Stats()
+			t.Fatalf("%d replies of %d sent; read by the waiter %d, in Drain %d, of %d: want each reader used",
+				count(), sent, st.ReadInWait, c.steps.taken.Load(), st.Received)
+		}
+	}
+	st := c.Stats()
+	t.Logf("%d replies: read by the waiter %d, in Drain %d", st.Received, st.ReadInWait, c.steps.taken.Load())
+}
+
+// While the waiting loop reads its connection, no one else does: a Drain
+// beside it skips it, and a wait beside it, which hands every hot
+// connection back to its goroutine, leaves this one to the waiter until
+// it is done, its read's bytes handed on (else its goroutine could read
+// and hand on what came after them first).
+func TestOwnWaitOneReader(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour}) // no PING or PONG ends the read
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	g := mineOf(t, c, ep)
+	var cooled []bool
+	c.steps.afterRead = func(g *guardConn) { cooled = append(cooled, !g.hot.Load()) }
+	out := ownWaiting(t, c, context.Background(), nil, -1)
+	// A Drain beside it leaves the connection to the waiter.
+	drained := make(chan struct{})
+	go func() { c.Drain(nil); close(drained) }()
+	select {
+	case <-drained:
+	case <-time.After(5 * time.Second):
+		t.Fatal("a Drain beside the waiter waits for its read")
+	}
+	c.steps.hold() // a wait beside it
+	if woke := ended(t, "a wait beside it", out); !woke {
+		t.Fatal("the wait returned false")
+	}
+	if len(cooled) == 0 || slices.Contains(cooled, true) {
+		t.Fatalf("handed back to its goroutine while the waiter read it (after each read: %v)", cooled)
+	}
+	if g.hot.Load() {
+		t.Fatal("still hot once its waiter was done: no one reads it for the wait beside")
+	}
+	c.steps.waited()
+	c.steps.afterRead = nil
+	c.Drain(nil)
+	if err := c.Send(ep, []byte("after")); err != nil {
+		t.Fatal(err)
+	}
+	waitInbound(t, c, 1, 10*time.Second)
+}
