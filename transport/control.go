@@ -762,21 +762,17 @@ func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Dura
 	if g == nil {
 		return false, false
 	}
+	// Deferred in this order: the read's deadline is gone before
+	// waitedOwn hands the connection back to its goroutine, if it does.
 	defer st.waitedOwn()
 	var dl time.Time
 	if d >= 0 {
 		dl = time.Now().Add(d)
 	}
-	st.imu.Lock()
-	st.reading = g
-	g.Conn.SetReadDeadline(dl)
-	st.imu.Unlock()
-	defer func() {
-		st.imu.Lock()
-		st.reading = nil
-		g.Conn.SetReadDeadline(time.Time{})
-		st.imu.Unlock()
-	}()
+	if !st.startReading(g, dl) {
+		return true, true // interrupted before the read began
+	}
+	defer st.stopReading(g)
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, st.interrupt)()
 	}
@@ -810,7 +806,7 @@ func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Dura
 			delivered, big := g.sunk != was, len(g.in) > readChunk
 			g.smu.Unlock()
 			if ferr != nil || big {
-				st.coolMine(g) // its goroutine sees the same, or reads the frame
+				st.handBack() // its goroutine sees the same, or reads the frame
 				return true, true
 			}
 			if delivered {
@@ -823,7 +819,7 @@ func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Dura
 		case errors.Is(err, os.ErrDeadlineExceeded):
 			return ctx.Err() == nil, true
 		default:
-			st.coolMine(g) // its goroutine sees the same, and reports it
+			st.handBack() // its goroutine sees the same, and reports it
 			return true, true
 		}
 	}
@@ -1020,6 +1016,9 @@ func (d *dealer) take(g *guardConn, frames [][]byte) bool {
 		return true
 	}
 	d.c.steps.taken.Add(1)
+	if g == d.c.steps.mine { // under steps.mu, as Drain's reads are
+		d.c.steps.misses.Store(0)
+	}
 	d.c.got = append(d.c.got, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
 	d.answered(g)
 	return true
@@ -1037,6 +1036,7 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 	d.c.mu.Lock()
 	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
 	d.c.mu.Unlock()
+	g.sunk++
 	d.answered(g) // only once queued: a reply waiting for room holds the move
 	select {
 	case d.c.wake <- struct{}{}:
@@ -1061,7 +1061,13 @@ func (d *dealer) ownDeliver(g *guardConn, frames [][]byte) bool {
 	d.c.mu.Lock()
 	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
 	d.c.mu.Unlock()
+	g.sunk++
+	d.c.steps.misses.Store(0)
 	d.answered(g)
+	select { // for a wait beside the loop's
+	case d.c.wake <- struct{}{}:
+	default:
+	}
 	return true
 }
 

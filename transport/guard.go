@@ -253,7 +253,7 @@ type guardConn struct {
 	hot      atomic.Bool   // Drains read the socket; the goroutine waits on cool
 	cool     chan struct{} // wakes the goroutine when it is no longer hot
 	empty    int           // Drains in a row that found nothing, under smu
-	sunk     uint64        // messages handed to sink, under smu
+	sunk     uint64        // messages a client's sink queued for Drain, under smu
 
 	closeOnce sync.Once
 	done      chan struct{}
@@ -675,7 +675,6 @@ func (g *guardConn) feed(p []byte) error {
 		}
 		g.inFrames = append(g.inFrames, body)
 		if flags&flagMore == 0 {
-			g.sunk++
 			ok := g.sink(g, g.inFrames)
 			clear(g.inFrames)
 			g.inFrames = g.inFrames[:0]

@@ -1,10 +1,13 @@
 package transport
 
 import (
+	"bytes"
 	"context"
 	"encoding/binary"
 	"fmt"
+	"io"
 	"math/rand/v2"
+	"net"
 	"slices"
 	"sync"
 	"testing"
@@ -38,6 +41,12 @@ func mineOf(t testing.TB, c *Client, ep string) *guardConn {
 		g = c.steps.mine
 		c.steps.mu.Unlock()
 		return g != nil
+	})
+	// Every request answered and drained: no late reply ends a wait.
+	poll(t, 10*time.Second, "every reply", func() bool {
+		c.Drain(nil)
+		st := c.Stats()
+		return st.Received == st.Sent
 	})
 	return g
 }
@@ -321,4 +330,343 @@ func TestOwnWaitOneReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitInbound(t, c, 1, 10*time.Second)
+}
+
+// A large frame the waiter cannot hold goes back to the connection's
+// goroutine with no deadline of the wait left on the socket, however late
+// the wait's own clean-up runs and whatever interrupted it: a deadline
+// left there would fail the goroutine's read and declare a healthy
+// producer dead.
+func TestOwnWaitHandsBackWithoutItsDeadline(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	defer close(stop)
+	big := bytes.Repeat([]byte("B"), 300<<10)
+	serve(s, stop, func(p []byte) []byte {
+		if string(p) == "big" {
+			return big
+		}
+		return append([]byte("re:"), p...)
+	})
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	mineOf(t, c, ep)
+	c.Drain(nil)
+	var once sync.Once
+	c.steps.afterRead = func(g *guardConn) {
+		if len(g.in) < readChunk-(16<<10) { // not yet the read that makes it large
+			return
+		}
+		once.Do(func() {
+			c.steps.interrupt() // another producer's reply, just then
+			c.steps.imu.Lock()  // the waiter slow to finish
+			go func() {
+				time.Sleep(300 * time.Millisecond)
+				c.steps.imu.Unlock()
+			}()
+		})
+	}
+	out := ownWaiting(t, c, context.Background(), nil, -1)
+	if err := c.Send(ep, []byte("big")); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, "the large reply", out)
+	c.steps.afterRead = nil
+	got := waitInbound(t, c, 1, 10*time.Second)
+	if dead := c.Dead(nil); len(dead) > 0 {
+		t.Fatalf("a healthy producer declared dead: %v", dead)
+	}
+	if len(got[0].Payload) != len(big) {
+		t.Fatalf("a reply of %d bytes", len(got[0].Payload))
+	}
+}
+
+// A reply the waiter reads and queues wakes a wait beside it, as one its
+// goroutine queues does; and a wait beside it that comes before the read
+// begins ends it as well as one that comes during the read.
+func TestOwnWaitWakesAWaitBeside(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	bg := context.Background()
+
+	mineOf(t, c, ep)
+	c.Drain(nil)
+	beside := make(chan bool, 1)
+	var once sync.Once
+	c.steps.afterRead = func(*guardConn) {
+		once.Do(func() { // read, not yet queued: a wait beside starts
+			go func() {
+				ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+				defer cancel()
+				beside <- c.Wait(ctx) && ctx.Err() == nil
+			}()
+			poll(t, 10*time.Second, "the wait beside", func() bool {
+				c.steps.mu.Lock()
+				defer c.steps.mu.Unlock()
+				return c.steps.waiters == 2
+			})
+		})
+	}
+	out := ownWaiting(t, c, bg, nil, -1)
+	if err := c.Send(ep, []byte("x")); err != nil {
+		t.Fatal(err)
+	}
+	ended(t, "the reply", out)
+	c.steps.afterRead = nil
+	if !<-beside {
+		t.Fatal("the wait beside slept to its limit with a reply queued")
+	}
+
+	for range 50 { // between holdOwn and the read
+		mineOf(t, c, ep)
+		c.Drain(nil)
+		out := make(chan bool, 1)
+		go func() {
+			ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+			defer cancel()
+			c.waitOwn(ctx, nil, -1)
+			out <- ctx.Err() == nil
+		}()
+		for end := time.Now().Add(10 * time.Second); ; { // no sleep: as soon as it is past
+			c.steps.mu.Lock()
+			busy := c.steps.ownBusy
+			c.steps.mu.Unlock()
+			if busy {
+				break
+			}
+			if time.Now().After(end) {
+				t.Fatal("the waiter never past holdOwn")
+			}
+		}
+		c.steps.hold()
+		if !<-out {
+			t.Fatal("a wait beside did not end the waiter's read")
+		}
+		c.steps.waited()
+	}
+}
+
+// An interrupt between holdOwn and the read is kept for the read: a wait
+// that began holds it, and its read never starts.
+func TestOwnWaitKeepsAnEarlyInterrupt(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	mineOf(t, c, ep)
+	st := &c.steps
+	g := st.holdOwn()
+	if g == nil {
+		t.Fatal("no connection of its own")
+	}
+	st.interrupt()
+	if st.startReading(g, time.Time{}) {
+		st.stopReading(g)
+		t.Fatal("the read began after an interrupt")
+	}
+	st.waitedOwn()
+	g = st.holdOwn() // a later wait starts clean
+	if !st.startReading(g, time.Time{}) {
+		t.Fatal("an interrupt of an earlier wait ended a later one")
+	}
+	st.stopReading(g)
+	st.waitedOwn()
+}
+
+// A loop that waits between its steps keeps its connection in the poller,
+// even after a spell of stepping without waiting took it out: each Drain
+// would take it out and each wait put it back.
+func TestOwnWaitStaysInThePoller(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	g := mineOf(t, c, ep)
+	q := g.Conn.(*quietConn)
+	for end := time.Now().Add(3 * coolAfter); time.Now().Before(end); time.Sleep(time.Millisecond) {
+		c.Drain(nil) // steps without waiting, an engine's step apart
+	}
+	if !q.detached.Load() {
+		t.Fatal("stepped without waiting, still in the poller")
+	}
+	for i := range 20 {
+		c.Send(ep, []byte("x"))
+		c.waitOwn(context.Background(), nil, time.Second)
+		c.Drain(nil)
+		c.steps.mu.Lock()
+		still := c.steps.mine == g
+		c.steps.mu.Unlock()
+		if still && q.detached.Load() {
+			t.Fatalf("round %d: out of the poller between a wait and the next", i)
+		}
+	}
+}
+
+// rawRouter is a producer's end that the test writes by hand: what reply
+// writes is framed as a ROUTER's reply (["", payload]), bare a single
+// frame, which the client counts as malformed.
+type rawRouter struct {
+	ep    string
+	write chan []byte
+}
+
+func newRawRouter(t testing.TB) *rawRouter {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ln.Close() })
+	r := &rawRouter{ep: "tcp://" + ln.Addr().String(), write: make(chan []byte, 64)}
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		defer c.Close()
+		c.Write(zmtpGreeting)
+		io.ReadFull(c, make([]byte, greetingLen))
+		ready := readyCommand()
+		copy(ready[len(ready)-6:], "ROUTER")
+		c.Write(ready)
+		go io.Copy(io.Discard, c)
+		for b := range r.write {
+			if _, err := c.Write(b); err != nil {
+				return
+			}
+		}
+	}()
+	t.Cleanup(func() { close(r.write) })
+	return r
+}
+
+func (r *rawRouter) reply(payload string) {
+	r.write <- append([]byte{flagMore, 0}, envelope(payload)[2:]...)
+}
+func (r *rawRouter) bare(payload string) {
+	r.write <- append([]byte{0, byte(len(payload))}, payload...)
+}
+
+// Only a message queued for the loop ends its wait or makes a connection
+// the waiter's: a malformed reply, dropped and counted, neither wakes the
+// loop nor leaves a connection that no one reads while it waits.
+func TestOwnWaitMalformedWakesNothing(t *testing.T) {
+	r := newRawRouter(t)
+	c := newClient(t, ClientConfig{PingInterval: time.Hour})
+	if err := c.Connect(context.Background(), r.ep); err != nil {
+		t.Fatal(err)
+	}
+	bg := context.Background()
+	malformed := func(n uint64) {
+		poll(t, 10*time.Second, "malformed replies counted", func() bool { return c.Stats().Malformed >= n })
+	}
+	// A wait as a Pool's, which finds no connection of its own.
+	if _, ok := c.waitOwn(bg, nil, 0); ok {
+		t.Fatal("a connection of its own before any reply")
+	}
+	woke := make(chan bool, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(bg, 10*time.Second)
+		defer cancel()
+		woke <- c.Wait(ctx) && ctx.Err() == nil
+	}()
+	poll(t, 10*time.Second, "the wait", func() bool {
+		c.steps.mu.Lock()
+		defer c.steps.mu.Unlock()
+		return c.steps.waiters == 1
+	})
+	r.bare("junk")
+	malformed(1)
+	c.steps.mu.Lock()
+	mine := c.steps.mine
+	c.steps.mu.Unlock()
+	if mine != nil {
+		t.Fatal("a malformed reply made its connection the waiter's")
+	}
+	r.reply("first")
+	if !<-woke {
+		t.Fatal("the reply did not wake the wait")
+	}
+	if got := c.Drain(nil); len(got) != 1 || string(got[0].Payload) != "first" {
+		t.Fatalf("drained %q", got)
+	}
+	var g *guardConn
+	poll(t, 10*time.Second, "the connection the waiter's", func() bool {
+		c.steps.mu.Lock()
+		defer c.steps.mu.Unlock()
+		g = c.steps.mine
+		return g != nil
+	})
+
+	out := ownWaiting(t, c, bg, nil, -1)
+	for range 5 {
+		r.bare("junk")
+	}
+	malformed(6)
+	select {
+	case <-out:
+		t.Fatal("malformed replies ended the wait")
+	default:
+	}
+	r.reply("second")
+	if !ended(t, "the reply", out) {
+		t.Fatal("the wait returned false")
+	}
+	if got := c.Drain(nil); len(got) != 1 || string(got[0].Payload) != "second" {
+		t.Fatalf("drained %q", got)
+	}
+}
+
+// The connection the loop reads itself follows the replies: once another
+// connection brought a few while it brought none (its producer went
+// quiet, or its replies moved to the same-host socket), it is handed
+// back, and the one that answers is read in the wait instead.
+func TestOwnWaitFollowsTheReplies(t *testing.T) {
+	s1, s2 := newServer(t, ServerConfig{}), newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s1, stop)
+	echo(t, s2, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true})
+	ep1, ep2 := s1.Endpoint(), s2.Endpoint()
+	clientConn(t, c, ep2)
+	g1 := mineOf(t, c, ep1)
+	bg := context.Background()
+	for i := range 20 {
+		if err := c.Send(ep2, []byte("other")); err != nil {
+			t.Fatal(err)
+		}
+		for !c.pending() {
+			if woke, ok := c.waitOwn(bg, nil, time.Second); !ok {
+				c.Wait(bg) // as a Pool waits
+			} else if !woke {
+				t.Fatal("the wait returned false")
+			}
+		}
+		c.Drain(nil)
+		c.steps.mu.Lock()
+		g := c.steps.mine
+		c.steps.mu.Unlock()
+		if g != nil && g != g1 {
+			before := c.Stats().ReadInWait
+			c.Send(ep2, []byte("read in the wait"))
+			if woke, ok := c.waitOwn(bg, nil, 10*time.Second); !woke || !ok || c.Stats().ReadInWait != before+1 {
+				t.Fatalf("the reply was not read in the wait (%v, %v)", woke, ok)
+			}
+			t.Logf("handed over after %d replies of the other producer", i+1)
+			return
+		}
+	}
+	t.Fatal("the connection whose producer stopped answering is still the waiter's")
 }

@@ -18,12 +18,16 @@ import (
 // (quietConn.detach, done by the first Drain that reads a hot connection,
 // in tryRead).
 //
-// So a connection is read by one of two readers, never both:
+// So a connection is read by one of three readers, never two at once:
 //
 //   - cold (at first): its goroutine, waiting in Go's poller, hands whole
 //     messages to the owner's queue, which Drain and Wait take from;
 //   - hot: Drain reads what the socket has, without waiting, and takes
-//     the messages itself; the goroutine waits to be cooled.
+//     the messages itself; the goroutine waits to be cooled;
+//   - hot and mine (a Client's, one at a time): Drain as above, and a
+//     loop's wait reads it too, in the poller (Client.waitOwn), where a
+//     hand-off from the goroutine would wake a second thread for each
+//     reply. A Drain skips it, and a cool waits, while that wait reads.
 //
 // The connections are the control plane's (a Server's or a Client's;
 // their Drain), a producer's served data connections that bring
@@ -79,13 +83,19 @@ type stepReads struct {
 	mine    *guardConn // under mu
 	ownBusy bool       // under mu: a waiter holds mine (holdOwn to waitedOwn)
 	// asked: holdOwn found no mine, and the wait that follows is a loop's
-	// that would read one (wantsOwn, from hold); only such a wait is
-	// given one. A loop that waits as before keeps it from being heated
-	// for a wait that would only cool it again.
+	// that would read one (wantsOwn, from hold, until the next hold);
+	// only such a loop is given one. A loop that waits as before is not:
+	// each of its waits would cool it again.
 	asked, wantsOwn bool       // under mu
 	coolOwn         bool       // under mu: mine is to be cooled once its waiter is done
 	imu             sync.Mutex // taken after mu, before the connection's own locks
 	reading         *guardConn
+	poked           bool // under imu: interrupted since holdOwn, before the read began
+	// misses counts messages other connections queued since mine last
+	// brought one: at ownMisses, mine is handed back, so that a producer
+	// whose replies moved (the same-host socket) or that went quiet does
+	// not keep the place of one that answers.
+	misses atomic.Int32
 	// waitedAt is when the last wait ended (monoNow): mine is taken out of
 	// the poller by a Drain coolAfter later, its owner stepping without
 	// waiting.
@@ -136,6 +146,7 @@ const (
 	// before its next step, for a heat and a cool per step and no read.
 	stepsAtMost = coolAfter / 4
 	idleDrains  = 1024
+	ownMisses   = 2
 	maxHot      = 32
 )
 
@@ -192,11 +203,46 @@ func (st *stepReads) holdOwn() *guardConn {
 	st.ownBusy = true
 	st.drains.Store(0)
 	st.coolAllBut(g)
+	g.Conn.(*quietConn).stayIn.Store(true) // waited on again: back in the poller
+	st.imu.Lock()
+	st.poked = false
+	st.imu.Unlock()
 	return g
 }
 
+// startReading notes that the waiter reads g until dl (zero: no limit),
+// so that interrupt can end the read; false: interrupted already, since
+// holdOwn.
+func (st *stepReads) startReading(g *guardConn, dl time.Time) bool {
+	st.imu.Lock()
+	defer st.imu.Unlock()
+	if st.poked {
+		return false
+	}
+	st.reading = g
+	g.Conn.SetReadDeadline(dl)
+	return true
+}
+
+// stopReading ends startReading: the deadline is gone before anyone else
+// may read g.
+func (st *stepReads) stopReading(g *guardConn) {
+	st.imu.Lock()
+	st.reading = nil
+	g.Conn.SetReadDeadline(time.Time{})
+	st.imu.Unlock()
+}
+
+// handBack asks for mine to go back to its goroutine once its waiter is
+// done (waitedOwn); the waiter's.
+func (st *stepReads) handBack() {
+	st.mu.Lock()
+	st.coolOwn = true
+	st.mu.Unlock()
+}
+
 // waitedOwn ends holdOwn's wait: mine is cooled now if someone asked
-// while the waiter read it.
+// while the waiter read it, or the waiter did (handBack).
 func (st *stepReads) waitedOwn() {
 	st.mu.Lock()
 	st.ownBusy = false
@@ -238,38 +284,37 @@ func (st *stepReads) coolAllBut(keep *guardConn) {
 	st.pushing.Store(false) // the timer fires once more, and disarms
 }
 
-// coolMine cools g, the waiter's, if it is still mine: its goroutine
-// reads on (a large frame, a failed socket) once the waiter stops.
-func (st *stepReads) coolMine(g *guardConn) {
-	st.mu.Lock()
-	defer st.mu.Unlock()
-	if st.mine != g {
-		return
-	}
-	st.mine = nil
-	for i, c := range st.hot {
-		if c == stepConn(g) {
-			st.hot = append(st.hot[:i], st.hot[i+1:]...)
-			st.hot = st.hot[:len(st.hot):len(st.hot)]
-			break
-		}
-	}
-	cool(g)
-}
-
-// heatOwn makes g mine, hot, if its owner waits now with nothing hot:
-// called by g's goroutine just after it delivered to that waiter, which
-// the delivery wakes. The waiter's next wait reads g itself.
+// heatOwn makes g mine, hot, if its owner's last wait would have read
+// one and nothing is hot: called by g's goroutine just after it queued a
+// message, which wakes that owner if it still waits. Its Drains read g
+// from then on, and its next wait reads g itself.
 func (st *stepReads) heatOwn(g *guardConn) bool {
 	st.mu.Lock()
 	defer st.mu.Unlock()
-	if st.waiters == 0 || !st.wantsOwn || len(st.hot) > 0 || st.mine != nil || !g.setHot(true) {
+	if st.mine != nil && st.mine != g {
+		if st.misses.Add(1) < ownMisses {
+			return false
+		}
+		if st.ownBusy {
+			st.coolOwn = true // its waiter, which this message woke, hands it back
+			return false
+		}
+		st.coolAllBut(nil)
+	}
+	// A wait under way is the one that asked, which the message wakes:
+	// with another beside it, that one would sleep with g unread.
+	if !st.wantsOwn || st.waiters > 1 || st.ownBusy || len(st.hot) > 0 || st.mine != nil || !g.setHot(true) {
 		return false
 	}
 	g.Conn.(*quietConn).stayIn.Store(true) // the waiter reads it in the poller
 	st.hot = append(st.hot, g)
 	st.mine = g
-	return true // the timer is armed once the wait ends (waited)
+	st.misses.Store(0)
+	if st.waiters == 0 { // else armed once the wait ends (waited)
+		st.armLocked()
+		st.pushing.Store(true)
+	}
+	return true
 }
 
 // interrupt ends the waiter's read of mine, if one runs: something else
@@ -278,6 +323,8 @@ func (st *stepReads) interrupt() {
 	st.imu.Lock()
 	if g := st.reading; g != nil {
 		g.Conn.SetReadDeadline(longAgo)
+	} else {
+		st.poked = true // for a waiter between holdOwn and its read
 	}
 	st.imu.Unlock()
 }

@@ -27,6 +27,7 @@ type worldConfig struct {
 	shared bool          // the producer's region is Shared: same-host copies
 	lease  time.Duration // the producer's pin lease
 	pool   connector.PoolConfig
+	tcpCtl bool // the consumer's control plane stays on TCP, through the proxy (ClientConfig.NoSameHost)
 }
 
 func newPlaneWorld(t *testing.T, cfg worldConfig) *planeWorld {
@@ -76,7 +77,7 @@ func newPlaneWorld(t *testing.T, cfg worldConfig) *planeWorld {
 	c.cdata = must(transport.NewTCPData(transport.TCPConfig{IOTimeout: 5 * time.Second, DialTimeout: time.Second,
 		Logger: benchQuiet}, c.cregion))
 	c.cli = transport.NewClient(transport.ClientConfig{Logger: benchQuiet, PingInterval: 100 * time.Millisecond,
-		PeerTimeout: 500 * time.Millisecond, ConnectTimeout: time.Second, HandshakeTimeout: time.Second})
+		PeerTimeout: 500 * time.Millisecond, ConnectTimeout: time.Second, HandshakeTimeout: time.Second, NoSameHost: cfg.tcpCtl})
 	pc := cfg.pool
 	pc.CompatHash, pc.BlockSize, pc.Logger = "bench", faultBS, benchQuiet
 	if pc.AckTimeout == 0 {
