@@ -503,6 +503,12 @@ func NewClient(cfg ClientConfig) *Client {
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
 	c.gcfg.steps = &c.steps
 	c.steps.ownWait = true
+	c.steps.wakeOwner = func() {
+		select {
+		case c.wake <- struct{}{}:
+		default:
+		}
+	}
 	return c
 }
 

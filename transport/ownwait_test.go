@@ -8,6 +8,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"net"
+	"runtime"
 	"slices"
 	"sync"
 	"testing"
@@ -669,4 +670,51 @@ func TestOwnWaitFollowsTheReplies(t *testing.T) {
 		}
 	}
 	t.Fatal("the connection whose producer stopped answering is still the waiter's")
+}
+
+// A connection made the waiter's while a wait is under way, after that
+// wait's wake-up was taken by a Drain, wakes that wait again: its
+// goroutine stops reading, and the wait, which reads it only from its
+// next start, would sleep with replies unread.
+func TestOwnWaitHeatedDuringAWait(t *testing.T) {
+	defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(1))
+	r := newRawRouter(t)
+	c := newClient(t, ClientConfig{PingInterval: time.Hour})
+	bg := context.Background()
+	if err := c.Connect(bg, r.ep); err != nil {
+		t.Fatal(err)
+	}
+	r.reply("zero") // the first message comes with the handshake's bytes
+	poll(t, 10*time.Second, "the zeroth reply", c.pending)
+	c.Drain(nil)
+	if _, ok := c.waitOwn(bg, nil, 0); ok { // a Pool's wait asks for one
+		t.Fatal("a connection of its own before any reply")
+	}
+	ctx, cancel := context.WithTimeout(bg, 5*time.Millisecond)
+	c.Wait(ctx)
+	cancel()
+	c.steps.mu.Lock() // a Drain under way
+	r.reply("first")
+	poll(t, 10*time.Second, "the first reply queued", c.pending)
+	time.Sleep(5 * time.Millisecond) // its goroutine blocks in heatOwn
+	c.steps.mu.Unlock()
+	if got := c.Drain(nil); len(got) != 1 {
+		t.Fatalf("drained %q", got)
+	}
+	if _, ok := c.waitOwn(bg, nil, -1); ok {
+		t.Fatal("a connection of its own already")
+	}
+	ctx, cancel = context.WithTimeout(bg, 10*time.Second)
+	defer cancel()
+	if !c.Wait(ctx) || ctx.Err() != nil {
+		t.Fatal("the wait slept on with its connection taken from its goroutine")
+	}
+	r.reply("second")
+	for !c.pending() {
+		if woke, ok := c.waitOwn(ctx, nil, -1); !ok {
+			c.Wait(ctx)
+		} else if !woke {
+			t.Fatal("the second reply did not end the wait")
+		}
+	}
 }

@@ -101,6 +101,7 @@ type stepReads struct {
 	// waiting.
 	waitedAt  atomic.Int64
 	afterRead func(g *guardConn) // tests: runs as each of the waiter's reads returns
+	wakeOwner func()             // ends a wait of the owner's that is not reading mine
 }
 
 // after is coolAfter, or the patience a test set; longest, stepsAtMost
@@ -301,8 +302,10 @@ func (st *stepReads) heatOwn(g *guardConn) bool {
 		}
 		st.coolAllBut(nil)
 	}
-	// A wait under way is the one that asked, which the message wakes:
-	// with another beside it, that one would sleep with g unread.
+	// A wait under way is the one that asked. It is woken again below:
+	// the message's own wake-up may have been taken by a Drain, and this
+	// wait begun after it, with g's goroutine about to stop reading. With
+	// another wait beside it, that one would sleep with g unread.
 	if !st.wantsOwn || st.waiters > 1 || st.ownBusy || len(st.hot) > 0 || st.mine != nil || !g.setHot(true) {
 		return false
 	}
@@ -310,9 +313,10 @@ func (st *stepReads) heatOwn(g *guardConn) bool {
 	st.hot = append(st.hot, g)
 	st.mine = g
 	st.misses.Store(0)
-	if st.waiters == 0 { // else armed once the wait ends (waited)
-		st.armLocked()
-		st.pushing.Store(true)
+	st.armLocked()
+	st.pushing.Store(true)
+	if st.waiters > 0 && st.wakeOwner != nil {
+		st.wakeOwner() // its next wait reads g
 	}
 	return true
 }
@@ -338,9 +342,9 @@ func (st *stepReads) check() {
 	st.mu.Lock()
 	defer st.mu.Unlock()
 	since := time.Duration(monoNow() - st.last.Load())
-	if st.waiters > 0 {
-		// The owner waits: anything still hot is the waiter's to read
-		// (mine); waited arms the timer again.
+	if st.ownBusy {
+		// Mine, all that is hot, is its waiter's to read; waited arms
+		// the timer again.
 		st.armed = false
 		st.pushing.Store(false)
 		return
