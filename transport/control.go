@@ -779,6 +779,15 @@ func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Dura
 		return true, true // interrupted before the read began
 	}
 	defer st.stopReading(g)
+	// The data plane's signal ended the read, or may have come with what
+	// did: its token is taken here, as a wait on ready takes it, or the
+	// next wait would return at once for a step with nothing to do.
+	defer func() {
+		select {
+		case <-ready:
+		default:
+		}
+	}()
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, st.interrupt)()
 	}

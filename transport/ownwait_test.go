@@ -718,3 +718,29 @@ func TestOwnWaitHeatedDuringAWait(t *testing.T) {
 		}
 	}
 }
+
+// The data plane's signal that ends a wait is taken with it: the next
+// wait does not return at once for a step with nothing to do.
+func TestOwnWaitTakesTheSignal(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	d, err := NewTCPData(TCPConfig{Logger: quiet}, newRegion(t, 8, 4096))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	defer tcpPlane{d}.OnSignal(clientHooks{c}.Interrupt)()
+	ready := tcpPlane{d}.ConsumerReady()
+	mineOf(t, c, ep)
+	out := ownWaiting(t, c, context.Background(), ready, -1)
+	d.signal()
+	ended(t, "the data plane's signal", out)
+	if len(ready) != 0 {
+		t.Fatal("the signal's token left for the next wait")
+	}
+}

@@ -451,7 +451,7 @@ func (st *stepReads) readLocked() {
 	if st.buf == nil {
 		st.buf = make([]byte, 16<<10)
 	}
-	if st.mine != nil && monoNow()-st.waitedAt.Load() > int64(st.after()) {
+	if st.mine != nil && !st.ownBusy && monoNow()-st.waitedAt.Load() > int64(st.after()) {
 		// Stepped, not waited on: out of the poller like the others.
 		st.mine.Conn.(*quietConn).stayIn.Store(false)
 	}

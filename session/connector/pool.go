@@ -344,6 +344,9 @@ func NewPool(cfg PoolConfig, ctl ControlClient, data xfer.DataTransport) (*Pool,
 			p.own = own
 		} else if sh, ok := plane.As[plane.SignalHooked](data); ok {
 			p.own, p.hooked, p.unhook = own, sh, sh.OnSignal(own.Interrupt)
+			// A Pool dropped without Close leaves no hook on a plane
+			// that outlives it.
+			runtime.AddCleanup(p, func(f func()) { f() }, p.unhook)
 		}
 	}
 	p.stats.FailedBy = FailureCounts{}
