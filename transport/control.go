@@ -775,11 +775,7 @@ func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Dura
 	if d >= 0 {
 		dl = time.Now().Add(d)
 	}
-	if !st.startReading(g, dl) {
-		return true, true // interrupted before the read began
-	}
-	defer st.stopReading(g)
-	// The data plane's signal ended the read, or may have come with what
+	// The data plane's signal ended the wait, or may have come with what
 	// did: its token is taken here, as a wait on ready takes it, or the
 	// next wait would return at once for a step with nothing to do.
 	defer func() {
@@ -788,6 +784,10 @@ func (c *Client) waitOwn(ctx context.Context, ready <-chan struct{}, d time.Dura
 		default:
 		}
 	}()
+	if !st.startReading(g, dl) {
+		return ctx.Err() == nil, true // interrupted before the read began
+	}
+	defer st.stopReading(g)
 	if ctx.Done() != nil {
 		defer context.AfterFunc(ctx, st.interrupt)()
 	}

@@ -744,3 +744,57 @@ func TestOwnWaitTakesTheSignal(t *testing.T) {
 		t.Fatal("the signal's token left for the next wait")
 	}
 }
+
+// Remove of the waiter's connection's producer ends the wait, reports no
+// death, and a new dealer for the address answers.
+func TestOwnWaitRemove(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	mineOf(t, c, ep)
+	out := ownWaiting(t, c, context.Background(), nil, -1)
+	c.Remove(ep)
+	ended(t, "Remove", out)
+	if d := c.Dead(nil); len(d) != 0 {
+		t.Fatalf("dead: %v", d)
+	}
+	c.steps.mu.Lock()
+	mine, hot, busy := c.steps.mine, len(c.steps.hot), c.steps.ownBusy
+	c.steps.mu.Unlock()
+	if mine != nil || hot != 0 || busy {
+		t.Fatalf("mine %v hot %d busy %v", mine != nil, hot, busy)
+	}
+	if err := c.Send(ep, []byte("again")); err != nil {
+		t.Fatal(err)
+	}
+	waitInbound(t, c, 1, 10*time.Second)
+}
+
+// Pings both ways while the waiter reads: the wait goes on to its limit,
+// no one is declared silent.
+func TestOwnWaitPings(t *testing.T) {
+	s := newServer(t, ServerConfig{PingInterval: 10 * time.Millisecond, PeerTimeout: 200 * time.Millisecond})
+	stop := make(chan struct{})
+	defer close(stop)
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: 10 * time.Millisecond, PeerTimeout: 200 * time.Millisecond})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	mineOf(t, c, ep)
+	start := time.Now()
+	out := ownWaiting(t, c, context.Background(), nil, time.Second)
+	ended(t, "limit", out)
+	if time.Since(start) < 900*time.Millisecond {
+		t.Fatalf("ended after %v", time.Since(start))
+	}
+	if d := c.Dead(nil); len(d) != 0 {
+		t.Fatalf("dead: %v", d)
+	}
+	c.Drain(nil)
+	c.Send(ep, []byte("x"))
+	waitInbound(t, c, 1, 10*time.Second)
+}
