@@ -350,16 +350,11 @@ func TestHostileServerToClient(t *testing.T) {
 	}
 	defer ln.Close()
 	go func() {
-		c, err := ln.Accept()
+		c, err := acceptAsRouter(ln)
 		if err != nil {
 			return
 		}
 		defer c.Close()
-		c.Write(zmtpGreeting)
-		io.ReadFull(c, make([]byte, greetingLen))
-		ready := readyCommand()
-		copy(ready[len(ready)-6:], "ROUTER")
-		c.Write(ready)
 		var hdr [2]byte
 		io.ReadFull(c, hdr[:])
 		io.ReadFull(c, make([]byte, hdr[1]))
@@ -375,6 +370,22 @@ func TestHostileServerToClient(t *testing.T) {
 	if st := c.Stats(); st.Dropped == 0 {
 		t.Fatalf("the guard did not count the drop: %+v", st)
 	}
+}
+
+// acceptAsRouter accepts a client's connection and greets it as a ROUTER
+// would, byte by byte, so the test can then misbehave: the greeting, the
+// client's greeting read, READY.
+func acceptAsRouter(ln net.Listener) (net.Conn, error) {
+	c, err := ln.Accept()
+	if err != nil {
+		return nil, err
+	}
+	c.Write(zmtpGreeting)
+	io.ReadFull(c, make([]byte, greetingLen))
+	ready := readyCommand()
+	copy(ready[len(ready)-6:], "ROUTER")
+	c.Write(ready)
+	return c, nil
 }
 
 // READY metadata that would make zmq4 index past its end (it panics on

@@ -17,6 +17,34 @@ import (
 	"github.com/ecxfer/ecxfer/xfer"
 )
 
+// quietEcho returns a client connected to a server that echoes, kept on
+// TCP, neither side pinging: no PING or PONG ends a wait's read.
+func quietEcho(t testing.TB) (*Client, string) {
+	t.Helper()
+	s := newServer(t, ServerConfig{PingInterval: time.Hour})
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	echo(t, s, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
+	ep := s.Endpoint()
+	clientConn(t, c, ep)
+	return c, ep
+}
+
+// twoEchoes returns a client kept on TCP and two servers that echo, the
+// client connected to the second.
+func twoEchoes(t testing.TB) (*Client, *Server, *Server) {
+	t.Helper()
+	s1, s2 := newServer(t, ServerConfig{}), newServer(t, ServerConfig{})
+	stop := make(chan struct{})
+	t.Cleanup(func() { close(stop) })
+	echo(t, s1, stop)
+	echo(t, s2, stop)
+	c := newClient(t, ClientConfig{NoSameHost: true})
+	clientConn(t, c, s2.Endpoint())
+	return c, s1, s2
+}
+
 // mineOf makes the connection to ep the one c's waiting loop reads itself
 // (stepReads.mine): its goroutine hands it over as it delivers a reply to
 // a loop that waits. ep echoes.
@@ -99,14 +127,8 @@ func ended(t testing.TB, what string, out <-chan [2]bool) (woke bool) {
 // own limit, a wait on the same client beside it, Close; and a reply on
 // its own connection. After each, the connection still answers.
 func TestOwnWaitEnds(t *testing.T) {
-	s1, s2 := newServer(t, ServerConfig{}), newServer(t, ServerConfig{})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s1, stop)
-	echo(t, s2, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true})
+	c, s1, s2 := twoEchoes(t)
 	ep1, ep2 := s1.Endpoint(), s2.Endpoint()
-	clientConn(t, c, ep2)
 	d, err := NewTCPData(TCPConfig{Logger: quiet}, newRegion(t, 8, 4096))
 	if err != nil {
 		t.Fatal(err)
@@ -295,13 +317,7 @@ func TestOwnWaitKeepsOrder(t *testing.T) {
 // it is done, its read's bytes handed on (else its goroutine could read
 // and hand on what came after them first).
 func TestOwnWaitOneReader(t *testing.T) {
-	s := newServer(t, ServerConfig{PingInterval: time.Hour}) // no PING or PONG ends the read
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
-	ep := s.Endpoint()
-	clientConn(t, c, ep)
+	c, ep := quietEcho(t) // no PING or PONG ends the read
 	g := mineOf(t, c, ep)
 	var cooled []bool
 	c.steps.afterRead = func(g *guardConn) { cooled = append(cooled, !g.hot.Load()) }
@@ -387,13 +403,7 @@ func TestOwnWaitHandsBackWithoutItsDeadline(t *testing.T) {
 // goroutine queues does; and a wait beside it that comes before the read
 // begins ends it as well as one that comes during the read.
 func TestOwnWaitWakesAWaitBeside(t *testing.T) {
-	s := newServer(t, ServerConfig{PingInterval: time.Hour})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
-	ep := s.Endpoint()
-	clientConn(t, c, ep)
+	c, ep := quietEcho(t)
 	bg := context.Background()
 
 	mineOf(t, c, ep)
@@ -456,13 +466,7 @@ func TestOwnWaitWakesAWaitBeside(t *testing.T) {
 // An interrupt between holdOwn and the read is kept for the read: a wait
 // that began holds it, and its read never starts.
 func TestOwnWaitKeepsAnEarlyInterrupt(t *testing.T) {
-	s := newServer(t, ServerConfig{PingInterval: time.Hour})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
-	ep := s.Endpoint()
-	clientConn(t, c, ep)
+	c, ep := quietEcho(t)
 	mineOf(t, c, ep)
 	st := &c.steps
 	g := st.holdOwn()
@@ -487,13 +491,7 @@ func TestOwnWaitKeepsAnEarlyInterrupt(t *testing.T) {
 // even after a spell of stepping without waiting took it out: each Drain
 // would take it out and each wait put it back.
 func TestOwnWaitStaysInThePoller(t *testing.T) {
-	s := newServer(t, ServerConfig{PingInterval: time.Hour})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
-	ep := s.Endpoint()
-	clientConn(t, c, ep)
+	c, ep := quietEcho(t)
 	g := mineOf(t, c, ep)
 	q := g.Conn.(*quietConn)
 	for end := time.Now().Add(3 * coolAfter); time.Now().Before(end); time.Sleep(time.Millisecond) {
@@ -531,16 +529,11 @@ func newRawRouter(t testing.TB) *rawRouter {
 	t.Cleanup(func() { ln.Close() })
 	r := &rawRouter{ep: "tcp://" + ln.Addr().String(), write: make(chan []byte, 64)}
 	go func() {
-		c, err := ln.Accept()
+		c, err := acceptAsRouter(ln)
 		if err != nil {
 			return
 		}
 		defer c.Close()
-		c.Write(zmtpGreeting)
-		io.ReadFull(c, make([]byte, greetingLen))
-		ready := readyCommand()
-		copy(ready[len(ready)-6:], "ROUTER")
-		c.Write(ready)
 		go io.Copy(io.Discard, c)
 		for b := range r.write {
 			if _, err := c.Write(b); err != nil {
@@ -634,14 +627,8 @@ func TestOwnWaitMalformedWakesNothing(t *testing.T) {
 // quiet, or its replies moved to the same-host socket), it is handed
 // back, and the one that answers is read in the wait instead.
 func TestOwnWaitFollowsTheReplies(t *testing.T) {
-	s1, s2 := newServer(t, ServerConfig{}), newServer(t, ServerConfig{})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s1, stop)
-	echo(t, s2, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true})
+	c, s1, s2 := twoEchoes(t)
 	ep1, ep2 := s1.Endpoint(), s2.Endpoint()
-	clientConn(t, c, ep2)
 	g1 := mineOf(t, c, ep1)
 	bg := context.Background()
 	for i := range 20 {
@@ -722,13 +709,7 @@ func TestOwnWaitHeatedDuringAWait(t *testing.T) {
 // The data plane's signal that ends a wait is taken with it: the next
 // wait does not return at once for a step with nothing to do.
 func TestOwnWaitTakesTheSignal(t *testing.T) {
-	s := newServer(t, ServerConfig{PingInterval: time.Hour})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
-	ep := s.Endpoint()
-	clientConn(t, c, ep)
+	c, ep := quietEcho(t)
 	d, err := NewTCPData(TCPConfig{Logger: quiet}, newRegion(t, 8, 4096))
 	if err != nil {
 		t.Fatal(err)
@@ -748,13 +729,7 @@ func TestOwnWaitTakesTheSignal(t *testing.T) {
 // Remove of the waiter's connection's producer ends the wait, reports no
 // death, and a new dealer for the address answers.
 func TestOwnWaitRemove(t *testing.T) {
-	s := newServer(t, ServerConfig{PingInterval: time.Hour})
-	stop := make(chan struct{})
-	defer close(stop)
-	echo(t, s, stop)
-	c := newClient(t, ClientConfig{NoSameHost: true, PingInterval: time.Hour})
-	ep := s.Endpoint()
-	clientConn(t, c, ep)
+	c, ep := quietEcho(t)
 	mineOf(t, c, ep)
 	out := ownWaiting(t, c, context.Background(), nil, -1)
 	c.Remove(ep)
