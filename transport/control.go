@@ -502,7 +502,6 @@ func NewClient(cfg ClientConfig) *Client {
 	c.gcfg = newGuardConfig(uint64(cfg.MaxFrame), cfg.WriteTimeout, cfg.PingInterval, cfg.PeerTimeout,
 		cfg.HandshakeTimeout, cfg.ConnectTimeout, 0, &c.stats)
 	c.gcfg.steps = &c.steps
-	c.steps.ownWait = true
 	c.steps.wakeOwner = func() {
 		select {
 		case c.wake <- struct{}{}:
@@ -1048,17 +1047,22 @@ func (d *dealer) deliver(g *guardConn, frames [][]byte) bool {
 	if !d.admit(g, len(frames[1])) {
 		return false
 	}
+	d.queue(g, frames[1])
+	d.c.steps.interrupt() // a loop that reads another connection itself
+	return true
+}
+
+// queue hands an admitted reply to Drain and wakes a wait; under g.smu.
+func (d *dealer) queue(g *guardConn, payload []byte) {
 	d.c.mu.Lock()
-	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
+	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: payload}, d})
 	d.c.mu.Unlock()
 	g.sunk++
 	d.answered(g) // only once queued: a reply waiting for room holds the move
 	select {
-	case d.c.wake <- struct{}{}:
+	case d.c.wake <- struct{}{}: // the loop's, or a wait beside the loop's own
 	default:
 	}
-	d.c.steps.interrupt()
-	return true
 }
 
 // ownDeliver is deliver for the owner's own wait, which reads only while
@@ -1073,16 +1077,8 @@ func (d *dealer) ownDeliver(g *guardConn, frames [][]byte) bool {
 	d.queued.Add(1)
 	d.queuedBytes.Add(int64(len(frames[1])))
 	d.c.stats.readInWait.Add(1)
-	d.c.mu.Lock()
-	d.c.queue = append(d.c.queue, inbound{xfer.Inbound{Addr: d.addr, Payload: frames[1]}, d})
-	d.c.mu.Unlock()
-	g.sunk++
 	d.c.steps.misses.Store(0)
-	d.answered(g)
-	select { // for a wait beside the loop's
-	case d.c.wake <- struct{}{}:
-	default:
-	}
+	d.queue(g, frames[1])
 	return true
 }
 

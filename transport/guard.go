@@ -593,7 +593,7 @@ func (g *guardConn) messages(hl int) error {
 		if err != nil {
 			return err
 		}
-		if st := g.cfg.steps; st != nil && !(delivered && st.ownWait && g.cfg.own != nil && st.heatOwn(g)) {
+		if st := g.cfg.steps; st != nil && !(delivered && g.cfg.own != nil && st.heatOwn(g)) {
 			st.heat(g)
 		}
 	}

@@ -70,16 +70,16 @@ type stepReads struct {
 	// stay hot on a machine that may pause a goroutine that long.
 	patience atomic.Int64
 
-	// The owner's own wait (a Client's; ownWait). A loop that waits
-	// between its steps keeps one hot connection, mine, across its waits,
-	// and reads it itself while it waits (Client.waitOwn), in Go's poller:
-	// the reply wakes the goroutine that waits for it, where a hand-off
-	// from the connection's goroutine wakes a second thread. mine is
-	// heated by its goroutine as it delivers to a loop that waits
-	// (heatOwn), and cooled as any hot connection is, but never while the
-	// waiter reads it. What else should end that wait interrupts its read
-	// (interrupt): reading is the connection it reads, under imu.
-	ownWait bool
+	// The owner's own wait (a Client's: its guardConfig.own). A loop
+	// that waits between its steps keeps one hot connection, mine, across
+	// its waits, and reads it itself while it waits (Client.waitOwn):
+	// in Go's poller, the reply wakes the goroutine that waits for it,
+	// where a hand-off from the connection's goroutine wakes a second
+	// thread. mine is heated by its goroutine as it delivers to a loop
+	// that waits (heatOwn), and cooled as any hot connection is, but
+	// never while the waiter reads it. What else should end that wait
+	// interrupts its read (interrupt): reading is the connection it
+	// reads, under imu.
 	mine    *guardConn // under mu
 	ownBusy bool       // under mu: a waiter holds mine (holdOwn to waitedOwn)
 	// asked: holdOwn found no mine, and the wait that follows is a loop's

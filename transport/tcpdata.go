@@ -144,10 +144,10 @@ type TCPData struct {
 	wg     sync.WaitGroup
 	ready  chan struct{} // a READ ended or notifications wait, for a producer's loop
 	cready chan struct{} // the same, for a Pool's: neither takes the other's
+	sready chan struct{} // notifications wait, for Serve's
 	hooks  hookSet       // called where cready is sent (plane.SignalHooked)
 	// pushPeers counts the producers whose pushes this consumer takes.
 	pushPeers atomic.Int32
-	sready    chan struct{} // notifications wait, for Serve's
 
 	mu      sync.Mutex
 	closed  bool
