@@ -17,8 +17,12 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/sys/unix"
+
 	"github.com/ecxfer/ecxfer/cache"
+	"github.com/ecxfer/ecxfer/internal/cachex"
 	"github.com/ecxfer/ecxfer/internal/pybench"
+	"github.com/ecxfer/ecxfer/internal/shm"
 	"github.com/ecxfer/ecxfer/session/connector"
 	"github.com/ecxfer/ecxfer/transport"
 )
@@ -30,6 +34,7 @@ var (
 	entriesWorkers = flag.Int("entries.copyworkers", 0, "BenchmarkEntrySizes: the consumer's TCPConfig.CopyWorkers (0: the default)")
 	entriesSmall   = flag.Bool("entries.smallpages", false, "BenchmarkEntrySizes: the consumer's slots without huge pages, as the producer's shared region is")
 	entriesLibOnly = flag.Bool("entries.libonly", false, "BenchmarkEntrySizes: the anchors' phases cut to 1 ms, for profiling the library's (their ratios then mean little)")
+	entriesRegion  = flag.Bool("entries.regioncopy", false, "BenchmarkEntrySizes: one more anchor, a memmove out of the producer's region mapped here a second time (it perturbs the library's figures: see the benchmark's doc)")
 )
 
 // The second process of BenchmarkEntrySizes is this test binary again,
@@ -68,7 +73,14 @@ const entryCPU = ^uint32(0)
 //     the consumer's rotating slots;
 //   - rtt-p50-µs: a 200-byte TCP round trip between the two processes;
 //   - the ratios the goals are stated in: cpu/copy, cpu/plain, p50/plain
-//     and p50/copy+rtt.
+//     and p50/copy+rtt;
+//   - with -entries.regioncopy, region-copy-cpu-µs and region-copy-p50-µs:
+//     a memmove on one thread of what a same-host fetch copies out of the
+//     file it copies it from, the producer's region mapped here a second
+//     time (small pages where the system gives shared memory none). Not
+//     a default anchor: on the development VM a second mapping of that
+//     region made its copies several times slower than the library's own,
+//     and may slow the pages the library reads too.
 //
 // b.N is ignored.
 //
@@ -148,7 +160,8 @@ func entryFill(block, tmpl []byte, item, j int) {
 // region, through a Producer (its data plane offering the same-host path;
 // a consumer that does not map it reads over TCP), and, beside it, a
 // 200-byte TCP echo and the plain transfer's server. It prints the three
-// addresses and serves until its stdin closes.
+// addresses and the path its region's file opens at, and serves until its
+// stdin closes.
 func entryProducerMain(spec string) int {
 	var items, blocks, bs int
 	if _, err := fmt.Sscanf(spec, "%dx%dx%d", &items, &blocks, &bs); err != nil {
@@ -181,7 +194,7 @@ func entryProducerMain(spec string) int {
 	go serveEcho(echo)
 	plain := must(net.Listen("tcp", "127.0.0.1:0"))
 	go servePlain(plain, region, first, blocks*bs)
-	fmt.Println(srv.Endpoint(), echo.Addr(), plain.Addr())
+	fmt.Println(srv.Endpoint(), echo.Addr(), plain.Addr(), cachex.SharedPath(region))
 	io.Copy(io.Discard, os.Stdin)
 	cancel()
 	<-served
@@ -227,6 +240,45 @@ func servePlain(ln net.Listener, region *cache.Region, first []int, n int) {
 			}
 		}()
 	}
+}
+
+// regionTouch copies the first k entries out of the second mapping twice
+// over, and says how long each pass took and how many page faults it
+// took: what touching those pages first costs, page faults apart.
+func regionTouch(regionCopy func(int), k int) string {
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	pass := func() (time.Duration, int64) {
+		var r0, r1 unix.Rusage
+		unix.Getrusage(unix.RUSAGE_THREAD, &r0)
+		t := time.Now()
+		for i := range k {
+			regionCopy(i)
+		}
+		d := time.Since(t)
+		unix.Getrusage(unix.RUSAGE_THREAD, &r1)
+		return d / time.Duration(k), r1.Minflt - r0.Minflt + r1.Majflt - r0.Majflt
+	}
+	d1, f1 := pass()
+	d2, f2 := pass()
+	return fmt.Sprintf("region copy of %d entries, first pass after mapping: %v each, %d page faults; again: %v each, %d page faults", k, d1, f1, d2, f2)
+}
+
+// mapProducerRegion maps the producer's region read-only, its pages
+// faulted in, as the same-host data plane maps it: size bytes of blocks
+// after the header.
+func mapProducerRegion(b *testing.B, path string, size int) []byte {
+	f := must(os.Open(path))
+	defer f.Close()
+	mem, err := unix.Mmap(int(f.Fd()), 0, shm.HeaderSize()+size, unix.PROT_READ, unix.MAP_SHARED)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := shm.PopulateRead(mem); err != nil {
+		unix.Munmap(mem)
+		b.Fatal(err)
+	}
+	return mem
 }
 
 // entryPhase is what one way of moving the entry did.
@@ -298,6 +350,25 @@ func entryRows(b *testing.B, blocks, bs int) {
 		i := k % items
 		copy(slot((i+items/2)%items), slot(i))
 	}
+	// -entries.regioncopy: the bytes a same-host fetch copies, from the
+	// file it copies them from (the producer's region, mapped here a
+	// second time), into the slot the fetch writes.
+	var regionCopy func(int)
+	var firstTouch string
+	if *entriesRegion {
+		src := mapProducerRegion(b, p.fields[3], items*n)
+		defer unix.Munmap(src)
+		for i := range items { // the producer allocated the entries in order
+			if got := binary.LittleEndian.Uint64(src[shm.HeaderSize()+i*n:]); got != uint64(i) {
+				b.Fatalf("entry %d is not where the region copy reads it (its stamp %#x)", i, got)
+			}
+		}
+		regionCopy = func(k int) {
+			i := k % items
+			copy(slot(i), src[shm.HeaderSize()+i*n:][:n])
+		}
+		firstTouch = regionTouch(regionCopy, min(items, 20))
+	}
 	ping := make([]byte, 200)
 	roundTrip := func(int) {
 		echo.Write(ping)
@@ -345,6 +416,9 @@ func entryRows(b *testing.B, blocks, bs int) {
 	for _, data := range []string{"shm", "tcp"} {
 		b.Run(data, func(b *testing.B) {
 			b.Logf("%d entries of %d bytes on each side (%d MiB), %d rounds, %v in all for each", items, n, int64(items)*int64(n)>>20, rounds, phase)
+			if firstTouch != "" {
+				b.Log(firstTouch)
+			}
 			cdata := must(transport.NewTCPData(transport.TCPConfig{Logger: benchQuiet, NoSharedMemory: data != "shm", CopyWorkers: *entriesWorkers}, region))
 			cli := transport.NewClient(transport.ClientConfig{Logger: benchQuiet, NoSameHost: *controlTCP})
 			pool := must(connector.NewPool(connector.PoolConfig{CompatHash: "bench", BlockSize: bs, Logger: benchQuiet}, cli, cdata))
@@ -371,10 +445,10 @@ func entryRows(b *testing.B, blocks, bs int) {
 			}
 			// Rounds of each in turn, so that a machine that drifts moves
 			// the library's figures and the anchors' alike.
-			var lib, cp, pl, rt entryPhase
-			kl, kc, kp, kr := 0, 0, 0, 0
+			var lib, cp, rc, pl, rt entryPhase
+			kl, kc, kg, kp, kr := 0, 0, 0, 0, 0
 			for r := range rounds {
-				var l, c, p, t entryPhase
+				var l, c, g, p, t entryPhase
 				l, kl = measure(phase/time.Duration(rounds), kl, true, fetch)
 				anchors := phase
 				if *entriesLibOnly {
@@ -385,6 +459,11 @@ func entryRows(b *testing.B, blocks, bs int) {
 				t, kr = measure(anchors/time.Duration(4*rounds), kr, true, roundTrip)
 				b.Logf("round %d, p50 / CPU (µs): library %.0f / %.0f, copy %.0f / %.0f, plain %.0f / %.0f, rtt %.0f", r,
 					l.at(0.5), l.perOp(), c.at(0.5), c.perOp(), p.at(0.5), p.perOp(), t.at(0.5))
+				if regionCopy != nil {
+					g, kg = measure(anchors/time.Duration(rounds), kg, false, regionCopy)
+					b.Logf("round %d, region copy p50 / CPU (µs): %.0f / %.0f", r, g.at(0.5), g.perOp())
+					rc.add(g)
+				}
 				lib.add(l)
 				cp.add(c)
 				pl.add(p)
@@ -397,6 +476,10 @@ func entryRows(b *testing.B, blocks, bs int) {
 			b.ReportMetric(lib.at(0.99), "p99-µs")
 			b.ReportMetric(cp.perOp(), "copy-cpu-µs")
 			b.ReportMetric(cp.at(0.5), "copy-p50-µs")
+			if regionCopy != nil {
+				b.ReportMetric(rc.perOp(), "region-copy-cpu-µs")
+				b.ReportMetric(rc.at(0.5), "region-copy-p50-µs")
+			}
 			b.ReportMetric(pl.perOp(), "plain-cpu-µs")
 			b.ReportMetric(pl.at(0.5), "plain-p50-µs")
 			b.ReportMetric(rt.at(0.5), "rtt-p50-µs")
