@@ -34,7 +34,7 @@ var (
 	entriesWorkers = flag.Int("entries.copyworkers", 0, "BenchmarkEntrySizes: the consumer's TCPConfig.CopyWorkers (0: the default)")
 	entriesSmall   = flag.Bool("entries.smallpages", false, "BenchmarkEntrySizes: the consumer's slots without huge pages, as the producer's shared region is")
 	entriesLibOnly = flag.Bool("entries.libonly", false, "BenchmarkEntrySizes: the anchors' phases cut to 1 ms, for profiling the library's (their ratios then mean little)")
-	entriesRegion  = flag.Bool("entries.regioncopy", false, "BenchmarkEntrySizes: one more anchor, a memmove out of the producer's region mapped here a second time (it perturbs the library's figures: see the benchmark's doc)")
+	entriesRegion  = flag.Bool("entries.regioncopy", false, "BenchmarkEntrySizes: one more anchor, a memmove out of the producer's region mapped here a second time (it perturbs the library's figures: see the benchmark's doc; on in the short run, which checks it works)")
 )
 
 // The second process of BenchmarkEntrySizes is this test binary again,
@@ -74,7 +74,8 @@ const entryCPU = ^uint32(0)
 //   - rtt-p50-µs: a 200-byte TCP round trip between the two processes;
 //   - the ratios the goals are stated in: cpu/copy, cpu/plain, p50/plain
 //     and p50/copy+rtt;
-//   - with -entries.regioncopy, region-copy-cpu-µs and region-copy-p50-µs:
+//   - with -entries.regioncopy (and in the short run, which checks that
+//     it works), region-copy-cpu-µs and region-copy-p50-µs:
 //     a memmove on one thread of what a same-host fetch copies out of the
 //     file it copies it from, the producer's region mapped here a second
 //     time (small pages where the system gives shared memory none). Not
@@ -355,7 +356,7 @@ func entryRows(b *testing.B, blocks, bs int) {
 	// second time), into the slot the fetch writes.
 	var regionCopy func(int)
 	var firstTouch string
-	if *entriesRegion {
+	if *entriesRegion || entryShort() { // the short run checks that it works
 		src := mapProducerRegion(b, p.fields[3], items*n)
 		defer unix.Munmap(src)
 		for i := range items { // the producer allocated the entries in order
